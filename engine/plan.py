@@ -1,0 +1,283 @@
+"""Prompt planning: a parsed prompt + a layout → the token sequence both runs use (spec 5–6).
+
+A :class:`PromptPlan` is the prompt fully materialised, as a tuple of :class:`Segment` s in
+the order the baseline reads them. Each segment says whether the cached run takes it from
+the module store (``cached``) or prefills it (``uncached``), and at which position ids.
+No torch here.
+
+Placement rules (written down in the README, "How prompts are laid out"):
+
+* Imported modules keep their schema positions; anonymous schema text is always included.
+* An argument replaces its param's placeholders at the param's positions; a param left
+  out uses its default text (the padding placeholders are dropped).
+* Bare prompt text goes right after the import it follows (inside the same chat turn) at
+  positions continuing after that module; bare text before every import goes before the
+  first one. Text inside a role tag is a new turn, appended after the whole schema.
+* The generation prompt of the chat template closes the sequence.
+* The **tail** — everything after the last cached module segment, once new text has started —
+  is prefilled, anonymous template tokens included, at contiguous positions. So the cached
+  run reads its tokens in exactly the baseline's order (e.g. ``question <|im_end|>`` and
+  not ``<|im_end|> question``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ContextLengthError, PMLError, Problem
+from .layout import ANONYMOUS, Layout
+from .pml import Import, NewText, Prompt
+
+CACHED, UNCACHED = "cached", "uncached"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of tokens of the materialised prompt."""
+
+    kind: str  # CACHED | UNCACHED
+    source: str  # "anonymous" | "module" | "argument" | "text" | "template"
+    owner: str  # module path, ANONYMOUS, or "" for prompt text
+    token_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    piece: int | None = None  # layout piece this comes from (cached segments always have one)
+    offset: int = 0  # first token of the piece used (cached segments)
+    scaffold: str | None = None  # scaffold whose joint KV provides it
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    layout: Layout
+    prompt: Prompt
+    imported: tuple[str, ...]  # module paths, schema order
+    arguments: tuple[tuple[str, str, str], ...]  # (module path, param, value)
+    scaffolds: tuple[str, ...]  # scaffolds whose joint KV is used
+    segments: tuple[Segment, ...]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(len(s) for s in self.segments if s.kind == CACHED)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return sum(len(s) for s in self.segments if s.kind == UNCACHED)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    @property
+    def max_position(self) -> int:
+        return max((p for s in self.segments for p in s.positions), default=-1)
+
+    def uncached(self) -> tuple[list[int], list[int]]:
+        """(token ids, position ids) of the uncached segments, in order."""
+        ids: list[int] = []
+        pos: list[int] = []
+        for s in self.segments:
+            if s.kind == UNCACHED:
+                ids += s.token_ids
+                pos += s.positions
+        return ids, pos
+
+
+def plan_prompt(layout: Layout, prompt: Prompt, max_new_tokens: int = 0) -> PromptPlan:
+    """Resolve and validate the prompt's imports, then lay out every token of both runs."""
+    r = _Resolver(layout, prompt)
+    r.resolve()
+    if r.problems:
+        raise PMLError(r.problems)
+    segments = _materialise(layout, prompt, r)
+    plan = PromptPlan(layout=layout, prompt=prompt, imported=tuple(p for p in layout.modules if p in r.imported),
+                      arguments=tuple((m, k, v) for (m, k), v in r.args.items()), scaffolds=tuple(r.scaffolds),
+                      segments=tuple(segments))
+    limit = layout.codec.max_positions
+    need_pos = plan.max_position + 1 + max_new_tokens
+    need_len = plan.prompt_tokens + max_new_tokens
+    if max(need_pos, need_len) > limit:
+        raise ContextLengthError(
+            f"{prompt.source}:{prompt.line}:1: error: the prompt needs {max(need_pos, need_len)} positions "
+            f"({plan.prompt_tokens} prompt tokens, last position {plan.max_position}, {max_new_tokens} new tokens) "
+            f"but the model's context is {limit}; hint: import fewer modules, shorten the text or lower "
+            "max new tokens")
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal helpers
+# ----------------------------------------------------------------------------------------------
+
+class _Resolver:
+    def __init__(self, layout: Layout, prompt: Prompt):
+        self.layout = layout
+        self.prompt = prompt
+        self.problems: list[Problem] = []
+        self.imported: dict[str, Import] = {}
+        self.args: dict[tuple[str, str], str] = {}
+        self.scaffolds: list[str] = []
+        self.anchor: dict[int, str | None] = {}  # index of a NewText item -> top-level import it follows
+
+    def add(self, line: int, col: int, message: str, hint: str = "") -> None:
+        self.problems.append(Problem(self.prompt.source, line, col, message, hint))
+
+    def resolve(self) -> None:
+        lay, prompt = self.layout, self.prompt
+        if prompt.schema != lay.name:
+            self.add(prompt.line, 1, f"the prompt is written for schema '{prompt.schema}' but the schema is "
+                     f"'{lay.name}'", f"write <prompt schema=\"{lay.name}\">")
+        top = {m.name: m.path for m in lay.modules.values() if m.parent == ANONYMOUS}
+        last: str | None = None
+        for i, item in enumerate(prompt.items):
+            if isinstance(item, Import):
+                path = self.import_(item, top, "the schema's top level")
+                last = path or last
+            elif isinstance(item, NewText):
+                self.anchor[i] = last
+                if item.role is not None and item.role not in lay.codec.role_open and not lay.codec.roles_error:
+                    self.add(item.line, 1, f"unknown role <{item.role}>")
+                if item.role is not None and lay.codec.roles_error:
+                    self.add(item.line, 1, lay.codec.roles_error, "write the text without a role tag")
+        self.check_missing_args()
+        self.pick_scaffolds()
+
+    def import_(self, item: Import, names: dict[str, str], where: str) -> str | None:
+        path = names.get(item.name)
+        if path is None:
+            valid = ", ".join(names) or "none"
+            self.add(item.line, item.col, f"unknown module <{item.name}> at {where}", f"valid here: {valid}")
+            return None
+        if path in self.imported:
+            self.add(item.line, item.col, f"module '{path}' is imported twice", "import each module once")
+            return None
+        mod = self.layout.modules[path]
+        if mod.union:
+            rival = next((p for p in self.imported if self.layout.modules[p].union == mod.union), None)
+            if rival:
+                self.add(item.line, item.col, f"<{item.name}> and <{rival.rsplit('/', 1)[-1]}> are members of one "
+                         "union; a prompt imports at most one", "keep one of them")
+                return None
+        self.imported[path] = item
+        params = {p.name: p for p in mod.params}
+        for key, value in item.args:
+            p = params.get(key)
+            if p is None:
+                valid = ", ".join(params) or "none"
+                self.add(item.line, item.col, f"module '{path}' has no param '{key}'", f"params of {path}: {valid}")
+                continue
+            n = len(self.layout.codec.encode(value))
+            if n > p.length:
+                self.add(item.line, item.col, f"argument {key}=\"{value}\" of module '{path}' is {n} tokens but the "
+                         f"param allows {p.length} (len=\"{p.length}\")",
+                         f"shorten the argument to at most {p.length} tokens, or raise len in the schema")
+                continue
+            self.args[(path, key)] = value
+        child_names = {m.rsplit("/", 1)[-1]: m for m in mod.children}
+        for uid in mod.unions:
+            child_names.update({m.rsplit("/", 1)[-1]: m for m in self.layout.unions[uid].members})
+        for child in item.children:
+            self.import_(child, child_names, f"module '{path}'")
+        return path
+
+    def check_missing_args(self) -> None:
+        for path, item in self.imported.items():
+            for p in self.layout.modules[path].params:
+                if (path, p.name) not in self.args and not p.has_default:
+                    self.add(item.line, item.col, f"module '{path}' needs an argument for param '{p.name}' "
+                             "(it has no default)", f"write <{item.name} {p.name}=\"...\"/>")
+
+    def pick_scaffolds(self) -> None:
+        used: set[str] = set()
+        for sc in self.layout.schema.scaffolds:
+            if all(m in self.imported for m in sc.modules) and not used & set(sc.modules):
+                self.scaffolds.append(sc.name)
+                used |= set(sc.modules)
+
+
+def _materialise(layout: Layout, prompt: Prompt, r: _Resolver) -> list:
+    imported = r.imported
+    pieces = layout.pieces
+
+    # Which scaffold provides each covered piece.
+    scaffold_of: dict[int, str] = {}
+    for name in r.scaffolds:
+        for i in layout.scaffold_unit(name)[1]:
+            scaffold_of[i] = name
+
+    # 1. Schema pieces of the prompt, in layout order.
+    seq: list[Segment] = []
+    last_piece_of: dict[str, int] = {}  # top-level import -> index in seq of its subtree's last segment
+    first_piece_of: dict[str, int] = {}
+    for piece in pieces:
+        if piece.owner != ANONYMOUS and piece.owner not in imported:
+            continue
+        pos = tuple(range(piece.start, piece.end))
+        if piece.owner == ANONYMOUS:
+            seg = Segment(CACHED, "anonymous", ANONYMOUS, piece.token_ids, pos, piece.index, 0,
+                          scaffold_of.get(piece.index))
+        else:
+            mod = layout.modules[piece.owner]
+            if piece.kind == "param" and (piece.owner, piece.param) in r.args:
+                ids = tuple(layout.codec.encode(r.args[(piece.owner, piece.param)]))
+                seg = Segment(UNCACHED, "argument", piece.owner, ids, pos[: len(ids)], piece.index)
+            elif piece.kind == "param":
+                n = next(p.default_tokens for p in mod.params if p.name == piece.param)
+                seg = Segment(CACHED if mod.cache else UNCACHED, "module", piece.owner, piece.token_ids[:n],
+                              pos[:n], piece.index, 0, scaffold_of.get(piece.index))
+            else:
+                seg = Segment(CACHED if mod.cache else UNCACHED, "module", piece.owner, piece.token_ids, pos,
+                              piece.index, 0, scaffold_of.get(piece.index))
+            first_piece_of.setdefault(mod.top, len(seq))
+            last_piece_of[mod.top] = len(seq)
+        if len(seg):
+            seq.append(seg)
+
+    # 2. Insert prompt text: bare text after the import it follows, role text at the end.
+    inserts: dict[int, list[Segment]] = {}  # insert before seq index
+    tail: list[Segment] = []
+    first_import = min(first_piece_of.values(), default=len(seq))
+    for i, item in enumerate(prompt.items):
+        if not isinstance(item, NewText):
+            continue
+        if item.role is not None:
+            ids = (layout.codec.role_ids(item.role, True) + tuple(layout.codec.encode(item.text))
+                   + layout.codec.role_ids(item.role, False))
+            tail.append(Segment(UNCACHED, "text", "", ids, ()))
+            continue
+        ids = tuple(layout.codec.encode(item.text))
+        anchor = r.anchor.get(i)
+        at = last_piece_of[anchor] + 1 if anchor in last_piece_of else (first_import if imported else len(seq))
+        inserts.setdefault(at, []).append(Segment(UNCACHED, "text", "", ids, ()))
+    merged: list[Segment] = []
+    for k in range(len(seq) + 1):
+        merged += inserts.get(k, [])
+        if k < len(seq):
+            merged.append(seq[k])
+    merged += tail
+    if layout.codec.generation_prompt:
+        merged.append(Segment(UNCACHED, "template", "", layout.codec.generation_prompt, ()))
+
+    # 3. The tail: from the first uncached segment after which no cached module segment follows.
+    last_cached_module = max((k for k, s in enumerate(merged) if s.kind == CACHED and s.source == "module"),
+                             default=-1)
+    tail_start = next((k for k, s in enumerate(merged) if k > last_cached_module and s.kind == UNCACHED),
+                      len(merged))
+
+    # 4. Positions for text and recomputed template tokens: continue after the previous segment.
+    out: list[Segment] = []
+    cursor = 0
+    for k, s in enumerate(merged):
+        in_tail = k >= tail_start
+        if s.source in ("text", "template") or (in_tail and s.source == "anonymous"):
+            s = Segment(UNCACHED, s.source, s.owner, s.token_ids, tuple(range(cursor, cursor + len(s))), s.piece,
+                        s.offset, None)
+        if s.positions:
+            cursor = s.positions[-1] + 1
+        out.append(s)
+    return out

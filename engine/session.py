@@ -1,0 +1,145 @@
+"""Engine: the one object the CLI, the studio and library users hold.
+
+It loads the model once (lazily, never at import), keeps one ModuleStore per storage device,
+remembers encoded schemas (re-encoding only when schema, model, mode or storage changed) and
+serialises runs so that two callers never time each other's work.
+
+    from engine import Engine
+    eng = Engine()                                  # default model, CPU storage, prefixed mode
+    result = eng.compare(schema_xml, prompt_xml, max_new_tokens=16)
+    print(result.to_json())
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .encode import MODES, EncodedSchema, ProgressFn, count_units, encode_schema
+from .errors import EngineError, StorageError
+from .layout import Layout, TextCodec, layout as make_layout
+from .models import LoadedModel, check_device, load_model, load_tokenizer
+from .plan import PromptPlan, plan_prompt
+from .pml import parse_prompt, parse_schema
+from .runner import Comparison, Sampling, TokenFn, compare as run_compare
+from .store import ModuleStore
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    encoded: EncodedSchema
+    reused: bool  # True when nothing had to be computed
+    store_bytes: int
+    bytes_by_module: dict[str, int]
+
+
+class Engine:
+    def __init__(self, model: str | None = None, storage: str = "cpu", mode: str = "prefixed",
+                 device: str | None = None, dtype: str = "float32"):
+        if mode not in MODES:
+            raise EngineError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
+        check_device(storage)
+        self.model_spec = model
+        self.storage = storage
+        self.mode = mode
+        self.device = device or ("cuda" if storage.startswith("cuda") else "cpu")
+        check_device(self.device)
+        self.dtype = dtype
+        self._lm: LoadedModel | None = None
+        self._codec: TextCodec | None = None
+        self._stores: dict[str, ModuleStore] = {}
+        self._encoded: dict[tuple[str, str, str], EncodedSchema] = {}
+        self._load_lock = threading.Lock()
+        self.run_lock = threading.RLock()
+
+    # -- model --------------------------------------------------------------------------------
+
+    @property
+    def lm(self) -> LoadedModel:
+        """The loaded model (loaded on first use)."""
+        with self._load_lock:
+            if self._lm is None:
+                self._lm = load_model(self.model_spec, device=self.device, dtype=self.dtype)
+                self._codec = self._lm.codec
+            return self._lm
+
+    @property
+    def loaded(self) -> bool:
+        return self._lm is not None
+
+    @property
+    def codec(self) -> TextCodec:
+        """Tokenizer + chat template; loads only the tokenizer when the model is not loaded yet."""
+        if self._codec is None:
+            with self._load_lock:
+                if self._codec is None:
+                    self._codec = load_tokenizer(self.model_spec)[2]
+        return self._codec
+
+    def info(self) -> dict:
+        return self.lm.info()
+
+    def store(self, storage: str | None = None) -> ModuleStore:
+        storage = storage or self.storage
+        if storage not in self._stores:
+            self._stores[storage] = ModuleStore(storage)
+        return self._stores[storage]
+
+    # -- documents ----------------------------------------------------------------------------
+
+    def layout(self, schema_text: str, source: str = "<schema>") -> Layout:
+        """Parse and lay out a schema (raises PMLError / ContextLengthError)."""
+        return make_layout(parse_schema(schema_text, source), self.codec)
+
+    def plan(self, layout: Layout, prompt_text: str, source: str = "<prompt>", max_new_tokens: int = 0) -> PromptPlan:
+        return plan_prompt(layout, parse_prompt(prompt_text, source), max_new_tokens)
+
+    # -- encoding and runs --------------------------------------------------------------------
+
+    def encode(self, layout: Layout, mode: str | None = None, storage: str | None = None,
+               progress: ProgressFn | None = None) -> EncodeResult:
+        """Encode a schema's modules into the store for ``storage`` (skipped when already encoded)."""
+        mode = mode or self.mode
+        storage = storage or self.storage
+        if mode not in MODES:
+            raise EngineError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
+        check_device(storage)
+        store = self.store(storage)
+        key = (layout.fingerprint, mode, storage)
+        with self.run_lock:
+            enc = self._encoded.get(key)
+            reused = enc is not None and all(k in store for k in enc.keys())
+            if not reused:
+                enc = encode_schema(self.lm.model, layout, store, mode, self.lm.fingerprint, progress)
+                self._encoded[key] = enc
+                reused = all(u.reused for u in enc.units)
+            elif progress:
+                total = count_units(layout)
+                progress(total, total, "already encoded")
+        return EncodeResult(encoded=enc, reused=reused, store_bytes=enc.nbytes(store),
+                            bytes_by_module=enc.bytes_by_module(store))
+
+    def compare(self, schema_text: str, prompt_text: str, max_new_tokens: int = 32, mode: str | None = None,
+                storage: str | None = None, sampling: Sampling | None = None, on_token: TokenFn | None = None,
+                schema_source: str = "<schema>", prompt_source: str = "<prompt>",
+                progress: ProgressFn | None = None) -> Comparison:
+        """Encode (if needed), then run baseline and cached on the prompt."""
+        sampling = sampling or Sampling(max_new_tokens=max_new_tokens)
+        if sampling.max_new_tokens < 1:
+            raise EngineError("max new tokens must be at least 1")
+        lay = self.layout(schema_text, schema_source)
+        plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
+        storage = storage or self.storage
+        with self.run_lock:
+            enc = self.encode(lay, mode, storage, progress).encoded
+            return run_compare(self.lm, plan, enc, self.store(storage), sampling, on_token)
+
+
+def gpu_status() -> tuple[bool, str]:
+    """(available, explanation) for the GPU storage option."""
+    try:
+        check_device("cuda")
+    except StorageError as err:
+        return False, str(err)
+    import torch
+    return True, f"CUDA device: {torch.cuda.get_device_name(0)}"
