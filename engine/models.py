@@ -143,18 +143,29 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {_short(err)}") from None
     model.to(device).eval()
+    return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, dtype),
+                      max_positions=_max_positions(config, tok))
+
+
+def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
+               max_positions: int | None = None) -> LoadedModel:
+    """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
+    import torch
+
+    config = model.config
     text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     n_layers = text_cfg.num_hidden_layers
     kv_heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
     head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
-    elt = torch.tensor([], dtype=torch_dtype).element_size()
-    eos = model.generation_config.eos_token_id if model.generation_config else None
+    elt = torch.tensor([], dtype=model.dtype).element_size()
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = gen_cfg.eos_token_id if gen_cfg is not None else None
     eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
-    if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
-        eos_ids += (tok.eos_token_id,)
-    fp = _fingerprint(name, where, dtype)
-    codec = make_codec(tok, _max_positions(config, tok), fingerprint=fp)
-    lm = LoadedModel(name=name, model=model, tokenizer=tok, codec=codec, device=device, dtype=dtype,
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids += (tokenizer.eos_token_id,)
+    fp = fingerprint or hashlib.sha256(f"{name}|{id(model)}".encode()).hexdigest()[:16]
+    codec = make_codec(tokenizer, max_positions or _max_positions(config, tokenizer), fingerprint=fp)
+    lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, codec=codec, device=device, dtype=dtype,
                      n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
                      head_dim=head_dim, kv_bytes_per_token=2 * n_layers * kv_heads * head_dim * elt,
                      max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp)

@@ -52,6 +52,13 @@ class Engine:
         self._load_lock = threading.Lock()
         self.run_lock = threading.RLock()
 
+    @classmethod
+    def from_loaded(cls, lm: LoadedModel, storage: str = "cpu", mode: str = "prefixed") -> "Engine":
+        """An Engine around an already loaded model (tests, notebooks)."""
+        eng = cls(model=lm.name, storage=storage, mode=mode, device=lm.device, dtype=lm.dtype)
+        eng._lm, eng._codec = lm, lm.codec
+        return eng
+
     # -- model --------------------------------------------------------------------------------
 
     @property
