@@ -1,0 +1,147 @@
+"""Run log: one row per comparison, filters, CSV export, WAL, concurrent writers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sqlite3
+import threading
+
+import pytest
+
+from engine.runlog import COLUMNS, RunLog, RunLogError, default_path, schema_hash
+
+
+def fake_comparison(schema: str = "travel", ttft_base: float = 100.0, ttft_cached: float = 10.0, **extra) -> dict:
+    """A document shaped like ``Comparison.to_json()``."""
+    data = {
+        "model": "tiny", "storage": "cpu", "mode": "prefixed", "schema": schema,
+        "prompt_tokens": 300, "cached_tokens": 280, "uncached_tokens": 20, "store_bytes": 12_900_000,
+        "imported": ["trip-plan"], "scaffolds": [],
+        "baseline": {"text": "Nara, 45 minutes.", "ttft_ms": ttft_base, "copy_ms": 0.0, "prefill_ms": ttft_base,
+                     "prefill_tokens": 300, "decode_ms_per_token": 60.0, "new_tokens": 4,
+                     "peak_rss_bytes": 900_000_000, "cuda_peak_bytes": None, "kv_buffer_bytes": 1},
+        "cached": {"text": "Nara, 45 minutes.", "ttft_ms": ttft_cached, "copy_ms": 1.5, "prefill_ms": 8.0,
+                   "prefill_tokens": 20, "decode_ms_per_token": 61.0, "new_tokens": 4,
+                   "peak_rss_bytes": 910_000_000, "cuda_peak_bytes": None, "kv_buffer_bytes": 1,
+                   "ttft_includes_copy": True},
+        "speedup": round(ttft_base / ttft_cached, 3), "same_text": True, "first_divergence": None,
+        "first_token_agree": True, "first_token_kl": 0.001, "max_first_logit_diff": 0.01,
+        "sampling": {"max_new_tokens": 4, "temperature": 0.0, "top_p": 1.0, "seed": 0},
+    }
+    data.update(extra)
+    return data
+
+
+@pytest.fixture
+def log(tmp_path):
+    return RunLog(tmp_path / "runs.db")
+
+
+def test_record_and_get_round_trip(log):
+    run_id = log.record(fake_comparison(), "<schema name='travel'/>", "<prompt schema='travel'/>")
+    row = log.get(run_id)
+    assert row["schema_name"] == "travel"
+    assert row["schema_text"] == "<schema name='travel'/>"
+    assert row["schema_hash"] == schema_hash("<schema name='travel'/>")
+    assert row["prompt_text"] == "<prompt schema='travel'/>"
+    assert row["baseline_ttft_ms"] == 100.0 and row["cached_ttft_ms"] == 10.0
+    assert row["copy_ms"] == 1.5 and row["speedup"] == 10.0
+    assert row["same_text"] == 1 and row["first_divergence"] is None
+    assert row["baseline_text"] == row["cached_text"] == "Nara, 45 minutes."
+    assert row["baseline_peak_rss_bytes"] == 900_000_000
+    assert row["created_at"].endswith("+00:00")
+    assert set(COLUMNS) <= set(row)
+    assert log.get(run_id + 1) is None
+
+
+def test_runs_newest_first_and_filtered_by_schema(log):
+    ids = [log.record(fake_comparison(schema=name), f"<schema name='{name}'/>", "p")
+           for name in ("travel", "doc_qa", "travel")]
+    assert [r["id"] for r in log.runs()] == ids[::-1]
+    assert [r["id"] for r in log.runs(schema="travel")] == [ids[2], ids[0]]
+    assert [r["id"] for r in log.runs(limit=1)] == [ids[2]]
+    assert log.schemas() == ["doc_qa", "travel"]
+    assert log.count() == 3
+
+
+def test_export_csv_has_every_column_and_row(log, tmp_path):
+    log.record(fake_comparison(), "s1", "p1")
+    log.record(fake_comparison(schema="doc_qa", first_divergence=2, same_text=False), "s2", "p,\"2\"\nline")
+    out = log.export_csv(tmp_path / "runs.csv")
+    rows = list(csv.DictReader(open(out, encoding="utf-8")))
+    assert [r["schema_name"] for r in rows] == ["travel", "doc_qa"]  # oldest first
+    assert rows[1]["prompt_text"] == "p,\"2\"\nline"
+    assert rows[1]["first_divergence"] == "2" and rows[1]["same_text"] == "0"
+    assert list(rows[0]) == list(COLUMNS)
+    only = list(csv.DictReader(io.StringIO(log.export_csv(schema="doc_qa"))))
+    assert len(only) == 1
+
+
+def test_wal_mode_is_on(log):
+    assert log.journal_mode() == "wal"
+    conn = sqlite3.connect(log.path)
+    assert conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_concurrent_writers_lose_no_rows(tmp_path):
+    path = tmp_path / "runs.db"
+    RunLog(path)
+    per_thread, threads = 25, 4
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        log = RunLog(path)  # each tab of the studio shares one file, not one connection
+        barrier.wait()
+        try:
+            for i in range(per_thread):
+                log.record(fake_comparison(schema=f"s{k}", ttft_base=100 + i), f"schema {k}", f"prompt {i}")
+        except BaseException as err:  # surfaced by the assertion below
+            errors.append(err)
+
+    workers = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not errors
+    log = RunLog(path)
+    assert log.count() == per_thread * threads
+    for k in range(threads):
+        assert len(log.runs(schema=f"s{k}", limit=None)) == per_thread
+    conn = sqlite3.connect(path)
+    assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_failed_record_leaves_no_row(log):
+    with pytest.raises(KeyError):
+        log.record({"model": "tiny"}, "s", "p")  # not a comparison document
+    assert log.count() == 0
+
+
+def test_default_path_follows_cache_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("PML_STUDIO_CACHE", str(tmp_path / "cache"))
+    assert default_path() == tmp_path / "cache" / "runs.db"
+    log = RunLog()
+    assert log.path == tmp_path / "cache" / "runs.db" and log.path.exists()
+
+
+def test_unwritable_path_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(RunLogError, match="--db"):
+        RunLog(blocker / "runs.db")
+
+
+def test_older_database_gains_new_columns(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("create table runs (id integer primary key, created_at text, schema_name text)")
+    conn.commit()
+    conn.close()
+    log = RunLog(path)
+    run_id = log.record(fake_comparison(), "s", "p")
+    assert log.get(run_id)["speedup"] == 10.0
