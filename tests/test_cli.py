@@ -1,0 +1,121 @@
+"""The CLI contract: exit codes, one-line located errors, no tracebacks, JSON fields."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SAMPLES, sample_pairs
+from engine.cli import build_parser, main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_every_command_has_help(capsys):
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name in sub.choices:
+        with pytest.raises(SystemExit) as info:
+            main([name, "--help"])
+        assert info.value.code == 0
+        assert "usage: pml-studio " + name in capsys.readouterr().out
+
+
+def test_check_accepts_every_sample(capsys):
+    files = [str(p) for _, s, q in sample_pairs() for p in (s, q)]
+    assert main(["check", *files]) == 0
+    assert f"ok: {len(files)} file(s) valid" in capsys.readouterr().out
+
+
+BAD = {
+    "malformed.xml": ("<schema name='m'>\n<module name='code'>if a < b: pass</module>\n</schema>",
+                      "malformed.xml:2:", "<![CDATA["),
+    "xxe.xml": ('<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]>\n<schema name="x">&e;</schema>',
+                "xxe.xml:1:1:", "DOCTYPE"),
+    "dupe.xml": ("<schema name='d'>\n<module name='a'/>\n<module name='a'/>\n</schema>", "dupe.xml:3:", "declared twice"),
+    "tag.xml": ("<schema name='t'>\n  <modul name='a'/>\n</schema>", "tag.xml:2:3:", "unknown element <modul>"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_check_reports_located_errors(tmp_path, capsys, name):
+    text, where, what = BAD[name]
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(str(tmp_path / where)) and ": error: " in err[0] and what in err[0]
+
+
+@pytest.mark.parametrize("prompt, what", [
+    ("<prompt schema='travel'>\n<trip-plan duration='a very long holiday of many many weeks'><overseas><kyoto/></overseas>"
+     "</trip-plan></prompt>", "tokens but the param allows 4"),
+    ("<prompt schema='travel'>\n<trip-plan duration='3 days'><overseas><kyoto/><lisbon/></overseas></trip-plan></prompt>",
+     "members of one union"),
+    ("<prompt schema='travel'>\n<trip-plan duration='3 days'><overseas><tokyo/></overseas></trip-plan></prompt>",
+     "unknown module <tokyo>"),
+    ("<prompt schema='travel'>\n<trip-plan duration='3 days' month='May'/></prompt>", "has no param 'month'"),
+])
+def test_check_validates_prompts_against_the_schema_beside_them(tmp_path, capsys, prompt, what):
+    (tmp_path / "travel.xml").write_text((SAMPLES / "travel.xml").read_text())
+    p = tmp_path / "bad.prompt.xml"
+    p.write_text(prompt)
+    assert main(["check", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"{p}:2:") and what in err
+
+
+def test_check_prompt_without_its_schema(tmp_path, capsys):
+    p = tmp_path / "lonely.prompt.xml"
+    p.write_text("<prompt schema='nowhere'><a/></prompt>")
+    assert main(["check", str(p)]) == 2
+    assert "no schema file found for schema 'nowhere'" in capsys.readouterr().err
+
+
+def test_document_longer_than_the_context(tmp_path, capsys):
+    big = tmp_path / "big.xml"
+    big.write_text("<schema name='big'><module name='doc'>" + "lorem ipsum dolor " * 4000 + "</module></schema>")
+    assert main(["check", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{big}:1:1: error: schema 'big' needs") and "context is 8192" in err
+
+
+def test_missing_file_and_cuda_without_gpu_exit_2_without_traceback():
+    r = run_cli("check", "does-not-exist.xml")
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--storage", "cuda", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "GPU storage needs a CUDA device" in r.stderr and r.stdout == ""
+
+
+def test_layout_table(capsys):
+    assert main(["layout", str(SAMPLES / "travel.xml")]) == 0
+    out = capsys.readouterr().out
+    assert "trip-plan/overseas/kyoto" in out and "duration[4]" in out
+    assert main(["layout", "--json", str(SAMPLES / "travel.xml")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["module"]: r for r in data["modules"]}
+    assert rows["trip-plan/overseas/kyoto"]["start"] == rows["trip-plan/overseas/lisbon"]["start"]
+
+
+@pytest.mark.real_model
+def test_run_json_contract_on_the_real_model():
+    r = run_cli("run", str(SAMPLES / "scaffold.xml"), str(SAMPLES / "scaffold.prompt.xml"), "--max-new-tokens", "4",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model"] == "SmolLM2-135M-Instruct" and data["storage"] == "cpu"
+    assert data["cached_tokens"] + data["uncached_tokens"] == data["prompt_tokens"]
+    assert data["store_bytes"] > 0 and data["scaffolds"] == ["policy-and-faq"]
+    for path in ("baseline", "cached"):
+        assert data[path]["ttft_ms"] > 0 and isinstance(data[path]["text"], str)
+    assert data["cached"]["copy_ms"] >= 0
+    assert data["same_text"] is True and data["first_divergence"] is None  # scaffold imported whole: exact
+    assert data["first_token_agree"] is True and data["first_token_kl"] < 1e-6

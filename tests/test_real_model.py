@@ -1,0 +1,54 @@
+"""Every sample schema really encoded and run on the default model (a few tokens each)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SAMPLES, sample_pairs
+
+pytestmark = pytest.mark.real_model
+
+
+def test_default_model_facts(real_engine):
+    info = real_engine.info()
+    assert info["model"] == "SmolLM2-135M-Instruct"
+    assert info["kv_bytes_per_token"] == 46_080  # 2 x 30 layers x 3 kv heads x 64 dims x 4 bytes
+    assert info["layers"] == 30 and info["max_positions"] == 8192
+    assert 130e6 < info["parameters"] < 140e6
+
+
+@pytest.mark.parametrize("name, schema, prompt", sample_pairs(), ids=[n for n, _, _ in sample_pairs()])
+def test_sample_encodes_and_runs(real_engine, name, schema, prompt):
+    c = real_engine.compare(schema.read_text(), prompt.read_text(), max_new_tokens=3,
+                            schema_source=str(schema), prompt_source=str(prompt))
+    assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
+    assert c.baseline.token_ids and c.cached.token_ids
+    assert c.cached.ttft_ms > 0 and c.baseline.ttft_ms > 0
+    assert c.store_bytes == sum(real_engine.store().get(k).nbytes for k in set(c_keys(real_engine, schema)))
+
+
+def c_keys(eng, schema):
+    lay = eng.layout(schema.read_text())
+    return eng.encode(lay).encoded.keys()
+
+
+def test_store_bytes_match_kv_bytes_per_token(real_engine):
+    lay = real_engine.layout((SAMPLES / "doc_qa.xml").read_text())
+    enc = real_engine.encode(lay)
+    tokens = sum(len(p) for p in lay.pieces)  # no unions or scaffolds in doc_qa: every token stored once
+    assert enc.store_bytes == tokens * real_engine.lm.kv_bytes_per_token
+
+
+def test_scaffold_sample_is_exact_on_the_real_model(real_engine):
+    c = real_engine.compare((SAMPLES / "scaffold.xml").read_text(), (SAMPLES / "scaffold.prompt.xml").read_text(),
+                            max_new_tokens=8)
+    assert c.plan.scaffolds == ("policy-and-faq",)
+    assert c.max_first_logit_diff < 1e-4 and c.same_text
+
+
+def test_prefixed_first_module_is_exact_on_the_real_model(real_engine):
+    schema = (SAMPLES / "doc_qa.xml").read_text()
+    first = real_engine.layout(schema).top_level()[0]
+    c = real_engine.compare(schema, f"<prompt schema='doc_qa'><{first}/> How many days a week is remote work "
+                            "allowed?</prompt>", max_new_tokens=8, mode="prefixed")
+    assert c.max_first_logit_diff < 1e-4 and c.same_text
