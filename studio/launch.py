@@ -1,0 +1,39 @@
+"""Start the studio: build the engine and the run log, build the Blocks, serve on 127.0.0.1.
+
+Used by ``python app.py`` and ``pml-studio serve``. Nothing is loaded here before ``serve`` is
+called, and the model itself loads on the first encode or compare (or from the Model tab).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
+          share: bool = False, block: bool = True):
+    """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
+
+    ``share`` creates a public Gradio link and is off unless asked for.
+    """
+    from engine.errors import EngineError
+    from engine.runlog import RunLog
+    from engine.session import Engine
+
+    from .app import build_app, launch_options
+
+    try:
+        engine = Engine(model=model)
+        runlog = RunLog(db)
+    except EngineError as err:
+        print(f"pml-studio: error: {err}", file=sys.stderr)
+        return 2
+    demo = build_app(engine, runlog)
+    print(f"PML Studio: run log {runlog.path}; the model loads on the first encode or compare", flush=True)
+    demo.queue(default_concurrency_limit=1)
+    try:
+        demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
+                    show_error=False, **launch_options())
+    except OSError as err:  # port in use, address not available
+        print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
+        return 2
+    return 0 if block else demo
