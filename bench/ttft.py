@@ -93,10 +93,10 @@ def main() -> None:
                 [[r["prompt_tokens"], r["cached_tokens"], r["uncached_tokens"], r["baseline_ttft_ms"],
                   r["cached_ttft_ms"], r["cached_copy_ms"], f'{r["speedup"]}x', r["baseline_decode_ms_per_token"],
                   r["cached_decode_ms_per_token"]] for r in rows]))
-    emit("ttft" if not args.quick else "ttft-quick",
+    emit("ttft",
          {"benchmark": "ttft", "model": eng.lm.name, "storage": "cpu", "mode": eng.mode, "dtype": eng.lm.dtype,
           "ttft_includes_copy": True, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
-          "results": rows})
+          "results": rows}, write=not args.quick)
 
 
 if __name__ == "__main__":

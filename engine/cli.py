@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("schema", metavar="SCHEMA")
     r.add_argument("prompt", metavar="PROMPT")
     r.add_argument("--storage", default="cpu", choices=["cpu", "cuda"], help="where module KV is stored")
+    r.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="where the model runs (default: cuda for --storage cuda, else cpu); --storage cpu "
+                        "--device cuda copies module KV host-to-device per run, as in the paper's CPU-storage case")
     r.add_argument("--mode", default="prefixed", choices=["prefixed", "isolated"],
                    help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
     r.add_argument("--max-new-tokens", type=int, default=32)
@@ -153,7 +156,7 @@ def cmd_run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise EngineError("--max-new-tokens must be at least 1")
-    eng = Engine(model=args.model, storage=args.storage, mode=args.mode)
+    eng = Engine(model=args.model, storage=args.storage, mode=args.mode, device=args.device)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
     result = eng.compare(_read(args.schema), _read(args.prompt), sampling=sampling, schema_source=args.schema,

@@ -64,11 +64,13 @@ class RunResult:
 @dataclass(frozen=True)
 class Comparison:
     model: str
-    storage: str
+    device: str  # where the model ran
+    storage: str  # where module KV is stored
     mode: str
     schema: str
     plan: PromptPlan = field(repr=False)
     store_bytes: int
+    store_bytes_by_module: dict[str, int]
     baseline: RunResult
     cached: RunResult
     same_text: bool
@@ -90,6 +92,7 @@ class Comparison:
             "model": self.model, "storage": self.storage, "mode": self.mode, "schema": self.schema,
             "prompt_tokens": self.plan.prompt_tokens, "cached_tokens": self.plan.cached_tokens,
             "uncached_tokens": self.plan.uncached_tokens, "store_bytes": self.store_bytes,
+            "store_bytes_by_module": self.store_bytes_by_module, "device": self.device,
             "imported": list(self.plan.imported), "scaffolds": list(self.plan.scaffolds),
             "baseline": self.baseline.to_json(), "cached": cached,
             "speedup": round(self.speedup, 3), "same_text": self.same_text,
@@ -140,8 +143,8 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
     kl = float(torch.sum(lb.exp() * (lb - lc)))
     div = first_divergence(base.token_ids, cached.token_ids)
     return Comparison(
-        model=lm.name, storage=store.device, mode=encoded.mode, schema=plan.layout.name, plan=plan,
-        store_bytes=encoded.nbytes(store), baseline=base, cached=cached, same_text=div is None,
+        model=lm.name, device=lm.device, storage=store.device, mode=encoded.mode, schema=plan.layout.name, plan=plan,
+        store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store), baseline=base, cached=cached, same_text=div is None,
         first_divergence=div, first_token_agree=bool(torch.argmax(lb) == torch.argmax(lc)),
         first_token_kl=max(kl, 0.0), max_first_logit_diff=float((base.first_logits - cached.first_logits).abs().max()),
         sampling=sampling)
