@@ -730,8 +730,10 @@ class Studio:
     def status_html(self) -> str:
         name = self.engine.lm.name if self.engine.loaded else (self.engine.model_spec or "SmolLM2-135M-Instruct")
         state = "loaded" if self.engine.loaded else "loads on first run"
+        path = str(self.runlog.path)
+        short = path if len(path) <= 42 else "…" + path[-41:]
         return (f'<div class="pml-chips"><span class="chip"><b>model</b> {html.escape(str(name))} · {state}</span>'
-                f'<span class="chip"><b>run log</b> {html.escape(str(self.runlog.path))}</span></div>')
+                f'<span class="chip" title="{html.escape(path)}"><b>run log</b> {html.escape(short)}</span></div>')
 
 
 def gpu_explanation(why: str) -> str:
