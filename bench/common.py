@@ -85,3 +85,71 @@ def emit(name: str, result: dict, write: bool = True) -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
+
+
+def prompt_overhead(eng) -> int:
+    """Tokens a one-module prompt adds besides module text and question (system text, role tags)."""
+    lay = eng.layout(doc_schema("probe", ["x"]))
+    plan = eng.plan(lay, doc_prompt("probe", 1, question="q"))
+    return plan.prompt_tokens - len(eng.codec.encode("x")) - len(eng.codec.encode(" q"))
+
+
+def fill_docs(eng, chunks: list[str], target: int) -> list[str]:
+    """Essay chunks (the last one cut) whose schema + question prompt is about ``target`` tokens."""
+    codec = eng.codec
+    overhead = prompt_overhead(eng) + len(codec.encode(" " + QUESTION))
+    docs: list[str] = []
+    total = 0
+    for c in chunks:
+        n = len(codec.encode(c))
+        if total + n + overhead > target:
+            words = c.split()  # fill the rest of the budget with the start of the next chunk
+            while words and total + len(codec.encode(" ".join(words))) + overhead > target:
+                words = words[: int(len(words) * 0.9)]
+            if len(words) > 20:
+                docs.append(" ".join(words) + ".")
+            break
+        docs.append(c)
+        total += n
+    return docs
+
+
+def ttft_point(eng, target: int, reps: int, new_tokens: int, chunks: list[str]) -> dict:
+    """Median TTFT of baseline and cached on one document-QA prompt of about ``target`` tokens.
+
+    One warm-up pair (discarded), then ``reps`` alternating baseline/cached runs.
+    """
+    from engine.runner import Sampling, run_baseline, run_cached
+
+    docs = fill_docs(eng, chunks, target)
+    name = f"ttft{target}"
+    lay = eng.layout(doc_schema(name, docs))
+    plan = eng.plan(lay, doc_prompt(name, len(docs)), max_new_tokens=new_tokens)
+    enc = eng.encode(lay)
+    store = eng.store()
+    sampling = Sampling(max_new_tokens=new_tokens)
+    run_baseline(eng.lm, plan, sampling)
+    run_cached(eng.lm, plan, enc.encoded, store, sampling)
+    base, cached = [], []
+    for _ in range(reps):
+        base.append(run_baseline(eng.lm, plan, sampling))
+        cached.append(run_cached(eng.lm, plan, enc.encoded, store, sampling))
+
+    def med(runs, attr):
+        return round(median([getattr(r, attr) for r in runs if getattr(r, attr) is not None]), 2)
+
+    b_ttft, c_ttft = med(base, "ttft_ms"), med(cached, "ttft_ms")
+    b_dec, c_dec = med(base, "decode_ms_per_token"), med(cached, "decode_ms_per_token")
+    return {
+        "target_tokens": target, "prompt_tokens": plan.prompt_tokens, "cached_tokens": plan.cached_tokens,
+        "uncached_tokens": plan.uncached_tokens, "modules": len(docs), "store_bytes": enc.store_bytes,
+        "baseline_ttft_ms": b_ttft, "cached_ttft_ms": c_ttft,
+        "cached_copy_ms": med(cached, "copy_ms"), "cached_prefill_ms": med(cached, "prefill_ms"),
+        "cached_sample_ms": med(cached, "sample_ms"),
+        "speedup": round(b_ttft / c_ttft, 2),
+        "baseline_decode_ms_per_token": b_dec, "cached_decode_ms_per_token": c_dec,
+        "decode_ratio": round(c_dec / b_dec, 3),
+        "baseline_ttft_ms_all": [round(r.ttft_ms, 2) for r in base],
+        "cached_ttft_ms_all": [round(r.ttft_ms, 2) for r in cached],
+        "same_text": all(b.token_ids == c.token_ids for b, c in zip(base, cached)),
+    }

@@ -44,7 +44,8 @@ class RunResult:
     token_ids: tuple[int, ...]
     ttft_ms: float
     copy_ms: float  # buffer allocation + module KV assembly (0 for baseline)
-    prefill_ms: float
+    prefill_ms: float  # forward over the prefilled tokens
+    sample_ms: float  # choosing the first token from its logits
     prefill_tokens: int
     decode_ms_per_token: float | None  # None when fewer than two tokens were generated
     decode_tokens: int
@@ -55,7 +56,8 @@ class RunResult:
 
     def to_json(self) -> dict:
         return {"text": self.text, "ttft_ms": round(self.ttft_ms, 3), "copy_ms": round(self.copy_ms, 3),
-                "prefill_ms": round(self.prefill_ms, 3), "prefill_tokens": self.prefill_tokens,
+                "prefill_ms": round(self.prefill_ms, 3), "sample_ms": round(self.sample_ms, 3),
+                "prefill_tokens": self.prefill_tokens,
                 "decode_ms_per_token": None if self.decode_ms_per_token is None else round(self.decode_ms_per_token, 3),
                 "new_tokens": self.decode_tokens, "peak_rss_bytes": self.peak_rss_bytes,
                 "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes}
@@ -138,16 +140,22 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
     """Baseline and cached runs of one plan, with agreement figures."""
     base = run_baseline(lm, plan, sampling, on_token)
     cached = run_cached(lm, plan, encoded, store, sampling, on_token)
-    lb = torch.log_softmax(base.first_logits.float(), -1)
-    lc = torch.log_softmax(cached.first_logits.float(), -1)
-    kl = float(torch.sum(lb.exp() * (lb - lc)))
-    div = first_divergence(base.token_ids, cached.token_ids)
+    agree = agreement(base, cached)
     return Comparison(
         model=lm.name, device=lm.device, storage=store.device, mode=encoded.mode, schema=plan.layout.name, plan=plan,
-        store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store), baseline=base, cached=cached, same_text=div is None,
-        first_divergence=div, first_token_agree=bool(torch.argmax(lb) == torch.argmax(lc)),
-        first_token_kl=max(kl, 0.0), max_first_logit_diff=float((base.first_logits - cached.first_logits).abs().max()),
-        sampling=sampling)
+        store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store), baseline=base,
+        cached=cached, sampling=sampling, **agree)
+
+
+def agreement(base: RunResult, other: RunResult) -> dict:
+    """How far ``other`` drifted from ``base``: same_text, first_divergence, first-token agreement and KL."""
+    lb = torch.log_softmax(base.first_logits.float(), -1)
+    lo = torch.log_softmax(other.first_logits.float(), -1)
+    kl = float(torch.sum(lb.exp() * (lb - lo)))
+    div = first_divergence(base.token_ids, other.token_ids)
+    return {"same_text": div is None, "first_divergence": div,
+            "first_token_agree": bool(torch.argmax(lb) == torch.argmax(lo)), "first_token_kl": max(kl, 0.0),
+            "max_first_logit_diff": float((base.first_logits - other.first_logits).abs().max())}
 
 
 def workspace(lm: LoadedModel) -> KVWorkspace:
@@ -207,6 +215,8 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
         out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
+        _sync(device)
+        t_fwd = time.perf_counter()
         tok = _sample(logits, sampling, gen)
         _sync(device)
         t2 = time.perf_counter()
@@ -234,7 +244,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
     return RunResult(
         path=path, text=lm.tokenizer.decode(tokens, skip_special_tokens=True), token_ids=tuple(tokens),
         ttft_ms=(t2 - t0) * 1000, copy_ms=(t1 - t0) * 1000 if path == "cached" else 0.0,
-        prefill_ms=(t2 - t1) * 1000, prefill_tokens=len(ids),
+        prefill_ms=(t_fwd - t1) * 1000, sample_ms=(t2 - t_fwd) * 1000, prefill_tokens=len(ids),
         decode_ms_per_token=decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(tokens),
         peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=first_logits)
 

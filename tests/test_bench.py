@@ -35,3 +35,45 @@ def test_ttft_quick():
         assert r["store_bytes"] >= r["cached_tokens"] * 46_080
         assert len(r["baseline_ttft_ms_all"]) == len(r["cached_ttft_ms_all"]) == data["reps"]
     assert rows[1]["prompt_tokens"] > rows[0]["prompt_tokens"]
+
+
+def test_scaling_quick():
+    out, data = run_bench("scaling.py")
+    rows = data["results"]
+    assert len(rows) == 3 and data["ttft_includes_copy"] is True
+    for r in rows:
+        parts = r["cached_copy_ms"] + r["cached_prefill_ms"] + r["cached_sample_ms"]
+        assert parts <= r["cached_ttft_ms"] * 1.05 + 1  # the split adds up (medians of each part)
+    fits = data["fits"]
+    assert 0 <= fits["cached_ttft_vs_cached_tokens_linear"]["r2"] <= 1
+    assert "exponent" in fits["baseline_ttft_power"] and "exponent" in fits["cached_ttft_power"]
+    assert data["gpu"] is None or isinstance(data["gpu"], dict)
+    assert "grows as tokens^" in out
+
+
+def test_memory_quick():
+    _, data = run_bench("memory.py")
+    fams = {f["model"]: f for f in data["families"]}
+    assert fams["Llama-2-7B"]["fp16_mb_per_token"] == 0.5  # the paper's Table 2
+    assert fams["Llama-2-70B"]["kv_heads"] == 8 and fams["Falcon-7B"]["kv_heads"] == 1
+    assert data["loaded"]["kv_bytes_per_token"] == 46_080
+    assert data["samples"] and all(s["measured_bytes"] == s["predicted_bytes"] for s in data["samples"])
+    assert data["all_match"] is True
+
+
+def test_fidelity_quick():
+    _, data = run_bench("fidelity.py")
+    assert data["prompts"] == 2 and data["greedy"] is True
+    summary = data["summary"]
+    assert set(summary) == {"baseline", "prefixed", "isolated", "scaffold"}
+    for path, s in summary.items():
+        assert s["n"] == 2 and 0 <= s["accuracy"] <= 1 and s["ci95"][0] <= s["accuracy"] <= s["ci95"][1]
+        assert s["found"] == sum(r[path]["found"] for r in data["rows"])
+    for row in data["rows"]:
+        assert row["scaffold"]["first_token_kl"] < 1e-4  # joint encoding of every module: exact
+        for path in ("prefixed", "isolated", "scaffold"):
+            assert 0 <= row[path]["rouge_l"] <= 1
+            if row[path]["same_text"]:
+                assert row[path]["text"] == row["baseline"]["text"] and row[path]["first_divergence"] is None
+            else:
+                assert row[path]["first_divergence"] is not None
