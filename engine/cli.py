@@ -1,4 +1,4 @@
-"""`pml-studio` command line: check, layout, run, info, serve.
+"""`pml-studio` command line: check, layout, run, info, serve, compile.
 
 Exit codes: 0 success, 2 a problem with the input or the environment (one line per problem,
 ``FILE:LINE:COL: error: MESSAGE``), never a traceback. ``run --json`` prints one JSON object
@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--db", default=None, help="SQLite run log (default: under the user's data folder)")
     s.add_argument("--share", action="store_true", help="create a public Gradio link (off unless asked)")
     model_opts(s)
+
+    cp = sub.add_parser("compile", help="print the PML schema of a prompt program (FILE.py:FUNC); the file is "
+                        "imported, so its top-level code runs")
+    cp.add_argument("target", metavar="FILE.py[:FUNC]", help="FUNC may be left out when the file has one program "
+                    "that no other program calls")
+    cp.add_argument("--prompt", action="store_true", help="print the file's example call of FUNC (a PML prompt) "
+                    "instead of the schema")
     return p
 
 
@@ -68,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"check": cmd_check, "layout": cmd_layout, "run": cmd_run, "info": cmd_info,
-                "serve": cmd_serve}[args.command](args)
+                "serve": cmd_serve, "compile": cmd_compile}[args.command](args)
     except PMLError as err:
         for prob in err.problems:
             print(prob, file=sys.stderr)
@@ -199,6 +206,34 @@ def cmd_serve(args) -> int:
     from studio.launch import serve
 
     return serve(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share)
+
+
+def cmd_compile(args) -> int:
+    from .programs import ProgramError, load_program_file
+
+    path, _, func = args.target.rpartition(":")
+    if not path or not func.isidentifier():  # no ":FUNC" suffix
+        path, func = args.target, ""
+    programs = load_program_file(path)
+    if not func:
+        roots = programs.roots()
+        if len(roots) != 1:
+            raise ProgramError(Problem(path, 1, 1, f"the file has {len(roots)} top-level prompt programs",
+                                       f"name one: {path}:FUNC with FUNC in {', '.join(roots) or 'none'}"))
+        func = roots[0]
+    prog = programs.programs.get(func)
+    if prog is None:
+        names = ", ".join(programs.programs) or "none (decorate functions with @prompt_program)"
+        raise ProgramError(Problem(path, 1, 1, f"no prompt program named '{func}' in the file", f"programs: {names}"))
+    if args.prompt:
+        call = programs.example(func)
+        if call is None:
+            raise ProgramError(Problem(path, prog.line, 1, f"the file has no example call of {func}",
+                                       f"add EXAMPLE = {func}.bind(...) at the end of the file"))
+        sys.stdout.write(call.prompt_xml())
+    else:
+        sys.stdout.write(prog.schema_xml())
+    return EXIT_OK
 
 
 # ----------------------------------------------------------------------------------------------
