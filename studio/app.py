@@ -72,19 +72,19 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
             # -- Schema ------------------------------------------------------------------------------
             with gr.Tab("1 · Schema", id="schema"):
                 with gr.Row(equal_height=False):
-                    with gr.Column(scale=3):
+                    with gr.Column(scale=1):
                         with gr.Row(elem_classes=["pml-toolbar"]):
                             sample = gr.Dropdown(names, value=first, label="Sample schema", scale=3)
                             upload = gr.UploadButton("Upload .xml", file_types=[".xml"], size="md", scale=1)
                             download = gr.DownloadButton("Download .xml", size="md", scale=1)
                         schema_code = gr.Code(schema0, language="html", label="Schema (PML)", lines=26, wrap_lines=True,
                                               max_lines=40, interactive=True, elem_id="schema-editor")
-                    with gr.Column(scale=2):
+                    with gr.Column(scale=1):
                         validation = gr.HTML(elem_id="schema-validation")
                         layout_table = gr.Dataframe(headers=LAYOUT_HEADERS, interactive=False, label="Layout",
                                                     max_height=420, wrap=True,
-                                                    column_widths=["38%", "16%", "10%", "20%", "16%"])
-                        with gr.Accordion("Highlighted source", open=False):
+                                                    column_widths=["40%", "17%", "11%", "20%", "12%"])
+                        with gr.Accordion("Highlighted source (problem lines in red)", open=False) as source_acc:
                             highlighted = gr.HTML()
 
             # -- Prompt ------------------------------------------------------------------------------
@@ -186,9 +186,11 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
                 file.write_text(schema_text, encoding="utf-8")
             rows = [list(r) for r in v.rows] if v.ok else gr.skip()
             return (v.status_html(), rows, highlight_html(schema_text, v.lines), spec,
-                    gr.update(interactive=v.ok), gr.update(interactive=v.ok), file)
+                    gr.update(interactive=v.ok), gr.update(interactive=v.ok), file,
+                    gr.skip() if v.ok else gr.Accordion(open=True))
 
-        validate_out = [validation, layout_table, highlighted, spec_state, encode_btn, compare_btn, download]
+        validate_out = [validation, layout_table, highlighted, spec_state, encode_btn, compare_btn, download,
+                        source_acc]
 
         def sync_builder(spec, prompt_text: str, prev):
             if not spec:
@@ -358,7 +360,8 @@ def _render_builder(studio: Studio, state: dict | None, prompt_code: gr.Code) ->
             params[key] = p
             add(key, gr.Textbox(value=value, label=f"{p['name']} · up to {p['len']} tokens", lines=1, max_lines=3,
                                 placeholder=f"default: {p['default']}" if p["default"] is not None else "required",
-                                info=studio.param_info(value, p["len"], p["default"]), elem_classes=["pml-param"]))
+                                info=studio.param_info(value, p["len"], p["default"]), elem_classes=["pml-param"],
+                                interactive=True))
         for child in node["children"]:
             visit(child)
 
@@ -367,7 +370,7 @@ def _render_builder(studio: Studio, state: dict | None, prompt_code: gr.Code) ->
         if node["kind"] == "module":
             with gr.Group(elem_classes=["pml-node"]):
                 add(key, gr.Checkbox(value=bool(values.get(key)), label=spec["modules"][key]["name"],
-                                     elem_classes=["pml-module"]))
+                                     elem_classes=["pml-module"], interactive=True))
                 if spec["modules"][key]["params"] or node["children"]:
                     with gr.Column(elem_classes=["pml-nested"]):
                         module_body(key, node)
@@ -377,7 +380,7 @@ def _render_builder(studio: Studio, state: dict | None, prompt_code: gr.Code) ->
         unions.add(key)
         with gr.Group(elem_classes=["pml-node", "pml-union"]):
             add(key, gr.Radio([("none", NONE)] + [(n, m["key"]) for n, m in zip(names, members)],
-                              value=values.get(key) or NONE, label="union: pick at most one"))
+                              value=values.get(key) or NONE, label="union: pick at most one", interactive=True))
             for name, m in zip(names, members):
                 if spec["modules"][m["key"]]["params"] or m["children"]:
                     with gr.Column(elem_classes=["pml-nested"]):
@@ -389,7 +392,7 @@ def _render_builder(studio: Studio, state: dict | None, prompt_code: gr.Code) ->
             visit(node)
     free = gr.Textbox(value=state.get("text", ""), label="New text (not cached)", lines=4,
                       placeholder="Your question or instruction; it is prefilled at request time.",
-                      elem_id="builder-free-text")
+                      elem_id="builder-free-text", interactive=True)
 
     def on_change(trigger, *vals):
         values_ = normalise(spec, dict(zip(keys, vals[:-1])), trigger)
