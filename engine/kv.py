@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +24,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 @dataclass
 class ModuleKV:
-    """Stored KV of one module (or unit slice)."""
+    """Stored KV of one module (or unit slice), every layer at full length."""
 
     kv: torch.Tensor  # [layers, 2, kv_heads, seq, head_dim]
     positions: torch.Tensor  # [seq] int64
@@ -39,11 +42,16 @@ class ModuleKV:
     def device(self) -> torch.device:
         return self.kv.device
 
-    def to(self, device: str | torch.device) -> "ModuleKV":
-        """This entry on ``device`` (self when it is already there)."""
-        if self.kv.device == torch.device(device):
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv.dtype
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "ModuleKV":
+        """This entry on ``device`` (and in ``dtype``); self when nothing changes."""
+        dtype = dtype or self.kv.dtype
+        if self.kv.device == torch.device(device) and self.kv.dtype == dtype:
             return self
-        return ModuleKV(self.kv.to(device), self.positions, self.token_ids)
+        return ModuleKV(self.kv.to(device=device, dtype=dtype), self.positions, self.token_ids)
 
     def slice(self, idx: list[int] | slice) -> "ModuleKV":
         """Tokens ``idx`` of this entry, copied into their own storage."""
@@ -53,43 +61,141 @@ class ModuleKV:
                             self.token_ids[t])
         return ModuleKV(self.kv[:, :, :, idx].contiguous(), self.positions[idx].clone(), self.token_ids[idx].clone())
 
+    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+        """Append tokens ``[a, b)`` of this entry to ``buf`` (one copy for all layers)."""
+        buf.write(self.kv[:, :, :, a:b])
+
+    def kept_tokens(self) -> int:
+        """Entries kept, summed over layers (== layers x tokens when nothing was dropped)."""
+        return self.kv.shape[0] * self.kv.shape[3]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"kv": self.kv.contiguous(), "positions": self.positions, "token_ids": self.token_ids}
+
     @staticmethod
-    def concat(parts: list["ModuleKV"]) -> "ModuleKV":
-        return ModuleKV(torch.cat([p.kv for p in parts], dim=3), torch.cat([p.positions for p in parts]),
-                        torch.cat([p.token_ids for p in parts]))
+    def from_tensors(t: dict[str, torch.Tensor]) -> "ModuleKV | LayeredKV":
+        if "kv" in t:
+            return ModuleKV(t["kv"], t["positions"], t["token_ids"])
+        n = sum(1 for k in t if k.startswith("layer."))
+        return LayeredKV([t[f"layer.{i}"] for i in range(n)], [t[f"kept.{i}"] for i in range(n)], t["positions"],
+                         t["token_ids"])
 
     def __repr__(self) -> str:
-        pos = self.positions.tolist()
-        shown = pos if len(pos) <= 6 else pos[:3] + ["..."] + pos[-2:]
-        return (f"ModuleKV(tokens={len(self)}, positions={shown}, kv={tuple(self.kv.shape)} "
+        return (f"ModuleKV(tokens={len(self)}, positions={_short_positions(self.positions)}, kv={tuple(self.kv.shape)} "
                 f"{str(self.kv.dtype).replace('torch.', '')} on {self.kv.device}, {self.nbytes:,} bytes)")
 
 
+@dataclass
+class LayeredKV:
+    """A compressed entry: each layer keeps its own subset of the tokens (PyramidInfer-style).
+
+    ``kept[l]`` are sorted token indices (into ``positions``) whose K/V layer ``l`` kept; RoPE was
+    applied at encoding time, so the kept entries need no position bookkeeping at run time.
+    """
+
+    layers: list[torch.Tensor]  # [layers] x [2, kv_heads, kept_l, head_dim]
+    kept: list[torch.Tensor]  # [layers] x [kept_l] int64, sorted
+    positions: torch.Tensor  # [seq] int64: every token of the module
+    token_ids: torch.Tensor  # [seq] int64
+
+    def __len__(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.layers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].dtype
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "LayeredKV":
+        dtype = dtype or self.dtype
+        if self.device == torch.device(device) and self.dtype == dtype:
+            return self
+        return LayeredKV([t.to(device=device, dtype=dtype) for t in self.layers], self.kept, self.positions,
+                         self.token_ids)
+
+    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+        """Append, layer by layer, the kept entries among tokens ``[a, b)`` (contiguous: kept is sorted)."""
+        for i, (t, kept) in enumerate(zip(self.layers, self.kept)):
+            lo = int(torch.searchsorted(kept, a))
+            hi = int(torch.searchsorted(kept, b))
+            buf.write_layer(i, t[:, :, lo:hi])
+
+    def kept_tokens(self) -> int:
+        return sum(int(k.shape[0]) for k in self.kept)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"positions": self.positions, "token_ids": self.token_ids}
+        for i, (t, k) in enumerate(zip(self.layers, self.kept)):
+            out[f"layer.{i}"] = t.contiguous()
+            out[f"kept.{i}"] = k
+        return out
+
+    def __repr__(self) -> str:
+        kept = [int(k.shape[0]) for k in self.kept]
+        return (f"LayeredKV(tokens={len(self)}, kept per layer={kept[0]}..{kept[-1]} "
+                f"({self.kept_tokens() / (len(kept) * max(1, len(self))):.0%}), "
+                f"{str(self.dtype).replace('torch.', '')} on {self.device}, {self.nbytes:,} bytes)")
+
+
+def _short_positions(positions: torch.Tensor) -> list:
+    pos = positions.tolist()
+    return pos if len(pos) <= 6 else pos[:3] + ["..."] + pos[-2:]
+
+
 class KVBuffer:
-    """KV for one run: a view ``[layers, 2, 1, kv_heads, capacity, head_dim]`` of a workspace."""
+    """KV for one run: a view ``[layers, 2, 1, kv_heads, capacity, head_dim]`` of a workspace.
+
+    Each layer has its own fill length (compressed entries keep fewer tokens in deeper layers).
+    """
 
     def __init__(self, data: torch.Tensor):
         self.data = data
-        self.length = 0
+        self.lengths = [0] * data.shape[0]
 
     @property
     def capacity(self) -> int:
         return self.data.shape[4]
 
     @property
+    def length(self) -> int:
+        """Fill length of layer 0 (all layers, unless compressed entries were written)."""
+        return self.lengths[0]
+
+    @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
     def write(self, kv: torch.Tensor) -> None:
-        """Append ``kv`` ([layers, 2, kv_heads, n, head_dim], any device) at the current length: one copy."""
+        """Append ``kv`` ([layers, 2, kv_heads, n, head_dim], any device): one copy when layers are level."""
         n = kv.shape[3]
-        if self.length + n > self.capacity:
-            raise ValueError(f"KV buffer overflow: {self.length} + {n} > {self.capacity}")
-        self.data[:, :, 0, :, self.length:self.length + n].copy_(kv, non_blocking=True)
-        self.length += n
+        start = self.lengths[0]
+        if all(x == start for x in self.lengths):
+            if start + n > self.capacity:
+                raise ValueError(f"KV buffer overflow: {start} + {n} > {self.capacity}")
+            self.data[:, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
+            self.lengths = [start + n] * len(self.lengths)
+        else:
+            for i in range(kv.shape[0]):
+                self.write_layer(i, kv[i])
+
+    def write_layer(self, i: int, kv: torch.Tensor) -> None:
+        """Append ``kv`` ([2, kv_heads, n, head_dim]) to layer ``i``."""
+        n = kv.shape[2]
+        start = self.lengths[i]
+        if start + n > self.capacity:
+            raise ValueError(f"KV buffer overflow in layer {i}: {start} + {n} > {self.capacity}")
+        self.data[i, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
+        self.lengths[i] = start + n
 
     def cache(self) -> "BufferedCache":
-        """A transformers Cache whose layers append into this buffer, starting at the current length."""
+        """A transformers Cache whose layers append into this buffer, starting at the current lengths."""
         return BufferedCache(self)
 
 
@@ -129,7 +235,7 @@ class _BufferedLayer(CacheLayerMixin):
         self.buffer = buffer
         self.k = buffer.data[index, 0]  # [1, kv_heads, capacity, head_dim]
         self.v = buffer.data[index, 1]
-        self.length = buffer.length
+        self.length = buffer.lengths[index]
         self.dtype, self.device = buffer.data.dtype, buffer.data.device
         self.is_initialized = True
         self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
@@ -167,7 +273,7 @@ class BufferedCache(Cache):
 
     def sync_length(self) -> None:
         """Record in the buffer how far the layers have written."""
-        self.buffer.length = self.layers[0].length
+        self.buffer.lengths = [layer.length for layer in self.layers]
 
 
 def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV | None = None) -> ModuleKV:
@@ -190,3 +296,84 @@ def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV
     return ModuleKV(kv.contiguous(), torch.tensor(positions, dtype=torch.long),
                     torch.tensor(token_ids, dtype=torch.long))
 
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention: SDPA, plus per-layer cache lengths and attention scoring for compression
+# ----------------------------------------------------------------------------------------------
+
+ATTENTION = "pml_sdpa"
+_SCORER: contextvars.ContextVar["AttentionScorer | None"] = contextvars.ContextVar("pml_scorer", default=None)
+
+
+class AttentionScorer:
+    """Per layer, the recency-weighted attention the unit's most recent queries pay to its tokens.
+
+    Used while encoding a unit for PyramidInfer-style compression: the last ``recent_frac`` of
+    the unit's queries (weights growing linearly towards the newest) score each of the unit's
+    keys; past (prefix) keys take part in the softmax but are not scored.
+    """
+
+    def __init__(self, n_new: int, recent_frac: float = 0.4):
+        self.n_new = n_new
+        self.recent = max(1, math.ceil(recent_frac * n_new))
+        self.scores: dict[int, torch.Tensor] = {}  # layer -> [n_new]
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        # query: [1, heads, n_new, dim]; key: [1, kv_heads, n_past + n_new, dim]
+        b, h, q, d = query.shape
+        kvh, kv = key.shape[1], key.shape[2]
+        g = h // kvh
+        r = min(self.recent, q)
+        qr = query[:, :, q - r:].reshape(b, kvh, g * r, d)
+        att = torch.matmul(qr.float(), key.float().transpose(-1, -2)) * (scaling or d ** -0.5)
+        att = att.view(b, kvh, g, r, kv)
+        # query i of the recent window sits at cache index kv - r + i and sees keys <= that index
+        causal = torch.ones(r, kv, dtype=torch.bool, device=query.device).tril_(kv - r)
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        w = torch.arange(1, r + 1, dtype=att.dtype, device=att.device)
+        w = w / w.sum()
+        per_key = torch.einsum("bkgrn,r->n", att, w) / (b * kvh * g)  # [kv]
+        self.scores[layer] = per_key[kv - self.n_new:].cpu()
+
+
+@contextlib.contextmanager
+def scoring(scorer: AttentionScorer):
+    """Within this block, forwards through the PML attention feed ``scorer``."""
+    token = _SCORER.set(scorer)
+    try:
+        yield scorer
+    finally:
+        _SCORER.reset(token)
+
+
+def _pml_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention, made safe for caches whose layers hold different lengths.
+
+    The causal mask is built once from layer 0's length; a layer that kept fewer (compressed)
+    entries gets the same bottom-right causal mask at its own length. Batch size is always 1
+    and there is no padding, so that mask is exact.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    scorer = _SCORER.get()
+    if scorer is not None:
+        scorer.observe(module.layer_idx, query, key, kwargs.get("scaling"))
+    kv = key.shape[-2]
+    if attention_mask is not None and attention_mask.shape[-1] != kv:
+        q = query.shape[-2]
+        attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def use_pml_attention(model) -> bool:
+    """Select the attention above for an SDPA model; False (unchanged) for other implementations."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", ATTENTION):
+        return False
+    AttentionInterface.register(ATTENTION, _pml_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
+    return True

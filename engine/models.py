@@ -152,6 +152,10 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 
+    from .kv import use_pml_attention
+
+    use_pml_attention(model)
+
     config = model.config
     text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     n_layers = text_cfg.num_hidden_layers

@@ -128,7 +128,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         t0 = time.perf_counter()
         buf = workspace(lm).buffer(plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1)
         for entry, a, b in copies:
-            buf.write(entry.kv[:, :, :, a:b])
+            entry.write_into(buf, a, b)
         _sync(lm.device)
         t1 = time.perf_counter()
         result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token)
