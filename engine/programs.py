@@ -19,39 +19,51 @@ with the file, line and a suggestion (:class:`ProgramError`).
         system("You are a travel planner.")
         "Plan my trip, please."
         if overseas:
-            "We want to travel abroad."
+            "We travel abroad for " + duration + "."
             city_guide(dest=dest)
 
-    trip.schema_xml()        # <schema name="trip"> ... <module name="overseas"> ... <module name="city_guide">
+    trip.schema_xml()   # <schema name="trip"> ... <module name="overseas"> ... <module name="city_guide">
     trip.prompt_xml(duration="5 days", overseas=True, question="What should I book first?")
+    # <prompt schema="trip"> <overseas duration="5 days"><city_guide><kyoto/></city_guide></overseas> ...
 
-Translation (a program body may contain only these statements):
+Translation (a program body may contain only these statements; anything else — loops,
+assignments, f-strings, calls of ordinary functions, conditions that do not test a parameter —
+is a ProgramError at decoration time, naming ``file:line:col`` and what to write instead):
 
-- a string statement is text; consecutive string statements are joined with one space. The
-  docstring is text too (a program is its prompt; write documentation as ``#`` comments).
-  A parameter annotated ``Param(len=N)`` is interpolated by concatenation:
-  ``"a trip of " + duration + " days"`` (or a bare ``duration`` statement) → ``<param>``.
-  f-strings are rejected: their value would be unknown when the schema is compiled.
-- ``system("...")`` (first statements of the body only) is the system message; everything
+- a string statement is text. Adjacent literals join exactly; consecutive string statements
+  are joined with one space. As everywhere in PML, the two ends of a text run (between
+  elements) collapse to one space; whitespace inside is kept. The docstring is text too (a
+  program *is* its prompt; write documentation as ``#`` comments).
+- a parameter annotated ``Param(len=N[, default=...])`` (or ``Annotated[str, Param(...)]``)
+  is interpolated by concatenation, ``"a trip of " + duration + " days"``, or as a bare
+  ``duration`` statement → ``<param name="duration" len="N"/>``. A param may appear once per
+  module and only inside a module (a program whose top level holds one can only be nested).
+- ``system("...")``, as the first statements of the body, is the system message; everything
   else sits in one ``<user>`` region (``@prompt_program(chat=False)``: no role tags at all).
 - ``if flag:`` → module ``flag``, imported when the argument is true; ``if not flag:`` →
   module ``not-flag``.
 - ``if x == "a": ... elif x == "b": ... else: ...`` and ``match x: case "a": ... case _: ...``
-  → a union whose members are named by the case values (made identifiers: ``"New York"`` →
-  ``New-York``). ``else`` / ``case _`` → member ``x-other``; the ``else`` of a single
+  → a union whose members are named by the case values, made identifiers (``"New York"`` →
+  ``New-York``). ``else`` / ``case _`` → member ``x-other``; the ``else`` of a lone
   ``if flag:`` → ``not-flag``. A chain whose branches test different flags (``if a: elif b:``)
-  is a union too: the first true branch is imported, as in Python. A chain with only one
-  branch that has text is a plain module. Branches holding only ``pass`` import nothing.
-- ``other(arg=value, ...)`` where ``other`` is a prompt program → a nested module named
-  ``other`` whose content is ``other``'s body; each argument is a parameter of the caller or
-  a literal.
+  is a union too, and, as in Python, the first branch that holds is imported. A chain with
+  only one branch that has text is a plain module; ``pass``-only branches import nothing.
+- ``other(arg=value, ...)`` where ``other`` is a prompt program defined above → a nested
+  module named ``other`` holding ``other``'s body; each argument is a parameter of the caller
+  or a literal. A caller parameter that is only passed on takes the kind of what it is passed
+  to (a Param, a flag, a choice), so root programs need not repeat annotations.
 
 Names come from the source, so they are stable across runs; a name already used by a sibling
-(or a chat role name) gets ``-2``, ``-3``, ... in source order.
+(or a chat-role name) gets ``-2``, ``-3``, ... in source order.
 
-A call (``prog.prompt_xml(**kwargs)``) imports exactly the modules the same Python code would
-run through: Param arguments become attributes (an omitted Param falls back to its default),
-nested imports become children, and ``question=`` adds trailing new text.
+A call (``prog.bind(...)``, ``prog.prompt_xml(...)`` or ``prog(...)``) binds its arguments as
+Python would and imports exactly the modules the same code would run through: Param arguments
+become attributes (an omitted or ``None`` Param falls back to its default), nested imports
+become children, and ``question=`` adds trailing new text. A value that no case lists, a
+non-bool flag or a missing Param without default is a ProgramError located at the call.
+
+The source is read from the function's file (so programs must live in a .py file) and parsed
+whole, so reported lines and columns are the file's.
 
 Public API first, internal helpers after.
 """
@@ -59,6 +71,7 @@ Public API first, internal helpers after.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import inspect
 import linecache
@@ -72,7 +85,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from .errors import PMLError, Problem
-from .pml import IDENT, ROLES
+from .pml import IDENT, ROLES, parse_schema
 
 __all__ = ["Param", "PromptProgram", "ProgramCall", "ProgramError", "ProgramFile", "Selected",
            "load_program_file", "prompt_program", "system"]
@@ -130,7 +143,7 @@ class Selected:
     children: tuple["Selected", ...]
 
     def xml(self) -> str:
-        attrs = "".join(f" {k}={quoteattr(_xml_text(v, 'argument ' + k))}" for k, v in self.args)
+        attrs = "".join(f" {k}={quoteattr(v)}" for k, v in self.args)
         if not self.children:
             return f"<{self.name}{attrs}/>"
         return f"<{self.name}{attrs}>" + "".join(c.xml() for c in self.children) + f"</{self.name}>"
@@ -149,7 +162,7 @@ class ProgramCall:
         lines = [f"<prompt schema={quoteattr(self.schema)}>"]
         lines += ["  " + s.xml() for s in self.imports]
         if self.question and self.question.strip():
-            lines.append("  " + escape(_xml_text(self.question.strip(), "question"), {"\r": "&#13;"}))
+            lines.append("  " + _text_xml(self.question.strip()))
         lines.append("</prompt>")
         return "\n".join(lines) + "\n"
 
@@ -190,6 +203,9 @@ class PromptProgram:
         if self.root_param_problem:
             raise ProgramError(self.root_param_problem)
         env = self._env(args, kwargs)
+        if question is not None and (not isinstance(question, str) or not _xml_safe(question)):
+            raise self._problem(f"{self.name}(question={question!r}): the question must be text without control "
+                                "characters", "pass question=\"...\"")
         return ProgramCall(self.name, tuple(_select(self, self.body, env)), question)
 
     def prompt_xml(self, *args, question: str | None = None, **kwargs) -> str:
@@ -201,7 +217,12 @@ class PromptProgram:
     # -- internal -----------------------------------------------------------------------------
 
     def _problem(self, message: str, hint: str = "") -> ProgramError:
-        return ProgramError(Problem(self.source, self.line, 1, message, hint))
+        """A call-time error, located at the caller's line (the first frame outside this module)."""
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == __file__:
+            frame = frame.f_back
+        source, line = (frame.f_code.co_filename, frame.f_lineno) if frame else (self.source, self.line)
+        return ProgramError(Problem(source, line, 1, message, hint))
 
     def _env(self, args: tuple, kwargs: dict) -> dict:
         """Bind a call like Python would; omitted Params stay MISSING (their PML default applies)."""
@@ -215,9 +236,9 @@ class PromptProgram:
             v = env[p.name]
             if p.kind == "param" and v is None:
                 env[p.name] = v = MISSING  # None means "no argument": the param's default applies
-            if p.kind == "param" and v is not MISSING and not isinstance(v, str):
-                raise self._problem(f"{self.name}({p.name}={v!r}): a Param argument must be text",
-                                    f"pass {p.name}=\"...\"")
+            if p.kind == "param" and v is not MISSING and not (isinstance(v, str) and _xml_safe(v)):
+                raise self._problem(f"{self.name}({p.name}={v!r}): a Param argument must be text without control "
+                                    "characters", f"pass {p.name}=\"...\" (None or nothing: the param's default)")
             if p.kind == "flag" and not isinstance(v, bool):
                 raise self._problem(f"{self.name}({p.name}={v!r}): '{p.name}' selects a module with "
                                     f"`if {p.name}:`, so it must be True or False", f"pass {p.name}=True or False")
@@ -270,7 +291,8 @@ def load_program_file(path: str) -> ProgramFile:
     p = Path(path)
     if not p.is_file():
         raise ProgramError(Problem(str(path), 1, 1, "no such file", "give the path of a .py file"))
-    name = "_pml_program_" + re.sub(r"\W", "_", p.stem) + f"_{abs(hash(str(p.resolve()))):x}"
+    digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10]
+    name = f"_pml_program_{re.sub(r'[^0-9A-Za-z_]', '_', p.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(name, p)
     if spec is None or spec.loader is None:
         raise ProgramError(Problem(str(path), 1, 1, "cannot import this file", "give a .py file"))
@@ -374,12 +396,8 @@ def _walk_calls(nodes):
 
 # -- schema emission ---------------------------------------------------------------------------
 
-def _xml_text(text: str, what: str) -> str:
-    bad = next((c for c in text if not _xml_char(c)), None)
-    if bad is not None:
-        raise ProgramError(Problem("<program>", 1, 1, f"{what} contains the character {bad!r}, which XML cannot hold",
-                                   "remove control characters from the text"))
-    return text
+def _xml_safe(text: str) -> bool:
+    return all(_xml_char(c) for c in text)
 
 
 def _xml_char(c: str) -> bool:
@@ -602,7 +620,7 @@ class _Compiler:
 
     def program(self) -> PromptProgram:
         self.params = self.signature()
-        body = self.body(self.node.body, _Names(), self.node, root=True)
+        body = self.body(self.node.body, _Names(), root=True)
         root_params = [n for n in body if isinstance(n, _ParamRef)]
         root_problem = None
         if root_params:
@@ -647,8 +665,6 @@ class _Compiler:
 
     def check(self, prog: PromptProgram) -> None:
         """The compiled schema must parse: a failure here is a compiler bug, reported at the `def`."""
-        from .pml import parse_schema
-
         try:
             parse_schema(prog.schema_xml(), f"{self.source}:{self.name}")
         except PMLError as err:
@@ -657,7 +673,7 @@ class _Compiler:
 
     # -- statements ---------------------------------------------------------------------------
 
-    def body(self, stmts, names: _Names, owner, root: bool = False) -> list:
+    def body(self, stmts, names: _Names, root: bool = False) -> list:
         out: list = []
         params_here: set[str] = set()
         for st in stmts:
@@ -862,7 +878,7 @@ class _Compiler:
         branches = []
         for cond, body_stmts, node in tests:
             inner = _Names()
-            body = self.body(body_stmts, inner, node)
+            body = self.body(body_stmts, inner)
             if not body:
                 branches.append(_Branch(cond, None, ()))
                 continue
