@@ -12,7 +12,9 @@ Units (see layout.py for which pieces each contains):
 
 Mode ``prefixed`` (default) encodes 2. with the KV of the anonymous text before the module as
 past context; ``isolated`` (the paper's scheme) encodes it alone. Only the unit's own KV is
-stored, so both modes cost the same memory.
+stored, so both modes cost the same memory. Entries are stored in the chosen dtype and, with
+a retention below 1, compressed per layer (compress.py). An entry already in the store — in
+memory or on disk — is not computed again; each unit reports where its entries came from.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .kv import ModuleKV, forward_kv
+import torch
+
+from .compress import Compression, compress
+from .errors import EngineError
+from .kv import ATTENTION, AttentionScorer, ModuleKV, forward_kv, scoring
 from .layout import ANONYMOUS, Layout
 from .store import ModuleStore
 
 MODES = ("prefixed", "isolated")
+DTYPES = ("float32", "float16", "bfloat16")
 ProgressFn = Callable[[int, int, str], None]
 
 
@@ -36,7 +43,11 @@ class UnitReport:
     kind: str  # "anonymous" | "module" | "scaffold"
     tokens: int
     ms: float
-    reused: bool  # True when every entry of the unit was already in the store
+    source: str  # "memory" | "disk" | "encoded": where its entries came from
+
+    @property
+    def reused(self) -> bool:
+        return self.source != "encoded"
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,8 @@ class EncodedSchema:
     layout: Layout = field(repr=False)
     mode: str
     device: str
+    dtype: str
+    compression: Compression
     pieces: dict[int, tuple[str, int]]  # piece index -> (store key, offset of its first token in the entry)
     scaffolds: dict[str, dict[int, tuple[str, int]]]  # scaffold -> piece index -> (key, offset)
     module_keys: dict[str, str]  # module path (ANONYMOUS for the anonymous text) -> store key
@@ -55,34 +68,47 @@ class EncodedSchema:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
 
     def bytes_by_module(self, store: ModuleStore) -> dict[str, int]:
-        out = {path or "(anonymous)": store.nbytes([k]) for path, k in self.module_keys.items()}
-        out.update({f"scaffold:{name}": store.nbytes([k]) for name, k in self.scaffold_keys.items()})
+        out = {path or "(anonymous)": store.entry_bytes(k) for path, k in self.module_keys.items()}
+        out.update({f"scaffold:{name}": store.entry_bytes(k) for name, k in self.scaffold_keys.items()})
         return out
 
     def nbytes(self, store: ModuleStore) -> int:
-        return store.nbytes(self.keys())
+        """Bytes of this schema's entries (in memory or on disk), each counted once."""
+        return sum(store.entry_bytes(k) for k in set(self.keys()))
 
     def locate(self, piece: int, scaffold: str | None) -> tuple[str, int]:
         return self.scaffolds[scaffold][piece] if scaffold else self.pieces[piece]
 
 
 def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefixed", model_fingerprint: str = "",
-                  progress: ProgressFn | None = None) -> EncodedSchema:
-    """Encode every cached unit of ``layout`` into ``store`` (units already stored are reused)."""
+                  progress: ProgressFn | None = None, dtype: str = "float32",
+                  compression: Compression | None = None) -> EncodedSchema:
+    """Encode every cached unit of ``layout`` into ``store`` (entries already stored are reused).
+
+    ``dtype`` is the storage precision of module and scaffold entries (the anonymous text, used
+    by every prompt and as the prefix of every module, stays in the compute dtype); ``compression``
+    drops tokens per layer from module and scaffold entries.
+    """
     if mode not in MODES:
-        raise ValueError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
+        raise EngineError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
+    if dtype not in DTYPES:
+        raise EngineError(f"unknown storage dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    comp = compression or Compression()
+    if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
+        raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
+                          f"'{model.config._attn_implementation}'); set retention to 1.0")
+    ctx = _Context(model, layout, store, getattr(torch, dtype), comp)
+    storage = f"{dtype}|{comp.key()}"
     t_start = time.perf_counter()
     pieces_map: dict[int, tuple[str, int]] = {}
     module_keys: dict[str, str] = {}
-    reports: list[UnitReport] = []
     jobs = _plan_units(layout)
     total = len(jobs)
 
-    # 1. Anonymous unit.
+    # 1. Anonymous unit (pinned: every prompt uses it).
     anon = [p.index for p in layout.anonymous()]
-    anon_key = _key(model_fingerprint, "anonymous", _ids_pos(layout, anon))
-    anon_entry = _encode_unit(model, store, layout, anon, None, {ANONYMOUS: (anon_key, anon)}, reports,
-                              "(anonymous)", "anonymous")
+    anon_key = _key(model_fingerprint, layout.codec.fingerprint, "anonymous", _ids_pos(layout, anon))
+    anon_entry = ctx.unit(anon, None, {"(anonymous)": (anon_key, anon)}, "(anonymous)", "anonymous")
     if anon:
         module_keys[ANONYMOUS] = anon_key
         _map_pieces(layout, anon, pieces_map, anon_key)
@@ -101,7 +127,8 @@ def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefix
     for top, choice, targets in jobs[1:-len(layout.schema.scaffolds) or None]:
         unit = layout.unit_pieces(top, choice)
         pre, past = prefix_of(layout.modules[top].start) if mode == "prefixed" else ([], None)
-        unit_key = _key(model_fingerprint, mode, _ids_pos(layout, pre), _ids_pos(layout, unit))
+        unit_key = _key(model_fingerprint, layout.codec.fingerprint, mode, storage, _ids_pos(layout, pre),
+                        _ids_pos(layout, unit))
         wanted = {}
         for path in targets:
             own = list(layout.modules[path].pieces)
@@ -110,8 +137,8 @@ def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefix
                 wanted[path] = (key, own)
                 module_keys[path] = key
                 _map_pieces(layout, own, pieces_map, key)
-        label = top + "".join(f" [{m}]" for m in choice.values())
-        _encode_unit(model, store, layout, unit, past, wanted, reports, label, "module")
+        label = top + "".join(f" [{m.rsplit('/', 1)[-1]}]" for m in choice.values())
+        ctx.unit(unit, past, wanted, label, "module")
         done += 1
         if progress:
             progress(done, total, label)
@@ -122,9 +149,9 @@ def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefix
     for sc in layout.schema.scaffolds:
         pre, covered = layout.scaffold_unit(sc.name)
         _, past = prefix_of(min(layout.modules[m].start for m in sc.modules))
-        key = _key(model_fingerprint, "scaffold", _ids_pos(layout, pre), _ids_pos(layout, covered))
-        _encode_unit(model, store, layout, covered, past, {sc.name: (key, covered)}, reports,
-                     f"scaffold {sc.name}", "scaffold")
+        key = _key(model_fingerprint, layout.codec.fingerprint, "scaffold", storage, _ids_pos(layout, pre),
+                   _ids_pos(layout, covered))
+        ctx.unit(covered, past, {f"scaffold {sc.name}": (key, covered)}, f"scaffold {sc.name}", "scaffold")
         scaffold_keys[sc.name] = key
         scaffolds[sc.name] = {}
         _map_pieces(layout, covered, scaffolds[sc.name], key)
@@ -132,10 +159,9 @@ def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefix
         if progress:
             progress(done, total, f"scaffold {sc.name}")
 
-    device = store.device
-    return EncodedSchema(layout=layout, mode=mode, device=device, pieces=pieces_map, scaffolds=scaffolds,
-                         module_keys=module_keys, scaffold_keys=scaffold_keys, units=tuple(reports),
-                         encode_ms=(time.perf_counter() - t_start) * 1000)
+    return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
+                         pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
+                         units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000)
 
 
 def count_units(layout: Layout) -> int:
@@ -186,33 +212,53 @@ def _map_pieces(layout: Layout, pieces: list[int], out: dict[int, tuple[str, int
         offset += len(layout.pieces[i])
 
 
-def _encode_unit(model, store: ModuleStore, layout: Layout, unit: list[int], past: ModuleKV | None,
-                 wanted: dict[str, tuple[str, list[int]]], reports: list[UnitReport], label: str,
-                 kind: str) -> ModuleKV | None:
-    """Forward the unit (unless every wanted entry is stored) and store each wanted slice."""
-    n_tokens = sum(len(layout.pieces[i]) for i in unit)
-    if not unit:
-        return None
-    t0 = time.perf_counter()
-    if all(key in store for key, _ in wanted.values()) and kind != "anonymous":
-        reports.append(UnitReport(label, kind, n_tokens, 0.0, True))
-        return None
-    if kind == "anonymous" and all(key in store for key, _ in wanted.values()):
-        reports.append(UnitReport(label, kind, n_tokens, 0.0, True))
-        return store.get(next(iter(wanted.values()))[0])
-    ids: list[int] = []
-    pos: list[int] = []
-    offsets: dict[int, int] = {}
-    for i in unit:
-        p = layout.pieces[i]
-        offsets[i] = len(ids)
-        ids += p.token_ids
-        pos += range(p.start, p.end)
-    out = forward_kv(model, ids, pos, past)
-    stored = None
-    for key, own in wanted.values():
-        idx = [offsets[i] + k for i in own for k in range(len(layout.pieces[i]))]
-        entry = out if idx == list(range(len(out))) else out.slice(idx)
-        stored = store.put(key, entry)
-    reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, False))
-    return out if kind == "anonymous" else stored
+class _Context:
+    """One encode_schema call: model, layout, store, storage dtype, compression, unit reports."""
+
+    def __init__(self, model, layout: Layout, store: ModuleStore, dtype, comp: Compression):
+        self.model, self.layout, self.store, self.dtype, self.comp = model, layout, store, dtype, comp
+        self.reports: list[UnitReport] = []
+
+    def unit(self, unit: list[int], past: ModuleKV | None, wanted: dict[str, tuple[str, list[int]]], label: str,
+             kind: str) -> ModuleKV | None:
+        """Make every wanted entry available (memory, disk, or a fresh forward); return the unit's KV
+        for the anonymous unit (the prefix of prefixed modules), else None."""
+        if not unit:
+            return None
+        layout, store = self.layout, self.store
+        n_tokens = sum(len(layout.pieces[i]) for i in unit)
+        t0 = time.perf_counter()
+        places = [store.where(key) for key, _ in wanted.values()]
+        if all(places):
+            try:
+                entries = [store.get(key) for key, _ in wanted.values()]  # loads from disk when needed
+                source = "memory" if all(p == "memory" for p in places) else "disk"
+                self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, source))
+                return entries[0] if kind == "anonymous" else None
+            except KeyError:
+                pass  # a file vanished or was corrupted: encode afresh
+        ids: list[int] = []
+        pos: list[int] = []
+        offsets: dict[int, int] = {}
+        for i in unit:
+            p = layout.pieces[i]
+            offsets[i] = len(ids)
+            ids += p.token_ids
+            pos += range(p.start, p.end)
+        compress_it = self.comp.active and kind != "anonymous"
+        if compress_it:
+            with scoring(AttentionScorer(len(ids), self.comp.recent_frac)) as scorer:
+                out = forward_kv(self.model, ids, pos, past)
+            scores = [scorer.scores[i] for i in range(out.kv.shape[0])]
+        else:
+            out, scores = forward_kv(self.model, ids, pos, past), None
+        for name, (key, own) in wanted.items():
+            idx = [offsets[i] + k for i in own for k in range(len(layout.pieces[i]))]
+            entry = out if idx == list(range(len(out))) else out.slice(idx)
+            if compress_it:
+                entry = compress(entry, [s[idx] for s in scores], self.comp)
+            if kind != "anonymous":
+                entry = entry.to(entry.device, self.dtype)
+            store.put(key, entry, pinned=kind == "anonymous", meta={"module": name, "schema": layout.name})
+        self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded"))
+        return out if kind == "anonymous" else None

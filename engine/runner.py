@@ -73,6 +73,9 @@ class Comparison:
     plan: PromptPlan = field(repr=False)
     store_bytes: int
     store_bytes_by_module: dict[str, int]
+    storage_dtype: str
+    compression: dict  # {"retention", "method"}
+    store_stats: dict  # budget, evictions, disk loads/writes/errors of the store after the run
     baseline: RunResult
     cached: RunResult
     same_text: bool
@@ -95,6 +98,7 @@ class Comparison:
             "prompt_tokens": self.plan.prompt_tokens, "cached_tokens": self.plan.cached_tokens,
             "uncached_tokens": self.plan.uncached_tokens, "store_bytes": self.store_bytes,
             "store_bytes_by_module": self.store_bytes_by_module, "device": self.device,
+            "storage_dtype": self.storage_dtype, "compression": self.compression, "store_stats": self.store_stats,
             "imported": list(self.plan.imported), "scaffolds": list(self.plan.scaffolds),
             "baseline": self.baseline.to_json(), "cached": cached,
             "speedup": round(self.speedup, 3), "same_text": self.same_text,
@@ -143,8 +147,10 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
     agree = agreement(base, cached)
     return Comparison(
         model=lm.name, device=lm.device, storage=store.device, mode=encoded.mode, schema=plan.layout.name, plan=plan,
-        store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store), baseline=base,
-        cached=cached, sampling=sampling, **agree)
+        store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store),
+        storage_dtype=encoded.dtype, compression={"retention": encoded.compression.retention,
+                                                  "method": encoded.compression.method},
+        store_stats=store.stats(), baseline=base, cached=cached, sampling=sampling, **agree)
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:
@@ -176,6 +182,11 @@ def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
 # ----------------------------------------------------------------------------------------------
 # Internal helpers
 # ----------------------------------------------------------------------------------------------
+
+def used_keys(plan: PromptPlan, encoded: EncodedSchema) -> list[str]:
+    """Store keys a cached run of ``plan`` reads."""
+    return sorted({encoded.locate(s.piece, s.scaffold)[0] for s in plan.segments if s.kind == CACHED})
+
 
 def _copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
     """(entry, first token, end token) ranges to copy, in cache order, adjacent ranges merged."""

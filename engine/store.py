@@ -1,44 +1,181 @@
-"""ModuleStore: encoded module KV kept on one device, keyed by content.
+"""ModuleStore: encoded module KV on one device, keyed by content, within a byte budget, persisted.
 
-A key is a hash of everything the KV depends on (model, encoding mode, the unit's tokens and
-positions, the past it attended to, which slice) — so two schemas that contain the same
-module in the same context share one entry, and no module is ever held twice.
+A key is a hash of everything the KV depends on (model, tokenizer and template output, encoding
+mode, the unit's tokens and positions, the past it attended to, storage dtype, compression) —
+so two schemas that contain the same module in the same context share one entry, no module is
+ever held twice, and an entry on disk is reused only when all of that matches.
+
+* **Budget**: the in-memory entries never exceed ``budget_bytes``; putting or loading an entry
+  evicts least-recently-used unpinned entries first (they stay on disk when persistence is on).
+  An entry larger than the whole budget is refused with a StorageError.
+* **Persistence** (:class:`DiskStore`): every entry is written once, atomically (temp file +
+  rename), as safetensors whose header carries the manifest (format, dtype, bytes, CRC-32 of
+  the tensors). A truncated or corrupted file is detected on load, deleted and reported as
+  missing, so the engine re-encodes it; a failed write (full disk) is counted and the entry
+  stays in memory only.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+import zlib
 from collections import OrderedDict
+from pathlib import Path
 
+import torch
+
+from .errors import StorageError
 from .kv import ModuleKV
 from .models import check_device
 
+FORMAT = "pml-kv/1"
+
+
+class DiskStore:
+    """Entries as ``ROOT/KEY.safetensors``; the safetensors header is the manifest."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.writes = 0
+        self.write_errors = 0
+        self.corrupt = 0
+        self.last_error = ""
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}.safetensors"
+
+    def has(self, key: str) -> bool:
+        return self.path(key).exists()
+
+    def save(self, key: str, entry, meta: dict | None = None) -> bool:
+        """Write ``entry`` atomically; False (and ``last_error`` set) when the disk refuses."""
+        from safetensors.torch import save_file
+
+        target = self.path(key)
+        if target.exists():
+            return True
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in entry.tensors().items()}
+        manifest = {"format": FORMAT, "crc32": str(_crc(tensors)), "bytes": str(entry.nbytes),
+                    "dtype": str(entry.dtype).replace("torch.", ""), "created": str(int(time.time()))}
+        manifest.update({k: str(v) for k, v in (meta or {}).items()})
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(tmp), metadata=manifest)
+            os.replace(tmp, target)
+        except OSError as err:
+            self.write_errors += 1
+            self.last_error = f"cannot write {target}: {err.strerror or err}"
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            return False
+        self.writes += 1
+        return True
+
+    def load(self, key: str):
+        """The entry stored under ``key``; None when absent or corrupted (a corrupted file is deleted)."""
+        from safetensors import safe_open
+
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            if meta.get("format") != FORMAT or meta.get("crc32") != str(_crc(tensors)):
+                raise ValueError("checksum or format mismatch")
+            return ModuleKV.from_tensors(tensors)
+        except Exception as err:  # safetensors raises several types for truncated or garbled files
+            self.corrupt += 1
+            self.last_error = f"{path.name} was corrupted ({type(err).__name__}); it will be re-encoded"
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+
+    def delete(self, key: str) -> None:
+        try:
+            self.path(key).unlink()
+        except OSError:
+            pass
+
+    def manifest(self, key: str) -> dict:
+        from safetensors import safe_open
+
+        with safe_open(str(self.path(key)), framework="pt") as f:
+            return dict(f.metadata() or {})
+
+    def nbytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.glob("*.safetensors")) if self.root.exists() else 0
+
 
 class ModuleStore:
-    """put / get / contains / nbytes / evict, on ``device`` (``cpu`` or ``cuda``)."""
+    """put / get / has / where / nbytes / evict / pin, on ``device`` (``cpu`` or ``cuda``)."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", budget_bytes: int | None = None, disk: DiskStore | None = None):
         check_device(device)
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise StorageError(f"the module memory budget must be positive, got {budget_bytes} bytes")
         self.device = device
-        self._entries: OrderedDict[str, ModuleKV] = OrderedDict()
-        self._lock = threading.Lock()
+        self.budget_bytes = budget_bytes
+        self.disk = disk
+        self._entries: OrderedDict[str, object] = OrderedDict()
+        self._pinned: set[str] = set()
+        self._lock = threading.RLock()
+        self.evictions = 0
+        self.disk_loads = 0
 
-    def put(self, key: str, entry: ModuleKV) -> ModuleKV:
-        """Store ``entry`` under ``key`` on this store's device; an existing entry is kept, not replaced."""
+    # -- public API ---------------------------------------------------------------------------
+
+    def put(self, key: str, entry, pinned: bool = False, meta: dict | None = None):
+        """Store ``entry`` on this device (kept if already present) and on disk; return the stored entry."""
         with self._lock:
             if key in self._entries:
+                self._touch(key, pinned)
                 return self._entries[key]
+            self._make_room(entry.nbytes, key, meta)
             stored = entry.to(self.device)
             self._entries[key] = stored
-            return stored
+            self._touch(key, pinned)
+        if self.disk is not None:
+            self.disk.save(key, stored, meta)
+        return stored
 
-    def get(self, key: str) -> ModuleKV:
+    def get(self, key: str):
+        """The entry for ``key``, loaded from disk when it is not in memory; KeyError when nowhere."""
         with self._lock:
-            entry = self._entries[key]
-            self._entries.move_to_end(key)
-            return entry
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        entry = self.disk.load(key) if self.disk is not None else None
+        if entry is None:
+            raise KeyError(key)
+        with self._lock:
+            if key not in self._entries:
+                self._make_room(entry.nbytes, key, None)
+                self._entries[key] = entry.to(self.device)
+                self.disk_loads += 1
+            return self._entries[key]
+
+    def where(self, key: str) -> str | None:
+        """'memory', 'disk' or None."""
+        if key in self._entries:
+            return "memory"
+        if self.disk is not None and self.disk.has(key):
+            return "disk"
+        return None
+
+    def has(self, key: str) -> bool:
+        return self.where(key) is not None
 
     def __contains__(self, key: str) -> bool:
+        """In memory (use :meth:`has` to include disk)."""
         return key in self._entries
 
     def __len__(self) -> int:
@@ -48,18 +185,104 @@ class ModuleStore:
         return list(self._entries)
 
     def nbytes(self, keys: list[str] | None = None) -> int:
-        """Bytes held, for all entries or for ``keys`` (each counted once)."""
+        """Bytes in memory, for all entries or for ``keys`` (each counted once)."""
         with self._lock:
             chosen = self._entries if keys is None else {k: self._entries[k] for k in set(keys) if k in self._entries}
             return sum(e.nbytes for e in chosen.values())
 
+    def entry_bytes(self, key: str) -> int:
+        """Bytes of one entry, in memory or on disk (0 when unknown)."""
+        if key in self._entries:
+            return self._entries[key].nbytes
+        if self.disk is not None and self.disk.has(key):
+            try:
+                return int(self.disk.manifest(key).get("bytes", 0))
+            except Exception:
+                return 0
+        return 0
+
+    def check_fits(self, keys: list[str], what: str = "this prompt") -> None:
+        """Refuse (StorageError) when the entries ``keys`` cannot be in memory together."""
+        if self.budget_bytes is None:
+            return
+        need = sum(self.entry_bytes(k) for k in set(keys))
+        if need > self.budget_bytes:
+            raise StorageError(f"{what} needs {_mb(need)} of module KV in memory at once, but the module memory "
+                               f"budget is {_mb(self.budget_bytes)}; raise the budget (--budget-mb) or import fewer "
+                               "modules")
+
+    def pin(self, key: str, pinned: bool = True) -> None:
+        with self._lock:
+            (self._pinned.add if pinned else self._pinned.discard)(key)
+
+    def pinned(self) -> set[str]:
+        return set(self._pinned)
+
     def evict(self, key: str) -> bool:
         with self._lock:
+            self._pinned.discard(key)
             return self._entries.pop(key, None) is not None
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._pinned.clear()
+
+    def stats(self) -> dict:
+        d = self.disk
+        return {"device": self.device, "entries": len(self), "bytes": self.nbytes(), "budget_bytes": self.budget_bytes,
+                "pinned": len(self._pinned), "evictions": self.evictions, "disk_loads": self.disk_loads,
+                "persist": d is not None, "disk_writes": d.writes if d else 0,
+                "disk_write_errors": d.write_errors if d else 0, "disk_corrupt": d.corrupt if d else 0,
+                "disk_error": d.last_error if d else ""}
 
     def __repr__(self) -> str:
-        return f"ModuleStore(device={self.device}, entries={len(self)}, bytes={self.nbytes():,})"
+        budget = "none" if self.budget_bytes is None else _mb(self.budget_bytes)
+        return f"ModuleStore(device={self.device}, entries={len(self)}, bytes={self.nbytes():,}, budget={budget})"
+
+    # -- internal helpers ---------------------------------------------------------------------
+
+    def _touch(self, key: str, pinned: bool) -> None:
+        self._entries.move_to_end(key)
+        if pinned:
+            self._pinned.add(key)
+
+    def _make_room(self, need: int, key: str, meta: dict | None) -> None:
+        if self.budget_bytes is None:
+            return
+        if need > self.budget_bytes:
+            name = (meta or {}).get("module", key)
+            raise StorageError(f"module '{name}' needs {_mb(need)} but the module memory budget is "
+                               f"{_mb(self.budget_bytes)}; raise the budget (--budget-mb) to at least {_mb(need)}")
+        used = sum(e.nbytes for e in self._entries.values())
+        for victim in [k for k in self._entries if k not in self._pinned]:
+            if used + need <= self.budget_bytes:
+                break
+            used -= self._entries.pop(victim).nbytes
+            self.evictions += 1
+        if used + need > self.budget_bytes:
+            raise StorageError(f"pinned modules fill the module memory budget ({_mb(self.budget_bytes)}); unpin "
+                               f"some or raise the budget (--budget-mb) by {_mb(used + need - self.budget_bytes)}")
+
+
+def default_budget(device: str = "cpu") -> int:
+    """Half of the memory available now on ``device`` (at least 256 MiB)."""
+    from .models import _available_bytes
+
+    avail = _available_bytes(device) or 8 * 2**30
+    return max(256 * 2**20, avail // 2)
+
+
+def _crc(tensors: dict) -> int:
+    crc = 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous().reshape(-1)
+        crc = zlib.crc32(name.encode(), crc)
+        if t.numel():
+            crc = zlib.crc32(t.view(torch.uint8).numpy(), crc)
+    return crc
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
