@@ -308,9 +308,9 @@ def load_program_file(path: str) -> ProgramFile:
         raise
     except SyntaxError as err:
         sys.modules.pop(name, None)
-        raise ProgramError(Problem(str(path), err.lineno or 1, err.offset or 1,
+        raise ProgramError(Problem(err.filename or str(path), err.lineno or 1, err.offset or 1,
                                    f"Python syntax error: {err.msg}", "fix the Python syntax")) from None
-    except Exception as err:  # the file's own code failed: report where, never a traceback
+    except (Exception, SystemExit) as err:  # the file's own code failed: report where, never a traceback
         sys.modules.pop(name, None)
         line = next((f.lineno for f in reversed(traceback.extract_tb(err.__traceback__))
                      if Path(f.filename).resolve() == p.resolve()), 1)
@@ -643,23 +643,29 @@ class _Compiler:
         return prog
 
     def inherit(self, p: ProgramParam) -> ProgramParam:
-        """A parameter only passed on to other programs takes the kind of what it is passed to.
+        """Widen a parameter's kind by what it is passed on to in nested calls.
 
-        So `def travel(duration): trip_plan(duration=duration)` treats `duration` as trip_plan's
-        Param (omitted → its default), and the call validates choices where the caller is called.
+        A parameter used only to pass on takes the kind of its targets, so
+        `def travel(duration): trip_plan(duration=duration)` treats `duration` as trip_plan's
+        Param (omitted → its default). A choice passed on also accepts its targets' values.
         """
         targets = self.forwards.get(p.name, [])
-        if p.kind != "value" or not targets:
-            return p
         kinds = {t.kind for t in targets}
+        if not targets or p.kind in ("param", "flag"):
+            return p
+        if p.kind == "choice":
+            if kinds != {"choice"}:
+                return ProgramParam(p.name, "choice", None, p.default, p.choices, True)  # the callee checks
+            choices = tuple(dict.fromkeys(p.choices + tuple(c for t in targets for c in t.choices)))
+            return ProgramParam(p.name, "choice", None, p.default, choices,
+                                p.open_choice or any(t.open_choice for t in targets))
         if len(kinds) != 1 or "value" in kinds:
             return p
         t = targets[0]
         if t.kind == "param":
-            default = p.default
-            if default is not MISSING and default is not None and not isinstance(default, str):
-                return p  # passed on as given; the callee's call reports it
-            return ProgramParam(p.name, "param", t.spec, default)
+            if p.default is not MISSING and p.default is not None and not isinstance(p.default, str):
+                return p  # passed on as given; the nested call reports it
+            return ProgramParam(p.name, "param", t.spec, p.default)
         choices = tuple(dict.fromkeys(c for t in targets for c in t.choices))
         return ProgramParam(p.name, t.kind, None, p.default, choices, any(t.open_choice for t in targets))
 
@@ -953,7 +959,22 @@ class _Compiler:
         for k, (how, v) in bound.items():
             if how == "param":
                 self.forwards.setdefault(v, []).append(callee_params[k])
+            else:
+                self.check_literal(e, target, callee_params[k], v)
         return _Call(names.take(target.name), target, tuple(bound.items()))
+
+    def check_literal(self, node, target: PromptProgram, p: ProgramParam, v) -> None:
+        """A literal argument of a nested call is checked now, not when a call happens to select it."""
+        problem = None
+        if p.kind == "param" and v is not None and not isinstance(v, str):
+            problem = f"a Param argument must be text, not {v!r}", f"write {p.name}=\"...\""
+        elif p.kind == "flag" and not isinstance(v, bool):
+            problem = f"'{p.name}' is a flag, so it must be True or False, not {v!r}", f"write {p.name}=True"
+        elif p.kind == "choice" and v is not None and not p.open_choice and v not in p.choices:
+            problem = (f"{p.name}={v!r} matches no case of '{p.name}'",
+                       f"valid values: {', '.join(repr(c) for c in p.choices)}")
+        if problem:
+            raise self.error(node, f"{target.name}(...): {problem[0]}", problem[1])
 
     def argument(self, a) -> tuple[str, object]:
         if isinstance(a, ast.Name) and a.id in self.params:
