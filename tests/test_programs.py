@@ -149,6 +149,40 @@ def test_nested_program_params_forwarding_and_defaults(tmp_path):
         f.programs["inner"].schema_xml()  # fine nested, but its top level cannot hold a param
 
 
+def test_passed_on_choices_accept_the_callees_values_and_literals_are_checked(tmp_path):
+    f = load(tmp_path, '''
+        def guide(dest: str):
+            match dest:
+                case "lisbon":
+                    "Lisbon."
+                case "kyoto":
+                    "Kyoto."
+
+        @prompt_program
+        def trip(dest: str):
+            if dest == "kyoto":
+                "Bring cash."
+            guide(dest=dest)
+        ''')
+    trip = f.programs["trip"]
+    assert trip.params[0].choices == ("kyoto", "lisbon")
+    assert [s.xml() for s in trip.bind(dest="lisbon").imports] == ["<guide><lisbon/></guide>"]
+    with pytest.raises(ProgramError, match="matches no case of 'dest'"):
+        trip.bind(dest="paris")
+    with pytest.raises(ProgramError, match=r"guide\(\.\.\.\): dest='paris' matches no case") as info:
+        load(tmp_path, '''
+            def guide(dest: str):
+                if dest == "kyoto":
+                    "Kyoto."
+
+            @prompt_program
+            def trip(flag: bool):
+                if flag:
+                    guide(dest="paris")
+            ''')
+    assert info.value.problems[0].line == 12
+
+
 def test_escaping_whitespace_and_chat_false(tmp_path, tokenizer_bundle):
     f = load(tmp_path, '''
         def code(on: bool, note: Param(len=12, default='say "hi" & <go>')):
