@@ -43,7 +43,8 @@ def needle(name: str, number: str) -> str:
 
 
 def question(name: str) -> str:
-    return f"What is the special magic number for the {name} project? Answer with the number only."
+    # This wording was the one (of three tried) that SmolLM2-135M answers reliably on full prefills.
+    return f"Question: what is the special magic number for the {name} project mentioned in the documents? Answer:"
 
 
 def insert(text: str, sentence: str, depth: float) -> str:
@@ -196,7 +197,7 @@ def main() -> None:
     chunk_tokens = 250
     if args.quick:
         args.modules, args.per_setting, args.depths, args.new_tokens, chunk_tokens = [2], 2, [0.1, 0.9], 14, 80
-    eng = Engine(model=args.model)
+    eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     cases = make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed)
     sampling = Sampling(max_new_tokens=args.new_tokens)

@@ -103,7 +103,7 @@ def main() -> None:
                 [[f["model"], f["layers"], f["kv_heads"], f["head_dim"], f["fp16_mb_per_token"],
                   f["fp16_gib_per_4k_tokens"]] for f in families]))
 
-    eng = Engine(model=args.model)
+    eng = Engine(model=args.model, persist=False)
     lm = eng.lm
     loaded = {"model": lm.name, "dtype": lm.dtype, "kv_bytes_per_token": lm.kv_bytes_per_token,
               "layers": lm.n_layers, "kv_heads": lm.kv_heads, "head_dim": lm.head_dim}

@@ -78,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps = [192, 256, 384], 1
-    eng = Engine(model=args.model)
+    eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks) for n in args.lengths]
 
@@ -87,7 +87,7 @@ def main() -> None:
 
     if torch.cuda.is_available():
         for label, storage in (("GPU storage", "cuda"), ("CPU storage, copied to GPU", "cpu")):
-            geng = Engine(model=args.model, storage=storage, device="cuda")
+            geng = Engine(model=args.model, storage=storage, device="cuda", persist=False)
             gpu[label] = [ttft_point(geng, n, args.reps, args.new_tokens, chunks) for n in args.lengths]
 
     cached_tokens = [r["cached_tokens"] for r in rows]

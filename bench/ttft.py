@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
-    eng = Engine(model=args.model)
+    eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks) for n in args.lengths]
     print(table(["prompt", "cached", "uncached", "baseline ms", "cached ms", "copy ms", "speedup", "dec ms/t b",

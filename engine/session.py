@@ -12,6 +12,7 @@ serialises runs so that two callers never time each other's work.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, replace
 
@@ -42,7 +43,7 @@ class Engine:
     ``storage_dtype`` (float32 | float16 | bfloat16) and ``compression`` (retention < 1) shrink
     stored modules; ``budget_bytes`` caps the module memory of each store (default: half the
     available memory); ``persist`` saves entries under ``module_dir`` (default
-    ``$PML_STUDIO_CACHE/modules``) so a restart encodes nothing that is already there.
+    ``$PML_STUDIO_MODULES``, else ``$PML_STUDIO_CACHE/modules``) so a restart encodes nothing that is already there.
     """
 
     def __init__(self, model: str | None = None, storage: str = "cpu", mode: str = "prefixed",
@@ -63,7 +64,7 @@ class Engine:
         self.storage_dtype = storage_dtype
         self.compression = compression or Compression()
         self.budget_bytes = budget_bytes
-        self.module_dir = Path(module_dir) if module_dir else cache_root() / "modules"
+        self.module_dir = Path(module_dir or os.environ.get("PML_STUDIO_MODULES") or cache_root() / "modules")
         self.persist = persist
         self._lm: LoadedModel | None = None
         self._codec: TextCodec | None = None

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import tempfile
 
 import pytest
+
+# Persisted module files go to a throw-away folder (subprocesses inherit it), never the user's cache.
+os.environ.setdefault("PML_STUDIO_MODULES", tempfile.mkdtemp(prefix="pml-test-modules-"))
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_schemas"
