@@ -44,6 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "--device cuda copies module KV host-to-device per run, as in the paper's CPU-storage case")
     r.add_argument("--mode", default="prefixed", choices=["prefixed", "isolated"],
                    help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
+    r.add_argument("--storage-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="precision of stored module KV (cast back to the compute dtype when assembled)")
+    r.add_argument("--retention", type=float, default=1.0,
+                   help="mean fraction of each module's KV kept per layer (PyramidInfer-style); 1 keeps all")
+    r.add_argument("--compression", default="pyramid", choices=["pyramid", "uniform", "recent"],
+                   help="how tokens are chosen when --retention < 1: fewer with depth by attention (pyramid), "
+                        "the same fraction in every layer (uniform), or the most recent only (recent)")
+    r.add_argument("--budget-mb", type=float, default=None,
+                   help="module memory budget in MiB (default: half the available memory); LRU eviction")
+    r.add_argument("--no-persist", action="store_true",
+                   help="do not save encoded modules to (or load them from) the cache folder")
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--top-p", type=float, default=1.0)
@@ -163,7 +174,12 @@ def cmd_run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise EngineError("--max-new-tokens must be at least 1")
-    eng = Engine(model=args.model, storage=args.storage, mode=args.mode, device=args.device)
+    from .compress import Compression
+
+    budget = None if args.budget_mb is None else int(args.budget_mb * 2**20)
+    eng = Engine(model=args.model, storage=args.storage, mode=args.mode, device=args.device,
+                 storage_dtype=args.storage_dtype, compression=Compression(args.retention, args.compression),
+                 budget_bytes=budget, persist=not args.no_persist)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
     result = eng.compare(_read(args.schema), _read(args.prompt), sampling=sampling, schema_source=args.schema,
@@ -175,7 +191,8 @@ def cmd_run(args) -> int:
     b, c = data["baseline"], data["cached"]
     print(f"model {data['model']} · storage {data['storage']} · mode {data['mode']} · schema {data['schema']}")
     print(f"prompt {data['prompt_tokens']} tokens: {data['cached_tokens']} cached, {data['uncached_tokens']} "
-          f"prefilled · store {data['store_bytes'] / 2**20:.1f} MiB")
+          f"prefilled · store {data['store_bytes'] / 2**20:.1f} MiB ({data['storage_dtype']}, retention "
+          f"{data['compression']['retention']:g}) · evictions {data['store_stats']['evictions']}")
     print(_table(["", "baseline", "cached"], [
         ["TTFT ms", f"{b['ttft_ms']:.1f}", f"{c['ttft_ms']:.1f} (copy {c['copy_ms']:.1f} included)"],
         ["prefill tokens", b["prefill_tokens"], c["prefill_tokens"]],

@@ -84,6 +84,7 @@ class Comparison:
     first_token_kl: float
     max_first_logit_diff: float
     sampling: Sampling
+    encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
 
     @property
     def speedup(self) -> float:
@@ -106,6 +107,7 @@ class Comparison:
             "first_token_kl": round(self.first_token_kl, 6), "max_first_logit_diff": round(self.max_first_logit_diff, 6),
             "sampling": {"max_new_tokens": self.sampling.max_new_tokens, "temperature": self.sampling.temperature,
                          "top_p": self.sampling.top_p, "seed": self.sampling.seed},
+            "encode": self.encode,
         }
 
 

@@ -176,13 +176,22 @@ class Engine:
             enc = self.encode(lay, mode, storage, progress, storage_dtype, compression).encoded
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             try:
-                return run_compare(self.lm, plan, enc, store, sampling, on_token)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token)
             except KeyError:
                 # an entry vanished between encoding and the run (evicted without a disk copy, or a
                 # corrupted file): encode again, once, and run
                 self._encoded.clear()
                 enc = self.encode(lay, mode, storage, progress, storage_dtype, compression).encoded
-                return run_compare(self.lm, plan, enc, store, sampling, on_token)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token)
+        return replace(result, encode=encode_summary(enc))
+
+
+def encode_summary(enc: EncodedSchema) -> dict:
+    """JSON summary of how a schema's units were obtained: counts by source, and each unit's time."""
+    by_source = {src: sum(u.source == src for u in enc.units) for src in ("memory", "disk", "encoded")}
+    return {"ms": round(enc.encode_ms, 3), "units": len(enc.units), **by_source,
+            "detail": [{"unit": u.name, "kind": u.kind, "tokens": u.tokens, "ms": round(u.ms, 3), "source": u.source}
+                       for u in enc.units]}
 
 
 def gpu_status() -> tuple[bool, str]:

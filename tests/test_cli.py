@@ -119,3 +119,30 @@ def test_run_json_contract_on_the_real_model():
     assert data["cached"]["copy_ms"] >= 0
     assert data["same_text"] is True and data["first_divergence"] is None  # scaffold imported whole: exact
     assert data["first_token_agree"] is True and data["first_token_kl"] < 1e-6
+
+
+def test_budget_smaller_than_a_module_exits_2_with_the_reason():
+    r = run_cli("run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--budget-mb", "0.01",
+                "--max-new-tokens", "1", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "budget is" in r.stderr and "--budget-mb" in r.stderr
+
+
+def test_bad_retention_exits_2():
+    r = run_cli("run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--retention", "0")
+    assert r.returncode == 2 and "retention must be in (0, 1]" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.real_model
+def test_a_second_cli_run_encodes_nothing(tmp_path):
+    env_dir = tmp_path / "modules"
+    import os
+
+    env = dict(os.environ, PML_STUDIO_MODULES=str(env_dir))
+    args = [sys.executable, "-m", "engine.cli", "run", str(SAMPLES / "reference_compat.xml"),
+            str(SAMPLES / "reference_compat.prompt.xml"), "--max-new-tokens", "1", "--json"]
+    first = json.loads(subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600).stdout)
+    second = json.loads(subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600).stdout)
+    assert first["encode"]["encoded"] == first["encode"]["units"] > 0
+    assert second["encode"]["encoded"] == 0 and second["encode"]["disk"] == second["encode"]["units"]
+    assert second["cached"]["text"] == first["cached"]["text"]
