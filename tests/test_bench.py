@@ -77,3 +77,14 @@ def test_fidelity_quick():
                 assert row[path]["text"] == row["baseline"]["text"] and row[path]["first_divergence"] is None
             else:
                 assert row[path]["first_divergence"] is not None
+
+
+def test_compression_quick():
+    _, data = run_bench("compression.py")
+    s = data["summary"]
+    assert set(s) == {"baseline", "cached fp32", "float16", "pyramid 50%"}
+    assert s["float16"]["bytes_ratio"] == 0.5  # half precision: exactly half the module bytes
+    assert s["pyramid 50%"]["bytes_ratio"] <= 0.52
+    for name in ("float16", "pyramid 50%"):
+        assert 0 <= s[name]["agree_ref"] <= 1 and s[name]["kl_ref"] >= 0 and s[name]["n"] == 2
+    assert data["verdicts"] == []  # the quick run has no uniform/recent controls to compare with
