@@ -59,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--modules", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=20)
+    ap.add_argument("--new-tokens", type=int, default=28)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 2 configurations")
     ap.add_argument("--model", default=None)
@@ -67,7 +67,7 @@ def main() -> None:
     configs = CONFIGS
     chunk_tokens = 250
     if args.quick:
-        args.prompts, args.modules, args.new_tokens, chunk_tokens = 2, 2, 12, 80
+        args.prompts, args.modules, args.new_tokens, chunk_tokens = 2, 2, 28, 80
         configs = [("float16", 1.0, "pyramid"), ("float32", 0.5, "pyramid")]
     eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)

@@ -189,14 +189,14 @@ def main() -> None:
     ap.add_argument("--modules", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--per-setting", type=int, default=24, help="prompts per number of modules")
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    ap.add_argument("--new-tokens", type=int, default=20)
+    ap.add_argument("--new-tokens", type=int, default=28)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, no files written")
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
     chunk_tokens = 250
     if args.quick:
-        args.modules, args.per_setting, args.depths, args.new_tokens, chunk_tokens = [2], 2, [0.1, 0.9], 14, 80
+        args.modules, args.per_setting, args.depths, args.new_tokens, chunk_tokens = [2], 2, [0.1, 0.9], 28, 80
     eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     cases = make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed)
