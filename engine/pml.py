@@ -131,14 +131,7 @@ class Prompt:
 
 def parse_schema(text: str, source: str = "<schema>") -> Schema:
     """Parse and structurally validate a schema document; raise PMLError listing every problem."""
-    root = _parse_xml(text, source)
-    v = _Validator(source, text)
-    if root.tag != "schema":
-        v.add(root, f"the root element is <{root.tag}>, a schema starts with <schema name=\"...\">",
-              "wrap the document in <schema name=\"my-schema\"> ... </schema>")
-        raise PMLError(v.problems)
-    v.check_attrs(root, {"name"}, "schema")
-    name = v.identifier(root, "name", "schema")
+    root, v, name = _open_root(text, source, "schema", "name", "<schema name=\"my-schema\"> ... </schema>")
     children = v.container(root, where="schema")
     scaffolds = v.scaffolds(root, children)
     if v.problems:
@@ -148,14 +141,7 @@ def parse_schema(text: str, source: str = "<schema>") -> Schema:
 
 def parse_prompt(text: str, source: str = "<prompt>") -> Prompt:
     """Parse a prompt document (imports are resolved against a schema later, in plan.py)."""
-    root = _parse_xml(text, source)
-    v = _Validator(source, text)
-    if root.tag != "prompt":
-        v.add(root, f"the root element is <{root.tag}>, a prompt starts with <prompt schema=\"...\">",
-              "wrap the prompt in <prompt schema=\"SCHEMA-NAME\"> ... </prompt>")
-        raise PMLError(v.problems)
-    v.check_attrs(root, {"schema"}, "prompt")
-    schema = v.identifier(root, "schema", "prompt")
+    root, v, schema = _open_root(text, source, "prompt", "schema", "<prompt schema=\"SCHEMA-NAME\"> ... </prompt>")
     items = v.prompt_items(root)
     if v.problems:
         raise PMLError(v.problems)
@@ -201,6 +187,18 @@ _PARSER_OPTIONS = dict(
     resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False,
     huge_tree=False, remove_comments=True, remove_pis=True, strip_cdata=True,
 )
+
+
+def _open_root(text: str, source: str, tag: str, attr: str, example: str):
+    """(root element, validator, root identifier) of a document whose root must be ``<tag attr=...>``."""
+    root = _parse_xml(text, source)
+    v = _Validator(source, text)
+    if root.tag != tag:
+        v.add(root, f"the root element is <{root.tag}>, a {tag} starts with <{tag} {attr}=\"...\">",
+              f"wrap the document in {example}")
+        raise PMLError(v.problems)
+    v.check_attrs(root, {attr}, tag)
+    return root, v, v.identifier(root, attr, tag)
 
 
 def _parse_xml(text: str, source: str):
