@@ -37,8 +37,14 @@ browser:
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)
 
+# The README's "Measured" section: every benchmark, then the section regenerated from their results.
 bench: setup
 	$(BIN)/python bench/ttft.py
+	$(BIN)/python bench/scaling.py
+	$(BIN)/python bench/memory.py
+	$(BIN)/python bench/fidelity.py
+	$(BIN)/python bench/compression.py
+	$(BIN)/python bench/report.py --write-readme
 
 clean:
 	rm -rf $(VENV) .pytest_cache
