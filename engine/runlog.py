@@ -65,6 +65,16 @@ COLUMNS: dict[str, type] = {
     "first_token_kl": float,
     "max_first_logit_diff": float,
     "result_json": str,  # the full `run --json` document
+    # module memory (issue 5); NULL in rows written before these existed
+    "storage_dtype": str,  # float32 | float16 | bfloat16
+    "retention": float,  # mean fraction of module KV kept per layer (1.0 = uncompressed)
+    "compression_method": str,  # pyramid | uniform | recent
+    "units_memory": int,  # schema units found in memory before the run
+    "units_disk": int,  # ... loaded from the persisted module folder
+    "units_encoded": int,  # ... encoded afresh
+    "encode_ms": float,
+    "budget_bytes": int,  # module memory budget of the store
+    "evictions": int,  # store evictions so far (after the run)
 }
 
 # Columns the studio's history table shows, in order.
@@ -186,6 +196,9 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
     """Flatten a ``run --json`` document into a run-log row."""
     b, c = data["baseline"], data["cached"]
     sampling = data.get("sampling", {})
+    compression = data.get("compression") or {}
+    enc = data.get("encode") or {}
+    stats = data.get("store_stats") or {}
     return {
         "created_at": created_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": data["model"], "storage": data["storage"], "mode": data["mode"],
@@ -204,5 +217,9 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
         "first_divergence": data.get("first_divergence"), "first_token_agree": int(bool(data["first_token_agree"])),
         "first_token_kl": data.get("first_token_kl"), "max_first_logit_diff": data.get("max_first_logit_diff"),
         "result_json": json.dumps(data, sort_keys=True),
+        "storage_dtype": data.get("storage_dtype"), "retention": compression.get("retention"),
+        "compression_method": compression.get("method"), "units_memory": enc.get("memory"),
+        "units_disk": enc.get("disk"), "units_encoded": enc.get("encoded"), "encode_ms": enc.get("ms"),
+        "budget_bytes": stats.get("budget_bytes"), "evictions": stats.get("evictions"),
     }
 

@@ -145,3 +145,33 @@ def test_older_database_gains_new_columns(tmp_path):
     log = RunLog(path)
     run_id = log.record(fake_comparison(), "s", "p")
     assert log.get(run_id)["speedup"] == 10.0
+
+
+def test_module_memory_settings_are_recorded(log):
+    data = fake_comparison(storage_dtype="bfloat16", compression={"retention": 0.3, "method": "recent"},
+                           store_stats={"budget_bytes": 2**30, "evictions": 2},
+                           encode={"ms": 12.5, "units": 4, "memory": 1, "disk": 2, "encoded": 1, "detail": []})
+    row = log.get(log.record(data, "s", "p"))
+    assert row["storage_dtype"] == "bfloat16" and row["retention"] == 0.3 and row["compression_method"] == "recent"
+    assert (row["units_memory"], row["units_disk"], row["units_encoded"]) == (1, 2, 1)
+    assert row["encode_ms"] == 12.5 and row["budget_bytes"] == 2**30 and row["evictions"] == 2
+    old = log.get(log.record(fake_comparison(), "s", "p"))  # a document from before these fields: NULLs
+    assert old["storage_dtype"] is None and old["units_encoded"] is None
+
+
+def test_database_from_before_module_memory_gains_its_columns(tmp_path):
+    path = tmp_path / "v1.db"
+    before = {c: t for c, t in COLUMNS.items() if c not in ("storage_dtype", "retention", "compression_method",
+                                                            "units_memory", "units_disk", "units_encoded",
+                                                            "encode_ms", "budget_bytes", "evictions")}
+    from sqlite_utils import Database
+
+    db = Database(path)
+    db["runs"].create(before, pk="id")
+    db["runs"].insert({"created_at": "2026-01-01T00:00:00+00:00", "schema_name": "travel", "storage": "cpu",
+                       "mode": "prefixed"})
+    db.close()
+    log = RunLog(path)
+    assert log.runs()[0]["storage_dtype"] is None  # the old row reads back
+    run_id = log.record(fake_comparison(storage_dtype="float16"), "s", "p")
+    assert log.get(run_id)["storage_dtype"] == "float16" and log.count() == 2
