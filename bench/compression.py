@@ -13,7 +13,7 @@ Reported per configuration: stored module bytes (relative to fp32, uncompressed)
 (median over prompts), needle accuracy with a 95 % Wilson interval, and — against the
 uncompressed cached run and against the baseline — first-token agreement and mean KL.
 
-    python bench/compression.py            # 16 prompts, ~12 min on 2 CPU cores
+    python bench/compression.py            # 12 prompts, ~15 min on 2 CPU cores
     python bench/compression.py --quick    # 2 tiny prompts, 2 configurations, no files written
 """
 
@@ -57,7 +57,7 @@ def cases(chunks: list[str], n: int, modules: int, seed: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--modules", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=28)
     ap.add_argument("--seed", type=int, default=1)
