@@ -22,8 +22,10 @@ import gradio as gr
 
 from engine.runlog import RunLog
 
-from .handlers import (HISTORY_HEADERS, LAYOUT_HEADERS, MODE_NOTE, NONE, Studio, column_html, compose_prompt,
-                       gpu_explanation, highlight_html, load_sample, metrics_html, normalise, read_upload,
+from . import benchmarks as bench
+from .handlers import (DTYPE_CHOICES, HISTORY_HEADERS, LAYOUT_HEADERS, METHOD_CHOICES, MODE_NOTE, NONE, RETENTION_NOTE,
+                       UNIT_HEADERS, Studio, column_html, compose_prompt, empty_prompt, gpu_explanation,
+                       highlight_html, import_program, load_sample, metrics_html, normalise, read_upload,
                        sample_names, selection_from_prompt, summary_html, token_view_html)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -39,19 +41,25 @@ def launch_options() -> dict:
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"]}
 
 
-def build_app(engine, runlog: RunLog) -> gr.Blocks:
+def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
+              assets_dir: str | Path | None = None) -> gr.Blocks:
     """The studio around ``engine`` (an ``engine.session.Engine``) and ``runlog``.
 
     The compare action is also an API endpoint, ``api_name="compare"``::
 
         Client(url).predict(schema_text, prompt_text, max_new_tokens, storage, mode, temperature,
-                            api_name="/compare")
+                            storage_dtype, retention, compression, api_name="/compare")
 
-    returns the same JSON document as ``pml-studio run --json`` and records the run.
+    (the last three are optional) returns the same JSON document as ``pml-studio run --json`` and
+    records the run. The Benchmarks tab reads ``results_dir`` (default bench/results) and the plots
+    in ``assets_dir`` (default assets/).
     """
     from engine.session import gpu_status
 
     studio = Studio(engine, runlog)
+    results = Path(results_dir) if results_dir else bench.RESULTS
+    assets = Path(assets_dir) if assets_dir else bench.ASSETS
+    memory0 = studio.memory_defaults()
     downloads = Path(tempfile.mkdtemp(prefix="pml-studio-"))
     names = sample_names()
     first = DEFAULT_SAMPLE if DEFAULT_SAMPLE in names else (names[0] if names else None)
@@ -77,6 +85,16 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
                             sample = gr.Dropdown(names, value=first, label="Sample schema", scale=3)
                             upload = gr.UploadButton("Upload .xml", file_types=[".xml"], size="md", scale=1)
                             download = gr.DownloadButton("Download .xml", size="md", scale=1)
+                        with gr.Row(elem_classes=["pml-toolbar"]):
+                            py_upload = gr.UploadButton("Import from Python (.py)", file_types=[".py"], size="md",
+                                                        scale=1, elem_id="py-upload")
+                            py_program = gr.Dropdown([], value=None, label="Prompt program", scale=2,
+                                                     interactive=False, elem_id="py-program")
+                        py_status = gr.HTML('<div class="pml-note">Import from Python compiles a prompt program '
+                                            "(@prompt_program) into the editor and its example call into the "
+                                            "prompt; the file is imported, so its top-level code runs on this "
+                                            "machine.</div>", elem_id="py-status")
+                        py_path = gr.State(None)
                         schema_code = gr.Code(schema0, language="html", label="Schema (PML)", lines=26, wrap_lines=True,
                                               max_lines=40, interactive=True, elem_id="schema-editor")
                     with gr.Column(scale=1):
@@ -114,9 +132,34 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
                                     info="prefixed: modules see the system text before them (closer to the "
                                          "baseline, same memory) · isolated: the paper's scheme")
                 gr.Markdown(MODE_NOTE, elem_classes=["pml-note"])
+                with gr.Row():
+                    storage_dtype = gr.Radio(DTYPE_CHOICES, value=engine.storage_dtype, label="Storage precision",
+                                             info="fp16 / bf16 halve module bytes; cast back to the model's dtype "
+                                                  "when assembled",
+                                             elem_id="storage-dtype")
+                    retention = gr.Slider(0.1, 1.0, value=engine.compression.retention, step=0.05,
+                                          label="Retention", info="share of each module's KV kept (1 = all)",
+                                          elem_id="retention")
+                    method = gr.Radio(METHOD_CHOICES, value=engine.compression.method, label="Compression method",
+                                      info="used when retention < 1", elem_id="compression-method")
+                gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
+                with gr.Row(equal_height=True):
+                    budget = gr.Number(memory0["budget_mib"], label="Module memory budget (MiB)", minimum=0.01,
+                                       precision=1, scale=1, elem_id="budget-mib",
+                                       info="least recently used unpinned modules are evicted beyond it")
+                    persist_view = gr.HTML(studio.persistence_html(), elem_id="persistence")
                 encode_btn = gr.Button("Encode schema", variant="primary", elem_id="encode-btn")
                 encode_summary = gr.HTML('<div class="pml-note">Encoding stores the KV of every module. It runs '
-                                         "again only when the schema, model, mode or storage changed.</div>")
+                                         "again only when the schema, model, mode or storage settings changed; "
+                                         "modules saved on disk are loaded instead of encoded.</div>")
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=3):
+                        unit_table = gr.Dataframe(headers=UNIT_HEADERS, interactive=False, elem_id="unit-table",
+                                                  label="Units: where each came from, and how long it took",
+                                                  max_height=360, wrap=True)
+                    with gr.Column(scale=2):
+                        memory_view = gr.HTML('<div class="pml-note">Module memory before and after encoding '
+                                              "appears here.</div>", elem_id="memory-view")
                 encode_table = gr.Dataframe(headers=ENCODE_HEADERS, interactive=False, label="Store entries",
                                             max_height=360)
 
@@ -175,6 +218,61 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
                         gr.Markdown("Loading happens once; encoded modules are kept per model.",
                                     elem_classes=["pml-note"])
 
+            # -- Benchmarks --------------------------------------------------------------------------
+            with gr.Tab("7 · Benchmarks", id="benchmarks") as bench_tab:
+                with gr.Row(elem_classes=["pml-toolbar"]):
+                    gr.Markdown(f"Latest results of the scripts in `bench/`, read from `{bench._rel(results)}`. "
+                                "Run a script to update them.", elem_classes=["pml-note"])
+                    bench_refresh = gr.Button("Reload results", size="md", scale=0, min_width=160)
+                with gr.Tabs():
+                    with gr.Tab("Scaling"):
+                        scaling_head = gr.Markdown()
+                        scaling_plot = gr.Image(label="assets/scaling.png", type="filepath", interactive=False,
+                                                show_label=False, height=420, buttons=["fullscreen"])
+                        scaling_plot_note = gr.Markdown()
+                        scaling_table = gr.Dataframe(interactive=False, label="TTFT per prompt length", wrap=True)
+                        scaling_fits = gr.Dataframe(interactive=False, label="Fits", wrap=True)
+                    with gr.Tab("TTFT"):
+                        ttft_head = gr.Markdown()
+                        ttft_table = gr.Dataframe(interactive=False, label="Speedup per prompt length", wrap=True)
+                    with gr.Tab("Memory"):
+                        memory_head = gr.Markdown()
+                        family_table = gr.Dataframe(interactive=False, label="KV bytes per token by model family",
+                                                    wrap=True)
+                        sample_table = gr.Dataframe(interactive=False, label="Store bytes per sample schema: "
+                                                    "measured vs predicted", wrap=True)
+                    with gr.Tab("Fidelity"):
+                        fidelity_head = gr.Markdown()
+                        fidelity_plot = gr.Image(label="assets/fidelity.png", type="filepath", interactive=False,
+                                                 show_label=False, height=380, buttons=["fullscreen"])
+                        fidelity_plot_note = gr.Markdown()
+                        fidelity_table = gr.Dataframe(interactive=False, label="Accuracy and agreement per path",
+                                                      wrap=True)
+                        with gr.Row():
+                            depth_table = gr.Dataframe(interactive=False, label="Accuracy by needle depth")
+                            modules_table = gr.Dataframe(interactive=False, label="Accuracy by number of modules")
+                    with gr.Tab("Compression"):
+                        compression_head = gr.Markdown()
+                        compression_table = gr.Dataframe(interactive=False, wrap=True,
+                                                         label="Per storage configuration (needle set)")
+                    with gr.Tab("Run scaling here", id="bench-run"):
+                        gr.Markdown("Runs the scaling benchmark's own measurement (`engine.workloads.ttft_point`) "
+                                    "at small sizes with the loaded model: a warm-up pair, then 1 baseline and "
+                                    "1 cached run per length. Results are shown here only; bench/results is "
+                                    "left alone.", elem_classes=["pml-note"])
+                        with gr.Row(elem_classes=["pml-toolbar"]):
+                            small_lengths = gr.CheckboxGroup(list(bench.SMALL_LENGTHS), value=[256, 512],
+                                                             label="Prompt lengths (tokens)", scale=3,
+                                                             elem_id="small-lengths")
+                            small_btn = gr.Button("Run scaling at small sizes", variant="primary", scale=1,
+                                                  elem_id="small-run")
+                        small_note = gr.Markdown()
+                        small_table = gr.Dataframe(headers=bench.SMALL_HEADERS, interactive=False,
+                                                   label="Measured now", elem_id="small-table")
+                        small_plot = gr.LinePlot(x="prompt tokens", y="TTFT ms", color="path",
+                                                 color_map={"baseline": "#c0392b", "cached": "#2471a3"},
+                                                 label="TTFT: baseline vs cached", height=340)
+
         # -- handlers (thin adapters over studio) ---------------------------------------------------
 
         def validate(schema_text: str, prev_spec):
@@ -228,23 +326,49 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
         upload.upload(on_upload, upload, [schema_code, prompt_code]).then(
             sync_builder, [spec_state, prompt_code, builder_state], builder_state, show_progress="hidden")
 
+        # Import from Python: compile a program of the uploaded file into the editor (problems inline)
+        def on_py(path, program=None):
+            imp = import_program(path, program)
+            if not imp.ok:
+                return gr.skip(), gr.skip(), gr.skip(), imp.status, gr.skip()
+            prompt = imp.prompt if imp.prompt is not None else empty_prompt(imp.program)
+            return (imp.schema, prompt, gr.Dropdown(choices=list(imp.roots), value=imp.program, interactive=True),
+                    imp.status, path)
+
+        py_out = [schema_code, prompt_code, py_program, py_status, py_path]
+        py_upload.upload(on_py, py_upload, py_out).then(
+            sync_builder, [spec_state, prompt_code, builder_state], builder_state, show_progress="hidden")
+        py_program.input(on_py, [py_path, py_program], py_out).then(
+            sync_builder, [spec_state, prompt_code, builder_state], builder_state, show_progress="hidden")
+
         # Encode
-        def encode(schema_text: str, storage_: str, mode_: str, progress=gr.Progress()):
+        memory_in = [storage_dtype, retention, method, budget]
+
+        def encode(schema_text: str, storage_: str, mode_: str, dtype_: str, retention_: float, method_: str,
+                   budget_, progress=gr.Progress()):
             def report(done: int, total: int, label: str) -> None:
                 progress((done, total), desc=f"encoding {label}", unit="units")
 
             progress(0, desc="loading the model" if not studio.engine.loaded else "encoding")
-            summary_, rows = studio.encode(schema_text, storage_, mode_, report)
-            return summary_, rows, studio.status_html()
+            view = studio.encode(schema_text, storage_, mode_, report, dtype_, retention_, method_, budget_)
+            return view.summary, view.entries, view.units, view.memory, studio.status_html()
 
-        encode_btn.click(encode, [schema_code, storage, mode], [encode_summary, encode_table, status],
-                         api_visibility="private")
+        encode_btn.click(encode, [schema_code, storage, mode] + memory_in,
+                         [encode_summary, encode_table, unit_table, memory_view, status], api_visibility="private")
+
+        def budget_of(storage_: str):
+            return studio.memory_defaults(storage_)["budget_mib"]
+
+        storage.input(budget_of, storage, budget, show_progress="hidden")
 
         # Compare (streaming, for the page); the API endpoint below returns the JSON document
-        def compare_ui(schema_text, prompt_text, storage_, mode_, max_new_, temperature_):
+        def compare_ui(schema_text, prompt_text, storage_, mode_, max_new_, temperature_, dtype_, retention_, method_,
+                       budget_):
             last = summary_html(None, "Preparing the run…")
             try:
-                for upd in studio.compare_stream(schema_text, prompt_text, storage_, mode_, max_new_, temperature_):
+                for upd in studio.compare_stream(schema_text, prompt_text, storage_, mode_, max_new_, temperature_,
+                                                 storage_dtype=dtype_, retention=retention_, method=method_,
+                                                 budget_mib=budget_):
                     if upd.phase != "done":
                         last = summary_html(None, upd.message)
                         yield (last, column_html(upd.baseline_text, upd.phase == "baseline"),
@@ -263,10 +387,11 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
 
         compare_out = [summary, base_out, cached_out, base_metrics, cached_metrics, compare_tokens, result_json,
                        status]
-        compare_in = [schema_code, prompt_code, storage, mode, max_new, temperature]
+        compare_in = [schema_code, prompt_code, storage, mode, max_new, temperature] + memory_in
 
         def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
-                    mode: str = "prefixed", temperature: float = 0.0) -> dict:
+                    mode: str = "prefixed", temperature: float = 0.0, storage_dtype: str = "float32",
+                    retention: float = 1.0, compression: str = "pyramid") -> dict:
             """Run baseline and cached on a PML prompt and return the `pml-studio run --json` document.
 
             Args:
@@ -276,8 +401,12 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
                 storage: "cpu" or "cuda" (where module KV is stored).
                 mode: encoding mode, "prefixed" (default) or "isolated".
                 temperature: 0 for greedy decoding (default).
+                storage_dtype: precision of stored modules, "float32" (default), "float16" or "bfloat16".
+                retention: share of each module's KV kept, in (0, 1]; 1.0 (default) keeps all.
+                compression: how tokens are chosen when retention < 1: "pyramid" (default), "uniform", "recent".
             """
-            return studio.compare_json(schema_text, prompt_text, max_new_tokens, storage, mode, temperature)
+            return studio.compare_json(schema_text, prompt_text, max_new_tokens, storage, mode, temperature,
+                                       storage_dtype, retention, compression)
 
         gr.api(compare, api_name="compare")
 
@@ -304,9 +433,11 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
         def open_run(rid, tab: str):
             row = studio.open_run(rid)
             return (row["schema_text"], row["prompt_text"], row["storage"], row["mode"],
-                    row["max_new_tokens"] or 32, row["temperature"] or 0.0, gr.Tabs(selected=tab))
+                    row["max_new_tokens"] or 32, row["temperature"] or 0.0, row.get("storage_dtype") or "float32",
+                    row.get("retention") or 1.0, row.get("compression_method") or "pyramid", gr.Tabs(selected=tab))
 
-        open_out = [schema_code, prompt_code, storage, mode, max_new, temperature, tabs]
+        open_out = [schema_code, prompt_code, storage, mode, max_new, temperature, storage_dtype, retention, method,
+                    tabs]
         open_btn.click(partial(open_run, tab="schema"), run_id, open_out).then(
             validate, [schema_code, spec_state], validate_out).then(
             sync_builder, [spec_state, prompt_code, builder_state], builder_state)
@@ -324,6 +455,40 @@ def build_app(engine, runlog: RunLog) -> gr.Blocks:
             validate, [schema_code, spec_state], validate_out).then(
             preview, [schema_code, prompt_code], [prompt_status, token_view])
         model_tab.select(studio.model_html, None, model_table, show_progress="hidden")
+
+        # Benchmarks
+        def show_benchmarks():
+            def table(df):  # an empty table is hidden, not shown as a bare header
+                return gr.Dataframe(df, visible=not df.empty)
+
+            def image(name):
+                path = bench.plot_path(name, assets)
+                return gr.Image(path, visible=path is not None)
+
+            s_head, s_rows, s_fits = bench.scaling_view(results)
+            t_head, t_rows = bench.ttft_view(results)
+            m_head, m_fams, m_samples = bench.memory_view(results)
+            f_head, f_sum, f_depth, f_mods = bench.fidelity_view(results)
+            c_head, c_rows = bench.compression_view(results)
+            return (s_head, image("scaling"), bench.plot_note("scaling", assets), table(s_rows), table(s_fits),
+                    t_head, table(t_rows), m_head, table(m_fams), table(m_samples), f_head, image("fidelity"),
+                    bench.plot_note("fidelity", assets), table(f_sum), table(f_depth), table(f_mods), c_head,
+                    table(c_rows))
+
+        bench_out = [scaling_head, scaling_plot, scaling_plot_note, scaling_table, scaling_fits, ttft_head, ttft_table,
+                     memory_head, family_table, sample_table, fidelity_head, fidelity_plot, fidelity_plot_note,
+                     fidelity_table, depth_table, modules_table, compression_head, compression_table]
+        bench_tab.select(show_benchmarks, None, bench_out, show_progress="hidden")
+        bench_refresh.click(show_benchmarks, None, bench_out)
+
+        def run_small(lengths, progress=gr.Progress()):
+            def report(done: int, total: int, label: str) -> None:
+                progress((done, total), desc=label, unit="lengths")
+
+            rows, note = bench.run_small_scaling(studio.engine, lengths, report)
+            return bench.small_rows(rows), bench.small_plot(rows), note, studio.status_html()
+
+        small_btn.click(run_small, small_lengths, [small_table, small_plot, small_note, status])
 
         # First paint: validate the preloaded sample, fill the builder, preview the prompt, list runs.
         demo.load(validate, [schema_code, spec_state], validate_out).then(

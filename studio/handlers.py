@@ -36,9 +36,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_schemas"
 NONE = "(none)"  # radio value for "no member of this union"; not a valid PML identifier
 MB = 1_000_000
+MIB = 2**20  # the module memory budget is set in MiB, like the CLI's --budget-mb
 MODE_NOTE = ("**prefixed** (default): each module is encoded after the system text that precedes it, so cached "
              "outputs stay closer to the baseline, at no extra memory. **isolated**: the paper's scheme, each "
              "module encoded alone.")
+DTYPE_CHOICES = [("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16")]
+METHOD_CHOICES = ["pyramid", "uniform", "recent"]
+RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys and values (the system text is never "
+                  "compressed): **pyramid** keeps the tokens the module's last tokens attend to most, fewer in deeper "
+                  "layers (PyramidInfer); **uniform** the same share, by attention, in every layer; **recent** only "
+                  "the last tokens. Storage precision and retention apply to Compare too.")
+SOURCE_LABELS = {"memory": "memory", "disk": "disk", "encoded": "fresh encode"}
+UNIT_HEADERS = ["unit", "kind", "tokens", "obtained from", "ms"]
 HISTORY_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)", "TTFT baseline",
                    "TTFT cached", "speedup", "same text", "KL"]
 
@@ -76,6 +85,75 @@ def read_upload(path: str | None) -> tuple[str, str]:
         raise gr.Error(f"{Path(path).name} is neither a PML schema (<schema name=...>) nor a prompt "
                        "(<prompt schema=...>)")
     return kind, text
+
+
+# ----------------------------------------------------------------------------------------------
+# Import from Python (prompt programs)
+# ----------------------------------------------------------------------------------------------
+
+_PROGRAM_LOCK = threading.Lock()  # load_program_file imports the file and touches sys.path / sys.modules
+
+
+@dataclass(frozen=True)
+class ProgramImport:
+    """The result of importing a prompt-program file: the schema of one root program and its example prompt."""
+
+    ok: bool
+    status: str  # HTML: what was imported, or the file's problems as line:col lines
+    roots: tuple[str, ...] = ()
+    program: str | None = None
+    schema: str | None = None
+    prompt: str | None = None  # the example call's prompt (None when the file has none for this program)
+
+
+def import_program(path: str | None, program: str | None = None) -> ProgramImport:
+    """Import the prompt programs of a .py file and compile ``program`` (default: the first root with an
+    example call). Problems come back inline (``ok`` False), never as exceptions."""
+    from engine.programs import load_program_file
+
+    if not path:
+        return _program_problem(["no file was uploaded"])
+    p = Path(path)
+    if p.suffix != ".py":
+        return _program_problem([f"{p.name} is not a Python file; upload a .py file with @prompt_program functions"])
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        return _program_problem([f"cannot read {p.name}: {err}"])
+    with _PROGRAM_LOCK:
+        try:
+            pf = load_program_file(str(p))
+            roots = tuple(pf.roots())
+            if not roots:
+                return _program_problem([f"{p.name} defines no @prompt_program function; decorate one with "
+                                         "@prompt_program (from engine.programs)"])
+            examples = [r for r in roots if pf.example(r) is not None]
+            name = program if program in roots else (examples[0] if examples else roots[0])
+            schema = pf.programs[name].schema_xml()
+            call = pf.example(name)
+            prompt = call.prompt_xml() if call is not None else None
+        except EngineError as err:
+            problems, _ = problem_lines(err, text)
+            return _program_problem(problems)
+        except Exception as err:  # compiling a program the engine did not anticipate: a message, not a traceback
+            log.exception("importing %s failed", p)
+            return _program_problem([f"cannot compile {p.name}: {type(err).__name__}: {err}"])
+    what = ("its example call filled the prompt" if prompt is not None
+            else "the file has no example call for it (e.g. EXAMPLE = program.bind(...)); build the prompt in the "
+                 "Prompt tab")
+    others = f" · other programs: {', '.join(r for r in roots if r != name)}" if len(roots) > 1 else ""
+    status = (f'<div class="pml-status ok">✓ imported <b>{html.escape(name)}</b> from {html.escape(p.name)}: '
+              f"the compiled schema is in the editor; {html.escape(what)}{html.escape(others)}</div>")
+    return ProgramImport(True, status, roots, name, schema, prompt)
+
+
+def _program_problem(problems: list[str]) -> ProgramImport:
+    items = "".join(f"<li><code>{html.escape(p)}</code></li>" for p in problems)
+    return ProgramImport(False, f'<div class="pml-status err"><b>cannot import the program</b><ul>{items}</ul></div>')
+
+
+def empty_prompt(schema_name: str) -> str:
+    return f'<prompt schema="{escape(schema_name, {chr(34): "&quot;"})}">\n</prompt>\n'
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,6 +461,47 @@ def token_view_html(plan, decode: Callable[[int], str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
+# Encode view
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EncodeView:
+    """What the encode panel shows after encoding."""
+
+    summary: str  # cards + one line on where the units came from (HTML)
+    entries: list[list]  # store entry, tokens, MB, KB / token
+    units: list[list]  # UNIT_HEADERS rows
+    memory: str  # store readouts before / after (HTML)
+    counts: dict  # units by source: memory, disk, encoded
+    nbytes: dict = field(default_factory=dict)  # store entry -> bytes (exact; the table rounds)
+
+
+MEMORY_ROWS = [("module memory", "bytes"), ("entries", "entries"), ("budget", "budget_bytes"), ("pinned", "pinned"),
+               ("evictions", "evictions"), ("disk loads", "disk_loads"), ("disk writes", "disk_writes"),
+               ("disk write errors", "disk_write_errors"), ("corrupted files", "disk_corrupt")]
+
+
+def memory_html(before: dict, after: dict) -> str:
+    """The module store's readouts before and after an action, changed values marked."""
+    def fmt(key: str, value) -> str:
+        if key in ("bytes", "budget_bytes"):
+            return "none" if value is None else f"{value / MIB:,.1f} MiB"
+        return f"{value:,}" if isinstance(value, int) else html.escape(str(value))
+
+    rows = []
+    for label, key in MEMORY_ROWS:
+        b, a = before.get(key), after.get(key)
+        cls = ' class="changed"' if a != b else ""
+        rows.append(f"<tr{cls}><th>{label}</th><td>{fmt(key, b)}</td><td>{fmt(key, a)}</td></tr>")
+    note = ""
+    if after.get("disk_error"):
+        note = f'<div class="pml-status err">{html.escape(after["disk_error"])}</div>'
+    where = "GPU" if str(after.get("device", "")).startswith("cuda") else "CPU"
+    return (f'<table class="pml-memory"><thead><tr><th>{where} module store</th><th>before</th><th>after</th></tr>'
+            f'</thead><tbody>{"".join(rows)}</tbody></table>{note}')
+
+
+# ----------------------------------------------------------------------------------------------
 # Compare view
 # ----------------------------------------------------------------------------------------------
 
@@ -439,7 +558,19 @@ def summary_html(result: dict | None, message: str = "") -> str:
             f'<span class="sub">faster first token</span></div>'
             f'<div class="facts">{verdict}{agree}<span class="badge">first-token KL {result["first_token_kl"]:.4f}</span>'
             f'<span class="badge">{result["cached_tokens"]} of {result["prompt_tokens"]} prompt tokens cached</span>'
-            f'<span class="badge">{result["storage"]} · {result["mode"]}</span></div></div>')
+            f'<span class="badge">{result["storage"]} · {result["mode"]}</span>{_memory_badges(result)}</div></div>')
+
+
+def _memory_badges(result: dict) -> str:
+    """Storage precision, retention and how the schema's units were obtained, as badges."""
+    comp = result.get("compression") or {}
+    out = (f'<span class="badge">{_short_dtype(result.get("storage_dtype"))} · retention '
+           f'{_retention_text(comp.get("retention"), comp.get("method"))}</span>')
+    enc = result.get("encode")
+    if enc:
+        out += (f'<span class="badge">units: {enc.get("memory", 0)} memory · {enc.get("disk", 0)} disk · '
+                f'{enc.get("encoded", 0)} encoded</span>')
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,19 +659,64 @@ class Studio:
     def param_info(self, value: str, length: int, default: str | None) -> str:
         return param_info(self.engine.codec, value, length, default)
 
-    # -- encode -----------------------------------------------------------------------------------
+    # -- encode ---------------------------------------------------------------------------------
+
+    def memory_defaults(self, storage: str | None = None) -> dict:
+        """What the encode panel starts with: the store's budget (MiB) and the persistence settings."""
+        try:
+            budget = self.engine.store(storage or self.engine.storage).budget_bytes
+        except EngineError:  # e.g. GPU storage without a GPU: no store, no budget
+            budget = None
+        return {"budget_mib": None if budget is None else round(budget / MIB, 1), "persist": self.engine.persist,
+                "module_dir": str(self.engine.module_dir)}
+
+    def persistence_html(self) -> str:
+        d = self.memory_defaults()
+        if d["persist"]:
+            state = ('<span class="badge good">persistence on</span> encoded modules are saved under '
+                     f'<code>{html.escape(d["module_dir"])}</code> and reloaded after a restart')
+        else:
+            state = ('<span class="badge">persistence off</span> encoded modules live in memory only '
+                     "(start without --no-persist to keep them on disk)")
+        return f'<div class="pml-persist">{state}</div>'
+
+    def apply_budget(self, storage: str, budget_mib) -> int | None:
+        """Set the module memory budget of ``storage``'s store (MiB; empty keeps it); raises gr.Error."""
+        mib = None
+        if budget_mib not in (None, ""):
+            try:
+                mib = float(budget_mib)
+            except (TypeError, ValueError):
+                raise gr.Error(f"the module memory budget must be a number of MiB, got '{budget_mib}'") from None
+            if not mib > 0:
+                raise gr.Error("the module memory budget must be more than 0 MiB")
+        try:
+            store = self.engine.store(storage)
+        except EngineError as err:
+            raise gr.Error(str(err)) from None
+        if mib is not None:
+            store.budget_bytes = int(mib * MIB)  # takes effect on the next put
+        return store.budget_bytes
 
     def encode(self, schema_text: str, storage: str, mode: str,
-               progress: Callable[[int, int, str], None] | None = None) -> tuple[str, list[list]]:
-        """Encode the schema's modules; (summary HTML, per-module rows). Raises gr.Error."""
+               progress: Callable[[int, int, str], None] | None = None, storage_dtype: str = "float32",
+               retention: float = 1.0, method: str = "pyramid", budget_mib=None) -> "EncodeView":
+        """Encode the schema's modules with the encode panel's settings; raises gr.Error."""
+        compression = _compression(retention, method)
+        storage_dtype = _storage_dtype(storage_dtype)
+        self.apply_budget(storage, budget_mib)
         try:
             lay = self.layout(schema_text)
-            res = self.engine.encode(lay, mode=mode, storage=storage, progress=progress)
+            store = self.engine.store(storage)
+            before = store.stats()
+            res = self.engine.encode(lay, mode=mode, storage=storage, progress=progress, storage_dtype=storage_dtype,
+                                     compression=compression)
         except EngineError as err:
             raise gr.Error(str(err)) from None
         except Exception as err:  # a torch failure (out of memory...) must not reach the user as a traceback
             log.exception("encode failed")
             raise gr.Error(f"encoding failed: {type(err).__name__}: {err}") from None
+        after = store.stats()
         tokens = _tokens_by_entry(lay)
         rows = []
         total_tokens = 0
@@ -549,22 +725,29 @@ class Studio:
             total_tokens += n
             rows.append([name, n, round(nbytes / MB, 3), round(nbytes / n / 1000, 1) if n else None])
         units = res.encoded.units
+        unit_rows = [[u.name, u.kind, u.tokens, SOURCE_LABELS.get(u.source, u.source), round(u.ms, 1)] for u in units]
+        counts = {src: sum(u.source == src for u in units) for src in SOURCE_LABELS}
         per_token = res.store_bytes / total_tokens / MB if total_tokens else 0.0
-        if res.reused:
-            state = "Already encoded for this schema, model, mode and storage: nothing was recomputed."
+        if res.reused and counts["disk"] == 0:
+            state = ("Already encoded for this schema, model, mode and storage settings: nothing was recomputed "
+                     f"({len(units)} unit(s) in memory).")
         else:
-            state = f"Encoded {sum(not u.reused for u in units)} of {len(units)} unit(s) (the others were in the store)."
-        cards = [("store", f"{res.store_bytes / MB:,.1f} MB"), ("tokens stored", f"{total_tokens:,}"),
+            state = (f"{counts['encoded']} unit(s) encoded afresh, {counts['disk']} loaded from disk, "
+                     f"{counts['memory']} already in memory.")
+        cards = [("schema store", f"{res.store_bytes / MIB:,.1f} MiB"), ("tokens stored", f"{total_tokens:,}"),
                  ("per token", f"{per_token:.4f} MB"), ("encode time", f"{res.encoded.encode_ms / 1000:.2f} s"),
-                 ("storage", res.encoded.device), ("mode", res.encoded.mode)]
+                 ("storage", f"{res.encoded.device} · {_short_dtype(res.encoded.dtype)}"),
+                 ("retention", _retention_text(compression.retention, compression.method))]
         html_cards = "".join(f'<div class="card"><span class="k">{k}</span><span class="v">{v}</span></div>'
                              for k, v in cards)
-        return f'<div class="pml-cards">{html_cards}</div><div class="pml-note">{state}</div>', rows
+        summary = f'<div class="pml-cards">{html_cards}</div><div class="pml-note">{state}</div>'
+        return EncodeView(summary, rows, unit_rows, memory_html(before, after), counts, dict(res.bytes_by_module))
 
     # -- compare ----------------------------------------------------------------------------------
 
     def compare_stream(self, schema_text: str, prompt_text: str, storage: str, mode: str, max_new_tokens: int,
-                       temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Iterator[CompareUpdate]:
+                       temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, storage_dtype: str = "float32",
+                       retention: float = 1.0, method: str = "pyramid", budget_mib=None) -> Iterator[CompareUpdate]:
         """Run baseline then cached in a worker thread, yielding the text of both as it grows.
 
         The last update (phase "done") carries the `run --json` document and the run-log id. A failure
@@ -573,12 +756,16 @@ class Studio:
         from engine.runner import Sampling
 
         sampling = _sampling(max_new_tokens, temperature, top_p, seed)
+        compression = _compression(retention, method)
+        storage_dtype = _storage_dtype(storage_dtype)
+        self.apply_budget(storage, budget_mib)
         engine = self.engine
         events: queue.Queue = queue.Queue()
 
         def work() -> None:
             try:
                 res = engine.compare(schema_text, prompt_text, sampling=sampling, mode=mode, storage=storage,
+                                     storage_dtype=storage_dtype, compression=compression,
                                      on_token=lambda path, text: events.put(("token", path, text)),
                                      progress=lambda done, total, label: events.put(("encode", done, total, label)))
                 events.put(("done", res))
@@ -612,11 +799,15 @@ class Studio:
                 return
 
     def compare_json(self, schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
-                     mode: str = "prefixed", temperature: float = 0.0) -> dict:
+                     mode: str = "prefixed", temperature: float = 0.0, storage_dtype: str = "float32",
+                     retention: float = 1.0, method: str = "pyramid") -> dict:
         """One comparison, recorded in the run log; returns the `pml-studio run --json` document."""
         sampling = _sampling(max_new_tokens, temperature)
+        compression = _compression(retention, method)
+        storage_dtype = _storage_dtype(storage_dtype)
         try:
-            res = self.engine.compare(schema_text, prompt_text, sampling=sampling, mode=mode, storage=storage)
+            res = self.engine.compare(schema_text, prompt_text, sampling=sampling, mode=mode, storage=storage,
+                                      storage_dtype=storage_dtype, compression=compression)
         except BaseException as err:
             raise _user_error(err) from None
         data = res.to_json()
@@ -637,7 +828,7 @@ class Studio:
         rows = []
         for r in self.runlog.runs(schema=_filter(schema), limit=500):
             rows.append([r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), r["schema_name"],
-                         r["model"], f"{r['storage']} · {r['mode']}", f"{r['prompt_tokens']} ({r['cached_tokens']})",
+                         r["model"], _storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})",
                          f"{r['baseline_ttft_ms']:.0f} ms", f"{r['cached_ttft_ms']:.0f} ms", f"{r['speedup']:.1f}×",
                          "yes" if r["same_text"] else f"no (token {r['first_divergence']})",
                          f"{r['first_token_kl']:.4f}"])
@@ -770,6 +961,45 @@ def _user_error(err: BaseException) -> gr.Error:
         return gr.Error(str(err).replace("<schema>:", "schema ").replace("<prompt>:", "prompt "))
     log.error("run failed", exc_info=err)
     return gr.Error(f"the run failed: {type(err).__name__}: {err}")
+
+
+def _compression(retention, method):
+    from engine.compress import Compression
+
+    try:
+        return Compression(float(1.0 if retention in (None, "") else retention), method or "pyramid")
+    except (TypeError, ValueError):
+        raise gr.Error(f"retention must be a number in (0, 1], got '{retention}'") from None
+    except EngineError as err:
+        raise gr.Error(str(err)) from None
+
+
+def _storage_dtype(value: str | None) -> str:
+    from engine.encode import DTYPES
+
+    value = value or "float32"
+    if value not in DTYPES:
+        raise gr.Error(f"unknown storage dtype '{value}'; use one of {', '.join(DTYPES)}")
+    return value
+
+
+def _short_dtype(dtype: str | None) -> str:
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype or "float32", dtype or "fp32")
+
+
+def _retention_text(retention, method) -> str:
+    r = 1.0 if retention is None else float(retention)
+    return "100 % (full)" if r >= 1.0 else f"{r:.0%} {method or 'pyramid'}".replace("%", " %")
+
+
+def _storage_cell(r: dict) -> str:
+    """'cpu · prefixed', plus the storage precision and retention when they are not the defaults."""
+    out = f"{r['storage']} · {r['mode']}"
+    if r.get("storage_dtype") and r["storage_dtype"] != "float32":
+        out += f" · {_short_dtype(r['storage_dtype'])}"
+    if r.get("retention") is not None and r["retention"] < 1.0:
+        out += f" · {_retention_text(r['retention'], r.get('compression_method'))}"
+    return out
 
 
 def _filter(schema: str | None) -> str | None:
