@@ -564,8 +564,9 @@ def summary_html(result: dict | None, message: str = "") -> str:
 def _memory_badges(result: dict) -> str:
     """Storage precision, retention and how the schema's units were obtained, as badges."""
     comp = result.get("compression") or {}
-    out = (f'<span class="badge">{_short_dtype(result.get("storage_dtype"))} · retention '
-           f'{_retention_text(comp.get("retention"), comp.get("method"))}</span>')
+    kept = comp.get("retention")
+    extra = "" if kept is None or kept >= 1.0 else f' · {_retention_text(kept, comp.get("method"))} kept'
+    out = f'<span class="badge">{_short_dtype(result.get("storage_dtype"))} storage{extra}</span>'
     enc = result.get("encode")
     if enc:
         out += (f'<span class="badge">units: {enc.get("memory", 0)} memory · {enc.get("disk", 0)} disk · '
@@ -922,7 +923,7 @@ class Studio:
         name = self.engine.lm.name if self.engine.loaded else (self.engine.model_spec or "SmolLM2-135M-Instruct")
         state = "loaded" if self.engine.loaded else "loads on first run"
         path = str(self.runlog.path)
-        short = path if len(path) <= 42 else "…" + path[-41:]
+        short = path if len(path) <= 30 else "…" + path[-29:]
         return (f'<div class="pml-chips"><span class="chip"><b>model</b> {html.escape(str(name))} · {state}</span>'
                 f'<span class="chip" title="{html.escape(path)}"><b>run log</b> {html.escape(short)}</span></div>')
 
