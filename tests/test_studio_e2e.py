@@ -33,9 +33,14 @@ def test_compare_through_gradio_client_records_a_row(real_engine, tmp_path):
         schema = (SAMPLES / "travel.xml").read_text()
         prompt = (SAMPLES / "travel.prompt.xml").read_text()
         data = client.predict(schema, prompt, 4, "cpu", "prefixed", 0.0, api_name="/compare")
+        api = client.view_api(print_info=False, return_format="dict")
     finally:
         demo.close()
 
+    params = {p["parameter_name"]: p for p in api["named_endpoints"]["/compare"]["parameters"]}
+    for name, default in (("storage_dtype", "float32"), ("retention", 1.0), ("compression", "pyramid")):
+        assert params[name]["parameter_has_default"] and params[name]["parameter_default"] == default
+    assert data["storage_dtype"] == "float32" and data["compression"]["retention"] == 1.0
     assert data["model"] == "SmolLM2-135M-Instruct" and data["schema"] == "travel"
     assert data["storage"] == "cpu" and data["mode"] == "prefixed"
     assert data["prompt_tokens"] == data["cached_tokens"] + data["uncached_tokens"] > data["uncached_tokens"] > 0
@@ -57,6 +62,8 @@ def test_compare_through_gradio_client_records_a_row(real_engine, tmp_path):
     assert row["cached_ttft_ms"] == data["cached"]["ttft_ms"]
     assert row["baseline_text"] == data["baseline"]["text"] and row["cached_text"] == data["cached"]["text"]
     assert row["speedup"] == data["speedup"] and row["same_text"] == int(data["same_text"])
+    assert row["storage_dtype"] == "float32" and row["retention"] == 1.0 and row["compression_method"] == "pyramid"
+    assert row["units_memory"] + row["units_disk"] + row["units_encoded"] == data["encode"]["units"]
 
 
 def test_serve_binds_localhost_without_share_and_loads_no_model(tmp_path, monkeypatch):
