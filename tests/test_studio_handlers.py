@@ -569,3 +569,18 @@ def test_import_program_problems_are_inline(tmp_path):
     (tmp_path / "s.xml").write_text("<schema/>")
     assert "not a Python file" in h.import_program(str(tmp_path / "s.xml")).status
     assert "no file" in h.import_program(None).status
+
+
+def test_restart_with_persistence_encodes_nothing(tiny_lm, travel, tmp_path):
+    from engine.session import Engine
+
+    schema, _, _ = travel
+    first = Studio(Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mods"), RunLog(tmp_path / "a.db"))
+    view = first.encode(schema, "cpu", "prefixed", storage_dtype="float16")
+    assert view.counts["encoded"] == len(view.units)
+    restarted = Studio(Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mods"),
+                       RunLog(tmp_path / "a.db"))
+    again = restarted.encode(schema, "cpu", "prefixed", storage_dtype="float16")
+    assert again.counts == {"memory": 0, "disk": len(view.units), "encoded": 0}
+    assert {r[3] for r in again.units} == {"disk"} and "0 unit(s) encoded afresh" in again.summary
+    assert '<tr class="changed"><th>disk loads</th>' in again.memory
