@@ -7,7 +7,9 @@ The workloads themselves (essay text, schema builders, one TTFT measurement) liv
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,7 +42,9 @@ def table(header: list[str], rows: list[list]) -> str:
 
 
 def emit(name: str, result: dict, write: bool = True) -> None:
-    """Print the JSON document last (and keep a copy under bench/results/)."""
+    """Print the JSON document last (and keep a copy under bench/results/), with the command that made it."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
+    result = {"command": shlex.join(["python", script, *sys.argv[1:]]), **result}
     if write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
