@@ -177,9 +177,11 @@ def plot(by_depth: dict, by_modules: dict, path) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("needle found (%)")
-    axes[0].legend(fontsize=8)
+    axes[0].set_ylim(0, 105)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(PATHS), fontsize=9, frameon=False)
     fig.suptitle("Needle-in-a-haystack accuracy — SmolLM2-135M, greedy", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path)
     plt.close(fig)
 
@@ -193,7 +195,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, no files written")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--replot", action="store_true", help="redraw assets/fidelity.png from bench/results/fidelity.json")
     args = ap.parse_args()
+    if args.replot:
+        import json
+
+        from common import RESULTS
+
+        data = json.loads((RESULTS / "fidelity.json").read_text())
+        plot(data["by_depth"], data["by_modules"], ROOT / "assets" / "fidelity.png")
+        return
     chunk_tokens = 250
     if args.quick:
         args.modules, args.per_setting, args.depths, args.new_tokens, chunk_tokens = [2], 2, [0.1, 0.9], 28, 80
