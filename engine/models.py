@@ -144,11 +144,11 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
         raise ModelError(f"cannot load model '{spec}': {_short(err)}") from None
     model.to(device).eval()
     return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, dtype),
-                      max_positions=_max_positions(config, tok))
+                      max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where))
 
 
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
-               max_positions: int | None = None) -> LoadedModel:
+               max_positions: int | None = None, codec_fingerprint: str | None = None) -> LoadedModel:
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 
@@ -168,7 +168,10 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
         eos_ids += (tokenizer.eos_token_id,)
     fp = fingerprint or hashlib.sha256(f"{name}|{id(model)}".encode()).hexdigest()[:16]
-    codec = make_codec(tokenizer, max_positions or _max_positions(config, tokenizer), fingerprint=fp)
+    # the codec's fingerprint must equal load_tokenizer()'s, so layouts made before and after the
+    # model loads give the same cache keys
+    codec = make_codec(tokenizer, max_positions or _max_positions(config, tokenizer),
+                       fingerprint=codec_fingerprint or fp)
     lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, codec=codec, device=device, dtype=dtype,
                      n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
                      head_dim=head_dim, kv_bytes_per_token=2 * n_layers * kv_heads * head_dim * elt,

@@ -52,3 +52,18 @@ def test_prefixed_first_module_is_exact_on_the_real_model(real_engine):
     c = real_engine.compare(schema, f"<prompt schema='doc_qa'><{first}/> How many days a week is remote work "
                             "allowed?</prompt>", max_new_tokens=8, mode="prefixed")
     assert c.max_first_logit_diff < 1e-4 and c.same_text
+
+
+def test_layouts_before_and_after_the_model_loads_share_cache_keys():
+    from engine.models import load_tokenizer
+
+    schema = (SAMPLES / "doc_qa.xml").read_text()
+    from engine.session import Engine
+
+    eng = Engine()
+    before = eng.layout(schema)  # tokenizer only
+    assert not eng.loaded
+    eng.lm
+    after = eng.layout(schema)
+    assert before.fingerprint == after.fingerprint
+    assert load_tokenizer(None)[2].fingerprint == eng.lm.codec.fingerprint
