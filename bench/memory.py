@@ -17,6 +17,7 @@ import argparse
 
 from common import ROOT, emit, machine, table
 
+from engine.models import kv_bytes_per_token, kv_shape
 from engine.session import Engine
 
 # Published architecture hyper-parameters (config.json of each model), enough to size the KV cache.
@@ -60,23 +61,6 @@ def make_config(family: str, kwargs: dict):
     return cls(**kwargs)
 
 
-def kv_shape(config) -> tuple[int, int, int]:
-    """(layers, KV heads, head dim) of a decoder config, including Falcon's multi-query variant."""
-    layers = config.num_hidden_layers
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if config.model_type == "falcon":
-        kv = config.num_kv_heads if config.new_decoder_architecture else (1 if config.multi_query else heads)
-    else:
-        kv = getattr(config, "num_key_value_heads", None) or heads
-    return layers, kv, head_dim
-
-
-def bytes_per_token(config, element_bytes: int) -> int:
-    layers, kv, head_dim = kv_shape(config)
-    return 2 * layers * kv * head_dim * element_bytes
-
-
 def predicted_stored_tokens(lay) -> int:
     """Tokens the store should hold for a layout: anonymous + cached modules' own + scaffold spans."""
     anon = lay.anonymous_tokens()
@@ -95,7 +79,7 @@ def main() -> None:
     for name, (family, kwargs) in CONFIGS.items():
         cfg = make_config(family, kwargs)
         layers, kv, dim = kv_shape(cfg)
-        fp16 = bytes_per_token(cfg, 2)
+        fp16 = kv_bytes_per_token(cfg, 2)
         families.append({"model": name, "layers": layers, "kv_heads": kv, "head_dim": dim,
                          "fp16_bytes_per_token": fp16, "fp16_mb_per_token": round(fp16 / 2**20, 4),
                          "fp32_bytes_per_token": 2 * fp16, "fp16_gib_per_4k_tokens": round(fp16 * 4096 / 2**30, 3)})

@@ -65,10 +65,6 @@ class ModuleKV:
         """Append tokens ``[a, b)`` of this entry to ``buf`` (one copy for all layers)."""
         buf.write(self.kv[:, :, :, a:b])
 
-    def kept_tokens(self) -> int:
-        """Entries kept, summed over layers (== layers x tokens when nothing was dropped)."""
-        return self.kv.shape[0] * self.kv.shape[3]
-
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"kv": self.kv.contiguous(), "positions": self.positions, "token_ids": self.token_ids}
 

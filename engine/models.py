@@ -157,10 +157,7 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     use_pml_attention(model)
 
     config = model.config
-    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    n_layers = text_cfg.num_hidden_layers
-    kv_heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
-    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+    n_layers, kv_heads, head_dim = kv_shape(config)
     elt = torch.tensor([], dtype=model.dtype).element_size()
     gen_cfg = getattr(model, "generation_config", None)
     eos = gen_cfg.eos_token_id if gen_cfg is not None else None
@@ -174,7 +171,7 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
                        fingerprint=codec_fingerprint or fp)
     lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, codec=codec, device=device, dtype=dtype,
                      n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
-                     head_dim=head_dim, kv_bytes_per_token=2 * n_layers * kv_heads * head_dim * elt,
+                     head_dim=head_dim, kv_bytes_per_token=kv_bytes_per_token(config, elt),
                      max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp)
     _warm_up(lm)
     return lm
@@ -202,12 +199,22 @@ def check_device(device: str) -> None:
     raise StorageError(f"unknown storage '{device}'; use cpu or cuda")
 
 
-def kv_bytes_per_token_from_config(config, bytes_per_element: int = 2) -> int:
-    """KV bytes per token computed from a config alone: 2 (K and V) x layers x kv heads x head dim."""
-    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
-    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
-    return 2 * text_cfg.num_hidden_layers * heads * head_dim * bytes_per_element
+def kv_shape(config) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a decoder config alone, Falcon's multi-query variant included."""
+    cfg = _text_config(config)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if cfg.model_type == "falcon":
+        kv = cfg.num_kv_heads if cfg.new_decoder_architecture else (1 if cfg.multi_query else heads)
+    else:
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+    return cfg.num_hidden_layers, kv, head_dim
+
+
+def kv_bytes_per_token(config, bytes_per_element: int) -> int:
+    """KV bytes per token from a config alone: 2 (K and V) x layers x KV heads x head dim x element bytes."""
+    layers, kv, head_dim = kv_shape(config)
+    return 2 * layers * kv * head_dim * bytes_per_element
 
 
 def make_codec(tokenizer, max_positions: int, fingerprint: str) -> TextCodec:
@@ -274,6 +281,10 @@ def chat_fragments(tokenizer) -> tuple[dict[str, tuple[str, str]], str, str]:
              "assistant": (asst_open, asst_close)}, gen, template_bos)
 
 
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def _find_gguf() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -288,7 +299,7 @@ def _find_gguf() -> Path:
 
 
 def _max_positions(config, tokenizer) -> int:
-    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text_cfg = _text_config(config)
     n = getattr(text_cfg, "max_position_embeddings", None)
     if not n:
         n = getattr(tokenizer, "model_max_length", 2048)
@@ -325,7 +336,7 @@ def _check_fits(config, where: str, torch_dtype, device: str) -> None:
     """Refuse a model whose weights cannot fit in the available memory, before loading them."""
     import torch
 
-    text_cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    text_cfg = _text_config(config)
     try:
         h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
         inter = getattr(text_cfg, "intermediate_size", 4 * h)

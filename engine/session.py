@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, replace
-
 from pathlib import Path
 
 from .compress import Compression
@@ -138,10 +137,7 @@ class Engine:
         storage = storage or self.storage
         storage_dtype = storage_dtype or self.storage_dtype
         compression = compression or self.compression
-        if mode not in MODES:
-            raise EngineError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
-        check_device(storage)
-        store = self.store(storage)
+        store = self.store(storage)  # checks the device; encode_schema checks mode, dtype and compression
         key = (layout.fingerprint, mode, storage, storage_dtype, compression.key())
         with self.run_lock:
             enc = self._encoded.get(key)

@@ -93,10 +93,7 @@ class DiskStore:
         except Exception as err:  # safetensors raises several types for truncated or garbled files
             self.corrupt += 1
             self.last_error = f"{path.name} was corrupted ({type(err).__name__}); it will be re-encoded"
-            try:
-                path.unlink()
-            except OSError:
-                pass
+            self.delete(key)
             return None
 
     def delete(self, key: str) -> None:
@@ -110,9 +107,6 @@ class DiskStore:
 
         with safe_open(str(self.path(key)), framework="pt") as f:
             return dict(f.metadata() or {})
-
-    def nbytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.glob("*.safetensors")) if self.root.exists() else 0
 
 
 class ModuleStore:
