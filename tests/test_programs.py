@@ -514,7 +514,7 @@ def body(draw, depth: int, in_module: bool) -> list[str]:
             lines += _indent(draw(body(depth + 1, True)))
             if draw(st.booleans()):
                 lines.append("else:")
-                lines += _indent(draw(body(depth + 1, True)))
+                lines += _indent(_not_elif(draw(body(depth + 1, True))))
         else:
             var = draw(st.sampled_from(CHOICES))
             values = draw(st.lists(st.sampled_from(VALUES), min_size=1, max_size=3, unique=True))
@@ -525,13 +525,21 @@ def body(draw, depth: int, in_module: bool) -> list[str]:
                     lines += _indent(draw(body(depth + 1, True)))
                 if other:
                     lines.append("else:")
-                    lines += _indent(draw(body(depth + 1, True)))
+                    lines += _indent(_not_elif(draw(body(depth + 1, True))))
             else:
                 lines.append(f"match {var}:")
                 for v in values + (["_"] if other else []):
                     lines.append(f"    case {v if v == '_' else repr(v)}:")
                     lines += _indent(_indent(draw(body(depth + 1, True))))
     return lines or ["pass"]
+
+
+def _not_elif(lines: list[str]) -> list[str]:
+    """An `else:` body that is a lone `if` means `elif` (the compiler, like Python, reads it so), which
+    may re-test a value of the same chain — an unreachable branch the compiler rightly rejects. A
+    trailing `pass` keeps such a body a nested block, as the generator intends."""
+    top = [line for line in lines if not line.startswith((" ", "elif ", "else:"))]  # statements, not clauses
+    return lines + ["pass"] if len(top) == 1 and top[0].startswith("if ") else lines
 
 
 def _indent(lines: list[str]) -> list[str]:
