@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: results folder, machine facts, tables, JSON output.
 
 The workloads themselves (essay text, schema builders, one TTFT measurement) live in
-``engine/workloads.py`` so the studio's Benchmarks tab runs exactly the same code.
+``bench/workloads.py`` so the studio's Benchmarks tab runs exactly the same code.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
-from engine.workloads import (  # noqa: E402  (re-exported for the bench scripts)
+from bench.workloads import (  # noqa: E402  (re-exported for the bench scripts)
     QUESTION, doc_prompt, doc_schema, essay_chunks, essays_dir, fill_docs, median, prompt_overhead, ttft_point)
 
 __all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir", "fill_docs", "median",

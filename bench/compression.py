@@ -84,7 +84,7 @@ def main() -> None:
         lay = eng.layout(schema)
         plan = eng.plan(lay, prompt, sampling.max_new_tokens)
         base = run_baseline(eng.lm, plan, sampling)
-        enc = eng.encode(lay, storage_dtype="float32", compression=Compression()).encoded
+        enc = eng.encode(lay, eng.config.with_(storage_dtype="float32", compression=Compression())).encoded
         ref = run_cached(eng.lm, plan, enc, store, sampling)
         module_keys = [k for path, k in enc.module_keys.items() if path]
         full = sum(store.entry_bytes(k) for k in module_keys)
@@ -94,7 +94,7 @@ def main() -> None:
                                     "ttft_ms": ref.ttft_ms})
         for cfg in configs:
             dtype, r, m = cfg
-            e = eng.encode(lay, storage_dtype=dtype, compression=Compression(r, m)).encoded
+            e = eng.encode(lay, eng.config.with_(storage_dtype=dtype, compression=Compression(r, m))).encoded
             run = run_cached(eng.lm, plan, e, store, sampling)
             nbytes = sum(store.entry_bytes(k) for path, k in e.module_keys.items() if path)
             vs_ref, vs_base = agreement(ref, run), agreement(base, run)

@@ -112,12 +112,12 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling) -> dict:
     store = eng.store()
     runs = {"baseline": run_baseline(eng.lm, plan, sampling)}
     for mode in ("prefixed", "isolated"):
-        enc = eng.encode(lay, mode=mode).encoded
+        enc = eng.encode(lay, eng.config.with_(mode=mode)).encoded
         runs[mode] = run_cached(eng.lm, plan, enc, store, sampling)
     slay = eng.layout(scaffolded)
     splan = eng.plan(slay, prompt, sampling.max_new_tokens)
     assert splan.scaffolds == ("joint",)
-    runs["scaffold"] = run_cached(eng.lm, splan, eng.encode(slay, mode="prefixed").encoded, store, sampling)
+    runs["scaffold"] = run_cached(eng.lm, splan, eng.encode(slay, eng.config.with_(mode="prefixed")).encoded, store, sampling)
     out = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens, "number": case["number"]}
     for path, r in runs.items():
         out[path] = {"text": r.text, "found": case["number"] in r.text.replace(",", "")}

@@ -107,7 +107,7 @@ def main() -> None:
           f"{fits['cached_ttft_vs_cached_tokens_linear']['r2']})")
     if not args.quick:
         plot(rows, ROOT / "assets" / "scaling.png", gpu)
-    emit("scaling", {"benchmark": "scaling", "model": eng.lm.name, "dtype": eng.lm.dtype, "mode": eng.mode,
+    emit("scaling", {"benchmark": "scaling", "model": eng.lm.name, "dtype": eng.lm.dtype, "mode": eng.config.mode,
                      "storage": "cpu", "ttft_includes_copy": True, "reps": args.reps, "machine": machine(),
                      "results": rows, "fits": fits, "gpu": gpu or None,
                      "gpu_note": None if gpu else "no CUDA device on this machine: GPU storage cases not run"},

@@ -37,7 +37,7 @@ def main() -> None:
                   r["cached_ttft_ms"], r["cached_copy_ms"], f'{r["speedup"]}x', r["baseline_decode_ms_per_token"],
                   r["cached_decode_ms_per_token"]] for r in rows]))
     emit("ttft",
-         {"benchmark": "ttft", "model": eng.lm.name, "storage": "cpu", "mode": eng.mode, "dtype": eng.lm.dtype,
+         {"benchmark": "ttft", "model": eng.lm.name, "storage": "cpu", "mode": eng.config.mode, "dtype": eng.lm.dtype,
           "ttft_includes_copy": True, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
           "results": rows}, write=not args.quick)
 

@@ -5,7 +5,7 @@ Never imports gradio. Heavy modules (torch, transformers) load on first use, not
 
 from .errors import ContextLengthError, EngineError, ModelError, PMLError, Problem, StorageError
 
-__all__ = ["Engine", "EngineError", "PMLError", "Problem", "ModelError", "StorageError", "ContextLengthError",
+__all__ = ["Engine", "RunConfig", "EngineError", "PMLError", "Problem", "ModelError", "StorageError", "ContextLengthError",
            "Sampling"]
 
 
@@ -13,6 +13,9 @@ def __getattr__(name):
     if name == "Engine":
         from .session import Engine
         return Engine
+    if name == "RunConfig":
+        from .config import RunConfig
+        return RunConfig
     if name == "Sampling":
         from .runner import Sampling
         return Sampling

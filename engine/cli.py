@@ -1,4 +1,8 @@
-"""`pml-studio` command line: check, layout, run, info, serve, compile.
+"""`pml-studio` command line: check, layout, run, info, compile (``serve`` is added by the studio).
+
+Front ends that sit above the engine add their own commands through ``main(argv, extra)``:
+the studio's entry point (``studio/cli.py``, the ``pml-studio`` console script) adds ``serve``,
+so nothing here imports the studio.
 
 Exit codes: 0 success, 2 a problem with the input or the environment (one line per problem,
 ``FILE:LINE:COL: error: MESSAGE``), never a traceback. ``run --json`` prints one JSON object
@@ -13,12 +17,14 @@ import os
 import sys
 from pathlib import Path
 
+from . import config as cfg
 from .errors import EngineError, PMLError, Problem
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra: dict | None = None) -> argparse.ArgumentParser:
+    """The parser; ``extra`` maps command name -> (help, add_arguments(subparser), handler(args))."""
     p = argparse.ArgumentParser(prog="pml-studio", description="Modular prompt caching (PML) on your machine.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -38,23 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="encode the schema, then run baseline and cached on the prompt and compare")
     r.add_argument("schema", metavar="SCHEMA")
     r.add_argument("prompt", metavar="PROMPT")
-    r.add_argument("--storage", default="cpu", choices=["cpu", "cuda"], help="where module KV is stored")
-    r.add_argument("--device", default=None, choices=["cpu", "cuda"],
-                   help="where the model runs (default: cuda for --storage cuda, else cpu); --storage cpu "
-                        "--device cuda copies module KV host-to-device per run, as in the paper's CPU-storage case")
-    r.add_argument("--mode", default="prefixed", choices=["prefixed", "isolated"],
-                   help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
-    r.add_argument("--storage-dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                   help="precision of stored module KV (cast back to the compute dtype when assembled)")
-    r.add_argument("--retention", type=float, default=1.0,
-                   help="mean fraction of each module's KV kept per layer (PyramidInfer-style); 1 keeps all")
-    r.add_argument("--compression", default="pyramid", choices=["pyramid", "uniform", "recent"],
-                   help="how tokens are chosen when --retention < 1: fewer with depth by attention (pyramid), "
-                        "the same fraction in every layer (uniform), or the most recent only (recent)")
-    r.add_argument("--budget-mb", type=float, default=None,
-                   help="module memory budget in MiB (default: half the available memory); LRU eviction")
-    r.add_argument("--no-persist", action="store_true",
-                   help="do not save encoded modules to (or load them from) the cache folder")
+    add_run_options(r)
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--top-p", type=float, default=1.0)
@@ -66,27 +56,56 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     model_opts(i)
 
-    s = sub.add_parser("serve", help="launch the studio (same as `python app.py`)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=7860)
-    s.add_argument("--db", default=None, help="SQLite run log (default: under the user's data folder)")
-    s.add_argument("--share", action="store_true", help="create a public Gradio link (off unless asked)")
-    model_opts(s)
-
     cp = sub.add_parser("compile", help="print the PML schema of a prompt program (FILE.py:FUNC); the file is "
                         "imported, so its top-level code runs")
     cp.add_argument("target", metavar="FILE.py[:FUNC]", help="FUNC may be left out when the file has one program "
                     "that no other program calls")
     cp.add_argument("--prompt", action="store_true", help="print the file's example call of FUNC (a PML prompt) "
                     "instead of the schema")
+    for name, (help_text, add_arguments, _) in (extra or {}).items():
+        add_arguments(sub.add_parser(name, help=help_text))
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def add_run_options(r: argparse.ArgumentParser) -> None:
+    """The RunConfig options (`run`, and the bench scripts), choices read from engine.config."""
+    r.add_argument("--storage", default="cpu", choices=cfg.values("storage"), help="where module KV is stored")
+    r.add_argument("--device", default=None, choices=cfg.values("device"),
+                   help="where the model runs (default: cuda for --storage cuda, else cpu); --storage cpu "
+                        "--device cuda copies module KV host-to-device per run, as in the paper's CPU-storage case")
+    r.add_argument("--mode", default="prefixed", choices=cfg.values("mode"),
+                   help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
+    r.add_argument("--storage-dtype", default="float32", choices=cfg.values("storage_dtype"),
+                   help="precision of stored module KV (cast back to the compute dtype when assembled)")
+    r.add_argument("--retention", type=float, default=1.0,
+                   help="mean fraction of each module's KV kept per layer (PyramidInfer-style); 1 keeps all")
+    r.add_argument("--compression", default="pyramid", choices=cfg.values("method"),
+                   help="how tokens are chosen when --retention < 1: fewer with depth by attention (pyramid), "
+                        "the same fraction in every layer (uniform), or the most recent only (recent)")
+    r.add_argument("--budget-mb", type=float, default=None,
+                   help="module memory budget in MiB (default: half the available memory); LRU eviction")
+    r.add_argument("--no-persist", action="store_true",
+                   help="do not save encoded modules to (or load them from) the cache folder")
+    r.add_argument("--arms", default=",".join(cfg.ARMS),
+                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all)")
+
+
+def config_from_args(args) -> "cfg.RunConfig":
+    """The RunConfig the `run` options describe (validated here, once)."""
+    return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, mode=args.mode,
+                         storage_dtype=args.storage_dtype,
+                         compression=cfg.Compression(args.retention, args.compression),
+                         budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
+                         arms=cfg.parse_arms(args.arms))
+
+
+def main(argv: list[str] | None = None, extra: dict | None = None) -> int:
+    """Run one command; ``extra`` adds commands (see :func:`build_parser`)."""
+    args = build_parser(extra).parse_args(argv)
+    handlers = {"check": cmd_check, "layout": cmd_layout, "run": cmd_run, "info": cmd_info, "compile": cmd_compile}
+    handlers.update({name: handler for name, (_, _, handler) in (extra or {}).items()})
     try:
-        return {"check": cmd_check, "layout": cmd_layout, "run": cmd_run, "info": cmd_info,
-                "serve": cmd_serve, "compile": cmd_compile}[args.command](args)
+        return handlers[args.command](args)
     except PMLError as err:
         for prob in err.problems:
             print(prob, file=sys.stderr)
@@ -174,35 +193,48 @@ def cmd_run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise EngineError("--max-new-tokens must be at least 1")
-    from .compress import Compression
-
-    budget = None if args.budget_mb is None else int(args.budget_mb * 2**20)
-    eng = Engine(model=args.model, storage=args.storage, mode=args.mode, device=args.device,
-                 storage_dtype=args.storage_dtype, compression=Compression(args.retention, args.compression),
-                 budget_bytes=budget, persist=not args.no_persist)
+    eng = Engine(config_from_args(args))
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
-    result = eng.compare(_read(args.schema), _read(args.prompt), sampling=sampling, schema_source=args.schema,
+    result = eng.compare(_read(args.schema), _read(args.prompt), sampling, schema_source=args.schema,
                          prompt_source=args.prompt)
     data = result.to_json()
     if args.json:
         print(json.dumps(data))
         return EXIT_OK
-    b, c = data["baseline"], data["cached"]
-    print(f"model {data['model']} · storage {data['storage']} · mode {data['mode']} · schema {data['schema']}")
-    print(f"prompt {data['prompt_tokens']} tokens: {data['cached_tokens']} cached, {data['uncached_tokens']} "
-          f"prefilled · store {data['store_bytes'] / 2**20:.1f} MiB ({data['storage_dtype']}, retention "
-          f"{data['compression']['retention']:g}) · evictions {data['store_stats']['evictions']}")
-    print(_table(["", "baseline", "cached"], [
-        ["TTFT ms", f"{b['ttft_ms']:.1f}", f"{c['ttft_ms']:.1f} (copy {c['copy_ms']:.1f} included)"],
-        ["prefill tokens", b["prefill_tokens"], c["prefill_tokens"]],
-        ["decode ms/token", _fmt(b["decode_ms_per_token"]), _fmt(c["decode_ms_per_token"])],
-        ["peak RSS MiB", f"{b['peak_rss_bytes'] / 2**20:.0f}", f"{c['peak_rss_bytes'] / 2**20:.0f}"],
-    ]))
-    print(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
-          f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL {data['first_token_kl']:.4f}")
-    print(f"--- baseline ---\n{b['text']}\n--- cached ---\n{c['text']}")
+    print(run_text(data))
     return EXIT_OK
+
+
+def run_text(data: dict) -> str:
+    """The plain-text report of one run (`run` without --json), from its JSON document."""
+    arms = [a for a in data.get("arms", ["baseline", "cached"]) if data.get(a)]
+    lines = [f"model {data['model']} · storage {data['storage']} · mode {data['mode']} · schema {data['schema']}",
+             f"prompt {data['prompt_tokens']} tokens: {data['cached_tokens']} cached, {data['uncached_tokens']} "
+             f"prefilled · store {data['store_bytes'] / 2**20:.1f} MiB ({data['storage_dtype']}, retention "
+             f"{data['compression']['retention']:g}) · evictions {data['store_stats']['evictions']}"]
+    stats = data["store_stats"]
+    if stats.get("disk_corrupt"):
+        lines.append(f"note: {stats['disk_corrupt']} module file(s) on disk were corrupted and were re-encoded")
+    if stats.get("disk_write_errors"):
+        lines.append(f"warning: {stats['disk_write_errors']} module file(s) could not be saved "
+                     f"({stats.get('disk_error') or 'disk error'}); they are kept in memory only")
+
+    def row(label, fn):
+        return [label] + [fn(data[a]) for a in arms]
+
+    lines.append(_table([""] + arms, [
+        row("TTFT ms", lambda r: f"{r['ttft_ms']:.1f}" + (f" (copy {r['copy_ms']:.1f} included)" if r["copy_ms"] else "")),
+        row("prefill tokens", lambda r: r["prefill_tokens"]),
+        row("decode ms/token", lambda r: _fmt(r["decode_ms_per_token"])),
+        row("peak RSS MiB", lambda r: f"{r['peak_rss_bytes'] / 2**20:.0f}"),
+    ]))
+    if data.get("speedup") is not None:
+        lines.append(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
+                     f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL "
+                     f"{data['first_token_kl']:.4f}")
+    lines += [f"--- {a} ---\n{data[a]['text']}" for a in arms]
+    return "\n".join(lines)
 
 
 def cmd_info(args) -> int:
@@ -217,12 +249,6 @@ def cmd_info(args) -> int:
         for k, v in info.items():
             print(f"{k:20} {v}")
     return EXIT_OK
-
-
-def cmd_serve(args) -> int:
-    from studio.launch import serve
-
-    return serve(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share)
 
 
 def cmd_compile(args) -> int:

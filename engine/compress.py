@@ -15,51 +15,11 @@ compressed module is used exactly like a full one, with fewer keys per layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from .errors import EngineError
+from .config import METHODS, Compression  # noqa: F401  (re-exported)
 from .kv import LayeredKV, ModuleKV
-
-METHODS = ("pyramid", "uniform", "recent")
-
-
-@dataclass(frozen=True)
-class Compression:
-    retention: float = 1.0  # mean fraction of each entry's tokens kept per layer
-    method: str = "pyramid"
-    recent_frac: float = 0.4  # queries whose attention scores the tokens
-    window_frac: float = 0.1  # most recent tokens always kept
-
-    def __post_init__(self):
-        if not 0.0 < self.retention <= 1.0:
-            raise EngineError(f"retention must be in (0, 1], got {self.retention}; e.g. 0.5 keeps half the KV")
-        if self.method not in METHODS:
-            raise EngineError(f"unknown compression method '{self.method}'; use one of {', '.join(METHODS)}")
-
-    @property
-    def active(self) -> bool:
-        return self.retention < 1.0
-
-    def key(self) -> str:
-        """Part of every cache key: entries compressed differently never mix."""
-        if not self.active:
-            return "full"
-        return f"{self.method}:{self.retention:.4f}:{self.recent_frac}:{self.window_frac}"
-
-    def layer_ratios(self, n_layers: int) -> list[float]:
-        """Fraction of tokens each layer keeps; their mean is the retention."""
-        r = self.retention
-        if self.method != "pyramid" or n_layers == 1 or r >= 1.0:
-            return [r] * n_layers
-        r0 = min(1.0, 1.5 * r)
-        lo, hi = 0.0, 1.0
-        for _ in range(60):  # mean(r0 * g**l) is increasing in g: bisect for mean == r
-            g = (lo + hi) / 2
-            mean = sum(r0 * g ** i for i in range(n_layers)) / n_layers
-            lo, hi = (g, hi) if mean < r else (lo, g)
-        return [r0 * lo ** i for i in range(n_layers)]
 
 
 def compress(entry: ModuleKV, scores: list[torch.Tensor] | None, comp: Compression) -> LayeredKV:

@@ -27,13 +27,12 @@ from typing import Callable
 import torch
 
 from .compress import Compression, compress
+from .config import RunConfig
 from .errors import EngineError
 from .kv import ATTENTION, AttentionScorer, ModuleKV, forward_kv, scoring
 from .layout import ANONYMOUS, Layout
 from .store import ModuleStore
 
-MODES = ("prefixed", "isolated")
-DTYPES = ("float32", "float16", "bfloat16")
 ProgressFn = Callable[[int, int, str], None]
 
 
@@ -80,20 +79,15 @@ class EncodedSchema:
         return self.scaffolds[scaffold][piece] if scaffold else self.pieces[piece]
 
 
-def encode_schema(model, layout: Layout, store: ModuleStore, mode: str = "prefixed", model_fingerprint: str = "",
-                  progress: ProgressFn | None = None, dtype: str = "float32",
-                  compression: Compression | None = None) -> EncodedSchema:
+def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig = RunConfig(),
+                  model_fingerprint: str = "", progress: ProgressFn | None = None) -> EncodedSchema:
     """Encode every cached unit of ``layout`` into ``store`` (entries already stored are reused).
 
-    ``dtype`` is the storage precision of module and scaffold entries (the anonymous text, used
-    by every prompt and as the prefix of every module, stays in the compute dtype); ``compression``
-    drops tokens per layer from module and scaffold entries.
+    ``config.storage_dtype`` is the storage precision of module and scaffold entries (the
+    anonymous text, used by every prompt and as the prefix of every module, stays in the compute
+    dtype); ``config.compression`` drops tokens per layer from module and scaffold entries.
     """
-    if mode not in MODES:
-        raise EngineError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
-    if dtype not in DTYPES:
-        raise EngineError(f"unknown storage dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    comp = compression or Compression()
+    mode, dtype, comp = config.mode, config.storage_dtype, config.compression
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
                           f"'{model.config._attn_implementation}'); set retention to 1.0")

@@ -146,6 +146,17 @@ class Layout:
     def anonymous_tokens(self) -> int:
         return sum(len(p) for p in self.anonymous())
 
+    def entry_tokens(self) -> dict[str, int]:
+        """Tokens of every store entry an encoding makes: '(anonymous)', module paths, 'scaffold:NAME'.
+
+        Keyed like ``EncodedSchema.bytes_by_module``; modules with ``cache="false"`` have no entry.
+        """
+        out = {"(anonymous)": self.anonymous_tokens()}
+        out.update({m.path: sum(len(self.pieces[i]) for i in m.pieces) for m in self.modules.values() if m.cache})
+        for sc in self.schema.scaffolds:
+            out[f"scaffold:{sc.name}"] = sum(len(self.pieces[i]) for i in self.scaffold_unit(sc.name)[1])
+        return out
+
     # -- encoding units (shared by encode.py and plan.py) ---------------------------------------
 
     def unit_pieces(self, top: str, choice: dict[str, str]) -> list[int]:
@@ -250,7 +261,8 @@ class _Builder:
                     own.append(p.index)
             elif isinstance(node, Param):
                 params.append(self.param(node, parent))
-                own.append(params[-1].piece)
+                if params[-1].piece >= 0:
+                    own.append(params[-1].piece)
             elif isinstance(node, Module):
                 children.append(self.module(node, prefix + node.name, parent, top, None, cache))
             elif isinstance(node, Union):
@@ -302,16 +314,27 @@ class _Builder:
         return uid
 
     def param(self, node: Param, module: str) -> ParamLayout:
+        length = node.length
+        limit = self.codec.max_positions
+        if self.offset + length > limit:  # before any placeholder is made: len="1000000000" must cost nothing
+            raise ContextLengthError(
+                f"{self.schema.source}:1:1: error: schema '{self.schema.name}' needs at least {self.offset + length} "
+                f"positions but the model's context is {limit}; module '{module}' (line {node.line}) reaches position "
+                f"{self.offset + length} with param '{node.name}' (len={length}); hint: lower len to at most "
+                f"{max(0, limit - self.offset)}, or shorten the text before it")
         default_ids: list[int] = []
         if node.default:
             default_ids = list(self.codec.encode(node.default))
-            if len(default_ids) > node.length:
+            if len(default_ids) > length:
                 self.problems.append(Problem(
                     self.schema.source, node.line, 1,
                     f"the default of param '{node.name}' is {len(default_ids)} tokens, more than its len={node.length}",
                     f"raise len to at least {len(default_ids)} or shorten the default"))
-                default_ids = default_ids[: node.length]
-        ids = default_ids + [self.codec.placeholder] * (node.length - len(default_ids))
+            default_ids = default_ids[:length]
+        ids = default_ids + [self.codec.placeholder] * (length - len(default_ids))
         p = self.piece("param", module, ids, param=node.name)
-        return ParamLayout(name=node.name, module=module, piece=p.index, start=p.start, length=node.length,
+        if p is None:  # len was refused at parse time (problem already reported)
+            return ParamLayout(name=node.name, module=module, piece=-1, start=self.offset, length=0,
+                               default_tokens=0, has_default=node.default is not None, line=node.line)
+        return ParamLayout(name=node.name, module=module, piece=p.index, start=p.start, length=length,
                            default_tokens=len(default_ids), has_default=node.default is not None, line=node.line)

@@ -122,33 +122,48 @@ def load_tokenizer(spec: str | None = None):
     return name, tok, make_codec(tok, _max_positions(config, tok), fingerprint=_fingerprint(name, where))
 
 
-def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
-    """Load a causal LM for inference on ``device`` (``cpu`` or ``cuda``)."""
+def load_config(spec: str | None = None):
+    """The model's transformers config alone (no weights, no tokenizer)."""
+    from transformers import AutoConfig
+
+    _, where = resolve_model_path(spec)
+    try:
+        return AutoConfig.from_pretrained(where)
+    except Exception as err:
+        raise ModelError(f"cannot read the config of '{spec}': {_short(err)}") from None
+
+
+def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32", tokenizer=None,
+               codec: TextCodec | None = None) -> LoadedModel:
+    """Load a causal LM for inference on ``device`` (``cpu`` or ``cuda``).
+
+    ``tokenizer`` and ``codec``, when given (from :func:`load_tokenizer` of the same spec), are
+    reused instead of being loaded and built again.
+    """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_device(device)
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ModelError(f"unknown dtype '{dtype}'; use float32, float16 or bfloat16")
     name, where = resolve_model_path(spec)
-    try:
-        config = AutoConfig.from_pretrained(where)
-    except Exception as err:
-        raise ModelError(f"cannot read the config of '{spec}': {_short(err)}") from None
+    config = load_config(spec)
     _check_fits(config, where, torch_dtype, device)
     try:
-        tok = AutoTokenizer.from_pretrained(where)
+        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="sdpa")
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {_short(err)}") from None
     model.to(device).eval()
     return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, dtype),
-                      max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where))
+                      max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
+                      codec=codec if tokenizer is not None else None)
 
 
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
-               max_positions: int | None = None, codec_fingerprint: str | None = None) -> LoadedModel:
+               max_positions: int | None = None, codec_fingerprint: str | None = None,
+               codec: TextCodec | None = None) -> LoadedModel:
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 
@@ -167,8 +182,8 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     fp = fingerprint or hashlib.sha256(f"{name}|{id(model)}".encode()).hexdigest()[:16]
     # the codec's fingerprint must equal load_tokenizer()'s, so layouts made before and after the
     # model loads give the same cache keys
-    codec = make_codec(tokenizer, max_positions or _max_positions(config, tokenizer),
-                       fingerprint=codec_fingerprint or fp)
+    codec = codec or make_codec(tokenizer, max_positions or _max_positions(config, tokenizer),
+                                fingerprint=codec_fingerprint or fp)
     lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, codec=codec, device=device, dtype=dtype,
                      n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
                      head_dim=head_dim, kv_bytes_per_token=kv_bytes_per_token(config, elt),

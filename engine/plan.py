@@ -77,6 +77,14 @@ class PromptPlan:
     def max_position(self) -> int:
         return max((p for s in self.segments for p in s.positions), default=-1)
 
+    def entry_tokens(self) -> dict[str, int]:
+        """Tokens of each store entry a cached run of this plan reads (keys as ``Layout.entry_tokens``)."""
+        every = self.layout.entry_tokens()
+        used = {"(anonymous)"} | {f"scaffold:{s}" for s in self.scaffolds}
+        covered = {m for s in self.layout.schema.scaffolds if s.name in self.scaffolds for m in s.modules}
+        used |= {p for p in self.imported if self.layout.modules[p].top not in covered}
+        return {k: every[k] for k in used if k in every}
+
     def uncached(self) -> tuple[list[int], list[int]]:
         """(token ids, position ids) of the uncached segments, in order."""
         ids: list[int] = []
@@ -121,6 +129,8 @@ class _Resolver:
         self.problems: list[Problem] = []
         self.imported: dict[str, Import] = {}
         self.args: dict[tuple[str, str], str] = {}
+        self.arg_ids: dict[tuple[str, str], tuple[int, ...]] = {}  # tokenized once, here
+        self.refused: set[tuple[str, str]] = set()  # arguments already reported (not "missing" too)
         self.scaffolds: list[str] = []
         self.anchor: dict[int, str | None] = {}  # index of a NewText item -> top-level import it follows
 
@@ -171,13 +181,16 @@ class _Resolver:
                 valid = ", ".join(params) or "none"
                 self.add(item.line, item.col, f"module '{path}' has no param '{key}'", f"params of {path}: {valid}")
                 continue
-            n = len(self.layout.codec.encode(value))
+            ids = tuple(self.layout.codec.encode(value))
+            n = len(ids)
             if n > p.length:
+                self.refused.add((path, key))
                 self.add(item.line, item.col, f"argument {key}=\"{value}\" of module '{path}' is {n} tokens but the "
                          f"param allows {p.length} (len=\"{p.length}\")",
                          f"shorten the argument to at most {p.length} tokens, or raise len in the schema")
                 continue
             self.args[(path, key)] = value
+            self.arg_ids[(path, key)] = ids
         child_names = {m.rsplit("/", 1)[-1]: m for m in mod.children}
         for uid in mod.unions:
             child_names.update({m.rsplit("/", 1)[-1]: m for m in self.layout.unions[uid].members})
@@ -188,7 +201,7 @@ class _Resolver:
     def check_missing_args(self) -> None:
         for path, item in self.imported.items():
             for p in self.layout.modules[path].params:
-                if (path, p.name) not in self.args and not p.has_default:
+                if (path, p.name) not in self.args and (path, p.name) not in self.refused and not p.has_default:
                     self.add(item.line, item.col, f"module '{path}' needs an argument for param '{p.name}' "
                              "(it has no default)", f"write <{item.name} {p.name}=\"...\"/>")
 
@@ -224,7 +237,7 @@ def _materialise(layout: Layout, prompt: Prompt, r: _Resolver) -> list:
         else:
             mod = layout.modules[piece.owner]
             if piece.kind == "param" and (piece.owner, piece.param) in r.args:
-                ids = tuple(layout.codec.encode(r.args[(piece.owner, piece.param)]))
+                ids = r.arg_ids[(piece.owner, piece.param)]
                 seg = Segment(UNCACHED, "argument", piece.owner, ids, pos[: len(ids)], piece.index)
             elif piece.kind == "param":
                 n = next(p.default_tokens for p in mod.params if p.name == piece.param)

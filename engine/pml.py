@@ -23,6 +23,7 @@ from .errors import PMLError, Problem
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 ROLES = ("system", "user", "assistant")
 REFERENCE_PARAMETER_LEN = 16  # `<parameter>` without `length` (reference dialect): documented default
+MAX_PARAM_LEN = 1 << 20  # no model has a longer context; the layout checks the loaded model's own
 
 
 # ----------------------------------------------------------------------------------------------
@@ -432,6 +433,10 @@ class _Validator:
             if length <= 0:
                 self.add(el, f"param '{name}' has {len_attr}=\"{raw}\", it must be a positive whole number",
                          f"write {len_attr}=\"8\" (tokens)")
+            elif length > MAX_PARAM_LEN:
+                self.add(el, f"param '{name}' has {len_attr}=\"{raw}\", more positions than any model's context",
+                         f"write a {len_attr} of at most the model's context (e.g. {len_attr}=\"64\")")
+                length = 0
         if compact(el.text) or len(el):
             self.add(el, f"param '{name}' must be empty", f"write <{el.tag} name=\"{name}\" .../> and give "
                      "default text with the default attribute")

@@ -65,6 +65,8 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Comparison:
+    """The arms of one run (each a RunResult, None when not asked for) and how they agree."""
+
     model: str
     device: str  # where the model ran
     storage: str  # where module KV is stored
@@ -76,24 +78,33 @@ class Comparison:
     storage_dtype: str
     compression: dict  # {"retention", "method"}
     store_stats: dict  # budget, evictions, disk loads/writes/errors of the store after the run
-    baseline: RunResult
-    cached: RunResult
-    same_text: bool
+    baseline: RunResult | None
+    cached: RunResult | None
+    same_text: bool | None  # agreement of cached with baseline (None unless both ran)
     first_divergence: int | None
-    first_token_agree: bool
-    first_token_kl: float
-    max_first_logit_diff: float
+    first_token_agree: bool | None
+    first_token_kl: float | None
+    max_first_logit_diff: float | None
     sampling: Sampling
+    arms: tuple[str, ...] = ("baseline", "cached")
     encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
 
     @property
-    def speedup(self) -> float:
+    def speedup(self) -> float | None:
+        if self.baseline is None or self.cached is None:
+            return None
         return self.baseline.ttft_ms / self.cached.ttft_ms if self.cached.ttft_ms > 0 else float("inf")
 
     def to_json(self) -> dict:
-        """The CLI's JSON contract (`pml-studio run --json`): extend, never rename."""
-        cached = self.cached.to_json()
-        cached["ttft_includes_copy"] = True
+        """The CLI's JSON contract (`pml-studio run --json`): extend, never rename.
+
+        An arm that was not run (``--arms``) is null, as are the figures that need it.
+        """
+        cached = None
+        if self.cached is not None:
+            cached = self.cached.to_json()
+            cached["ttft_includes_copy"] = True
+        speedup = self.speedup
         return {
             "model": self.model, "storage": self.storage, "mode": self.mode, "schema": self.schema,
             "prompt_tokens": self.plan.prompt_tokens, "cached_tokens": self.plan.cached_tokens,
@@ -101,14 +112,19 @@ class Comparison:
             "store_bytes_by_module": self.store_bytes_by_module, "device": self.device,
             "storage_dtype": self.storage_dtype, "compression": self.compression, "store_stats": self.store_stats,
             "imported": list(self.plan.imported), "scaffolds": list(self.plan.scaffolds),
-            "baseline": self.baseline.to_json(), "cached": cached,
-            "speedup": round(self.speedup, 3), "same_text": self.same_text,
+            "arms": list(self.arms),
+            "baseline": None if self.baseline is None else self.baseline.to_json(), "cached": cached,
+            "speedup": None if speedup is None else round(speedup, 3), "same_text": self.same_text,
             "first_divergence": self.first_divergence, "first_token_agree": self.first_token_agree,
-            "first_token_kl": round(self.first_token_kl, 6), "max_first_logit_diff": round(self.max_first_logit_diff, 6),
+            "first_token_kl": _round(self.first_token_kl), "max_first_logit_diff": _round(self.max_first_logit_diff),
             "sampling": {"max_new_tokens": self.sampling.max_new_tokens, "temperature": self.sampling.temperature,
                          "top_p": self.sampling.top_p, "seed": self.sampling.seed},
             "encode": self.encode,
         }
+
+
+def _round(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(x, nd)
 
 
 def run_baseline(lm: LoadedModel, plan: PromptPlan, sampling: Sampling = Sampling(),
@@ -142,17 +158,21 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
 
 
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-            sampling: Sampling = Sampling(), on_token: TokenFn | None = None) -> Comparison:
-    """Baseline and cached runs of one plan, with agreement figures."""
-    base = run_baseline(lm, plan, sampling, on_token)
-    cached = run_cached(lm, plan, encoded, store, sampling, on_token)
-    agree = agreement(base, cached)
+            sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
+            arms: tuple[str, ...] = ("baseline", "cached")) -> Comparison:
+    """The asked-for arms of one plan, one after the other on the same buffers, with agreement figures."""
+    base = run_baseline(lm, plan, sampling, on_token) if "baseline" in arms else None
+    cached = run_cached(lm, plan, encoded, store, sampling, on_token) if "cached" in arms else None
+    agree = agreement(base, cached) if base is not None and cached is not None else dict.fromkeys(NO_AGREEMENT)
     return Comparison(
         model=lm.name, device=lm.device, storage=store.device, mode=encoded.mode, schema=plan.layout.name, plan=plan,
         store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store),
         storage_dtype=encoded.dtype, compression={"retention": encoded.compression.retention,
                                                   "method": encoded.compression.method},
-        store_stats=store.stats(), baseline=base, cached=cached, sampling=sampling, **agree)
+        store_stats=store.stats(), baseline=base, cached=cached, sampling=sampling, arms=tuple(arms), **agree)
+
+
+NO_AGREEMENT = ("same_text", "first_divergence", "first_token_agree", "first_token_kl", "max_first_logit_diff")
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:

@@ -1,27 +1,26 @@
 """Engine: the one object the CLI, the studio and library users hold.
 
 It loads the model once (lazily, never at import), keeps one ModuleStore per storage device,
-remembers encoded schemas (re-encoding only when schema, model, mode or storage changed) and
-serialises runs so that two callers never time each other's work.
+remembers encoded schemas (re-encoding only when the schema or the encoding settings of the run's
+:class:`RunConfig` changed) and serialises runs so that two callers never time each other's work.
 
     from engine import Engine
     eng = Engine()                                  # default model, CPU storage, prefixed mode
-    result = eng.compare(schema_xml, prompt_xml, max_new_tokens=16)
+    result = eng.compare(schema_xml, prompt_xml, Sampling(max_new_tokens=16))
     print(result.to_json())
+    eng.compare(schema_xml, prompt_xml, config=eng.config.with_(mode="isolated"))
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from .compress import Compression
-from .encode import DTYPES, MODES, EncodedSchema, ProgressFn, count_units, encode_schema
+from .config import RunConfig
+from .encode import EncodedSchema, ProgressFn, count_units, encode_schema
 from .errors import EngineError, StorageError
 from .layout import Layout, TextCodec, layout as make_layout
-from .models import LoadedModel, cache_root, check_device, load_model, load_tokenizer
+from .models import LoadedModel, check_device, kv_bytes_per_token, load_config, load_model, load_tokenizer
 from .plan import PromptPlan, plan_prompt
 from .pml import parse_prompt, parse_schema
 from .runner import Comparison, Sampling, TokenFn, compare as run_compare, used_keys
@@ -37,59 +36,48 @@ class EncodeResult:
 
 
 class Engine:
-    """Model + module stores + encoded schemas.
+    """Model + module stores + encoded schemas, driven by one :class:`RunConfig`.
 
-    ``storage_dtype`` (float32 | float16 | bfloat16) and ``compression`` (retention < 1) shrink
-    stored modules; ``budget_bytes`` caps the module memory of each store (default: half the
-    available memory); ``persist`` saves entries under ``module_dir`` (default
-    ``$PML_STUDIO_MODULES``, else ``$PML_STUDIO_CACHE/modules``) so a restart encodes nothing that is already there.
+    ``Engine(config)`` or ``Engine(**settings)`` (a RunConfig made from them). A run may pass
+    another config (``compare(..., config=...)``) as long as it uses the same model, device and
+    compute dtype; the stores and the loaded model are shared between configs.
     """
 
-    def __init__(self, model: str | None = None, storage: str = "cpu", mode: str = "prefixed",
-                 device: str | None = None, dtype: str = "float32", storage_dtype: str = "float32",
-                 compression: Compression | None = None, budget_bytes: int | None = None, persist: bool = True,
-                 module_dir: str | Path | None = None):
-        if mode not in MODES:
-            raise EngineError(f"unknown encoding mode '{mode}'; use one of {', '.join(MODES)}")
-        if storage_dtype not in DTYPES:
-            raise EngineError(f"unknown storage dtype '{storage_dtype}'; use one of {', '.join(DTYPES)}")
-        check_device(storage)
-        self.model_spec = model
-        self.storage = storage
-        self.mode = mode
-        self.device = device or ("cuda" if storage.startswith("cuda") else "cpu")
-        check_device(self.device)
-        self.dtype = dtype
-        self.storage_dtype = storage_dtype
-        self.compression = compression or Compression()
-        self.budget_bytes = budget_bytes
-        self.module_dir = Path(module_dir or os.environ.get("PML_STUDIO_MODULES") or cache_root() / "modules")
-        self.persist = persist
+    def __init__(self, config: RunConfig | None = None, **settings):
+        if config is not None and settings:
+            raise EngineError("pass either a RunConfig or settings, not both")
+        self.config = config if config is not None else RunConfig(**settings)
+        check_device(self.config.storage)
+        check_device(self.config.device)
         self._lm: LoadedModel | None = None
+        self._tokenizer = None
         self._codec: TextCodec | None = None
+        self._model_config = None
         self._stores: dict[str, ModuleStore] = {}
         self._encoded: dict[tuple, EncodedSchema] = {}
         self._load_lock = threading.Lock()
         self.run_lock = threading.RLock()
 
     @classmethod
-    def from_loaded(cls, lm: LoadedModel, storage: str = "cpu", mode: str = "prefixed", persist: bool = False,
-                    **options) -> "Engine":
+    def from_loaded(cls, lm: LoadedModel, config: RunConfig | None = None, **settings) -> "Engine":
         """An Engine around an already loaded model (tests, notebooks); no persistence unless asked."""
-        eng = cls(model=lm.name, storage=storage, mode=mode, device=lm.device, dtype=lm.dtype, persist=persist,
-                  **options)
-        eng._lm, eng._codec = lm, lm.codec
+        settings.setdefault("persist", False)
+        base = config or RunConfig(**settings)
+        eng = cls(base.with_(model=lm.name, device=lm.device, dtype=lm.dtype))
+        eng._lm, eng._codec, eng._tokenizer = lm, lm.codec, lm.tokenizer
         return eng
 
     # -- model --------------------------------------------------------------------------------
 
     @property
     def lm(self) -> LoadedModel:
-        """The loaded model (loaded on first use)."""
+        """The loaded model (loaded on first use, reusing the tokenizer if it is loaded already)."""
         with self._load_lock:
             if self._lm is None:
-                self._lm = load_model(self.model_spec, device=self.device, dtype=self.dtype)
-                self._codec = self._lm.codec
+                cfg = self.config
+                self._lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, tokenizer=self._tokenizer,
+                                      codec=self._codec)
+                self._codec, self._tokenizer = self._lm.codec, self._lm.tokenizer
             return self._lm
 
     @property
@@ -102,21 +90,46 @@ class Engine:
         if self._codec is None:
             with self._load_lock:
                 if self._codec is None:
-                    self._codec = load_tokenizer(self.model_spec)[2]
+                    _, self._tokenizer, self._codec = load_tokenizer(self.config.model)
         return self._codec
+
+    @property
+    def tokenizer(self):
+        """The tokenizer (without loading the weights)."""
+        self.codec
+        return self._tokenizer
 
     def info(self) -> dict:
         return self.lm.info()
 
     def store(self, storage: str | None = None) -> ModuleStore:
         """The module store for ``storage`` (created on first use, with this engine's budget and disk)."""
-        storage = storage or self.storage
+        storage = storage or self.config.storage
         if storage not in self._stores:
             check_device(storage)
-            budget = self.budget_bytes if self.budget_bytes is not None else default_budget(storage)
-            disk = DiskStore(self.module_dir) if self.persist else None
+            cfg = self.config
+            budget = cfg.budget_bytes if cfg.budget_bytes is not None else default_budget(storage)
+            disk = DiskStore(cfg.modules_path) if cfg.persist else None
             self._stores[storage] = ModuleStore(storage, budget_bytes=budget, disk=disk)
         return self._stores[storage]
+
+    def set_budget(self, budget_bytes: int | None, storage: str | None = None) -> int:
+        """Apply a module memory budget (None: the default) to a store, evicting at once if needed."""
+        store = self.store(storage)
+        budget = budget_bytes if budget_bytes is not None else default_budget(store.device)
+        store.set_budget(budget)
+        return budget
+
+    def kv_bytes_per_token(self, dtype: str | None = None) -> int:
+        """KV bytes per token of the model in ``dtype`` (default: the compute dtype), from its config alone."""
+        import torch
+
+        elt = torch.tensor([], dtype=getattr(torch, dtype or self.config.dtype)).element_size()
+        if self._lm is not None:
+            return kv_bytes_per_token(self._lm.model.config, elt)
+        if self._model_config is None:
+            self._model_config = load_config(self.config.model)
+        return kv_bytes_per_token(self._model_config, elt)
 
     # -- documents ----------------------------------------------------------------------------
 
@@ -129,57 +142,79 @@ class Engine:
 
     # -- encoding and runs --------------------------------------------------------------------
 
-    def encode(self, layout: Layout, mode: str | None = None, storage: str | None = None,
-               progress: ProgressFn | None = None, storage_dtype: str | None = None,
-               compression: Compression | None = None) -> EncodeResult:
-        """Encode a schema's modules into the store for ``storage`` (skipped for what is already there)."""
-        mode = mode or self.mode
-        storage = storage or self.storage
-        storage_dtype = storage_dtype or self.storage_dtype
-        compression = compression or self.compression
-        store = self.store(storage)  # checks the device; encode_schema checks mode, dtype and compression
-        key = (layout.fingerprint, mode, storage, storage_dtype, compression.key())
+    def encode(self, layout: Layout, config: RunConfig | None = None,
+               progress: ProgressFn | None = None) -> EncodeResult:
+        """Encode a schema's modules into the store ``config`` names (skipped for what is already there)."""
+        cfg = self._config(config)
+        enc = self._encode(layout, cfg, progress)
+        store = self.store(cfg.storage)
+        return EncodeResult(encoded=enc, reused=all(u.reused for u in enc.units), store_bytes=enc.nbytes(store),
+                            bytes_by_module=enc.bytes_by_module(store))
+
+    def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
+                config: RunConfig | None = None, on_token: TokenFn | None = None,
+                progress: ProgressFn | None = None, schema_source: str = "<schema>",
+                prompt_source: str = "<prompt>") -> Comparison:
+        """Encode (if needed), then run the configured arms on the prompt and compare them."""
+        cfg = self._config(config)
+        sampling = sampling or Sampling()
+        lay = self.layout(schema_text, schema_source)
+        plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
+        store = self.store(cfg.storage)
+        self._check_budget(plan, cfg, store, prompt_source)  # before any model work
+        with self.run_lock:
+            enc = self._encode(lay, cfg, progress)
+            store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
+            try:
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms)
+            except KeyError:
+                # an entry vanished between encoding and the run (evicted without a disk copy, or a
+                # corrupted file): encode again, once, and run
+                self._encoded.clear()
+                enc = self._encode(lay, cfg, progress)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms)
+        return replace(result, encode=encode_summary(enc))
+
+    # -- internal helpers -----------------------------------------------------------------------
+
+    def _config(self, config: RunConfig | None) -> RunConfig:
+        if config is None:
+            return self.config
+        if not self.config.same_model(config):
+            raise EngineError(f"this engine runs model {self.config.model or 'default'} on {self.config.device} in "
+                              f"{self.config.dtype}; a run asked for {config.model or 'default'} on {config.device} "
+                              f"in {config.dtype}: make another Engine for that")
+        check_device(config.storage)
+        return config
+
+    def _encode(self, layout: Layout, cfg: RunConfig, progress: ProgressFn | None) -> EncodedSchema:
+        store = self.store(cfg.storage)
+        key = (layout.fingerprint, *cfg.encoding_key())
         with self.run_lock:
             enc = self._encoded.get(key)
             if enc is not None and all(k in store for k in enc.keys()):
                 if progress:
                     total = count_units(layout)
                     progress(total, total, "already encoded")
-                enc = replace(enc, units=tuple(replace(u, source="memory", ms=0.0) for u in enc.units), encode_ms=0.0)
-                reused = True
-            else:
-                enc = encode_schema(self.lm.model, layout, store, mode, self.lm.fingerprint, progress,
-                                    dtype=storage_dtype, compression=compression)
-                self._encoded[key] = enc
-                reused = all(u.reused for u in enc.units)
-        return EncodeResult(encoded=enc, reused=reused, store_bytes=enc.nbytes(store),
-                            bytes_by_module=enc.bytes_by_module(store))
+                return replace(enc, units=tuple(replace(u, source="memory", ms=0.0) for u in enc.units),
+                               encode_ms=0.0)
+            enc = encode_schema(self.lm.model, layout, store, cfg, self.lm.fingerprint, progress)
+            self._encoded[key] = enc
+            return enc
 
-    def compare(self, schema_text: str, prompt_text: str, max_new_tokens: int = 32, mode: str | None = None,
-                storage: str | None = None, sampling: Sampling | None = None, on_token: TokenFn | None = None,
-                schema_source: str = "<schema>", prompt_source: str = "<prompt>",
-                progress: ProgressFn | None = None, storage_dtype: str | None = None,
-                compression: Compression | None = None) -> Comparison:
-        """Encode (if needed), then run baseline and cached on the prompt."""
-        sampling = sampling or Sampling(max_new_tokens=max_new_tokens)
-        if sampling.max_new_tokens < 1:
-            raise EngineError("max new tokens must be at least 1")
-        lay = self.layout(schema_text, schema_source)
-        plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
-        storage = storage or self.storage
-        store = self.store(storage)
-        with self.run_lock:
-            enc = self.encode(lay, mode, storage, progress, storage_dtype, compression).encoded
-            store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
-            try:
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token)
-            except KeyError:
-                # an entry vanished between encoding and the run (evicted without a disk copy, or a
-                # corrupted file): encode again, once, and run
-                self._encoded.clear()
-                enc = self.encode(lay, mode, storage, progress, storage_dtype, compression).encoded
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token)
-        return replace(result, encode=encode_summary(enc))
+    def _check_budget(self, plan: PromptPlan, cfg: RunConfig, store: ModuleStore, what: str) -> None:
+        """Refuse a prompt whose module KV cannot fit the budget, from token counts alone (no model)."""
+        if store.budget_bytes is None:
+            return
+        per_token = self.kv_bytes_per_token(cfg.storage_dtype)
+        anon_per_token = self.kv_bytes_per_token()
+        need = 0
+        for name, tokens in plan.entry_tokens().items():
+            if name == "(anonymous)":
+                need += tokens * anon_per_token
+            else:
+                need += int(tokens * per_token * cfg.compression.retention)
+        store.check_need(need, f"prompt {what}")
 
 
 def encode_summary(enc: EncodedSchema) -> dict:

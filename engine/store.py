@@ -197,13 +197,27 @@ class ModuleStore:
 
     def check_fits(self, keys: list[str], what: str = "this prompt") -> None:
         """Refuse (StorageError) when the entries ``keys`` cannot be in memory together."""
-        if self.budget_bytes is None:
-            return
-        need = sum(self.entry_bytes(k) for k in set(keys))
-        if need > self.budget_bytes:
+        self.check_need(sum(self.entry_bytes(k) for k in set(keys)), what)
+
+    def check_need(self, need: int, what: str = "this prompt") -> None:
+        """Refuse (StorageError) when ``need`` bytes of module KV cannot be in memory at once."""
+        if self.budget_bytes is not None and need > self.budget_bytes:
             raise StorageError(f"{what} needs {_mb(need)} of module KV in memory at once, but the module memory "
                                f"budget is {_mb(self.budget_bytes)}; raise the budget (--budget-mb) or import fewer "
                                "modules")
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Change the budget; entries beyond it are evicted (least recently used first) at once."""
+        if budget_bytes <= 0:
+            raise StorageError(f"the module memory budget must be positive, got {budget_bytes} bytes")
+        with self._lock:
+            self.budget_bytes = budget_bytes
+            used = sum(e.nbytes for e in self._entries.values())
+            for victim in [k for k in self._entries if k not in self._pinned]:
+                if used <= budget_bytes:
+                    break
+                used -= self._entries.pop(victim).nbytes
+                self.evictions += 1
 
     def pin(self, key: str, pinned: bool = True) -> None:
         with self._lock:

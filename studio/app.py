@@ -128,19 +128,19 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
                     storage = gr.Radio([("CPU memory", "cpu"), ("GPU memory", "cuda")], value="cpu",
                                        label="KV storage", interactive=gpu_ok,
                                        info=gpu_why if gpu_ok else "GPU unavailable: " + gpu_explanation(gpu_why))
-                    mode = gr.Radio(["prefixed", "isolated"], value=engine.mode, label="Encoding mode",
+                    mode = gr.Radio(["prefixed", "isolated"], value=engine.config.mode, label="Encoding mode",
                                     info="prefixed: modules see the system text before them (closer to the "
                                          "baseline, same memory) · isolated: the paper's scheme")
                 gr.Markdown(MODE_NOTE, elem_classes=["pml-note"])
                 with gr.Row():
-                    storage_dtype = gr.Radio(DTYPE_CHOICES, value=engine.storage_dtype, label="Storage precision",
+                    storage_dtype = gr.Radio(DTYPE_CHOICES, value=engine.config.storage_dtype, label="Storage precision",
                                              info="fp16 / bf16 halve module bytes; cast back to the model's dtype "
                                                   "when assembled",
                                              elem_id="storage-dtype")
-                    retention = gr.Slider(0.1, 1.0, value=engine.compression.retention, step=0.05,
+                    retention = gr.Slider(0.1, 1.0, value=engine.config.compression.retention, step=0.05,
                                           label="Retention", info="share of each module's KV kept (1 = all)",
                                           elem_id="retention")
-                    method = gr.Radio(METHOD_CHOICES, value=engine.compression.method, label="Compression method",
+                    method = gr.Radio(METHOD_CHOICES, value=engine.config.compression.method, label="Compression method",
                                       info="used when retention < 1", elem_id="compression-method")
                 gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
                 with gr.Row(equal_height=True):
@@ -256,7 +256,7 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
                         compression_table = gr.Dataframe(interactive=False, wrap=True,
                                                          label="Per storage configuration (needle set)")
                     with gr.Tab("Run scaling here", id="bench-run"):
-                        gr.Markdown("Runs the scaling benchmark's own measurement (`engine.workloads.ttft_point`) "
+                        gr.Markdown("Runs the scaling benchmark's own measurement (`bench.workloads.ttft_point`) "
                                     "at small sizes with the loaded model: a warm-up pair, then 1 baseline and "
                                     "1 cached run per length. Results are shown here only; bench/results is "
                                     "left alone.", elem_classes=["pml-note"])

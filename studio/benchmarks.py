@@ -2,7 +2,7 @@
 
 Every reader takes the results folder as a parameter (tests point it at a temporary folder) and
 never fails on a missing or unreadable file: it says how to produce it instead. The small
-scaling run measures with ``engine.workloads.ttft_point`` — the code bench/scaling.py runs —
+scaling run measures with ``bench.workloads.ttft_point`` — the code bench/scaling.py runs —
 and never writes into bench/results (that is the benchmarks' job).
 """
 
@@ -369,7 +369,7 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
     and a one-line note; raises gr.Error on problems. Writes no file.
     """
     from engine.session import Engine
-    from engine.workloads import essay_chunks, ttft_point
+    from bench.workloads import essay_chunks, ttft_point
 
     try:
         if progress:
@@ -383,7 +383,7 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
                 progress(0, len(targets), "cutting the essays into chunks")
             _CHUNKS[key] = essay_chunks(codec.encode, 250)
         chunks = _CHUNKS[key]
-        bench = Engine.from_loaded(lm, storage="cpu", mode=engine.mode)  # persist=False: nothing kept
+        bench = Engine.from_loaded(lm, storage="cpu", mode=engine.config.mode)  # persist=False: nothing kept
         rows = []
         with engine.run_lock:
             for i, n in enumerate(targets):
@@ -400,7 +400,7 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
         log.exception("small scaling run failed")
         raise gr.Error(f"the scaling run failed: {type(err).__name__}: {err}") from None
     note = (f"{len(rows)} length(s), {reps} rep after a warm-up pair, {SMALL_NEW_TOKENS} new tokens, model "
-            f"{lm.name}, CPU storage, {engine.mode} mode. Not saved: `python bench/scaling.py` writes "
+            f"{lm.name}, CPU storage, {engine.config.mode} mode. Not saved: `python bench/scaling.py` writes "
             "bench/results/scaling.json.")
     return rows, note
 

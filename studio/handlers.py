@@ -642,7 +642,7 @@ class Studio:
         if self._tokenizer is None:
             from engine.models import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.engine.model_spec)[1]
+            self._tokenizer = load_tokenizer(self.engine.config.model)[1]
         return self._tokenizer
 
     def divergence_offsets(self, comparison) -> tuple[int | None, int | None]:
@@ -665,11 +665,11 @@ class Studio:
     def memory_defaults(self, storage: str | None = None) -> dict:
         """What the encode panel starts with: the store's budget (MiB) and the persistence settings."""
         try:
-            budget = self.engine.store(storage or self.engine.storage).budget_bytes
+            budget = self.engine.store(storage or self.engine.config.storage).budget_bytes
         except EngineError:  # e.g. GPU storage without a GPU: no store, no budget
             budget = None
-        return {"budget_mib": None if budget is None else round(budget / MIB, 1), "persist": self.engine.persist,
-                "module_dir": str(self.engine.module_dir)}
+        return {"budget_mib": None if budget is None else round(budget / MIB, 1), "persist": self.engine.config.persist,
+                "module_dir": str(self.engine.config.modules_path)}
 
     def persistence_html(self) -> str:
         d = self.memory_defaults()
@@ -696,7 +696,7 @@ class Studio:
         except EngineError as err:
             raise gr.Error(str(err)) from None
         if mib is not None:
-            store.budget_bytes = int(mib * MIB)  # takes effect on the next put
+            store.set_budget(int(mib * MIB))
         return store.budget_bytes
 
     def encode(self, schema_text: str, storage: str, mode: str,
@@ -710,8 +710,9 @@ class Studio:
             lay = self.layout(schema_text)
             store = self.engine.store(storage)
             before = store.stats()
-            res = self.engine.encode(lay, mode=mode, storage=storage, progress=progress, storage_dtype=storage_dtype,
-                                     compression=compression)
+            cfg = self.engine.config.with_(mode=mode, storage=storage, storage_dtype=storage_dtype,
+                                           compression=compression)
+            res = self.engine.encode(lay, cfg, progress)
         except EngineError as err:
             raise gr.Error(str(err)) from None
         except Exception as err:  # a torch failure (out of memory...) must not reach the user as a traceback
@@ -765,8 +766,9 @@ class Studio:
 
         def work() -> None:
             try:
-                res = engine.compare(schema_text, prompt_text, sampling=sampling, mode=mode, storage=storage,
-                                     storage_dtype=storage_dtype, compression=compression,
+                cfg = engine.config.with_(mode=mode, storage=storage, storage_dtype=storage_dtype,
+                                          compression=compression)
+                res = engine.compare(schema_text, prompt_text, sampling, config=cfg,
                                      on_token=lambda path, text: events.put(("token", path, text)),
                                      progress=lambda done, total, label: events.put(("encode", done, total, label)))
                 events.put(("done", res))
@@ -807,8 +809,9 @@ class Studio:
         compression = _compression(retention, method)
         storage_dtype = _storage_dtype(storage_dtype)
         try:
-            res = self.engine.compare(schema_text, prompt_text, sampling=sampling, mode=mode, storage=storage,
-                                      storage_dtype=storage_dtype, compression=compression)
+            cfg = self.engine.config.with_(mode=mode, storage=storage, storage_dtype=storage_dtype,
+                                           compression=compression)
+            res = self.engine.compare(schema_text, prompt_text, sampling, config=cfg)
         except BaseException as err:
             raise _user_error(err) from None
         data = res.to_json()
@@ -878,7 +881,7 @@ class Studio:
         from engine.session import gpu_status
 
         ok, why = gpu_status()
-        rows = [["model", self.engine.model_spec or "SmolLM2-135M-Instruct (default)"],
+        rows = [["model", self.engine.config.model or "SmolLM2-135M-Instruct (default)"],
                 ["status", "loaded" if self.engine.loaded else "not loaded yet (loads on first encode or compare)"]]
         if self.engine.loaded:
             info = self.engine.info()
@@ -902,7 +905,7 @@ class Studio:
                     raise gr.Error(f"{path} is not a folder; give the path of a local transformers model folder "
                                    "(config.json, weights and tokenizer files)")
                 try:
-                    eng = Engine(model=str(path.resolve()), storage=self.engine.storage, mode=self.engine.mode)
+                    eng = Engine(self.engine.config.with_(model=str(path.resolve())))
                     eng.lm
                 except EngineError as err:
                     raise gr.Error(str(err)) from None
@@ -920,7 +923,7 @@ class Studio:
         return self.model_info()
 
     def status_html(self) -> str:
-        name = self.engine.lm.name if self.engine.loaded else (self.engine.model_spec or "SmolLM2-135M-Instruct")
+        name = self.engine.lm.name if self.engine.loaded else (self.engine.config.model or "SmolLM2-135M-Instruct")
         state = "loaded" if self.engine.loaded else "loads on first run"
         path = str(self.runlog.path)
         short = path if len(path) <= 30 else "…" + path[-29:]
@@ -976,7 +979,7 @@ def _compression(retention, method):
 
 
 def _storage_dtype(value: str | None) -> str:
-    from engine.encode import DTYPES
+    from engine.config import STORAGE_DTYPES as DTYPES
 
     value = value or "float32"
     if value not in DTYPES:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from engine.runner import Sampling
 import torch
 
 from engine.kv import forward_kv
@@ -30,7 +32,7 @@ CHAT = """<schema name="chat">
 
 
 def compare(eng, schema, prompt, mode="prefixed", n=6):
-    return eng.compare(schema, prompt, max_new_tokens=n, mode=mode)
+    return eng.compare(schema, prompt, Sampling(n), config=eng.config.with_(mode=mode))
 
 
 @pytest.mark.parametrize("mode", ["prefixed", "isolated"])
@@ -66,10 +68,10 @@ def test_independent_modules_are_approximate_and_measured(tiny_engine):
 def test_module_reused_alone_at_its_offset_equals_one_pass_prefill(tiny_engine):
     eng = tiny_engine
     lay = eng.layout(FLAT)
-    plan = eng.plan(lay, "<prompt schema='flat'><d2/> And then?</prompt>", max_new_tokens=1)
+    plan = eng.plan(lay, "<prompt schema='flat'><d2/> And then?</prompt>", Sampling(1))
     d2 = lay.modules["d2"]
     assert d2.start > 0  # d2 sits after d1's positions: its cache has a gap before it
-    enc = eng.encode(lay, mode="isolated").encoded
+    enc = eng.encode(lay, eng.config.with_(mode="isolated")).encoded
     cached = run_cached(eng.lm, plan, enc, eng.store())
     # One ordinary forward of the same tokens at the same (gapped) positions.
     seq = [t for s in plan.segments for t in s.token_ids]
@@ -88,8 +90,8 @@ def test_module_reused_alone_at_its_offset_equals_one_pass_prefill(tiny_engine):
 def test_store_holds_each_module_once_and_counts_bytes(tiny_engine):
     eng = tiny_engine
     other = FLAT.replace('name="flat"', 'name="flat2"').replace(DOCS[2], "A different third document here.")
-    a = eng.encode(eng.layout(FLAT), mode="isolated")
-    b = eng.encode(eng.layout(other), mode="isolated")
+    a = eng.encode(eng.layout(FLAT), eng.config.with_(mode="isolated"))
+    b = eng.encode(eng.layout(other), eng.config.with_(mode="isolated"))
     assert a.encoded.module_keys["d1"] == b.encoded.module_keys["d1"]  # same tokens, positions, mode
     assert a.encoded.module_keys["d3"] != b.encoded.module_keys["d3"]
     keys = set(a.encoded.keys()) | set(b.encoded.keys())
@@ -97,7 +99,7 @@ def test_store_holds_each_module_once_and_counts_bytes(tiny_engine):
     lay = eng.layout(FLAT)
     tokens = sum(len(p) for p in lay.pieces)
     assert a.store_bytes == tokens * eng.lm.kv_bytes_per_token
-    again = eng.encode(eng.layout(FLAT), mode="isolated")
+    again = eng.encode(eng.layout(FLAT), eng.config.with_(mode="isolated"))
     assert again.reused and again.encoded.keys() == a.encoded.keys()
     assert {u.source for u in again.encoded.units} == {"memory"}
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from engine.runner import Sampling
 import torch
 
 from engine.compress import Compression, compress
@@ -36,14 +38,14 @@ def sources(enc) -> set[str]:
 
 def test_restart_encodes_nothing(tiny_lm, tmp_path):
     first = engine(tiny_lm, tmp_path)
-    a = first.compare(SCHEMA, PROMPT, max_new_tokens=4)
+    a = first.compare(SCHEMA, PROMPT, Sampling(4))
     assert sources(first.encode(first.layout(SCHEMA))) == {"memory"}
     files = sorted((tmp_path / "modules").glob("*.safetensors"))
     assert len(files) == 4  # anonymous + 3 modules, each written once
     restarted = engine(tiny_lm, tmp_path)  # a new process would see the same folder
     enc = restarted.encode(restarted.layout(SCHEMA))
     assert sources(enc) == {"disk"} and enc.reused
-    b = restarted.compare(SCHEMA, PROMPT, max_new_tokens=4)
+    b = restarted.compare(SCHEMA, PROMPT, Sampling(4))
     assert torch.equal(a.cached.first_logits, b.cached.first_logits)
     assert a.cached.token_ids == b.cached.token_ids
 
@@ -60,7 +62,7 @@ def test_corrupted_or_truncated_file_is_re_encoded(tiny_lm, tmp_path):
     enc = eng.encode(eng.layout(SCHEMA))
     assert [u.source for u in enc.encoded.units].count("encoded") == 2
     assert eng.store().disk.corrupt == 2 and "re-encoded" in eng.store().disk.last_error
-    c = eng.compare(SCHEMA, PROMPT, max_new_tokens=3)
+    c = eng.compare(SCHEMA, PROMPT, Sampling(3))
     assert c.cached.token_ids
 
 
@@ -68,7 +70,7 @@ def test_full_disk_keeps_running_in_memory(tiny_lm, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the module folder should be")
     eng = Engine.from_loaded(tiny_lm, persist=True, module_dir=blocker / "modules")
-    c = eng.compare(SCHEMA, PROMPT, max_new_tokens=3)
+    c = eng.compare(SCHEMA, PROMPT, Sampling(3))
     stats = eng.store().stats()
     assert stats["disk_write_errors"] == 4 and stats["disk_writes"] == 0
     assert "cannot write" in stats["disk_error"]
@@ -78,7 +80,7 @@ def test_full_disk_keeps_running_in_memory(tiny_lm, tmp_path):
 def test_budget_smaller_than_one_module_is_refused_clearly(tiny_lm):
     eng = engine(tiny_lm, budget_bytes=1000)
     with pytest.raises(StorageError) as info:
-        eng.compare(SCHEMA, PROMPT, max_new_tokens=2)
+        eng.compare(SCHEMA, PROMPT, Sampling(2))
     msg = str(info.value)
     assert "needs" in msg and "budget is" in msg and "--budget-mb" in msg
 
@@ -93,17 +95,17 @@ def test_budget_evicts_lru_to_disk_and_pins_the_system_prompt(tiny_lm, tmp_path)
     store = eng.store()
     assert store.evictions >= 1 and store.nbytes() <= store.budget_bytes
     assert enc.encoded.module_keys[""] in store.pinned() and enc.encoded.module_keys[""] in store
-    one = eng.compare(SCHEMA, "<prompt schema='mem'><d1/> Which animal jumps?</prompt>", max_new_tokens=2)
+    one = eng.compare(SCHEMA, "<prompt schema='mem'><d1/> Which animal jumps?</prompt>", Sampling(2))
     assert one.cached.token_ids
     with pytest.raises(StorageError) as info:  # all three modules cannot be in memory at once
-        eng.compare(SCHEMA, PROMPT, max_new_tokens=2)
+        eng.compare(SCHEMA, PROMPT, Sampling(2))
     assert "needs" in str(info.value) and "at once" in str(info.value)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_storage(tiny_lm, dtype):
-    full = engine(tiny_lm).compare(SCHEMA, PROMPT, max_new_tokens=4)
-    half = engine(tiny_lm, storage_dtype=dtype).compare(SCHEMA, PROMPT, max_new_tokens=4)
+    full = engine(tiny_lm).compare(SCHEMA, PROMPT, Sampling(4))
+    half = engine(tiny_lm, storage_dtype=dtype).compare(SCHEMA, PROMPT, Sampling(4))
     for name, size in full.store_bytes_by_module.items():
         expected = size if name == "(anonymous)" else size // 2  # the prefix stays in the compute dtype
         assert half.store_bytes_by_module[name] == expected
@@ -139,9 +141,9 @@ def test_compress_keeps_scores_and_recent_window():
 
 
 def test_half_the_bytes_at_half_retention_and_runs(tiny_lm):
-    full = engine(tiny_lm).compare(SCHEMA, PROMPT, max_new_tokens=3)
+    full = engine(tiny_lm).compare(SCHEMA, PROMPT, Sampling(3))
     for method in ("pyramid", "uniform", "recent"):
-        c = engine(tiny_lm, compression=Compression(0.5, method)).compare(SCHEMA, PROMPT, max_new_tokens=3)
+        c = engine(tiny_lm, compression=Compression(0.5, method)).compare(SCHEMA, PROMPT, Sampling(3))
         modules = [k for k in full.store_bytes_by_module if k != "(anonymous)"]
         assert sum(c.store_bytes_by_module[k] for k in modules) <= 0.52 * sum(full.store_bytes_by_module[k]
                                                                                for k in modules)
@@ -153,7 +155,7 @@ def test_recent_window_compression_equals_the_sliced_dense_entry(tiny_lm):
     """Same kept tokens in every layer through the per-layer path == a dense entry of those tokens."""
     eng = engine(tiny_lm)
     lay = eng.layout(SCHEMA)
-    plan = eng.plan(lay, "<prompt schema='mem'><d1/> Which animal?</prompt>", max_new_tokens=1)
+    plan = eng.plan(lay, "<prompt schema='mem'><d1/> Which animal?</prompt>", Sampling(1))
     enc = eng.encode(lay).encoded
     store = eng.store()
     key = enc.module_keys["d1"]

@@ -9,6 +9,8 @@ import sys
 import textwrap
 
 import pytest
+
+from engine.runner import Sampling
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import ROOT, SAMPLES
@@ -454,8 +456,8 @@ HAND = {"travel_program": HAND_TRAVEL, "profile_program": HAND_PROFILE}
 def assert_same_runs(eng, stem: str, kwargs: dict, hand_prompt: str, n: int) -> None:
     f = load_program_file(str(PROGRAMS / f"{stem}.py"))
     prog = f.programs[EXAMPLES[stem]]
-    compiled = eng.compare(prog.schema_xml(), prog.prompt_xml(**kwargs), max_new_tokens=n)
-    hand = eng.compare(HAND[stem], hand_prompt, max_new_tokens=n)
+    compiled = eng.compare(prog.schema_xml(), prog.prompt_xml(**kwargs), Sampling(n))
+    hand = eng.compare(HAND[stem], hand_prompt, Sampling(n))
     assert compiled.plan.token_ids == hand.plan.token_ids  # the very same prompt tokens
     assert [s.positions for s in compiled.plan.segments] == [s.positions for s in hand.plan.segments]
     assert compiled.plan.cached_tokens == hand.plan.cached_tokens

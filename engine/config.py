@@ -1,0 +1,215 @@
+"""One run configuration, validated once where it is made, then passed whole.
+
+Every front end — the CLI's argparse, the studio's widgets, the benchmarks, library users —
+builds a :class:`RunConfig`; the :class:`engine.session.Engine` holds one and a run may
+override it with another. The choices of every setting are listed once here (:data:`CHOICES`)
+and read by argparse and by the studio's radios, so the lists can never drift apart.
+
+    from engine import Engine, RunConfig
+    eng = Engine(RunConfig(mode="isolated", storage_dtype="float16"))
+    eng.compare(schema_xml, prompt_xml, config=eng.config.with_(repair=4))
+
+No torch here: validation that needs the machine (is CUDA present?) is done by ``check_device``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from .errors import EngineError
+
+# -- one list of choices per setting (value, label) ---------------------------------------------
+
+MODES = ("prefixed", "isolated")
+METHODS = ("pyramid", "uniform", "recent")
+STORAGES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda")
+COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+ARMS = ("baseline", "cached")
+MAX_REPAIR = 64
+MAX_SINK = 64
+
+CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
+    "mode": (("prefixed", "prefixed: modules see the system text before them"),
+             ("isolated", "isolated: the paper's scheme, each module alone")),
+    "storage": (("cpu", "CPU memory"), ("cuda", "GPU memory")),
+    "device": (("cpu", "CPU"), ("cuda", "GPU")),
+    "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16")),
+    "method": tuple((m, m) for m in METHODS),
+    "arms": (("baseline", "Baseline"), ("cached", "Modular cache")),
+}
+
+
+def values(setting: str) -> tuple[str, ...]:
+    """The accepted values of ``setting`` (argparse ``choices``)."""
+    return tuple(v for v, _ in CHOICES[setting])
+
+
+def labelled(setting: str) -> list[tuple[str, str]]:
+    """(label, value) pairs of ``setting`` (Gradio radio choices)."""
+    return [(label, v) for v, label in CHOICES[setting]]
+
+
+def short_dtype(dtype: str | None) -> str:
+    """'fp16' for 'float16' (labels in tables and chips)."""
+    return dict(CHOICES["storage_dtype"]).get(dtype or "float32", dtype or "fp32")
+
+
+@dataclass(frozen=True)
+class Compression:
+    """How stored module KV is thinned per layer (PyramidInfer-style); retention 1 keeps everything."""
+
+    retention: float = 1.0  # mean fraction of each entry's tokens kept per layer
+    method: str = "pyramid"
+    recent_frac: float = 0.4  # queries whose attention scores the tokens
+    window_frac: float = 0.1  # most recent tokens always kept
+
+    def __post_init__(self):
+        if not 0.0 < self.retention <= 1.0:
+            raise EngineError(f"retention must be in (0, 1], got {self.retention}; e.g. 0.5 keeps half the KV")
+        if self.method not in METHODS:
+            raise EngineError(f"unknown compression method '{self.method}'; use one of {', '.join(METHODS)}")
+
+    @property
+    def active(self) -> bool:
+        return self.retention < 1.0
+
+    def key(self) -> str:
+        """Part of every cache key: entries compressed differently never mix."""
+        if not self.active:
+            return "full"
+        return f"{self.method}:{self.retention:.4f}:{self.recent_frac}:{self.window_frac}"
+
+    def layer_ratios(self, n_layers: int) -> list[float]:
+        """Fraction of tokens each layer keeps; their mean is the retention."""
+        r = self.retention
+        if self.method != "pyramid" or n_layers == 1 or r >= 1.0:
+            return [r] * n_layers
+        r0 = min(1.0, 1.5 * r)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):  # mean(r0 * g**l) is increasing in g: bisect for mean == r
+            g = (lo + hi) / 2
+            mean = sum(r0 * g ** i for i in range(n_layers)) / n_layers
+            lo, hi = (g, hi) if mean < r else (lo, g)
+        return [r0 * lo ** i for i in range(n_layers)]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs besides the documents and the sampling settings.
+
+    ``device`` None means: ``cuda`` when storage is ``cuda``, else ``cpu``. ``budget_bytes``
+    None means half the memory available on the storage device. ``module_dir`` None means
+    ``$PML_STUDIO_MODULES``, else ``$PML_STUDIO_CACHE/modules``.
+    """
+
+    model: str | None = None
+    device: str | None = None
+    dtype: str = "float32"  # compute dtype of the model
+    storage: str = "cpu"
+    mode: str = "prefixed"
+    storage_dtype: str = "float32"
+    compression: Compression = field(default_factory=Compression)
+    budget_bytes: int | None = None
+    persist: bool = True
+    module_dir: str | None = None
+    arms: tuple[str, ...] = ARMS
+    repair: int = 0  # link tokens recomputed per module (issue 12); 0 = off
+    sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
+
+    def __post_init__(self):
+        _one_of("encoding mode", self.mode, MODES)
+        _one_of("storage", self.storage, STORAGES)
+        _one_of("storage dtype", self.storage_dtype, STORAGE_DTYPES)
+        _one_of("compute dtype", self.dtype, COMPUTE_DTYPES)
+        if self.device is None:
+            object.__setattr__(self, "device", "cuda" if self.storage == "cuda" else "cpu")
+        _one_of("device", self.device, DEVICES)
+        if not isinstance(self.compression, Compression):
+            raise EngineError("compression must be a Compression(retention, method)")
+        if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or self.budget_bytes <= 0):
+            raise EngineError(f"the module memory budget must be a positive number of bytes, got {self.budget_bytes}")
+        arms = tuple(self.arms)
+        for arm in arms:
+            _one_of("arm", arm, ARMS)
+        if not arms or len(set(arms)) != len(arms):
+            raise EngineError(f"arms must name each of {', '.join(ARMS)} at most once, and at least one")
+        # keep them in the canonical order: the runs always happen in that order
+        object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
+        for name, value, top in (("repair", self.repair, MAX_REPAIR), ("sink", self.sink, MAX_SINK)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+                raise EngineError(f"{name} must be a whole number from 0 to {top}, got {value!r}")
+        if self.module_dir is not None:
+            object.__setattr__(self, "module_dir", str(self.module_dir))
+
+    # -- derived ---------------------------------------------------------------------------------
+
+    @property
+    def modules_path(self) -> Path:
+        """Where persisted module entries live."""
+        from .models import cache_root
+
+        return Path(self.module_dir or os.environ.get("PML_STUDIO_MODULES") or cache_root() / "modules")
+
+    def encoding_key(self) -> tuple:
+        """What an encoded schema depends on besides the layout: a change re-encodes."""
+        return (self.mode, self.storage, self.storage_dtype, self.compression.key(), self.sink)
+
+    def same_model(self, other: "RunConfig") -> bool:
+        """True when ``other`` can run on the model this config loads (model, device, dtype)."""
+        return (self.model, self.device, self.dtype) == (other.model, other.device, other.dtype)
+
+    def with_(self, **changes) -> "RunConfig":
+        """A copy with ``changes`` applied and validated (``retention``/``method`` build a Compression)."""
+        if "retention" in changes or "method" in changes:
+            retention = changes.pop("retention", self.compression.retention)
+            method = changes.pop("method", self.compression.method)
+            changes["compression"] = Compression(_number("retention", retention, 1.0), method or "pyramid")
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise EngineError(f"unknown run setting(s): {', '.join(sorted(unknown))}")
+        if "storage" in changes and "device" not in changes:
+            changes["device"] = None  # re-derived from the new storage
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "device": self.device, "dtype": self.dtype, "storage": self.storage,
+                "mode": self.mode, "storage_dtype": self.storage_dtype,
+                "compression": {"retention": self.compression.retention, "method": self.compression.method},
+                "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
+                "repair": self.repair, "sink": self.sink}
+
+
+def budget_from_mib(mib) -> int | None:
+    """A budget in bytes from a number of MiB (None or empty: the default); EngineError when not positive."""
+    if mib in (None, ""):
+        return None
+    value = _number("module memory budget (MiB)", mib, None)
+    if value <= 0:
+        raise EngineError(f"the module memory budget must be positive, got {mib} MiB")
+    return max(1, int(value * 2**20))
+
+
+def parse_arms(text: str | list | tuple) -> tuple[str, ...]:
+    """'baseline,cached' (or a list) → a tuple of arms; EngineError naming the valid ones."""
+    items = [a.strip() for a in (text.split(",") if isinstance(text, str) else text) if a and a.strip()]
+    for arm in items:
+        _one_of("arm", arm, ARMS)
+    return tuple(items)
+
+
+def _one_of(what: str, value, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise EngineError(f"unknown {what} '{value}'; use one of {', '.join(allowed)}")
+
+
+def _number(what: str, value, default):
+    if value in (None, "") and default is not None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise EngineError(f"{what} must be a number, got '{value}'") from None
