@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import tempfile
 
 import pytest
 
-# Persisted module files go to a throw-away folder (subprocesses inherit it), never the user's cache.
-os.environ.setdefault("PML_STUDIO_MODULES", tempfile.mkdtemp(prefix="pml-test-modules-"))
+# Persisted module files go to a throw-away folder (subprocesses inherit it), never the user's cache;
+# it is removed when the session ends (unless the caller chose the folder).
+_OWN_MODULES = None if "PML_STUDIO_MODULES" in os.environ else tempfile.mkdtemp(prefix="pml-test-modules-")
+if _OWN_MODULES:
+    os.environ["PML_STUDIO_MODULES"] = _OWN_MODULES
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_MODULES:
+        shutil.rmtree(_OWN_MODULES, ignore_errors=True)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_schemas"

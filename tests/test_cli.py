@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -112,11 +113,13 @@ def test_run_json_contract_on_the_real_model():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["model"] == "SmolLM2-135M-Instruct" and data["storage"] == "cpu"
-    assert data["cached_tokens"] + data["uncached_tokens"] == data["prompt_tokens"]
+    # token counts of the plan agree with what each run really prefilled
+    assert data["prompt_tokens"] == data["baseline"]["prefill_tokens"]
+    assert data["uncached_tokens"] == data["cached"]["prefill_tokens"] < data["cached_tokens"]
     assert data["store_bytes"] > 0 and data["scaffolds"] == ["policy-and-faq"]
     for path in ("baseline", "cached"):
         assert data[path]["ttft_ms"] > 0 and isinstance(data[path]["text"], str)
-    assert data["cached"]["copy_ms"] >= 0
+    assert data["cached"]["copy_ms"] > 0
     assert data["same_text"] is True and data["first_divergence"] is None  # scaffold imported whole: exact
     assert data["first_token_agree"] is True and data["first_token_kl"] < 1e-6
 
@@ -146,3 +149,42 @@ def test_a_second_cli_run_encodes_nothing(tmp_path):
     assert first["encode"]["encoded"] == first["encode"]["units"] > 0
     assert second["encode"]["encoded"] == 0 and second["encode"]["disk"] == second["encode"]["units"]
     assert second["cached"]["text"] == first["cached"]["text"]
+
+
+@pytest.mark.parametrize("length, message", [
+    ("1000000000", "more positions than any model's context"),  # refused while parsing
+    ("900000", "needs at least 900002 positions but the model's context is 8192"),  # refused by the layout
+])
+def test_a_param_len_beyond_the_context_exits_2_before_allocating(tmp_path, capsys, length, message):
+    f = tmp_path / "huge.xml"
+    f.write_text(f'<schema name="huge"><module name="m">a <param name="p" len="{length}"/></module></schema>')
+    assert main(["check", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{f}:1:") and message in err and err.count("error:") == 1
+
+
+def test_an_overlong_argument_is_reported_once(tmp_path, capsys):
+    text = (SAMPLES / "travel.prompt.xml").read_text()
+    bad = tmp_path / "bad.prompt.xml"
+    bad.write_text(text.replace('duration="', 'duration="' + "weeks " * 40, 1))
+    assert main(["check", "--schema", str(SAMPLES / "travel.xml"), str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument duration=" in err[0] and "needs an argument" not in err[0]
+
+
+def test_plain_run_output_says_when_disk_entries_were_corrupt_or_unsaved():
+    from engine.cli import run_text
+
+    run = {"text": "hi", "ttft_ms": 10.0, "copy_ms": 0.0, "prefill_tokens": 5, "decode_ms_per_token": None,
+           "peak_rss_bytes": 2**20}
+    data = {"model": "m", "storage": "cpu", "mode": "prefixed", "schema": "s", "prompt_tokens": 5, "cached_tokens": 3,
+            "uncached_tokens": 2, "store_bytes": 2**20, "storage_dtype": "float32",
+            "compression": {"retention": 1.0}, "arms": ["baseline", "cached"], "baseline": run,
+            "cached": dict(run, copy_ms=1.0), "speedup": 1.0, "same_text": True, "first_divergence": None,
+            "first_token_agree": True, "first_token_kl": 0.0,
+            "store_stats": {"evictions": 0, "disk_corrupt": 2, "disk_write_errors": 1, "disk_error": "disk full"}}
+    out = run_text(data)
+    assert "2 module file(s) on disk were corrupted and were re-encoded" in out
+    assert "1 module file(s) could not be saved (disk full)" in out
+    clean = run_text({**data, "store_stats": {"evictions": 0}})
+    assert "corrupted" not in clean and "could not be saved" not in clean

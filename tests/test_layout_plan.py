@@ -109,7 +109,8 @@ def test_plan_arguments_defaults_and_tail(lay):
     text_seg = p.segments[-3]
     # 'end' (plan's last text) is cached at its layout position; the question continues after it
     assert text_seg.positions[0] == lay.pieces[-2].end
-    assert p.cached_tokens + p.uncached_tokens == p.prompt_tokens == len(p.token_ids)
+    # prefilled: the argument, the question, the user turn's close (tail) and the generation prompt
+    assert p.uncached_tokens == len(encode("five")) + len(encode("what now ?")) + 1 + 2
     assert end_of_y <= text_seg.positions[0]
     assert p.scaffolds == ("both",)
     covered = [s for s in p.segments if s.kind == CACHED and s.scaffold == "both"]

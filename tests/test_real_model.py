@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runner import Sampling
 
 from conftest import SAMPLES, sample_pairs
+from engine.runner import Sampling
 
 pytestmark = pytest.mark.real_model
 
