@@ -332,7 +332,7 @@ def _fingerprint(name: str, where: str, dtype: str = "") -> str:
     return h.hexdigest()[:16]
 
 
-def _available_bytes(device: str) -> int | None:
+def available_bytes(device: str) -> int | None:
     if device.startswith("cuda"):
         import torch
         free, _ = torch.cuda.mem_get_info()
@@ -360,7 +360,7 @@ def _check_fits(config, where: str, torch_dtype, device: str) -> None:
         return
     params = n_layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h
     need = params * torch.tensor([], dtype=torch_dtype).element_size()
-    avail = _available_bytes(device)
+    avail = available_bytes(device)
     if avail is not None and need > 0.9 * avail:
         raise ModelError(f"model '{where}' needs about {need / 2**30:.1f} GiB for its weights in "
                          f"{str(torch_dtype).replace('torch.', '')}, but only {avail / 2**30:.1f} GiB is available on "

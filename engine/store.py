@@ -275,9 +275,9 @@ class ModuleStore:
 
 def default_budget(device: str = "cpu") -> int:
     """Half of the memory available now on ``device`` (at least 256 MiB)."""
-    from .models import _available_bytes
+    from .models import available_bytes
 
-    avail = _available_bytes(device) or 8 * 2**30
+    avail = available_bytes(device) or 8 * 2**30
     return max(256 * 2**20, avail // 2)
 
 
