@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast bench browser clean
+.PHONY: setup run test test-fast bench browser screenshot clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium is not installed and cannot be installed here: browser tests will be skipped"
 
+# The README's screenshot: the studio on the default model, a sample encoded and compared (the browser
+# test takes the same steps but writes its screenshot to a temporary folder).
+screenshot: setup browser
+	$(BIN)/python tools/screenshot.py --out assets/screenshot.png
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)

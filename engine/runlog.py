@@ -166,8 +166,12 @@ class RunLog:
             return db.journal_mode
 
     def export_csv(self, path: str | Path | None = None, schema: str | None = None) -> str:
-        """Write the runs (all columns, oldest first) as CSV to ``path``; without a path return the CSV text."""
-        rows = list(reversed(self.runs(schema=schema, limit=None)))
+        """Write the runs (all columns, oldest first) as CSV to ``path``; without a path return the CSV text.
+
+        Text cells a spreadsheet would run as a formula (starting with ``= + - @``, tab or carriage
+        return: model output can) are written with a leading ``'``.
+        """
+        rows = [{k: _csv_cell(v) for k, v in r.items()} for r in reversed(self.runs(schema=schema, limit=None))]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
         writer.writeheader()
@@ -189,6 +193,13 @@ class RunLog:
             yield Database(conn)
         finally:
             conn.close()
+
+
+def _csv_cell(value):
+    """A text cell made inert for spreadsheets (OWASP CSV injection); numbers and other values unchanged."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,

@@ -8,7 +8,6 @@ and never writes into bench/results (that is the benchmarks' job).
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import math
@@ -30,8 +29,6 @@ PLOTS = {"scaling": "scaling.png", "fidelity": "fidelity.png"}
 SMALL_LENGTHS = (256, 512, 1024)  # what the tab offers
 MIN_LENGTH, MAX_LENGTH = 64, 1024  # what the handler accepts
 SMALL_NEW_TOKENS = 2
-
-BENCH = ROOT / "bench"
 
 SCALING_HEADERS = ["prompt tokens", "cached", "uncached", "baseline ms", "cached ms", "copy ms", "prefill ms",
                    "sample ms", "speedup"]
@@ -80,29 +77,6 @@ def read_result(name: str, folder: str | Path | None = None) -> Result:
     return Result(name, path, data)
 
 
-def script_defaults(name: str, bench_dir: str | Path | None = None) -> dict:
-    """``{flag: default}`` of bench/NAME.py's argparse flags, read from its source (nothing is imported)."""
-    path = Path(bench_dir or BENCH) / f"{name}.py"
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return {}
-    out = {}
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument" and node.args and isinstance(node.args[0], ast.Constant)
-                and str(node.args[0].value).startswith("--")):
-            continue
-        flag = str(node.args[0].value)[2:].replace("-", "_")
-        for kw in node.keywords:
-            if kw.arg == "default":
-                try:
-                    out[flag] = ast.literal_eval(kw.value)
-                except ValueError:
-                    pass
-    return out
-
-
 def recorded_settings(name: str, d: dict) -> dict:
     """The flags a result file lets us recover, as ``{flag: value}``."""
     rows = d.get("results") or []
@@ -128,30 +102,18 @@ def recorded_settings(name: str, d: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def command(name: str, data: dict | None = None, bench_dir: str | Path | None = None) -> str:
-    """The command that produced a result: its own ``command`` field if it has one, else rebuilt from the
-    settings it records, with a flag only where the value differs from the script's default."""
+def command(name: str, data: dict | None = None) -> str:
+    """The command that produced a result: the one it records (bench/common.emit writes it), else one
+    rebuilt from the settings it records, every one given explicitly (no script is read or imported)."""
     if data and isinstance(data.get("command"), str):
         return data["command"]
-    defaults = script_defaults(name, bench_dir)
     flags: list[str] = []
     for key, value in recorded_settings(name, data or {}).items():
-        if key not in defaults or _same(defaults[key], value):
-            continue
         shown = " ".join(_arg(v) for v in value) if isinstance(value, list) else _arg(value)
         flags.append(f"--{key.replace('_', '-')} {shown}")
     if data and data.get("model") and "SmolLM2-135M" not in str(data["model"]):
         flags.append(f"--model {data['model']}")
     return " ".join([f"python bench/{name}.py"] + flags)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return a == b
 
 
 def _arg(v) -> str:

@@ -1,7 +1,9 @@
 """Start the studio: build the engine and the run log, build the Blocks, serve on 127.0.0.1.
 
-Used by ``python app.py`` and ``pml-studio serve``. Nothing is loaded here before ``serve`` is
-called, and the model itself loads on the first encode or compare (or from the Model tab).
+Used by ``python app.py`` and ``pml-studio serve``. Nothing is loaded before ``serve`` is called;
+``serve`` loads the tokenizer before the page is served (startup takes those seconds instead of
+the first validation), so the first schema validation and the prompt builder answer at once.
+The model's weights load on the first encode or compare (or from the Model tab).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     try:
         engine = Engine(model=model)
         runlog = RunLog(db)
+        engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2

@@ -78,6 +78,18 @@ def test_export_csv_has_every_column_and_row(log, tmp_path):
     assert len(only) == 1
 
 
+@pytest.mark.parametrize("text", ["=HYPERLINK(\"http://x\")", "+1+2", "-2+3", "@SUM(A1)", "\tx", "\rx"])
+def test_export_csv_makes_formula_cells_inert(log, text):
+    data = fake_comparison(first_token_kl=-0.5)  # a negative number stays a number
+    data["cached"] = dict(data["cached"], text=text)
+    log.record(data, "s", "Plain prompt")
+    row = next(csv.DictReader(io.StringIO(log.export_csv())))
+    assert row["cached_text"] == "'" + text
+    assert row["baseline_text"] == "Nara, 45 minutes." and row["prompt_text"] == "Plain prompt"
+    assert row["first_token_kl"] == "-0.5" and row["speedup"] == "10.0"
+    assert log.runs()[0]["cached_text"] == text  # only the export is escaped, the log keeps the text
+
+
 def test_wal_mode_is_on(log):
     assert log.journal_mode() == "wal"
     conn = sqlite3.connect(log.path)

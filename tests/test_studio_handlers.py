@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import ast
 import csv
 
 import gradio as gr
 import pytest
 
 from engine.runlog import RunLog
-from studio import handlers as h
-from studio.handlers import NONE, Studio
+from studio import builder as b
+from studio import files, views
+from studio.state import Studio
+from studio.tabs import compare as cmp
+from studio.tabs import encode as enc
+from studio.tabs import history as hist
+from studio.tabs import model as mdl
+from studio.tabs import prompt as prm
+from studio.tabs import schema as sch
+from tests.conftest import ROOT
 
 TRAVEL_PROMPT = """<prompt schema="travel">
   <trip-plan duration="5 days"><overseas><kyoto/></overseas></trip-plan>
   Which nearby city makes an easy day trip, and how long is the train ride?
 </prompt>
 """
+CPU = {"storage": "cpu", "mode": "prefixed"}
 
 
 @pytest.fixture
@@ -25,53 +35,57 @@ def studio(tiny_engine, tmp_path):
 
 @pytest.fixture
 def travel(studio):
-    schema, prompt = h.load_sample("travel")
-    return schema, prompt, studio.validate(schema).spec
+    schema, prompt = files.load_sample("travel")
+    return schema, prompt, sch.validate(studio, schema).spec
+
+
+def settings(**kw) -> dict:
+    return {**CPU, **kw}
 
 
 # -- samples and validation ---------------------------------------------------------------------
 
 def test_samples_are_every_schema_file_and_all_validate(studio):
-    names = h.sample_names()
+    names = files.sample_names()
     assert "travel" in names and not any(n.endswith(".prompt") for n in names)
     for name in names:
-        schema, prompt = h.load_sample(name)
-        v = studio.validate(schema)
+        schema, prompt = files.load_sample(name)
+        v = sch.validate(studio, schema)
         assert v.ok, (name, v.problems)
-        assert v.rows and v.spec["schema"] == v.name
-        status, tokens = studio.preview(schema, prompt)
+        assert v.rows and v.spec.schema == v.name
+        status, tokens = prm.preview(studio, schema, prompt)
         assert "✓" in status, (name, status)
         assert 'class="tok tok-cached"' in tokens
 
 
 def test_invalid_schema_comes_back_as_line_col_messages(studio):
     text = '<schema name="s">\n  <module name="a">hi</module>\n  <module name="a">again</module>\n</schema>\n'
-    v = studio.validate(text)
+    v = sch.validate(studio, text)
     assert not v.ok and v.spec is None
     assert v.problems and v.problems[0].startswith("3:")
     assert 3 in v.lines
     assert "3 | <module" in v.problems[0]  # the offending line is quoted
-    assert "error" in v.status_html() or "problem" in v.status_html()
-    shown = h.highlight_html(text, v.lines)
-    assert "#fde2e1" in shown  # the offending line is highlighted
+    assert "1 problem(s)" in v.status_html()
+    shown = views.highlight_html(text, v.lines)
+    assert "#fde2e1" in shown and "#fde2e1" not in views.highlight_html(text)  # only the offending line is red
 
 
 def test_malformed_and_empty_schema_do_not_raise(studio):
-    v = studio.validate("<schema name='x'><module name='a'>")
+    v = sch.validate(studio, "<schema name='x'><module name='a'>")
     assert not v.ok and v.problems[0].split(":")[0].isdigit()
-    assert not studio.validate("").ok
-    assert not studio.validate("   ").ok
+    assert not sch.validate(studio, "").ok
+    assert not sch.validate(studio, "   ").ok
 
 
 def test_upload_reads_schema_or_prompt(tmp_path):
-    schema, prompt = h.load_sample("travel")
+    schema, prompt = files.load_sample("travel")
     (tmp_path / "s.xml").write_text(schema)
     (tmp_path / "p.xml").write_text(prompt)
     (tmp_path / "x.xml").write_text("<other/>")
-    assert h.read_upload(str(tmp_path / "s.xml")) == ("schema", schema)
-    assert h.read_upload(str(tmp_path / "p.xml")) == ("prompt", prompt)
-    with pytest.raises(gr.Error):
-        h.read_upload(str(tmp_path / "x.xml"))
+    assert files.read_upload(str(tmp_path / "s.xml")) == ("schema", schema)
+    assert files.read_upload(str(tmp_path / "p.xml")) == ("prompt", prompt)
+    with pytest.raises(gr.Error, match="neither"):
+        files.read_upload(str(tmp_path / "x.xml"))
 
 
 # -- prompt builder -----------------------------------------------------------------------------
@@ -81,75 +95,165 @@ def test_builder_composes_the_sample_prompt(travel):
     values = {"trip-plan": True, "trip-plan@duration": "5 days", "trip-plan#union0": "trip-plan/overseas",
               "trip-plan/overseas#union0": "trip-plan/overseas/kyoto"}
     text = "Which nearby city makes an easy day trip, and how long is the train ride?"
-    assert h.compose_prompt(spec, values, text) == TRAVEL_PROMPT
+    assert b.compose_prompt(spec, values, text) == TRAVEL_PROMPT
 
 
-def test_builder_widgets_nest_params_and_unions(travel):
+def test_builder_spec_is_typed_nodes_in_schema_order(travel):
     _, _, spec = travel
-    ws = {w["key"]: w for w in h.widgets(spec)}
-    assert ws["trip-plan"]["type"] == "module" and ws["trip-plan"]["depth"] == 0
-    assert ws["trip-plan@duration"]["len"] == 4
-    assert ws["trip-plan@travelers"]["default"] == "two adults"
-    assert [c[0] for c in ws["trip-plan/overseas#union0"]["choices"]] == ["none", "lisbon", "kyoto", "reykjavik",
-                                                                          "marrakesh"]
-    assert ws["trip-plan/overseas#union0"]["depth"] > ws["trip-plan#union0"]["depth"]
+    (top,) = spec.tree
+    assert isinstance(top, b.ModuleNode) and top.key == "trip-plan" and top.union is None
+    assert [(p.name, p.length, p.default) for p in top.params] == [("duration", 4, None),
+                                                                    ("travelers", 6, "two adults")]
+    (union,) = top.children
+    assert isinstance(union, b.UnionNode) and [m.name for m in union.children] == ["domestic", "overseas"]
+    inner = spec.unions["trip-plan/overseas#union0"]
+    assert [m.name for m in inner.children] == ["lisbon", "kyoto", "reykjavik", "marrakesh"]
+    depths = dict(x for sub in spec.walk(lambda n, d, down: [(n.key, d)] + [y for s in down() for y in s])
+                  for x in sub)
+    assert depths == {"trip-plan": 0, "trip-plan#union0": 1, "trip-plan/domestic": 2, "trip-plan/overseas": 2,
+                      "trip-plan/overseas#union0": 3, "trip-plan/overseas/lisbon": 4, "trip-plan/overseas/kyoto": 4,
+                      "trip-plan/overseas/reykjavik": 4, "trip-plan/overseas/marrakesh": 4}
+    assert set(b.empty_values(spec)) == {"trip-plan", "trip-plan@duration", "trip-plan@travelers",
+                                         "trip-plan#union0", "trip-plan/domestic@city", "trip-plan/overseas#union0"}
 
 
 def test_picking_a_nested_module_picks_its_parents_and_unpicking_clears(travel):
     _, _, spec = travel
-    values = h.normalise(spec, {"trip-plan/overseas#union0": "trip-plan/overseas/lisbon"},
+    values = b.normalise(spec, {"trip-plan/overseas#union0": "trip-plan/overseas/lisbon"},
                          "trip-plan/overseas#union0")
     assert values["trip-plan"] is True and values["trip-plan#union0"] == "trip-plan/overseas"
-    assert h.imported_modules(spec, values) == ["trip-plan", "trip-plan/overseas", "trip-plan/overseas/lisbon"]
+    assert b.imported_modules(spec, values) == ["trip-plan", "trip-plan/overseas", "trip-plan/overseas/lisbon"]
     values["trip-plan"] = False
-    cleared = h.normalise(spec, values, "trip-plan")
-    assert cleared["trip-plan#union0"] == NONE and cleared["trip-plan/overseas#union0"] == NONE
-    assert h.compose_prompt(spec, cleared, "hi") == '<prompt schema="travel">\n  hi\n</prompt>\n'
+    cleared = b.normalise(spec, values, "trip-plan")
+    assert cleared["trip-plan#union0"] == b.NONE and cleared["trip-plan/overseas#union0"] == b.NONE
+    assert b.imported_modules(spec, cleared) == []
+    assert b.compose_prompt(spec, cleared, "hi") == '<prompt schema="travel">\n  hi\n</prompt>\n'
+
+
+def test_switching_a_union_clears_what_was_picked_in_the_other_member(travel):
+    _, _, spec = travel
+    values = b.normalise(spec, {"trip-plan/overseas#union0": "trip-plan/overseas/kyoto"}, "trip-plan/overseas#union0")
+    values["trip-plan#union0"] = "trip-plan/domestic"
+    switched = b.normalise(spec, values, "trip-plan#union0")
+    assert switched["trip-plan/overseas#union0"] == b.NONE
+    assert b.imported_modules(spec, switched) == ["trip-plan", "trip-plan/domestic"]
+
+
+def test_typing_an_argument_imports_its_module(travel):
+    _, _, spec = travel
+    values, text = b.apply_change(spec, {"trip-plan/domestic@city": "Porto"}, "", "trip-plan/domestic@city")
+    assert b.imported_modules(spec, values) == ["trip-plan", "trip-plan/domestic"]
+    assert '<domestic city="Porto"/>' in text
+    values, _ = b.apply_change(spec, {"trip-plan/domestic@city": "  "}, "", "trip-plan/domestic@city")
+    assert b.imported_modules(spec, values) == []  # blank text imports nothing
 
 
 def test_hand_written_prompts_read_back_into_the_builder(studio):
-    for name in h.sample_names():
-        schema, prompt = h.load_sample(name)
-        spec = studio.validate(schema).spec
-        values, text = h.selection_from_prompt(spec, prompt)
-        again = h.compose_prompt(spec, values, text)
-        assert h.selection_from_prompt(spec, again) == (values, text), name
-        assert "✓" in studio.preview(schema, again)[0], name
+    for name in files.sample_names():
+        schema, prompt = files.load_sample(name)
+        spec = sch.validate(studio, schema).spec
+        values, text = b.selection_from_prompt(spec, prompt)
+        again = b.compose_prompt(spec, values, text)
+        assert b.selection_from_prompt(spec, again) == (values, text), name
+        assert "✓" in prm.preview(studio, schema, again)[0], name
 
 
 def test_unreadable_prompt_leaves_the_builder_alone(travel):
-    _, _, spec = travel
-    assert h.selection_from_prompt(spec, "<prompt schema='travel'><nope/></prompt>") is None
-    assert h.selection_from_prompt(spec, "<prompt schema='other'/>") is None
-    assert h.selection_from_prompt(spec, "<prompt") is None
+    _, prompt, spec = travel
+    assert b.selection_from_prompt(spec, "<prompt schema='travel'><nope/></prompt>") is None
+    assert b.selection_from_prompt(spec, "<prompt schema='other'/>") is None
+    assert b.selection_from_prompt(spec, "<prompt") is None
+    first = b.next_state(spec, prompt, None)
+    assert first.nonce == 1 and first.values["trip-plan"] is True
+    assert b.next_state(spec, "<prompt", first) is None  # typing: the builder keeps what it shows
+    other = b.BuilderSpec("other", ())
+    assert b.next_state(other, "<prompt", first) == b.BuilderState(other, {}, "", 2)  # a new schema: empty
+
+
+def test_builder_state_is_hashable_as_gradio_tracks_it(studio, travel):
+    from gradio.utils import deep_hash
+
+    schema, prompt, spec = travel
+    state = b.next_state(spec, prompt, None)
+    same = b.BuilderState(spec, dict(reversed(list(state.values.items()))), state.text, state.nonce)
+    assert deep_hash(state) == deep_hash(same)
+    assert deep_hash(sch.validate(studio, schema).spec) == deep_hash(spec)  # same schema: no change event
+    assert deep_hash(state) != deep_hash(b.next_state(spec, prompt, state))  # a new nonce is a change
 
 
 def test_builder_escapes_text_and_arguments(travel):
     _, _, spec = travel
     values = {"trip-plan": True, "trip-plan@duration": 'a "b" & c'}
-    out = h.compose_prompt(spec, values, "x < y & z")
+    out = b.compose_prompt(spec, values, "x < y & z")
     assert 'duration="a &quot;b&quot; &amp; c"' in out and "x &lt; y &amp; z" in out
-    back, text = h.selection_from_prompt(spec, out)
+    back, text = b.selection_from_prompt(spec, out)
     assert back["trip-plan@duration"] == 'a "b" & c' and text == "x < y & z"
 
 
 def test_param_token_count(studio):
-    assert studio.param_info("5 days", 4, None).startswith("2 / 4 tokens")
-    assert "too long" in studio.param_info("a very long argument for a tiny budget", 4, None)
-    assert "default" in studio.param_info("", 6, "two adults")
-    assert "required" in studio.param_info("", 6, None)
+    assert prm.argument_info(studio, "5 days", 4, None) == \
+        f"{len(studio.engine.codec.encode('5 days'))} / 4 tokens"
+    assert "too long" in prm.argument_info(studio, "a very long argument for a tiny budget", 4, None)
+    assert "default “two adults”" in prm.argument_info(studio, "", 6, "two adults")
+    assert "required" in prm.argument_info(studio, "", 6, None)
 
 
 def test_prompt_preview_errors_and_token_classes(studio, travel):
     schema, prompt, _ = travel
-    status, tokens = studio.preview(schema, prompt)
-    assert "✓ prompt is valid" in status and "cached" in status
+    status, tokens = prm.preview(studio, schema, prompt)
+    plan = studio.engine.plan(studio.layout(schema), prompt)
+    assert f"{plan.prompt_tokens} tokens, {plan.cached_tokens} cached" in status
+    legend = tokens.split('<div class="tok-body">')[0]
+    assert legend.count('<span class="tok tok-') == 5  # one key per class shown: cached, anon, arg, new, tmpl
+    assert tokens.count('" title="') == plan.prompt_tokens  # one span per token, the legend has no titles
     for cls in ("tok-cached", "tok-anon", "tok-arg", "tok-new"):
         assert f"tok {cls}" in tokens
-    status, tokens = studio.preview(schema, "<prompt schema='travel'><nope/></prompt>")
+    status, tokens = prm.preview(studio, schema, "<prompt schema='travel'><nope/></prompt>")
     assert "unknown module" in status and tokens == ""
-    status, _ = studio.preview("<schema", prompt)
+    status, _ = prm.preview(studio, "<schema", prompt)
     assert "Fix the schema" in status
+
+
+def test_token_view_marks_extra_classes_from_the_run_document(studio, travel):
+    schema, prompt, _ = travel
+    plan = studio.engine.plan(studio.layout(schema), prompt)
+    cached = next(s for s in plan.segments if s.kind == "cached" and s.source == "module")
+    picked = set(cached.positions[:3])
+    marks = views.token_marks({"cached": {"recomputed_positions": sorted(picked)}})
+    assert marks == {"recomputed": picked}
+    html = views.token_view_html(plan, studio.decode_token, marks)
+    assert html.count('<span class="tok tok-recomputed" title=') == 3
+    assert "recomputed at run time" in html
+    assert views.token_marks({"cached": {"text": "x"}}) == {} and views.token_marks(None) == {}
+
+
+# -- run settings -------------------------------------------------------------------------------
+
+def test_run_config_from_widget_values(studio):
+    base = studio.engine.config
+    cfg = studio.run_config(settings(storage_dtype="float16", retention=0.5, method="uniform", budget_mib=64))
+    assert (cfg.storage_dtype, cfg.compression.retention, cfg.compression.method) == ("float16", 0.5, "uniform")
+    assert cfg.budget_bytes == 64 * 2**20 and studio.engine.store("cpu").budget_bytes == 64 * 2**20
+    assert cfg.same_model(base) and cfg.persist == base.persist  # the model and the rest are the engine's
+    assert studio.run_config({}) == base  # nothing given: the engine's config
+    assert studio.run_config({"mode": "isolated", "budget_mib": ""}).mode == "isolated"
+    for bad, match in ((dict(retention=0), "retention"), (dict(method="zip"), "method"),
+                       (dict(storage_dtype="int8"), "storage dtype"), (dict(mode="both"), "encoding mode"),
+                       (dict(budget_mib="lots"), "budget"), (dict(budget_mib=-5), "budget")):
+        with pytest.raises(gr.Error, match=match):
+            studio.run_config(settings(**bad))
+
+
+def test_settings_widgets_offer_the_engines_choices(tmp_path, tiny_engine):
+    from engine.config import labelled
+    from studio.app import build_app
+
+    demo = build_app(tiny_engine, RunLog(tmp_path / "r.db"))
+    by_id = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None)}
+    assert [tuple(c) for c in by_id["storage-dtype"].choices] == [tuple(c) for c in labelled("storage_dtype")]
+    assert [tuple(c) for c in by_id["compression-method"].choices] == [tuple(c) for c in labelled("method")]
+    radios = [c for c in demo.blocks.values() if isinstance(c, gr.Radio)]
+    assert [tuple(c) for c in labelled("mode")] in [[tuple(x) for x in r.choices] for r in radios]
 
 
 # -- encode and compare -------------------------------------------------------------------------
@@ -157,17 +261,19 @@ def test_prompt_preview_errors_and_token_classes(studio, travel):
 def test_encode_reports_bytes_per_module(studio, travel):
     schema, _, _ = travel
     calls = []
-    view = studio.encode(schema, "cpu", "prefixed", lambda d, t, label: calls.append((d, t)))
-    assert "MB" in view.summary and "per token" in view.summary
-    names = [r[0] for r in view.entries]
-    assert "(anonymous)" in names and "trip-plan/overseas/kyoto" in names
-    assert all(r[2] > 0 for r in view.entries)
+    view = enc.encode(studio, schema, settings(), lambda d, t, label: calls.append((d, t)))
+    lay = studio.layout(schema)
+    tokens = lay.entry_tokens()
+    per_token = studio.engine.kv_bytes_per_token()  # from the model config alone
+    assert {r[0]: r[1] for r in view.entries} == {k: v for k, v in tokens.items() if k in view.nbytes}
+    assert "(anonymous)" in view.nbytes and "trip-plan/overseas/kyoto" in view.nbytes
+    for name, nbytes in view.nbytes.items():
+        assert nbytes == tokens[name] * per_token, name  # fp32, nothing dropped
     assert calls and calls[-1][0] == calls[-1][1]
-    assert view.units and {r[3] for r in view.units} == {"fresh encode"}
-    assert all(len(r) == len(h.UNIT_HEADERS) and r[2] > 0 and r[4] >= 0 for r in view.units)
+    assert {r[3] for r in view.units} == {"fresh encode"}
     assert view.counts == {"memory": 0, "disk": 0, "encoded": len(view.units)}
     assert "before" in view.memory and "evictions" in view.memory and "pinned" in view.memory
-    again = studio.encode(schema, "cpu", "prefixed")
+    again = enc.encode(studio, schema, settings())
     assert "nothing was recomputed" in again.summary
     assert {r[3] for r in again.units} == {"memory"} and again.counts["memory"] == len(view.units)
 
@@ -178,35 +284,76 @@ def test_encode_on_gpu_without_cuda_is_a_gr_error(studio, travel):
     if gpu_status()[0]:
         pytest.skip("a CUDA device is present")
     with pytest.raises(gr.Error, match="CUDA"):
-        studio.encode(travel[0], "cuda", "prefixed")
+        enc.encode(studio, travel[0], settings(storage="cuda"))
 
 
-def test_compare_streams_both_columns_and_records_one_row(studio, travel):
+def test_compare_streams_each_arm_and_records_one_row(studio, travel):
     schema, prompt, _ = travel
-    updates = list(studio.compare_stream(schema, prompt, "cpu", "prefixed", 3))
+    updates = list(cmp.compare_stream(studio, schema, prompt, 3, settings=settings()))
     phases = [u.phase for u in updates]
     assert phases[-1] == "done" and "baseline" in phases and "cached" in phases
     assert phases.index("baseline") < phases.index("cached")
+    assert updates[0].arms == ("baseline", "cached")
     final = updates[-1]
     data = final.result
-    assert data["schema"] == "travel" and data["baseline"]["new_tokens"] <= 3
+    assert final.texts == {"baseline": data["baseline"]["text"], "cached": data["cached"]["text"]}
+    last_streamed = [u for u in updates if u.phase == "cached"][-1]
+    assert last_streamed.texts["cached"] == data["cached"]["text"]
     row = studio.runlog.get(final.run_id)
     assert row["schema_name"] == "travel" and row["schema_text"] == schema and row["prompt_text"] == prompt
     assert row["baseline_ttft_ms"] == data["baseline"]["ttft_ms"] and row["cached_ttft_ms"] == data["cached"]["ttft_ms"]
     assert studio.runlog.count() == 1
-    assert "×" in h.summary_html(data)
-    b_mark, c_mark = studio.divergence_offsets(final.comparison)
-    assert (b_mark is None) == data["same_text"]
 
 
-def test_compare_json_is_the_cli_document(studio, travel):
+def test_divergence_offsets_mark_where_the_texts_part(studio, travel):
+    from engine.runner import first_divergence
+
     schema, prompt, _ = travel
-    data = studio.compare_json(schema, prompt, max_new_tokens=2)
-    for key in ("model", "storage", "mode", "schema", "prompt_tokens", "cached_tokens", "uncached_tokens",
-                "store_bytes", "baseline", "cached", "speedup", "same_text", "first_divergence",
-                "first_token_agree", "first_token_kl"):
-        assert key in data
-    assert studio.runlog.count() == 1
+    final = list(cmp.compare_stream(studio, schema, prompt, 6, settings=settings(mode="isolated")))[-1]
+    res = final.comparison
+    marks = cmp.divergence_offsets(studio, res)
+    k = first_divergence(res.baseline.token_ids, res.cached.token_ids)
+    if k is None:
+        assert marks == {}
+    else:
+        tok = studio.tokenizer
+        assert res.cached.text[:marks["cached"]] == tok.decode(list(res.cached.token_ids[:k]), skip_special_tokens=True)
+        assert res.baseline.text[:marks["baseline"]] == \
+            tok.decode(list(res.baseline.token_ids[:k]), skip_special_tokens=True)
+
+
+def test_compare_json_is_the_engines_document(studio, travel):
+    from engine.runner import Sampling
+
+    schema, prompt, _ = travel
+    data = cmp.compare_json(studio, schema, prompt, 4, settings=settings(storage_dtype="float16"))
+    direct = studio.engine.compare(schema, prompt, Sampling(4),
+                                   config=studio.engine.config.with_(storage_dtype="float16")).to_json()
+    assert set(data) == set(direct)
+    for key in ("model", "schema", "prompt_tokens", "cached_tokens", "store_bytes", "storage_dtype", "arms",
+                "same_text", "first_divergence"):
+        assert data[key] == direct[key], key
+    assert data["baseline"]["text"] == direct["baseline"]["text"] and data["cached"]["text"] == direct["cached"]["text"]
+    assert studio.runlog.count() == 1  # the direct engine call is not recorded
+
+
+def test_arm_columns_follow_the_arms_that_ran():
+    base = {"text": "a", "ttft_ms": 100.0, "copy_ms": 0.0, "prefill_ms": 99.0, "prefill_tokens": 300,
+            "decode_ms_per_token": 50.0, "new_tokens": 2, "peak_rss_bytes": 9e8, "cuda_peak_bytes": None}
+    doc = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "baseline": base,
+           "prefix": {**base, "ttft_ms": 40.0, "reused_tokens": 200, "prefilled_tokens": 100,
+                      "warmed_with": "travel"},
+           "cached": {**base, "ttft_ms": 10.0, "prefill_tokens": 20}}
+    assert "200 reused · 100 prefilled" in views.metrics_html(doc, "prefix")
+    assert "2.5× faster" in views.metrics_html(doc, "prefix") and "warmed with travel" in views.metrics_html(doc,
+                                                                                                           "prefix")
+    assert "280 reused · 20 prefilled" in views.metrics_html(doc, "cached") and "10.0×" in views.metrics_html(doc,
+                                                                                                             "cached")
+    assert "0 reused · 300 prefilled" in views.metrics_html(doc, "baseline")
+    assert "KV copy" not in views.metrics_html(doc, "baseline") and "KV copy" in views.metrics_html(doc, "cached")
+    two = {**doc, "arms": ["baseline", "cached"], "prefix": None}
+    assert "appear here after a run" in views.metrics_html(two, "prefix")
+    assert [v.arm for v in views.ARM_VIEWS] == ["baseline", "prefix", "cached"]
 
 
 @pytest.mark.parametrize("schema_text,prompt_text,match", [
@@ -217,9 +364,9 @@ def test_failing_run_is_a_gr_error_and_leaves_no_row(studio, travel, schema_text
     schema, prompt, _ = travel
     args = (schema_text or schema, prompt_text or prompt)
     with pytest.raises(gr.Error, match=match):
-        list(studio.compare_stream(*args, "cpu", "prefixed", 2))
+        list(cmp.compare_stream(studio, *args, 2, settings=settings()))
     with pytest.raises(gr.Error, match=match):
-        studio.compare_json(*args, max_new_tokens=2)
+        cmp.compare_json(studio, *args, 2)
     assert studio.runlog.count() == 0
 
 
@@ -233,39 +380,56 @@ def test_crash_mid_run_is_a_gr_error_without_traceback_and_no_row(studio, travel
     monkeypatch.setattr(studio.engine, "compare", broken)
     seen = []
     with pytest.raises(gr.Error) as err:
-        for upd in studio.compare_stream(schema, prompt, "cpu", "prefixed", 2):
+        for upd in cmp.compare_stream(studio, schema, prompt, 2, settings=settings()):
             seen.append(upd)
     assert "simulated out of memory" in err.value.message and "Traceback" not in err.value.message
-    assert any(u.baseline_text == "partial" for u in seen)
+    assert any(u.texts.get("baseline") == "partial" for u in seen)
     assert studio.runlog.count() == 0
 
 
 def test_bad_sampling_settings_are_gr_errors(studio, travel):
     schema, prompt, _ = travel
     with pytest.raises(gr.Error, match="at least 1"):
-        list(studio.compare_stream(schema, prompt, "cpu", "prefixed", 0))
+        list(cmp.compare_stream(studio, schema, prompt, 0))
     with pytest.raises(gr.Error, match="temperature"):
-        studio.compare_json(schema, prompt, 2, temperature=-1)
+        cmp.compare_json(studio, schema, prompt, 2, temperature=-1)
+    with pytest.raises(gr.Error, match="whole number"):
+        cmp.compare_json(studio, schema, prompt, "many")
 
 
 # -- history and model --------------------------------------------------------------------------
 
 def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     schema, prompt, _ = travel
-    studio.compare_json(schema, prompt, max_new_tokens=2)
-    rows = studio.history()
-    assert len(rows) == 1 and rows[0][2] == "travel" and len(rows[0]) == len(h.HISTORY_HEADERS)
-    assert studio.history("doc_qa") == []
-    plot = studio.history_plot("all")
-    assert sorted(plot["path"]) == ["baseline", "cached"]
-    assert studio.history_schemas() == ["all", "travel"]
-    out = studio.export_csv("all", tmp_path)
+    data = cmp.compare_json(studio, schema, prompt, 2, settings=settings(storage_dtype="float16"))
+    rows = hist.rows(studio)
+    assert len(rows) == 1 and rows[0][2] == "travel" and len(rows[0]) == len(hist.HEADERS)
+    assert rows[0][6] == f"{data['baseline']['ttft_ms']:.0f} ms" and rows[0][8] == f"{data['speedup']:.1f}×"
+    assert hist.rows(studio, "doc_qa") == []
+    plot = hist.plot_points(studio, "all")
+    assert sorted(zip(plot["path"], plot["TTFT ms"])) == [("baseline", data["baseline"]["ttft_ms"]),
+                                                          ("cached", data["cached"]["ttft_ms"])]
+    assert hist.schemas(studio) == ["all", "travel"]
+    out = hist.export_csv(studio, "all", tmp_path)
     assert [r["schema_name"] for r in csv.DictReader(open(out))] == ["travel"]
-    row = studio.open_run(str(rows[0][0]))
+    row = hist.open_run(studio, str(rows[0][0]))
     assert row["schema_text"] == schema and row["prompt_text"] == prompt
-    for bad in ("", None, "abc", "999"):
-        with pytest.raises(gr.Error):
-            studio.open_run(bad)
+    assert hist.stored_settings(row) == {"storage": "cpu", "mode": "prefixed", "storage_dtype": "float16",
+                                         "retention": 1.0, "method": "pyramid"}
+    for bad, match in (("", "select a run"), (None, "select a run"), ("abc", "not a run id"), ("999", "no run 999")):
+        with pytest.raises(gr.Error, match=match):
+            hist.open_run(studio, bad)
+
+
+def test_reopen_fills_the_panel_widgets_it_knows_in_panel_order(studio, travel):
+    schema, prompt, _ = travel
+    cmp.compare_json(studio, schema, prompt, 3, 0.5, settings(mode="isolated", retention=0.5))
+    rid = hist.rows(studio)[0][0]
+    fields = ["mode", "budget_mib", "storage", "retention"]
+    out = hist._open_ui(studio, fields, "compare", rid)
+    assert out[:4] == (schema, prompt, 3, 0.5)
+    assert out[4] == "isolated" and out[5] is not None and out[6] == "cpu" and out[7] == 0.5
+    assert out[5] == gr.skip()  # the run log keeps no budget: that widget is left alone
 
 
 def test_model_panel_does_not_load_a_model(tmp_path):
@@ -273,25 +437,26 @@ def test_model_panel_does_not_load_a_model(tmp_path):
 
     eng = Engine()
     s = Studio(eng, RunLog(tmp_path / "r.db"))
-    rows = dict(s.model_info())
+    rows = dict(mdl.model_info(s))
     assert "not loaded" in rows["status"] and "GPU storage" in rows
     assert str(tmp_path / "r.db") in s.status_html()
     assert not eng.loaded
 
 
-def test_model_panel_with_a_loaded_model(studio):
-    rows = dict(studio.model_info())
+def test_model_panel_with_a_loaded_model(studio, tiny_lm):
+    rows = dict(mdl.model_info(studio))
     assert rows["name"] == "tiny-llama" and rows["dtype"] == "float32"
-    assert int(rows["KV bytes per token"].replace(",", "")) > 0
+    assert int(rows["KV bytes per token"].replace(",", "")) == studio.engine.kv_bytes_per_token()
+    assert rows["layers · KV heads · head dim"] == "2 · 2 · 16"
 
 
 def test_loading_a_missing_folder_is_a_gr_error(studio, tmp_path):
     before = studio.engine
     with pytest.raises(gr.Error, match="not a folder"):
-        studio.load_model(str(tmp_path / "nope"))
+        mdl.load_model(studio, str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(gr.Error, match="config.json"):
-        studio.load_model(str(tmp_path / "empty"))
+        mdl.load_model(studio, str(tmp_path / "empty"))
     assert studio.engine is before
 
 
@@ -306,16 +471,30 @@ def test_build_app_loads_nothing_and_exposes_compare(tmp_path):
     assert not eng.loaded
 
 
+def test_studio_functions_are_short_and_use_no_private_engine_names():
+    long, private = [], []
+    for path in sorted((ROOT / "studio").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 100:
+                    long.append(f"{path.name}:{node.name} ({n} lines)")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("engine"):
+                private += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert long == [] and private == []
+
+
 # -- module memory: storage precision, compression, budget (issue 5) -----------------------------
 
 def _module_bytes(view) -> int:
-    return sum(b for name, b in view.nbytes.items() if name != "(anonymous)")
+    return sum(n for name, n in view.nbytes.items() if name != "(anonymous)")
 
 
 def test_float16_storage_halves_module_bytes_and_reports_sources(studio, travel):
     schema, _, _ = travel
-    full = studio.encode(schema, "cpu", "prefixed", storage_dtype="float32")
-    half = studio.encode(schema, "cpu", "prefixed", storage_dtype="float16")
+    full = enc.encode(studio, schema, settings(storage_dtype="float32"))
+    half = enc.encode(studio, schema, settings(storage_dtype="float16"))
     assert _module_bytes(half) * 2 == _module_bytes(full) > 0
     assert half.nbytes["(anonymous)"] == full.nbytes["(anonymous)"]  # system text stays in the compute dtype
     sources = {r[0]: r[3] for r in half.units}
@@ -327,40 +506,40 @@ def test_float16_storage_halves_module_bytes_and_reports_sources(studio, travel)
 
 def test_retention_half_stores_at_most_52_percent(studio, travel):
     schema, _, _ = travel
-    full = studio.encode(schema, "cpu", "prefixed")
+    full = enc.encode(studio, schema, settings())
     for method in ("pyramid", "uniform", "recent"):
-        comp = studio.encode(schema, "cpu", "prefixed", retention=0.5, method=method)
+        comp = enc.encode(studio, schema, settings(retention=0.5, method=method))
         assert _module_bytes(comp) <= 0.52 * _module_bytes(full), method
         assert "50 %" in comp.summary
     with pytest.raises(gr.Error, match="retention"):
-        studio.encode(schema, "cpu", "prefixed", retention=0)
+        enc.encode(studio, schema, settings(retention=0))
     with pytest.raises(gr.Error, match="method"):
-        studio.encode(schema, "cpu", "prefixed", retention=0.5, method="zip")
+        enc.encode(studio, schema, settings(retention=0.5, method="zip"))
     with pytest.raises(gr.Error, match="storage dtype"):
-        studio.encode(schema, "cpu", "prefixed", storage_dtype="int8")
+        enc.encode(studio, schema, settings(storage_dtype="int8"))
 
 
 def test_budget_too_small_is_a_clean_error_and_leaves_no_row(studio, travel):
     schema, prompt, _ = travel
     with pytest.raises(gr.Error, match="budget") as err:
-        studio.encode(schema, "cpu", "prefixed", budget_mib=0.001)
+        enc.encode(studio, schema, settings(budget_mib=0.001))
     assert "Traceback" not in err.value.message and "MiB" in err.value.message
     with pytest.raises(gr.Error, match="budget"):
-        list(studio.compare_stream(schema, prompt, "cpu", "prefixed", 2, budget_mib=0.001))
+        list(cmp.compare_stream(studio, schema, prompt, 2, settings=settings(budget_mib=0.001)))
     for bad in (0, -5, "lots"):
         with pytest.raises(gr.Error, match="budget"):
-            studio.encode(schema, "cpu", "prefixed", budget_mib=bad)
+            enc.encode(studio, schema, settings(budget_mib=bad))
     assert studio.runlog.count() == 0
-    view = studio.encode(schema, "cpu", "prefixed", budget_mib=64)  # raising it makes the same run work
+    view = enc.encode(studio, schema, settings(budget_mib=64))  # raising it makes the same run work
     assert studio.engine.store("cpu").budget_bytes == 64 * 2**20 and "64.0 MiB" in view.memory
-    assert studio.memory_defaults()["budget_mib"] == 64.0
+    assert enc.memory_defaults(studio)["budget_mib"] == 64.0
 
 
 def test_budget_evicts_and_the_readouts_show_it(studio, travel):
     schema, _, _ = travel
-    first = studio.encode(schema, "cpu", "prefixed")
+    first = enc.encode(studio, schema, settings())
     total = sum(first.nbytes.values())
-    view = studio.encode(schema, "cpu", "prefixed", storage_dtype="float16", budget_mib=total * 0.9 / 2**20)
+    view = enc.encode(studio, schema, settings(storage_dtype="float16", budget_mib=total * 0.9 / 2**20))
     stats = studio.engine.store("cpu").stats()
     assert stats["evictions"] > 0 and stats["pinned"] >= 1
     assert '<tr class="changed"><th>evictions</th>' in view.memory
@@ -369,27 +548,28 @@ def test_budget_evicts_and_the_readouts_show_it(studio, travel):
 def test_persistence_is_shown(studio, tiny_lm, tmp_path):
     from engine.session import Engine
 
-    assert "persistence off" in studio.persistence_html()
+    assert "persistence off" in enc.persistence_html(studio)
     on = Studio(Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mods"), studio.runlog)
-    assert "persistence on" in on.persistence_html() and str(tmp_path / "mods") in on.persistence_html()
+    assert "persistence on" in enc.persistence_html(on) and str(tmp_path / "mods") in enc.persistence_html(on)
 
 
 def test_run_log_records_storage_settings_and_sources(studio, travel):
     schema, prompt, _ = travel
-    data = studio.compare_json(schema, prompt, 2, storage_dtype="float16", retention=0.5, method="uniform")
+    chosen = settings(storage_dtype="float16", retention=0.5, method="uniform")
+    data = cmp.compare_json(studio, schema, prompt, 2, settings=chosen)
     assert data["storage_dtype"] == "float16" and data["compression"] == {"retention": 0.5, "method": "uniform"}
     row = studio.runlog.runs()[0]
     assert row["storage_dtype"] == "float16" and row["retention"] == 0.5 and row["compression_method"] == "uniform"
-    assert row["units_encoded"] > 0 and row["units_memory"] + row["units_disk"] + row["units_encoded"] == \
-        data["encode"]["units"]
-    assert row["budget_bytes"] == data["store_stats"]["budget_bytes"] and row["evictions"] == 0
-    cell = studio.history()[0][4]
+    from engine.encode import count_units
+
+    units = count_units(studio.layout(schema))
+    assert row["units_encoded"] == units and row["units_memory"] == 0 and row["units_disk"] == 0
+    assert row["budget_bytes"] == studio.engine.store("cpu").budget_bytes and row["evictions"] == 0
+    cell = hist.rows(studio)[0][4]
     assert "fp16" in cell and "50 % uniform" in cell
-    assert "fp16" in h.summary_html(data) and "units:" in h.summary_html(data)
-    updates = list(studio.compare_stream(schema, prompt, "cpu", "prefixed", 2, storage_dtype="float16",
-                                         retention=0.5, method="uniform"))
-    again = updates[-1].result
-    assert again["encode"]["encoded"] == 0 and again["encode"]["memory"] == again["encode"]["units"]
+    assert "fp16" in views.summary_html(data) and "units:" in views.summary_html(data)
+    again = list(cmp.compare_stream(studio, schema, prompt, 2, settings=chosen))[-1].result
+    assert again["encode"]["encoded"] == 0 and again["encode"]["memory"] == units
     assert studio.runlog.count() == 2
 
 
@@ -418,8 +598,8 @@ def _write_results(folder):
          "results": [_point(256, 700.0, 160.0), _point(4096, 12000.0, 200.0)], "fits": fits, "gpu": None,
          "gpu_note": "no CUDA device on this machine: GPU storage cases not run"}))
     (folder / "ttft.json").write_text(json.dumps(
-        {"benchmark": "ttft", "model": "SmolLM2-135M-Instruct", "reps": 3, "new_tokens": 16, "machine": MACHINE,
-         "results": [_point(n, 10.0 * n, 150.0) for n in (512, 1024, 2048, 4096)]}))
+        {"benchmark": "ttft", "command": "python bench/ttft.py", "model": "SmolLM2-135M-Instruct", "reps": 3,
+         "new_tokens": 16, "machine": MACHINE, "results": [_point(n, 10.0 * n, 150.0) for n in (512, 1024, 2048, 4096)]}))
     (folder / "memory.json").write_text(json.dumps(
         {"benchmark": "memory", "machine": MACHINE,
          "loaded": {"model": "SmolLM2-135M-Instruct", "dtype": "float32", "kv_bytes_per_token": 46080},
@@ -447,75 +627,76 @@ def _write_results(folder):
 
 
 def test_benchmarks_tab_reads_results_folder(tmp_path):
-    from studio import benchmarks as b
+    from studio import benchmarks as bm
 
     folder = tmp_path / "results"
     _write_results(folder)
-    head, rows, fits = b.scaling_view(folder)
-    assert "2026-01-02" in head and "2 threads" in head and "`python bench/scaling.py --lengths 256 4096`" in head
+    head, rows, fits = bm.scaling_view(folder)
+    assert "2026-01-02" in head and "2 threads" in head and "`python bench/scaling.py --lengths 256 4096 --reps 3`" \
+        in head
     assert "no CUDA device" in head
     assert list(rows["prompt tokens"]) == [253, 4093] and rows["speedup"].iloc[1] == "60.0×"
     assert len(fits) == 2 and "^k" in fits["fit"].iloc[1]
-    head, rows = b.ttft_view(folder)
-    assert "`python bench/ttft.py`" in head and len(rows) == 4  # defaults: no flags
-    head, fams, samples = b.memory_view(folder)
+    head, rows = bm.ttft_view(folder)
+    assert "`python bench/ttft.py`" in head and len(rows) == 4  # the command the file records
+    head, fams, samples = bm.memory_view(folder)
     assert "46,080 KV bytes per token" in head and "equals predicted" in head
     assert fams["MB / token fp32"].iloc[0] == 1.0 and samples["equal"].iloc[0] == "yes"
-    head, summary, depth, modules = b.fidelity_view(folder)
-    assert "`python bench/fidelity.py --modules 2 --per-setting 8 --depths 0.1 0.9" in head
+    head, summary, depth, modules = bm.fidelity_view(folder)
+    assert "`python bench/fidelity.py --modules 2 --per-setting 8 --depths 0.1 0.9 --new-tokens 20`" in head
     assert list(summary["path"]) == ["baseline", "prefixed"] and summary["95 % CI"].iloc[0] == "61 % – 85 %"
     assert summary["1st-token agreement"].iloc[1] == "90 %"
     assert list(depth.columns) == ["needle depth", "baseline", "prefixed", "n"] and len(modules) == 1
-    head, rows = b.compression_view(folder)
+    head, rows = bm.compression_view(folder)
     assert "pyramid beats both" in head and list(rows["configuration"]) == ["baseline", "pyramid 50%"]
     assert rows["module bytes"].iloc[1] == "49 %" and rows["module bytes"].iloc[0] == "–"
 
 
-def test_benchmark_commands_follow_the_scripts_defaults():
-    from studio import benchmarks as b
+def test_benchmark_commands_are_recorded_or_rebuilt_explicitly():
+    from studio import benchmarks as bm
 
-    defaults = b.script_defaults("scaling")
-    assert defaults["reps"] >= 1 and 4096 in defaults["lengths"]
-    rows = [{"target_tokens": n} for n in defaults["lengths"]]
-    assert b.command("scaling", {"results": rows, "reps": defaults["reps"]}) == "python bench/scaling.py"
-    assert b.command("scaling", {"results": rows[:2], "reps": 1}) == \
-        f"python bench/scaling.py --lengths {rows[0]['target_tokens']} {rows[1]['target_tokens']} --reps 1"
-    assert b.command("memory", {"command": "python bench/memory.py --model /m"}) == "python bench/memory.py --model /m"
-    assert b.command("memory", {}) == "python bench/memory.py"
+    rows = [{"target_tokens": n} for n in (256, 512)]
+    assert bm.command("scaling", {"command": "python bench/scaling.py --quick", "results": rows}) == \
+        "python bench/scaling.py --quick"
+    assert bm.command("scaling", {"results": rows, "reps": 1, "new_tokens": 2}) == \
+        "python bench/scaling.py --lengths 256 512 --reps 1 --new-tokens 2"
+    assert bm.command("memory", {"model": "/m"}) == "python bench/memory.py --model /m"
+    assert bm.command("memory", {}) == "python bench/memory.py"
+    assert not hasattr(bm, "script_defaults")  # the scripts' source is never parsed
 
 
 def test_benchmarks_tab_without_results(tmp_path):
-    from studio import benchmarks as b
+    from studio import benchmarks as bm
 
     empty = tmp_path / "none"
-    head, rows, fits = b.scaling_view(empty)
+    head, rows, fits = bm.scaling_view(empty)
     assert "not run yet: `python bench/scaling.py`" in head and rows.empty and fits.empty
-    assert "not run yet: `python bench/memory.py`" in b.memory_view(empty)[0]
-    head, summary, depth, modules = b.fidelity_view(empty)
+    assert "not run yet: `python bench/memory.py`" in bm.memory_view(empty)[0]
+    head, summary, depth, modules = bm.fidelity_view(empty)
     assert "not run yet: `python bench/fidelity.py`" in head and summary.empty and depth.empty
-    assert b.plot_path("scaling", empty) is None and "python bench/scaling.py" in b.plot_note("scaling", empty)
+    assert bm.plot_path("scaling", empty) is None and "python bench/scaling.py" in bm.plot_note("scaling", empty)
     (empty / "x").mkdir(parents=True)
     (empty / "ttft.json").write_text("{not json")
-    assert "cannot be read" in b.ttft_view(empty)[0]
+    assert "cannot be read" in bm.ttft_view(empty)[0]
     (empty / "fidelity.png").write_bytes(b"png")
-    assert b.plot_path("fidelity", empty) == str(empty / "fidelity.png") and b.plot_note("fidelity", empty) == ""
+    assert bm.plot_path("fidelity", empty) == str(empty / "fidelity.png") and bm.plot_note("fidelity", empty) == ""
 
 
 def test_scaling_at_small_sizes_runs_the_benchmark_code(tiny_engine):
-    from studio import benchmarks as b
+    from studio import benchmarks as bm
 
-    before = sorted((p.name, p.stat().st_mtime) for p in b.RESULTS.glob("*")) if b.RESULTS.exists() else []
+    before = sorted((p.name, p.stat().st_mtime) for p in bm.RESULTS.glob("*")) if bm.RESULTS.exists() else []
     calls = []
-    rows, note = b.run_small_scaling(tiny_engine, [128, 96, 128], lambda d, t, label: calls.append((d, t, label)))
+    rows, note = bm.run_small_scaling(tiny_engine, [128, 96, 128], lambda d, t, label: calls.append((d, t, label)))
     assert [r["target_tokens"] for r in rows] == [96, 128]
     for r in rows:
         assert 0 < r["cached_tokens"] < r["prompt_tokens"] <= r["target_tokens"]
-        assert r["baseline_ttft_ms"] > 0 and r["cached_ttft_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["baseline_ttft_ms"] / r["cached_ttft_ms"], rel=0.01)
     assert calls[-1][:2] == (2, 2) and "Not saved" in note
-    table, plot = b.small_rows(rows), b.small_plot(rows)
-    assert list(table.columns) == b.SMALL_HEADERS and len(table) == 2
+    table, plot = bm.small_rows(rows), bm.small_plot(rows)
+    assert list(table.columns) == bm.SMALL_HEADERS and len(table) == 2
     assert sorted(plot["path"]) == ["baseline", "baseline", "cached", "cached"]
-    after = sorted((p.name, p.stat().st_mtime) for p in b.RESULTS.glob("*")) if b.RESULTS.exists() else []
+    after = sorted((p.name, p.stat().st_mtime) for p in bm.RESULTS.glob("*")) if bm.RESULTS.exists() else []
     assert after == before  # bench/results is the benchmarks' job
     assert len(tiny_engine.store()) == 0  # the run used its own throw-away store
 
@@ -523,10 +704,10 @@ def test_scaling_at_small_sizes_runs_the_benchmark_code(tiny_engine):
 @pytest.mark.parametrize("lengths,match", [([], "at least one"), ([2048], "outside"), (["many"], "not a prompt"),
                                            ([32], "outside")])
 def test_scaling_at_small_sizes_rejects_bad_lengths(tiny_engine, lengths, match):
-    from studio import benchmarks as b
+    from studio import benchmarks as bm
 
     with pytest.raises(gr.Error, match=match):
-        b.run_small_scaling(tiny_engine, lengths)
+        bm.run_small_scaling(tiny_engine, lengths)
 
 
 # -- Import from Python (issue 6) ---------------------------------------------------------------
@@ -534,13 +715,13 @@ def test_scaling_at_small_sizes_rejects_bad_lengths(tiny_engine, lengths, match)
 def test_import_program_fills_schema_and_prompt(studio):
     from tests.conftest import SAMPLES
 
-    imp = h.import_program(str(SAMPLES / "programs" / "travel_program.py"))
+    imp = files.import_program(str(SAMPLES / "programs" / "travel_program.py"))
     assert imp.ok and imp.roots == ("travel_planner",) and imp.program == "travel_planner"
     assert imp.schema == (SAMPLES / "programs" / "travel_program.xml").read_text()
     assert imp.prompt == (SAMPLES / "programs" / "travel_program.prompt.xml").read_text()
     assert "✓ imported" in imp.status
-    assert studio.validate(imp.schema).ok and "✓" in studio.preview(imp.schema, imp.prompt)[0]
-    again = h.import_program(str(SAMPLES / "programs" / "travel_program.py"), "travel_planner")
+    assert sch.validate(studio, imp.schema).ok and "✓" in prm.preview(studio, imp.schema, imp.prompt)[0]
+    again = files.import_program(str(SAMPLES / "programs" / "travel_program.py"), "travel_planner")
     assert again.schema == imp.schema  # importing twice is fine
 
 
@@ -548,27 +729,29 @@ def test_import_program_without_example_and_with_several_roots(tmp_path):
     src = ('from engine.programs import prompt_program\n\n@prompt_program\ndef first(x: bool):\n    "A."\n'
            '    if x:\n        "B."\n\n\n@prompt_program\ndef second(y: bool):\n    "C."\n    if y:\n        "D."\n')
     (tmp_path / "two.py").write_text(src)
-    imp = h.import_program(str(tmp_path / "two.py"))
+    imp = files.import_program(str(tmp_path / "two.py"))
     assert imp.ok and imp.roots == ("first", "second") and imp.program == "first" and imp.prompt is None
     assert "no example call" in imp.status and "second" in imp.status
-    other = h.import_program(str(tmp_path / "two.py"), "second")
+    other = files.import_program(str(tmp_path / "two.py"), "second")
     assert other.program == "second" and 'name="second"' in other.schema
-    assert h.empty_prompt("second") == '<prompt schema="second">\n</prompt>\n'
+    assert b.empty_prompt("second") == '<prompt schema="second">\n</prompt>\n'
+    schema, prompt, _, status, path = sch.on_python(str(tmp_path / "two.py"))
+    assert prompt == b.empty_prompt("first") and path == str(tmp_path / "two.py")
 
 
 def test_import_program_problems_are_inline(tmp_path):
     (tmp_path / "loop.py").write_text('from engine.programs import prompt_program\n\n@prompt_program\n'
                                       'def f(xs):\n    for x in xs:\n        "hi"\n')
-    imp = h.import_program(str(tmp_path / "loop.py"))
+    imp = files.import_program(str(tmp_path / "loop.py"))
     assert not imp.ok and imp.schema is None and imp.roots == ()
     assert "5:5:" in imp.status and "loops" in imp.status and "for x in xs" in imp.status
     (tmp_path / "boom.py").write_text("import os\nraise RuntimeError('no')\n")
-    assert "2:1:" in h.import_program(str(tmp_path / "boom.py")).status
+    assert "2:1:" in files.import_program(str(tmp_path / "boom.py")).status
     (tmp_path / "plain.py").write_text("x = 1\n")
-    assert "no @prompt_program" in h.import_program(str(tmp_path / "plain.py")).status
+    assert "no @prompt_program" in files.import_program(str(tmp_path / "plain.py")).status
     (tmp_path / "s.xml").write_text("<schema/>")
-    assert "not a Python file" in h.import_program(str(tmp_path / "s.xml")).status
-    assert "no file" in h.import_program(None).status
+    assert "not a Python file" in files.import_program(str(tmp_path / "s.xml")).status
+    assert "no file" in files.import_program(None).status
 
 
 def test_restart_with_persistence_encodes_nothing(tiny_lm, travel, tmp_path):
@@ -576,11 +759,11 @@ def test_restart_with_persistence_encodes_nothing(tiny_lm, travel, tmp_path):
 
     schema, _, _ = travel
     first = Studio(Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mods"), RunLog(tmp_path / "a.db"))
-    view = first.encode(schema, "cpu", "prefixed", storage_dtype="float16")
+    view = enc.encode(first, schema, settings(storage_dtype="float16"))
     assert view.counts["encoded"] == len(view.units)
     restarted = Studio(Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mods"),
                        RunLog(tmp_path / "a.db"))
-    again = restarted.encode(schema, "cpu", "prefixed", storage_dtype="float16")
+    again = enc.encode(restarted, schema, settings(storage_dtype="float16"))
     assert again.counts == {"memory": 0, "disk": len(view.units), "encoded": 0}
     assert {r[3] for r in again.units} == {"disk"} and "0 unit(s) encoded afresh" in again.summary
     assert '<tr class="changed"><th>disk loads</th>' in again.memory

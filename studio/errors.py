@@ -1,0 +1,66 @@
+"""Error translation at the studio's edge: engine errors become ``gr.Error`` or inline problem lines.
+
+Validation shows problems inline (:func:`problem_lines`); actions (encode, compare, load a
+model) raise ``gr.Error`` with the engine's message (:func:`user_error`, :func:`as_gr_error`).
+An exception the engine did not anticipate (a torch failure...) is logged with its traceback
+and shown as one line: no traceback reaches the page.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterator
+
+import gradio as gr
+
+from engine.errors import EngineError, PMLError
+
+log = logging.getLogger("pml-studio")
+
+
+def user_error(err: BaseException, what: str = "the run") -> gr.Error:
+    """The ``gr.Error`` a user sees for ``err`` (``what`` names the action in unexpected failures)."""
+    if isinstance(err, gr.Error):
+        return err
+    if isinstance(err, PMLError):
+        return gr.Error("\n".join(_plain(str(p)) for p in err.problems))
+    if isinstance(err, EngineError):
+        return gr.Error(_plain(str(err)))
+    log.error("%s failed", what, exc_info=err)
+    return gr.Error(f"{what} failed: {type(err).__name__}: {err}")
+
+
+@contextmanager
+def as_gr_error(what: str = "the run") -> Iterator[None]:
+    """Run the block; any exception leaves it as a ``gr.Error`` (see :func:`user_error`)."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except Exception as err:
+        raise user_error(err, what) from None
+
+
+def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
+    """(``line:col: message`` lines, line numbers) of an engine error, with the offending source line."""
+    src = (text or "").splitlines()
+    out: list[str] = []
+    lines: list[int] = []
+    problems = err.problems if isinstance(err, PMLError) else []
+    for p in problems:
+        msg = f"{p.line}:{p.col}: {p.message}" + (f"; hint: {p.hint}" if p.hint else "")
+        if 1 <= p.line <= len(src):
+            msg += f"\n    {p.line} | {src[p.line - 1].strip()}"
+        out.append(msg)
+        lines.append(p.line)
+    if not problems:
+        msg = str(err)
+        for prefix in ("<schema>:", "<prompt>:"):
+            msg = msg[len(prefix):] if msg.startswith(prefix) else msg
+        out.append(msg.replace(": error: ", ": ", 1))
+    return out, lines
+
+
+def _plain(text: str) -> str:
+    return text.replace("<schema>:", "schema ").replace("<prompt>:", "prompt ")

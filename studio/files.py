@@ -1,0 +1,123 @@
+"""Documents coming in: sample schemas, uploaded .xml files, prompt programs imported from a .py file.
+
+Samples and uploads raise ``gr.Error`` for a file that cannot be used; a prompt-program import
+reports its problems inline (:class:`ProgramImport` ``ok`` False), never as an exception.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from engine.errors import EngineError
+
+from .errors import problem_lines
+from .views import problems_html
+
+log = logging.getLogger("pml-studio")
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_schemas"
+
+
+def sample_names() -> list[str]:
+    """Every schema in sample_schemas/ (prompt files excluded), by file stem."""
+    return sorted(p.stem for p in SAMPLES.glob("*.xml") if not p.name.endswith(".prompt.xml"))
+
+
+def load_sample(name: str) -> tuple[str, str]:
+    """(schema text, example prompt text) of a sample; the prompt is '' when it has none."""
+    if name not in sample_names():
+        raise gr.Error(f"no sample schema named '{name}'; pick one of {', '.join(sample_names())}")
+    schema = (SAMPLES / f"{name}.xml").read_text(encoding="utf-8")
+    prompt_file = SAMPLES / f"{name}.prompt.xml"
+    return schema, prompt_file.read_text(encoding="utf-8") if prompt_file.exists() else ""
+
+
+def read_upload(path: str | None) -> tuple[str, str]:
+    """(kind, text) of an uploaded .xml file; kind is 'schema' or 'prompt'."""
+    from engine.pml import document_kind
+
+    if not path:
+        raise gr.Error("no file was uploaded")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise gr.Error(f"{Path(path).name} is not UTF-8 text; save it as UTF-8 and upload it again") from None
+    kind = document_kind(text)
+    if kind is None:
+        raise gr.Error(f"{Path(path).name} is neither a PML schema (<schema name=...>) nor a prompt "
+                       "(<prompt schema=...>)")
+    return kind, text
+
+
+# ----------------------------------------------------------------------------------------------
+# Import from Python (prompt programs)
+# ----------------------------------------------------------------------------------------------
+
+_PROGRAM_LOCK = threading.Lock()  # load_program_file imports the file and touches sys.path / sys.modules
+
+
+@dataclass(frozen=True)
+class ProgramImport:
+    """The result of importing a prompt-program file: the schema of one root program and its example prompt."""
+
+    ok: bool
+    status: str  # HTML: what was imported, or the file's problems as line:col lines
+    roots: tuple[str, ...] = ()
+    program: str | None = None
+    schema: str | None = None
+    prompt: str | None = None  # the example call's prompt (None when the file has none for this program)
+
+
+def import_program(path: str | None, program: str | None = None) -> ProgramImport:
+    """Import the prompt programs of a .py file and compile ``program`` (default: the first root with an
+    example call). Problems come back inline (``ok`` False), never as exceptions."""
+    if not path:
+        return _problem(["no file was uploaded"])
+    p = Path(path)
+    if p.suffix != ".py":
+        return _problem([f"{p.name} is not a Python file; upload a .py file with @prompt_program functions"])
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        return _problem([f"cannot read {p.name}: {err}"])
+    with _PROGRAM_LOCK:
+        try:
+            return _compile(p, program)
+        except EngineError as err:
+            return _problem(problem_lines(err, text)[0])
+        except Exception as err:  # compiling a program the engine did not anticipate: a message, not a traceback
+            log.exception("importing %s failed", p)
+            return _problem([f"cannot compile {p.name}: {type(err).__name__}: {err}"])
+
+
+def _compile(p: Path, program: str | None) -> ProgramImport:
+    from engine.programs import load_program_file
+
+    pf = load_program_file(str(p))
+    roots = tuple(pf.roots())
+    if not roots:
+        return _problem([f"{p.name} defines no @prompt_program function; decorate one with @prompt_program "
+                         "(from engine.programs)"])
+    examples = [r for r in roots if pf.example(r) is not None]
+    name = program if program in roots else (examples[0] if examples else roots[0])
+    schema = pf.programs[name].schema_xml()
+    call = pf.example(name)
+    prompt = call.prompt_xml() if call is not None else None
+    what = ("its example call filled the prompt" if prompt is not None
+            else "the file has no example call for it (e.g. EXAMPLE = program.bind(...)); build the prompt in the "
+                 "Prompt tab")
+    others = f" · other programs: {', '.join(r for r in roots if r != name)}" if len(roots) > 1 else ""
+    status = (f'<div class="pml-status ok">✓ imported <b>{html.escape(name)}</b> from {html.escape(p.name)}: '
+              f"the compiled schema is in the editor; {html.escape(what)}{html.escape(others)}</div>")
+    return ProgramImport(True, status, roots, name, schema, prompt)
+
+
+def _problem(problems: list[str]) -> ProgramImport:
+    return ProgramImport(False, problems_html("cannot import the program", problems))

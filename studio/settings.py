@@ -1,0 +1,50 @@
+"""Run settings: the encode panel's widget values → one :class:`engine.config.RunConfig`.
+
+The widgets (tabs/encode.py) read their choices from ``engine.config`` (``labelled()`` /
+``values()``) and start at the engine's config; their values reach handlers as a dict keyed by
+setting name (:class:`Panel`). :func:`run_config` is the one place those values become a
+config, validated by the engine. A new run setting is one widget in the panel and one line in
+:func:`run_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import RunConfig, budget_from_mib
+
+from .errors import as_gr_error
+
+
+def run_config(base: RunConfig, settings: dict) -> RunConfig:
+    """``base`` with the panel's ``settings`` applied (missing or empty ones keep base's); raises gr.Error."""
+    given = {k: v for k, v in settings.items() if v not in (None, "")}
+    with as_gr_error("reading the run settings"):
+        changes = {
+            "storage": given.get("storage"),
+            "mode": given.get("mode"),
+            "storage_dtype": given.get("storage_dtype"),
+            "retention": given.get("retention"),
+            "method": given.get("method"),
+            "budget_bytes": budget_from_mib(given.get("budget_mib")),
+        }
+        # the model, its device and dtype belong to the engine: a run changes only how modules are kept
+        return base.with_(device=base.device, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Panel:
+    """The setting widgets, by setting name, in the order handlers receive their values."""
+
+    widgets: dict
+
+    @property
+    def inputs(self) -> list:
+        return list(self.widgets.values())
+
+    def values(self, args) -> dict:
+        """{setting: value} from the values Gradio passes for :attr:`inputs`."""
+        return dict(zip(self.widgets, args))
+
+    def __len__(self) -> int:
+        return len(self.widgets)

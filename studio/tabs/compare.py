@@ -1,0 +1,223 @@
+"""Compare tab: the arms stream side by side (one column per arm that runs), then figures and the token view.
+
+Columns follow :data:`studio.views.ARM_VIEWS` (Baseline · Prefix cache · Modular cache); a column
+whose arm did not run is hidden. The same comparison is the ``/compare`` API endpoint, which
+returns the ``pml-studio run --json`` document. Every finished run is written to the run log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Iterator
+
+import gradio as gr
+
+from ..errors import as_gr_error, user_error
+from ..settings import Panel
+from ..state import Studio
+from ..streaming import in_thread
+from ..views import (ARM_VIEWS, column_html, head_html, metrics_html, summary_html, token_marks,
+                     token_view_html)
+from .editors import Editors
+
+PHASE_MESSAGES = {"baseline": "Baseline: full prefill, then decoding…",
+                  "prefix": "Prefix cache: reusing the cached prefix, prefilling the rest…",
+                  "cached": "Modular cache: reusing module KV, prefilling the rest…"}
+
+
+@dataclass(frozen=True)
+class CompareTab:
+    max_new: gr.Slider
+    temperature: gr.Slider
+    run: object  # the Compare button's event (history chains a refresh after it)
+    stream: tuple  # (fn, inputs, outputs) of the streaming run, for Re-run
+
+
+def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> CompareTab:
+    arms = studio.engine.config.arms
+    with gr.Row(equal_height=True, elem_classes=["pml-toolbar"]):
+        max_new = gr.Slider(1, 256, value=32, step=1, label="Max new tokens", scale=3, elem_id="max-new-tokens")
+        temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature", scale=3,
+                                info="0 = greedy (default); applies to every arm")
+        button = gr.Button("Compare", variant="primary", scale=1, elem_id="compare-btn", interactive=False)
+    summary = gr.HTML(summary_html(None), elem_id="compare-summary")
+    columns = []
+    with gr.Row(equal_height=False):
+        for view in ARM_VIEWS:
+            with gr.Column(elem_classes=["pml-col", view.arm], visible=view.arm in arms) as col:
+                gr.HTML(head_html(view))
+                text = gr.HTML(column_html("", False), elem_id=f"{view.arm}-text")
+                metrics = gr.HTML(metrics_html(None, view.arm), elem_id=f"{view.arm}-metrics")
+            columns += [col, text, metrics]
+    with gr.Accordion("Token view: what was cached", open=True):
+        tokens = gr.HTML()
+    with gr.Accordion("JSON (same as `pml-studio run --json`)", open=False):
+        result = gr.JSON()
+
+    inputs = [editors.schema, editors.prompt, max_new, temperature] + panel.inputs
+    outputs = [summary] + columns + [tokens, result, status]
+    stream = (partial(_stream_ui, studio, panel), inputs, outputs)
+    run = button.click(*stream, api_visibility="private")
+    editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
+    _api(studio)
+    return CompareTab(max_new, temperature, run, stream)
+
+
+def _api(studio: Studio) -> None:
+    def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
+                mode: str = "prefixed", temperature: float = 0.0, storage_dtype: str = "float32",
+                retention: float = 1.0, compression: str = "pyramid") -> dict:
+        """Run the arms on a PML prompt and return the `pml-studio run --json` document.
+
+        Args:
+            schema_text: the PML schema document (XML text).
+            prompt_text: a PML prompt written against that schema.
+            max_new_tokens: tokens to generate in each arm (at least 1).
+            storage: "cpu" or "cuda" (where module KV is stored).
+            mode: encoding mode, "prefixed" (default) or "isolated".
+            temperature: 0 for greedy decoding (default).
+            storage_dtype: precision of stored modules, "float32" (default), "float16" or "bfloat16".
+            retention: share of each module's KV kept, in (0, 1]; 1.0 (default) keeps all.
+            compression: how tokens are chosen when retention < 1: "pyramid" (default), "uniform", "recent".
+        """
+        settings = {"storage": storage, "mode": mode, "storage_dtype": storage_dtype, "retention": retention,
+                    "method": compression}
+        return compare_json(studio, schema_text, prompt_text, max_new_tokens, temperature, settings)
+
+    gr.api(compare, api_name="compare")
+
+
+# ----------------------------------------------------------------------------------------------
+# Handlers
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompareUpdate:
+    """One step of a streaming comparison."""
+
+    phase: str  # "encoding", an arm's name while it generates, or "done"
+    texts: dict  # arm -> text so far
+    arms: tuple[str, ...]  # the arms this run has
+    message: str = ""
+    result: dict | None = None  # the `run --json` document, on "done"
+    run_id: int | None = None
+    comparison: object = field(default=None, repr=False)
+
+
+def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
+    """Sampling from widget values; raises gr.Error."""
+    from engine.runner import Sampling
+
+    try:
+        n = int(max_new_tokens)
+        t = float(temperature or 0.0)
+    except (TypeError, ValueError):
+        raise gr.Error("max new tokens must be a whole number and temperature a number") from None
+    if n < 1:
+        raise gr.Error("max new tokens must be at least 1")
+    if t < 0:
+        raise gr.Error("temperature must be 0 (greedy) or more")
+    return Sampling(max_new_tokens=n, temperature=t, top_p=float(top_p), seed=int(seed))
+
+
+def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens, temperature=0.0,
+                   settings: dict | None = None) -> Iterator[CompareUpdate]:
+    """Run the arms in a worker thread, yielding each arm's text as it grows.
+
+    The last update (phase "done") carries the `run --json` document and the run-log id. A failure
+    raises gr.Error with the engine's message and writes nothing to the run log.
+    """
+    sampling = sampling_of(max_new_tokens, temperature)
+    cfg = studio.run_config(settings or {})
+    engine = studio.engine
+    texts = {arm: "" for arm in cfg.arms}
+    yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…")
+
+    def work(emit):
+        return engine.compare(schema_text, prompt_text, sampling, config=cfg,
+                              on_token=lambda arm, text: emit(("token", arm, text)),
+                              progress=lambda done, total, label: emit(("encode", done, total, label)))
+
+    try:
+        for kind, *payload in in_thread(work, "pml-compare"):
+            if kind == "encode":
+                done, total, label = payload
+                yield CompareUpdate("encoding", dict(texts), cfg.arms, f"Encoding modules {done}/{total}: {label}")
+            elif kind == "token":
+                arm, text = payload
+                texts[arm] = text
+                yield CompareUpdate(arm, dict(texts), cfg.arms, PHASE_MESSAGES.get(arm, f"{arm}: decoding…"))
+            else:
+                res = payload[0]
+    except Exception as err:
+        raise user_error(err) from None
+    data = res.to_json()
+    run_id = studio.record(data, schema_text, prompt_text)
+    final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
+    yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, run_id, res)
+
+
+def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
+                 settings: dict | None = None) -> dict:
+    """One comparison, recorded in the run log; returns the `pml-studio run --json` document."""
+    sampling = sampling_of(max_new_tokens, temperature)
+    cfg = studio.run_config(settings or {})
+    with as_gr_error():
+        res = studio.engine.compare(schema_text, prompt_text, sampling, config=cfg)
+    data = res.to_json()
+    studio.record(data, schema_text, prompt_text)
+    return data
+
+
+def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
+    """Character offset, per arm, where its text starts to differ from the baseline's (None: no difference).
+
+    The baseline is marked at the earliest divergence of any other arm.
+    """
+    from engine.runner import first_divergence
+
+    base = getattr(comparison, "baseline", None)
+    out: dict[str, int | None] = {}
+    if base is None:
+        return out
+    first: dict[str, int] = {}
+    for arm in comparison.arms:
+        run = getattr(comparison, arm, None)
+        k = None if arm == "baseline" or run is None else first_divergence(base.token_ids, run.token_ids)
+        if k is not None:
+            first[arm] = k
+            out[arm] = _chars(studio, run, k)
+    if first:
+        out["baseline"] = _chars(studio, base, min(first.values()))
+    return out
+
+
+def _chars(studio: Studio, run, k: int) -> int:
+    prefix = studio.tokenizer.decode(list(run.token_ids[:k]), skip_special_tokens=True)
+    return len(prefix) if run.text.startswith(prefix) else min(len(prefix), len(run.text))
+
+
+def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, temperature, *values):
+    """compare_stream as component updates: summary, (column, text, metrics) per arm, tokens, JSON, status."""
+    try:
+        for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values)):
+            if upd.phase != "done":
+                cols = []
+                for view in ARM_VIEWS:
+                    shown = view.arm in upd.arms
+                    cols += [gr.Column(visible=shown), column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm),
+                             gr.skip()]
+                yield (summary_html(None, upd.message), *cols, gr.skip(), gr.skip(), gr.skip())
+                continue
+            data, marks = upd.result, divergence_offsets(studio, upd.comparison)
+            cols = []
+            for view in ARM_VIEWS:
+                ran = data.get(view.arm) is not None
+                cols += [gr.Column(visible=ran), column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm)),
+                         metrics_html(data, view.arm)]
+            tokens = token_view_html(upd.comparison.plan, studio.decode_token, token_marks(data))
+            yield (summary_html(data), *cols, tokens, data, studio.status_html())
+    except gr.Error as err:
+        yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(ARM_VIEWS) + 3)
+        raise

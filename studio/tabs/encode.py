@@ -1,0 +1,174 @@
+"""Encode tab: the run settings (read by Compare too), the encode button, per-unit sources and memory readouts.
+
+The setting widgets take their choices from ``engine.config`` and start at the engine's config;
+:func:`studio.settings.run_config` turns their values into the run's RunConfig. A new run setting
+is one widget in :func:`_settings_panel` (keyed by its name) and one line in ``run_config``.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gradio as gr
+
+from engine.config import RunConfig, labelled, short_dtype
+
+from ..errors import as_gr_error
+from ..settings import Panel
+from ..state import Studio
+from ..views import MB, MIB, cards_html, memory_html, note_html, retention_text
+from .editors import Editors
+
+ENTRY_HEADERS = ["store entry", "tokens", "MB", "KB / token"]
+UNIT_HEADERS = ["unit", "kind", "tokens", "obtained from", "ms"]
+SOURCE_LABELS = {"memory": "memory", "disk": "disk", "encoded": "fresh encode"}
+MODE_NOTE = ("**prefixed** (default): each module is encoded after the system text that precedes it, so cached "
+             "outputs stay closer to the baseline, at no extra memory. **isolated**: the paper's scheme, each "
+             "module encoded alone.")
+RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys and values (the system text is never "
+                  "compressed): **pyramid** keeps the tokens the module's last tokens attend to most, fewer in deeper "
+                  "layers (PyramidInfer); **uniform** the same share, by attention, in every layer; **recent** only "
+                  "the last tokens. Storage precision and retention apply to Compare too.")
+ENCODE_NOTE = ("Encoding stores the KV of every module. It runs again only when the schema, model, mode or storage "
+               "settings changed; modules saved on disk are loaded instead of encoded.")
+
+
+@dataclass(frozen=True)
+class EncodeTab:
+    panel: Panel  # the run settings, by name (Compare reads them too)
+
+
+def build(studio: Studio, editors: Editors, status: gr.HTML) -> EncodeTab:
+    panel = _settings_panel(studio)
+    button = gr.Button("Encode schema", variant="primary", elem_id="encode-btn", interactive=False)
+    summary = gr.HTML(note_html(ENCODE_NOTE))
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            units = gr.Dataframe(headers=UNIT_HEADERS, interactive=False, elem_id="unit-table", max_height=360,
+                                 label="Units: where each came from, and how long it took", wrap=True)
+        with gr.Column(scale=2):
+            memory = gr.HTML(note_html("Module memory before and after encoding appears here."), elem_id="memory-view")
+    entries = gr.Dataframe(headers=ENTRY_HEADERS, interactive=False, label="Store entries", max_height=360)
+
+    def on_encode(schema_text: str, *values, progress=gr.Progress()):
+        def report(done: int, total: int, label: str) -> None:
+            progress((done, total), desc=f"encoding {label}", unit="units")
+
+        progress(0, desc="loading the model" if not studio.engine.loaded else "encoding")
+        view = encode(studio, schema_text, panel.values(values), report)
+        return view.summary, view.entries, view.units, view.memory, studio.status_html()
+
+    button.click(on_encode, [editors.schema] + panel.inputs, [summary, entries, units, memory, status])
+    editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
+    storage = panel.widgets["storage"]
+    storage.input(lambda s: memory_defaults(studio, s)["budget_mib"], storage, panel.widgets["budget_mib"],
+                  show_progress="hidden")
+    return EncodeTab(panel)
+
+
+def _settings_panel(studio: Studio) -> Panel:
+    from engine.session import gpu_status
+
+    cfg: RunConfig = studio.engine.config
+    gpu_ok, gpu_why = gpu_status()
+    w: dict = {}
+    with gr.Row():
+        w["storage"] = gr.Radio(labelled("storage"), value=cfg.storage, label="KV storage", interactive=gpu_ok,
+                                info=gpu_why if gpu_ok else "GPU unavailable: " + gpu_explanation(gpu_why))
+        w["mode"] = gr.Radio(labelled("mode"), value=cfg.mode, label="Encoding mode")
+    gr.Markdown(MODE_NOTE, elem_classes=["pml-note"])
+    with gr.Row():
+        w["storage_dtype"] = gr.Radio(labelled("storage_dtype"), value=cfg.storage_dtype, label="Storage precision",
+                                      info="fp16 / bf16 halve module bytes; cast back to the model's dtype when "
+                                           "assembled", elem_id="storage-dtype")
+        w["retention"] = gr.Slider(0.1, 1.0, value=cfg.compression.retention, step=0.05, label="Retention",
+                                   info="share of each module's KV kept (1 = all)", elem_id="retention")
+        w["method"] = gr.Radio(labelled("method"), value=cfg.compression.method, label="Compression method",
+                               info="used when retention < 1", elem_id="compression-method")
+    gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
+    with gr.Row(equal_height=True):
+        w["budget_mib"] = gr.Number(memory_defaults(studio)["budget_mib"], label="Module memory budget (MiB)",
+                                    minimum=0.01, precision=1, scale=1, elem_id="budget-mib",
+                                    info="least recently used unpinned modules are evicted beyond it")
+        gr.HTML(persistence_html(studio), elem_id="persistence")
+    return Panel(w)
+
+
+# ----------------------------------------------------------------------------------------------
+# Handlers
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EncodeView:
+    """What the encode panel shows after encoding."""
+
+    summary: str  # cards + one line on where the units came from (HTML)
+    entries: list[list]  # ENTRY_HEADERS rows
+    units: list[list]  # UNIT_HEADERS rows
+    memory: str  # store readouts before / after (HTML)
+    counts: dict  # units by source: memory, disk, encoded
+    nbytes: dict = field(default_factory=dict)  # store entry -> bytes (exact; the table rounds)
+
+
+def encode(studio: Studio, schema_text: str, settings: dict | None = None,
+           progress: Callable[[int, int, str], None] | None = None) -> EncodeView:
+    """Encode the schema's modules with the panel's ``settings``; raises gr.Error."""
+    cfg = studio.run_config(settings or {})
+    with as_gr_error("encoding"):
+        lay = studio.layout(schema_text)
+        store = studio.engine.store(cfg.storage)
+        before = store.stats()
+        res = studio.engine.encode(lay, cfg, progress)
+    tokens = lay.entry_tokens()
+    entries = []
+    for name, nbytes in res.bytes_by_module.items():
+        n = tokens.get(name, 0)
+        entries.append([name, n, round(nbytes / MB, 3), round(nbytes / n / 1000, 1) if n else None])
+    units = res.encoded.units
+    counts = {src: sum(u.source == src for u in units) for src in SOURCE_LABELS}
+    if res.reused and counts["disk"] == 0:
+        state = ("Already encoded for this schema, model, mode and storage settings: nothing was recomputed "
+                 f"({len(units)} unit(s) in memory).")
+    else:
+        state = (f"{counts['encoded']} unit(s) encoded afresh, {counts['disk']} loaded from disk, "
+                 f"{counts['memory']} already in memory.")
+    total_tokens = sum(r[1] for r in entries)
+    per_token = res.store_bytes / total_tokens / MB if total_tokens else 0.0
+    cards = [("schema store", f"{res.store_bytes / MIB:,.1f} MiB"), ("tokens stored", f"{total_tokens:,}"),
+             ("per token", f"{per_token:.4f} MB"), ("encode time", f"{res.encoded.encode_ms / 1000:.2f} s"),
+             ("storage", f"{res.encoded.device} · {short_dtype(res.encoded.dtype)}"),
+             ("retention", retention_text(cfg.compression.retention, cfg.compression.method))]
+    unit_rows = [[u.name, u.kind, u.tokens, SOURCE_LABELS.get(u.source, u.source), round(u.ms, 1)] for u in units]
+    return EncodeView(cards_html(cards, state), entries, unit_rows, memory_html(before, store.stats()), counts,
+                      dict(res.bytes_by_module))
+
+
+def memory_defaults(studio: Studio, storage: str | None = None) -> dict:
+    """What the encode panel starts with: the store's budget (MiB) and the persistence settings."""
+    from engine.errors import EngineError
+
+    cfg = studio.engine.config
+    try:
+        budget = studio.engine.store(storage or cfg.storage).budget_bytes
+    except EngineError:  # e.g. GPU storage without a GPU: no store, no budget
+        budget = None
+    return {"budget_mib": None if budget is None else round(budget / MIB, 1), "persist": cfg.persist,
+            "module_dir": str(cfg.modules_path)}
+
+
+def persistence_html(studio: Studio) -> str:
+    d = memory_defaults(studio)
+    if d["persist"]:
+        state = ('<span class="badge good">persistence on</span> encoded modules are saved under '
+                 f'<code>{html.escape(d["module_dir"])}</code> and reloaded after a restart')
+    else:
+        state = ('<span class="badge">persistence off</span> encoded modules live in memory only '
+                 "(start without --no-persist to keep them on disk)")
+    return f'<div class="pml-persist">{state}</div>'
+
+
+def gpu_explanation(why: str) -> str:
+    """gpu_status()'s explanation without the CLI's flag advice."""
+    return why.replace("; use --storage cpu", "")

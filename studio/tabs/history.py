@@ -1,0 +1,151 @@
+"""History tab: the run log as a table and a TTFT plot, CSV export, and a run reopened or re-run."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from engine.config import short_dtype
+
+from ..settings import Panel
+from ..state import Studio
+from ..views import ARM_VIEWS, retention_text
+from .compare import CompareTab
+from .editors import Editors
+from .schema import SchemaTab
+
+HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)", "TTFT baseline", "TTFT cached",
+           "speedup", "same text", "KL"]
+PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "path", "run", "schema"]
+
+
+def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: SchemaTab, panel: Panel,
+          compare: CompareTab, downloads: Path):
+    with gr.Row(elem_classes=["pml-toolbar"]):
+        which = gr.Dropdown(["all"], value="all", label="Schema", scale=2)
+        refresh_btn = gr.Button("Refresh", size="md", scale=1)
+        export = gr.DownloadButton("Export CSV", size="md", scale=1)
+    table = gr.Dataframe(headers=HEADERS, interactive=False, max_height=360, wrap=True, elem_id="history-table",
+                         label="Runs (click a row to select it)",
+                         column_widths=["5%", "15%", "11%", "15%", "11%", "9%", "8%", "8%", "6%", "6%", "6%"])
+    with gr.Row(elem_classes=["pml-toolbar"]):
+        run_id = gr.Textbox(label="Selected run", placeholder="click a row in the table", scale=1,
+                            elem_id="selected-run")
+        open_btn = gr.Button("Open in editor", size="md", scale=1)
+        rerun_btn = gr.Button("Re-run", variant="primary", size="md", scale=1)
+    plot = gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="path", label="TTFT over prompt length", height=320,
+                          color_map={v.arm: v.color for v in ARM_VIEWS})
+    gr.Markdown(f"Run log: `{studio.runlog.path}`", elem_classes=["pml-note"])
+
+    refresh = (partial(_refresh_ui, studio, downloads), which, [table, plot, which, export])
+    compare.run.then(*refresh, show_progress="hidden")
+    tab.select(*refresh, show_progress="hidden")
+    refresh_btn.click(*refresh)
+    which.input(*refresh, show_progress="hidden")
+    table.select(_pick_row, None, run_id, show_progress="hidden")
+
+    fields = list(panel.widgets)
+    opened = [editors.schema, editors.prompt, compare.max_new, compare.temperature] + panel.inputs + [tabs]
+    open_btn.click(partial(_open_ui, studio, fields, "schema"), run_id, opened).then(
+        *schema.validate).then(*editors.sync)
+    rerun_btn.click(partial(_open_ui, studio, fields, "compare"), run_id, opened).then(
+        *schema.validate).then(*compare.stream).then(*refresh)
+    return refresh
+
+
+# ----------------------------------------------------------------------------------------------
+# Handlers
+# ----------------------------------------------------------------------------------------------
+
+def rows(studio: Studio, schema: str | None = None) -> list[list]:
+    """Rows of the history table, newest first."""
+    out = []
+    for r in studio.runlog.runs(schema=_filter(schema), limit=500):
+        out.append([r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), r["schema_name"],
+                    r["model"], storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})",
+                    _ms(r["baseline_ttft_ms"]), _ms(r["cached_ttft_ms"]),
+                    "–" if r["speedup"] is None else f"{r['speedup']:.1f}×",
+                    "yes" if r["same_text"] else f"no (token {r['first_divergence']})",
+                    "–" if r["first_token_kl"] is None else f"{r['first_token_kl']:.4f}"])
+    return out
+
+
+def plot_points(studio: Studio, schema: str | None = None):
+    """Long-format table for the TTFT plot: one point per run and arm (``ARM_ttft_ms`` columns)."""
+    import pandas as pd
+
+    points = []
+    for r in studio.runlog.runs(schema=_filter(schema), limit=500):
+        for view in ARM_VIEWS:
+            ttft = r.get(f"{view.arm}_ttft_ms")
+            if ttft is not None:
+                points.append([r["prompt_tokens"], ttft, view.arm, r["id"], r["schema_name"]])
+    return pd.DataFrame(points, columns=PLOT_COLUMNS)
+
+
+def schemas(studio: Studio) -> list[str]:
+    return ["all"] + studio.runlog.schemas()
+
+
+def open_run(studio: Studio, run_id) -> dict:
+    """The stored run (schema text, prompt, settings) to load into the editors; raises gr.Error."""
+    text = str(run_id if run_id is not None else "").strip()
+    if not text:
+        raise gr.Error("select a run in the table first")
+    if not text.isdigit():
+        raise gr.Error(f"'{text}' is not a run id; click a row in the table")
+    row = studio.runlog.get(int(text))
+    if row is None:
+        raise gr.Error(f"there is no run {int(text)} in {studio.runlog.path}")
+    return row
+
+
+def stored_settings(row: dict) -> dict:
+    """The run settings a run-log row records, by setting name (settings it does not record are absent)."""
+    return {"storage": row["storage"], "mode": row["mode"], "storage_dtype": row.get("storage_dtype") or "float32",
+            "retention": row.get("retention") or 1.0, "method": row.get("compression_method") or "pyramid"}
+
+
+def export_csv(studio: Studio, schema: str | None, folder: str | Path) -> str:
+    path = Path(folder) / ("pml-runs.csv" if not _filter(schema) else f"pml-runs-{schema}.csv")
+    return studio.runlog.export_csv(path, schema=_filter(schema))
+
+
+def storage_cell(r: dict) -> str:
+    """'cpu · prefixed', plus the storage precision and retention when they are not the defaults."""
+    out = f"{r['storage']} · {r['mode']}"
+    if r.get("storage_dtype") and r["storage_dtype"] != "float32":
+        out += f" · {short_dtype(r['storage_dtype'])}"
+    if r.get("retention") is not None and r["retention"] < 1.0:
+        out += f" · {retention_text(r['retention'], r.get('compression_method'))}"
+    return out
+
+
+def _refresh_ui(studio: Studio, downloads: Path, schema_filter: str):
+    choices = schemas(studio)
+    value = schema_filter if schema_filter in choices else "all"
+    return (rows(studio, value), plot_points(studio, value), gr.update(choices=choices, value=value),
+            export_csv(studio, value, downloads))
+
+
+def _pick_row(evt: gr.SelectData):
+    row = evt.row_value or []
+    return str(row[0]) if row else gr.skip()
+
+
+def _open_ui(studio: Studio, fields: list[str], tab: str, run_id):
+    row = open_run(studio, run_id)
+    stored = stored_settings(row)
+    settings = [stored[f] if f in stored else gr.skip() for f in fields]
+    return (row["schema_text"], row["prompt_text"], row["max_new_tokens"] or 32, row["temperature"] or 0.0,
+            *settings, gr.Tabs(selected=tab))
+
+
+def _ms(x) -> str:
+    return "–" if x is None else f"{x:.0f} ms"
+
+
+def _filter(schema: str | None) -> str | None:
+    return None if schema in (None, "", "all") else schema

@@ -1,0 +1,126 @@
+"""Schema tab: sample picker, upload/download, Import from Python, the editor, live validation, layout table."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from engine.errors import EngineError
+
+from ..builder import BuilderSpec, empty_prompt, spec_of
+from ..errors import problem_lines
+from ..files import import_program, load_sample, read_upload, sample_names
+from ..state import Studio
+from ..views import highlight_html, ok_html, problems_html
+from .editors import Editors, Step
+
+LAYOUT_HEADERS = ["module", "positions", "tokens", "params", "cached"]
+PY_NOTE = ('<div class="pml-note">Import from Python compiles a prompt program (@prompt_program) into the editor '
+           "and its example call into the prompt; the file is imported, so its top-level code runs on this "
+           "machine.</div>")
+
+
+@dataclass(frozen=True)
+class SchemaTab:
+    validate: Step  # validate the editor's schema (other tabs run it after they replace the schema)
+
+
+def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str | None) -> SchemaTab:
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            with gr.Row(elem_classes=["pml-toolbar"]):
+                sample = gr.Dropdown(sample_names(), value=first_sample, label="Sample schema", scale=3)
+                upload = gr.UploadButton("Upload .xml", file_types=[".xml"], size="md", scale=1)
+                download = gr.DownloadButton("Download .xml", size="md", scale=1)
+            with gr.Row(elem_classes=["pml-toolbar"]):
+                py_upload = gr.UploadButton("Import from Python (.py)", file_types=[".py"], size="md", scale=1,
+                                            elem_id="py-upload")
+                py_program = gr.Dropdown([], value=None, label="Prompt program", scale=2, interactive=False,
+                                         elem_id="py-program")
+            py_status = gr.HTML(PY_NOTE, elem_id="py-status")
+            py_path = gr.State(None)
+            editors.schema.render()
+        with gr.Column(scale=1):
+            validation = gr.HTML(elem_id="schema-validation")
+            table = gr.Dataframe(headers=LAYOUT_HEADERS, interactive=False, label="Layout", max_height=420, wrap=True,
+                                 column_widths=["40%", "17%", "11%", "20%", "12%"])
+            with gr.Accordion("Highlighted source (problem lines in red)", open=False) as source:
+                highlighted = gr.HTML()
+
+    outputs = [validation, table, highlighted, editors.spec, editors.schema_ok, download, source]
+    validate_step = Step(partial(_validate_ui, studio, downloads), [editors.schema, editors.spec], outputs)
+    editors.schema.change(*validate_step, trigger_mode="always_last", show_progress="hidden")
+
+    docs = [editors.schema, editors.prompt]
+    sample.input(load_sample, sample, docs, show_progress="hidden").then(*editors.sync, show_progress="hidden")
+    upload.upload(on_upload, upload, docs).then(*editors.sync, show_progress="hidden")
+    py_out = docs + [py_program, py_status, py_path]
+    py_upload.upload(on_python, py_upload, py_out).then(*editors.sync, show_progress="hidden")
+    py_program.input(on_python, [py_path, py_program], py_out).then(*editors.sync, show_progress="hidden")
+    return SchemaTab(validate_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# Handlers
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Validation:
+    """What the schema editor shows for one version of the schema text."""
+
+    ok: bool
+    name: str  # schema name ('' when it cannot be parsed)
+    problems: tuple[str, ...]  # "line:col: message; hint: ..." lines
+    lines: tuple[int, ...]  # offending line numbers (highlighted)
+    rows: tuple[tuple, ...]  # layout table rows
+    positions: int
+    spec: BuilderSpec | None = field(default=None, repr=False)
+
+    def status_html(self) -> str:
+        if self.ok:
+            return ok_html(f"schema <b>{html.escape(self.name)}</b> is valid: {len(self.rows)} modules, "
+                           f"{self.positions} positions")
+        return problems_html(f"{len(self.problems)} problem(s)", self.problems)
+
+
+def validate(studio: Studio, schema_text: str) -> Validation:
+    """Parse and lay out the schema; problems come back as lines, never as exceptions."""
+    try:
+        lay = studio.layout(schema_text)
+    except EngineError as err:
+        problems, lines = problem_lines(err, schema_text or "")
+        return Validation(False, "", tuple(problems), tuple(lines), (), 0)
+    rows = tuple((r["module"] + (" (union member)" if r["union"] else ""), f"{r['start']}–{r['end']}", r["tokens"],
+                  r["params"], "yes" if r["cache"] else "no (cache=false)") for r in lay.rows())
+    return Validation(True, lay.name, (), (), rows, lay.length, spec_of(lay))
+
+
+def on_upload(path: str | None):
+    """An uploaded .xml goes to the schema or the prompt editor, by its root tag."""
+    kind, text = read_upload(path)
+    return (text, gr.skip()) if kind == "schema" else (gr.skip(), text)
+
+
+def on_python(path: str | None, program: str | None = None):
+    """Compile a program of an uploaded .py file into the editors (problems inline, editors untouched)."""
+    imp = import_program(path, program)
+    if not imp.ok:
+        return gr.skip(), gr.skip(), gr.skip(), imp.status, gr.skip()
+    prompt = imp.prompt if imp.prompt is not None else empty_prompt(imp.program)
+    return (imp.schema, prompt, gr.Dropdown(choices=list(imp.roots), value=imp.program, interactive=True),
+            imp.status, path)
+
+
+def _validate_ui(studio: Studio, downloads: Path, schema_text: str, prev_spec):
+    v = validate(studio, schema_text)
+    file = gr.skip()
+    if v.ok:
+        file = downloads / f"{v.name}.xml"
+        file.write_text(schema_text, encoding="utf-8")
+    return (v.status_html(), [list(r) for r in v.rows] if v.ok else gr.skip(), highlight_html(schema_text, v.lines),
+            v.spec if v.ok and v.spec != prev_spec else gr.skip(), v.ok, file,
+            gr.skip() if v.ok else gr.Accordion(open=True))

@@ -1,0 +1,277 @@
+"""HTML the studio draws: status boxes, the token view, memory readouts, the compare columns, chips.
+
+Every function takes plain values (dicts of the ``run --json`` document, plans, store stats)
+and returns an HTML string; the user's text is always escaped. The compare view is generic over
+the arms a run had (:data:`ARM_VIEWS`), and the token view over token classes
+(:data:`TOKEN_CLASSES`): a new arm or a new kind of token is one entry in a table.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from engine.config import short_dtype
+
+MB = 1_000_000
+MIB = 2**20  # the module memory budget is set in MiB, like the CLI's --budget-mb
+
+
+# ----------------------------------------------------------------------------------------------
+# Status boxes, chips, key/value tables
+# ----------------------------------------------------------------------------------------------
+
+def ok_html(text_html: str) -> str:
+    """A green status box (``text_html`` is already escaped)."""
+    return f'<div class="pml-status ok">✓ {text_html}</div>'
+
+
+def problems_html(title: str, problems: Iterable[str]) -> str:
+    """A red status box listing ``problems`` (plain text, escaped here)."""
+    items = "".join(f"<li><code>{html.escape(p)}</code></li>" for p in problems)
+    return f'<div class="pml-status err"><b>{html.escape(title)}</b><ul>{items}</ul></div>'
+
+
+def error_html(text: str) -> str:
+    return f'<div class="pml-status err">{html.escape(text)}</div>'
+
+
+def note_html(text_html: str) -> str:
+    return f'<div class="pml-note">{text_html}</div>'
+
+
+def kv_html(rows: Iterable[tuple]) -> str:
+    """A key/value table (the model panel)."""
+    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f'<table class="pml-kv">{cells}</table>'
+
+
+def chips_html(model: str, state: str, runlog_path: str) -> str:
+    """The header: which model, whether it is loaded, where the run log is."""
+    short = runlog_path if len(runlog_path) <= 30 else "…" + runlog_path[-29:]
+    return (f'<div class="pml-chips"><span class="chip"><b>model</b> {html.escape(model)} · {state}</span>'
+            f'<span class="chip" title="{html.escape(runlog_path)}"><b>run log</b> {html.escape(short)}</span></div>')
+
+
+def cards_html(cards: Iterable[tuple[str, str]], note: str = "") -> str:
+    """Figure cards (label, value) and a note under them."""
+    body = "".join(f'<div class="card"><span class="k">{html.escape(k)}</span><span class="v">{html.escape(v)}</span>'
+                   "</div>" for k, v in cards)
+    return f'<div class="pml-cards">{body}</div>' + (note_html(html.escape(note)) if note else "")
+
+
+def retention_text(retention, method) -> str:
+    r = 1.0 if retention is None else float(retention)
+    return "100 % (full)" if r >= 1.0 else f"{r:.0%} {method or 'pyramid'}".replace("%", " %")
+
+
+# ----------------------------------------------------------------------------------------------
+# Highlighted source
+# ----------------------------------------------------------------------------------------------
+
+def highlight_html(text: str, lines: Iterable[int] = ()) -> str:
+    """Read-only pygments rendering of a PML document, ``lines`` highlighted as errors."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import XmlLexer
+    from pygments.styles.default import DefaultStyle
+
+    class ErrorLineStyle(DefaultStyle):
+        highlight_color = "#fde2e1"
+        line_number_color = "#9aa3af"
+        line_number_background_color = "transparent"
+
+    fmt = HtmlFormatter(noclasses=True, style=ErrorLineStyle, hl_lines=list(lines), linenos="inline",
+                        cssclass="pml-highlight")
+    return f'<div class="pml-code">{highlight(text or " ", XmlLexer(), fmt)}</div>'
+
+
+# ----------------------------------------------------------------------------------------------
+# Token view
+# ----------------------------------------------------------------------------------------------
+
+TOKEN_CLASSES = {  # token class -> (css class, legend label)
+    "cached": ("tok-cached", "cached module"),
+    "anonymous": ("tok-anon", "cached system / template text"),
+    "argument": ("tok-arg", "argument (prefilled at its param's positions)"),
+    "new": ("tok-new", "new text (prefilled)"),
+    "template": ("tok-tmpl", "template tokens (prefilled)"),
+    "recomputed": ("tok-recomputed", "recomputed at run time (repair)"),
+}
+SEGMENT_CLASSES = {  # (segment kind, source) -> token class
+    ("cached", "module"): "cached",
+    ("cached", "anonymous"): "anonymous",
+    ("uncached", "argument"): "argument",
+    ("uncached", "text"): "new",
+    ("uncached", "template"): "template",
+    ("uncached", "anonymous"): "template",
+    ("uncached", "module"): "new",
+}
+MARKED_POSITIONS = {  # token class -> (arm, field of that arm in the run --json document listing positions)
+    "recomputed": ("cached", "recomputed_positions"),
+}
+
+
+def token_marks(data: dict | None) -> dict[str, set[int]]:
+    """Positions the run document puts in a class of their own (e.g. recomputed tokens), by class."""
+    out: dict[str, set[int]] = {}
+    for cls, (arm, key) in MARKED_POSITIONS.items():
+        positions = ((data or {}).get(arm) or {}).get(key)
+        if positions:
+            out[cls] = set(positions)
+    return out
+
+
+def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int]] | None = None) -> str:
+    """The prompt as coloured tokens; hover shows owner, kind and position.
+
+    ``marks`` ({token class: positions}) overrides the class of the tokens at those positions.
+    """
+    legend: dict[str, str] = {}
+    spans = []
+    for seg in plan.segments:
+        base = SEGMENT_CLASSES.get((seg.kind, seg.source), "new")
+        owner = seg.owner or ("prompt text" if seg.source in ("text", "argument") else "system / template")
+        for tid, pos in zip(seg.token_ids, seg.positions or (None,) * len(seg.token_ids)):
+            name = next((c for c, where in (marks or {}).items() if pos in where), base)
+            cls, label = TOKEN_CLASSES.get(name, TOKEN_CLASSES["new"])
+            legend[cls] = label
+            shown = html.escape(decode(tid)).replace("\n", "↵\n")
+            title = html.escape(f"{owner} · {seg.kind} · position {pos} · id {tid}")
+            spans.append(f'<span class="tok {cls}" title="{title}">{shown}</span>')
+    keys = "".join(f'<span class="tok {c}">{html.escape(lbl)}</span>' for c, lbl in legend.items())
+    stats = (f"{plan.prompt_tokens} tokens · {plan.cached_tokens} cached · {plan.uncached_tokens} prefilled "
+             f"({100 * plan.uncached_tokens / max(plan.prompt_tokens, 1):.0f} %)")
+    return (f'<div class="pml-tokens"><div class="tok-legend">{keys}<span class="tok-stats">{stats}</span></div>'
+            f'<div class="tok-body">{"".join(spans)}</div></div>')
+
+
+# ----------------------------------------------------------------------------------------------
+# Module memory
+# ----------------------------------------------------------------------------------------------
+
+MEMORY_ROWS = [("module memory", "bytes"), ("entries", "entries"), ("budget", "budget_bytes"), ("pinned", "pinned"),
+               ("evictions", "evictions"), ("disk loads", "disk_loads"), ("disk writes", "disk_writes"),
+               ("disk write errors", "disk_write_errors"), ("corrupted files", "disk_corrupt")]
+
+
+def memory_html(before: dict, after: dict) -> str:
+    """The module store's readouts before and after an action, changed values marked."""
+    def fmt(key: str, value) -> str:
+        if key in ("bytes", "budget_bytes"):
+            return "none" if value is None else f"{value / MIB:,.1f} MiB"
+        return f"{value:,}" if isinstance(value, int) else html.escape(str(value))
+
+    rows = []
+    for label, key in MEMORY_ROWS:
+        b, a = before.get(key), after.get(key)
+        cls = ' class="changed"' if a != b else ""
+        rows.append(f"<tr{cls}><th>{label}</th><td>{fmt(key, b)}</td><td>{fmt(key, a)}</td></tr>")
+    note = error_html(after["disk_error"]) if after.get("disk_error") else ""
+    where = "GPU" if str(after.get("device", "")).startswith("cuda") else "CPU"
+    return (f'<table class="pml-memory"><thead><tr><th>{where} module store</th><th>before</th><th>after</th></tr>'
+            f'</thead><tbody>{"".join(rows)}</tbody></table>{note}')
+
+
+# ----------------------------------------------------------------------------------------------
+# Compare: one column per arm
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ArmView:
+    """How one arm of a comparison is shown: its column title, subtitle, plot colour."""
+
+    arm: str  # key in the run --json document and the on_token path
+    title: str
+    subtitle: str
+    color: str
+
+
+ARM_VIEWS = (  # column order
+    ArmView("baseline", "Baseline", "full prefill of every prompt token", "#f97316"),
+    ArmView("prefix", "Prefix cache", "the longest cached prefix reused, the rest prefilled", "#0d9488"),
+    ArmView("cached", "Modular cache", "module KV reused, the rest prefilled", "#4f46e5"),
+)
+ARM_TITLES = {v.arm: v.title for v in ARM_VIEWS}
+
+
+def head_html(view: ArmView) -> str:
+    return f'<div class="col-head">{view.title} <span>{view.subtitle}</span></div>'
+
+
+def column_html(text: str, active: bool, marker: int | None = None) -> str:
+    """A generated-text column; text from ``marker`` (a character offset) on is marked as divergent."""
+    if marker is not None and 0 <= marker <= len(text):
+        body = html.escape(text[:marker]) + f'<mark class="diverge">{html.escape(text[marker:]) or "∅"}</mark>'
+    else:
+        body = html.escape(text)
+    cursor = '<span class="caret"></span>' if active else ""
+    return f'<div class="pml-output{" active" if active else ""}">{body or "&nbsp;"}{cursor}</div>'
+
+
+def reuse_counts(data: dict, arm: str) -> tuple[int, int]:
+    """(prompt tokens reused from a cache, tokens prefilled) by ``arm`` in a run document."""
+    run = data[arm]
+    default_reused = data.get("cached_tokens", 0) if arm == "cached" else 0
+    return (run.get("reused_tokens", default_reused), run.get("prefilled_tokens", run.get("prefill_tokens", 0)))
+
+
+def metrics_html(data: dict | None, arm: str) -> str:
+    """An arm's readouts (TTFT, copy, decode, memory) and a chip with what it reused, from a run document."""
+    run = (data or {}).get(arm)
+    if not run:
+        return '<div class="pml-metrics empty">TTFT, decode speed and memory appear here after a run.</div>'
+    reused, prefilled = reuse_counts(data, arm)
+    chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled</span>'
+    base = data.get("baseline")
+    if arm != "baseline" and base and run.get("ttft_ms"):
+        chips += f'<span class="badge good">{base["ttft_ms"] / run["ttft_ms"]:.1f}× faster first token</span>'
+    if run.get("warmed_with"):
+        chips += f'<span class="badge">warmed with {html.escape(str(run["warmed_with"]))}</span>'
+    rows = [("TTFT", f"{run['ttft_ms']:.1f} ms"),
+            ("prefill", f"{run['prefill_tokens']} tokens in {run['prefill_ms']:.1f} ms")]
+    if arm != "baseline":
+        rows.append(("KV copy (in TTFT)", f"{run.get('copy_ms', 0.0):.1f} ms"))
+    dec = run.get("decode_ms_per_token")
+    rows += [("decode", "–" if dec is None else f"{dec:.1f} ms/token"),
+             ("new tokens", str(run["new_tokens"])),
+             ("peak memory", f"{run['peak_rss_bytes'] / MB:,.0f} MB RSS"
+              + (f" · {run['cuda_peak_bytes'] / MB:,.0f} MB GPU" if run.get("cuda_peak_bytes") else ""))]
+    cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<div class="pml-arm-chips">{chips}</div><table class="pml-metrics">{cells}</table>'
+
+
+def summary_html(result: dict | None, message: str = "") -> str:
+    """The line above the columns: speedup of the modular cache and how it agrees with the baseline."""
+    if not result:
+        text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
+        return f'<div class="pml-summary idle">{text}</div>'
+    speedup = result.get("speedup")
+    big = "–" if speedup is None else f"{speedup:.1f}×"
+    facts = []
+    if result.get("same_text") is not None:
+        facts.append('<span class="badge good">same text</span>' if result["same_text"]
+                     else f'<span class="badge warn">diverges at token {result["first_divergence"]}</span>')
+        facts.append('<span class="badge good">first token agrees</span>' if result["first_token_agree"]
+                     else '<span class="badge warn">first token differs</span>')
+        facts.append(f'<span class="badge">first-token KL {result["first_token_kl"]:.4f}</span>')
+    facts.append(f'<span class="badge">{result["cached_tokens"]} of {result["prompt_tokens"]} prompt tokens '
+                 "in modules</span>")
+    facts.append(f'<span class="badge">{html.escape(result["storage"])} · {html.escape(result["mode"])}</span>')
+    return (f'<div class="pml-summary"><div class="speedup"><span class="big">{big}</span>'
+            f'<span class="sub">faster first token (modular cache)</span></div>'
+            f'<div class="facts">{"".join(facts)}{_memory_badges(result)}</div></div>')
+
+
+def _memory_badges(result: dict) -> str:
+    """Storage precision, retention and how the schema's units were obtained, as badges."""
+    comp = result.get("compression") or {}
+    kept = comp.get("retention")
+    extra = "" if kept is None or kept >= 1.0 else f' · {retention_text(kept, comp.get("method"))} kept'
+    out = f'<span class="badge">{short_dtype(result.get("storage_dtype"))} storage{extra}</span>'
+    enc = result.get("encode")
+    if enc:
+        out += (f'<span class="badge">units: {enc.get("memory", 0)} memory · {enc.get("disk", 0)} disk · '
+                f'{enc.get("encoded", 0)} encoded</span>')
+    return out
