@@ -37,8 +37,7 @@ def test_engine_imports_nothing_above_it():
     assert {f: bad for f, bad in offenders.items() if bad} == {}
 
 
-@pytest.mark.parametrize("package", ["engine", pytest.param("studio", marks=pytest.mark.xfail(
-    strict=True, reason="build_app is split by tab on the studio branch"))])
+@pytest.mark.parametrize("package", ["engine", "studio"])
 def test_no_function_over_100_lines(package):
     long = []
     for f in python_files(package):
