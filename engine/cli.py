@@ -87,7 +87,11 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--no-persist", action="store_true",
                    help="do not save encoded modules to (or load them from) the cache folder")
     r.add_argument("--arms", default=",".join(cfg.ARMS),
-                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all)")
+                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all); prefix = "
+                        "exact reuse of the longest cached token prefix, as vLLM/SGLang/llama.cpp do")
+    r.add_argument("--no-warmup", action="store_true",
+                   help="do not warm the prefix cache with the prompt importing every module in schema order "
+                        "before a schema's first prefix run (it then holds only earlier runs' prompts)")
 
 
 def config_from_args(args) -> "cfg.RunConfig":
@@ -96,7 +100,7 @@ def config_from_args(args) -> "cfg.RunConfig":
                          storage_dtype=args.storage_dtype,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
-                         arms=cfg.parse_arms(args.arms))
+                         arms=cfg.parse_arms(args.arms), warmup=not args.no_warmup)
 
 
 def main(argv: list[str] | None = None, extra: dict | None = None) -> int:
