@@ -229,6 +229,7 @@ def run_text(data: dict) -> str:
 
     lines.append(_table([""] + arms, [
         row("TTFT ms", lambda r: f"{r['ttft_ms']:.1f}" + (f" (copy {r['copy_ms']:.1f} included)" if r["copy_ms"] else "")),
+        row("reused tokens", lambda r: r.get("reused_tokens", "-")),
         row("prefill tokens", lambda r: r["prefill_tokens"]),
         row("decode ms/token", lambda r: _fmt(r["decode_ms_per_token"])),
         row("peak RSS MiB", lambda r: f"{r['peak_rss_bytes'] / 2**20:.0f}"),
@@ -237,6 +238,17 @@ def run_text(data: dict) -> str:
         lines.append(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
                      f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL "
                      f"{data['first_token_kl']:.4f}")
+    pre = data.get("prefix")
+    if pre:
+        stop = pre.get("stopped_at") or {}
+        where = f"{stop.get('source')} {stop.get('owner')}".strip() if stop else "-"
+        lines.append(f"prefix cache: reused {pre['reused_tokens']} of {data['prompt_tokens']} tokens"
+                     + (" (a repeat of an earlier prompt)" if pre.get("repeat") else f", stopped at token "
+                        f"{stop.get('token')} ({where})")
+                     + f" · warmed with {pre['warmed_with']['summary']}")
+        if data.get("prefix_speedup") is not None:
+            lines.append(f"prefix speedup {data['prefix_speedup']:.1f}x · same text: {data['prefix_same_text']} · "
+                         f"KL {data['prefix_first_token_kl']:.2g}")
     lines += [f"--- {a} ---\n{data[a]['text']}" for a in arms]
     return "\n".join(lines)
 
