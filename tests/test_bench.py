@@ -34,7 +34,21 @@ def test_ttft_quick():
         assert r["speedup"] == pytest.approx(r["baseline_ttft_ms"] / r["cached_ttft_ms"], rel=0.01)
         assert r["store_bytes"] >= r["cached_tokens"] * 46_080
         assert len(r["baseline_ttft_ms_all"]) == len(r["cached_ttft_ms_all"]) == data["reps"]
+        check_floor(r, data["reps"])
+        pairs = [b / c for b, c in zip(r["baseline_ttft_ms_all"], r["cached_ttft_ms_all"])]
+        assert r["speedup_min"] == pytest.approx(min(pairs), abs=0.01)
+        assert r["speedup_max"] == pytest.approx(max(pairs), abs=0.01)
     assert rows[1]["prompt_tokens"] > rows[0]["prompt_tokens"]
+
+
+def check_floor(r: dict, reps: int) -> None:
+    """The floor figures of one length: min <= median <= max of their own reps, ratios of the medians."""
+    for key in ("floor_ms", "nocache_ms"):
+        runs = r[f"{key}_all"]
+        assert len(runs) == reps and r[f"{key}_min"] == min(runs) and r[f"{key}_max"] == max(runs)
+        assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"]
+    assert r["cached_over_floor"] == pytest.approx(r["cached_ttft_ms"] / r["floor_ms"], rel=0.01)
+    assert r["floor_over_nocache"] == pytest.approx(r["floor_ms"] / r["nocache_ms"], rel=0.01)
 
 
 def test_scaling_quick():
@@ -44,6 +58,7 @@ def test_scaling_quick():
     for r in rows:
         parts = r["cached_copy_ms"] + r["cached_prefill_ms"] + r["cached_sample_ms"]
         assert parts <= r["cached_ttft_ms"] * 1.05 + 1  # the split adds up (medians of each part)
+        check_floor(r, data["reps"])
     fits = data["fits"]
     assert 0 <= fits["cached_ttft_vs_cached_tokens_linear"]["r2"] <= 1
     assert "exponent" in fits["baseline_ttft_power"] and "exponent" in fits["cached_ttft_power"]
