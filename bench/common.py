@@ -30,7 +30,7 @@ def machine() -> dict:
 
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "python": platform.python_version(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-            "cuda": torch.cuda.is_available()}
+            "cuda": torch.cuda.is_available(), "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -22,46 +22,16 @@ ROUGE-L F1 of the answers. Accuracy by needle depth and by number of modules goe
 from __future__ import annotations
 
 import argparse
-import math
 import random
-import re
 import time
 
 from common import ROOT, doc_schema, emit, essay_chunks, machine, table
+from bench.workloads import NAMES, SYSTEM, insert, needle, question, wilson  # noqa: F401  (compression.py imports them here)
 
 from engine.runner import Sampling, agreement, run_baseline, run_cached
 from engine.session import Engine
 
-SYSTEM = "You answer questions about the documents the user gives, using only those documents."
-NAMES = ["falcon", "orchid", "granite", "lantern", "meadow", "harbor", "quartz", "willow", "ember", "cobalt",
-         "juniper", "summit", "tundra", "violet", "canyon", "maple"]
 PATHS = ("baseline", "prefixed", "isolated", "scaffold")
-
-
-def needle(name: str, number: str) -> str:
-    return f"The special magic number for the {name} project is {number}."
-
-
-def question(name: str) -> str:
-    # This wording was the one (of three tried) that SmolLM2-135M answers reliably on full prefills.
-    return f"Question: what is the special magic number for the {name} project mentioned in the documents? Answer:"
-
-
-def insert(text: str, sentence: str, depth: float) -> str:
-    """Put ``sentence`` between sentences of ``text`` at about ``depth`` (0 = start, 1 = end)."""
-    parts = re.split(r"(?<=[.!?])\s+", text)
-    k = min(len(parts), max(0, round(depth * len(parts))))
-    return " ".join(parts[:k] + [sentence] + parts[k:])
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (round(max(0.0, c - h), 4), round(min(1.0, c + h), 4))
 
 
 def rouge_l(a: str, b: str) -> float:

@@ -87,7 +87,11 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--no-persist", action="store_true",
                    help="do not save encoded modules to (or load them from) the cache folder")
     r.add_argument("--arms", default=",".join(cfg.ARMS),
-                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all)")
+                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all); prefix = "
+                        "exact reuse of the longest cached token prefix, as vLLM/SGLang/llama.cpp do")
+    r.add_argument("--no-warmup", action="store_true",
+                   help="do not warm the prefix cache with the prompt importing every module in schema order "
+                        "before a schema's first prefix run (it then holds only earlier runs' prompts)")
 
 
 def config_from_args(args) -> "cfg.RunConfig":
@@ -96,7 +100,7 @@ def config_from_args(args) -> "cfg.RunConfig":
                          storage_dtype=args.storage_dtype,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
-                         arms=cfg.parse_arms(args.arms))
+                         arms=cfg.parse_arms(args.arms), warmup=not args.no_warmup)
 
 
 def main(argv: list[str] | None = None, extra: dict | None = None) -> int:
@@ -225,6 +229,7 @@ def run_text(data: dict) -> str:
 
     lines.append(_table([""] + arms, [
         row("TTFT ms", lambda r: f"{r['ttft_ms']:.1f}" + (f" (copy {r['copy_ms']:.1f} included)" if r["copy_ms"] else "")),
+        row("reused tokens", lambda r: r.get("reused_tokens", "-")),
         row("prefill tokens", lambda r: r["prefill_tokens"]),
         row("decode ms/token", lambda r: _fmt(r["decode_ms_per_token"])),
         row("peak RSS MiB", lambda r: f"{r['peak_rss_bytes'] / 2**20:.0f}"),
@@ -233,6 +238,17 @@ def run_text(data: dict) -> str:
         lines.append(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
                      f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL "
                      f"{data['first_token_kl']:.4f}")
+    pre = data.get("prefix")
+    if pre:
+        stop = pre.get("stopped_at") or {}
+        where = f"{stop.get('source')} {stop.get('owner')}".strip() if stop else "-"
+        lines.append(f"prefix cache: reused {pre['reused_tokens']} of {data['prompt_tokens']} tokens"
+                     + (" (a repeat of an earlier prompt)" if pre.get("repeat") else f", stopped at token "
+                        f"{stop.get('token')} ({where})")
+                     + f" · warmed with {pre['warmed_with']['summary']}")
+        if data.get("prefix_speedup") is not None:
+            lines.append(f"prefix speedup {data['prefix_speedup']:.1f}x · same text: {data['prefix_same_text']} · "
+                         f"KL {data['prefix_first_token_kl']:.2g}")
     lines += [f"--- {a} ---\n{data[a]['text']}" for a in arms]
     return "\n".join(lines)
 

@@ -28,7 +28,7 @@ STORAGES = ("cpu", "cuda")
 DEVICES = ("cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
-ARMS = ("baseline", "cached")
+ARMS = ("baseline", "prefix", "cached")
 MAX_REPAIR = 64
 MAX_SINK = 64
 
@@ -39,7 +39,7 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "device": (("cpu", "CPU"), ("cuda", "GPU")),
     "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16")),
     "method": tuple((m, m) for m in METHODS),
-    "arms": (("baseline", "Baseline"), ("cached", "Modular cache")),
+    "arms": (("baseline", "Baseline"), ("prefix", "Prefix cache"), ("cached", "Modular cache")),
 }
 
 
@@ -119,6 +119,7 @@ class RunConfig:
     arms: tuple[str, ...] = ARMS
     repair: int = 0  # link tokens recomputed per module (issue 12); 0 = off
     sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
+    warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
 
     def __post_init__(self):
         _one_of("encoding mode", self.mode, MODES)
@@ -142,6 +143,8 @@ class RunConfig:
         for name, value, top in (("repair", self.repair, MAX_REPAIR), ("sink", self.sink, MAX_SINK)):
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
                 raise EngineError(f"{name} must be a whole number from 0 to {top}, got {value!r}")
+        if not isinstance(self.warmup, bool):
+            raise EngineError(f"warmup must be True or False, got {self.warmup!r}")
         if self.module_dir is not None:
             object.__setattr__(self, "module_dir", str(self.module_dir))
 
@@ -180,7 +183,7 @@ class RunConfig:
                 "mode": self.mode, "storage_dtype": self.storage_dtype,
                 "compression": {"retention": self.compression.retention, "method": self.compression.method},
                 "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
-                "repair": self.repair, "sink": self.sink}
+                "repair": self.repair, "sink": self.sink, "warmup": self.warmup}
 
 
 def budget_from_mib(mib) -> int | None:

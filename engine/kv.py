@@ -359,7 +359,24 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     if attention_mask is not None and attention_mask.shape[-1] != kv:
         q = query.shape[-2]
         attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
+    if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs):
+        # Several new tokens over a cache (the cached prefill): transformers repeats K/V for every query
+        # head here (it keeps enable_gqa for unmasked calls, as CUDA's masked GQA falls back to slow
+        # kernels); on CPU, SDPA handles grouped heads with a mask directly and skips that copy.
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"), enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+_GQA_WITH_MASK = True  # False: always transformers' own SDPA path (for before/after measurements)
+_SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "output_attentions", "s_aux", "sinks", "dropout")
+
+
+def _grouped_masked_cpu(module, query, attention_mask, kwargs) -> bool:
+    """True for a grouped-query, masked, multi-token CPU call that uses none of SDPA's special options."""
+    return (query.device.type == "cpu" and query.shape[-2] > 1 and attention_mask is not None
+            and getattr(module, "num_key_value_groups", 1) > 1 and not any(kwargs.get(k) for k in _SPECIAL_KWARGS))
 
 
 def use_pml_attention(model) -> bool:

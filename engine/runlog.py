@@ -75,11 +75,27 @@ COLUMNS: dict[str, type] = {
     "encode_ms": float,
     "budget_bytes": int,  # module memory budget of the store
     "evictions": int,  # store evictions so far (after the run)
+    # prefix-cache arm (issue 9); NULL in rows written before it existed or when the arm was not run
+    "prefix_ttft_ms": float,
+    "prefix_copy_ms": float,
+    "prefix_decode_ms_per_token": float,
+    "prefix_new_tokens": int,
+    "prefix_peak_rss_bytes": int,
+    "prefix_text": str,
+    "prefix_reused_tokens": int,  # leading prompt tokens taken from the prefix cache
+    "prefix_prefilled_tokens": int,
+    "prefix_repeat": int,  # the whole prompt was cached already
+    "prefix_warmed_with": str,  # what the prefix cache held before the run (summary)
+    "prefix_speedup": float,  # baseline TTFT / prefix TTFT
+    "prefix_same_text": int,
+    "prefix_first_token_kl": float,
+    "prefix_bytes": int,  # bytes the prefix cache held after the run
 }
 
 # Columns the studio's history table shows, in order.
 SUMMARY = ("id", "created_at", "schema_name", "model", "storage", "mode", "prompt_tokens", "cached_tokens",
-           "baseline_ttft_ms", "cached_ttft_ms", "speedup", "same_text", "first_token_kl")
+           "baseline_ttft_ms", "cached_ttft_ms", "speedup", "same_text", "first_token_kl", "prefix_reused_tokens",
+           "prefix_ttft_ms", "prefix_speedup")
 
 
 class RunLogError(EngineError):
@@ -204,8 +220,8 @@ def _csv_cell(value):
 
 def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                         created_at: str | None = None) -> dict:
-    """Flatten a ``run --json`` document into a run-log row."""
-    b, c = data["baseline"], data["cached"]
+    """Flatten a ``run --json`` document into a run-log row (an arm that was not run gives NULLs)."""
+    b, c, p = data["baseline"] or {}, data["cached"] or {}, data.get("prefix") or {}
     sampling = data.get("sampling", {})
     compression = data.get("compression") or {}
     enc = data.get("encode") or {}
@@ -218,19 +234,36 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
         "prompt_tokens": data["prompt_tokens"], "cached_tokens": data["cached_tokens"],
         "uncached_tokens": data["uncached_tokens"], "store_bytes": data["store_bytes"],
         "max_new_tokens": sampling.get("max_new_tokens"), "temperature": sampling.get("temperature"),
-        "baseline_ttft_ms": b["ttft_ms"], "cached_ttft_ms": c["ttft_ms"], "copy_ms": c.get("copy_ms"),
+        "baseline_ttft_ms": b.get("ttft_ms"), "cached_ttft_ms": c.get("ttft_ms"), "copy_ms": c.get("copy_ms"),
         "baseline_decode_ms_per_token": b.get("decode_ms_per_token"),
         "cached_decode_ms_per_token": c.get("decode_ms_per_token"),
         "baseline_new_tokens": b.get("new_tokens"), "cached_new_tokens": c.get("new_tokens"),
         "baseline_peak_rss_bytes": b.get("peak_rss_bytes"), "cached_peak_rss_bytes": c.get("peak_rss_bytes"),
-        "baseline_text": b["text"], "cached_text": c["text"],
-        "speedup": data["speedup"], "same_text": int(bool(data["same_text"])),
-        "first_divergence": data.get("first_divergence"), "first_token_agree": int(bool(data["first_token_agree"])),
+        "baseline_text": b.get("text"), "cached_text": c.get("text"),
+        "speedup": data["speedup"], "same_text": _flag(data["same_text"]),
+        "first_divergence": data.get("first_divergence"), "first_token_agree": _flag(data["first_token_agree"]),
         "first_token_kl": data.get("first_token_kl"), "max_first_logit_diff": data.get("max_first_logit_diff"),
         "result_json": json.dumps(data, sort_keys=True),
         "storage_dtype": data.get("storage_dtype"), "retention": compression.get("retention"),
         "compression_method": compression.get("method"), "units_memory": enc.get("memory"),
         "units_disk": enc.get("disk"), "units_encoded": enc.get("encoded"), "encode_ms": enc.get("ms"),
         "budget_bytes": stats.get("budget_bytes"), "evictions": stats.get("evictions"),
+        **_prefix_columns(data, p, stats),
     }
+
+
+def _prefix_columns(data: dict, p: dict, stats: dict) -> dict:
+    return {"prefix_ttft_ms": p.get("ttft_ms"), "prefix_copy_ms": p.get("copy_ms"),
+            "prefix_decode_ms_per_token": p.get("decode_ms_per_token"), "prefix_new_tokens": p.get("new_tokens"),
+            "prefix_peak_rss_bytes": p.get("peak_rss_bytes"), "prefix_text": p.get("text"),
+            "prefix_reused_tokens": p.get("reused_tokens"), "prefix_prefilled_tokens": p.get("prefilled_tokens"),
+            "prefix_repeat": _flag(p.get("repeat")), "prefix_warmed_with": (p.get("warmed_with") or {}).get("summary"),
+            "prefix_speedup": data.get("prefix_speedup"), "prefix_same_text": _flag(data.get("prefix_same_text")),
+            "prefix_first_token_kl": data.get("prefix_first_token_kl"),
+            "prefix_bytes": stats.get("prefix_bytes") if p else None}
+
+
+def _flag(value) -> int | None:
+    """0/1 for a boolean, NULL for a figure that was not measured (an arm not run)."""
+    return None if value is None else int(bool(value))
 

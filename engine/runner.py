@@ -1,9 +1,15 @@
-"""Baseline and cached runs, timed the same way, and their comparison (spec section 6).
+"""Baseline, prefix-cache and cached runs, timed the same way, and their comparison (spec section 6).
 
-TTFT is measured one way for both paths: synchronize, ``perf_counter`` around (buffer
-allocation + KV assembly for the cached path) + prefill + first sampled token, synchronize.
-The cached path's TTFT includes the copy of the modules' KV into the run's buffer
-(``copy_ms`` reports that share). Decoding is our own loop over a preallocated buffer with
+* **baseline** — one ordinary prefill of the whole prompt (nothing reused, nothing stored);
+* **prefix** — what a serving engine does: reuse the longest token prefix the prefix cache holds
+  (engine/prefix.py; exact), prefill the rest, then store this prompt's KV for later runs;
+* **cached** — modular reuse: the imported modules' KV assembled at their schema positions.
+
+TTFT is measured one way for every path: synchronize, ``perf_counter`` around (buffer
+allocation + KV assembly for the prefix and cached paths) + prefill + first sampled token,
+synchronize. Their TTFT includes the copy of stored KV into the run's buffer (``copy_ms``
+reports that share); finding the entries (store lookups, the prefix tree's walk) happens
+before, for both. Decoding is our own loop over a preallocated buffer with
 explicit position ids — ``model.generate()`` derives positions from the cache length, which is
 wrong for gapped caches.
 """
@@ -13,15 +19,17 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
 from .encode import EncodedSchema
 from .kv import KVBuffer, KVWorkspace
+from .errors import EngineError
 from .models import LoadedModel
 from .plan import CACHED, PromptPlan
+from .prefix import PrefixCache
 from .store import ModuleStore
 
 TokenFn = Callable[[str, str], None]  # (path, text so far)
@@ -38,8 +46,23 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class PrefixReuse:
+    """How a prefix-arm run used the prefix cache."""
+
+    reused_tokens: int  # leading prompt tokens taken from the cache (exact)
+    repeat: bool  # the whole prompt was cached already; its last token is prefilled anyway (for logits)
+    stopped_at: dict  # first prefilled token: {"token": index, "source": segment source, "owner": module or ""}
+    warmed_with: dict  # what the cache held before this run (PrefixCache.summary)
+    stored_tokens: int = 0  # new tokens this run's prompt added to the cache afterwards
+
+    def to_json(self) -> dict:
+        return {"reused_tokens": self.reused_tokens, "repeat": self.repeat, "stopped_at": self.stopped_at,
+                "warmed_with": self.warmed_with, "stored_tokens": self.stored_tokens}
+
+
+@dataclass(frozen=True)
 class RunResult:
-    path: str  # "baseline" | "cached"
+    path: str  # "baseline" | "prefix" | "cached"
     text: str
     token_ids: tuple[int, ...]
     ttft_ms: float
@@ -53,6 +76,8 @@ class RunResult:
     cuda_peak_bytes: int | None
     kv_buffer_bytes: int
     first_logits: torch.Tensor = field(repr=False, compare=False)
+    reused_tokens: int = 0  # prompt tokens whose KV came from a store (modules or the prefix cache)
+    reuse: PrefixReuse | None = None  # prefix arm only
 
     def to_json(self) -> dict:
         return {"text": self.text, "ttft_ms": round(self.ttft_ms, 3), "copy_ms": round(self.copy_ms, 3),
@@ -60,12 +85,13 @@ class RunResult:
                 "prefill_tokens": self.prefill_tokens,
                 "decode_ms_per_token": None if self.decode_ms_per_token is None else round(self.decode_ms_per_token, 3),
                 "new_tokens": self.decode_tokens, "peak_rss_bytes": self.peak_rss_bytes,
-                "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes}
+                "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes,
+                "reused_tokens": self.reused_tokens}
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """The arms of one run (each a RunResult, None when not asked for) and how they agree."""
+    """The arms of one run (each a RunResult, None when not asked for) and how they agree with the baseline."""
 
     model: str
     device: str  # where the model ran
@@ -88,6 +114,8 @@ class Comparison:
     sampling: Sampling
     arms: tuple[str, ...] = ("baseline", "cached")
     encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
+    prefix: RunResult | None = None  # the prefix-cache arm (its ``reuse`` says what it reused)
+    prefix_agreement: dict | None = None  # agreement(baseline, prefix), keys as NO_AGREEMENT
 
     @property
     def speedup(self) -> float | None:
@@ -105,6 +133,9 @@ class Comparison:
             cached = self.cached.to_json()
             cached["ttft_includes_copy"] = True
         speedup = self.speedup
+        return {**self._core_json(cached, speedup), **self._prefix_json()}
+
+    def _core_json(self, cached: dict | None, speedup: float | None) -> dict:
         return {
             "model": self.model, "storage": self.storage, "mode": self.mode, "schema": self.schema,
             "prompt_tokens": self.plan.prompt_tokens, "cached_tokens": self.plan.cached_tokens,
@@ -121,6 +152,23 @@ class Comparison:
                          "top_p": self.sampling.top_p, "seed": self.sampling.seed},
             "encode": self.encode,
         }
+
+    def _prefix_json(self) -> dict:
+        """``prefix`` (the arm, with its reuse) and its agreement with the baseline as ``prefix_*`` keys."""
+        arm = None
+        if self.prefix is not None:
+            arm = {**self.prefix.to_json(), "prefilled_tokens": self.prefix.prefill_tokens, "ttft_includes_copy": True}
+            if self.prefix.reuse is not None:
+                arm.update(self.prefix.reuse.to_json())
+        agree = self.prefix_agreement or dict.fromkeys(NO_AGREEMENT)
+        speedup = None
+        if self.prefix is not None and self.baseline is not None and self.prefix.ttft_ms > 0:
+            speedup = round(self.baseline.ttft_ms / self.prefix.ttft_ms, 3)
+        return {"prefix": arm, "prefix_speedup": speedup, "prefix_same_text": agree["same_text"],
+                "prefix_first_divergence": agree["first_divergence"],
+                "prefix_first_token_agree": agree["first_token_agree"],
+                "prefix_first_token_kl": _round(agree["first_token_kl"]),
+                "prefix_max_first_logit_diff": _round(agree["max_first_logit_diff"])}
 
 
 def _round(x: float | None, nd: int = 6) -> float | None:
@@ -154,22 +202,71 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         _sync(lm.device)
         t1 = time.perf_counter()
         result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token)
-    return _with_memory(result, mem)
+    return replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens)
+
+
+def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling = Sampling(),
+               on_token: TokenFn | None = None, insert: bool = True, keep: list[str] = ()) -> RunResult:
+    """Reuse the longest cached token prefix (at most all but the last token), prefill the rest, decode;
+    then (``insert``) store the prompt's KV in the prefix cache, as a server would, evicting by LRU but
+    never the store entries ``keep`` (the modules the cached arm reads next)."""
+    ids = plan.token_ids
+    warmed_with = prefix.summary(plan.layout.fingerprint)
+    match = prefix.match(ids, limit=len(ids) - 1)
+    k = match.reused
+    with _PeakMemory(lm.device) as mem:
+        _sync(lm.device)
+        t0 = time.perf_counter()
+        buf = workspace(lm).buffer(len(ids) + sampling.max_new_tokens + 1)
+        for entry, a, b in match.pieces:
+            entry.write_into(buf, a, b)
+        _sync(lm.device)
+        t1 = time.perf_counter()
+        result = _prefill_and_decode(lm, buf, ids[k:], list(range(k, len(ids))), sampling, t0, t1, "prefix", on_token)
+    stored = prefix.insert(ids, buf.data[:, :, 0], keep) if insert else 0  # before another run reuses the buffer
+    if insert:
+        prefix.inserted_runs += 1
+    reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=_token_place(plan, k),
+                        warmed_with=warmed_with, stored_tokens=stored)
+    return replace(_with_memory(result, mem), reused_tokens=k, reuse=reuse)
+
+
+def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],
+                keep: list[str] = ()) -> int:
+    """Prefill ``token_ids`` (reusing what the cache holds) and store their KV; return the tokens stored."""
+    ids = list(token_ids)
+    match = prefix.match(ids, limit=len(ids) - 1)
+    buf = workspace(lm).buffer(len(ids) + 1)
+    for entry, a, b in match.pieces:
+        entry.write_into(buf, a, b)
+    k = match.reused
+    with torch.inference_mode():
+        lm.model(input_ids=torch.tensor([ids[k:]], device=lm.device),
+                 position_ids=torch.tensor([list(range(k, len(ids)))], device=lm.device),
+                 past_key_values=buf.cache(), use_cache=True, logits_to_keep=1)
+    return prefix.insert(ids, buf.data[:, :, 0], keep)
 
 
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
             sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
-            arms: tuple[str, ...] = ("baseline", "cached")) -> Comparison:
-    """The asked-for arms of one plan, one after the other on the same buffers, with agreement figures."""
+            arms: tuple[str, ...] = ("baseline", "cached"), prefix: PrefixCache | None = None) -> Comparison:
+    """The asked-for arms of one plan, one after the other on the same buffers (baseline, prefix, cached),
+    with each arm's agreement with the baseline. The prefix arm needs the engine's ``prefix`` cache."""
+    if "prefix" in arms and prefix is None:
+        raise EngineError("the prefix arm needs a prefix cache (Engine.compare makes one per storage device)")
     base = run_baseline(lm, plan, sampling, on_token) if "baseline" in arms else None
+    keep = used_keys(plan, encoded) if "cached" in arms else []
+    pre = run_prefix(lm, plan, prefix, sampling, on_token, keep=keep) if "prefix" in arms else None
     cached = run_cached(lm, plan, encoded, store, sampling, on_token) if "cached" in arms else None
     agree = agreement(base, cached) if base is not None and cached is not None else dict.fromkeys(NO_AGREEMENT)
+    pre_agree = agreement(base, pre) if base is not None and pre is not None else None
     return Comparison(
         model=lm.name, device=lm.device, storage=store.device, mode=encoded.mode, schema=plan.layout.name, plan=plan,
         store_bytes=encoded.nbytes(store), store_bytes_by_module=encoded.bytes_by_module(store),
         storage_dtype=encoded.dtype, compression={"retention": encoded.compression.retention,
                                                   "method": encoded.compression.method},
-        store_stats=store.stats(), baseline=base, cached=cached, sampling=sampling, arms=tuple(arms), **agree)
+        store_stats=store.stats(), baseline=base, cached=cached, sampling=sampling, arms=tuple(arms),
+        prefix=pre, prefix_agreement=pre_agree, **agree)
 
 
 NO_AGREEMENT = ("same_text", "first_divergence", "first_token_agree", "first_token_kl", "max_first_logit_diff")
@@ -208,6 +305,16 @@ def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
 def used_keys(plan: PromptPlan, encoded: EncodedSchema) -> list[str]:
     """Store keys a cached run of ``plan`` reads."""
     return sorted({encoded.locate(s.piece, s.scaffold)[0] for s in plan.segments if s.kind == CACHED})
+
+
+def _token_place(plan: PromptPlan, k: int) -> dict:
+    """Where token ``k`` of the materialised prompt comes from: {"token", "source", "owner"}."""
+    start = 0
+    for seg in plan.segments:
+        if k < start + len(seg):
+            return {"token": k, "source": seg.source, "owner": seg.owner}
+        start += len(seg)
+    return {"token": k, "source": "end", "owner": ""}
 
 
 def _copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
@@ -276,7 +383,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
     steps = len(tokens) - 1
     return RunResult(
         path=path, text=lm.tokenizer.decode(tokens, skip_special_tokens=True), token_ids=tuple(tokens),
-        ttft_ms=(t2 - t0) * 1000, copy_ms=(t1 - t0) * 1000 if path == "cached" else 0.0,
+        ttft_ms=(t2 - t0) * 1000, copy_ms=(t1 - t0) * 1000 if path != "baseline" else 0.0,
         prefill_ms=(t_fwd - t1) * 1000, sample_ms=(t2 - t_fwd) * 1000, prefill_tokens=len(ids),
         decode_ms_per_token=decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(tokens),
         peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=first_logits)
@@ -288,7 +395,6 @@ def _sync(device: str) -> None:
 
 
 def _with_memory(result: RunResult, mem: "_PeakMemory") -> RunResult:
-    from dataclasses import replace
     return replace(result, peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak)
 
 

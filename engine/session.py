@@ -1,7 +1,9 @@
 """Engine: the one object the CLI, the studio and library users hold.
 
-It loads the model once (lazily, never at import), keeps one ModuleStore per storage device,
-remembers encoded schemas (re-encoding only when the schema or the encoding settings of the run's
+It loads the model once (lazily, never at import), keeps one ModuleStore per storage device
+and, inside it, one PrefixCache (engine/prefix.py) that lives as long as the engine — like a
+server's, it holds every earlier prefix-arm run's prompt, plus, before a schema's first prefix
+run, the prompt importing every module in schema order (``RunConfig.warmup``) —, remembers encoded schemas (re-encoding only when the schema or the encoding settings of the run's
 :class:`RunConfig` changed) and serialises runs so that two callers never time each other's work.
 
     from engine import Engine
@@ -23,7 +25,8 @@ from .layout import Layout, TextCodec, layout as make_layout
 from .models import LoadedModel, check_device, kv_bytes_per_token, load_config, load_model, load_tokenizer
 from .plan import PromptPlan, plan_prompt
 from .pml import parse_prompt, parse_schema
-from .runner import Comparison, Sampling, TokenFn, compare as run_compare, used_keys
+from .prefix import PrefixCache, schema_order_prompt
+from .runner import Comparison, Sampling, TokenFn, compare as run_compare, used_keys, warm_prefix
 from .store import DiskStore, ModuleStore, default_budget
 
 
@@ -54,6 +57,7 @@ class Engine:
         self._codec: TextCodec | None = None
         self._model_config = None
         self._stores: dict[str, ModuleStore] = {}
+        self._prefix: dict[str, PrefixCache] = {}
         self._encoded: dict[tuple, EncodedSchema] = {}
         self._load_lock = threading.Lock()
         self.run_lock = threading.RLock()
@@ -113,6 +117,13 @@ class Engine:
             self._stores[storage] = ModuleStore(storage, budget_bytes=budget, disk=disk)
         return self._stores[storage]
 
+    def prefix_cache(self, storage: str | None = None) -> PrefixCache:
+        """The prefix cache on ``storage`` (in that store, under its budget; created on first use)."""
+        storage = storage or self.config.storage
+        if storage not in self._prefix:
+            self._prefix[storage] = PrefixCache(self.store(storage))
+        return self._prefix[storage]
+
     def set_budget(self, budget_bytes: int | None, storage: str | None = None) -> int:
         """Apply a module memory budget (None: the default) to a store, evicting at once if needed."""
         store = self.store(storage)
@@ -165,14 +176,15 @@ class Engine:
         with self.run_lock:
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
+            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if "prefix" in cfg.arms else None
             try:
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix)
             except KeyError:
                 # an entry vanished between encoding and the run (evicted without a disk copy, or a
                 # corrupted file): encode again, once, and run
                 self._encoded.clear()
                 enc = self._encode(lay, cfg, progress)
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix)
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------
@@ -201,6 +213,21 @@ class Engine:
             enc = encode_schema(self.lm.model, layout, store, cfg, self.lm.fingerprint, progress)
             self._encoded[key] = enc
             return enc
+
+    def _warm(self, layout: Layout, cfg: RunConfig, progress: ProgressFn | None, keep: list[str] = ()) -> PrefixCache:
+        """The prefix cache of ``cfg.storage``, warmed (once per schema, when ``cfg.warmup``) with the
+        prompt that imports every module in schema order — the most favourable history a server could have."""
+        cache = self.prefix_cache(cfg.storage)
+        if cfg.warmup and layout.fingerprint not in cache.warmed:
+            warm = schema_order_prompt(layout)
+            if progress:
+                progress(0, 1, f"warming the prefix cache ({len(warm.token_ids)} tokens, schema order)")
+            if len(warm.token_ids) >= 2:
+                warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep)
+            cache.warmed[layout.fingerprint] = warm
+            if progress:
+                progress(1, 1, "prefix cache warmed")
+        return cache
 
     def _check_budget(self, plan: PromptPlan, cfg: RunConfig, store: ModuleStore, what: str) -> None:
         """Refuse a prompt whose module KV cannot fit the budget, from token counts alone (no model)."""

@@ -13,6 +13,11 @@ ever held twice, and an entry on disk is reused only when all of that matches.
   the tensors). A truncated or corrupted file is detected on load, deleted and reported as
   missing, so the engine re-encodes it; a failed write (full disk) is counted and the entry
   stays in memory only.
+* **Prefix entries** (keys starting with :data:`PREFIX`): the nodes of the prefix cache
+  (engine/prefix.py). They share the budget and the LRU order with the modules but are never
+  written to disk; ``stats()`` counts them apart (``prefix_entries``, ``prefix_bytes``). When the
+  budget evicts one, the listeners registered with :meth:`ModuleStore.on_evict` hear of it (the
+  prefix cache then drops the node's descendants: a child without its parent is useless).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from .kv import ModuleKV
 from .models import check_device
 
 FORMAT = "pml-kv/1"
+PREFIX = "prefix:"  # key namespace of prefix-cache nodes: memory only, never persisted
 
 
 class DiskStore:
@@ -121,6 +127,7 @@ class ModuleStore:
         self.disk = disk
         self._entries: OrderedDict[str, object] = OrderedDict()
         self._pinned: set[str] = set()
+        self._listeners: list = []  # called with each key the budget evicts
         self._lock = threading.RLock()
         self.evictions = 0
         self.disk_loads = 0
@@ -137,7 +144,7 @@ class ModuleStore:
             stored = entry.to(self.device)
             self._entries[key] = stored
             self._touch(key, pinned)
-        if self.disk is not None:
+        if self.disk is not None and not key.startswith(PREFIX):
             self.disk.save(key, stored, meta)
         return stored
 
@@ -147,7 +154,7 @@ class ModuleStore:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
-        entry = self.disk.load(key) if self.disk is not None else None
+        entry = self.disk.load(key) if self.disk is not None and not key.startswith(PREFIX) else None
         if entry is None:
             raise KeyError(key)
         with self._lock:
@@ -161,7 +168,7 @@ class ModuleStore:
         """'memory', 'disk' or None."""
         if key in self._entries:
             return "memory"
-        if self.disk is not None and self.disk.has(key):
+        if self.disk is not None and not key.startswith(PREFIX) and self.disk.has(key):
             return "disk"
         return None
 
@@ -212,12 +219,23 @@ class ModuleStore:
             raise StorageError(f"the module memory budget must be positive, got {budget_bytes} bytes")
         with self._lock:
             self.budget_bytes = budget_bytes
-            used = sum(e.nbytes for e in self._entries.values())
-            for victim in [k for k in self._entries if k not in self._pinned]:
-                if used <= budget_bytes:
-                    break
-                used -= self._entries.pop(victim).nbytes
-                self.evictions += 1
+            self._shrink_to(budget_bytes)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The store's lock (the prefix cache shares it: eviction listeners run under it)."""
+        return self._lock
+
+    def touch(self, keys: list[str]) -> None:
+        """Mark ``keys`` used now, in this order (the last one is the most recently used)."""
+        with self._lock:
+            for key in keys:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+
+    def on_evict(self, listener) -> None:
+        """Call ``listener(key)`` whenever the budget evicts an entry (not on an explicit :meth:`evict`)."""
+        self._listeners.append(listener)
 
     def pin(self, key: str, pinned: bool = True) -> None:
         with self._lock:
@@ -238,7 +256,10 @@ class ModuleStore:
 
     def stats(self) -> dict:
         d = self.disk
+        with self._lock:
+            prefix = [e.nbytes for k, e in self._entries.items() if k.startswith(PREFIX)]
         return {"device": self.device, "entries": len(self), "bytes": self.nbytes(), "budget_bytes": self.budget_bytes,
+                "prefix_entries": len(prefix), "prefix_bytes": sum(prefix),
                 "pinned": len(self._pinned), "evictions": self.evictions, "disk_loads": self.disk_loads,
                 "persist": d is not None, "disk_writes": d.writes if d else 0,
                 "disk_write_errors": d.write_errors if d else 0, "disk_corrupt": d.corrupt if d else 0,
@@ -262,15 +283,28 @@ class ModuleStore:
             name = (meta or {}).get("module", key)
             raise StorageError(f"module '{name}' needs {_mb(need)} but the module memory budget is "
                                f"{_mb(self.budget_bytes)}; raise the budget (--budget-mb) to at least {_mb(need)}")
-        used = sum(e.nbytes for e in self._entries.values())
-        for victim in [k for k in self._entries if k not in self._pinned]:
-            if used + need <= self.budget_bytes:
-                break
-            used -= self._entries.pop(victim).nbytes
-            self.evictions += 1
+        used = self._shrink_to(self.budget_bytes - need)
         if used + need > self.budget_bytes:
             raise StorageError(f"pinned modules fill the module memory budget ({_mb(self.budget_bytes)}); unpin "
                                f"some or raise the budget (--budget-mb) by {_mb(used + need - self.budget_bytes)}")
+
+
+    def _shrink_to(self, limit: int) -> int:
+        """Evict least-recently-used unpinned entries until at most ``limit`` bytes remain; return the bytes.
+
+        The next victim is chosen afresh each time: a listener may evict further entries (descendants).
+        """
+        used = sum(e.nbytes for e in self._entries.values())
+        while used > limit:
+            victim = next((k for k in self._entries if k not in self._pinned), None)
+            if victim is None:
+                break
+            self._entries.pop(victim)
+            self.evictions += 1
+            for listener in self._listeners:
+                listener(victim)
+            used = sum(e.nbytes for e in self._entries.values())
+        return used
 
 
 def default_budget(device: str = "cpu") -> int:

@@ -34,7 +34,21 @@ def test_ttft_quick():
         assert r["speedup"] == pytest.approx(r["baseline_ttft_ms"] / r["cached_ttft_ms"], rel=0.01)
         assert r["store_bytes"] >= r["cached_tokens"] * 46_080
         assert len(r["baseline_ttft_ms_all"]) == len(r["cached_ttft_ms_all"]) == data["reps"]
+        check_floor(r, data["reps"])
+        pairs = [b / c for b, c in zip(r["baseline_ttft_ms_all"], r["cached_ttft_ms_all"])]
+        assert r["speedup_min"] == pytest.approx(min(pairs), abs=0.01)
+        assert r["speedup_max"] == pytest.approx(max(pairs), abs=0.01)
     assert rows[1]["prompt_tokens"] > rows[0]["prompt_tokens"]
+
+
+def check_floor(r: dict, reps: int) -> None:
+    """The floor figures of one length: min <= median <= max of their own reps, ratios of the medians."""
+    for key in ("floor_ms", "nocache_ms"):
+        runs = r[f"{key}_all"]
+        assert len(runs) == reps and r[f"{key}_min"] == min(runs) and r[f"{key}_max"] == max(runs)
+        assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"]
+    assert r["cached_over_floor"] == pytest.approx(r["cached_ttft_ms"] / r["floor_ms"], rel=0.01)
+    assert r["floor_over_nocache"] == pytest.approx(r["floor_ms"] / r["nocache_ms"], rel=0.01)
 
 
 def test_scaling_quick():
@@ -44,6 +58,7 @@ def test_scaling_quick():
     for r in rows:
         parts = r["cached_copy_ms"] + r["cached_prefill_ms"] + r["cached_sample_ms"]
         assert parts <= r["cached_ttft_ms"] * 1.05 + 1  # the split adds up (medians of each part)
+        check_floor(r, data["reps"])
     fits = data["fits"]
     assert 0 <= fits["cached_ttft_vs_cached_tokens_linear"]["r2"] <= 1
     assert "exponent" in fits["baseline_ttft_power"] and "exponent" in fits["cached_ttft_power"]
@@ -88,3 +103,36 @@ def test_compression_quick():
     for name in ("float16", "pyramid 50%"):
         assert 0 <= s[name]["agree_ref"] <= 1 and s[name]["kl_ref"] >= 0 and s[name]["n"] == 2
     assert data["verdicts"] == []  # the quick run has no uniform/recent controls to compare with
+
+
+def test_workload_quick():
+    out, data = run_bench("workload.py")
+    assert data["benchmark"] == "workload" and list(data["arms"]) == ["baseline", "prefix", "cached"]
+    rows = data["prompts"]
+    assert len(rows) == 6 and any(r["schema_order"] for r in rows) and not all(r["schema_order"] for r in rows)
+    assert data["warmup"]["modules"] == [f"doc{i}" for i in range(8)]
+    for r in rows:
+        assert 2 <= len(r["imports"]) <= 4 and r["asked"] in r["imports"]
+        assert r["baseline"]["prefilled_tokens"] == r["prompt_tokens"] and r["baseline"]["reused_tokens"] == 0
+        p = r["prefix"]
+        assert p["prefilled_tokens"] == r["prompt_tokens"] - p["reused_tokens"] >= 1
+        assert p["found"] == r["baseline"]["found"] and p["text"] == r["baseline"]["text"]  # exact reuse
+        assert p["stopped_at"]["token"] == p["reused_tokens"]
+        assert r["cached"]["prefilled_tokens"] == r["prompt_tokens"] - r["cached_tokens"]
+        assert p["broke"] == (p["reused_tokens"] < r["cached_tokens"])
+        if r["schema_order"]:  # warmed with every module in schema order: nothing the modular arm reuses breaks
+            assert p["reused_tokens"] >= r["cached_tokens"] and not p["broke"]
+    # the first prompt out of schema order finds only schema-order prompts cached: it breaks at its first
+    # module that departs from schema order (doc0, doc1, ...)
+    first = next(r for r in rows if not r["schema_order"])
+    departs = next(m for i, m in enumerate(first["imports"]) if m != f"doc{i}")
+    assert first["prefix"]["broke"] and first["prefix"]["stopped_at"]["owner"] == departs
+    for arm, s in data["arms"].items():
+        assert s["n"] == 6 and s["needle_found"] == sum(r[arm]["found"] for r in rows)
+        assert s["prefilled_tokens"] == sum(r[arm]["prefilled_tokens"] for r in rows)
+        assert s["ci95"][0] <= s["needle_accuracy"] <= s["ci95"][1]
+        assert s["p50_ttft_ms"] <= s["p90_ttft_ms"] and min(r[arm]["ttft_ms"] for r in rows) <= s["mean_ttft_ms"]
+    assert data["arms"]["prefix"]["same_answers_as_baseline"] == 6
+    assert data["arms"]["prefix"]["cache_bytes"] == rows[-1]["prefix_bytes_after"] > 0
+    assert data["arms"]["baseline"]["cache_bytes"] == 0 and data["arms"]["cached"]["cache_bytes"] > 0
+    assert "prefix stopped at" in out

@@ -187,3 +187,52 @@ def test_database_from_before_module_memory_gains_its_columns(tmp_path):
     assert log.runs()[0]["storage_dtype"] is None  # the old row reads back
     run_id = log.record(fake_comparison(storage_dtype="float16"), "s", "p")
     assert log.get(run_id)["storage_dtype"] == "float16" and log.count() == 2
+
+
+PREFIX_COLUMNS = [c for c in COLUMNS if c.startswith("prefix_")]
+
+
+def with_prefix_arm(**extra) -> dict:
+    data = fake_comparison(**extra)
+    data["arms"] = ["baseline", "prefix", "cached"]
+    data["prefix"] = {"text": "Nara, 45 minutes.", "ttft_ms": 40.0, "copy_ms": 0.5, "prefill_ms": 39.0,
+                      "prefill_tokens": 120, "prefilled_tokens": 120, "decode_ms_per_token": 60.5, "new_tokens": 4,
+                      "peak_rss_bytes": 905_000_000, "cuda_peak_bytes": None, "kv_buffer_bytes": 1,
+                      "reused_tokens": 180, "repeat": False, "ttft_includes_copy": True,
+                      "stopped_at": {"token": 180, "source": "module", "owner": "kyoto"},
+                      "warmed_with": {"summary": "schema-order warm-up (3 modules, 250 tokens) + 2 earlier runs"}}
+    data.update(prefix_speedup=2.5, prefix_same_text=True, prefix_first_token_kl=0.0,
+                store_stats={"budget_bytes": 2**30, "evictions": 0, "prefix_bytes": 4096})
+    return data
+
+
+def test_prefix_arm_is_recorded(log):
+    row = log.get(log.record(with_prefix_arm(), "s", "p"))
+    assert row["prefix_ttft_ms"] == 40.0 and row["prefix_reused_tokens"] == 180
+    assert row["prefix_prefilled_tokens"] == 120 and row["prefix_repeat"] == 0
+    assert row["prefix_warmed_with"].startswith("schema-order warm-up")
+    assert row["prefix_speedup"] == 2.5 and row["prefix_same_text"] == 1 and row["prefix_bytes"] == 4096
+    assert row["prefix_text"] == row["baseline_text"]
+    old = log.get(log.record(fake_comparison(), "s", "p"))  # no prefix arm: NULLs, not zeros
+    assert all(old[c] is None for c in PREFIX_COLUMNS)
+
+
+def test_an_arm_left_out_is_recorded_as_nulls(log):
+    data = with_prefix_arm(speedup=None, same_text=None, first_token_agree=None, first_token_kl=None)
+    data["cached"] = None
+    row = log.get(log.record(data, "s", "p"))
+    assert row["cached_ttft_ms"] is None and row["same_text"] is None and row["prefix_ttft_ms"] == 40.0
+
+
+def test_database_from_before_the_prefix_arm_gains_its_columns(tmp_path):
+    path = tmp_path / "v2.db"
+    from sqlite_utils import Database
+
+    db = Database(path)
+    db["runs"].create({c: t for c, t in COLUMNS.items() if c not in PREFIX_COLUMNS}, pk="id")
+    db["runs"].insert({"created_at": "2026-01-01T00:00:00+00:00", "schema_name": "travel", "baseline_ttft_ms": 9.0})
+    db.close()
+    log = RunLog(path)
+    assert set(PREFIX_COLUMNS) <= set(log.runs()[0]) and log.runs()[0]["prefix_ttft_ms"] is None
+    run_id = log.record(with_prefix_arm(), "s", "p")
+    assert log.get(run_id)["prefix_reused_tokens"] == 180 and log.count() == 2

@@ -1,0 +1,303 @@
+"""Prefix cache: exact reuse of the longest cached token prefix, as vLLM, SGLang and llama.cpp do.
+
+This is the comparison every user of modular caching should see: a server keeps the KV of the
+prompts it has served and reuses the longest *token prefix* a new prompt shares with them. The
+reuse is exact (the same tokens at the same contiguous positions, attending to the same past),
+but it stops at the first token that differs — so a prompt that skips or reorders modules
+reuses only what comes before the first difference.
+
+* :class:`PrefixCache` — a radix tree over token ids in the spirit of SGLang's ``RadixCache``
+  (page size 1, so reuse is token-exact). Each node holds the KV of its edge's tokens at
+  positions ``[depth, depth + n)`` as a :class:`ModuleKV` in the engine's :class:`ModuleStore`
+  under a ``prefix:`` key: prefix entries share the modules' byte budget and LRU order, are
+  never written to disk, and are reported in ``store.stats()``. When the budget evicts a node,
+  its descendants are evicted with it; a node whose key vanished otherwise (``store.clear()``)
+  is pruned on the next walk.
+* :func:`schema_order_prompt` — the warm-up prompt: every module of a schema, in schema order.
+
+Public API first (``match``, ``insert``, ``summary``), internal helpers after.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import StorageError
+from .kv import ModuleKV
+from .layout import ANONYMOUS, Layout
+from .store import PREFIX, ModuleStore
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """What a prompt finds in the cache: ``reused`` leading tokens, as (entry, first, end) slices in order."""
+
+    reused: int
+    whole: bool  # every token of the prompt was cached (a repeated prompt), whatever the limit
+    pieces: tuple[tuple[ModuleKV, int, int], ...] = field(repr=False)
+    keys: tuple[str, ...] = field(repr=False)  # store keys of the nodes on the path, root side first
+
+
+@dataclass(frozen=True)
+class WarmPrompt:
+    """The schema-order warm-up prompt of one schema (see :func:`schema_order_prompt`)."""
+
+    schema: str
+    fingerprint: str
+    modules: tuple[str, ...]  # module paths imported, schema order
+    token_ids: tuple[int, ...]
+    placeholders: tuple[str, ...]  # "module/param" filled with placeholder tokens (no default text)
+
+
+@dataclass(eq=False)
+class _Node:
+    tokens: tuple[int, ...]  # the edge's tokens
+    depth: int  # tokens before this node (its first position)
+    key: str | None  # store key; None for the root
+    parent: "_Node | None"
+    children: dict[int, "_Node"] = field(default_factory=dict)  # first token -> child
+
+
+class PrefixCache:
+    """A radix tree of token ids whose nodes' KV live in ``store`` (one per model and storage device)."""
+
+    def __init__(self, store: ModuleStore):
+        self.store = store
+        self._root = _Node((), 0, None, None)
+        self._by_key: dict[str, _Node] = {}
+        self._ids = itertools.count()
+        self._lock = store.lock  # one lock: the store's eviction listener walks the tree
+        self.inserted_runs = 0  # prompts inserted by prefix-arm runs (warm-ups not counted)
+        self.warmed: dict[str, WarmPrompt] = {}  # layout fingerprint -> the warm-up it received
+        self.skipped_inserts = 0  # prompts not inserted because the budget could not hold them
+        self.evicted_nodes = 0  # nodes dropped with an evicted ancestor
+        store.on_evict(self._evicted)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def match(self, token_ids: list[int] | tuple[int, ...], limit: int | None = None) -> PrefixMatch:
+        """The longest cached prefix of ``token_ids``, at most ``limit`` tokens of it; its nodes become the
+        most recently used. (A run reuses at most len - 1 tokens: the last one is prefilled for its logits.)"""
+        ids = tuple(token_ids)
+        cap = len(ids) if limit is None else max(0, min(limit, len(ids)))
+        with self._lock:
+            path, matched = self._walk(ids)
+            pieces, keys, taken = [], [], 0
+            for node, used in path:
+                used = min(used, cap - taken)
+                if used <= 0:
+                    break
+                pieces.append((self.store.get(node.key), 0, used))
+                keys.append(node.key)
+                taken += used
+            if path:
+                self._touch_up(path[-1][0])
+            return PrefixMatch(taken, matched == len(ids) > 0, tuple(pieces), tuple(keys))
+
+    def insert(self, token_ids: list[int] | tuple[int, ...], kv: torch.Tensor, keep: list[str] = ()) -> int:
+        """Store the KV of ``token_ids`` (``kv``: [layers, 2, kv_heads, >= len, head_dim], positions 0..);
+        return how many new tokens were stored (0 when all were there or the budget cannot hold them).
+
+        Room is made by the store's LRU rule, but never by evicting ``keep`` (entries a run still needs) or
+        this prompt's own path: when those and the new tokens cannot fit together, nothing is stored."""
+        ids = tuple(token_ids)
+        with self._lock:
+            path, matched = self._walk(ids)
+            if matched == len(ids):
+                return 0
+            need = (len(ids) - matched) * _bytes_per_token(kv)
+            kept = [k for k in dict.fromkeys(keep) if k in self.store and k not in self.store.pinned()]
+            held = sum(self.store.entry_bytes(k) for k in [n.key for n, _ in path] + kept)
+            budget = self.store.budget_bytes
+            if budget is not None and held + need > budget - self._pinned_bytes():
+                self.skipped_inserts += 1
+                return 0
+            self.store.touch(kept + [n.key for n, _ in path][::-1])
+            parent = self._root
+            if path:
+                node, used = path[-1]
+                parent = node if used == len(node.tokens) else self._split(node, used)
+            try:
+                leaf = self._add_leaf(parent, ids[matched:], kv[:, :, :, matched:len(ids)])
+            except StorageError:
+                self.skipped_inserts += 1
+                return 0
+            self._touch_up(leaf)
+            return len(ids) - matched
+
+    def stored_tokens(self) -> int:
+        """Tokens held by the tree's nodes (each shared prefix counted once)."""
+        with self._lock:
+            return sum(len(n.tokens) for n in self._by_key.values() if n.key in self.store)
+
+    def summary(self, fingerprint: str | None = None) -> dict:
+        """``warmed_with``: what the cache held before a run (warm-up of this schema, earlier runs)."""
+        warm = self.warmed.get(fingerprint) if fingerprint else None
+        runs = self.inserted_runs
+        others = sum(1 for k in self.warmed if k != fingerprint)
+        parts = []
+        if warm is not None:
+            parts.append(f"schema-order warm-up ({len(warm.modules)} module{'s' if len(warm.modules) != 1 else ''}, "
+                         f"{len(warm.token_ids)} tokens)")
+        if others:
+            parts.append(f"{others} other schema warm-up{'s' if others != 1 else ''}")
+        parts.append(f"{runs} earlier run{'s' if runs != 1 else ''}")
+        return {"summary": " + ".join(parts),
+                "warmup": None if warm is None else {"schema": warm.schema, "modules": list(warm.modules),
+                                                     "tokens": len(warm.token_ids),
+                                                     "placeholders": list(warm.placeholders)},
+                "earlier_runs": runs, "other_schemas_warmed": others, "stored_tokens": self.stored_tokens()}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __repr__(self) -> str:
+        return f"PrefixCache(nodes={len(self)}, tokens={self.stored_tokens()}, runs={self.inserted_runs})"
+
+    # -- internal helpers ---------------------------------------------------------------------
+
+    def _walk(self, ids: tuple[int, ...]) -> tuple[list[tuple[_Node, int]], int]:
+        """(nodes on the longest matching path with the tokens used of each, tokens matched)."""
+        path: list[tuple[_Node, int]] = []
+        node, i = self._root, 0
+        while i < len(ids):
+            child = node.children.get(ids[i])
+            if child is None:
+                break
+            if child.key not in self.store:  # its entry is gone (cleared): the subtree is useless
+                self._drop(child)
+                break
+            used = _common(child.tokens, ids[i:])
+            path.append((child, used))
+            i += used
+            if used < len(child.tokens):
+                break
+            node = child
+        return path, i
+
+    def _split(self, node: _Node, at: int) -> _Node:
+        """Cut ``node`` after ``at`` tokens; return the new upper node (the old one keeps the rest)."""
+        entry = self.store.get(node.key)
+        upper = _Node(node.tokens[:at], node.depth, self._new_key(), node.parent)
+        lower_key = self._new_key()
+        upper_kv, lower_kv = entry.slice(slice(0, at)), entry.slice(slice(at, len(node.tokens)))
+        node.parent.children[node.tokens[0]] = upper
+        upper.children[node.tokens[at]] = node
+        self._by_key.pop(node.key)
+        self.store.evict(node.key)  # free its bytes before the two halves are stored
+        node.tokens, node.depth, node.key, node.parent = node.tokens[at:], node.depth + at, lower_key, upper
+        self._by_key[upper.key], self._by_key[lower_key] = upper, node
+        self.store.put(upper.key, upper_kv)
+        self.store.put(lower_key, lower_kv)
+        return upper
+
+    def _add_leaf(self, parent: _Node, tokens: tuple[int, ...], kv: torch.Tensor) -> _Node:
+        start = parent.depth + len(parent.tokens)
+        leaf = _Node(tokens, start, self._new_key(), parent)
+        parent.children[tokens[0]] = leaf
+        self._by_key[leaf.key] = leaf
+        positions = torch.arange(start, start + len(tokens), dtype=torch.long)
+        entry = ModuleKV(kv.clone(), positions, torch.tensor(tokens, dtype=torch.long))
+        try:
+            self.store.put(leaf.key, entry)
+        except StorageError:
+            self._drop(leaf)
+            raise
+        return leaf
+
+    def _touch_up(self, node: _Node) -> None:
+        """Mark ``node`` and its ancestors used, ancestors last: the LRU rule then evicts leaves first."""
+        keys = []
+        while node is not None and node.key is not None:
+            keys.append(node.key)
+            node = node.parent
+        self.store.touch(keys)
+
+    def _new_key(self) -> str:
+        return f"{PREFIX}{next(self._ids)}"
+
+    def _evicted(self, key: str) -> None:
+        """Store listener: the budget evicted ``key``; drop that node and its descendants."""
+        with self._lock:
+            node = self._by_key.get(key)
+            if node is not None:
+                self._drop(node)
+
+    def _drop(self, node: _Node) -> None:
+        """Remove ``node`` and its subtree from the tree and their entries from the store."""
+        if node.parent is not None and node.parent.children.get(node.tokens[0]) is node:
+            del node.parent.children[node.tokens[0]]
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            self._by_key.pop(n.key, None)
+            if self.store.evict(n.key) and n is not node:
+                self.evicted_nodes += 1
+
+    def _pinned_bytes(self) -> int:
+        return sum(self.store.entry_bytes(k) for k in self.store.pinned())
+
+
+def schema_order_prompt(layout: Layout) -> WarmPrompt:
+    """The prompt that imports every module of the schema in schema order, with no question.
+
+    Each union contributes its default member (its ``scaffold`` member when named, else its first);
+    nested modules of an imported module are imported too. A param is filled with its default
+    text, or — without one — with its placeholder tokens (what the module store encodes there).
+    The tokens are what :func:`engine.plan.plan_prompt` would materialise for that prompt:
+    the schema's pieces in layout order, then the template's generation prompt.
+    """
+    chosen: set[str] = set()
+
+    def take(path: str) -> None:
+        chosen.add(path)
+        mod = layout.modules[path]
+        for child in mod.children:
+            take(child)
+        for uid in mod.unions:
+            take(_default_member(layout, uid))
+
+    for path, mod in layout.modules.items():
+        if mod.parent == ANONYMOUS and not mod.union:
+            take(path)
+    for uid, union in layout.unions.items():
+        if union.parent == ANONYMOUS:
+            take(_default_member(layout, uid))
+    ids: list[int] = []
+    placeholders: list[str] = []
+    for piece in layout.pieces:
+        if piece.owner != ANONYMOUS and piece.owner not in chosen:
+            continue
+        tokens = piece.token_ids
+        if piece.kind == "param":
+            param = next(p for p in layout.modules[piece.owner].params if p.name == piece.param)
+            if param.has_default:
+                tokens = tokens[: param.default_tokens]
+            else:
+                placeholders.append(f"{piece.owner}/{piece.param}")
+        ids += tokens
+    ids += layout.codec.generation_prompt
+    return WarmPrompt(layout.name, layout.fingerprint, tuple(p for p in layout.modules if p in chosen), tuple(ids),
+                      tuple(placeholders))
+
+
+def _default_member(layout: Layout, uid: str) -> str:
+    union = layout.unions[uid]
+    return union.default or union.members[0]
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _bytes_per_token(kv: torch.Tensor) -> int:
+    # kv: [layers, 2, kv_heads, seq, head_dim]
+    return kv.shape[0] * 2 * kv.shape[2] * kv.shape[4] * kv.element_size()
