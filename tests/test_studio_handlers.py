@@ -291,18 +291,25 @@ def test_compare_streams_each_arm_and_records_one_row(studio, travel):
     schema, prompt, _ = travel
     updates = list(cmp.compare_stream(studio, schema, prompt, 3, settings=settings()))
     phases = [u.phase for u in updates]
-    assert phases[-1] == "done" and "baseline" in phases and "cached" in phases
-    assert phases.index("baseline") < phases.index("cached")
-    assert updates[0].arms == ("baseline", "cached")
+    assert phases[-1] == "done" and {"baseline", "prefix", "cached"} <= set(phases)
+    assert phases.index("baseline") < phases.index("prefix") < phases.index("cached")
+    assert updates[0].arms == ("baseline", "prefix", "cached")
     final = updates[-1]
     data = final.result
-    assert final.texts == {"baseline": data["baseline"]["text"], "cached": data["cached"]["text"]}
+    assert final.texts == {arm: data[arm]["text"] for arm in ("baseline", "prefix", "cached")}
+    assert row_prefix_ok(studio.runlog.get(final.run_id), data)
     last_streamed = [u for u in updates if u.phase == "cached"][-1]
     assert last_streamed.texts["cached"] == data["cached"]["text"]
     row = studio.runlog.get(final.run_id)
     assert row["schema_name"] == "travel" and row["schema_text"] == schema and row["prompt_text"] == prompt
     assert row["baseline_ttft_ms"] == data["baseline"]["ttft_ms"] and row["cached_ttft_ms"] == data["cached"]["ttft_ms"]
     assert studio.runlog.count() == 1
+
+
+def row_prefix_ok(row, data) -> bool:
+    """The run log keeps the prefix arm's own figures (not a copy of another arm's)."""
+    return (row["prefix_ttft_ms"] == data["prefix"]["ttft_ms"]
+            and row["prefix_reused_tokens"] == data["prefix"]["reused_tokens"])
 
 
 def test_divergence_offsets_mark_where_the_texts_part(studio, travel):
@@ -407,8 +414,8 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     assert rows[0][6] == f"{data['baseline']['ttft_ms']:.0f} ms" and rows[0][8] == f"{data['speedup']:.1f}×"
     assert hist.rows(studio, "doc_qa") == []
     plot = hist.plot_points(studio, "all")
-    assert sorted(zip(plot["path"], plot["TTFT ms"])) == [("baseline", data["baseline"]["ttft_ms"]),
-                                                          ("cached", data["cached"]["ttft_ms"])]
+    assert sorted(zip(plot["path"], plot["TTFT ms"])) == [(arm, data[arm]["ttft_ms"])
+                                                          for arm in ("baseline", "cached", "prefix")]
     assert hist.schemas(studio) == ["all", "travel"]
     out = hist.export_csv(studio, "all", tmp_path)
     assert [r["schema_name"] for r in csv.DictReader(open(out))] == ["travel"]
