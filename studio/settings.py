@@ -4,7 +4,8 @@ The widgets (tabs/encode.py) read their choices from ``engine.config`` (``labell
 ``values()``) and start at the engine's config; their values reach handlers as a dict keyed by
 setting name (:class:`Panel`). :func:`run_config` is the one place those values become a
 config, validated by the engine. A new run setting is one widget in the panel and one line in
-:func:`run_config`.
+:func:`run_config` — e.g. ``w["repair"] = gr.Slider(0, MAX_REPAIR, value=cfg.repair, step=1,
+precision=0, label=...)`` (precision 0: Gradio then passes an int) and ``"repair": given.get("repair"),``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import pytest
 from engine.runlog import RunLog
 from studio import builder as b
 from studio import files, views
+from studio.settings import Panel
 from studio.state import Studio
 from studio.tabs import compare as cmp
 from studio.tabs import encode as enc
@@ -361,6 +362,45 @@ def test_arm_columns_follow_the_arms_that_ran():
     two = {**doc, "arms": ["baseline", "cached"], "prefix": None}
     assert "appear here after a run" in views.metrics_html(two, "prefix")
     assert [v.arm for v in views.ARM_VIEWS] == ["baseline", "prefix", "cached"]
+
+
+def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatch):
+    from types import SimpleNamespace
+
+    schema, prompt, _ = travel
+    plan = studio.engine.plan(studio.layout(schema), prompt)
+    tok = studio.tokenizer
+    ids = {"baseline": tok.encode(" Nara, by train"), "prefix": tok.encode(" Nara, by train"),
+           "cached": tok.encode(" Nara, by bus")}
+    runs = {arm: SimpleNamespace(token_ids=tuple(t), text=tok.decode(t)) for arm, t in ids.items()}
+    base = {"ttft_ms": 100.0, "copy_ms": 0.0, "prefill_ms": 99.0, "prefill_tokens": 300, "decode_ms_per_token": None,
+            "new_tokens": 4, "peak_rss_bytes": 9e8, "cuda_peak_bytes": None}
+    data = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "prompt_tokens": 300, "speedup": 10.0,
+            "same_text": False, "first_divergence": 3, "first_token_agree": True, "first_token_kl": 0.01,
+            "storage": "cpu", "mode": "prefixed", "storage_dtype": "float32",
+            **{arm: {**base, "text": runs[arm].text, "reused_tokens": 7, "prefilled_tokens": 293}
+               for arm in ("baseline", "prefix", "cached")}}
+    comparison = SimpleNamespace(arms=tuple(data["arms"]), plan=plan, **runs)
+
+    def fake_stream(*args, **kw):
+        yield cmp.CompareUpdate("prefix", {"baseline": "x", "prefix": "y", "cached": ""}, tuple(data["arms"]))
+        yield cmp.CompareUpdate("done", {a: runs[a].text for a in runs}, tuple(data["arms"]), "", data, 1, comparison)
+
+    monkeypatch.setattr(cmp, "compare_stream", fake_stream)
+    streaming, done = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
+    columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(views.ARM_VIEWS))]  # (column, text, metrics) per arm
+    assert [c[0].visible for c in columns] == [True, True, True]
+    assert "caret" in streaming[1 + 3 * 1 + 1] and "caret" not in streaming[1 + 1]  # the prefix arm is generating
+    marks = cmp.divergence_offsets(studio, comparison)
+    k = next(i for i, (x, y) in enumerate(zip(ids["baseline"], ids["cached"])) if x != y)
+    assert "prefix" not in marks and marks["cached"] == marks["baseline"] == len(tok.decode(ids["cached"][:k])) > 0
+    assert '<mark class="diverge">' in columns[2][1] and '<mark class="diverge">' not in columns[1][1]
+    assert "7 reused · 293 prefilled" in columns[1][2]
+    data2 = {**data, "arms": ["baseline", "cached"], "prefix": None}
+    monkeypatch.setattr(cmp, "compare_stream", lambda *a, **k: iter(
+        [cmp.CompareUpdate("done", {}, ("baseline", "cached"), "", data2, 1, comparison)]))
+    (done,) = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
+    assert [done[1 + 3 * i].visible for i in range(3)] == [True, False, True]
 
 
 @pytest.mark.parametrize("schema_text,prompt_text,match", [

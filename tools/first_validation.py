@@ -2,7 +2,9 @@
 
 Starts ``python app.py`` from ``--root`` (default: this checkout) on a free port, waits until the
 server answers, opens the page in Debian's chromium and times, from the page's ``load`` event,
-until the validation status and the prompt builder are shown. Each trial is a fresh server, so
+until the validation status and the prompt builder are shown. ``validation_s`` splits into
+``page_boot_s`` (until the page sends its first event: Gradio's front end, not the studio) and
+``server_s`` (from that event until the validation is shown). Each trial is a fresh server, so
 every trial measures a *first* validation. Prints one JSON document last.
 
     python tools/first_validation.py --trials 3
@@ -65,6 +67,8 @@ def one_trial(root: Path, python: str) -> dict:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
                     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                    joins: list[float] = []  # when the page sends its events (the first is the validation)
+                    page.on("request", lambda r: joins.append(time.perf_counter()) if "/queue/join" in r.url else None)
                     page.goto(url, wait_until="load")
                     t_load = time.perf_counter()
                     page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
@@ -77,7 +81,9 @@ def one_trial(root: Path, python: str) -> dict:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    first_event = min(joins) if joins else t_load
     return {"startup_s": round(startup_s, 2), "validation_s": round(t_valid - t_load, 3),
+            "page_boot_s": round(first_event - t_load, 3), "server_s": round(t_valid - first_event, 3),
             "builder_s": round(t_builder - t_load, 3)}
 
 
@@ -89,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     trials = [one_trial(Path(args.root), args.python) for _ in range(args.trials)]
     out = {"root": args.root, "trials": trials}
-    for key in ("startup_s", "validation_s", "builder_s"):
+    for key in ("startup_s", "validation_s", "page_boot_s", "server_s", "builder_s"):
         vals = [t[key] for t in trials]
         out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
     print(json.dumps(out))

@@ -19,7 +19,7 @@ from ..state import Studio
 from ..streaming import in_thread
 from ..views import (ARM_VIEWS, column_html, head_html, metrics_html, summary_html, token_marks,
                      token_view_html)
-from .editors import Editors
+from .editors import Editors, Step
 
 PHASE_MESSAGES = {"baseline": "Baseline: full prefill, then decoding…",
                   "prefix": "Prefix cache: reusing the cached prefix, prefilling the rest…",
@@ -31,7 +31,7 @@ class CompareTab:
     max_new: gr.Slider
     temperature: gr.Slider
     run: object  # the Compare button's event (history chains a refresh after it)
-    stream: tuple  # (fn, inputs, outputs) of the streaming run, for Re-run
+    stream: Step  # the streaming run, for Re-run
 
 
 def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> CompareTab:
@@ -57,7 +57,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
 
     inputs = [editors.schema, editors.prompt, max_new, temperature] + panel.inputs
     outputs = [summary] + columns + [tokens, result, status]
-    stream = (partial(_stream_ui, studio, panel), inputs, outputs)
+    stream = Step(partial(_stream_ui, studio, panel), inputs, outputs)
     run = button.click(*stream, api_visibility="private")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)

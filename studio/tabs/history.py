@@ -13,7 +13,7 @@ from ..settings import Panel
 from ..state import Studio
 from ..views import ARM_VIEWS, retention_text
 from .compare import CompareTab
-from .editors import Editors
+from .editors import Editors, Step
 from .schema import SchemaTab
 
 HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)", "TTFT baseline", "TTFT cached",
@@ -22,7 +22,8 @@ PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "path", "run", "schema"]
 
 
 def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: SchemaTab, panel: Panel,
-          compare: CompareTab, downloads: Path):
+          compare: CompareTab, downloads: Path) -> Step:
+    """The tab; returns its refresh step (the page runs it on first paint)."""
     with gr.Row(elem_classes=["pml-toolbar"]):
         which = gr.Dropdown(["all"], value="all", label="Schema", scale=2)
         refresh_btn = gr.Button("Refresh", size="md", scale=1)
@@ -39,7 +40,7 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
                           color_map={v.arm: v.color for v in ARM_VIEWS})
     gr.Markdown(f"Run log: `{studio.runlog.path}`", elem_classes=["pml-note"])
 
-    refresh = (partial(_refresh_ui, studio, downloads), which, [table, plot, which, export])
+    refresh = Step(partial(_refresh_ui, studio, downloads), [which], [table, plot, which, export])
     compare.run.then(*refresh, show_progress="hidden")
     tab.select(*refresh, show_progress="hidden")
     refresh_btn.click(*refresh)
