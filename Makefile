@@ -48,6 +48,7 @@ bench: setup
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/fidelity.py
 	$(BIN)/python bench/compression.py
+	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/report.py --write-readme
 
 clean:

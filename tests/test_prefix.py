@@ -227,3 +227,24 @@ def test_prefix_inserts_do_not_evict_the_modules_the_cached_arm_reads(tiny_lm):
 def _token_kinds(plan) -> list[str]:
     return [s.kind for s in plan.segments for _ in s.token_ids]
 
+
+
+@pytest.mark.real_model
+def test_prefix_arm_is_exact_on_the_real_model(real_engine):
+    from conftest import SAMPLES
+
+    schema = (SAMPLES / "doc_qa.xml").read_text()
+    prompt = (SAMPLES / "doc_qa.prompt.xml").read_text()  # skips a module: reuse breaks inside the schema
+    eng = Engine.from_loaded(real_engine.lm)  # its own prefix cache: other tests' runs are not in it
+    c = eng.compare(schema, prompt, Sampling(12))
+    lay = c.plan.layout
+    # through remote-work, then into travel-expenses only as far as it shares its first tokens with the
+    # skipped annual-leave ("Halden Robotics Handbook, Section ")
+    skip = lay.modules["annual-leave"].start
+    shared = next(i for i, (a, b) in enumerate(zip(lay.pieces[lay.modules["annual-leave"].pieces[0]].token_ids,
+                                                     lay.pieces[lay.modules["travel-expenses"].pieces[0]].token_ids))
+                  if a != b)
+    assert c.prefix.reused_tokens == skip + shared and 0 < shared < 20
+    assert c.prefix.reuse.stopped_at == {"token": skip + shared, "source": "module", "owner": "travel-expenses"}
+    assert float((c.prefix.first_logits - c.baseline.first_logits).abs().max()) < 1e-4
+    assert c.prefix.token_ids == c.baseline.token_ids and c.prefix_agreement["same_text"]
