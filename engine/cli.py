@@ -88,6 +88,15 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="do not save encoded modules to (or load them from) the cache folder")
     r.add_argument("--arms", default=",".join(cfg.ARMS),
                    help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all)")
+    defaults = cfg.RunConfig()
+    r.add_argument("--repair", type=int, default=defaults.repair, metavar="K",
+                   help=f"link-token repair: recompute the first K tokens of every module that did not see what "
+                        f"precedes it, and after every argument (0 = off, at most {cfg.MAX_REPAIR}; "
+                        f"default {defaults.repair})")
+    r.add_argument("--sink", type=int, default=defaults.sink, metavar="N",
+                   help=f"isolated mode: encode each module after the prompt's first N tokens (the chat template's "
+                        f"opening), whose KV is not stored with it (0 = off, at most {cfg.MAX_SINK}; "
+                        f"default {defaults.sink})")
 
 
 def config_from_args(args) -> "cfg.RunConfig":
@@ -96,7 +105,7 @@ def config_from_args(args) -> "cfg.RunConfig":
                          storage_dtype=args.storage_dtype,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
-                         arms=cfg.parse_arms(args.arms))
+                         arms=cfg.parse_arms(args.arms), repair=args.repair, sink=args.sink)
 
 
 def main(argv: list[str] | None = None, extra: dict | None = None) -> int:
@@ -233,6 +242,9 @@ def run_text(data: dict) -> str:
         lines.append(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
                      f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL "
                      f"{data['first_token_kl']:.4f}")
+    if data.get("cached") and data["cached"].get("recomputed_tokens"):
+        lines.append(f"repair {data['repair']}: {data['cached']['recomputed_tokens']} cached tokens recomputed "
+                     "(in the cached prefill and its TTFT)")
     lines += [f"--- {a} ---\n{data[a]['text']}" for a in arms]
     return "\n".join(lines)
 

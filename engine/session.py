@@ -166,13 +166,13 @@ class Engine:
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             try:
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, repair=cfg.repair)
             except KeyError:
                 # an entry vanished between encoding and the run (evicted without a disk copy, or a
                 # corrupted file): encode again, once, and run
                 self._encoded.clear()
                 enc = self._encode(lay, cfg, progress)
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, repair=cfg.repair)
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------
