@@ -127,3 +127,55 @@ def ttft_point(eng, target: int, reps: int, new_tokens: int, chunks: list[str], 
         "cached_ttft_ms_all": [round(r.ttft_ms, 2) for r in cached],
         "same_text": all(b.token_ids == c.token_ids for b, c in zip(base, cached)),
     }
+
+
+# -- needles ------------------------------------------------------------------------------------
+
+NEEDLE_NAMES = ("falcon", "orchid", "granite", "lantern", "meadow", "harbor", "quartz", "willow", "ember", "cobalt",
+                "juniper", "summit", "tundra", "violet", "canyon", "maple")
+
+
+def needle_sentence(name: str, number: str) -> str:
+    return f"The special magic number for the {name} project is {number}."
+
+
+def needle_question(name: str) -> str:
+    # This wording was the one (of three tried) that SmolLM2-135M answers reliably on full prefills.
+    return f"Question: what is the special magic number for the {name} project mentioned in the documents? Answer:"
+
+
+def insert_sentence(text: str, sentence: str, depth: float) -> str:
+    """Put ``sentence`` between sentences of ``text`` at about ``depth`` (0 = start, 1 = end)."""
+    import re
+
+    parts = re.split(r"(?<=[.!?])\s+", text)
+    k = min(len(parts), max(0, round(depth * len(parts))))
+    return " ".join(parts[:k] + [sentence] + parts[k:])
+
+
+def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
+                     depths: tuple[float, ...] = (0.1, 0.5, 0.9)) -> list[dict]:
+    """Multi-needle prompts: every module holds one needle of the same template, each for another
+    project with another number; the question asks for one of them (the target module sits at
+    ``depth`` of the prompt). The model must take the number from the right module.
+
+    Seeded and offline (the PyPI package `hard-needle` generates such sets from its own distractor
+    sentences; here the haystack stays the essays, one needle per module).
+    """
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        start = rng.randrange(0, len(chunks) - n_modules)
+        docs = list(chunks[start:start + n_modules])
+        names = rng.sample(NEEDLE_NAMES, n_modules)
+        numbers = [str(rng.randrange(1_000_000, 9_999_999)) for _ in range(n_modules)]
+        for j in range(n_modules):
+            docs[j] = insert_sentence(docs[j], needle_sentence(names[j], numbers[j]), rng.random())
+        depth = depths[i % len(depths)]
+        target = min(n_modules - 1, int(depth * n_modules))
+        out.append({"modules": n_modules, "depth": depth, "needle_module": target, "name": names[target],
+                    "number": numbers[target], "others": [n for j, n in enumerate(numbers) if j != target],
+                    "docs": docs})
+    return out
