@@ -45,12 +45,12 @@ from engine.session import Engine
 SYSTEM = "You answer questions about the documents the user gives, using only those documents."
 NAMES = list(NEEDLE_NAMES)
 ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "isolated+repair 16",
-        "isolated+repair 32", "isolated+repair 16+first kept", "isolated+sink 3+repair 16", "prefixed+repair 4",
-        "scaffold")
+        "isolated+repair 32", "isolated+repair 16+first kept", "prefixed+repair 4")
 CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 16",
                    "isolated+repair 32", "prefixed+repair 4")
 SAMPLE_ARMS = ("prefixed", "prefixed+repair 4", "prefixed+repair 16", "isolated", "isolated+sink 3",
                "isolated+repair 4", "isolated+repair 16")
+QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "scaffold")
 needle, question, insert = needle_sentence, needle_question, insert_sentence
 
 
@@ -310,10 +310,12 @@ def plot_frontier(by_size: dict, path) -> None:
 
 
 def run_set(eng: Engine, cases: list[dict], label: str, sampling: Sampling, arms: tuple[str, ...],
-            ttft_reps: int, offset: int) -> list[dict]:
+            ttft_reps: int, offset: int, save=None) -> list[dict]:
     rows = []
     for i, case in enumerate(cases):
         rows.append(run_case(eng, case, offset + i, sampling, arms, ttft_reps))
+        if save:
+            save(label, rows)
         r = rows[-1]
         print(f"[{label} {i + 1}/{len(cases)}] modules={r['modules']} depth={r['depth']} tokens={r['prompt_tokens']} "
               + " ".join(f"{a}={'Y' if r[a]['found'] else 'n'}" for a in arms), flush=True)
@@ -329,19 +331,46 @@ def print_summary(title: str, summary: dict) -> None:
                  for a, s in summary.items()]))
 
 
+def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules, samples, sample_arms):
+    """Run the single-needle set, then the confusable set, then the sample table (saving rows as they come)."""
+    import json
+
+    kept: dict = {"single": [], "confusable": [], "samples": {}}
+
+    def save(label, rows):
+        kept[label] = rows
+        if args.rows_out:
+            args.rows_out.write_text(json.dumps(kept))
+
+    chunks = essay_chunks(eng.codec.encode, chunk_tokens)
+    sampling = Sampling(max_new_tokens=args.new_tokens)
+    rows = run_set(eng, make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed), "single",
+                   sampling, arms, args.ttft_reps, 0, save)
+    conf_rows = run_set(eng, confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1), "confusable",
+                        sampling, confusable_arms, args.ttft_reps, 10_000, save)
+    sample_rows = sample_table(eng, samples, sample_arms)
+    save("samples", sample_rows)
+    return rows, conf_rows, sample_rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modules", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--per-setting", type=int, default=24, help="single-needle prompts per number of modules")
     ap.add_argument("--confusable", type=int, default=24, help="confusable multi-needle prompts (8 modules)")
+    ap.add_argument("--confusable-arms", nargs="+", default=list(CONFUSABLE_ARMS))
+    ap.add_argument("--samples", nargs="*", default=None, help="sample schemas for the KL table (default: all)")
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    ap.add_argument("--new-tokens", type=int, default=28)
-    ap.add_argument("--ttft-reps", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=24, help="the number ends by token ~22 of the usual answer")
+    ap.add_argument("--ttft-reps", type=int, default=2)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms of the single-needle set")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, no files")
     ap.add_argument("--model", default=None)
     ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
+    ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
+    ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file (e.g. of a run cut short): "
+                    "the JSON counts what it holds")
     args = ap.parse_args()
     if args.replot:
         import json
@@ -352,36 +381,47 @@ def main() -> None:
         plot(data["by_depth"], data["by_modules"], ROOT / "assets" / "fidelity.png", tuple(data["arms"]))
         plot_frontier(data["frontier"], ROOT / "assets" / "frontier.png")
         return
-    arms = tuple(dict.fromkeys(["baseline", "isolated"] + args.arms))
-    confusable_arms = tuple(a for a in CONFUSABLE_ARMS)
-    chunk_tokens, conf_modules, samples = 250, 8, None
+    chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
         args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 80
         args.confusable, conf_modules, args.ttft_reps, samples = 2, 2, 1, ["travel"]
+        args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4"), \
+            ("prefixed", "prefixed+repair 4")
+    arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.arms)))
+    confusable_arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.confusable_arms)))
     eng = Engine(model=args.model, persist=False)
-    chunks = essay_chunks(eng.codec.encode, chunk_tokens)
-    sampling = Sampling(max_new_tokens=args.new_tokens)
     t0 = time.perf_counter()
-    sample_rows = sample_table(eng, samples, SAMPLE_ARMS)
-    rows = run_set(eng, make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed), "single",
-                   sampling, arms, args.ttft_reps, 0)
-    conf_rows = run_set(eng, confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1), "confusable",
-                        sampling, confusable_arms, args.ttft_reps, 10_000)
+    if args.from_rows:
+        import json
+
+        kept = json.loads(args.from_rows.read_text())
+        rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
+        arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict))
+        confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
+        if sample_rows:
+            sample_arms = tuple(k for k, v in next(iter(sample_rows.values())).items() if isinstance(v, dict))
+        args.modules = sorted({r["modules"] for r in rows})
+        conf_modules = conf_rows[0]["modules"] if conf_rows else conf_modules
+    else:
+        rows, conf_rows, sample_rows = collect(eng, args, arms, confusable_arms, chunk_tokens, conf_modules, samples,
+                                               sample_arms)
     summary = summarise(rows, arms)
     by_depth, by_modules = breakdown(rows, "depth", arms), breakdown(rows, "modules", arms)
-    frontier = {str(n): summarise([r for r in rows if r["modules"] == n], arms) for n in args.modules}
-    confusable = summarise(conf_rows, confusable_arms)
+    frontier = {str(n): summarise([r for r in rows if r["modules"] == n], arms) for n in sorted(set(args.modules))
+                if any(r["modules"] == n for r in rows)}
+    confusable = summarise(conf_rows, confusable_arms) if conf_rows else {}
     print_summary("single needle, all prompts", summary)
     for n, s in frontier.items():
         print_summary(f"single needle, {n} modules", s)
-    print_summary(f"confusable needles, {conf_modules} modules", confusable)
+    if confusable:
+        print_summary(f"confusable needles, {conf_modules} modules", confusable)
     if not args.quick:
         plot(by_depth, by_modules, ROOT / "assets" / "fidelity.png", arms)
         plot_frontier(frontier, ROOT / "assets" / "frontier.png")
     emit("fidelity", {"benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
                       "new_tokens": args.new_tokens, "prompts": len(rows), "confusable_prompts": len(conf_rows),
                       "confusable_modules": conf_modules, "ttft_reps": args.ttft_reps, "arms": list(arms),
-                      "confusable_arms": list(confusable_arms), "sample_arms": list(SAMPLE_ARMS),
+                      "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),
                       "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
                       "by_depth": by_depth, "by_modules": by_modules, "frontier": frontier,
                       "confusable": confusable, "samples": sample_rows, "rows": rows,
