@@ -44,10 +44,9 @@ from engine.session import Engine
 
 SYSTEM = "You answer questions about the documents the user gives, using only those documents."
 NAMES = list(NEEDLE_NAMES)
-ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "isolated+repair 16",
-        "isolated+repair 32", "isolated+repair 16+first kept", "prefixed+repair 4")
-CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 16",
-                   "isolated+repair 32", "prefixed+repair 4")
+ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 2", "isolated+repair 4",
+        "isolated+repair 16", "isolated+repair 32", "isolated+repair 16+first kept", "prefixed+repair 4")
+CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+repair 2", "isolated+repair 16")
 SAMPLE_ARMS = ("prefixed", "prefixed+repair 4", "prefixed+repair 16", "isolated", "isolated+sink 3",
                "isolated+repair 4", "isolated+repair 16")
 QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "scaffold")

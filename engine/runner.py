@@ -4,9 +4,9 @@ TTFT is measured one way for both paths: synchronize, ``perf_counter`` around (b
 allocation + KV assembly for the cached path) + prefill + first sampled token, synchronize.
 The cached path's TTFT includes the copy of the modules' KV into the run's buffer
 (``copy_ms`` reports that share) and, with ``repair`` K > 0, the recomputed link tokens
-(:func:`run_repaired`: they are prefilled with the uncached text, so ``prefill_ms`` holds them). Decoding is our own loop over a preallocated buffer with
-explicit position ids — ``model.generate()`` derives positions from the cache length, which is
-wrong for gapped caches.
+(:func:`run_repaired`: prefilled with the uncached text, so ``prefill_ms`` holds them).
+Decoding is our own loop over a preallocated buffer with explicit position ids —
+``model.generate()`` derives positions from the cache length, which is wrong for gapped caches.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -217,7 +217,6 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
         _sync(lm.device)
         t1 = time.perf_counter()
         result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, mask)
-    from dataclasses import replace
     return replace(_with_memory(result, mem), recomputed_tokens=len(sel), recomputed_positions=sel.positions)
 
 
