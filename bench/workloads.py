@@ -225,3 +225,29 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     c = (p + z * z / (2 * n)) / d
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return (round(max(0.0, c - h), 4), round(min(1.0, c + h), 4))
+def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
+                     depths: tuple[float, ...] = (0.1, 0.5, 0.9)) -> list[dict]:
+    """Multi-needle prompts: every module holds one needle of the same template, each for another
+    project with another number; the question asks for one of them (the target module sits at
+    ``depth`` of the prompt). The model must take the number from the right module.
+
+    Seeded and offline (the PyPI package `hard-needle` generates such sets from its own distractor
+    sentences; here the haystack stays the essays, one needle per module).
+    """
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        start = rng.randrange(0, len(chunks) - n_modules)
+        docs = list(chunks[start:start + n_modules])
+        names = rng.sample(NAMES, n_modules)
+        numbers = [str(rng.randrange(1_000_000, 9_999_999)) for _ in range(n_modules)]
+        for j in range(n_modules):
+            docs[j] = insert(docs[j], needle(names[j], numbers[j]), rng.random())
+        depth = depths[i % len(depths)]
+        target = min(n_modules - 1, int(depth * n_modules))
+        out.append({"modules": n_modules, "depth": depth, "needle_module": target, "name": names[target],
+                    "number": numbers[target], "others": [n for j, n in enumerate(numbers) if j != target],
+                    "docs": docs})
+    return out

@@ -92,6 +92,15 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--no-warmup", action="store_true",
                    help="do not warm the prefix cache with the prompt importing every module in schema order "
                         "before a schema's first prefix run (it then holds only earlier runs' prompts)")
+    defaults = cfg.RunConfig()
+    r.add_argument("--repair", type=int, default=defaults.repair, metavar="K",
+                   help=f"link-token repair: recompute the first K tokens of every module that did not see what "
+                        f"precedes it, and after every argument (0 = off, at most {cfg.MAX_REPAIR}; "
+                        f"default {defaults.repair})")
+    r.add_argument("--sink", type=int, default=defaults.sink, metavar="N",
+                   help=f"isolated mode: encode each module after the prompt's first N tokens (the chat template's "
+                        f"opening), whose KV is not stored with it (0 = off, at most {cfg.MAX_SINK}; "
+                        f"default {defaults.sink})")
 
 
 def config_from_args(args) -> "cfg.RunConfig":
@@ -100,7 +109,8 @@ def config_from_args(args) -> "cfg.RunConfig":
                          storage_dtype=args.storage_dtype,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
-                         arms=cfg.parse_arms(args.arms), warmup=not args.no_warmup)
+                         arms=cfg.parse_arms(args.arms), warmup=not args.no_warmup, repair=args.repair,
+                         sink=args.sink)
 
 
 def main(argv: list[str] | None = None, extra: dict | None = None) -> int:
@@ -249,6 +259,9 @@ def run_text(data: dict) -> str:
         if data.get("prefix_speedup") is not None:
             lines.append(f"prefix speedup {data['prefix_speedup']:.1f}x · same text: {data['prefix_same_text']} · "
                          f"KL {data['prefix_first_token_kl']:.2g}")
+    if data.get("cached") and data["cached"].get("recomputed_tokens"):
+        lines.append(f"repair {data['repair']}: {data['cached']['recomputed_tokens']} cached tokens recomputed "
+                     "(in the cached prefill and its TTFT)")
     lines += [f"--- {a} ---\n{data[a]['text']}" for a in arms]
     return "\n".join(lines)
 

@@ -11,7 +11,12 @@ Units (see layout.py for which pieces each contains):
    them, attending to the anonymous text before them.
 
 Mode ``prefixed`` (default) encodes 2. with the KV of the anonymous text before the module as
-past context; ``isolated`` (the paper's scheme) encodes it alone. Only the unit's own KV is
+past context; ``isolated`` (the paper's scheme) encodes it alone — or, with ``sink`` N > 0
+(issue 12), after the first N tokens of that anonymous text at their own positions 0..N-1: the
+chat template's fixed opening (``<|im_start|>system\n`` is 3 tokens), which every prompt starts
+with, so the module gets the attention sink it will have at run time without depending on the
+system text; the sink's KV is not stored with the module (the anonymous entry holds it already)
+and the sink's tokens are part of the entry's key. Only the unit's own KV is
 stored, so both modes cost the same memory. Entries are stored in the chosen dtype and, with
 a retention below 1, compressed per layer (compress.py). An entry already in the store — in
 memory or on disk — is not computed again; each unit reports where its entries came from.
@@ -62,6 +67,7 @@ class EncodedSchema:
     scaffold_keys: dict[str, str]
     units: tuple[UnitReport, ...]
     encode_ms: float
+    sink: int = 0  # sink tokens isolated module units were encoded after (0 in prefixed mode)
 
     def keys(self) -> list[str]:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
@@ -117,12 +123,23 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
         n = sum(len(layout.pieces[i]) for i in pre)
         return pre, anon_entry.slice(slice(0, n))
 
+    def context_of(start: int) -> tuple[str, ModuleKV | None]:
+        """(key part, past KV) of a module unit starting at ``start``: its prefix, its sink, or nothing."""
+        if mode == "prefixed":
+            pre, past = prefix_of(start)
+            return _ids_pos(layout, pre), past
+        _, past = prefix_of(start) if sink else ([], None)
+        if past is None:
+            return _ids_pos(layout, []), None
+        past = past.slice(slice(0, min(sink, len(past))))
+        return f"sink|{past.token_ids.tolist()}|{past.positions.tolist()}", past
+
     # 2. Module units, one per (top-level module, variant).
+    sink = config.sink if mode == "isolated" else 0
     for top, choice, targets in jobs[1:-len(layout.schema.scaffolds) or None]:
         unit = layout.unit_pieces(top, choice)
-        pre, past = prefix_of(layout.modules[top].start) if mode == "prefixed" else ([], None)
-        unit_key = _key(model_fingerprint, layout.codec.fingerprint, mode, storage, _ids_pos(layout, pre),
-                        _ids_pos(layout, unit))
+        context, past = context_of(layout.modules[top].start)
+        unit_key = _key(model_fingerprint, layout.codec.fingerprint, mode, storage, context, _ids_pos(layout, unit))
         wanted = {}
         for path in targets:
             own = list(layout.modules[path].pieces)
@@ -155,7 +172,7 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
 
     return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
                          pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
-                         units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000)
+                         units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000, sink=sink)
 
 
 def count_units(layout: Layout) -> int:

@@ -9,6 +9,8 @@
   on every step).
 * :func:`forward_kv` — run the model over tokens at explicit positions with an optional
   past and return the new tokens' KV as a ModuleKV.
+* :class:`RankMask` — for a repaired run (issue 12), attention by each token's rank in the
+  prompt instead of its index in the buffer, for the one prefill forward (:func:`rank_masked`).
 """
 
 from __future__ import annotations
@@ -300,6 +302,50 @@ def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV
 
 ATTENTION = "pml_sdpa"
 _SCORER: contextvars.ContextVar["AttentionScorer | None"] = contextvars.ContextVar("pml_scorer", default=None)
+_RANKS: contextvars.ContextVar["RankMask | None"] = contextvars.ContextVar("pml_ranks", default=None)
+
+
+class RankMask:
+    """Causal attention by rank for one forward whose cache is not in prompt order.
+
+    A repaired run leaves the recomputed tokens out of the buffer and prefills them with the
+    uncached tokens, appended after the buffer's entries; so a key's index in the buffer no
+    longer says where it sits in the prompt. Each key and query carries its **rank** (its index
+    in the materialised prompt, the baseline's order) and a query attends to every key of rank
+    ≤ its own — exactly the baseline's causal mask whenever the KV is the baseline's.
+    Compressed entries keep different tokens per layer, so buffer ranks may differ per layer.
+    """
+
+    def __init__(self, cached: list[torch.Tensor], new: torch.Tensor):
+        self.cached = cached  # [layers] x [buffer entries of that layer] int64 ranks (shared when equal)
+        self.new = new  # [new tokens] int64 ranks, in the order they are prefilled
+        self._made: dict[int, torch.Tensor] = {}  # id(cached[layer]) -> mask
+
+    def mask(self, layer: int, q: int, kv: int, device) -> torch.Tensor:
+        """[1, 1, q, kv] bool mask (True = attend) for ``layer``."""
+        cached = self.cached[layer]
+        if q != self.new.shape[0] or kv != cached.shape[0] + q:
+            raise ValueError(f"rank mask for {self.new.shape[0]} queries over {cached.shape[0]} cached keys "
+                             f"used on {q} queries over {kv} keys in layer {layer}")
+        made = self._made.get(id(cached))
+        if made is None or made.device != torch.device(device):
+            keys = torch.cat([cached, self.new])
+            made = (keys[None, :] <= self.new[:, None])[None, None].to(device)
+            self._made[id(cached)] = made
+        return made
+
+
+@contextlib.contextmanager
+def rank_masked(mask: RankMask | None):
+    """Within this block, forwards through the PML attention use ``mask`` (None: unchanged)."""
+    if mask is None:
+        yield None
+        return
+    token = _RANKS.set(mask)
+    try:
+        yield mask
+    finally:
+        _RANKS.reset(token)
 
 
 class AttentionScorer:
@@ -348,7 +394,8 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
 
     The causal mask is built once from layer 0's length; a layer that kept fewer (compressed)
     entries gets the same bottom-right causal mask at its own length. Batch size is always 1
-    and there is no padding, so that mask is exact.
+    and there is no padding, so that mask is exact. Inside :func:`rank_masked` the mask is the
+    :class:`RankMask`'s instead.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -356,7 +403,10 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     if scorer is not None:
         scorer.observe(module.layer_idx, query, key, kwargs.get("scaling"))
     kv = key.shape[-2]
-    if attention_mask is not None and attention_mask.shape[-1] != kv:
+    ranks = _RANKS.get()
+    if ranks is not None:
+        attention_mask = ranks.mask(module.layer_idx, query.shape[-2], kv, query.device)
+    elif attention_mask is not None and attention_mask.shape[-1] != kv:
         q = query.shape[-2]
         attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
     if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs):

@@ -3,7 +3,9 @@
 * **baseline** — one ordinary prefill of the whole prompt (nothing reused, nothing stored);
 * **prefix** — what a serving engine does: reuse the longest token prefix the prefix cache holds
   (engine/prefix.py; exact), prefill the rest, then store this prompt's KV for later runs;
-* **cached** — modular reuse: the imported modules' KV assembled at their schema positions.
+* **cached** — modular reuse: the imported modules' KV assembled at their schema positions; with
+  ``repair`` K > 0 the link tokens are recomputed (:func:`run_repaired`: prefilled with the
+  uncached text, so ``prefill_ms`` holds them).
 
 TTFT is measured one way for every path: synchronize, ``perf_counter`` around (buffer
 allocation + KV assembly for the prefix and cached paths) + prefill + first sampled token,
@@ -25,11 +27,12 @@ from typing import Callable
 import torch
 
 from .encode import EncodedSchema
-from .kv import KVBuffer, KVWorkspace
 from .errors import EngineError
+from .kv import ATTENTION, KVBuffer, KVWorkspace, LayeredKV, RankMask, rank_masked
 from .models import LoadedModel
 from .plan import CACHED, PromptPlan
 from .prefix import PrefixCache
+from .repair import select_repair
 from .store import ModuleStore
 
 TokenFn = Callable[[str, str], None]  # (path, text so far)
@@ -78,6 +81,8 @@ class RunResult:
     first_logits: torch.Tensor = field(repr=False, compare=False)
     reused_tokens: int = 0  # prompt tokens whose KV came from a store (modules or the prefix cache)
     reuse: PrefixReuse | None = None  # prefix arm only
+    recomputed_tokens: int = 0  # cached tokens prefilled again by link-token repair (in prefill_tokens)
+    recomputed_positions: tuple[int, ...] = ()  # their position ids
 
     def to_json(self) -> dict:
         return {"text": self.text, "ttft_ms": round(self.ttft_ms, 3), "copy_ms": round(self.copy_ms, 3),
@@ -86,7 +91,8 @@ class RunResult:
                 "decode_ms_per_token": None if self.decode_ms_per_token is None else round(self.decode_ms_per_token, 3),
                 "new_tokens": self.decode_tokens, "peak_rss_bytes": self.peak_rss_bytes,
                 "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes,
-                "reused_tokens": self.reused_tokens}
+                "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens,
+                "recomputed_positions": list(self.recomputed_positions)}
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,8 @@ class Comparison:
     encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
     prefix: RunResult | None = None  # the prefix-cache arm (its ``reuse`` says what it reused)
     prefix_agreement: dict | None = None  # agreement(baseline, prefix), keys as NO_AGREEMENT
+    repair: int = 0  # link tokens recomputed per link (issue 12)
+    sink: int = 0  # sink tokens the isolated module entries were encoded after
 
     @property
     def speedup(self) -> float | None:
@@ -150,7 +158,7 @@ class Comparison:
             "first_token_kl": _round(self.first_token_kl), "max_first_logit_diff": _round(self.max_first_logit_diff),
             "sampling": {"max_new_tokens": self.sampling.max_new_tokens, "temperature": self.sampling.temperature,
                          "top_p": self.sampling.top_p, "seed": self.sampling.seed},
-            "encode": self.encode,
+            "encode": self.encode, "repair": self.repair, "sink": self.sink,
         }
 
     def _prefix_json(self) -> dict:
@@ -189,8 +197,13 @@ def run_baseline(lm: LoadedModel, plan: PromptPlan, sampling: Sampling = Samplin
 
 
 def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-               sampling: Sampling = Sampling(), on_token: TokenFn | None = None) -> RunResult:
-    """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode."""
+               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, repair: int = 0) -> RunResult:
+    """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode.
+
+    ``repair`` K > 0 recomputes K link tokens per link (:func:`run_repaired`); 0 is this path, unchanged.
+    """
+    if repair:
+        return run_repaired(lm, plan, encoded, store, sampling, on_token, repair)
     copies = _copy_list(plan, encoded, store)
     ids, pos = plan.uncached()
     with _PeakMemory(lm.device) as mem:
@@ -249,7 +262,8 @@ def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...]
 
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
             sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
-            arms: tuple[str, ...] = ("baseline", "cached"), prefix: PrefixCache | None = None) -> Comparison:
+            arms: tuple[str, ...] = ("baseline", "cached"), prefix: PrefixCache | None = None,
+            repair: int = 0) -> Comparison:
     """The asked-for arms of one plan, one after the other on the same buffers (baseline, prefix, cached),
     with each arm's agreement with the baseline. The prefix arm needs the engine's ``prefix`` cache."""
     if "prefix" in arms and prefix is None:
@@ -257,7 +271,7 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
     base = run_baseline(lm, plan, sampling, on_token) if "baseline" in arms else None
     keep = used_keys(plan, encoded) if "cached" in arms else []
     pre = run_prefix(lm, plan, prefix, sampling, on_token, keep=keep) if "prefix" in arms else None
-    cached = run_cached(lm, plan, encoded, store, sampling, on_token) if "cached" in arms else None
+    cached = run_cached(lm, plan, encoded, store, sampling, on_token, repair) if "cached" in arms else None
     agree = agreement(base, cached) if base is not None and cached is not None else dict.fromkeys(NO_AGREEMENT)
     pre_agree = agreement(base, pre) if base is not None and pre is not None else None
     return Comparison(
@@ -266,10 +280,40 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
         storage_dtype=encoded.dtype, compression={"retention": encoded.compression.retention,
                                                   "method": encoded.compression.method},
         store_stats=store.stats(), baseline=base, cached=cached, sampling=sampling, arms=tuple(arms),
-        prefix=pre, prefix_agreement=pre_agree, **agree)
+        prefix=pre, prefix_agreement=pre_agree, repair=repair, sink=encoded.sink, **agree)
 
 
 NO_AGREEMENT = ("same_text", "first_divergence", "first_token_agree", "first_token_kl", "max_first_logit_diff")
+
+
+def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+                 sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = 4,
+                 first: bool | None = None) -> RunResult:
+    """The cached run with link-token recompute (issue 12, after EPIC).
+
+    The tokens :func:`engine.repair.select_repair` picks are left out of the buffer and prefilled
+    together with the uncached tokens, at their own position ids; every prefilled token attends
+    to the cached entries and prefilled tokens before it in the prompt (:class:`RankMask`), so
+    their fresh KV replaces the stored one for the rest of the run. TTFT includes the recompute.
+    """
+    if getattr(lm.model.config, "_attn_implementation", "") != ATTENTION:
+        raise EngineError("link-token repair needs the model to run with SDPA attention (the loaded model uses "
+                          f"'{lm.model.config._attn_implementation}'); set repair to 0")
+    sel = select_repair(plan, k, encoded.mode, first)
+    redo = set(sel.ranks)
+    copies = _copy_list_ranked(plan, encoded, store, redo)
+    ids, pos, ranks = _prefilled(plan, redo)
+    with _PeakMemory(lm.device) as mem:
+        _sync(lm.device)
+        t0 = time.perf_counter()
+        buf = workspace(lm).buffer(plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1)
+        for entry, a, b, _ in copies:
+            entry.write_into(buf, a, b)
+        mask = RankMask(_buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
+        _sync(lm.device)
+        t1 = time.perf_counter()
+        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, mask)
+    return replace(_with_memory(result, mem), recomputed_tokens=len(sel), recomputed_positions=sel.positions)
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:
@@ -334,6 +378,62 @@ def _copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> 
     return out
 
 
+def _copy_list_ranked(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, skip: set[int]) -> list:
+    """(entry, first token, end token, rank of the first token) ranges to copy, leaving out ranks ``skip``."""
+    out: list = []
+    rank = 0
+    for seg in plan.segments:
+        if seg.kind == CACHED:
+            key, off = encoded.locate(seg.piece, seg.scaffold)
+            entry = store.get(key)
+            for i in range(len(seg)):
+                if rank + i in skip:
+                    continue
+                a = off + seg.offset + i
+                if out and out[-1][0] is entry and out[-1][2] == a and out[-1][3] + a - out[-1][1] == rank + i:
+                    out[-1] = (entry, out[-1][1], a + 1, out[-1][3])
+                else:
+                    out.append((entry, a, a + 1, rank + i))
+        rank += len(seg)
+    return out
+
+
+def _prefilled(plan: PromptPlan, redo: set[int]) -> tuple[list[int], list[int], list[int]]:
+    """(token ids, position ids, ranks) a repaired run prefills: uncached tokens and ranks ``redo``, in order."""
+    ids: list[int] = []
+    pos: list[int] = []
+    ranks: list[int] = []
+    rank = 0
+    for s in plan.segments:
+        for i, (t, p) in enumerate(zip(s.token_ids, s.positions)):
+            if s.kind != CACHED or rank + i in redo:
+                ids.append(t)
+                pos.append(p)
+                ranks.append(rank + i)
+        rank += len(s)
+    return ids, pos, ranks
+
+
+def _buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
+    """Per layer, the ranks of the buffer's entries in buffer order (one shared tensor unless compressed)."""
+    every = [torch.arange(r, r + b - a) for _, a, b, r in copies]
+    if not any(isinstance(entry, LayeredKV) for entry, *_ in copies):
+        shared = torch.cat(every) if every else torch.zeros(0, dtype=torch.long)
+        return [shared] * n_layers
+    out = []
+    for layer in range(n_layers):
+        parts = []
+        for (entry, a, b, r), full in zip(copies, every):
+            if isinstance(entry, LayeredKV):
+                kept = entry.kept[layer]
+                kept = kept[(kept >= a) & (kept < b)]
+                parts.append(kept - a + r)
+            else:
+                parts.append(full)
+        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
+    return out
+
+
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> int:
     if sampling.temperature <= 0:
         return int(torch.argmax(logits))
@@ -347,13 +447,15 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
 
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: list[int], sampling: Sampling,
-                        t0: float, t1: float, path: str, on_token: TokenFn | None) -> RunResult:
+                        t0: float, t1: float, path: str, on_token: TokenFn | None,
+                        mask: RankMask | None = None) -> RunResult:
     model, device = lm.model, lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        with rank_masked(mask):  # only the prefill: decode steps see the whole buffer
+            out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
         _sync(device)
         t_fwd = time.perf_counter()

@@ -178,13 +178,15 @@ class Engine:
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if "prefix" in cfg.arms else None
             try:
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
+                                     repair=cfg.repair)
             except KeyError:
                 # an entry vanished between encoding and the run (evicted without a disk copy, or a
                 # corrupted file): encode again, once, and run
                 self._encoded.clear()
                 enc = self._encode(lay, cfg, progress)
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix)
+                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
+                                     repair=cfg.repair)
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------

@@ -78,20 +78,27 @@ def test_memory_quick():
 
 def test_fidelity_quick():
     _, data = run_bench("fidelity.py")
-    assert data["prompts"] == 2 and data["greedy"] is True
+    assert data["prompts"] == 2 and data["confusable_prompts"] == 2 and data["greedy"] is True
     summary = data["summary"]
-    assert set(summary) == {"baseline", "prefixed", "isolated", "scaffold"}
+    assert list(summary) == ["baseline", "isolated", "prefixed", "isolated+sink 3", "isolated+repair 4", "scaffold"]
     for path, s in summary.items():
         assert s["n"] == 2 and 0 <= s["accuracy"] <= 1 and s["ci95"][0] <= s["accuracy"] <= s["ci95"][1]
         assert s["found"] == sum(r[path]["found"] for r in data["rows"])
+        assert s["ttft_ms"]["min"] <= s["ttft_ms"]["median"] <= s["ttft_ms"]["max"]
     for row in data["rows"]:
         assert row["scaffold"]["first_token_kl"] < 1e-4  # joint encoding of every module: exact
-        for path in ("prefixed", "isolated", "scaffold"):
+        assert row["isolated"]["recomputed_tokens"] == 0 < row["isolated+repair 4"]["recomputed_tokens"]
+        for path in ("prefixed", "isolated", "scaffold", "isolated+repair 4"):
             assert 0 <= row[path]["rouge_l"] <= 1
             if row[path]["same_text"]:
                 assert row[path]["text"] == row["baseline"]["text"] and row[path]["first_divergence"] is None
             else:
                 assert row[path]["first_divergence"] is not None
+    for row in data["confusable_rows"]:
+        assert len(row["number"]) == 7 and not (row["isolated"]["found"] and row["isolated"]["confused"])
+    assert set(data["frontier"]) == {"2"} and set(data["samples"]) == {"travel"}
+    travel = data["samples"]["travel"]
+    assert travel["prefixed"]["recomputed_tokens"] == 0 < travel["prefixed+repair 4"]["recomputed_tokens"]
 
 
 def test_compression_quick():
