@@ -15,7 +15,9 @@ API: the compare action is the endpoint ``/compare``::
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import gradio as gr
@@ -61,6 +63,7 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
 
     with gr.Blocks(title="PML Studio") as demo:
         demo.studio = studio  # tests and launch reach the run log and engine through this
+        weakref.finalize(demo, shutil.rmtree, downloads, True)  # schema downloads and CSV exports go with the app
         with gr.Row(elem_classes=["pml-header"]):
             gr.HTML(TITLE_HTML)
             status = gr.HTML(studio.status_html())
