@@ -641,11 +641,11 @@ def _write_results(folder):
     fits = {"cached_ttft_vs_cached_tokens_linear": {"slope_ms_per_token": 0.01, "intercept_ms": 150.0, "r2": 0.98},
             "baseline_ttft_power": {"exponent": 1.21, "r2": 0.99}}
     (folder / "scaling.json").write_text(json.dumps(
-        {"benchmark": "scaling", "model": "SmolLM2-135M-Instruct", "dtype": "float32", "reps": 3, "machine": MACHINE,
+        {"benchmark": "scaling", "model": "SmolLM2-135M-Instruct", "dtype": "float32", "reps": 5, "machine": MACHINE,
          "results": [_point(256, 700.0, 160.0), _point(4096, 12000.0, 200.0)], "fits": fits, "gpu": None,
          "gpu_note": "no CUDA device on this machine: GPU storage cases not run"}))
     (folder / "ttft.json").write_text(json.dumps(
-        {"benchmark": "ttft", "command": "python bench/ttft.py", "model": "SmolLM2-135M-Instruct", "reps": 3,
+        {"benchmark": "ttft", "command": "python bench/ttft.py", "model": "SmolLM2-135M-Instruct", "reps": 5,
          "new_tokens": 16, "machine": MACHINE, "results": [_point(n, 10.0 * n, 150.0) for n in (512, 1024, 2048, 4096)]}))
     (folder / "memory.json").write_text(json.dumps(
         {"benchmark": "memory", "machine": MACHINE,
