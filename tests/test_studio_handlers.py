@@ -679,7 +679,7 @@ def test_benchmarks_tab_reads_results_folder(tmp_path):
     folder = tmp_path / "results"
     _write_results(folder)
     head, rows, fits = bm.scaling_view(folder)
-    assert "2026-01-02" in head and "2 threads" in head and "`python bench/scaling.py --lengths 256 4096 --reps 3`" \
+    assert "2026-01-02" in head and "2 threads" in head and "`python bench/scaling.py --lengths 256 4096 --reps 5`" \
         in head
     assert "no CUDA device" in head
     assert list(rows["prompt tokens"]) == [253, 4093] and rows["speedup"].iloc[1] == "60.0×"
