@@ -28,6 +28,8 @@ def run_config(base: RunConfig, settings: dict) -> RunConfig:
             "retention": given.get("retention"),
             "method": given.get("method"),
             "budget_bytes": budget_from_mib(given.get("budget_mib")),
+            "repair": _whole(given.get("repair")),
+            "sink": _whole(given.get("sink")),
         }
         # the model, its device and dtype belong to the engine: a run changes only how modules are kept
         return base.with_(device=base.device, **{k: v for k, v in changes.items() if v is not None})
@@ -49,3 +51,8 @@ class Panel:
 
     def __len__(self) -> int:
         return len(self.widgets)
+
+
+def _whole(value):
+    """A slider's number as an int (Gradio may pass 4.0); None stays None."""
+    return None if value is None else int(round(float(value)))

@@ -259,9 +259,24 @@ def summary_html(result: dict | None, message: str = "") -> str:
     facts.append(f'<span class="badge">{result["cached_tokens"]} of {result["prompt_tokens"]} prompt tokens '
                  "in modules</span>")
     facts.append(f'<span class="badge">{html.escape(result["storage"])} · {html.escape(result["mode"])}</span>')
+    facts += _repair_badges(result)
     return (f'<div class="pml-summary"><div class="speedup"><span class="big">{big}</span>'
             f'<span class="sub">faster first token (modular cache)</span></div>'
             f'<div class="facts">{"".join(facts)}{_memory_badges(result)}</div></div>')
+
+
+def _repair_badges(result: dict) -> list[str]:
+    """How many cached tokens repair recomputed, and the share of the cached prefill they were."""
+    cached = result.get("cached") or {}
+    n = cached.get("recomputed_tokens") or 0
+    if not result.get("repair") and not n:
+        return []
+    if not n:
+        return [f'<span class="badge">repair K={result.get("repair")}: nothing to recompute</span>']
+    prefilled = cached.get("prefill_tokens") or n
+    cost = cached.get("prefill_ms", 0.0) * n / prefilled
+    return [f'<span class="badge tok-recomputed">repair K={result.get("repair")}: {n} cached tokens recomputed '
+            f'({n / prefilled:.0%} of the cached prefill, ≈{cost:.0f} ms of its TTFT)</span>']
 
 
 def _memory_badges(result: dict) -> str:

@@ -814,3 +814,17 @@ def test_restart_with_persistence_encodes_nothing(tiny_lm, travel, tmp_path):
     assert again.counts == {"memory": 0, "disk": len(view.units), "encoded": 0}
     assert {r[3] for r in again.units} == {"disk"} and "0 unit(s) encoded afresh" in again.summary
     assert '<tr class="changed"><th>disk loads</th>' in again.memory
+
+
+def test_repair_setting_reaches_the_run_and_the_token_view(studio, travel):
+    schema, prompt, _ = travel
+    data = cmp.compare_json(studio, schema, prompt, 2, settings=settings(mode="isolated", repair=4.0, sink=0))
+    assert data["repair"] == 4 and data["cached"]["recomputed_tokens"] == len(data["cached"]["recomputed_positions"]) > 0
+    summary = views.summary_html(data)
+    assert f"{data['cached']['recomputed_tokens']} cached tokens recomputed" in summary
+    marks = views.token_marks(data)
+    assert marks["recomputed"] == set(data["cached"]["recomputed_positions"])
+    off = cmp.compare_json(studio, schema, prompt, 2, settings=settings(mode="isolated", repair=0))
+    assert off["cached"]["recomputed_tokens"] == 0 and "recomputed" not in views.summary_html(off)
+    with pytest.raises(gr.Error, match="repair must be a whole number from 0 to 64"):
+        cmp.compare_json(studio, schema, prompt, 2, settings=settings(repair=65))

@@ -13,7 +13,7 @@ from typing import Callable
 
 import gradio as gr
 
-from engine.config import RunConfig, labelled, short_dtype
+from engine.config import MAX_REPAIR, MAX_SINK, RunConfig, labelled, short_dtype
 
 from ..errors import as_gr_error
 from ..settings import Panel
@@ -31,6 +31,9 @@ RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys 
                   "compressed): **pyramid** keeps the tokens the module's last tokens attend to most, fewer in deeper "
                   "layers (PyramidInfer); **uniform** the same share, by attention, in every layer; **recent** only "
                   "the last tokens. Storage precision and retention apply to Compare too.")
+REPAIR_NOTE = ("**Repair** (EPIC-style link-token recompute) buys back fidelity where modules were encoded apart: "
+               "the recomputed tokens are marked in Compare's token view and their cost is inside the cached TTFT. "
+               "K = 0 is the plain cached path, bit for bit.")
 ENCODE_NOTE = ("Encoding stores the KV of every module. It runs again only when the schema, model, mode or storage "
                "settings changed; modules saved on disk are loaded instead of encoded.")
 
@@ -88,6 +91,15 @@ def _settings_panel(studio: Studio) -> Panel:
         w["method"] = gr.Radio(labelled("method"), value=cfg.compression.method, label="Compression method",
                                info="used when retention < 1", elem_id="compression-method")
     gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
+    with gr.Row():
+        w["repair"] = gr.Slider(0, MAX_REPAIR, value=cfg.repair, step=1, precision=0, label="Repair: link tokens "
+                                "recomputed (K)", elem_id="repair",
+                                info="the first K tokens of every module that did not see what precedes it, and "
+                                     "after each argument, prefilled again with the question (0 = off)")
+        w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
+                              elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
+                                                   "(the chat template's opening); 0 = off")
+    gr.Markdown(REPAIR_NOTE, elem_classes=["pml-note"])
     with gr.Row(equal_height=True):
         w["budget_mib"] = gr.Number(memory_defaults(studio)["budget_mib"], label="Module memory budget (MiB)",
                                     minimum=0.01, precision=1, scale=1, elem_id="budget-mib",
