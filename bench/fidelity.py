@@ -179,6 +179,37 @@ def measure_ttft(runner: Runner, arms: list[str], reps: int) -> dict[str, float]
     return {a: statistics.median(v) for a, v in times.items() if v}
 
 
+PROBE_ARMS = ("isolated", "isolated+repair 2", "isolated+repair 4", "isolated+repair 16", "isolated+repair 32",
+              "isolated+sink 3", "prefixed", "prefixed+repair 4")
+
+
+def ttft_probe(eng: Engine, chunks: list[str], reps: int, n_modules: int = 8, arms=PROBE_ARMS) -> dict:
+    """TTFT of each cached arm on one needle prompt of ``n_modules`` modules: one warm-up round, then
+    ``reps`` rounds of one-token runs, arms interleaved; per arm the median and min, and per round the
+    ratio to plain ``isolated`` (median, min, max) — a loaded machine slows every arm of a round alike."""
+    from xml.sax.saxutils import escape
+
+    case = make_cases(chunks, [n_modules], 1, [0.5], seed=99)[0]
+    prompt = '<prompt schema="probe">' + "".join(f"<doc{i}/>" for i in range(n_modules)) + \
+        f" {escape(question(case['name']))}</prompt>"
+    lay = eng.layout(doc_schema("probe", case["docs"], system=SYSTEM))
+    plan = eng.plan(lay, prompt, 1)
+    runner = Runner(eng, lay, plan, Sampling(max_new_tokens=1))
+    recomputed = {arm: runner.run(arm).recomputed_tokens for arm in arms}  # warm-up round, encodings made
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    for _ in range(reps):
+        for arm in arms:
+            times[arm].append(runner.run(arm).ttft_ms)
+    out = {"prompt_tokens": plan.prompt_tokens, "uncached_tokens": plan.uncached_tokens, "reps": reps, "arms": {}}
+    for arm in arms:
+        ratios = [t / i for t, i in zip(times[arm], times["isolated"])]
+        out["arms"][arm] = {"median_ms": round(statistics.median(times[arm]), 1), "min_ms": round(min(times[arm]), 1),
+                            "ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
+                            "ratio_max": round(max(ratios), 3), "recomputed_tokens": recomputed[arm]}
+        print(f"probe {arm}: {out['arms'][arm]}", flush=True)
+    return out
+
+
 def summarise(rows: list[dict], arms: tuple[str, ...]) -> dict:
     summary = {}
     for arm in arms:
@@ -355,6 +386,8 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
+    ap.add_argument("--ttft-probe", type=int, default=0, metavar="REPS",
+                    help="only the TTFT probe (one 8-module prompt, REPS interleaved rounds), kept in --rows-out")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file (e.g. of a run cut short): "
                     "the JSON counts what it holds")
     args = ap.parse_args()
@@ -377,11 +410,20 @@ def main() -> None:
     confusable_arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.confusable_arms)))
     eng = Engine(model=args.model, persist=False)
     t0 = time.perf_counter()
+    if args.ttft_probe:
+        import json
+
+        probe = ttft_probe(eng, essay_chunks(eng.codec.encode, chunk_tokens), args.ttft_probe)
+        if args.rows_out:
+            args.rows_out.write_text(json.dumps({"ttft_probe": probe}))
+        return
+    probe = None
     if args.from_rows:
         import json
 
         kept = json.loads(args.from_rows.read_text())
         rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
+        probe = kept.get("ttft_probe")
         arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict))
         confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
         if sample_rows:
@@ -410,7 +452,7 @@ def main() -> None:
                       "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),
                       "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
                       "by_depth": by_depth, "by_modules": by_modules, "frontier": frontier,
-                      "confusable": confusable, "samples": sample_rows, "rows": rows,
+                      "confusable": confusable, "samples": sample_rows, "ttft_probe": probe, "rows": rows,
                       "confusable_rows": conf_rows}, write=not args.quick)
 
 

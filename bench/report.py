@@ -238,6 +238,17 @@ def repair_section(f: dict) -> list[str]:
             out.append(f"| {name} | " + " | ".join(f"{row[a]['kl']:.3f}{'' if row[a]['agree'] else ' ✗'}"
                                                    for a in arms) + " |")
         out.append("")
+    probe = f.get("ttft_probe")
+    if probe:
+        out += [f"*TTFT probe: one needle prompt of {probe['prompt_tokens']} tokens (8 modules, "
+                f"{probe['uncached_tokens']} uncached), {probe['reps']} rounds of one-token runs with the arms "
+                "interleaved after a warm-up round; the ratio to `isolated` is taken within each round:*", "",
+                "| arm | recomputed tokens | TTFT median | TTFT min | × isolated, median (min–max) |",
+                "|---|---:|---:|---:|---:|"]
+        for arm, v in probe["arms"].items():
+            out.append(f"| {_arm(arm)} | {v['recomputed_tokens']} | {v['median_ms']:.0f} ms | {v['min_ms']:.0f} ms | "
+                       f"{v['ratio_median']:.2f}× ({v['ratio_min']:.2f}–{v['ratio_max']:.2f}) |")
+        out.append("")
     out += ["![Needle accuracy against TTFT, per arm](assets/frontier.png)", ""]
     return out
 
