@@ -2,6 +2,7 @@
 
 Run from the repository root at that commit: python tests/data/make_modules_v1.py tests/data/modules-v1
 The files are kept as made then, so the format test loads what the previous version wrote.
+"""
 import sys, shutil, pathlib
 sys.path.insert(0, ".")
 sys.path.insert(0, "tests")
