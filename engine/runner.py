@@ -3,24 +3,32 @@
 TTFT is measured one way for both paths: synchronize, ``perf_counter`` around (buffer
 allocation + KV assembly for the cached path) + prefill + first sampled token, synchronize.
 The cached path's TTFT includes the copy of the modules' KV into the run's buffer
-(``copy_ms`` reports that share). Decoding is our own loop over a preallocated buffer with
-explicit position ids — ``model.generate()`` derives positions from the cache length, which is
-wrong for gapped caches.
+(``copy_ms`` reports that share; int8 / int4 entries are dequantized by that copy). Decoding is
+our own loop over a preallocated buffer with explicit position ids — ``model.generate()``
+derives positions from the cache length, which is wrong for gapped caches.
+
+With ``question`` retention the cached run thins its buffer after the first token is out
+(``retention_ms``, outside TTFT) and decodes over the smaller cache. Each run reports the KV
+bytes it held: its buffer after the prefill, the module entries it read, and the buffer after
+retention.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
+from .compress import QuestionRetention
 from .encode import EncodedSchema
 from .kv import KVBuffer, KVWorkspace
 from .models import LoadedModel
+from .layout import ANONYMOUS
 from .plan import CACHED, PromptPlan
 from .store import ModuleStore
 
@@ -51,8 +59,13 @@ class RunResult:
     decode_tokens: int
     peak_rss_bytes: int
     cuda_peak_bytes: int | None
-    kv_buffer_bytes: int
+    kv_buffer_bytes: int  # capacity of the run's buffer
     first_logits: torch.Tensor = field(repr=False, compare=False)
+    kv_buffer_used_bytes: int = 0  # KV in the run's buffer after the prefill (baseline: prompt tokens x bytes/token)
+    kv_store_bytes: int = 0  # module entries the run read, as stored (0 for baseline)
+    kv_held_bytes: int = 0  # kv_store_bytes + kv_buffer_used_bytes
+    kv_buffer_bytes_after_retention: int = 0  # what decoding ran over (= kv_buffer_used_bytes without retention)
+    retention_ms: float = 0.0  # scoring + thinning the buffer (question retention), after the first token
 
     def to_json(self) -> dict:
         return {"text": self.text, "ttft_ms": round(self.ttft_ms, 3), "copy_ms": round(self.copy_ms, 3),
@@ -60,7 +73,11 @@ class RunResult:
                 "prefill_tokens": self.prefill_tokens,
                 "decode_ms_per_token": None if self.decode_ms_per_token is None else round(self.decode_ms_per_token, 3),
                 "new_tokens": self.decode_tokens, "peak_rss_bytes": self.peak_rss_bytes,
-                "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes}
+                "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes,
+                "kv_buffer_used_bytes": self.kv_buffer_used_bytes, "kv_store_bytes": self.kv_store_bytes,
+                "kv_held_bytes": self.kv_held_bytes,
+                "kv_buffer_bytes_after_retention": self.kv_buffer_bytes_after_retention,
+                "retention_ms": round(self.retention_ms, 3)}
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode."""
     copies = _copy_list(plan, encoded, store)
     ids, pos = plan.uncached()
+    retain = _question_retention(plan, encoded)
     with _PeakMemory(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
@@ -153,8 +171,9 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             entry.write_into(buf, a, b)
         _sync(lm.device)
         t1 = time.perf_counter()
-        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token)
-    return _with_memory(result, mem)
+        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, retain)
+    stored = sum(e.nbytes for e in {id(e): e for e, _, _ in copies}.values())
+    return replace(_with_memory(result, mem), kv_store_bytes=stored, kv_held_bytes=stored + result.kv_buffer_used_bytes)
 
 
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
@@ -210,6 +229,17 @@ def used_keys(plan: PromptPlan, encoded: EncodedSchema) -> list[str]:
     return sorted({encoded.locate(s.piece, s.scaffold)[0] for s in plan.segments if s.kind == CACHED})
 
 
+def _question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRetention | None:
+    """The run-time retention of a ``question`` compression (None for the others): module tokens may go,
+    the anonymous text may not."""
+    if not encoded.compression.at_run:
+        return None
+    anon = encoded.module_keys.get(ANONYMOUS)
+    marks = [encoded.locate(s.piece, s.scaffold)[0] != anon for s in plan.segments if s.kind == CACHED
+             for _ in range(len(s))]
+    return QuestionRetention(encoded.compression, torch.tensor(marks, dtype=torch.bool))
+
+
 def _copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
     """(entry, first token, end token) ranges to copy, in cache order, adjacent ranges merged."""
     out: list = []
@@ -240,13 +270,15 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
 
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: list[int], sampling: Sampling,
-                        t0: float, t1: float, path: str, on_token: TokenFn | None) -> RunResult:
+                        t0: float, t1: float, path: str, on_token: TokenFn | None,
+                        retain: QuestionRetention | None = None) -> RunResult:
     model, device = lm.model, lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        with retain.watching() if retain is not None else contextlib.nullcontext():
+            out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
         _sync(device)
         t_fwd = time.perf_counter()
@@ -260,6 +292,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
         eos = set(lm.eos_ids)
         if on_token:
             on_token(path, lm.tokenizer.decode(tokens, skip_special_tokens=True))
+        cache, used, after, retention_ms = _retain(buf, cache, retain, device)
         while len(tokens) < sampling.max_new_tokens and tokens[-1] not in eos:
             s = time.perf_counter()
             out = model(input_ids=torch.tensor([[tokens[-1]]], device=device),
@@ -279,7 +312,22 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
         ttft_ms=(t2 - t0) * 1000, copy_ms=(t1 - t0) * 1000 if path == "cached" else 0.0,
         prefill_ms=(t_fwd - t1) * 1000, sample_ms=(t2 - t_fwd) * 1000, prefill_tokens=len(ids),
         decode_ms_per_token=decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(tokens),
-        peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=first_logits)
+        peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=first_logits,
+        kv_buffer_used_bytes=used, kv_held_bytes=used, kv_buffer_bytes_after_retention=after,
+        retention_ms=retention_ms)
+
+
+def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:
+    """(cache to decode over, buffer bytes after the prefill, after retention, ms spent thinning): the
+    buffer thinned by ``retain`` when given, else the prefill's cache unchanged."""
+    cache.sync_length()
+    used = buf.used_bytes
+    if retain is None:
+        return cache, used, used, 0.0
+    s = time.perf_counter()
+    retain.apply(buf)
+    _sync(device)
+    return buf.cache(), used, buf.used_bytes, (time.perf_counter() - s) * 1000
 
 
 def _sync(device: str) -> None:
@@ -288,7 +336,6 @@ def _sync(device: str) -> None:
 
 
 def _with_memory(result: RunResult, mem: "_PeakMemory") -> RunResult:
-    from dataclasses import replace
     return replace(result, peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak)
 
 
