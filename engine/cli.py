@@ -77,7 +77,8 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
     r.add_argument("--storage-dtype", default="float32", choices=cfg.values("storage_dtype"),
                    help="precision of stored module KV (cast back to the compute dtype when assembled); int8 and "
-                        "int4 quantize keys per channel and values per token (KIVI), about 26 %% and 15 %% of fp32 with their scales")
+                        "int4 quantize keys per channel and values per token (KIVI), about 26 %% and 15 %% of fp32 "
+                        "with their scales")
     r.add_argument("--retention", type=float, default=1.0,
                    help="mean fraction of each module's KV kept per layer (PyramidInfer's schedule); 1 keeps all")
     r.add_argument("--compression", default="pyramid", choices=cfg.values("method"),
