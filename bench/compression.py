@@ -1,149 +1,341 @@
-"""Smaller stored modules: what storage precision and layer-wise compression cost in fidelity.
+"""Smaller module memory: what storage precision and retention cost in retrieval, bytes and decode speed.
 
-The needle-in-a-haystack set of `bench/fidelity.py` (its own, smaller copy: 4 essay modules per
-prompt). For each prompt, one baseline (full prefill) and one uncompressed cached run (fp32,
-prefixed) are the references; then every configuration re-encodes the prompt's modules and runs
-the cached path again:
+The needle-in-a-haystack set of `bench/fidelity.py` (the same 48 prompts: 4 and 8 essay modules of
+~250 tokens, needle at depth 10 / 50 / 90 %). For each prompt one baseline (full prefill) and one
+uncompressed cached run (fp32, prefixed) are the references; then every configuration runs the
+cached path again:
 
-* storage dtype float16 / bfloat16 (no compression);
-* retention 75 / 50 / 30 % with `pyramid` (fewer tokens with depth, chosen by attention),
-  `uniform` (same fraction in every layer, by attention) and `recent` (last tokens only).
+* storage precision float16 / bfloat16 / int8 / int4 (whole modules; int8 and int4 in KIVI's layout,
+  scales included in the bytes);
+* query-agnostic retention 75 / 50 / 30 %, chosen when the modules are encoded: `pyramid` (fewer
+  tokens with depth, by the module's own attention), `uniform` (same fraction in every layer) and
+  `recent` (last tokens only) — the controls;
+* `question` retention 75 / 50 / 30 %: full modules stored, the run's buffer thinned after the
+  question was prefilled, by its attention (PyramidInfer's schedule, pooled over 31 tokens);
+* int8 storage with question retention 50 %.
 
-Reported per configuration: stored module bytes (relative to fp32, uncompressed), cached TTFT
-(median over prompts), needle accuracy with a 95 % Wilson interval, and — against the
-uncompressed cached run and against the baseline — first-token agreement and mean KL.
+Reported per configuration: needle accuracy with a 95 % Wilson interval, stored module bytes and
+the KV decoding ran over (relative to the fp32 cached run), cached TTFT and decode ms/token
+(medians), and first-token agreement and mean KL against the fp32 cached run and the baseline.
+A separate measurement at ~4K tokens (16 modules) times decoding over the full and the thinned
+buffers, and the dequantizing copy, side by side (interleaved repetitions, median, min and max).
+`assets/memory.png` plots accuracy against bytes.
 
-    python bench/compression.py            # 12 prompts, ~15 min on 2 CPU cores
-    python bench/compression.py --quick    # 2 tiny prompts, 2 configurations, no files written
+    python bench/compression.py                        # 48 prompts, all configurations (hours on 2 cores)
+    python bench/compression.py --per-setting 12       # 24 prompts
+    python bench/compression.py --configs int8 int4 "question 50%"   # a subset (references always run)
+    python bench/compression.py --quick                # 2 tiny prompts, 5 configurations, no files written
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
+from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import doc_schema, emit, essay_chunks, machine, table
-from fidelity import NAMES, SYSTEM, insert, needle, question, wilson
+from common import ROOT, doc_schema, emit, essay_chunks, machine, table
+from fidelity import SYSTEM, insert, make_cases, needle, question, wilson
 
 from engine.compress import Compression
 from engine.runner import Sampling, agreement, run_baseline, run_cached
 from engine.session import Engine
 
-CONFIGS = [("float16", 1.0, "pyramid"), ("bfloat16", 1.0, "pyramid")] + [
-    ("float32", r, m) for r in (0.75, 0.5, 0.3) for m in ("pyramid", "uniform", "recent")]
+STORAGE = [("float16", 1.0, "pyramid"), ("bfloat16", 1.0, "pyramid"), ("int8", 1.0, "pyramid"),
+           ("int4", 1.0, "pyramid")]
+AGNOSTIC = [("float32", r, m) for r in (0.75, 0.5, 0.3) for m in ("pyramid", "uniform", "recent")]
+QUESTION = [("float32", r, "question") for r in (0.75, 0.5, 0.3)] + [("int8", 0.5, "question")]
+CONFIGS = STORAGE + AGNOSTIC + QUESTION
+QUICK = [("float16", 1.0, "pyramid"), ("int8", 1.0, "pyramid"), ("int4", 1.0, "pyramid"),
+         ("float32", 0.5, "pyramid"), ("float32", 0.5, "question")]
+AT_4K = [("fp32 full", "float32", 1.0), ("question 75%", "float32", 0.75), ("question 50%", "float32", 0.5),
+         ("question 30%", "float32", 0.3), ("int8", "int8", 1.0), ("int4", "int4", 1.0)]
 
 
 def label(cfg) -> str:
     dtype, r, m = cfg
-    return dtype if r >= 1.0 else f"{m} {r:.0%}"
+    if r >= 1.0:
+        return dtype
+    name = f"{m} {r:.0%}"
+    return name if dtype == "float32" else f"{dtype} + {name}"
 
 
-def cases(chunks: list[str], n: int, modules: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        start = rng.randrange(0, len(chunks) - modules)
-        docs = list(chunks[start:start + modules])
-        depth = (0.1, 0.5, 0.9)[i % 3]
-        k = min(modules - 1, int(depth * modules))
-        name, number = rng.choice(NAMES), str(rng.randrange(1_000_000, 9_999_999))
-        docs[k] = insert(docs[k], needle(name, number), rng.random())
-        out.append({"docs": docs, "name": name, "number": number, "depth": depth})
+def run_prompt(eng: Engine, case: dict, idx: int, configs: list, sampling: Sampling) -> dict:
+    n = case["modules"]
+    schema = doc_schema(f"c{idx}", case["docs"], system=SYSTEM)
+    prompt = (f'<prompt schema="c{idx}">' + "".join(f"<doc{j}/>" for j in range(n)) +
+              f" {escape(question(case['name']))}</prompt>")
+    lay = eng.layout(schema)
+    plan = eng.plan(lay, prompt, sampling.max_new_tokens)
+    store = eng.store()
+
+    def found(run) -> bool:
+        return case["number"] in run.text.replace(",", "")
+
+    def module_bytes(enc) -> int:
+        return sum(store.entry_bytes(k) for path, k in enc.module_keys.items() if path)
+
+    base = run_baseline(eng.lm, plan, sampling)
+    enc = eng.encode(lay, eng.config.with_(storage_dtype="float32", compression=Compression())).encoded
+    ref = run_cached(eng.lm, plan, enc, store, sampling)
+    full_bytes, full_buffer = module_bytes(enc), ref.kv_buffer_bytes_after_retention
+    row = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens, "number": case["number"],
+           "module_bytes_fp32": full_bytes, "baseline": {"found": found(base)},
+           "cached fp32": {"found": found(ref), **agreement(base, ref), "ttft_ms": ref.ttft_ms,
+                           "decode_ms": ref.decode_ms_per_token, "store_ratio": 1.0, "buffer_ratio": 1.0}}
+    for cfg in configs:
+        dtype, r, m = cfg
+        e = eng.encode(lay, eng.config.with_(storage_dtype=dtype, compression=Compression(r, m))).encoded
+        run = run_cached(eng.lm, plan, e, store, sampling)
+        vs_ref, vs_base = agreement(ref, run), agreement(base, run)
+        row[label(cfg)] = {"found": found(run), "store_ratio": module_bytes(e) / full_bytes,
+                           "buffer_ratio": run.kv_buffer_bytes_after_retention / full_buffer,
+                           "ttft_ms": run.ttft_ms, "copy_ms": run.copy_ms, "decode_ms": run.decode_ms_per_token,
+                           "agree_ref": vs_ref["first_token_agree"], "kl_ref": vs_ref["first_token_kl"],
+                           "agree_base": vs_base["first_token_agree"], "kl_base": vs_base["first_token_kl"]}
+    for key in list(store.keys()):  # modules are not shared between prompts
+        store.evict(key)
+    return row
+
+
+def summarise(rows: list[dict], names: list[str]) -> dict:
+    def mean(rs, key):
+        xs = [r[key] for r in rs if r.get(key) is not None]
+        return round(statistics.mean(xs), 5) if xs else None
+
+    def median(rs, key):
+        xs = [r[key] for r in rs if r.get(key) is not None]
+        return round(statistics.median(xs), 2) if xs else None
+
+    out = {}
+    for name in ["baseline", "cached fp32", *names]:
+        rs = [row[name] for row in rows]
+        k = sum(r["found"] for r in rs)
+        s = {"accuracy": round(k / len(rs), 4), "found": k, "n": len(rs), "ci95": wilson(k, len(rs)),
+             "by_modules": {str(m): round(statistics.mean(row[name]["found"] for row in rows if row["modules"] == m), 4)
+                            for m in sorted({row["modules"] for row in rows})}}
+        if name != "baseline":
+            s.update(bytes_ratio=mean(rs, "store_ratio"), buffer_ratio=mean(rs, "buffer_ratio"),
+                     ttft_ms=median(rs, "ttft_ms"), decode_ms_per_token=median(rs, "decode_ms"))
+        if name == "cached fp32":
+            s.update(agree_base=mean(rs, "first_token_agree"), kl_base=mean(rs, "first_token_kl"))
+        elif name != "baseline":
+            s.update(copy_ms=median(rs, "copy_ms"), agree_ref=mean(rs, "agree_ref"), kl_ref=mean(rs, "kl_ref"),
+                     agree_base=mean(rs, "agree_base"), kl_base=mean(rs, "kl_base"))
+        out[name] = s
     return out
+
+
+def measure_4k(eng: Engine, chunks: list[str], modules: int, reps: int, sampling: Sampling) -> dict:
+    """Decode ms/token over the full and the thinned buffers at ~4K tokens, and the dequantizing copy,
+    in interleaved repetitions (the machine's load shifts all configurations alike)."""
+    rng = random.Random(7)
+    docs = list(chunks[:modules])
+    name, number = "harbor", str(rng.randrange(1_000_000, 9_999_999))
+    docs[modules // 2] = insert(docs[modules // 2], needle(name, number), 0.5)
+    schema = doc_schema("k4", docs, system=SYSTEM)
+    prompt = ('<prompt schema="k4">' + "".join(f"<doc{j}/>" for j in range(modules)) +
+              f" {escape(question(name))}</prompt>")
+    lay = eng.layout(schema)
+    plan = eng.plan(lay, prompt, sampling.max_new_tokens)
+    store = eng.store()
+    encoded = {label_: eng.encode(lay, eng.config.with_(storage_dtype=dtype, compression=Compression(r, "question")))
+               .encoded for label_, dtype, r in AT_4K}
+    runs: dict[str, list] = {label_: [] for label_, _, _ in AT_4K}
+    for _ in range(reps):
+        for label_, _, _ in AT_4K:
+            runs[label_].append(run_cached(eng.lm, plan, encoded[label_], store, sampling))
+    out = {"prompt_tokens": plan.prompt_tokens, "cached_tokens": plan.cached_tokens, "reps": reps,
+           "new_tokens": sampling.max_new_tokens, "configs": {}}
+    for label_, rs in runs.items():
+        enc = encoded[label_]
+        dec = [r.decode_ms_per_token for r in rs if r.decode_ms_per_token is not None]
+        out["configs"][label_] = {
+            "decode_ms_per_token": _spread(dec), "ttft_ms": _spread([r.ttft_ms for r in rs]),
+            "copy_ms": _spread([r.copy_ms for r in rs]), "retention_ms": _spread([r.retention_ms for r in rs]),
+            "buffer_bytes_after_prefill": rs[0].kv_buffer_used_bytes,
+            "buffer_bytes_decoded_over": rs[0].kv_buffer_bytes_after_retention,
+            "module_store_bytes": sum(store.entry_bytes(k) for p, k in enc.module_keys.items() if p),
+            "kv_held_bytes": rs[0].kv_held_bytes, "found": number in rs[0].text.replace(",", ""),
+            "decode_tokens": rs[0].decode_tokens}
+    for key in list(store.keys()):
+        store.evict(key)
+    full = out["configs"]["fp32 full"]["decode_ms_per_token"]["median"]
+    for c in out["configs"].values():
+        c["decode_ratio_to_full"] = round(c["decode_ms_per_token"]["median"] / full, 3) if full else None
+    return out
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"median": round(statistics.median(xs), 2), "min": round(min(xs), 2), "max": round(max(xs), 2),
+            "all": [round(x, 2) for x in xs]} if xs else {"median": None, "min": None, "max": None, "all": []}
+
+
+def verdicts(summary: dict, at_4k: dict | None) -> list[str]:
+    out = []
+    ref, base = summary["cached fp32"]["accuracy"], summary["baseline"]["accuracy"]
+    for name, points, limit in (("int8", 5, 0.27), ("int4", 10, 0.16)):
+        if name in summary:
+            s = summary[name]
+            ok = s["accuracy"] >= ref - points / 100 - 1e-9 and s["bytes_ratio"] <= limit
+            out.append(f"{name}: {s['accuracy']:.0%} found vs {ref:.0%} fp32 cached (must be within {points} points) "
+                       f"at {s['bytes_ratio']:.1%} of fp32 bytes (must be <= {limit:.0%}) -> "
+                       f"{'holds' if ok else 'does NOT hold'}")
+    for r in (0.75, 0.5, 0.3):
+        q, p = f"question {r:.0%}", f"pyramid {r:.0%}"
+        if q in summary:
+            line = (f"question {r:.0%}: {summary[q]['accuracy']:.0%} found (baseline {base:.0%}); decoding over "
+                    f"{summary[q]['buffer_ratio']:.0%} of the full buffer")
+            if p in summary:
+                line += f"; query-agnostic pyramid at the same retention: {summary[p]['accuracy']:.0%}"
+            if r == 0.5:
+                near = summary[q]["accuracy"] >= base - 0.10 - 1e-9
+                line += f" -> within 10 points of the baseline: {'holds' if near else 'does NOT hold'}"
+            out.append(line)
+    if at_4k:
+        c = at_4k["configs"]
+        full, half = c["fp32 full"]["decode_ms_per_token"], c["question 50%"]["decode_ms_per_token"]
+        out.append(f"at {at_4k['prompt_tokens']} tokens: decode {half['median']} ms/token with question 50 % vs "
+                   f"{full['median']} ms/token with full retention (ratio {c['question 50%']['decode_ratio_to_full']}, "
+                   f"{at_4k['reps']} interleaved repetitions) -> "
+                   f"{'lower' if half['median'] < full['median'] else 'NOT lower'}")
+    return out
+
+
+def plot(summary: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"storage": "#2471a3", "agnostic": "#b7950b", "question": "#1e8449", "reference": "#555555"}
+
+    def family(name: str) -> str:
+        if name == "cached fp32":
+            return "reference"
+        if "question" in name:
+            return "question"
+        return "agnostic" if "%" in name else "storage"
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), dpi=120, sharey=True)
+    for ax, key, title in ((axes[0], "bytes_ratio", "stored module bytes (% of fp32)"),
+                           (axes[1], "buffer_ratio", "KV decoding runs over (% of full)")):
+        for name, s in summary.items():
+            if name == "baseline" or s.get(key) is None:
+                continue
+            x, y = s[key] * 100, s["accuracy"] * 100
+            lo, hi = s["ci95"][0] * 100, s["ci95"][1] * 100
+            ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colours[family(name)], capsize=2,
+                        ms=5, alpha=0.9)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.axhline(summary["baseline"]["accuracy"] * 100, color="#c0392b", lw=1, ls="--")
+        ax.set_xlabel(title)
+        ax.set_xlim(0, 108)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("needle found (%), 95 % CI")
+    axes[0].set_ylim(0, 105)
+    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=f) for f, c in
+               (("storage precision", colours["storage"]), ("query-agnostic retention", colours["agnostic"]),
+                ("question retention", colours["question"]), ("fp32 cached", colours["reference"]))]
+    handles.append(plt.Line2D([], [], color="#c0392b", ls="--", label="baseline (full prefill)"))
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle("Module memory against needle accuracy — SmolLM2-135M, greedy", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--modules", type=int, default=4)
+    ap.add_argument("--modules", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--per-setting", type=int, default=24, help="prompts per number of modules")
     ap.add_argument("--new-tokens", type=int, default=28)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 2 configurations")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--configs", nargs="+", default=None, help="labels of the configurations to run (default all)")
+    ap.add_argument("--reps-4k", type=int, default=3, help="repetitions of the ~4K-token decode measurement")
+    ap.add_argument("--rows", default=None, help="append each prompt's row to this JSON-lines file as it is done")
+    ap.add_argument("--from-rows", default=None, help="summarise a rows file instead of running the needle set")
+    ap.add_argument("--at-4k-json", default=None, help="read the ~4K-token measurement from this file if it exists, "
+                    "else measure it and write it there")
+    ap.add_argument("--only-4k", action="store_true", help="the ~4K-token measurement only (with --at-4k-json)")
+    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations")
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
-    configs = CONFIGS
-    chunk_tokens = 250
+    configs = [c for c in CONFIGS if args.configs is None or label(c) in args.configs]
+    chunk_tokens, modules_4k = 250, 16
     if args.quick:
-        args.prompts, args.modules, args.new_tokens, chunk_tokens = 2, 2, 28, 80
-        configs = [("float16", 1.0, "pyramid"), ("float32", 0.5, "pyramid")]
+        args.modules, args.per_setting, chunk_tokens, modules_4k, args.reps_4k = [2], 2, 80, 4, 1
+        configs = QUICK
     eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     sampling = Sampling(max_new_tokens=args.new_tokens)
-    store = eng.store()
-    rows: dict[str, list[dict]] = {label(c): [] for c in configs}
-    refs = {"baseline": [], "cached fp32": []}
-    full_bytes = []
     t0 = time.perf_counter()
-    for i, case in enumerate(cases(chunks, args.prompts, args.modules, args.seed)):
-        schema = doc_schema(f"c{i}", case["docs"], system=SYSTEM)
-        prompt = (f'<prompt schema="c{i}">' + "".join(f"<doc{j}/>" for j in range(args.modules)) +
-                  f" {escape(question(case['name']))}</prompt>")
-        lay = eng.layout(schema)
-        plan = eng.plan(lay, prompt, sampling.max_new_tokens)
-        base = run_baseline(eng.lm, plan, sampling)
-        enc = eng.encode(lay, eng.config.with_(storage_dtype="float32", compression=Compression())).encoded
-        ref = run_cached(eng.lm, plan, enc, store, sampling)
-        module_keys = [k for path, k in enc.module_keys.items() if path]
-        full = sum(store.entry_bytes(k) for k in module_keys)
-        full_bytes.append(full)
-        refs["baseline"].append({"found": case["number"] in base.text})
-        refs["cached fp32"].append({"found": case["number"] in ref.text, **agreement(base, ref),
-                                    "ttft_ms": ref.ttft_ms})
-        for cfg in configs:
-            dtype, r, m = cfg
-            e = eng.encode(lay, eng.config.with_(storage_dtype=dtype, compression=Compression(r, m))).encoded
-            run = run_cached(eng.lm, plan, e, store, sampling)
-            nbytes = sum(store.entry_bytes(k) for path, k in e.module_keys.items() if path)
-            vs_ref, vs_base = agreement(ref, run), agreement(base, run)
-            rows[label(cfg)].append({"found": case["number"] in run.text, "bytes_ratio": nbytes / full,
-                                     "ttft_ms": run.ttft_ms, "agree_ref": vs_ref["first_token_agree"],
-                                     "kl_ref": vs_ref["first_token_kl"], "agree_base": vs_base["first_token_agree"],
-                                     "kl_base": vs_base["first_token_kl"]})
-        for key in list(store.keys()):
-            store.evict(key)
-        print(f"[{i + 1}/{args.prompts}] baseline={'Y' if refs['baseline'][-1]['found'] else 'n'} cached="
-              f"{'Y' if refs['cached fp32'][-1]['found'] else 'n'} " +
-              " ".join(f"{k}={'Y' if v[-1]['found'] else 'n'}" for k, v in rows.items()), flush=True)
-
-    def acc(rs):
-        k = sum(r["found"] for r in rs)
-        return {"accuracy": round(k / len(rs), 4), "found": k, "n": len(rs), "ci95": wilson(k, len(rs))}
-
-    summary = {"baseline": acc(refs["baseline"]),
-               "cached fp32": {**acc(refs["cached fp32"]), "bytes_ratio": 1.0,
-                               "ttft_ms": round(statistics.median(r["ttft_ms"] for r in refs["cached fp32"]), 2),
-                               "agree_base": round(statistics.mean(r["first_token_agree"] for r in refs["cached fp32"]), 4),
-                               "kl_base": round(statistics.mean(r["first_token_kl"] for r in refs["cached fp32"]), 5)}}
-    for name, rs in rows.items():
-        summary[name] = {**acc(rs), "bytes_ratio": round(statistics.mean(r["bytes_ratio"] for r in rs), 4),
-                         "ttft_ms": round(statistics.median(r["ttft_ms"] for r in rs), 2),
-                         "agree_ref": round(statistics.mean(r["agree_ref"] for r in rs), 4),
-                         "kl_ref": round(statistics.mean(r["kl_ref"] for r in rs), 5),
-                         "agree_base": round(statistics.mean(r["agree_base"] for r in rs), 4),
-                         "kl_base": round(statistics.mean(r["kl_base"] for r in rs), 5)}
-    verdicts = []
-    for r in (0.75, 0.5, 0.3):
-        names = {m: f"{m} {r:.0%}" for m in ("pyramid", "uniform", "recent")}
-        if all(n in summary for n in names.values()):
-            p, u, w = (summary[names[m]]["accuracy"] for m in ("pyramid", "uniform", "recent"))
-            beats = p > u and p > w
-            verdicts.append(f"retention {r:.0%}: pyramid {p:.0%}, uniform {u:.0%}, recent {w:.0%} -> pyramid "
-                            f"{'beats both' if beats else 'does NOT beat both'} controls at equal bytes")
-    print(table(["config", "bytes", "TTFT ms", "accuracy", "95% CI", "agree vs cached", "KL vs cached",
-                 "agree vs baseline", "KL vs baseline"],
-                [[k, f"{s['bytes_ratio']:.0%}" if "bytes_ratio" in s else "-",
-                  s.get("ttft_ms", "-"), f"{s['accuracy']:.0%}", f"{s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}",
-                  s.get("agree_ref", "-"), s.get("kl_ref", "-"), s.get("agree_base", "-"), s.get("kl_base", "-")]
-                 for k, s in summary.items()]))
-    for v in verdicts:
+    made_by: list[str] = []  # the commands that measured what a --from-rows / --at-4k-json run summarises
+    if args.rows:
+        Path(args.rows + ".command").write_text(_command())
+    if args.only_4k:
+        at_4k = {"command": _command(), **measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(32))}
+        Path(args.at_4k_json).write_text(json.dumps(at_4k, indent=1))
+        print(json.dumps(at_4k))
+        return
+    if args.from_rows:
+        rows = [json.loads(line) for line in open(args.from_rows) if line.strip()]
+        made_by.append(Path(args.from_rows + ".command").read_text().strip())
+    else:
+        rows = []
+        cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed)
+        # fidelity.py's prompts, taken alternately from each number of modules (a partial run covers both)
+        cases = [c for group in zip(*[[c for c in cases if c["modules"] == m] for m in args.modules]) for c in group]
+        for i, case in enumerate(cases):
+            rows.append(run_prompt(eng, case, i, configs, sampling))
+            if args.rows:
+                with open(args.rows, "a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
+            print(f"[{i + 1}/{len(cases)}] modules={case['modules']} " + " ".join(
+                f"{k}={'Y' if v['found'] else 'n'}" for k, v in rows[-1].items() if isinstance(v, dict)), flush=True)
+    names = [label(c) for c in configs if label(c) in rows[0]]
+    summary = summarise(rows, names)
+    if args.at_4k_json and Path(args.at_4k_json).exists():
+        at_4k = json.loads(Path(args.at_4k_json).read_text())
+        made_by.append(at_4k.get("command", args.at_4k_json))
+    else:
+        at_4k = measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(max_new_tokens=32))
+    notes = verdicts(summary, at_4k)
+    print(table(["config", "stored", "decoded over", "TTFT ms", "decode ms/tok", "found", "95% CI", "agree vs cached",
+                 "KL vs cached", "KL vs baseline"],
+                [[k, _pct(s.get("bytes_ratio")), _pct(s.get("buffer_ratio")), s.get("ttft_ms", "-"),
+                  s.get("decode_ms_per_token", "-"), f"{s['accuracy']:.0%}", f"{s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}",
+                  s.get("agree_ref", "-"), s.get("kl_ref", "-"), s.get("kl_base", "-")] for k, s in summary.items()]))
+    print(table(["at ~4K tokens", "decode ms/tok (min-max)", "ratio", "copy ms", "buffer MiB decoded over",
+                 "stored MiB"],
+                [[k, f"{c['decode_ms_per_token']['median']} ({c['decode_ms_per_token']['min']}-"
+                     f"{c['decode_ms_per_token']['max']})", c["decode_ratio_to_full"], c["copy_ms"]["median"],
+                  f"{c['buffer_bytes_decoded_over'] / 2**20:.1f}", f"{c['module_store_bytes'] / 2**20:.1f}"]
+                 for k, c in at_4k["configs"].items()]))
+    for v in notes:
         print(v)
-    emit("compression", {"benchmark": "compression", "model": eng.lm.name, "prompts": args.prompts,
-                         "modules_per_prompt": args.modules, "new_tokens": args.new_tokens, "machine": machine(),
-                         "seconds": round(time.perf_counter() - t0, 1), "module_bytes_fp32": full_bytes,
-                         "summary": summary, "verdicts": verdicts}, write=not args.quick)
+    if not args.quick:
+        plot(summary, ROOT / "assets" / "memory.png")
+    emit("compression", {"benchmark": "compression", "model": eng.lm.name, "prompts": len(rows),
+                         "modules_per_prompt": sorted({r["modules"] for r in rows}), "new_tokens": args.new_tokens,
+                         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1),
+                         "module_bytes_fp32": [r["module_bytes_fp32"] for r in rows], "summary": summary,
+                         "at_4k": at_4k, "verdicts": notes, "measured_by": made_by, "rows": rows},
+         write=not args.quick)
+
+
+def _command() -> str:
+    import shlex
+    import sys
+
+    return shlex.join(["python", "bench/compression.py", *sys.argv[1:]])
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ from .errors import EngineError
 # -- one list of choices per setting (value, label) ---------------------------------------------
 
 MODES = ("prefixed", "isolated")
-METHODS = ("pyramid", "uniform", "recent")
+METHODS = ("pyramid", "uniform", "recent", "question")
 STORAGES = ("cpu", "cuda")
 DEVICES = ("cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
-STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
+QUANTIZED = ("int8", "int4")
 ARMS = ("baseline", "prefix", "cached")
 MAX_REPAIR = 64
 MAX_SINK = 64
@@ -37,7 +38,8 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
              ("isolated", "isolated: the paper's scheme, each module alone")),
     "storage": (("cpu", "CPU memory"), ("cuda", "GPU memory")),
     "device": (("cpu", "CPU"), ("cuda", "GPU")),
-    "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16")),
+    "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16"), ("int8", "int8"),
+                      ("int4", "int4")),
     "method": tuple((m, m) for m in METHODS),
     "arms": (("baseline", "Baseline"), ("prefix", "Prefix cache"), ("cached", "Modular cache")),
 }
@@ -60,33 +62,65 @@ def short_dtype(dtype: str | None) -> str:
 
 @dataclass(frozen=True)
 class Compression:
-    """How stored module KV is thinned per layer (PyramidInfer-style); retention 1 keeps everything."""
+    """How module KV is thinned per layer (PyramidInfer-style); retention 1 keeps everything.
+
+    ``pyramid``, ``uniform`` and ``recent`` thin the stored entries when a module is encoded,
+    before any question is known; ``question`` stores full entries and thins the run's buffer
+    after the prompt's new tokens were prefilled, by their attention (see engine/compress.py).
+    """
 
     retention: float = 1.0  # mean fraction of each entry's tokens kept per layer
     method: str = "pyramid"
     recent_frac: float = 0.4  # queries whose attention scores the tokens
     window_frac: float = 0.1  # most recent tokens always kept
+    pool_kernel: int = 31  # question: scores max-pooled over this many neighbouring tokens
+    question_window: int = 64  # question: at most this many of the newest prompt tokens score the modules
 
     def __post_init__(self):
         if not 0.0 < self.retention <= 1.0:
             raise EngineError(f"retention must be in (0, 1], got {self.retention}; e.g. 0.5 keeps half the KV")
         if self.method not in METHODS:
             raise EngineError(f"unknown compression method '{self.method}'; use one of {', '.join(METHODS)}")
+        if not isinstance(self.pool_kernel, int) or self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+            raise EngineError(f"pool_kernel must be an odd whole number of tokens, got {self.pool_kernel!r}; e.g. 31")
+        if not isinstance(self.question_window, int) or self.question_window < 1:
+            raise EngineError(f"question_window must be a positive number of tokens, got {self.question_window!r}")
 
     @property
     def active(self) -> bool:
         return self.retention < 1.0
 
+    @property
+    def at_encode(self) -> bool:
+        """Stored entries are thinned when encoded (the query-agnostic methods)."""
+        return self.active and self.method != "question"
+
+    @property
+    def at_run(self) -> bool:
+        """The run's buffer is thinned after the new tokens are prefilled (``question``)."""
+        return self.active and self.method == "question"
+
+    @property
+    def stored_fraction(self) -> float:
+        """Mean fraction of a module's tokens its stored entry holds."""
+        return self.retention if self.at_encode else 1.0
+
     def key(self) -> str:
-        """Part of every cache key: entries compressed differently never mix."""
+        """What a run with this compression is (encoded schemas made for different ones never mix)."""
         if not self.active:
             return "full"
+        if self.method == "question":
+            return f"question:{self.retention:.4f}:{self.pool_kernel}:{self.question_window}"
         return f"{self.method}:{self.retention:.4f}:{self.recent_frac}:{self.window_frac}"
+
+    def stored_key(self) -> str:
+        """Part of every store key: entries compressed differently never mix (``question`` stores full ones)."""
+        return self.key() if self.at_encode else "full"
 
     def layer_ratios(self, n_layers: int) -> list[float]:
         """Fraction of tokens each layer keeps; their mean is the retention."""
         r = self.retention
-        if self.method != "pyramid" or n_layers == 1 or r >= 1.0:
+        if self.method not in ("pyramid", "question") or n_layers == 1 or r >= 1.0:
             return [r] * n_layers
         r0 = min(1.0, 1.5 * r)
         lo, hi = 0.0, 1.0
@@ -131,6 +165,10 @@ class RunConfig:
         _one_of("device", self.device, DEVICES)
         if not isinstance(self.compression, Compression):
             raise EngineError("compression must be a Compression(retention, method)")
+        if self.storage_dtype in QUANTIZED and self.compression.at_encode:
+            raise EngineError(f"{self.storage_dtype} storage keeps whole modules; it cannot be combined with "
+                              f"'{self.compression.method}' retention below 1 (tokens dropped at encoding). Use "
+                              "retention 1, the 'question' method, or a float storage dtype")
         if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or self.budget_bytes <= 0):
             raise EngineError(f"the module memory budget must be a positive number of bytes, got {self.budget_bytes}")
         arms = tuple(self.arms)
@@ -147,6 +185,9 @@ class RunConfig:
             raise EngineError(f"warmup must be True or False, got {self.warmup!r}")
         if self.module_dir is not None:
             object.__setattr__(self, "module_dir", str(self.module_dir))
+        if self.repair and self.compression.at_run:
+            raise EngineError("repair and question-aware retention cannot be combined yet (repair reorders the run's "
+                              "buffer that question retention thins); set repair to 0 or pick another compression")
 
     # -- derived ---------------------------------------------------------------------------------
 

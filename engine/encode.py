@@ -17,8 +17,9 @@ chat template's fixed opening (``<|im_start|>system\n`` is 3 tokens), which ever
 with, so the module gets the attention sink it will have at run time without depending on the
 system text; the sink's KV is not stored with the module (the anonymous entry holds it already)
 and the sink's tokens are part of the entry's key. Only the unit's own KV is
-stored, so both modes cost the same memory. Entries are stored in the chosen dtype and, with
-a retention below 1, compressed per layer (compress.py). An entry already in the store — in
+stored, so both modes cost the same memory. Entries are stored in the chosen precision (a float
+dtype, or int8 / int4 in KIVI's layout, kv.QuantKV) and, with a query-agnostic retention below 1,
+compressed per layer (compress.py; ``question`` retention stores full entries). An entry already in the store — in
 memory or on disk — is not computed again; each unit reports where its entries came from.
 """
 
@@ -29,12 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from .compress import Compression, compress
 from .config import RunConfig
 from .errors import EngineError
-from .kv import ATTENTION, AttentionScorer, ModuleKV, forward_kv, scoring
+from .kv import ATTENTION, AttentionScorer, ModuleKV, forward_kv, scoring, storage_tag, to_storage
 from .layout import ANONYMOUS, Layout
 from .store import ModuleStore
 
@@ -91,14 +90,15 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
 
     ``config.storage_dtype`` is the storage precision of module and scaffold entries (the
     anonymous text, used by every prompt and as the prefix of every module, stays in the compute
-    dtype); ``config.compression`` drops tokens per layer from module and scaffold entries.
+    dtype); a query-agnostic ``config.compression`` drops tokens per layer from module and scaffold
+    entries.
     """
     mode, dtype, comp = config.mode, config.storage_dtype, config.compression
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
                           f"'{model.config._attn_implementation}'); set retention to 1.0")
-    ctx = _Context(model, layout, store, getattr(torch, dtype), comp)
-    storage = f"{dtype}|{comp.key()}"
+    ctx = _Context(model, layout, store, dtype, comp)
+    storage = f"{storage_tag(dtype)}|{comp.stored_key()}"
     t_start = time.perf_counter()
     pieces_map: dict[int, tuple[str, int]] = {}
     module_keys: dict[str, str] = {}
@@ -226,8 +226,8 @@ def _map_pieces(layout: Layout, pieces: list[int], out: dict[int, tuple[str, int
 class _Context:
     """One encode_schema call: model, layout, store, storage dtype, compression, unit reports."""
 
-    def __init__(self, model, layout: Layout, store: ModuleStore, dtype, comp: Compression):
-        self.model, self.layout, self.store, self.dtype, self.comp = model, layout, store, dtype, comp
+    def __init__(self, model, layout: Layout, store: ModuleStore, precision: str, comp: Compression):
+        self.model, self.layout, self.store, self.precision, self.comp = model, layout, store, precision, comp
         self.reports: list[UnitReport] = []
 
     def unit(self, unit: list[int], past: ModuleKV | None, wanted: dict[str, tuple[str, list[int]]], label: str,
@@ -256,7 +256,7 @@ class _Context:
             offsets[i] = len(ids)
             ids += p.token_ids
             pos += range(p.start, p.end)
-        compress_it = self.comp.active and kind != "anonymous"
+        compress_it = self.comp.at_encode and kind != "anonymous"
         if compress_it:
             with scoring(AttentionScorer(len(ids), self.comp.recent_frac)) as scorer:
                 out = forward_kv(self.model, ids, pos, past)
@@ -269,7 +269,7 @@ class _Context:
             if compress_it:
                 entry = compress(entry, [s[idx] for s in scores], self.comp)
             if kind != "anonymous":
-                entry = entry.to(entry.device, self.dtype)
+                entry = to_storage(entry, self.precision)
             store.put(key, entry, pinned=kind == "anonymous", meta={"module": name, "schema": layout.name})
         self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded"))
         return out if kind == "anonymous" else None

@@ -48,6 +48,15 @@ class ModuleKV:
     def dtype(self) -> torch.dtype:
         return self.kv.dtype
 
+    @property
+    def precision(self) -> str:
+        return str(self.kv.dtype).replace("torch.", "")
+
+    scheme = "dense"
+
+    def manifest(self) -> dict[str, str]:
+        return {}
+
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "ModuleKV":
         """This entry on ``device`` (and in ``dtype``); self when nothing changes."""
         dtype = dtype or self.kv.dtype
@@ -111,6 +120,15 @@ class LayeredKV:
     def dtype(self) -> torch.dtype:
         return self.layers[0].dtype
 
+    @property
+    def precision(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+    scheme = "layered: each layer keeps its own tokens"
+
+    def manifest(self) -> dict[str, str]:
+        return {}
+
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "LayeredKV":
         dtype = dtype or self.dtype
         if self.device == torch.device(device) and self.dtype == dtype:
@@ -140,6 +158,216 @@ class LayeredKV:
         return (f"LayeredKV(tokens={len(self)}, kept per layer={kept[0]}..{kept[-1]} "
                 f"({self.kept_tokens() / (len(kept) * max(1, len(self))):.0%}), "
                 f"{str(self.dtype).replace('torch.', '')} on {self.device}, {self.nbytes:,} bytes)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantized storage (KIVI's layout: keys per channel, values per token)
+# ----------------------------------------------------------------------------------------------
+
+QUANT_BITS = {"int8": 8, "int4": 4}
+# (tokens per key group, channels per value group); see QuantKV for the measurements behind them.
+QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}
+
+
+@dataclass
+class QuantKV:
+    """A stored entry quantized after KIVI (arXiv 2402.02750): keys per channel, values per token.
+
+    Keys: each (layer, head, channel) has, per group of ``key_group`` consecutive tokens, a scale
+    and a minimum (keys have outlier channels, so the range follows the channel). Values: each
+    (layer, head, token) has one per group of ``value_group`` channels. Codes are unsigned and
+    ``bits`` wide (int4: two per byte along head_dim); ``x ~ code * scale + minimum`` with fp16
+    scales and minima. Dequantized straight into a run's buffer by :meth:`write_into`.
+
+    Group sizes (QUANT_GROUP; bench/quant_groups.py compares them on needle prompts): on
+    SmolLM2-135M module KV, int8's relative error is ~0.3 % whatever the group, so keys use 128
+    tokens (26.4 % of fp32 bytes for a 250-token module); int4's key error is 3.8 / 4.4 / 5.1 %
+    for 32 / 64 / 128 tokens and its value error 8.2 / 9.6 % for 32 / 64 channels, and keys of
+    64 tokens with values of 32 channels is the most precise choice that stays under 16 % of
+    fp32 for modules of 64 tokens or more (15.1 %). Shorter modules pay relatively more scales.
+    """
+
+    bits: int
+    key_group: int
+    value_group: int
+    kq: torch.Tensor  # [layers, kv_heads, seq, head_dim * bits / 8] uint8
+    kscale: torch.Tensor  # [layers, kv_heads, ceil(seq / key_group), head_dim] fp16
+    kmin: torch.Tensor  # same shape as kscale
+    vq: torch.Tensor  # [layers, kv_heads, seq, head_dim * bits / 8] uint8
+    vscale: torch.Tensor  # [layers, kv_heads, seq, head_dim / value_group] fp16
+    vmin: torch.Tensor  # same shape as vscale
+    positions: torch.Tensor  # [seq] int64
+    token_ids: torch.Tensor  # [seq] int64
+
+    @staticmethod
+    def quantize(entry: ModuleKV, precision: str, key_group: int | None = None,
+                 value_group: int | None = None) -> "QuantKV":
+        """``entry`` in ``precision`` ('int8' or 'int4'); groups default to QUANT_GROUP."""
+        bits = QUANT_BITS[precision]
+        kv = entry.kv.float()
+        k, v = kv[:, 0], kv[:, 1]  # [layers, kv_heads, seq, head_dim]
+        layers, heads, n, dim = k.shape
+        kg = min(key_group or QUANT_GROUP[precision][0], max(1, n))
+        pad = -n % kg
+        if pad:  # the last group repeats its last token, which changes neither its minimum nor its maximum
+            k = torch.cat([k, k[:, :, -1:].expand(layers, heads, pad, dim)], 2)
+        groups = k.view(layers, heads, -1, kg, dim)
+        kmin, kscale = _range(groups.amin(3), groups.amax(3), bits)
+        kq = _codes(groups, kmin[:, :, :, None], kscale[:, :, :, None], bits).view(layers, heads, -1, dim)[:, :, :n]
+        vg = value_group or QUANT_GROUP[precision][1]
+        vg = vg if dim % vg == 0 else dim
+        vgroups = v.reshape(layers, heads, n, dim // vg, vg)
+        vmin, vscale = _range(vgroups.amin(4), vgroups.amax(4), bits)
+        vq = _codes(vgroups, vmin[..., None], vscale[..., None], bits).view(layers, heads, n, dim)
+        return QuantKV(bits, kg, vg, _pack(kq, bits), kscale, kmin, _pack(vq, bits), vscale, vmin,
+                       entry.positions, entry.token_ids)
+
+    def __len__(self) -> int:
+        return self.kq.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the codes and of their scales and minima (positions and ids are bookkeeping)."""
+        return sum(t.numel() * t.element_size() for t in self._data())
+
+    @property
+    def device(self) -> torch.device:
+        return self.kq.device
+
+    @property
+    def precision(self) -> str:
+        return f"int{self.bits}"
+
+    @property
+    def scheme(self) -> str:
+        """How the codes were made (recorded in the manifest)."""
+        return (f"kivi int{self.bits}: keys per channel in groups of {self.key_group} tokens, values per token "
+                f"in groups of {self.value_group} channels, fp16 scale and minimum")
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "QuantKV":
+        """This entry on ``device`` (its precision never changes: ``dtype`` is ignored)."""
+        if self.device == torch.device(device):
+            return self
+        moved = [t.to(device) for t in self._data()]
+        return QuantKV(self.bits, self.key_group, self.value_group, *moved, self.positions, self.token_ids)
+
+    def dequantize(self, a: int = 0, b: int | None = None, dtype=torch.float32) -> torch.Tensor:
+        """Tokens ``[a, b)`` as ``[layers, 2, kv_heads, n, head_dim]`` in ``dtype``."""
+        b = len(self) if b is None else b
+        layers, heads, _, packed = self.kq.shape
+        out = torch.empty(layers, 2, heads, b - a, packed * 8 // self.bits, dtype=dtype, device=self.device)
+        self._dequantize_into(out[:, 0], out[:, 1], a, b)
+        return out
+
+    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+        """Dequantize tokens ``[a, b)`` straight into ``buf`` (no intermediate copy when its layers are level)."""
+        views = buf.reserve(b - a)
+        if views is None:
+            buf.write(self.dequantize(a, b, buf.data.dtype))
+        else:
+            self._dequantize_into(*views, a, b)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        names = ("kq", "kscale", "kmin", "vq", "vscale", "vmin")
+        out = {name: t.contiguous() for name, t in zip(names, self._data())}
+        out.update(positions=self.positions, token_ids=self.token_ids)
+        return out
+
+    def manifest(self) -> dict[str, str]:
+        """What a reader needs besides the tensors."""
+        return {"bits": str(self.bits), "key_group": str(self.key_group), "value_group": str(self.value_group)}
+
+    @staticmethod
+    def from_tensors(t: dict[str, torch.Tensor], meta: dict) -> "QuantKV":
+        return QuantKV(int(meta["bits"]), int(meta["key_group"]), int(meta["value_group"]), t["kq"], t["kscale"],
+                       t["kmin"], t["vq"], t["vscale"], t["vmin"], t["positions"], t["token_ids"])
+
+    def __repr__(self) -> str:
+        return (f"QuantKV(tokens={len(self)}, positions={_short_positions(self.positions)}, int{self.bits} "
+                f"k/{self.key_group} tokens v/{self.value_group} channels on {self.device}, {self.nbytes:,} bytes)")
+
+    # -- internal helpers ---------------------------------------------------------------------
+
+    def _data(self) -> list[torch.Tensor]:
+        return [self.kq, self.kscale, self.kmin, self.vq, self.vscale, self.vmin]
+
+    def _dequantize_into(self, kdst: torch.Tensor, vdst: torch.Tensor, a: int, b: int) -> None:
+        # kdst, vdst: [layers, kv_heads, b - a, head_dim] (views of a run buffer, or of a fresh tensor)
+        kdst.copy_(_unpack(self.kq[:, :, a:b], self.bits))
+        g = self.key_group
+        head_end, tail_start = min(b, -(-a // g) * g), max(a, b // g * g)
+        for s, e in ((a, head_end), (tail_start, b)) if head_end <= tail_start else ((a, b),):
+            if e > s:  # a partial group: one scale for all its tokens
+                i = s // g
+                kdst[:, :, s - a:e - a].mul_(self.kscale[:, :, i:i + 1].to(kdst.dtype)).add_(
+                    self.kmin[:, :, i:i + 1].to(kdst.dtype))
+        if head_end < tail_start:  # whole groups in between
+            layers, heads, _, dim = kdst.shape
+            i, j = head_end // g, tail_start // g
+            view = kdst[:, :, head_end - a:tail_start - a].view(layers, heads, j - i, g, dim)
+            view.mul_(self.kscale[:, :, i:j, None].to(kdst.dtype)).add_(self.kmin[:, :, i:j, None].to(kdst.dtype))
+        vdst.copy_(_unpack(self.vq[:, :, a:b], self.bits))
+        layers, heads, n, dim = vdst.shape
+        view = vdst.view(layers, heads, n, dim // self.value_group, self.value_group)
+        view.mul_(self.vscale[:, :, a:b, :, None].to(vdst.dtype)).add_(self.vmin[:, :, a:b, :, None].to(vdst.dtype))
+
+
+def to_storage(entry: ModuleKV, precision: str) -> "ModuleKV | QuantKV":
+    """A full entry in a storage precision: a float dtype name, or 'int8' / 'int4'."""
+    if precision in QUANT_BITS:
+        return QuantKV.quantize(entry, precision)
+    return entry.to(entry.device, getattr(torch, precision))
+
+
+def storage_tag(precision: str) -> str:
+    """The storage precision as it enters cache keys: entries quantized differently never mix."""
+    if precision in QUANT_BITS:
+        return f"{precision}:kivi:" + "/".join(map(str, QUANT_GROUP[precision]))
+    return precision
+
+
+def stored_bytes_per_token(layers: int, kv_heads: int, head_dim: int, precision: str) -> float:
+    """Bytes per token of a stored entry in ``precision`` (quantized: codes + scales, groups taken as full)."""
+    if precision not in QUANT_BITS:
+        return 2 * layers * kv_heads * head_dim * torch.tensor([], dtype=getattr(torch, precision)).element_size()
+    bits, (kg, vg) = QUANT_BITS[precision], QUANT_GROUP[precision]
+    vg = vg if head_dim % vg == 0 else head_dim
+    codes = 2 * head_dim * bits / 8
+    scales = 4 * head_dim / kg + 4 * head_dim / vg  # fp16 scale + minimum per key group and per value group
+    return layers * kv_heads * (codes + scales)
+
+
+def entry_from_tensors(t: dict[str, torch.Tensor], meta: dict | None = None):
+    """The entry a safetensors file holds (dense, layered or quantized; ``meta`` is its manifest)."""
+    if "kq" in t:
+        return QuantKV.from_tensors(t, meta or {})
+    return ModuleKV.from_tensors(t)
+
+
+def _range(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(minimum, scale) in fp16, as they will be read back."""
+    lo16 = lo.half()
+    scale = ((hi - lo16.float()) / (2 ** bits - 1)).half()
+    return lo16, scale
+
+
+def _codes(x: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
+    s = scale.float()
+    q = torch.where(s > 0, (x - lo.float()) / torch.where(s > 0, s, 1.0), 0.0)
+    return q.round_().clamp_(0, 2 ** bits - 1).to(torch.uint8)
+
+
+def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """int4 codes two per byte along the last dimension (even channel in the low nibble)."""
+    if bits == 8:
+        return q.contiguous()
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()
+
+
+def _unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
+    if bits == 8:
+        return p
+    return torch.stack([p & 0x0F, p >> 4], -1).flatten(-2)
 
 
 def _short_positions(positions: torch.Tensor) -> list:
@@ -183,6 +411,17 @@ class KVBuffer:
             for i in range(kv.shape[0]):
                 self.write_layer(i, kv[i])
 
+    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Views ``(keys, values)``, each ``[layers, kv_heads, n, head_dim]``, of the next ``n`` slots of every
+        layer, counted as written; None when the layers are not level (write a tensor instead)."""
+        start = self.lengths[0]
+        if any(x != start for x in self.lengths):
+            return None
+        if start + n > self.capacity:
+            raise ValueError(f"KV buffer overflow: {start} + {n} > {self.capacity}")
+        self.lengths = [start + n] * len(self.lengths)
+        return self.data[:, 0, 0, :, start:start + n], self.data[:, 1, 0, :, start:start + n]
+
     def write_layer(self, i: int, kv: torch.Tensor) -> None:
         """Append ``kv`` ([2, kv_heads, n, head_dim]) to layer ``i``."""
         n = kv.shape[2]
@@ -191,6 +430,22 @@ class KVBuffer:
             raise ValueError(f"KV buffer overflow in layer {i}: {start} + {n} > {self.capacity}")
         self.data[i, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
         self.lengths[i] = start + n
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the entries written so far (every layer at its own length)."""
+        per_slot = 2 * self.data.shape[3] * self.data.shape[5] * self.data.element_size()
+        return sum(self.lengths) * per_slot
+
+    def keep(self, layer: int, idx: torch.Tensor) -> None:
+        """Keep in ``layer`` only the entries ``idx`` ([kv_heads, k] indices below its length, per head), in
+        that order, moved to the front; the layer's length becomes k."""
+        d = self.data[layer, :, 0]  # [2, kv_heads, capacity, head_dim]
+        heads, k = idx.shape
+        index = idx.to(d.device)[None, :, :, None].expand(2, heads, k, d.shape[-1])
+        kept = torch.gather(d[:, :, : self.lengths[layer]], 2, index)  # a copy: safe to write back in place
+        d[:, :, :k].copy_(kept)
+        self.lengths[layer] = k
 
     def cache(self) -> "BufferedCache":
         """A transformers Cache whose layers append into this buffer, starting at the current lengths."""
@@ -301,7 +556,8 @@ def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV
 # ----------------------------------------------------------------------------------------------
 
 ATTENTION = "pml_sdpa"
-_SCORER: contextvars.ContextVar["AttentionScorer | None"] = contextvars.ContextVar("pml_scorer", default=None)
+_SCORER: contextvars.ContextVar["AttentionScorer | QueryCapture | None"] = contextvars.ContextVar("pml_scorer",
+                                                                                                 default=None)
 _RANKS: contextvars.ContextVar["RankMask | None"] = contextvars.ContextVar("pml_ranks", default=None)
 
 
@@ -363,24 +619,50 @@ class AttentionScorer:
 
     def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
         # query: [1, heads, n_new, dim]; key: [1, kv_heads, n_past + n_new, dim]
-        b, h, q, d = query.shape
-        kvh, kv = key.shape[1], key.shape[2]
-        g = h // kvh
-        r = min(self.recent, q)
-        qr = query[:, :, q - r:].reshape(b, kvh, g * r, d)
-        att = torch.matmul(qr.float(), key.float().transpose(-1, -2)) * (scaling or d ** -0.5)
-        att = att.view(b, kvh, g, r, kv)
-        # query i of the recent window sits at cache index kv - r + i and sees keys <= that index
-        causal = torch.ones(r, kv, dtype=torch.bool, device=query.device).tril_(kv - r)
-        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        r = min(self.recent, query.shape[2])
+        att = attention_weights(query[:, :, -r:], key, scaling)  # [kv_heads, group, r, kv]
         w = torch.arange(1, r + 1, dtype=att.dtype, device=att.device)
         w = w / w.sum()
-        per_key = torch.einsum("bkgrn,r->n", att, w) / (b * kvh * g)  # [kv]
-        self.scores[layer] = per_key[kv - self.n_new:].cpu()
+        per_key = torch.einsum("kgrn,r->n", att, w) / (att.shape[0] * att.shape[1])  # [kv]
+        self.scores[layer] = per_key[key.shape[2] - self.n_new:].cpu()
+
+
+class QueryCapture:
+    """Per layer, the newest ``window`` queries of the first forward it sees (a run's prefill).
+
+    Only kept, not used, during the forward: scoring them against the cache happens after the
+    first token is out, so time to first token is not touched (engine/compress.py).
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self.queries: dict[int, torch.Tensor] = {}  # layer -> [1, heads, <= window, dim], RoPE applied
+        self.scaling: dict[int, float | None] = {}
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        if layer not in self.queries:
+            self.queries[layer] = query[:, :, -self.window:].clone()
+            self.scaling[layer] = scaling
+
+
+def attention_weights(query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """Softmax attention of the newest queries over ``key``, per KV head and query group: [kv_heads, group, r, kv].
+
+    ``query`` [1, heads, r, dim] are the last r tokens of the cache ``key`` [1, kv_heads, kv, dim]
+    (query i sits at cache index kv - r + i and sees the keys up to it).
+    """
+    _, h, r, d = query.shape
+    kvh, kv = key.shape[1], key.shape[2]
+    g = h // kvh
+    qr = query[0].reshape(kvh, g * r, d)
+    att = torch.matmul(qr.float(), key[0].float().transpose(-1, -2)) * (scaling or d ** -0.5)
+    att = att.view(kvh, g, r, kv)
+    causal = torch.ones(r, kv, dtype=torch.bool, device=query.device).tril_(kv - r)
+    return att.masked_fill(~causal, float("-inf")).softmax(-1)
 
 
 @contextlib.contextmanager
-def scoring(scorer: AttentionScorer):
+def scoring(scorer: "AttentionScorer | QueryCapture"):
     """Within this block, forwards through the PML attention feed ``scorer``."""
     token = _SCORER.set(scorer)
     try:

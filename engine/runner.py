@@ -10,14 +10,20 @@
 TTFT is measured one way for every path: synchronize, ``perf_counter`` around (buffer
 allocation + KV assembly for the prefix and cached paths) + prefill + first sampled token,
 synchronize. Their TTFT includes the copy of stored KV into the run's buffer (``copy_ms``
-reports that share); finding the entries (store lookups, the prefix tree's walk) happens
-before, for both. Decoding is our own loop over a preallocated buffer with
-explicit position ids — ``model.generate()`` derives positions from the cache length, which is
-wrong for gapped caches.
+reports that share; int8 / int4 entries are dequantized by that copy); finding the entries
+(store lookups, the prefix tree's walk) happens before, for both. Decoding is our own loop over
+a preallocated buffer with explicit position ids — ``model.generate()`` derives positions from
+the cache length, which is wrong for gapped caches.
+
+With ``question`` retention the cached run thins its buffer after the first token is out
+(``retention_ms``, outside TTFT) and decodes over the smaller cache. Each run reports the KV
+bytes it held: its buffer after the prefill, the stored entries it read, and the buffer after
+retention.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -26,10 +32,12 @@ from typing import Callable
 
 import torch
 
+from .compress import QuestionRetention
 from .encode import EncodedSchema
 from .errors import EngineError
 from .kv import ATTENTION, KVBuffer, KVWorkspace, LayeredKV, RankMask, rank_masked
 from .models import LoadedModel
+from .layout import ANONYMOUS
 from .plan import CACHED, PromptPlan
 from .prefix import PrefixCache
 from .repair import select_repair
@@ -77,12 +85,17 @@ class RunResult:
     decode_tokens: int
     peak_rss_bytes: int
     cuda_peak_bytes: int | None
-    kv_buffer_bytes: int
+    kv_buffer_bytes: int  # capacity of the run's buffer
     first_logits: torch.Tensor = field(repr=False, compare=False)
     reused_tokens: int = 0  # prompt tokens whose KV came from a store (modules or the prefix cache)
     reuse: PrefixReuse | None = None  # prefix arm only
     recomputed_tokens: int = 0  # cached tokens prefilled again by link-token repair (in prefill_tokens)
     recomputed_positions: tuple[int, ...] = ()  # their position ids
+    kv_buffer_used_bytes: int = 0  # KV in the run's buffer after the prefill (baseline: prompt tokens x bytes/token)
+    kv_store_bytes: int = 0  # module entries the run read, as stored (0 for baseline)
+    kv_held_bytes: int = 0  # kv_store_bytes + kv_buffer_used_bytes
+    kv_buffer_bytes_after_retention: int = 0  # what decoding ran over (= kv_buffer_used_bytes without retention)
+    retention_ms: float = 0.0  # scoring + thinning the buffer (question retention), after the first token
 
     def to_json(self) -> dict:
         return {"text": self.text, "ttft_ms": round(self.ttft_ms, 3), "copy_ms": round(self.copy_ms, 3),
@@ -92,7 +105,11 @@ class RunResult:
                 "new_tokens": self.decode_tokens, "peak_rss_bytes": self.peak_rss_bytes,
                 "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes,
                 "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens,
-                "recomputed_positions": list(self.recomputed_positions)}
+                "recomputed_positions": list(self.recomputed_positions),
+                "kv_buffer_used_bytes": self.kv_buffer_used_bytes, "kv_store_bytes": self.kv_store_bytes,
+                "kv_held_bytes": self.kv_held_bytes,
+                "kv_buffer_bytes_after_retention": self.kv_buffer_bytes_after_retention,
+                "retention_ms": round(self.retention_ms, 3)}
 
 
 @dataclass(frozen=True)
@@ -206,6 +223,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         return run_repaired(lm, plan, encoded, store, sampling, on_token, repair)
     copies = _copy_list(plan, encoded, store)
     ids, pos = plan.uncached()
+    retain = _question_retention(plan, encoded)
     with _PeakMemory(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
@@ -214,8 +232,10 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             entry.write_into(buf, a, b)
         _sync(lm.device)
         t1 = time.perf_counter()
-        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token)
-    return replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens)
+        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, retain=retain)
+    stored = sum(e.nbytes for e in {id(e): e for e, _, _ in copies}.values())
+    return replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens, kv_store_bytes=stored,
+                   kv_held_bytes=stored + result.kv_buffer_used_bytes)
 
 
 def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling = Sampling(),
@@ -312,7 +332,7 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
         mask = RankMask(_buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
         _sync(lm.device)
         t1 = time.perf_counter()
-        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, mask)
+        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, mask=mask)
     return replace(_with_memory(result, mem), recomputed_tokens=len(sel), recomputed_positions=sel.positions)
 
 
@@ -359,6 +379,17 @@ def _token_place(plan: PromptPlan, k: int) -> dict:
             return {"token": k, "source": seg.source, "owner": seg.owner}
         start += len(seg)
     return {"token": k, "source": "end", "owner": ""}
+
+
+def _question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRetention | None:
+    """The run-time retention of a ``question`` compression (None for the others): module tokens may go,
+    the anonymous text may not."""
+    if not encoded.compression.at_run:
+        return None
+    anon = encoded.module_keys.get(ANONYMOUS)
+    marks = [encoded.locate(s.piece, s.scaffold)[0] != anon for s in plan.segments if s.kind == CACHED
+             for _ in range(len(s))]
+    return QuestionRetention(encoded.compression, torch.tensor(marks, dtype=torch.bool))
 
 
 def _copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
@@ -448,12 +479,13 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: list[int], sampling: Sampling,
                         t0: float, t1: float, path: str, on_token: TokenFn | None,
-                        mask: RankMask | None = None) -> RunResult:
+                        mask: RankMask | None = None, retain: QuestionRetention | None = None) -> RunResult:
     model, device = lm.model, lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
     with torch.inference_mode():
-        with rank_masked(mask):  # only the prefill: decode steps see the whole buffer
+        with rank_masked(mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
+            # the rank mask acts on the prefill only: decode steps see the whole buffer
             out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[0, -1]
@@ -469,6 +501,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
         eos = set(lm.eos_ids)
         if on_token:
             on_token(path, lm.tokenizer.decode(tokens, skip_special_tokens=True))
+        cache, used, after, retention_ms = _retain(buf, cache, retain, device)
         while len(tokens) < sampling.max_new_tokens and tokens[-1] not in eos:
             s = time.perf_counter()
             out = model(input_ids=torch.tensor([[tokens[-1]]], device=device),
@@ -488,7 +521,22 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: lis
         ttft_ms=(t2 - t0) * 1000, copy_ms=(t1 - t0) * 1000 if path != "baseline" else 0.0,
         prefill_ms=(t_fwd - t1) * 1000, sample_ms=(t2 - t_fwd) * 1000, prefill_tokens=len(ids),
         decode_ms_per_token=decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(tokens),
-        peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=first_logits)
+        peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=first_logits,
+        kv_buffer_used_bytes=used, kv_held_bytes=used, kv_buffer_bytes_after_retention=after,
+        retention_ms=retention_ms)
+
+
+def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:
+    """(cache to decode over, buffer bytes after the prefill, after retention, ms spent thinning): the
+    buffer thinned by ``retain`` when given, else the prefill's cache unchanged."""
+    cache.sync_length()
+    used = buf.used_bytes
+    if retain is None:
+        return cache, used, used, 0.0
+    s = time.perf_counter()
+    retain.apply(buf)
+    _sync(device)
+    return buf.cache(), used, buf.used_bytes, (time.perf_counter() - s) * 1000
 
 
 def _sync(device: str) -> None:

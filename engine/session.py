@@ -15,6 +15,7 @@ run, the prompt importing every module in schema order (``RunConfig.warmup``) â€
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, replace
 
@@ -22,7 +23,8 @@ from .config import RunConfig
 from .encode import EncodedSchema, ProgressFn, count_units, encode_schema
 from .errors import EngineError, StorageError
 from .layout import Layout, TextCodec, layout as make_layout
-from .models import LoadedModel, check_device, kv_bytes_per_token, load_config, load_model, load_tokenizer
+from .kv import stored_bytes_per_token
+from .models import LoadedModel, check_device, kv_shape, load_config, load_model, load_tokenizer
 from .plan import PromptPlan, plan_prompt
 from .pml import parse_prompt, parse_schema
 from .prefix import PrefixCache, schema_order_prompt
@@ -132,15 +134,15 @@ class Engine:
         return budget
 
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
-        """KV bytes per token of the model in ``dtype`` (default: the compute dtype), from its config alone."""
-        import torch
-
-        elt = torch.tensor([], dtype=getattr(torch, dtype or self.config.dtype)).element_size()
+        """KV bytes per token of the model in ``dtype`` (default: the compute dtype; int8 / int4 count their
+        scales), from its config alone."""
         if self._lm is not None:
-            return kv_bytes_per_token(self._lm.model.config, elt)
-        if self._model_config is None:
-            self._model_config = load_config(self.config.model)
-        return kv_bytes_per_token(self._model_config, elt)
+            config = self._lm.model.config
+        else:
+            if self._model_config is None:
+                self._model_config = load_config(self.config.model)
+            config = self._model_config
+        return math.ceil(stored_bytes_per_token(*kv_shape(config), dtype or self.config.dtype))
 
     # -- documents ----------------------------------------------------------------------------
 
@@ -242,7 +244,7 @@ class Engine:
             if name == "(anonymous)":
                 need += tokens * anon_per_token
             else:
-                need += int(tokens * per_token * cfg.compression.retention)
+                need += int(tokens * per_token * cfg.compression.stored_fraction)
         store.check_need(need, f"prompt {what}")
 
 

@@ -9,10 +9,12 @@ ever held twice, and an entry on disk is reused only when all of that matches.
   evicts least-recently-used unpinned entries first (they stay on disk when persistence is on).
   An entry larger than the whole budget is refused with a StorageError.
 * **Persistence** (:class:`DiskStore`): every entry is written once, atomically (temp file +
-  rename), as safetensors whose header carries the manifest (format, dtype, bytes, CRC-32 of
-  the tensors). A truncated or corrupted file is detected on load, deleted and reported as
-  missing, so the engine re-encodes it; a failed write (full disk) is counted and the entry
-  stays in memory only.
+  rename), as safetensors whose header carries the manifest (format, storage precision and
+  scheme, bytes, CRC-32 of the tensors; quantized entries add their bits and group sizes).
+  Files of the previous format (``pml-kv/1``: float entries, no scheme) load unchanged. A
+  truncated or corrupted file, or one of an unknown format, is detected on load, deleted and
+  reported as missing with the reason, so the engine re-encodes it; a failed write (full disk)
+  is counted and the entry stays in memory only.
 * **Prefix entries** (keys starting with :data:`PREFIX`): the nodes of the prefix cache
   (engine/prefix.py). They share the budget and the LRU order with the modules but are never
   written to disk; ``stats()`` counts them apart (``prefix_entries``, ``prefix_bytes``). When the
@@ -32,10 +34,11 @@ from pathlib import Path
 import torch
 
 from .errors import StorageError
-from .kv import ModuleKV
+from .kv import entry_from_tensors
 from .models import check_device
 
-FORMAT = "pml-kv/1"
+FORMAT = "pml-kv/2"  # adds "scheme" and quantized entries (bits, key_group, value_group) to pml-kv/1
+READABLE = ("pml-kv/1", FORMAT)
 PREFIX = "prefix:"  # key namespace of prefix-cache nodes: memory only, never persisted
 
 
@@ -47,6 +50,7 @@ class DiskStore:
         self.writes = 0
         self.write_errors = 0
         self.corrupt = 0
+        self.unreadable = 0  # files of a format this version does not read (re-encoded)
         self.last_error = ""
 
     def path(self, key: str) -> Path:
@@ -64,7 +68,8 @@ class DiskStore:
             return True
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in entry.tensors().items()}
         manifest = {"format": FORMAT, "crc32": str(_crc(tensors)), "bytes": str(entry.nbytes),
-                    "dtype": str(entry.dtype).replace("torch.", ""), "created": str(int(time.time()))}
+                    "dtype": entry.precision, "scheme": entry.scheme, "created": str(int(time.time())),
+                    **entry.manifest()}
         manifest.update({k: str(v) for k, v in (meta or {}).items()})
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
@@ -93,9 +98,17 @@ class DiskStore:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
-            if meta.get("format") != FORMAT or meta.get("crc32") != str(_crc(tensors)):
-                raise ValueError("checksum or format mismatch")
-            return ModuleKV.from_tensors(tensors)
+            if meta.get("format") not in READABLE:
+                raise _Unreadable(f"{path.name} has format {meta.get('format')!r}, which this version does not "
+                                  f"read ({', '.join(READABLE)}); it will be re-encoded")
+            if meta.get("crc32") != str(_crc(tensors)):
+                raise ValueError("checksum mismatch")
+            return entry_from_tensors(tensors, meta)
+        except _Unreadable as err:
+            self.unreadable += 1
+            self.last_error = str(err)
+            self.delete(key)
+            return None
         except Exception as err:  # safetensors raises several types for truncated or garbled files
             self.corrupt += 1
             self.last_error = f"{path.name} was corrupted ({type(err).__name__}); it will be re-encoded"
@@ -191,6 +204,14 @@ class ModuleStore:
             chosen = self._entries if keys is None else {k: self._entries[k] for k in set(keys) if k in self._entries}
             return sum(e.nbytes for e in chosen.values())
 
+    def bytes_by_precision(self) -> dict[str, int]:
+        """Bytes in memory per storage precision ('float32', 'int8', ...), scales of quantized entries included."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for e in self._entries.values():
+                out[e.precision] = out.get(e.precision, 0) + e.nbytes
+            return out
+
     def entry_bytes(self, key: str) -> int:
         """Bytes of one entry, in memory or on disk (0 when unknown)."""
         if key in self._entries:
@@ -260,9 +281,11 @@ class ModuleStore:
             prefix = [e.nbytes for k, e in self._entries.items() if k.startswith(PREFIX)]
         return {"device": self.device, "entries": len(self), "bytes": self.nbytes(), "budget_bytes": self.budget_bytes,
                 "prefix_entries": len(prefix), "prefix_bytes": sum(prefix),
+                "bytes_by_precision": self.bytes_by_precision(),
                 "pinned": len(self._pinned), "evictions": self.evictions, "disk_loads": self.disk_loads,
                 "persist": d is not None, "disk_writes": d.writes if d else 0,
                 "disk_write_errors": d.write_errors if d else 0, "disk_corrupt": d.corrupt if d else 0,
+                "disk_unreadable": d.unreadable if d else 0,
                 "disk_error": d.last_error if d else ""}
 
     def __repr__(self) -> str:
@@ -313,6 +336,10 @@ def default_budget(device: str = "cpu") -> int:
 
     avail = available_bytes(device) or 8 * 2**30
     return max(256 * 2**20, avail // 2)
+
+
+class _Unreadable(ValueError):
+    """A well-formed file of a format this version does not read."""
 
 
 def _crc(tensors: dict) -> int:

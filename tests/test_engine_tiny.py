@@ -154,3 +154,12 @@ def test_json_contract_fields(tiny_engine):
             assert field in j[path]
     assert "copy_ms" in j["cached"] and j["cached"]["ttft_includes_copy"] is True
     assert j["cached_tokens"] + j["uncached_tokens"] == j["prompt_tokens"]
+
+
+def test_repair_with_question_retention_is_refused_up_front():
+    from engine.config import Compression, RunConfig
+    from engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="cannot be combined"):
+        RunConfig(repair=4, compression=Compression(0.5, "question"))
+    assert RunConfig(repair=4, compression=Compression(0.5, "pyramid")).repair == 4

@@ -181,6 +181,10 @@ class _Padded:
     def __init__(self, entry: ModuleKV, n: int):
         self.entry, self.n = entry, n
 
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes
+
     def write_into(self, buf, a, b):
         first = self.n - len(self.entry)
         lo, hi = max(a, first) - first, max(b, first) - first
