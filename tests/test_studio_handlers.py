@@ -239,7 +239,7 @@ def test_run_config_from_widget_values(studio):
     assert studio.run_config({}) == base  # nothing given: the engine's config
     assert studio.run_config({"mode": "isolated", "budget_mib": ""}).mode == "isolated"
     for bad, match in ((dict(retention=0), "retention"), (dict(method="zip"), "method"),
-                       (dict(storage_dtype="int8"), "storage dtype"), (dict(mode="both"), "encoding mode"),
+                       (dict(storage_dtype="int2"), "storage dtype"), (dict(mode="both"), "encoding mode"),
                        (dict(budget_mib="lots"), "budget"), (dict(budget_mib=-5), "budget")):
         with pytest.raises(gr.Error, match=match):
             studio.run_config(settings(**bad))
