@@ -417,13 +417,13 @@ def main() -> None:
         if args.rows_out:
             args.rows_out.write_text(json.dumps({"ttft_probe": probe}))
         return
-    probe = None
+    probe, collected_by = None, None
     if args.from_rows:
         import json
 
         kept = json.loads(args.from_rows.read_text())
         rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
-        probe = kept.get("ttft_probe")
+        probe, collected_by = kept.get("ttft_probe"), kept.get("commands")
         arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict))
         confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
         if sample_rows:
@@ -452,7 +452,7 @@ def main() -> None:
                       "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),
                       "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
                       "by_depth": by_depth, "by_modules": by_modules, "frontier": frontier,
-                      "confusable": confusable, "samples": sample_rows, "ttft_probe": probe, "rows": rows,
+                      "confusable": confusable, "samples": sample_rows, "ttft_probe": probe, "collected_by": collected_by, "rows": rows,
                       "confusable_rows": conf_rows}, write=not args.quick)
 
 

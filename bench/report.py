@@ -196,7 +196,10 @@ def _arm_rows(summary: dict) -> list[str]:
 
 def repair_section(f: dict) -> list[str]:
     """Fidelity with the repair and sink arms (issue 12): frontier tables, confusable needles, samples."""
-    out = [f"**Fidelity and repair** — `{f['command']}` ({machine_line(f)}; {f['model']}, greedy, "
+    how = f"`{f['command']}`"
+    if f.get("collected_by"):
+        how = "rows collected by " + "; ".join(f"`{c}`" for c in f["collected_by"]) + f", summarised by {how}"
+    out = [f"**Fidelity and repair** — {how} ({machine_line(f)}; {f['model']}, greedy, "
            f"{f['new_tokens']} new tokens; the machine was shared with other jobs, so TTFTs are noisy: the ratio "
            f"to `isolated` is measured side by side on each prompt, median of {f['ttft_reps']} one-token runs per "
            "arm). Needle-in-a-haystack prompts over Paul Graham essay modules of ~250 tokens; found = the needle's "
