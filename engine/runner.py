@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .attention import attach, copied_positions, needs_positions
 from .encode import EncodedSchema
 from .kv import KVBuffer, KVWorkspace
 from .models import LoadedModel
@@ -145,6 +146,8 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode."""
     copies = _copy_list(plan, encoded, store)
     ids, pos = plan.uncached()
+    # sliding windows and ALiBi need the cached keys' position ids (gapped), not their cache indices
+    key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
     with _PeakMemory(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
@@ -153,7 +156,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             entry.write_into(buf, a, b)
         _sync(lm.device)
         t1 = time.perf_counter()
-        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token)
+        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, key_pos)
     return _with_memory(result, mem)
 
 
@@ -240,10 +243,12 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
 
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: list[int], sampling: Sampling,
-                        t0: float, t1: float, path: str, on_token: TokenFn | None) -> RunResult:
+                        t0: float, t1: float, path: str, on_token: TokenFn | None,
+                        key_positions: list[torch.Tensor] | None = None) -> RunResult:
     model, device = lm.model, lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
+    attach(cache, key_positions)
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([pos], device=device),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
