@@ -17,6 +17,9 @@ ROUGE-L F1 of the answers. Accuracy by needle depth and by number of modules goe
 
     python bench/fidelity.py              # 48 prompts (4 and 8 modules), ~10 min on 2 CPU cores
     python bench/fidelity.py --quick      # 2 tiny prompts, no files written
+    python bench/fidelity.py --model gemma3-270m --modules 4 --per-setting 12
+                                          # another model: bench/results/fidelity-gemma3-270m.json, no plot
+                                          # (models without a chat template get the schema without role tags)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import random
 import re
 import time
 
-from common import ROOT, doc_schema, emit, essay_chunks, machine, table
+from common import ROOT, doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
 
 from engine.runner import Sampling, agreement, run_baseline, run_cached
 from engine.session import Engine
@@ -103,8 +106,10 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling) -> dict:
     from xml.sax.saxutils import escape
 
     n = case["modules"]
-    schema = doc_schema(f"needle{idx}", case["docs"], system=SYSTEM)
-    scaffolded = doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, scaffold=[f"doc{i}" for i in range(n)])
+    roles = has_roles(eng)
+    schema = doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, roles=roles)
+    scaffolded = doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, scaffold=[f"doc{i}" for i in range(n)],
+                            roles=roles)
     prompt = f'<prompt schema="needle{idx}">' + "".join(f"<doc{i}/>" for i in range(n)) + \
         f" {escape(question(case['name']))}</prompt>"
     lay = eng.layout(schema)
@@ -194,7 +199,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=28)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, no files written")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
     ap.add_argument("--replot", action="store_true", help="redraw assets/fidelity.png from bench/results/fidelity.json")
     args = ap.parse_args()
     if args.replot:
@@ -225,12 +230,14 @@ def main() -> None:
                 [[p, f"{s['accuracy']:.0%}", f"{s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}",
                   s.get("first_token_agreement", "-"), s.get("mean_first_token_kl", "-"), s.get("same_text_rate", "-"),
                   s.get("mean_rouge_l", "-")] for p, s in summary.items()]))
-    if not args.quick:
+    name = result_name("fidelity", args.model)
+    if not args.quick and name == "fidelity":
         plot(by_depth, by_modules, ROOT / "assets" / "fidelity.png")
-    emit("fidelity", {"benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
-                      "new_tokens": args.new_tokens, "prompts": len(rows), "machine": machine(),
-                      "seconds": round(time.perf_counter() - t0, 1), "summary": summary, "by_depth": by_depth,
-                      "by_modules": by_modules, "rows": rows}, write=not args.quick)
+    emit(name, {"benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
+                "new_tokens": args.new_tokens, "prompts": len(rows), "machine": machine(),
+                "modules": args.modules, "per_setting": args.per_setting, "role_tags": has_roles(eng),
+                "seconds": round(time.perf_counter() - t0, 1), "summary": summary, "by_depth": by_depth,
+                "by_modules": by_modules, "rows": rows}, write=not args.quick)
 
 
 if __name__ == "__main__":
