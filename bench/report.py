@@ -80,6 +80,7 @@ def section() -> str:
             for k, v in bym.items()) + ".", "", "![Needle accuracy by depth and modules](assets/fidelity.png)", ""]
     if compression:
         out += compression_section(compression)
+    out += other_models()
     if len(out) == 2:
         out += ["No benchmark results yet: run `make bench`.", ""]
     out.append(END)
@@ -276,6 +277,29 @@ def compression_section(c: dict) -> list[str]:
     out += [""] + [f"- {v}" for v in c["verdicts"]] + [""]
     if at:
         out += ["![Needle accuracy against module bytes](assets/memory.png)", ""]
+    return out
+
+
+def other_models() -> list[str]:
+    """TTFT and fidelity of models other than the default (bench/results/ttft-MODEL.json, fidelity-MODEL.json)."""
+    out: list[str] = []
+    for path in sorted(RESULTS.glob("ttft-*.json")):
+        ttft = json.loads(path.read_text())
+        suffix = path.stem[len("ttft-"):]
+        fid = load(f"fidelity-{suffix}")
+        lines = "; ".join(f"{r['prompt_tokens']} tokens: {r['baseline_ttft_ms'] / 1000:.2f} s → "
+                          f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in ttft["results"])
+        out += [f"**{ttft['model']}** — `{ttft['command']}` ({machine_line(ttft)}; {ttft['dtype']}, median of "
+                f"{ttft['reps']} after a warm-up, cached TTFT includes the KV copy): {lines}."]
+        if fid:
+            s = fid["summary"]
+            tags = "with role tags" if fid.get("role_tags", True) else "without role tags (no chat template)"
+            out[-1] += (f" Needle fidelity — `{fid['command']}`: {fid['prompts']} prompts, schemas {tags}; needle found "
+                        + ", ".join(f"{p} {v['accuracy']:.0%} ({v['found']}/{v['n']})" for p, v in s.items())
+                        + "; first token agrees with the baseline: "
+                        + ", ".join(f"{p} {v['first_token_agreement']:.0%}" for p, v in s.items() if p != "baseline")
+                        + ".")
+        out.append("")
     return out
 
 

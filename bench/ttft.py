@@ -15,13 +15,14 @@ what attending over the cache costs. Prints a table, then one JSON document last
 
     python bench/ttft.py            # full run (~5 min on 2 quiet CPU cores)
     python bench/ttft.py --quick    # CI-sized smoke run
+    python bench/ttft.py --model gemma3-270m   # another model: results go to bench/results/ttft-gemma3-270m.json
 """
 
 from __future__ import annotations
 
 import argparse
 
-from common import emit, essay_chunks, machine, table, ttft_point
+from common import emit, essay_chunks, machine, result_name, table, ttft_point
 
 from engine.session import Engine
 
@@ -32,7 +33,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per run (decode ms/token)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 256 and 512 tokens, 1 rep, 4 new tokens")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
@@ -46,7 +47,7 @@ def main() -> None:
                   f'{r["floor_ms"]} ({r["floor_ms_min"]}-{r["floor_ms_max"]})', r["nocache_ms"], r["cached_over_floor"],
                   r["floor_over_nocache"], r["baseline_decode_ms_per_token"], r["cached_decode_ms_per_token"]]
                  for r in rows]))
-    emit("ttft",
+    emit(result_name("ttft", args.model),
          {"benchmark": "ttft", "model": eng.lm.name, "storage": "cpu", "mode": eng.config.mode, "dtype": eng.lm.dtype,
           "ttft_includes_copy": True, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
           "results": rows}, write=not args.quick)

@@ -50,10 +50,19 @@ def essay_chunks(encode, tokens_per_chunk: int) -> list[str]:
 
 
 def doc_schema(name: str, docs: list[str], system: str = "You answer questions about the documents the user gives.",
-               scaffold: list[str] | None = None) -> str:
+               scaffold: list[str] | None = None, roles: bool = True) -> str:
+    """The documents as modules after a system text: in role tags, or (``roles=False``, base models
+    without a chat template) as plain text."""
     mods = "\n".join(f'    <module name="doc{i}">{escape(d)}</module>' for i, d in enumerate(docs))
     sc = f'\n  <scaffold name="joint" modules="{" ".join(scaffold)}"/>' if scaffold else ""
+    if not roles:
+        return f'<schema name="{name}">\n  {escape(system)}\n{mods}{sc}\n</schema>'
     return f'<schema name="{name}">\n  <system>{escape(system)}</system>\n  <user>\n{mods}\n  </user>{sc}\n</schema>'
+
+
+def has_roles(eng) -> bool:
+    """Whether the engine's model has a chat template (role tags compile)."""
+    return not eng.codec.roles_error
 
 
 def doc_prompt(name: str, n_docs: int, question: str = QUESTION, docs: list[int] | None = None) -> str:
@@ -63,7 +72,7 @@ def doc_prompt(name: str, n_docs: int, question: str = QUESTION, docs: list[int]
 
 def prompt_overhead(eng) -> int:
     """Tokens a one-module prompt adds besides module text and question (system text, role tags)."""
-    lay = eng.layout(doc_schema("probe", ["x"]))
+    lay = eng.layout(doc_schema("probe", ["x"], roles=has_roles(eng)))
     plan = eng.plan(lay, doc_prompt("probe", 1, question="q"))
     return plan.prompt_tokens - len(eng.codec.encode("x")) - len(eng.codec.encode(" q"))
 
@@ -99,7 +108,7 @@ def ttft_point(eng, target: int, reps: int, new_tokens: int, chunks: list[str], 
 
     docs = fill_docs(eng, chunks, target)
     name = f"ttft{target}"
-    lay = eng.layout(doc_schema(name, docs))
+    lay = eng.layout(doc_schema(name, docs, roles=has_roles(eng)))
     plan = eng.plan(lay, doc_prompt(name, len(docs)), max_new_tokens=new_tokens)
     enc = eng.encode(lay)
     store = eng.store()

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
+from . import attention as positional
+
 
 @dataclass
 class ModuleKV:
@@ -538,6 +540,7 @@ def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV
         cache = DynamicCache(ddp_cache_data=[(past.kv[i, 0].unsqueeze(0).to(device),
                                               past.kv[i, 1].unsqueeze(0).to(device))
                                              for i in range(past.kv.shape[0])])
+        positional.attach(cache, past.positions)  # sliding windows and ALiBi read key positions, not indices
     n_past = cache.get_seq_length()
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     pos = torch.tensor([positions], dtype=torch.long, device=device)
@@ -552,10 +555,11 @@ def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV
 
 
 # ----------------------------------------------------------------------------------------------
-# Attention: SDPA, plus per-layer cache lengths and attention scoring for compression
+# Attention: the engine's attention function (per-layer cache lengths, position-aware windows,
+# soft-capping) and attention scoring for compression
 # ----------------------------------------------------------------------------------------------
 
-ATTENTION = "pml_sdpa"
+ATTENTION = "pml_attention"  # no "sdpa" in the name: transformers would then refuse it to models without SDPA
 _SCORER: contextvars.ContextVar["AttentionScorer | QueryCapture | None"] = contextvars.ContextVar("pml_scorer",
                                                                                                  default=None)
 _RANKS: contextvars.ContextVar["RankMask | None"] = contextvars.ContextVar("pml_ranks", default=None)
@@ -672,25 +676,33 @@ def scoring(scorer: "AttentionScorer | QueryCapture"):
 
 
 def _pml_attention(module, query, key, value, attention_mask, **kwargs):
-    """transformers' SDPA attention, made safe for caches whose layers hold different lengths.
+    """transformers' attention, made exact for the engine's caches.
 
-    The causal mask is built once from layer 0's length; a layer that kept fewer (compressed)
-    entries gets the same bottom-right causal mask at its own length. Batch size is always 1
-    and there is no padding, so that mask is exact. Inside :func:`rank_masked` the mask is the
-    :class:`RankMask`'s instead.
+    * Caches whose layers hold different lengths (compressed entries): a layer shorter than the
+      mask gets the bottom-right causal mask at its own length (batch 1, no padding: exact).
+    * Sliding-window layers: the window is applied to position ids, not cache indices, when the
+      model's positions are tracked (:mod:`engine.attention`), so gapped caches keep it.
+    * Logit soft-capping (Gemma 2), which SDPA cannot compute: eager attention.
+    * Inside :func:`rank_masked` (repair) the :class:`RankMask`'s mask replaces the causal one.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     scorer = _SCORER.get()
     if scorer is not None:
         scorer.observe(module.layer_idx, query, key, kwargs.get("scaling"))
-    kv = key.shape[-2]
+    q, kv = query.shape[-2], key.shape[-2]
     ranks = _RANKS.get()
+    window, positions = kwargs.get("sliding_window"), positional.current()
     if ranks is not None:
-        attention_mask = ranks.mask(module.layer_idx, query.shape[-2], kv, query.device)
+        attention_mask = ranks.mask(module.layer_idx, q, kv, query.device)
+    elif window and positions is not None:
+        attention_mask = positions.window_mask(module.layer_idx, q, kv, window, query.device)
     elif attention_mask is not None and attention_mask.shape[-1] != kv:
-        q = query.shape[-2]
         attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return positional.eager(query, key, value, attention_mask, scaling, softcap)
     if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs):
         # Several new tokens over a cache (the cached prefill): transformers repeats K/V for every query
         # head here (it keeps enable_gqa for unmasked calls, as CUDA's masked GQA falls back to slow
@@ -711,14 +723,25 @@ def _grouped_masked_cpu(module, query, attention_mask, kwargs) -> bool:
             and getattr(module, "num_key_value_groups", 1) > 1 and not any(kwargs.get(k) for k in _SPECIAL_KWARGS))
 
 
-def use_pml_attention(model) -> bool:
-    """Select the attention above for an SDPA model; False (unchanged) for other implementations."""
+def use_pml_attention(model) -> str:
+    """Route ``model``'s attention through the engine's; return the path in use.
+
+    ``"pml"``: the attention function above runs in every layer (models that take transformers'
+    attention interface, loaded with SDPA or eager attention). ``"own"``: the model's own attention
+    code (MPT, Falcon), with ALiBi taken from position ids. Models that need positions for their
+    attention (sliding windows, ALiBi) get their forward hooked to track them.
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", ATTENTION):
-        return False
+    if positional.needs_positions(model):
+        positional.track_positions(model)
+    if model.config.model_type in positional.OWN_ATTENTION:
+        positional.adopt_alibi(model)
+        return "own"
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager", ATTENTION):
+        return "own"
     AttentionInterface.register(ATTENTION, _pml_attention)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
     model.set_attn_implementation(ATTENTION)
-    return True
+    return "pml"

