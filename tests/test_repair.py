@@ -221,19 +221,21 @@ def test_repair_and_sink_out_of_range_are_refused(bad):
             RunConfig(**{name: bad})
 
 
-def test_repair_needs_the_pml_attention(tokenizer_bundle):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def test_repair_is_refused_for_sliding_window_models(tokenizer_bundle):
+    # the rank mask would replace the window mask that reads key positions: refused, with the reason
+    from transformers import MistralConfig, MistralForCausalLM
 
     from engine.models import wrap_model
     from engine.session import Engine
 
     _, tok, _ = tokenizer_bundle
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, attn_implementation="eager")
-    lm = wrap_model(LlamaForCausalLM(cfg).eval(), tok, "tiny-eager", fingerprint="tiny-eager")
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, sliding_window=8, attn_implementation="sdpa")
+    lm = wrap_model(MistralForCausalLM(cfg).eval(), tok, "tiny-mistral", fingerprint="tiny-mistral-window")
     eng = Engine.from_loaded(lm)
-    with pytest.raises(EngineError, match="repair needs the model to run with SDPA attention"):
+    with pytest.raises(EngineError, match="not available for models with sliding-window or ALiBi attention"):
         eng.compare(TURNS, TURNS_PROMPT, Sampling(2), config=eng.config.with_(mode="isolated", repair=2))
+    assert eng.compare(TURNS, TURNS_PROMPT, Sampling(2), config=eng.config.with_(mode="isolated")).cached
 
 
 def test_cli_flags_reach_the_config():
