@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextvars
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import ModelError
+
+if TYPE_CHECKING:  # torch is imported where it is used: engine.models reads the family facts without it
+    import torch
 
 # model_type -> label: the families tests/test_families.py builds and checks (read there too).
 TESTED_FAMILIES = {
@@ -54,6 +56,8 @@ class Positions:
 
     def keys(self, layer: int, kv: int) -> torch.Tensor:
         """Positions of the ``kv`` keys layer ``layer`` attends to in this forward: [kv] int64."""
+        import torch
+
         past = self.past[layer] if layer < len(self.past) else self.past[-1]
         n = kv - self.query.shape[0]
         if n < 0 or past.shape[0] < n:
@@ -64,6 +68,8 @@ class Positions:
 
     def window_mask(self, layer: int, q: int, kv: int, window: int, device) -> torch.Tensor:
         """[1, 1, q, kv] bool: causal by cache index and within ``window`` positions of the query."""
+        import torch
+
         past = self.past[layer] if layer < len(self.past) else self.past[-1]
         key = ("window", id(past), kv, window, str(device))
         if key not in self.memo:
@@ -81,6 +87,8 @@ def current() -> Positions | None:
 
 def attach(cache, positions: list[torch.Tensor] | torch.Tensor | None) -> None:
     """Record on ``cache`` the position ids of the keys it holds (one tensor, or one per layer)."""
+    import torch
+
     if positions is None:
         return
     cache._pml_positions = [positions] if isinstance(positions, torch.Tensor) else list(positions)
@@ -88,6 +96,8 @@ def attach(cache, positions: list[torch.Tensor] | torch.Tensor | None) -> None:
 
 def copied_positions(copies: list, n_layers: int) -> list[torch.Tensor]:
     """Per layer, the positions of the keys ``copies`` ((entry, first, end) ranges) put in a buffer."""
+    import torch
+
     shared: list[torch.Tensor] = []
     per_layer: list[list[torch.Tensor]] | None = None
     for entry, a, b in copies:
@@ -193,6 +203,8 @@ def eager(query, key, value, mask, scaling: float, softcap: float | None):
 
     query: [1, heads, q, dim]; key, value: [1, kv_heads, kv, dim]. Returns ([1, q, heads, dim], None).
     """
+    import torch
+
     q, kv = query.shape[-2], key.shape[-2]
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
@@ -211,6 +223,8 @@ def eager(query, key, value, mask, scaling: float, softcap: float | None):
 # ----------------------------------------------------------------------------------------------
 
 def _before_forward(model, args, kwargs):
+    import torch
+
     ids = kwargs.get("input_ids", args[0] if args else None)
     x = ids if ids is not None else kwargs.get("inputs_embeds")
     pos_ids = kwargs.get("position_ids")
@@ -234,6 +248,8 @@ def _before_forward(model, args, kwargs):
 
 
 def _after_forward(model, args, kwargs, output):
+    import torch
+
     token = model._pml_tokens.pop() if model._pml_tokens else None
     if token is None:
         return None
@@ -251,6 +267,8 @@ def _after_forward(model, args, kwargs, output):
 
 def _falcon_alibi(module, args, kwargs):
     """Falcon bakes ALiBi (from key indices) into the mask; rebuild it from the key positions."""
+    import torch
+
     pos = _FORWARD.get()
     mask = kwargs.get("attention_mask")
     if pos is None or kwargs.get("alibi") is None or mask is None:
