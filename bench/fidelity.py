@@ -257,7 +257,8 @@ def breakdown(rows: list[dict], key: str, arms: tuple[str, ...]) -> dict:
     return out
 
 
-def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], new_tokens: int = 8) -> dict:
+def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], new_tokens: int = 8,
+                 save=None) -> dict:
     """First-token KL against the baseline (and agreement) of every sample schema's prompt, per arm."""
     out = {}
     samples = ROOT / "sample_schemas"
@@ -277,6 +278,8 @@ def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], ne
             row[arm] = {"kl": round(a["first_token_kl"], 4), "agree": a["first_token_agree"],
                         "same_text": a["same_text"], "recomputed_tokens": r.recomputed_tokens}
         out[name] = row
+        if save:
+            save("samples", out)
         print(f"sample {name}: " + ", ".join(f"{a} {row[a]['kl']:.3f}{'' if row[a]['agree'] else '!'}"
                                              for a in arms), flush=True)
     return out
@@ -378,8 +381,7 @@ def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules
                    sampling, arms, args.ttft_reps, 0, save)
     conf_rows = run_set(eng, confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1), "confusable",
                         sampling, confusable_arms, args.ttft_reps, 10_000, save)
-    sample_rows = sample_table(eng, samples, sample_arms)
-    save("samples", sample_rows)
+    sample_rows = sample_table(eng, samples, sample_arms, save=save)
     return rows, conf_rows, sample_rows
 
 
