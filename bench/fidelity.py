@@ -247,7 +247,8 @@ def breakdown(rows: list[dict], key: str, arms: tuple[str, ...]) -> dict:
     return out
 
 
-def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], new_tokens: int = 8) -> dict:
+def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], new_tokens: int = 8,
+                 save=None) -> dict:
     """First-token KL against the baseline (and agreement) of every sample schema's prompt, per arm
     (empty for a model without a chat template: most samples use role tags)."""
     out = {}
@@ -270,6 +271,8 @@ def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], ne
             row[arm] = {"kl": round(a["first_token_kl"], 4), "agree": a["first_token_agree"],
                         "same_text": a["same_text"], "recomputed_tokens": r.recomputed_tokens}
         out[name] = row
+        if save:
+            save("samples", out)
         print(f"sample {name}: " + ", ".join(f"{a} {row[a]['kl']:.3f}{'' if row[a]['agree'] else '!'}"
                                              for a in arms), flush=True)
     return out
@@ -320,13 +323,14 @@ def plot_frontier(by_size: dict, path) -> None:
             lo, hi = s["ci95"][0] * 100, s["ci95"][1] * 100
             colour = COLOURS.get(arm, "#6c3483" if "repair" in arm else "#117a65")
             ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=3, ms=5)
-            ax.annotate(arm, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+            k = list(summary).index(arm)
+            ax.annotate(arm, (x, y), textcoords="offset points", xytext=(5, 4 + 9 * (k % 3)), fontsize=7)
         ax.set_xscale("log")
         ax.set_xlabel("TTFT, median (ms, log scale)")
         ax.set_title(f"{size} modules", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("needle found (%), 95 % interval")
-    fig.suptitle("Reuse/fidelity frontier: isolated → repair / sink → baseline (SmolLM2-135M, greedy)", fontsize=11)
+    fig.suptitle("Reuse/fidelity frontier: isolated → repair / sink → baseline\n(SmolLM2-135M, greedy)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -371,8 +375,7 @@ def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules
                    sampling, arms, args.ttft_reps, 0, save)
     conf_rows = run_set(eng, confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1), "confusable",
                         sampling, confusable_arms, args.ttft_reps, 10_000, save)
-    sample_rows = sample_table(eng, samples, sample_arms)
-    save("samples", sample_rows)
+    sample_rows = sample_table(eng, samples, sample_arms, save=save)
     return rows, conf_rows, sample_rows
 
 
