@@ -285,7 +285,7 @@ def main() -> None:
         return
     if args.from_rows:
         rows = [json.loads(line) for line in open(args.from_rows) if line.strip()]
-        made_by += Path(args.from_rows + ".command").read_text().split("\n")
+        made_by += [c for c in Path(args.from_rows + ".command").read_text().split("\n") if c.strip()]
     else:
         rows = []
         cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed)
