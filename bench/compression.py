@@ -261,6 +261,7 @@ def main() -> None:
     ap.add_argument("--at-4k-json", default=None, help="read the ~4K-token measurement from this file if it exists, "
                     "else measure it and write it there")
     ap.add_argument("--only-4k", action="store_true", help="the ~4K-token measurement only (with --at-4k-json)")
+    ap.add_argument("--start", type=int, default=0, help="skip the first prompts (resume a --rows file)")
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations")
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
@@ -275,7 +276,8 @@ def main() -> None:
     t0 = time.perf_counter()
     made_by: list[str] = []  # the commands that measured what a --from-rows / --at-4k-json run summarises
     if args.rows:
-        Path(args.rows + ".command").write_text(_command())
+        with open(args.rows + ".command", "a") as f:  # a resumed file keeps every command that wrote to it
+            f.write(_command() + "\n")
     if args.only_4k:
         at_4k = {"command": _command(), **measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(32))}
         Path(args.at_4k_json).write_text(json.dumps(at_4k, indent=1))
@@ -283,13 +285,15 @@ def main() -> None:
         return
     if args.from_rows:
         rows = [json.loads(line) for line in open(args.from_rows) if line.strip()]
-        made_by.append(Path(args.from_rows + ".command").read_text().strip())
+        made_by += [c for c in Path(args.from_rows + ".command").read_text().split("\n") if c.strip()]
     else:
         rows = []
         cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed)
         # fidelity.py's prompts, taken alternately from each number of modules (a partial run covers both)
         cases = [c for group in zip(*[[c for c in cases if c["modules"] == m] for m in args.modules]) for c in group]
         for i, case in enumerate(cases):
+            if i < args.start:
+                continue
             rows.append(run_prompt(eng, case, i, configs, sampling))
             if args.rows:
                 with open(args.rows, "a") as f:
