@@ -256,7 +256,9 @@ def compose_prompt(spec: BuilderSpec, values: dict, free_text: str) -> str:
     text = (free_text or "").strip()
     if text:
         safe = text.replace("&", "&amp;").replace("<", "&lt;")  # '>' is legal in XML text and reads better
-        lines += ["  " + line if line.strip() else "" for line in safe.splitlines()]
+        # only the first line is indented: its leading space is compacted away, but an indent on a
+        # later line would become part of the text the model reads
+        lines.append("  " + safe)
     lines.append("</prompt>")
     return "\n".join(lines) + "\n"
 
