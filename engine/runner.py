@@ -93,7 +93,7 @@ class RunResult:
     recomputed_tokens: int = 0  # cached tokens prefilled again by link-token repair (in prefill_tokens)
     recomputed_positions: tuple[int, ...] = ()  # their position ids
     kv_buffer_used_bytes: int = 0  # KV in the run's buffer after the prefill (baseline: prompt tokens x bytes/token)
-    kv_store_bytes: int = 0  # module entries the run read, as stored (0 for baseline)
+    kv_store_bytes: int = 0  # store entries the run read, as stored: modules (cached), prefix nodes (prefix); 0 for baseline
     kv_held_bytes: int = 0  # kv_store_bytes + kv_buffer_used_bytes
     kv_buffer_bytes_after_retention: int = 0  # what decoding ran over (= kv_buffer_used_bytes without retention)
     retention_ms: float = 0.0  # scoring + thinning the buffer (question retention), after the first token
@@ -265,7 +265,9 @@ def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling:
         prefix.inserted_runs += 1
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=_token_place(plan, k),
                         warmed_with=warmed_with, stored_tokens=stored)
-    return replace(_with_memory(result, mem), reused_tokens=k, reuse=reuse)
+    read = sum(e.nbytes for e in {id(e): e for e, _, _ in match.pieces}.values())
+    return replace(_with_memory(result, mem), reused_tokens=k, reuse=reuse, kv_store_bytes=read,
+                   kv_held_bytes=read + result.kv_buffer_used_bytes)
 
 
 def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],

