@@ -47,6 +47,9 @@ def section() -> str:
                 + _floor_clause(scaling["results"])
                 + ("No GPU here, so the paper's GPU-storage cases were not run." if not scaling.get("gpu") else ""),
                 "", "![TTFT against prompt length](assets/scaling.png)", ""]
+    workload = load("workload")
+    if workload:
+        out += workload_section(workload)
     if memory:
         fam = {x["model"]: x for x in memory["families"]}
         picks = [m for m in ("Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Falcon-7B", "MPT-30B", "Llama-3.1-8B",
@@ -134,8 +137,12 @@ def workload_section(w: dict) -> list[str]:
            f"cache lives as long as the engine, as on a server: {warm_text}. TTFT includes the copy of stored KV.", "",
            "| arm | mean TTFT | p50 | p90 | prompts in schema order | other prompts | tokens prefilled | "
            "needle found | 95 % CI | cache bytes |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for arm, s in arms.items():
-        out.append(f"| {names.get(arm, arm)} | **{s['mean_ttft_ms']:.0f} ms** | {s['p50_ttft_ms']:.0f} ms | "
+    runs = [(names.get(arm, arm), s) for arm, s in arms.items()]
+    variants = [v for v in map(lambda p: json.loads(p.read_text()), sorted(RESULTS.glob("workload-*.json")))
+                if "cached" in v["arms"] and (v["seed"], v["modules"], len(v["prompts"])) == (w["seed"], w["modules"], len(rows))]
+    runs += [(f"modular cache (`{v['variant']}`)", v["arms"]["cached"]) for v in variants]
+    for name, s in runs:
+        out.append(f"| {name} | **{s['mean_ttft_ms']:.0f} ms** | {s['p50_ttft_ms']:.0f} ms | "
                    f"{s['p90_ttft_ms']:.0f} ms | {_ms(s['schema_order_mean_ttft_ms'])} | {_ms(s['other_mean_ttft_ms'])} | "
                    f"{s['prefilled_tokens']:,} | {s['needle_found']}/{s['n']} | {s['ci95'][0]:.0%}–{s['ci95'][1]:.0%} | "
                    f"{s['cache_bytes'] / 2**20:.1f} MiB |")
@@ -153,6 +160,9 @@ def workload_section(w: dict) -> list[str]:
                      "prompts (at the first module out of schema order, unless an earlier prompt had the same start)")
         if p.get("same_answers_as_baseline") is not None:
             facts.append(f"the prefix arm gave the baseline's answer in {p['same_answers_as_baseline']} of {p['n']}")
+    if variants:
+        facts.append("the variant rows are the same prompts' modular arm, run with " +
+                     ", ".join(f"`{v['command']}`" for v in variants))
     out += ["", "Ratios: " + "; ".join(facts) + ". Per prompt (where prefix reuse stopped, each arm's TTFT and answer) "
             "in `bench/results/workload.json`.", "", "![TTFT per prompt, three arms](assets/workload.png)", ""]
     return out

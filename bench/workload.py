@@ -21,6 +21,9 @@ prompt whether prefix reuse broke and where. Prints tables, then one JSON docume
 
     python bench/workload.py            # 24 prompts (~5 min on 2 CPU cores), writes assets/workload.png
     python bench/workload.py --quick    # 6 small prompts, no files written
+    python bench/workload.py --repair 16 --arms baseline,cached
+                                        # a variant: bench/results/workload-repair16.json, its modular
+                                        # arm shown in the README beside the default run's
 """
 
 from __future__ import annotations
@@ -232,17 +235,31 @@ def main() -> None:
                                                           for a in arms), flush=True)
     summary = summarise(rows, arms)
     print_tables(rows, summary, arms)
-    if not args.quick:
+    name = "-".join(["workload", *variant(config)])
+    if not args.quick and name == "workload":
         plot(rows, arms, ROOT / "assets" / "workload.png")
     cache = eng.prefix_cache()
-    emit("workload", {
+    emit(name, {
         "benchmark": "workload", "model": eng.lm.name, "dtype": eng.lm.dtype, "mode": config.mode,
-        "storage": config.storage, "greedy": True, "new_tokens": args.new_tokens, "seed": args.seed,
+        "storage": config.storage, "variant": " ".join(variant(config)) or "default", "repair": config.repair,
+        "sink": config.sink, "storage_dtype": config.storage_dtype, "greedy": True, "new_tokens": args.new_tokens, "seed": args.seed,
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "modules": args.modules,
         "module_tokens": [lay.modules[f"doc{i}"].end - lay.modules[f"doc{i}"].start for i in range(args.modules)],
         "schema_tokens": lay.length, "ttft_includes_copy": True,
         "warmup": cache.summary(lay.fingerprint)["warmup"] if "prefix" in arms else None,
         "arms": summary, "ratios": ratios(summary), "prompts": rows}, write=not args.quick)
+
+
+def variant(config) -> list[str]:
+    """How a run's settings differ from the default, as name parts: results of a variant go to
+    bench/results/workload-PARTS.json (the README shows its modular arm beside the default's)."""
+    parts = [config.mode] if config.mode != "prefixed" else []
+    parts += [f"sink{config.sink}"] if config.sink else []
+    parts += [f"repair{config.repair}"] if config.repair else []
+    parts += [config.storage_dtype] if config.storage_dtype != "float32" else []
+    comp = config.compression
+    parts += [f"{comp.method}{round(comp.retention * 100)}"] if comp.retention < 1 else []
+    return parts
 
 
 if __name__ == "__main__":
