@@ -83,6 +83,9 @@ def section() -> str:
             for k, v in bym.items()) + ".", "", "![Needle accuracy by depth and modules](assets/fidelity.png)", ""]
     if compression:
         out += compression_section(compression)
+    families = load("families")
+    if families:
+        out += families_section(families)
     out += other_models()
     if len(out) == 2:
         out += ["No benchmark results yet: run `make bench`.", ""]
@@ -288,6 +291,20 @@ def compression_section(c: dict) -> list[str]:
     if at:
         out += ["![Needle accuracy against module bytes](assets/memory.png)", ""]
     return out
+
+
+def families_section(f: dict) -> list[str]:
+    """The family table of bench/families.py: each check of tests/test_families.py, per family."""
+    mark = {"passed": "✓", "failed": "✗ (wrong result)", "error": "✗ (did not run)"}
+    out = [f"**Model families** — `{f['command']}` ({machine_line(f)}): tiny random models built from each "
+           "architecture's config (no download); baseline = stock means first logits within 1e-4 of `model(ids)` and "
+           "the same greedy ids as `generate()`; the exactness checks compare the cached path with a one-pass prefill "
+           "at the same position ids (sliding windows and ALiBi read at position ids).", "",
+           "| family | runs | " + " | ".join(f["checks"]) + " |", "|---|:-:|" + ":-:|" * len(f["checks"])]
+    for r in f["families"]:
+        out.append(f"| {r['family']} | {'✓' if r['runs'] else '✗'} | "
+                   + " | ".join(mark.get(r[c], r[c]) for c in f["checks"]) + " |")
+    return out + [""]
 
 
 def other_models() -> list[str]:
