@@ -214,7 +214,7 @@ def repair_section(f: dict) -> list[str]:
     if f.get("collected_by"):
         how = "rows collected by " + "; ".join(f"`{c}`" for c in f["collected_by"]) + f", summarised by {how}"
     out = [f"**Fidelity and repair** — {how} ({machine_line(f)}; {f['model']}, greedy, "
-           f"{f['new_tokens']} new tokens; the machine was shared with other jobs, so TTFTs are noisy: the ratio "
+           f"{f['new_tokens']} new tokens; TTFTs move with machine load, so the ratio "
            f"to `isolated` is measured side by side on each prompt, median of {f['ttft_reps']} one-token runs per "
            "arm). Needle-in-a-haystack prompts over Paul Graham essay modules of ~250 tokens; found = the needle's "
            "7-digit number is in the answer. Arms: `MODE+sink N` encodes each isolated module after the prompt's "
@@ -253,6 +253,9 @@ def repair_section(f: dict) -> list[str]:
                        f"{v['ratio_median']:.2f}× ({v['ratio_min']:.2f}–{v['ratio_max']:.2f}) |")
         out.append("")
     out += ["![Needle accuracy against TTFT, per arm](assets/frontier.png)", ""]
+    return out
+
+
 def compression_section(c: dict) -> list[str]:
     s = c["summary"]
     mods = c["modules_per_prompt"]
