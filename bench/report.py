@@ -281,8 +281,8 @@ def compression_section(c: dict) -> list[str]:
     at = c.get("at_4k")
     if at:
         out += ["", f"Decoding at {at['prompt_tokens']} tokens ({at['cached_tokens']} cached; {at['reps']} interleaved "
-                f"repetitions of {at['new_tokens']} new tokens, median (min–max); the machine was shared, so compare "
-                "the ratios):", "",
+                f"repetitions of {at['new_tokens']} new tokens, median (min–max); timings move with machine "
+                "load, so compare the ratios):", "",
                 "| configuration | decode ms/token | vs full | KV decoded over | stored module KV | KV copy into the "
                 "buffer (in TTFT) |", "|---|---:|---:|---:|---:|---:|"]
         for k, v in at["configs"].items():
