@@ -227,8 +227,11 @@ def metrics_html(data: dict | None, arm: str) -> str:
     base = data.get("baseline")
     if arm != "baseline" and base and run.get("ttft_ms"):
         chips += f'<span class="badge good">{base["ttft_ms"] / run["ttft_ms"]:.1f}× faster first token</span>'
-    if run.get("warmed_with"):
-        chips += f'<span class="badge">warmed with {html.escape(str(run["warmed_with"]))}</span>'
+    warmed = run.get("warmed_with")
+    if isinstance(warmed, dict):  # the JSON's warmed_with object: its one-line summary is what a chip can hold
+        warmed = warmed.get("summary")
+    if warmed:
+        chips += f'<span class="badge">held before this run: {html.escape(str(warmed))}</span>'
     rows = [("TTFT", f"{run['ttft_ms']:.1f} ms"),
             ("prefill", f"{run['prefill_tokens']} tokens in {run['prefill_ms']:.1f} ms")]
     if arm != "baseline":

@@ -350,11 +350,13 @@ def test_arm_columns_follow_the_arms_that_ran():
             "decode_ms_per_token": 50.0, "new_tokens": 2, "peak_rss_bytes": 9e8, "cuda_peak_bytes": None}
     doc = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "baseline": base,
            "prefix": {**base, "ttft_ms": 40.0, "reused_tokens": 200, "prefilled_tokens": 100,
-                      "warmed_with": "travel"},
+                      "warmed_with": {"summary": "schema-order warm-up (3 modules, 516 tokens) + 0 earlier runs",
+                                      "warmup": {"schema": "travel", "tokens": 516}, "earlier_runs": 0}},
            "cached": {**base, "ttft_ms": 10.0, "prefill_tokens": 20}}
     assert "200 reused · 100 prefilled" in views.metrics_html(doc, "prefix")
-    assert "2.5× faster" in views.metrics_html(doc, "prefix") and "warmed with travel" in views.metrics_html(doc,
-                                                                                                           "prefix")
+    chip = views.metrics_html(doc, "prefix")
+    assert "2.5× faster" in chip and "held before this run: schema-order warm-up (3 modules, 516 tokens)" in chip
+    assert "{" not in chip.split("held before this run")[1].split("</span>")[0]  # the summary, not the JSON object
     assert "280 reused · 20 prefilled" in views.metrics_html(doc, "cached") and "10.0×" in views.metrics_html(doc,
                                                                                                              "cached")
     assert "0 reused · 300 prefilled" in views.metrics_html(doc, "baseline")
