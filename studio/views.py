@@ -123,13 +123,24 @@ def token_marks(data: dict | None) -> dict[str, set[int]]:
     return out
 
 
-def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int]] | None = None) -> str:
+def prefix_stop(data: dict | None) -> int | None:
+    """How many leading prompt tokens the prefix arm reused (where its reuse stopped), if it ran."""
+    pre = (data or {}).get("prefix") or {}
+    return pre.get("reused_tokens")
+
+
+def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int]] | None = None,
+                    stop: int | None = None) -> str:
     """The prompt as coloured tokens; hover shows owner, kind and position.
 
-    ``marks`` ({token class: positions}) overrides the class of the tokens at those positions.
+    ``marks`` ({token class: positions}) overrides the class of the tokens at those positions;
+    ``stop`` puts a mark before the prompt's ``stop``-th token (where prefix-cache reuse stopped).
     """
     legend: dict[str, str] = {}
     spans = []
+    if stop is not None:
+        legend["tok-stop"] = f"prefix cache reused {stop} tokens, up to ▌"
+    index = 0  # the token's place in the prompt
     for seg in plan.segments:
         base = SEGMENT_CLASSES.get((seg.kind, seg.source), "new")
         owner = seg.owner or ("prompt text" if seg.source in ("text", "argument") else "system / template")
@@ -139,7 +150,11 @@ def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int
             legend[cls] = label
             shown = html.escape(decode(tid)).replace("\n", "↵\n")
             title = html.escape(f"{owner} · {seg.kind} · position {pos} · id {tid}")
+            if index == stop:
+                spans.append(f'<span class="tok-stop" title="prefix cache reuse stopped here: {stop} tokens reused, '
+                             'the rest prefilled">▌</span>')
             spans.append(f'<span class="tok {cls}" title="{title}">{shown}</span>')
+            index += 1
     keys = "".join(f'<span class="tok {c}">{html.escape(lbl)}</span>' for c, lbl in legend.items())
     stats = (f"{plan.prompt_tokens} tokens · {plan.cached_tokens} cached · {plan.uncached_tokens} prefilled "
              f"({100 * plan.uncached_tokens / max(plan.prompt_tokens, 1):.0f} %)")

@@ -228,6 +228,20 @@ def test_token_view_marks_extra_classes_from_the_run_document(studio, travel):
     assert views.token_marks({"cached": {"text": "x"}}) == {} and views.token_marks(None) == {}
 
 
+def test_token_view_marks_where_prefix_reuse_stopped(studio, travel):
+    import re
+
+    schema, prompt, _ = travel
+    plan = studio.engine.plan(studio.layout(schema), prompt)
+    stop = views.prefix_stop({"prefix": {"reused_tokens": 5}})
+    assert stop == 5 and views.prefix_stop({"cached": {}}) is None
+    body = views.token_view_html(plan, studio.decode_token, stop=stop).split('class="tok-body"')[1]
+    before = body.split('class="tok-stop"')[0]
+    assert len(re.findall(r'<span class="tok tok-', before)) == 5  # the mark sits after the 5 reused tokens
+    assert body.count('class="tok-stop"') == 1
+    assert "tok-stop" not in views.token_view_html(plan, studio.decode_token)
+
+
 # -- run settings -------------------------------------------------------------------------------
 
 def test_run_config_from_widget_values(studio):

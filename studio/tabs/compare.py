@@ -17,7 +17,7 @@ from ..errors import as_gr_error, user_error
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread
-from ..views import (ARM_VIEWS, column_html, head_html, metrics_html, summary_html, token_marks,
+from ..views import (ARM_VIEWS, column_html, head_html, metrics_html, prefix_stop, summary_html, token_marks,
                      token_view_html)
 from .editors import Editors, Step
 
@@ -216,7 +216,8 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                 ran = data.get(view.arm) is not None
                 cols += [gr.Column(visible=ran), column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm)),
                          metrics_html(data, view.arm)]
-            tokens = token_view_html(upd.comparison.plan, studio.decode_token, token_marks(data))
+            tokens = token_view_html(upd.comparison.plan, studio.decode_token, token_marks(data),
+                                     prefix_stop(data))
             yield (summary_html(data), *cols, tokens, data, studio.status_html())
     except gr.Error as err:
         yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(ARM_VIEWS) + 3)
