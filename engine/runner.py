@@ -237,9 +237,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         t1 = time.perf_counter()
         result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, retain=retain,
                                      key_positions=key_pos)
-    stored = sum(e.nbytes for e in {id(e): e for e, _, _ in copies}.values())
-    return replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens, kv_store_bytes=stored,
-                   kv_held_bytes=stored + result.kv_buffer_used_bytes)
+    return _holding(replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens), (e for e, *_ in copies))
 
 
 def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling = Sampling(),
@@ -265,9 +263,7 @@ def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling:
         prefix.inserted_runs += 1
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=_token_place(plan, k),
                         warmed_with=warmed_with, stored_tokens=stored)
-    read = sum(e.nbytes for e in {id(e): e for e, _, _ in match.pieces}.values())
-    return replace(_with_memory(result, mem), reused_tokens=k, reuse=reuse, kv_store_bytes=read,
-                   kv_held_bytes=read + result.kv_buffer_used_bytes)
+    return _holding(replace(_with_memory(result, mem), reused_tokens=k, reuse=reuse), (e for e, *_ in match.pieces))
 
 
 def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],
@@ -342,7 +338,14 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
         _sync(lm.device)
         t1 = time.perf_counter()
         result = _prefill_and_decode(lm, buf, ids, pos, sampling, t0, t1, "cached", on_token, mask=mask)
-    return replace(_with_memory(result, mem), recomputed_tokens=len(sel), recomputed_positions=sel.positions)
+    return _holding(replace(_with_memory(result, mem), reused_tokens=plan.cached_tokens - len(sel),
+                            recomputed_tokens=len(sel), recomputed_positions=sel.positions), (e for e, *_ in copies))
+
+
+def _holding(result: RunResult, entries) -> RunResult:
+    """``result`` with the store entries it read (each counted once, as stored) and the KV it held."""
+    read = sum(e.nbytes for e in {id(e): e for e in entries}.values())
+    return replace(result, kv_store_bytes=read, kv_held_bytes=read + result.kv_buffer_used_bytes)
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:
