@@ -28,28 +28,30 @@ CHECKS = {  # test function -> column
 
 
 class Outcomes:
-    """A pytest plugin: outcome of every parametrized check, per family ("passed", "failed", "error")."""
+    """A pytest plugin: outcome of every parametrized check, per family: "passed", "failed" (an assertion
+    did not hold: a wrong result) or "error" (anything else raised, in the test or its setup)."""
 
     def __init__(self):
         self.by_family: dict[str, dict[str, str]] = {}
         self.other: dict[str, str] = {}
 
-    def pytest_runtest_logreport(self, report):
-        if report.when != "call" and report.outcome == "passed":
-            return
-        m = re.match(r".*::(\w+)\[(.+)\]$", report.nodeid)
-        outcome = report.outcome
-        if outcome == "failed" and report.when == "call":
-            text = str(report.longrepr)
-            outcome = "failed" if "AssertionError" in text or "assert " in text else "error"
-        elif outcome == "failed":
-            outcome = "error"  # setup or teardown: the family did not even build or run
+    def pytest_runtest_makereport(self, item, call):
+        if call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception):
+            self._record(item.nodeid, "skipped")
+        elif call.excinfo is not None:
+            wrong = call.when == "call" and call.excinfo.errisinstance(AssertionError)
+            self._record(item.nodeid, "failed" if wrong else "error")
+        elif call.when == "call":
+            self._record(item.nodeid, "passed")
+
+    def _record(self, nodeid: str, outcome: str) -> None:
+        m = re.match(r".*::(\w+)\[(.+)\]$", nodeid)
         if m and m.group(1) in CHECKS:
             slot = self.by_family.setdefault(m.group(2), {})
-            if slot.get(CHECKS[m.group(1)]) in (None, "passed"):
+            if slot.get(CHECKS[m.group(1)]) in (None, "passed"):  # a setup error stays an error
                 slot[CHECKS[m.group(1)]] = outcome
         else:
-            self.other[report.nodeid.split("::")[-1]] = outcome
+            self.other[nodeid.split("::")[-1]] = outcome
 
 
 def main() -> None:
