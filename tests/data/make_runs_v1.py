@@ -1,6 +1,6 @@
 # Wrote tests/data/runs-v1.db with the run log of commit 9d7bb5f (before the arms refactor): kept to show how.
 import sys, pathlib
-exec(open("/tmp/snap.py").read().split("paths = set()")[0])
+exec(open("tests/data/make_run_json_keys_v1.py").read().split("paths = set()")[0])
 from engine.runlog import RunLog
 out = pathlib.Path("tests/data/runs-v1.db"); out.unlink(missing_ok=True)
 log = RunLog(out)
