@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import EngineError
+from .arms import Arm
 
 # -- one list of choices per setting (value, label) ---------------------------------------------
 
@@ -29,7 +30,7 @@ DEVICES = ("cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
-ARMS = ("baseline", "prefix", "cached")
+ARMS = tuple(a.value for a in Arm)  # every arm name, in column order
 MAX_REPAIR = 64
 MAX_SINK = 64
 

@@ -32,9 +32,9 @@ from typing import Callable
 
 from .compress import Compression, compress
 from .config import RunConfig
-from .errors import EngineError
+from .errors import EngineError, MissingEntry
 from .kv import ATTENTION, AttentionScorer, ModuleKV, forward_kv, scoring, storage_tag, to_storage
-from .layout import ANONYMOUS, Layout
+from .layout import ANONYMOUS, EntryName, Layout
 from .store import ModuleStore
 
 ProgressFn = Callable[[int, int, str], None]
@@ -72,8 +72,8 @@ class EncodedSchema:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
 
     def bytes_by_module(self, store: ModuleStore) -> dict[str, int]:
-        out = {path or "(anonymous)": store.entry_bytes(k) for path, k in self.module_keys.items()}
-        out.update({f"scaffold:{name}": store.entry_bytes(k) for name, k in self.scaffold_keys.items()})
+        out = {EntryName.module(path): store.entry_bytes(k) for path, k in self.module_keys.items()}
+        out.update({EntryName.scaffold(name): store.entry_bytes(k) for name, k in self.scaffold_keys.items()})
         return out
 
     def nbytes(self, store: ModuleStore) -> int:
@@ -108,13 +108,13 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
     # 1. Anonymous unit (pinned: every prompt uses it).
     anon = [p.index for p in layout.anonymous()]
     anon_key = _key(model_fingerprint, layout.codec.fingerprint, "anonymous", _ids_pos(layout, anon))
-    anon_entry = ctx.unit(anon, None, {"(anonymous)": (anon_key, anon)}, "(anonymous)", "anonymous")
+    anon_entry = ctx.unit(anon, None, {EntryName.anonymous(): (anon_key, anon)}, EntryName.anonymous(), "anonymous")
     if anon:
         module_keys[ANONYMOUS] = anon_key
         _map_pieces(layout, anon, pieces_map, anon_key)
     done = 1
     if progress:
-        progress(done, total, "(anonymous)")
+        progress(done, total, EntryName.anonymous())
 
     def prefix_of(start: int) -> tuple[list[int], ModuleKV | None]:
         pre = layout.prefix_pieces(start)
@@ -162,13 +162,14 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
         _, past = prefix_of(min(layout.modules[m].start for m in sc.modules))
         key = _key(model_fingerprint, layout.codec.fingerprint, "scaffold", storage, _ids_pos(layout, pre),
                    _ids_pos(layout, covered))
-        ctx.unit(covered, past, {f"scaffold {sc.name}": (key, covered)}, f"scaffold {sc.name}", "scaffold")
+        name = EntryName.scaffold(sc.name)
+        ctx.unit(covered, past, {name: (key, covered)}, name, "scaffold")
         scaffold_keys[sc.name] = key
         scaffolds[sc.name] = {}
         _map_pieces(layout, covered, scaffolds[sc.name], key)
         done += 1
         if progress:
-            progress(done, total, f"scaffold {sc.name}")
+            progress(done, total, name)
 
     return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
                          pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
@@ -246,7 +247,7 @@ class _Context:
                 source = "memory" if all(p == "memory" for p in places) else "disk"
                 self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, source))
                 return entries[0] if kind == "anonymous" else None
-            except KeyError:
+            except MissingEntry:
                 pass  # a file vanished or was corrupted: encode afresh
         ids: list[int] = []
         pos: list[int] = []

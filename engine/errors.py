@@ -49,5 +49,18 @@ class StorageError(EngineError):
     """The requested KV storage is not available (e.g. ``cuda`` without a GPU)."""
 
 
+class MissingEntry(StorageError):
+    """A store entry is in neither memory nor disk (evicted without a disk copy, or its file was corrupt).
+
+    Raised only by ``ModuleStore.get``; the engine catches it before any run is timed and encodes again.
+    """
+
+    def __init__(self, key: str, reason: str = ""):
+        self.key = key
+        self.reason = reason
+        super().__init__(f"module KV entry {key[:12]}… is no longer stored{': ' + reason if reason else ''}; "
+                         "encode the schema again")
+
+
 class ContextLengthError(EngineError):
     """A schema or prompt needs more positions than the model has."""

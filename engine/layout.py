@@ -20,6 +20,34 @@ from .pml import Module, Param, Role, Schema, Text, Union
 ANONYMOUS = ""  # owner of text outside every module
 
 
+class EntryName(str):
+    """The schema unit a store entry holds, spelled one way everywhere: ``(anonymous)``, a module path,
+    or ``scaffold:NAME``. A ``str`` (JSON keys and budgets read it as text), made only by the three
+    constructors below, with its kind kept."""
+
+    kind: str  # "anonymous" | "module" | "scaffold"
+
+    def __new__(cls, text: str, kind: str):
+        obj = super().__new__(cls, text)
+        obj.kind = kind
+        return obj
+
+    @classmethod
+    def anonymous(cls) -> "EntryName":
+        return cls("(anonymous)", "anonymous")
+
+    @classmethod
+    def module(cls, path: str) -> "EntryName":
+        return cls.anonymous() if path == ANONYMOUS else cls(path, "module")
+
+    @classmethod
+    def scaffold(cls, name: str) -> "EntryName":
+        return cls(f"scaffold:{name}", "scaffold")
+
+    def __repr__(self) -> str:
+        return f"EntryName.{self.kind}({str(self)!r})"
+
+
 @dataclass(frozen=True)
 class TextCodec:
     """What the layout needs from a tokenizer and its chat template."""
@@ -146,15 +174,15 @@ class Layout:
     def anonymous_tokens(self) -> int:
         return sum(len(p) for p in self.anonymous())
 
-    def entry_tokens(self) -> dict[str, int]:
+    def entry_tokens(self) -> dict[EntryName, int]:
         """Tokens of every store entry an encoding makes: '(anonymous)', module paths, 'scaffold:NAME'.
 
         Keyed like ``EncodedSchema.bytes_by_module``; modules with ``cache="false"`` have no entry.
         """
-        out = {"(anonymous)": self.anonymous_tokens()}
-        out.update({m.path: sum(len(self.pieces[i]) for i in m.pieces) for m in self.modules.values() if m.cache})
+        out = {EntryName.anonymous(): self.anonymous_tokens()}
+        out.update({EntryName.module(m.path): sum(len(self.pieces[i]) for i in m.pieces) for m in self.modules.values() if m.cache})
         for sc in self.schema.scaffolds:
-            out[f"scaffold:{sc.name}"] = sum(len(self.pieces[i]) for i in self.scaffold_unit(sc.name)[1])
+            out[EntryName.scaffold(sc.name)] = sum(len(self.pieces[i]) for i in self.scaffold_unit(sc.name)[1])
         return out
 
     # -- encoding units (shared by encode.py and plan.py) ---------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ContextLengthError, PMLError, Problem
-from .layout import ANONYMOUS, Layout
+from .layout import ANONYMOUS, EntryName, Layout
 from .pml import Import, NewText, Prompt
 
 CACHED, UNCACHED = "cached", "uncached"
@@ -77,12 +77,12 @@ class PromptPlan:
     def max_position(self) -> int:
         return max((p for s in self.segments for p in s.positions), default=-1)
 
-    def entry_tokens(self) -> dict[str, int]:
+    def entry_tokens(self) -> dict[EntryName, int]:
         """Tokens of each store entry a cached run of this plan reads (keys as ``Layout.entry_tokens``)."""
         every = self.layout.entry_tokens()
-        used = {"(anonymous)"} | {f"scaffold:{s}" for s in self.scaffolds}
+        used = {EntryName.anonymous()} | {EntryName.scaffold(s) for s in self.scaffolds}
         covered = {m for s in self.layout.schema.scaffolds if s.name in self.scaffolds for m in s.modules}
-        used |= {p for p in self.imported if self.layout.modules[p].top not in covered}
+        used |= {EntryName.module(p) for p in self.imported if self.layout.modules[p].top not in covered}
         return {k: every[k] for k in used if k in every}
 
     def uncached(self) -> tuple[list[int], list[int]]:

@@ -21,14 +21,15 @@ from dataclasses import dataclass, replace
 
 from .config import RunConfig
 from .encode import EncodedSchema, ProgressFn, count_units, encode_schema
-from .errors import EngineError, StorageError
+from .errors import EngineError, MissingEntry, StorageError
 from .layout import Layout, TextCodec, layout as make_layout
 from .kv import stored_bytes_per_token
 from .models import LoadedModel, check_device, kv_shape, load_config, load_model, load_tokenizer
 from .plan import PromptPlan, plan_prompt
 from .pml import parse_prompt, parse_schema
 from .prefix import PrefixCache, schema_order_prompt
-from .runner import Comparison, Sampling, TokenFn, compare as run_compare, used_keys, warm_prefix
+from .comparison import Comparison
+from .runner import Sampling, TokenFn, compare as run_compare, fetch_entries, used_keys, warm_prefix
 from .store import DiskStore, ModuleStore, default_budget
 
 
@@ -178,17 +179,10 @@ class Engine:
         with self.run_lock:
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
+            enc = self._fetched(plan, lay, cfg, enc, progress)
             prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if "prefix" in cfg.arms else None
-            try:
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                     repair=cfg.repair)
-            except KeyError:
-                # an entry vanished between encoding and the run (evicted without a disk copy, or a
-                # corrupted file): encode again, once, and run
-                self._encoded.clear()
-                enc = self._encode(lay, cfg, progress)
-                result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                     repair=cfg.repair)
+            result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
+                                 repair=cfg.repair)
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------
@@ -218,6 +212,20 @@ class Engine:
             self._encoded[key] = enc
             return enc
 
+    def _fetched(self, plan: PromptPlan, layout: Layout, cfg: RunConfig, enc: EncodedSchema,
+                 progress: ProgressFn | None) -> EncodedSchema:
+        """``enc`` with every entry the plan reads in memory, before any arm is timed. An entry that
+        vanished since encoding (evicted without a disk copy, a corrupted file) means: encode again, once."""
+        store = self.store(cfg.storage)
+        try:
+            fetch_entries(plan, enc, store)
+            return enc
+        except MissingEntry:
+            self._encoded.pop((layout.fingerprint, *cfg.encoding_key()), None)
+            enc = self._encode(layout, cfg, progress)
+            fetch_entries(plan, enc, store)  # a second miss is the store's error, shown as is
+            return enc
+
     def _warm(self, layout: Layout, cfg: RunConfig, progress: ProgressFn | None, keep: list[str] = ()) -> PrefixCache:
         """The prefix cache of ``cfg.storage``, warmed (once per schema, when ``cfg.warmup``) with the
         prompt that imports every module in schema order — the most favourable history a server could have."""
@@ -241,7 +249,7 @@ class Engine:
         anon_per_token = self.kv_bytes_per_token()
         need = 0
         for name, tokens in plan.entry_tokens().items():
-            if name == "(anonymous)":
+            if name.kind == "anonymous":
                 need += tokens * anon_per_token
             else:
                 need += int(tokens * per_token * cfg.compression.stored_fraction)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import StorageError
+from .errors import MissingEntry, StorageError
 from .kv import entry_from_tensors
 from .models import check_device
 
@@ -162,14 +162,14 @@ class ModuleStore:
         return stored
 
     def get(self, key: str):
-        """The entry for ``key``, loaded from disk when it is not in memory; KeyError when nowhere."""
+        """The entry for ``key``, loaded from disk when it is not in memory; :class:`MissingEntry` when nowhere."""
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
         entry = self.disk.load(key) if self.disk is not None and not key.startswith(PREFIX) else None
         if entry is None:
-            raise KeyError(key)
+            raise MissingEntry(key)
         with self._lock:
             if key not in self._entries:
                 self._make_room(entry.nbytes, key, None)

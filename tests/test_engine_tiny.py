@@ -37,33 +37,33 @@ def compare(eng, schema, prompt, mode="prefixed", n=6):
 def test_one_prefix_module_plus_new_text_is_exact(tiny_engine, mode):
     c = compare(tiny_engine, FLAT, "<prompt schema='flat'><d1/> What jumps over the dog?</prompt>", mode)
     assert c.plan.cached_tokens > 10 and c.plan.uncached_tokens > 3
-    assert c.max_first_logit_diff < 1e-4
-    assert c.same_text and c.first_token_agree and c.first_token_kl < 1e-6
+    assert c.agreement().max_first_logit_diff < 1e-4
+    assert c.agreement().same_text and c.agreement().first_token_agree and c.agreement().first_token_kl < 1e-6
 
 
 def test_prefixed_module_after_system_text_is_exact_isolated_is_not(tiny_engine):
     prompt = "<prompt schema='chat'><d1/> Which animal jumps?</prompt>"
     prefixed = compare(tiny_engine, CHAT, prompt, "prefixed")
     isolated = compare(tiny_engine, CHAT, prompt, "isolated")
-    assert prefixed.max_first_logit_diff < 1e-4 and prefixed.same_text
-    assert isolated.max_first_logit_diff > 1e-4  # the module never saw the system prompt
+    assert prefixed.agreement().max_first_logit_diff < 1e-4 and prefixed.agreement().same_text
+    assert isolated.agreement().max_first_logit_diff > 1e-4  # the module never saw the system prompt
 
 
 def test_scaffold_imported_whole_is_exact(tiny_engine):
     c = compare(tiny_engine, CHAT, "<prompt schema='chat'><d1/><d2/> Summarise both.</prompt>", "isolated")
     assert c.plan.scaffolds == ("both",)
-    assert c.max_first_logit_diff < 1e-4 and c.same_text
+    assert c.agreement().max_first_logit_diff < 1e-4 and c.agreement().same_text
 
 
 def test_independent_modules_are_approximate_and_measured(tiny_engine):
     schema = CHAT.replace('<scaffold name="both" modules="d1 d2"/>', "")
     c = compare(tiny_engine, schema, "<prompt schema='chat'><d1/><d2/> Summarise both.</prompt>", "isolated")
     assert c.plan.scaffolds == ()
-    assert c.max_first_logit_diff > 1e-4  # d2 never attended to d1: approximate by design
+    assert c.agreement().max_first_logit_diff > 1e-4  # d2 never attended to d1: approximate by design
     # the reported KL is the KL of the two runs' own first-token distributions, computed here independently
     p, q = (torch.log_softmax(r.first_logits.double(), -1) for r in (c.baseline, c.cached))
-    assert c.first_token_kl == pytest.approx(float((p.exp() * (p - q)).sum()), rel=1e-3, abs=1e-9)
-    assert c.first_token_kl > 1e-6
+    assert c.agreement().first_token_kl == pytest.approx(float((p.exp() * (p - q)).sum()), rel=1e-3, abs=1e-9)
+    assert c.agreement().first_token_kl > 1e-6
 
 
 def test_module_reused_alone_at_its_offset_equals_one_pass_prefill(tiny_engine):
@@ -136,8 +136,8 @@ def test_cached_decode_matches_baseline_when_exact(tiny_engine):
     # one module at the prompt's start + new text is ordinary prefix caching: every decoded token must agree
     c = compare(tiny_engine, FLAT, "<prompt schema='flat'><d1/> Go on:</prompt>", n=12)
     assert len(c.baseline.token_ids) == len(c.cached.token_ids) == 12  # random weights: no EOS this early
-    assert c.cached.token_ids == c.baseline.token_ids and c.same_text
-    assert c.max_first_logit_diff < 1e-4
+    assert c.cached.token_ids == c.baseline.token_ids and c.agreement().same_text
+    assert c.agreement().max_first_logit_diff < 1e-4
     assert c.cached.prefill_tokens == len(tiny_engine.codec.encode(" Go on:")) + len(tiny_engine.codec.generation_prompt)
     assert c.baseline.prefill_tokens == len(tiny_engine.codec.encode(DOCS[0])) + c.cached.prefill_tokens
     parts = c.cached.copy_ms + c.cached.prefill_ms + c.cached.sample_ms

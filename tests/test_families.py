@@ -207,7 +207,7 @@ def test_scaffold_imported_whole_is_exact(family):
     c = eng.compare(CHAT, "<prompt schema='chat'><d1/><d2/> Summarise both.</prompt>", Sampling(6),
                     config=eng.config.with_(mode="isolated"))
     assert c.plan.scaffolds == ("both",)
-    assert c.max_first_logit_diff < 1e-4 and c.same_text
+    assert c.agreement().max_first_logit_diff < 1e-4 and c.agreement().same_text
 
 
 def test_gapped_positions_equal_one_pass_prefill_over_them(family):

@@ -88,12 +88,12 @@ def test_quantized_storage_runs_persists_and_reloads_exactly(tiny_lm, tmp_path):
     for precision in ("int8", "int4"):
         eng = Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / precision, storage_dtype=precision)
         a = eng.compare(SCHEMA, PROMPT, Sampling(4))
-        assert a.storage_dtype == precision and a.cached.token_ids
-        for name, size in full.store_bytes_by_module.items():
+        assert a.store.dtype == precision and a.cached.token_ids
+        for name, size in full.store.by_module.items():
             if name != "(anonymous)":  # the prefix stays in the compute dtype
-                assert a.store_bytes_by_module[name] < 0.4 * size
-        assert a.store_stats["bytes_by_precision"][precision] == sum(
-            v for k, v in a.store_bytes_by_module.items() if k != "(anonymous)")
+                assert a.store.by_module[name] < 0.4 * size
+        assert a.store.stats["bytes_by_precision"][precision] == sum(
+            v for k, v in a.store.by_module.items() if k != "(anonymous)")
         key = eng.encode(eng.layout(SCHEMA)).encoded.module_keys["d1"]
         manifest = eng.store().disk.manifest(key)
         assert manifest["format"] == "pml-kv/2" and manifest["dtype"] == precision
@@ -142,8 +142,8 @@ def test_a_file_of_an_unknown_format_is_re_encoded_with_the_reason(tiny_lm, tmp_
     again = Engine.from_loaded(tiny_lm, persist=True, module_dir=folder)
     c = again.compare(SCHEMA, PROMPT, Sampling(2))
     assert c.encode["encoded"] == 1
-    assert "pml-kv/9" in c.store_stats["disk_error"] and "re-encoded" in c.store_stats["disk_error"]
-    assert c.store_stats["disk_unreadable"] == 1 and c.store_stats["disk_corrupt"] == 0
+    assert "pml-kv/9" in c.store.stats["disk_error"] and "re-encoded" in c.store.stats["disk_error"]
+    assert c.store.stats["disk_unreadable"] == 1 and c.store.stats["disk_corrupt"] == 0
 
 
 # -- question-aware retention ---------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_question_retention_keeps_the_first_token_and_shrinks_the_decode_buffer(
     comp = Compression(0.5, "question")
     q = eng.compare(SCHEMA, PROMPT, Sampling(6), config=eng.config.with_(compression=comp))
     assert q.encode["encoded"] == 0  # question retention stores full entries: the same ones
-    assert q.store_bytes == full.store_bytes and q.compression == {"retention": 0.5, "method": "question"}
+    assert q.store.nbytes == full.store.nbytes and q.store.compression == {"retention": 0.5, "method": "question"}
     assert torch.allclose(q.cached.first_logits, full.cached.first_logits, atol=1e-5)
     assert q.cached.token_ids[0] == full.cached.token_ids[0] and q.cached.ttft_ms > 0
     # what decoding ran over, from the plan: per layer the anonymous text, the new tokens and the kept share
@@ -203,8 +203,8 @@ def test_runs_report_the_kv_bytes_they_held(tiny_lm):
     per_token = tiny_lm.kv_bytes_per_token
     assert c.baseline.kv_held_bytes == c.baseline.kv_buffer_used_bytes == c.plan.prompt_tokens * per_token
     assert c.baseline.kv_store_bytes == 0
-    assert c.cached.kv_store_bytes == c.store_bytes  # this prompt reads every entry of the schema
-    assert c.cached.kv_held_bytes == c.store_bytes + c.plan.prompt_tokens * per_token
+    assert c.cached.kv_store_bytes == c.store.nbytes  # this prompt reads every entry of the schema
+    assert c.cached.kv_held_bytes == c.store.nbytes + c.plan.prompt_tokens * per_token
     # the prefix arm (warmed with the schema-order prompt) held the prefix nodes it read plus its buffer
     pre = c.prefix
     assert pre.reused_tokens > 0 and pre.kv_store_bytes >= pre.reused_tokens * per_token

@@ -73,7 +73,7 @@ def test_full_disk_keeps_running_in_memory(tiny_lm, tmp_path):
     stats = eng.store().stats()
     assert stats["disk_write_errors"] == 4 and stats["disk_writes"] == 0
     assert "cannot write" in stats["disk_error"]
-    assert c.cached.token_ids and c.store_stats["disk_write_errors"] == 4
+    assert c.cached.token_ids and c.store.stats["disk_write_errors"] == 4
 
 
 def test_budget_smaller_than_one_module_is_refused_clearly(tiny_lm):
@@ -105,10 +105,10 @@ def test_budget_evicts_lru_to_disk_and_pins_the_system_prompt(tiny_lm, tmp_path)
 def test_half_precision_storage(tiny_lm, dtype):
     full = engine(tiny_lm).compare(SCHEMA, PROMPT, Sampling(4))
     half = engine(tiny_lm, storage_dtype=dtype).compare(SCHEMA, PROMPT, Sampling(4))
-    for name, size in full.store_bytes_by_module.items():
+    for name, size in full.store.by_module.items():
         expected = size if name == "(anonymous)" else size // 2  # the prefix stays in the compute dtype
-        assert half.store_bytes_by_module[name] == expected
-    assert half.storage_dtype == dtype
+        assert half.store.by_module[name] == expected
+    assert half.store.dtype == dtype
     # rounding the stored KV to 16 bits barely moves the cached run's first-token distribution
     p, q = (torch.log_softmax(c.cached.first_logits.double(), -1) for c in (full, half))
     assert 0 < float((p.exp() * (p - q)).sum()) < 1e-3
@@ -146,10 +146,10 @@ def test_half_the_bytes_at_half_retention_and_runs(tiny_lm):
     full = engine(tiny_lm).compare(SCHEMA, PROMPT, Sampling(3))
     for method in ("pyramid", "uniform", "recent"):
         c = engine(tiny_lm, compression=Compression(0.5, method)).compare(SCHEMA, PROMPT, Sampling(3))
-        modules = [k for k in full.store_bytes_by_module if k != "(anonymous)"]
-        assert sum(c.store_bytes_by_module[k] for k in modules) <= 0.52 * sum(full.store_bytes_by_module[k]
+        modules = [k for k in full.store.by_module if k != "(anonymous)"]
+        assert sum(c.store.by_module[k] for k in modules) <= 0.52 * sum(full.store.by_module[k]
                                                                                for k in modules)
-        assert c.compression == {"retention": 0.5, "method": method}
+        assert c.store.compression == {"retention": 0.5, "method": method}
         assert c.cached.token_ids
 
 

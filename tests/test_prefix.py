@@ -139,11 +139,11 @@ def run(eng, prompt, n=6, **cfg):
 
 def test_prefix_arm_equals_the_baseline(tiny_engine):
     c = run(tiny_engine, "<prompt schema='docs'><d2/><d1/> Which animal jumps?</prompt>", n=10)
-    assert c.arms == ("baseline", "prefix", "cached")
+    assert tuple(c.arms) == ("baseline", "prefix", "cached")
     assert c.prefix.reused_tokens > 0
     assert float((c.prefix.first_logits - c.baseline.first_logits).abs().max()) < 1e-4
     assert c.prefix.token_ids == c.baseline.token_ids
-    assert c.prefix_agreement["same_text"] and c.prefix_agreement["first_token_kl"] < 1e-6
+    assert c.agreement("prefix").same_text and c.agreement("prefix").first_token_kl < 1e-6
     assert c.prefix.prefill_tokens == c.plan.prompt_tokens - c.prefix.reused_tokens
 
 
@@ -153,15 +153,15 @@ def test_schema_order_prompt_reuses_everything_the_modular_arm_reuses(tiny_engin
     cached_positions = [i for i, t in enumerate(_token_kinds(c.plan)) if t == "cached"]
     assert cached_positions and max(cached_positions) < reused  # every cached token lies in the reused prefix
     assert reused >= c.plan.cached_tokens
-    assert c.prefix.reuse.warmed_with["warmup"]["modules"] == ["d1", "d2", "d3"]
-    assert c.prefix.reuse.stopped_at["source"] in ("anonymous", "text")
+    assert c.arm("prefix").detail.warmed_with["warmup"]["modules"] == ["d1", "d2", "d3"]
+    assert c.arm("prefix").detail.stopped_at["source"] in ("anonymous", "text")
 
 
 def test_a_prompt_that_skips_the_first_module_reuses_only_the_system_text(tiny_engine):
     c = run(tiny_engine, "<prompt schema='docs'><d2/><d3/> Which library?</prompt>")
     lay = c.plan.layout
     assert c.prefix.reused_tokens == lay.modules["d1"].start  # the text before the first module, no more
-    assert c.prefix.reuse.stopped_at == {"token": lay.modules["d1"].start, "source": "module", "owner": "d2"}
+    assert c.arm("prefix").detail.stopped_at == {"token": lay.modules["d1"].start, "source": "module", "owner": "d2"}
     assert c.cached.reused_tokens == c.plan.cached_tokens > c.prefix.reused_tokens
 
 
@@ -170,19 +170,19 @@ def test_a_repeated_prompt_reuses_itself_and_says_so(tiny_engine):
     first = run(tiny_engine, prompt)
     again = run(tiny_engine, prompt)
     n = again.plan.prompt_tokens
-    assert not first.prefix.reuse.repeat and first.prefix.reuse.stored_tokens > 0
-    assert again.prefix.reuse.repeat and again.prefix.reused_tokens == n - 1 and again.prefix.prefill_tokens == 1
-    assert again.prefix.reuse.warmed_with["earlier_runs"] == first.prefix.reuse.warmed_with["earlier_runs"] + 1
+    assert not first.arm("prefix").detail.repeat and first.arm("prefix").detail.stored_tokens > 0
+    assert again.arm("prefix").detail.repeat and again.prefix.reused_tokens == n - 1 and again.prefix.prefill_tokens == 1
+    assert again.arm("prefix").detail.warmed_with["earlier_runs"] == first.arm("prefix").detail.warmed_with["earlier_runs"] + 1
     assert again.prefix.token_ids == again.baseline.token_ids
 
 
 def test_without_warmup_the_cache_holds_only_earlier_runs(tiny_lm):
     eng = Engine.from_loaded(tiny_lm, warmup=False)
     first = run(eng, "<prompt schema='docs'><d1/> Which animal?</prompt>")
-    assert first.prefix.reused_tokens == 0 and first.prefix.reuse.warmed_with["warmup"] is None
+    assert first.prefix.reused_tokens == 0 and first.arm("prefix").detail.warmed_with["warmup"] is None
     second = run(eng, "<prompt schema='docs'><d1/><d3/> Which animal?</prompt>")
     assert second.prefix.reused_tokens == second.plan.layout.modules["d1"].end  # system text + d1, from run one
-    assert "1 earlier run" in second.prefix.reuse.warmed_with["summary"]
+    assert "1 earlier run" in second.arm("prefix").detail.warmed_with["summary"]
 
 
 def test_arms_select_and_json_has_the_prefix_keys(tiny_engine):
@@ -245,6 +245,6 @@ def test_prefix_arm_is_exact_on_the_real_model(real_engine):
                                                      lay.pieces[lay.modules["travel-expenses"].pieces[0]].token_ids))
                   if a != b)
     assert c.prefix.reused_tokens == skip + shared and 0 < shared < 20
-    assert c.prefix.reuse.stopped_at == {"token": skip + shared, "source": "module", "owner": "travel-expenses"}
+    assert c.arm("prefix").detail.stopped_at == {"token": skip + shared, "source": "module", "owner": "travel-expenses"}
     assert float((c.prefix.first_logits - c.baseline.first_logits).abs().max()) < 1e-4
-    assert c.prefix.token_ids == c.baseline.token_ids and c.prefix_agreement["same_text"]
+    assert c.prefix.token_ids == c.baseline.token_ids and c.agreement("prefix").same_text

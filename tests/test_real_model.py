@@ -26,7 +26,7 @@ def test_sample_encodes_and_runs(real_engine, name, schema, prompt):
     assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
     assert c.baseline.token_ids and c.cached.token_ids
     assert c.cached.ttft_ms > 0 and c.baseline.ttft_ms > 0
-    assert c.store_bytes == sum(real_engine.store().get(k).nbytes for k in set(c_keys(real_engine, schema)))
+    assert c.store.nbytes == sum(real_engine.store().get(k).nbytes for k in set(c_keys(real_engine, schema)))
 
 
 def c_keys(eng, schema):
@@ -45,7 +45,7 @@ def test_scaffold_sample_is_exact_on_the_real_model(real_engine):
     c = real_engine.compare((SAMPLES / "scaffold.xml").read_text(), (SAMPLES / "scaffold.prompt.xml").read_text(),
                             Sampling(8))
     assert c.plan.scaffolds == ("policy-and-faq",)
-    assert c.max_first_logit_diff < 1e-4 and c.same_text
+    assert c.agreement().max_first_logit_diff < 1e-4 and c.agreement().same_text
 
 
 def test_prefixed_first_module_is_exact_on_the_real_model(real_engine):
@@ -53,7 +53,7 @@ def test_prefixed_first_module_is_exact_on_the_real_model(real_engine):
     first = real_engine.layout(schema).top_level()[0]
     c = real_engine.compare(schema, f"<prompt schema='doc_qa'><{first}/> How many days a week is remote work "
                             "allowed?</prompt>", Sampling(8), config=real_engine.config.with_(mode="prefixed"))
-    assert c.max_first_logit_diff < 1e-4 and c.same_text
+    assert c.agreement().max_first_logit_diff < 1e-4 and c.agreement().same_text
 
 
 def test_layouts_before_and_after_the_model_loads_share_cache_keys():

@@ -203,8 +203,8 @@ def test_json_reports_recomputed_tokens_and_positions(tiny_engine):
     assert set(j["cached"]["recomputed_positions"]) <= positions
     # a repaired run reused the cached tokens it did not recompute, and held the module entries it read
     assert j["cached"]["reused_tokens"] == j["cached_tokens"] - j["cached"]["recomputed_tokens"]
-    assert j["cached"]["kv_store_bytes"] == c.store_bytes > 0
-    assert j["cached"]["kv_held_bytes"] == c.store_bytes + j["cached"]["kv_buffer_used_bytes"]
+    assert j["cached"]["kv_store_bytes"] == c.store.nbytes > 0
+    assert j["cached"]["kv_held_bytes"] == c.store.nbytes + j["cached"]["kv_buffer_used_bytes"]
 
 
 def test_compressed_entries_repair_per_layer(tiny_engine):

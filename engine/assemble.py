@@ -1,0 +1,128 @@
+"""What a run copies out of the stores into its buffer, and in which order (no timing here).
+
+* :func:`copy_list` — the (entry, first, end) ranges of the imported modules' stored KV, in cache
+  order, adjacent ranges merged: the cached arm's buffer.
+* :func:`copy_list_ranked` / :func:`prefilled` / :func:`buffer_ranks` — the same with some cached
+  tokens left out (recomputed instead: link-token repair, blending), each range tagged with the
+  prompt rank of its first token, so the prompt-order mask (:class:`engine.kv.RankMask`) can be built.
+* :func:`fetch_entries` — every entry a plan's cached run reads, got from the store once before any
+  timing starts; a :class:`engine.errors.MissingEntry` surfaces here, never inside a timed run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compress import QuestionRetention
+from .encode import EncodedSchema
+from .kv import LayeredKV
+from .layout import ANONYMOUS
+from .plan import CACHED, PromptPlan
+from .store import ModuleStore
+
+
+def fetch_entries(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> None:
+    """Get every store entry a cached run of ``plan`` reads (loading from disk); raises MissingEntry."""
+    for key in used_keys(plan, encoded):
+        store.get(key)
+
+
+def used_keys(plan: PromptPlan, encoded: EncodedSchema) -> list[str]:
+    """Store keys a cached run of ``plan`` reads."""
+    return sorted({encoded.locate(s.piece, s.scaffold)[0] for s in plan.segments if s.kind == CACHED})
+
+
+def token_place(plan: PromptPlan, k: int) -> dict:
+    """Where token ``k`` of the materialised prompt comes from: {"token", "source", "owner"}."""
+    start = 0
+    for seg in plan.segments:
+        if k < start + len(seg):
+            return {"token": k, "source": seg.source, "owner": seg.owner}
+        start += len(seg)
+    return {"token": k, "source": "end", "owner": ""}
+
+
+def question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRetention | None:
+    """The run-time retention of a ``question`` compression (None for the others): module tokens may go,
+    the anonymous text may not."""
+    if not encoded.compression.at_run:
+        return None
+    anon = encoded.module_keys.get(ANONYMOUS)
+    marks = [encoded.locate(s.piece, s.scaffold)[0] != anon for s in plan.segments if s.kind == CACHED
+             for _ in range(len(s))]
+    return QuestionRetention(encoded.compression, torch.tensor(marks, dtype=torch.bool))
+
+
+def copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
+    """(entry, first token, end token) ranges to copy, in cache order, adjacent ranges merged."""
+    out: list = []
+    for seg in plan.segments:
+        if seg.kind != CACHED:
+            continue
+        key, off = encoded.locate(seg.piece, seg.scaffold)
+        entry = store.get(key)
+        a = off + seg.offset
+        b = a + len(seg)
+        if out and out[-1][0] is entry and out[-1][2] == a:
+            out[-1] = (entry, out[-1][1], b)
+        else:
+            out.append((entry, a, b))
+    return out
+
+
+def copy_list_ranked(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, skip: set[int]) -> list:
+    """(entry, first token, end token, rank of the first token) ranges to copy, leaving out ranks ``skip``."""
+    out: list = []
+    rank = 0
+    for seg in plan.segments:
+        if seg.kind == CACHED:
+            key, off = encoded.locate(seg.piece, seg.scaffold)
+            entry = store.get(key)
+            for i in range(len(seg)):
+                if rank + i in skip:
+                    continue
+                a = off + seg.offset + i
+                if out and out[-1][0] is entry and out[-1][2] == a and out[-1][3] + a - out[-1][1] == rank + i:
+                    out[-1] = (entry, out[-1][1], a + 1, out[-1][3])
+                else:
+                    out.append((entry, a, a + 1, rank + i))
+        rank += len(seg)
+    return out
+
+
+def prefilled(plan: PromptPlan, redo: set[int]) -> tuple[list[int], list[int], list[int]]:
+    """(token ids, position ids, ranks) a repaired run prefills: uncached tokens and ranks ``redo``, in order."""
+    ids: list[int] = []
+    pos: list[int] = []
+    ranks: list[int] = []
+    rank = 0
+    for s in plan.segments:
+        for i, (t, p) in enumerate(zip(s.token_ids, s.positions)):
+            if s.kind != CACHED or rank + i in redo:
+                ids.append(t)
+                pos.append(p)
+                ranks.append(rank + i)
+        rank += len(s)
+    return ids, pos, ranks
+
+
+def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
+    """Per layer, the ranks of the buffer's entries in buffer order (one shared tensor unless compressed)."""
+    every = [torch.arange(r, r + b - a) for _, a, b, r in copies]
+    if not any(isinstance(entry, LayeredKV) for entry, *_ in copies):
+        shared = torch.cat(every) if every else torch.zeros(0, dtype=torch.long)
+        return [shared] * n_layers
+    out = []
+    for layer in range(n_layers):
+        parts = []
+        for (entry, a, b, r), full in zip(copies, every):
+            if isinstance(entry, LayeredKV):
+                kept = entry.kept[layer]
+                kept = kept[(kept >= a) & (kept < b)]
+                parts.append(kept - a + r)
+            else:
+                parts.append(full)
+        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
+    return out
+
+

@@ -1,0 +1,172 @@
+"""Comparison: the arms of one run keyed by arm, and the ``run --json`` document made from them.
+
+The JSON is a contract other tools read (extend it, never rename): every arm has its object under
+its name (null when not run); the cached arm's agreement with the baseline sits at the top level
+(``speedup``, ``same_text``, ...) and every other arm's under its prefix (``prefix_speedup``,
+``prefix_same_text``, ...), all generated from :data:`engine.arms.REGISTRY`. ``by_arm`` holds the
+same agreement figures generically, ``{arm: {"title", "speedup", "agreement"}}``.
+:meth:`Comparison.from_json` reads a document back (the run log's history), so live and
+logged runs are shown by the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .arms import Agreement, Arm, ArmResult, REGISTRY
+
+if TYPE_CHECKING:
+    from .encode import EncodedSchema
+    from .plan import PromptPlan
+    from .runner import Sampling
+    from .store import ModuleStore
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """The module store as one run saw it: where, in what precision, how much this schema holds."""
+
+    device: str  # where module KV is stored
+    dtype: str  # storage precision
+    nbytes: int  # this schema's entries
+    by_module: dict[str, int]  # EntryName -> bytes
+    compression: dict  # {"retention", "method"}
+    stats: dict  # budget, evictions, disk loads/writes/errors of the store after the run
+
+    @classmethod
+    def of(cls, encoded: "EncodedSchema", store: "ModuleStore") -> "StoreSummary":
+        return cls(device=store.device, dtype=encoded.dtype, nbytes=encoded.nbytes(store),
+                   by_module=encoded.bytes_by_module(store),
+                   compression={"retention": encoded.compression.retention, "method": encoded.compression.method},
+                   stats=store.stats())
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """The prompt's shape, kept apart from the plan so that a logged run can be read back without it."""
+
+    schema: str
+    prompt_tokens: int
+    cached_tokens: int
+    uncached_tokens: int
+    imported: tuple[str, ...]
+    scaffolds: tuple[str, ...]
+
+    @classmethod
+    def of(cls, plan: "PromptPlan") -> "PromptCounts":
+        return cls(plan.layout.name, plan.prompt_tokens, plan.cached_tokens, plan.uncached_tokens,
+                   tuple(plan.imported), tuple(plan.scaffolds))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The arms of one run, each an :class:`ArmResult` with its agreement with the baseline."""
+
+    model: str
+    device: str  # where the model ran
+    store: StoreSummary
+    sampling: "Sampling"
+    arms: dict[Arm, ArmResult]  # in registry order; only the arms that ran
+    mode: str
+    plan: "PromptPlan | None" = field(default=None, repr=False)  # None when read back from JSON
+    prompt: PromptCounts | None = None  # made from the plan when not given
+    encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
+    repair: int = 0  # link tokens recomputed per link
+    sink: int = 0  # sink tokens the isolated module entries were encoded after
+
+    def __post_init__(self):
+        if self.prompt is None and self.plan is not None:
+            object.__setattr__(self, "prompt", PromptCounts.of(self.plan))
+
+    # -- arms ---------------------------------------------------------------------------------------
+
+    def arm(self, name: str | Arm) -> ArmResult | None:
+        """The result of arm ``name`` (None when it did not run)."""
+        return self.arms.get(Arm(str(name)))
+
+    @property
+    def baseline(self):
+        """The baseline's run (``arms['baseline'].run``), None when it did not run."""
+        return self._run(Arm.BASELINE)
+
+    @property
+    def cached(self):
+        return self._run(Arm.CACHED)
+
+    @property
+    def prefix(self):
+        return self._run(Arm.PREFIX)
+
+    def speedup(self, name: str | Arm = Arm.CACHED) -> float | None:
+        """Baseline TTFT / arm ``name``'s TTFT (None unless both ran)."""
+        res = self.arm(name)
+        return None if res is None else res.speedup_over(self.arm(Arm.BASELINE))
+
+    def agreement(self, name: str | Arm = Arm.CACHED) -> Agreement | None:
+        res = self.arm(name)
+        return None if res is None else res.agreement
+
+    # -- JSON ---------------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        """The CLI's JSON contract (`pml-studio run --json`): extend, never rename.
+
+        An arm that was not run (``--arms``) is null, as are the figures that need it.
+        """
+        p, st = self.prompt, self.store
+        out = {
+            "model": self.model, "storage": st.device, "mode": self.mode, "schema": p.schema,
+            "prompt_tokens": p.prompt_tokens, "cached_tokens": p.cached_tokens, "uncached_tokens": p.uncached_tokens,
+            "store_bytes": st.nbytes, "store_bytes_by_module": dict(st.by_module), "device": self.device,
+            "storage_dtype": st.dtype, "compression": st.compression, "store_stats": st.stats,
+            "imported": list(p.imported), "scaffolds": list(p.scaffolds), "arms": [a.value for a in self.arms],
+            "sampling": self.sampling.to_json(), "encode": self.encode, "repair": self.repair, "sink": self.sink,
+        }
+        by_arm = {}
+        for arm, spec in REGISTRY.items():
+            res = self.arms.get(arm)
+            out[arm.value] = None if res is None else res.to_json()
+            if arm == Arm.BASELINE:
+                continue
+            speedup = self.speedup(arm)
+            agree = (res.agreement.to_json() if res is not None and res.agreement is not None
+                     else dict.fromkeys(Agreement.FIELDS))
+            out[f"{spec.legacy_prefix}speedup"] = None if speedup is None else round(speedup, 3)
+            out.update({f"{spec.legacy_prefix}{k}": v for k, v in agree.items()})
+            if res is not None:
+                by_arm[arm.value] = {"title": spec.title, "speedup": out[f"{spec.legacy_prefix}speedup"],
+                                     "agreement": None if res.agreement is None else agree}
+        out["by_arm"] = by_arm
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Comparison":
+        """A comparison read back from its ``run --json`` document (no plan, no logits)."""
+        from .runner import PrefixReuse, RunResult, Sampling
+
+        arms = {}
+        for arm, spec in REGISTRY.items():
+            d = data.get(arm.value)
+            if not d:
+                continue
+            agree = None if arm == Arm.BASELINE else Agreement.from_json(
+                {k: data.get(f"{spec.legacy_prefix}{k}") for k in Agreement.FIELDS})
+            detail = PrefixReuse.from_json(d) if arm == Arm.PREFIX else None
+            arms[arm] = ArmResult(arm, RunResult.from_json(arm.value, d), agree, detail)
+        comp = data.get("compression") or {}
+        store = StoreSummary(device=data.get("storage", ""), dtype=data.get("storage_dtype") or "float32",
+                             nbytes=data.get("store_bytes") or 0, by_module=data.get("store_bytes_by_module") or {},
+                             compression={"retention": comp.get("retention", 1.0), "method": comp.get("method")},
+                             stats=data.get("store_stats") or {})
+        prompt = PromptCounts(data.get("schema", ""), data.get("prompt_tokens", 0), data.get("cached_tokens", 0),
+                              data.get("uncached_tokens", 0), tuple(data.get("imported") or ()),
+                              tuple(data.get("scaffolds") or ()))
+        return cls(model=data.get("model", ""), device=data.get("device", ""), store=store,
+                   sampling=Sampling(**(data.get("sampling") or {})), arms=arms, mode=data.get("mode", ""),
+                   prompt=prompt, encode=data.get("encode"), repair=data.get("repair") or 0,
+                   sink=data.get("sink") or 0)
+
+    def _run(self, arm: Arm):
+        res = self.arms.get(arm)
+        return None if res is None else res.run
