@@ -94,10 +94,12 @@ class ArmResult:
     detail: Any = None  # a frozen dataclass with to_json() (arm-specific), or None
 
     def speedup_over(self, base: "ArmResult | None") -> float | None:
-        """Baseline TTFT / this arm's TTFT (None without a baseline or for the baseline itself)."""
+        """Baseline TTFT / this arm's TTFT (None without a baseline or for the baseline itself), from the
+        TTFTs as ``run --json`` writes them (to the microsecond), so a document read back gives the same."""
         if base is None or self.arm == Arm.BASELINE:
             return None
-        return base.run.ttft_ms / self.run.ttft_ms if self.run.ttft_ms > 0 else float("inf")
+        mine = round(self.run.ttft_ms, 3)
+        return round(base.run.ttft_ms, 3) / mine if mine > 0 else float("inf")
 
     def to_json(self) -> dict:
         """The arm's object in ``run --json`` (its run, then its details; keys never renamed)."""
