@@ -1,15 +1,21 @@
-"""Run log: every baseline-vs-cached comparison as one row of a SQLite table (sqlite-utils only here).
+"""Run log: every comparison as one row of ``runs`` plus one row per arm in ``arm_runs`` (sqlite-utils only here).
 
     log = RunLog()                       # $PML_STUDIO_CACHE/runs.db, WAL mode
     run_id = log.record(comparison.to_json(), schema_text, prompt_text)
-    log.runs(schema="travel", limit=50)  # newest first
+    log.runs(schema="travel", limit=50)  # newest first, each with its arms: row["arms"]["cached"]["ttft_ms"]
     log.export_csv("runs.csv")
+
+``runs`` holds what belongs to the run (schema, prompt, settings, the full ``run --json`` document
+in ``result_json``); ``arm_runs`` holds each arm's figures and agreement with the baseline, so a new
+arm adds rows, not columns. Databases written before the child table existed (one row per run with
+``baseline_*`` / ``cached_*`` / ``prefix_*`` columns) are migrated when opened: each run's arm rows
+are made from its stored document, in one transaction; the old columns are kept as they were.
 
 Each operation opens its own connection (SQLite connections must not cross threads) and
 waits up to ``timeout`` seconds for the write lock, so runs finishing at the same moment in
-two browser tabs are both written. A row is inserted in one transaction, from a comparison
-that has already finished: a failed run never leaves a partial row. The schema text is kept
-with every run so that a run can be reopened in the editor.
+two browser tabs are both written. A run and its arm rows are inserted in one transaction, from a
+comparison that has already finished: a failed run never leaves a partial row. The schema text is
+kept with every run so that a run can be reopened in the editor.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from typing import Iterator
 
 from sqlite_utils import Database
 
+from .arms import REGISTRY
 from .errors import EngineError
 
 TABLE = "runs"
+ARM_TABLE = "arm_runs"
+VERSION = 2  # PRAGMA user_version: 2 = arm rows in ARM_TABLE (1 / 0: one wide row per run)
 
 # Column → type. New columns may be added (older databases get them on open); none renamed.
 COLUMNS: dict[str, type] = {
@@ -47,23 +56,6 @@ COLUMNS: dict[str, type] = {
     "store_bytes": int,
     "max_new_tokens": int,
     "temperature": float,
-    "baseline_ttft_ms": float,
-    "cached_ttft_ms": float,
-    "copy_ms": float,
-    "baseline_decode_ms_per_token": float,
-    "cached_decode_ms_per_token": float,
-    "baseline_new_tokens": int,
-    "cached_new_tokens": int,
-    "baseline_peak_rss_bytes": int,
-    "cached_peak_rss_bytes": int,
-    "baseline_text": str,
-    "cached_text": str,
-    "speedup": float,
-    "same_text": int,
-    "first_divergence": int,
-    "first_token_agree": int,
-    "first_token_kl": float,
-    "max_first_logit_diff": float,
     "result_json": str,  # the full `run --json` document
     # module memory (issue 5); NULL in rows written before these existed
     "storage_dtype": str,  # float32 | float16 | bfloat16
@@ -75,27 +67,34 @@ COLUMNS: dict[str, type] = {
     "encode_ms": float,
     "budget_bytes": int,  # module memory budget of the store
     "evictions": int,  # store evictions so far (after the run)
-    # prefix-cache arm (issue 9); NULL in rows written before it existed or when the arm was not run
-    "prefix_ttft_ms": float,
-    "prefix_copy_ms": float,
-    "prefix_decode_ms_per_token": float,
-    "prefix_new_tokens": int,
-    "prefix_peak_rss_bytes": int,
-    "prefix_text": str,
-    "prefix_reused_tokens": int,  # leading prompt tokens taken from the prefix cache
-    "prefix_prefilled_tokens": int,
-    "prefix_repeat": int,  # the whole prompt was cached already
-    "prefix_warmed_with": str,  # what the prefix cache held before the run (summary)
-    "prefix_speedup": float,  # baseline TTFT / prefix TTFT
-    "prefix_same_text": int,
-    "prefix_first_token_kl": float,
-    "prefix_bytes": int,  # bytes the prefix cache held after the run
+    "prefix_bytes": int,  # bytes the prefix cache held after the run (NULL without the prefix arm)
 }
 
-# Columns the studio's history table shows, in order.
-SUMMARY = ("id", "created_at", "schema_name", "model", "storage", "mode", "prompt_tokens", "cached_tokens",
-           "baseline_ttft_ms", "cached_ttft_ms", "speedup", "same_text", "first_token_kl", "prefix_reused_tokens",
-           "prefix_ttft_ms", "prefix_speedup")
+# Column → type of one arm's row. New columns may be added; none renamed.
+ARM_COLUMNS: dict[str, type] = {
+    "id": int,
+    "run_id": int,  # runs.id
+    "arm": str,  # baseline | prefix | cached | ...
+    "ttft_ms": float,
+    "copy_ms": float,
+    "prefill_ms": float,
+    "prefill_tokens": int,
+    "decode_ms_per_token": float,
+    "new_tokens": int,
+    "peak_rss_bytes": int,
+    "text": str,
+    "reused_tokens": int,
+    "recomputed_tokens": int,
+    "kv_store_bytes": int,
+    "kv_held_bytes": int,
+    "speedup": float,  # baseline TTFT / this arm's (NULL for the baseline, or without one)
+    "same_text": int,  # agreement with the baseline (NULL for the baseline, or without one)
+    "first_divergence": int,
+    "first_token_agree": int,
+    "first_token_kl": float,
+    "max_first_logit_diff": float,
+}
+ARM_FIGURES = tuple(c for c in ARM_COLUMNS if c not in ("id", "run_id", "arm"))
 
 
 class RunLogError(EngineError):
@@ -122,14 +121,12 @@ class RunLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._db() as db:
                 db.enable_wal()
-                table = db[TABLE]
-                if not table.exists():
-                    table.create(COLUMNS, pk="id", if_not_exists=True)
-                    table.create_index(["schema_name"], if_not_exists=True)
-                else:
-                    missing = {c: t for c, t in COLUMNS.items() if c not in table.columns_dict}
-                    for col, typ in missing.items():
-                        table.add_column(col, typ)
+                _create_or_extend(db, TABLE, COLUMNS)
+                db[TABLE].create_index(["schema_name"], if_not_exists=True)
+                _create_or_extend(db, ARM_TABLE, ARM_COLUMNS, foreign_keys=[("run_id", TABLE, "id")])
+                db[ARM_TABLE].create_index(["run_id"], if_not_exists=True)
+                if db.execute("PRAGMA user_version").fetchone()[0] < VERSION:
+                    _migrate(db)
         except (OSError, sqlite3.Error) as err:
             raise RunLogError(f"cannot open the run log {self.path}: {err}; pass another file with --db") from None
 
@@ -137,7 +134,7 @@ class RunLog:
 
     def record(self, comparison: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                created_at: str | None = None) -> int:
-        """Insert one finished comparison (``Comparison.to_json()``) in one transaction; return its id."""
+        """Insert one finished comparison (``Comparison.to_json()``) and its arms in one transaction; return its id."""
         row = row_from_comparison(comparison, schema_text, prompt_text, schema_hash_, created_at)
         try:
             with self._db() as db:
@@ -147,6 +144,7 @@ class RunLog:
                 db.conn.execute("BEGIN IMMEDIATE")
                 try:
                     run_id = int(db[TABLE].insert(row).last_pk)
+                    db[ARM_TABLE].insert_all(arm_rows(comparison, run_id))
                     db.conn.execute("COMMIT")
                 except BaseException:
                     db.conn.rollback()
@@ -156,15 +154,16 @@ class RunLog:
             raise RunLogError(f"cannot write to the run log {self.path}: {err}") from None
 
     def runs(self, schema: str | None = None, limit: int | None = 200) -> list[dict]:
-        """Runs, newest first, optionally only those of schema ``schema``."""
+        """Runs, newest first, optionally only those of schema ``schema``; each with ``arms``: {arm: arm row}."""
         where, args = ("schema_name = ?", [schema]) if schema else (None, [])
         with self._db() as db:
-            return list(db[TABLE].rows_where(where, args, order_by="id desc", limit=limit))
+            rows = list(db[TABLE].rows_where(where, args, order_by="id desc", limit=limit))
+            return _with_arms(db, rows)
 
     def get(self, run_id: int) -> dict | None:
-        """One run by id (None when there is no such run)."""
+        """One run by id, with its ``arms`` (None when there is no such run)."""
         with self._db() as db:
-            rows = list(db[TABLE].rows_where("id = ?", [int(run_id)]))
+            rows = _with_arms(db, list(db[TABLE].rows_where("id = ?", [int(run_id)])))
         return rows[0] if rows else None
 
     def schemas(self) -> list[str]:
@@ -182,16 +181,23 @@ class RunLog:
             return db.journal_mode
 
     def export_csv(self, path: str | Path | None = None, schema: str | None = None) -> str:
-        """Write the runs (all columns, oldest first) as CSV to ``path``; without a path return the CSV text.
+        """Write the runs (oldest first) as CSV to ``path``; without a path return the CSV text.
 
-        Text cells a spreadsheet would run as a formula (starting with ``= + - @``, tab or carriage
-        return: model output can) are written with a leading ``'``.
+        One line per run: the run's columns, then ``ARM_FIGURE`` columns for every arm that any exported
+        run has (``cached_ttft_ms``, ``prefix_speedup``...). Text cells a spreadsheet would run as a formula
+        (starting with ``= + - @``, tab or carriage return: model output can) are written with a leading ``'``.
         """
-        rows = [{k: _csv_cell(v) for k, v in r.items()} for r in reversed(self.runs(schema=schema, limit=None))]
+        runs = list(reversed(self.runs(schema=schema, limit=None)))
+        arms = [a.value for a in REGISTRY if any(a.value in r["arms"] for r in runs)]
+        arms += sorted({a for r in runs for a in r["arms"]} - set(arms))  # arms this version no longer has
+        names = [c for c in COLUMNS] + [f"{a}_{f}" for a in arms for f in ARM_FIGURES]
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
+        writer = csv.DictWriter(buf, fieldnames=names, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        for r in runs:
+            flat = {k: v for k, v in r.items() if k != "arms"}
+            flat.update({f"{a}_{f}": v for a, arm in r["arms"].items() for f, v in arm.items() if f in ARM_FIGURES})
+            writer.writerow({k: _csv_cell(v) for k, v in flat.items()})
         if path is None:
             return buf.getvalue()
         Path(path).write_text(buf.getvalue(), encoding="utf-8")
@@ -211,6 +217,48 @@ class RunLog:
             conn.close()
 
 
+def _create_or_extend(db: Database, name: str, columns: dict, **create) -> None:
+    """Create table ``name`` or add the columns it lacks (older databases)."""
+    table = db[name]
+    if not table.exists():
+        table.create(columns, pk="id", if_not_exists=True, **create)
+        return
+    for col, typ in columns.items():
+        if col not in table.columns_dict:
+            table.add_column(col, typ)
+
+
+def _migrate(db: Database) -> None:
+    """Arm rows for every run that has none, made from its stored ``run --json`` document (one transaction)."""
+    db.conn.execute("BEGIN IMMEDIATE")
+    try:
+        done = {r[0] for r in db.execute(f"select distinct run_id from {ARM_TABLE}")}
+        for run_id, doc in db.execute(f"select id, result_json from {TABLE}").fetchall():
+            if run_id not in done and doc:
+                db[ARM_TABLE].insert_all(arm_rows(json.loads(doc), run_id))
+        db.conn.execute(f"PRAGMA user_version = {VERSION}")
+        db.conn.execute("COMMIT")
+    except BaseException:
+        db.conn.rollback()
+        raise
+
+
+def _with_arms(db: Database, rows: list[dict]) -> list[dict]:
+    """``rows`` with ``arms``: {arm: its arm row without ids}, registry order first."""
+    if not rows:
+        return rows
+    ids = [r["id"] for r in rows]
+    by_run: dict[int, dict] = {i: {} for i in ids}
+    marks = ",".join("?" * len(ids))
+    for a in db[ARM_TABLE].rows_where(f"run_id in ({marks})", ids, order_by="id"):
+        by_run[a["run_id"]][a["arm"]] = {k: v for k, v in a.items() if k not in ("id", "run_id", "arm")}
+    order = [a.value for a in REGISTRY]
+    for r in rows:
+        arms = by_run[r["id"]]
+        r["arms"] = {a: arms[a] for a in sorted(arms, key=lambda a: order.index(a) if a in order else len(order))}
+    return rows
+
+
 def _csv_cell(value):
     """A text cell made inert for spreadsheets (OWASP CSV injection); numbers and other values unchanged."""
     if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
@@ -220,8 +268,7 @@ def _csv_cell(value):
 
 def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                         created_at: str | None = None) -> dict:
-    """Flatten a ``run --json`` document into a run-log row (an arm that was not run gives NULLs)."""
-    b, c, p = data["baseline"] or {}, data["cached"] or {}, data.get("prefix") or {}
+    """The run's own row from a ``run --json`` document (its arms go to :func:`arm_rows`)."""
     sampling = data.get("sampling", {})
     compression = data.get("compression") or {}
     enc = data.get("encode") or {}
@@ -234,36 +281,45 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
         "prompt_tokens": data["prompt_tokens"], "cached_tokens": data["cached_tokens"],
         "uncached_tokens": data["uncached_tokens"], "store_bytes": data["store_bytes"],
         "max_new_tokens": sampling.get("max_new_tokens"), "temperature": sampling.get("temperature"),
-        "baseline_ttft_ms": b.get("ttft_ms"), "cached_ttft_ms": c.get("ttft_ms"), "copy_ms": c.get("copy_ms"),
-        "baseline_decode_ms_per_token": b.get("decode_ms_per_token"),
-        "cached_decode_ms_per_token": c.get("decode_ms_per_token"),
-        "baseline_new_tokens": b.get("new_tokens"), "cached_new_tokens": c.get("new_tokens"),
-        "baseline_peak_rss_bytes": b.get("peak_rss_bytes"), "cached_peak_rss_bytes": c.get("peak_rss_bytes"),
-        "baseline_text": b.get("text"), "cached_text": c.get("text"),
-        "speedup": data["speedup"], "same_text": _flag(data["same_text"]),
-        "first_divergence": data.get("first_divergence"), "first_token_agree": _flag(data["first_token_agree"]),
-        "first_token_kl": data.get("first_token_kl"), "max_first_logit_diff": data.get("max_first_logit_diff"),
         "result_json": json.dumps(data, sort_keys=True),
         "storage_dtype": data.get("storage_dtype"), "retention": compression.get("retention"),
         "compression_method": compression.get("method"), "units_memory": enc.get("memory"),
         "units_disk": enc.get("disk"), "units_encoded": enc.get("encoded"), "encode_ms": enc.get("ms"),
         "budget_bytes": stats.get("budget_bytes"), "evictions": stats.get("evictions"),
-        **_prefix_columns(data, p, stats),
+        "prefix_bytes": stats.get("prefix_bytes") if data.get("prefix") else None,
     }
 
 
-def _prefix_columns(data: dict, p: dict, stats: dict) -> dict:
-    return {"prefix_ttft_ms": p.get("ttft_ms"), "prefix_copy_ms": p.get("copy_ms"),
-            "prefix_decode_ms_per_token": p.get("decode_ms_per_token"), "prefix_new_tokens": p.get("new_tokens"),
-            "prefix_peak_rss_bytes": p.get("peak_rss_bytes"), "prefix_text": p.get("text"),
-            "prefix_reused_tokens": p.get("reused_tokens"), "prefix_prefilled_tokens": p.get("prefilled_tokens"),
-            "prefix_repeat": _flag(p.get("repeat")), "prefix_warmed_with": (p.get("warmed_with") or {}).get("summary"),
-            "prefix_speedup": data.get("prefix_speedup"), "prefix_same_text": _flag(data.get("prefix_same_text")),
-            "prefix_first_token_kl": data.get("prefix_first_token_kl"),
-            "prefix_bytes": stats.get("prefix_bytes") if p else None}
+def arm_rows(data: dict, run_id: int) -> list[dict]:
+    """One row per arm the document has (its figures, and its agreement with the baseline), read through
+    :meth:`Comparison.from_json` so the run log and the views agree on what each field means."""
+    from .comparison import Comparison
+
+    comp = Comparison.from_json(data)
+    out = []
+    for arm, res in comp.arms.items():
+        run, agree = res.run, res.agreement
+        row = {"run_id": run_id, "arm": arm.value, "ttft_ms": run.ttft_ms, "copy_ms": run.copy_ms,
+               "prefill_ms": run.prefill_ms, "prefill_tokens": run.prefill_tokens,
+               "decode_ms_per_token": run.decode_ms_per_token, "new_tokens": run.decode_tokens,
+               "peak_rss_bytes": run.peak_rss_bytes, "text": run.text, "reused_tokens": run.reused_tokens,
+               "recomputed_tokens": run.recomputed_tokens, "kv_store_bytes": run.kv_store_bytes,
+               "kv_held_bytes": run.kv_held_bytes, "speedup": _speedup(data, comp, arm)}
+        row.update({k: (None if agree is None else _flag_or(getattr(agree, k))) for k in
+                    ("same_text", "first_divergence", "first_token_agree", "first_token_kl", "max_first_logit_diff")})
+        out.append(row)
+    return out
 
 
-def _flag(value) -> int | None:
-    """0/1 for a boolean, NULL for a figure that was not measured (an arm not run)."""
-    return None if value is None else int(bool(value))
+def _flag_or(value):
+    """0/1 for a boolean (SQLite has none), other values unchanged."""
+    return int(value) if isinstance(value, bool) else value
 
+
+def _speedup(data: dict, comp, arm) -> float | None:
+    """The arm's speedup as its document wrote it (older documents computed it from unrounded TTFTs)."""
+    spec = REGISTRY[arm]
+    if arm.value != "baseline" and f"{spec.legacy_prefix}speedup" in data:
+        return data[f"{spec.legacy_prefix}speedup"]
+    x = comp.speedup(arm)
+    return None if x is None else round(x, 3)

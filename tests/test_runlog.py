@@ -1,15 +1,20 @@
-"""Run log: one row per comparison, filters, CSV export, WAL, concurrent writers."""
+"""Run log: a row per comparison plus a row per arm, filters, CSV export, WAL, concurrent writers, migration."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import pathlib
+import shutil
 import sqlite3
 import threading
 
 import pytest
 
-from engine.runlog import COLUMNS, RunLog, RunLogError, default_path, schema_hash
+from engine.runlog import ARM_TABLE, COLUMNS, RunLog, RunLogError, default_path, schema_hash
+
+DATA = pathlib.Path(__file__).parent / "data"
 
 
 def fake_comparison(schema: str = "travel", ttft_base: float = 100.0, ttft_cached: float = 10.0, **extra) -> dict:
@@ -45,11 +50,13 @@ def test_record_and_get_round_trip(log):
     assert row["schema_text"] == "<schema name='travel'/>"
     assert row["schema_hash"] == schema_hash("<schema name='travel'/>")
     assert row["prompt_text"] == "<prompt schema='travel'/>"
-    assert row["baseline_ttft_ms"] == 100.0 and row["cached_ttft_ms"] == 10.0
-    assert row["copy_ms"] == 1.5 and row["speedup"] == 10.0
-    assert row["same_text"] == 1 and row["first_divergence"] is None
-    assert row["baseline_text"] == row["cached_text"] == "Nara, 45 minutes."
-    assert row["baseline_peak_rss_bytes"] == 900_000_000
+    base, cached = row["arms"]["baseline"], row["arms"]["cached"]
+    assert list(row["arms"]) == ["baseline", "cached"]
+    assert base["ttft_ms"] == 100.0 and cached["ttft_ms"] == 10.0
+    assert cached["copy_ms"] == 1.5 and cached["speedup"] == 10.0 and base["speedup"] is None
+    assert cached["same_text"] == 1 and cached["first_divergence"] is None and base["same_text"] is None
+    assert base["text"] == cached["text"] == "Nara, 45 minutes."
+    assert base["peak_rss_bytes"] == 900_000_000
     assert row["created_at"].endswith("+00:00")
     assert set(COLUMNS) <= set(row)
     assert log.get(run_id + 1) is None
@@ -72,8 +79,9 @@ def test_export_csv_has_every_column_and_row(log, tmp_path):
     rows = list(csv.DictReader(open(out, encoding="utf-8")))
     assert [r["schema_name"] for r in rows] == ["travel", "doc_qa"]  # oldest first
     assert rows[1]["prompt_text"] == "p,\"2\"\nline"
-    assert rows[1]["first_divergence"] == "2" and rows[1]["same_text"] == "0"
-    assert list(rows[0]) == list(COLUMNS)
+    assert rows[1]["cached_first_divergence"] == "2" and rows[1]["cached_same_text"] == "0"
+    assert list(rows[0])[:len(COLUMNS)] == list(COLUMNS)
+    assert {"baseline_ttft_ms", "cached_ttft_ms", "cached_speedup"} <= set(rows[0]) and "prefix_ttft_ms" not in rows[0]
     only = list(csv.DictReader(io.StringIO(log.export_csv(schema="doc_qa"))))
     assert len(only) == 1
 
@@ -86,8 +94,8 @@ def test_export_csv_makes_formula_cells_inert(log, text):
     row = next(csv.DictReader(io.StringIO(log.export_csv())))
     assert row["cached_text"] == "'" + text
     assert row["baseline_text"] == "Nara, 45 minutes." and row["prompt_text"] == "Plain prompt"
-    assert row["first_token_kl"] == "-0.5" and row["speedup"] == "10.0"
-    assert log.runs()[0]["cached_text"] == text  # only the export is escaped, the log keeps the text
+    assert row["cached_first_token_kl"] == "-0.5" and row["cached_speedup"] == "10.0"
+    assert log.runs()[0]["arms"]["cached"]["text"] == text  # only the export is escaped, the log keeps the text
 
 
 def test_wal_mode_is_on(log):
@@ -156,7 +164,7 @@ def test_older_database_gains_new_columns(tmp_path):
     conn.close()
     log = RunLog(path)
     run_id = log.record(fake_comparison(), "s", "p")
-    assert log.get(run_id)["speedup"] == 10.0
+    assert log.get(run_id)["arms"]["cached"]["speedup"] == 10.0
 
 
 def test_module_memory_settings_are_recorded(log):
@@ -189,9 +197,6 @@ def test_database_from_before_module_memory_gains_its_columns(tmp_path):
     assert log.get(run_id)["storage_dtype"] == "float16" and log.count() == 2
 
 
-PREFIX_COLUMNS = [c for c in COLUMNS if c.startswith("prefix_")]
-
-
 def with_prefix_arm(**extra) -> dict:
     data = fake_comparison(**extra)
     data["arms"] = ["baseline", "prefix", "cached"]
@@ -208,31 +213,54 @@ def with_prefix_arm(**extra) -> dict:
 
 def test_prefix_arm_is_recorded(log):
     row = log.get(log.record(with_prefix_arm(), "s", "p"))
-    assert row["prefix_ttft_ms"] == 40.0 and row["prefix_reused_tokens"] == 180
-    assert row["prefix_prefilled_tokens"] == 120 and row["prefix_repeat"] == 0
-    assert row["prefix_warmed_with"].startswith("schema-order warm-up")
-    assert row["prefix_speedup"] == 2.5 and row["prefix_same_text"] == 1 and row["prefix_bytes"] == 4096
-    assert row["prefix_text"] == row["baseline_text"]
-    old = log.get(log.record(fake_comparison(), "s", "p"))  # no prefix arm: NULLs, not zeros
-    assert all(old[c] is None for c in PREFIX_COLUMNS)
+    pre = row["arms"]["prefix"]
+    assert pre["ttft_ms"] == 40.0 and pre["reused_tokens"] == 180 and pre["prefill_tokens"] == 120
+    assert pre["speedup"] == 2.5 and pre["same_text"] == 1 and row["prefix_bytes"] == 4096
+    assert pre["text"] == row["arms"]["baseline"]["text"]
+    assert json.loads(row["result_json"])["prefix"]["warmed_with"]["summary"].startswith("schema-order warm-up")
+    old = log.get(log.record(fake_comparison(), "s", "p"))  # no prefix arm: no row, no bytes
+    assert "prefix" not in old["arms"] and old["prefix_bytes"] is None
 
 
-def test_an_arm_left_out_is_recorded_as_nulls(log):
+def test_an_arm_left_out_has_no_row_and_its_figures_are_nulls(log):
     data = with_prefix_arm(speedup=None, same_text=None, first_token_agree=None, first_token_kl=None)
     data["cached"] = None
     row = log.get(log.record(data, "s", "p"))
-    assert row["cached_ttft_ms"] is None and row["same_text"] is None and row["prefix_ttft_ms"] == 40.0
+    assert list(row["arms"]) == ["baseline", "prefix"] and row["arms"]["prefix"]["ttft_ms"] == 40.0
 
 
-def test_database_from_before_the_prefix_arm_gains_its_columns(tmp_path):
-    path = tmp_path / "v2.db"
-    from sqlite_utils import Database
-
-    db = Database(path)
-    db["runs"].create({c: t for c, t in COLUMNS.items() if c not in PREFIX_COLUMNS}, pk="id")
-    db["runs"].insert({"created_at": "2026-01-01T00:00:00+00:00", "schema_name": "travel", "baseline_ttft_ms": 9.0})
-    db.close()
+def test_a_database_written_before_the_arm_table_is_migrated_with_nothing_lost(tmp_path):
+    """tests/data/runs-v1.db was written by the run log of commit 9d7bb5f (one wide row per run)."""
+    path = tmp_path / "runs.db"
+    shutil.copy(DATA / "runs-v1.db", path)
+    old = sqlite3.connect(path)
+    old.row_factory = sqlite3.Row
+    before = [dict(r) for r in old.execute("select * from runs order by id")]
+    old.close()
     log = RunLog(path)
-    assert set(PREFIX_COLUMNS) <= set(log.runs()[0]) and log.runs()[0]["prefix_ttft_ms"] is None
-    run_id = log.record(with_prefix_arm(), "s", "p")
-    assert log.get(run_id)["prefix_reused_tokens"] == 180 and log.count() == 2
+    after = {r["id"]: r for r in log.runs(limit=None)}
+    assert len(after) == len(before) == 4
+    for wide in before:
+        row = after[wide["id"]]
+        assert {k: row[k] for k in wide} == wide  # every old column and value is still there
+        for arm in ("baseline", "prefix", "cached"):
+            if wide[f"{arm}_ttft_ms"] is None:
+                assert arm not in row["arms"]
+                continue
+            got = row["arms"][arm]
+            assert got["ttft_ms"] == wide[f"{arm}_ttft_ms"] and got["text"] == wide[f"{arm}_text"]
+            assert got["new_tokens"] == wide[f"{arm}_new_tokens"]
+        if "cached" in row["arms"] and wide["speedup"] is not None:
+            c = row["arms"]["cached"]
+            assert (c["speedup"], c["same_text"], c["first_token_kl"]) == (
+                wide["speedup"], wide["same_text"], wide["first_token_kl"])
+        if "prefix" in row["arms"]:
+            assert row["arms"]["prefix"]["reused_tokens"] == wide["prefix_reused_tokens"]
+            assert row["arms"]["prefix"]["speedup"] == wide["prefix_speedup"]
+    RunLog(path)  # opening again adds nothing
+    conn = sqlite3.connect(path)
+    assert conn.execute(f"select count(*) from {ARM_TABLE}").fetchone()[0] == sum(len(r["arms"]) for r in after.values())
+    assert conn.execute("pragma user_version").fetchone()[0] == 2
+    conn.close()
+    new_id = log.record(with_prefix_arm(), "s", "p")  # and the migrated log takes new runs
+    assert list(log.get(new_id)["arms"]) == ["baseline", "prefix", "cached"]
