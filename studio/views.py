@@ -1,9 +1,11 @@
 """HTML the studio draws: status boxes, the token view, memory readouts, the compare columns, chips.
 
-Every function takes plain values (dicts of the ``run --json`` document, plans, store stats)
-and returns an HTML string; the user's text is always escaped. The compare view is generic over
-the arms a run had (:data:`ARM_VIEWS`), and the token view over token classes
-(:data:`TOKEN_CLASSES`): a new arm or a new kind of token is one entry in a table.
+Every function takes typed values (a :class:`engine.comparison.Comparison` and its
+:class:`engine.arms.ArmResult` s, plans, store stats) and returns an HTML string; the user's text
+is always escaped. A live run and one reopened from the run log (``Comparison.from_json``) take the
+same path. The compare view is generic over the registered arms (:data:`ARM_VIEWS`, made from
+``engine.arms.REGISTRY``), and the token view over token classes (:data:`TOKEN_CLASSES`): a new arm
+or a new kind of token is one entry in a table.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import html
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import engine.runner  # noqa: F401  (registers the arms)
+from engine.arms import REGISTRY, Arm
+from engine.comparison import Comparison
 from engine.config import short_dtype
 
 MB = 1_000_000
@@ -108,25 +113,26 @@ SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("uncached", "anonymous"): "template",
     ("uncached", "module"): "new",
 }
-MARKED_POSITIONS = {  # token class -> (arm, field of that arm in the run --json document listing positions)
-    "recomputed": ("cached", "recomputed_positions"),
+MARKED_POSITIONS = {  # token class -> (arm, RunResult field listing positions)
+    "recomputed": (Arm.CACHED, "recomputed_positions"),
 }
 
 
-def token_marks(data: dict | None) -> dict[str, set[int]]:
-    """Positions the run document puts in a class of their own (e.g. recomputed tokens), by class."""
+def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
+    """Positions a run puts in a class of their own (e.g. recomputed tokens), by class."""
     out: dict[str, set[int]] = {}
     for cls, (arm, key) in MARKED_POSITIONS.items():
-        positions = ((data or {}).get(arm) or {}).get(key)
+        res = comparison.arm(arm) if comparison is not None else None
+        positions = getattr(res.run, key) if res is not None else ()
         if positions:
             out[cls] = set(positions)
     return out
 
 
-def prefix_stop(data: dict | None) -> int | None:
+def prefix_stop(comparison: Comparison | None) -> int | None:
     """How many leading prompt tokens the prefix arm reused (where its reuse stopped), if it ran."""
-    pre = (data or {}).get("prefix") or {}
-    return pre.get("reused_tokens")
+    pre = comparison.arm(Arm.PREFIX) if comparison is not None else None
+    return None if pre is None else pre.run.reused_tokens
 
 
 def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int]] | None = None,
@@ -197,17 +203,13 @@ def memory_html(before: dict, after: dict) -> str:
 class ArmView:
     """How one arm of a comparison is shown: its column title, subtitle, plot colour."""
 
-    arm: str  # key in the run --json document and the on_token path
+    arm: str  # the arm's name: key in the run --json document and the on_token path
     title: str
     subtitle: str
     color: str
 
 
-ARM_VIEWS = (  # column order
-    ArmView("baseline", "Baseline", "full prefill of every prompt token", "#f97316"),
-    ArmView("prefix", "Prefix cache", "the longest cached prefix reused, the rest prefilled", "#0d9488"),
-    ArmView("cached", "Modular cache", "module KV reused, the rest prefilled", "#4f46e5"),
-)
+ARM_VIEWS = tuple(ArmView(a.value, s.title, s.subtitle, s.color) for a, s in REGISTRY.items())  # column order
 ARM_TITLES = {v.arm: v.title for v in ARM_VIEWS}
 
 
@@ -225,102 +227,99 @@ def column_html(text: str, active: bool, marker: int | None = None) -> str:
     return f'<div class="pml-output{" active" if active else ""}">{body or "&nbsp;"}{cursor}</div>'
 
 
-def reuse_counts(data: dict, arm: str) -> tuple[int, int]:
-    """(prompt tokens reused from a cache, tokens prefilled) by ``arm`` in a run document."""
-    run = data[arm]
-    default_reused = data.get("cached_tokens", 0) if arm == "cached" else 0
-    return (run.get("reused_tokens", default_reused), run.get("prefilled_tokens", run.get("prefill_tokens", 0)))
+def reuse_counts(comparison: Comparison, arm: str) -> tuple[int, int]:
+    """(prompt tokens reused from a cache, tokens prefilled) by ``arm``."""
+    run = comparison.arm(arm).run
+    return run.reused_tokens, run.prefill_tokens
 
 
-def metrics_html(data: dict | None, arm: str) -> str:
-    """An arm's readouts (TTFT, copy, decode, memory) and a chip with what it reused, from a run document."""
-    run = (data or {}).get(arm)
-    if not run:
+def metrics_html(comparison: Comparison | None, arm: str) -> str:
+    """An arm's readouts (TTFT, copy, decode, memory) and a chip with what it reused."""
+    res = comparison.arm(arm) if comparison is not None else None
+    if res is None:
         return '<div class="pml-metrics empty">TTFT, decode speed and memory appear here after a run.</div>'
-    reused, prefilled = reuse_counts(data, arm)
+    run = res.run
+    reused, prefilled = reuse_counts(comparison, arm)
     chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled</span>'
-    base = data.get("baseline")
-    if arm != "baseline" and base and run.get("ttft_ms"):
-        chips += f'<span class="badge good">{base["ttft_ms"] / run["ttft_ms"]:.1f}× faster first token</span>'
-    warmed = run.get("warmed_with")
-    if isinstance(warmed, dict):  # the JSON's warmed_with object: its one-line summary is what a chip can hold
-        warmed = warmed.get("summary")
+    speedup = comparison.speedup(arm)
+    if speedup is not None:
+        chips += f'<span class="badge good">{speedup:.1f}× faster first token</span>'
+    warmed = (res.detail.warmed_with or {}).get("summary") if arm == Arm.PREFIX and res.detail else None
     if warmed:
         chips += f'<span class="badge">held before this run: {html.escape(str(warmed))}</span>'
-    rows = [("TTFT", f"{run['ttft_ms']:.1f} ms"),
-            ("prefill", f"{run['prefill_tokens']} tokens in {run['prefill_ms']:.1f} ms")]
-    if arm != "baseline":
-        rows.append(("KV copy (in TTFT)", f"{run.get('copy_ms', 0.0):.1f} ms"))
-    dec = run.get("decode_ms_per_token")
-    rows += [("decode", "–" if dec is None else f"{dec:.1f} ms/token"),
-             ("new tokens", str(run["new_tokens"]))]
+    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
+    if arm != Arm.BASELINE:
+        rows.append(("KV copy (in TTFT)", f"{run.copy_ms:.1f} ms"))
+    dec = run.decode_ms_per_token
+    rows += [("decode", "–" if dec is None else f"{dec:.1f} ms/token"), ("new tokens", str(run.decode_tokens))]
     rows += kv_rows(run, arm)
-    rows += [("process peak", f"{run['peak_rss_bytes'] / MB:,.0f} MB RSS"
-              + (f" · {run['cuda_peak_bytes'] / MB:,.0f} MB GPU" if run.get("cuda_peak_bytes") else ""))]
+    rows += [("process peak", f"{run.peak_rss_bytes / MB:,.0f} MB RSS"
+              + (f" · {run.cuda_peak_bytes / MB:,.0f} MB GPU" if run.cuda_peak_bytes else ""))]
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="pml-arm-chips">{chips}</div><table class="pml-metrics">{cells}</table>'
 
 
-def kv_rows(run: dict, arm: str) -> list[tuple[str, str]]:
-    """The KV bytes an arm held: baseline its prompt buffer; prefix and cached what they read from a store
-    plus the run's buffer; and, after question retention, what decoding ran over."""
-    held = run.get("kv_held_bytes")
+def kv_rows(run, arm: str) -> list[tuple[str, str]]:
+    """The KV bytes an arm held (``run``: its RunResult): baseline its prompt buffer; prefix and cached what
+    they read from a store plus the run's buffer; and, after question retention, what decoding ran over."""
+    held = run.kv_held_bytes
     if not held:
         return []  # a run logged before these figures existed
-    store, buf = run.get("kv_store_bytes", 0), run.get("kv_buffer_used_bytes", 0)
-    source = {"prefix": "prefix cache", "cached": "modules"}.get(arm)
+    store, buf = run.kv_store_bytes, run.kv_buffer_used_bytes
+    source = {Arm.PREFIX.value: "prefix cache", Arm.CACHED.value: "modules"}.get(str(arm))
     detail = "prompt buffer" if source is None else f"{source} {store / MB:,.1f} + buffer {buf / MB:,.1f}"
     rows = [("KV held", f"{held / MB:,.1f} MB ({detail})")]
-    after = run.get("kv_buffer_bytes_after_retention") or buf
+    after = run.kv_buffer_bytes_after_retention or buf
     if after < buf:
         rows.append(("decoded over", f"{after / MB:,.1f} MB after retention ({after / buf:.0%} of the buffer)"))
     return rows
 
 
-def summary_html(result: dict | None, message: str = "") -> str:
+def summary_html(comparison: Comparison | None, message: str = "") -> str:
     """The line above the columns: speedup of the modular cache and how it agrees with the baseline."""
-    if not result:
+    if comparison is None:
         text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
         return f'<div class="pml-summary idle">{text}</div>'
-    speedup = result.get("speedup")
+    speedup = comparison.speedup(Arm.CACHED)
     big = "–" if speedup is None else f"{speedup:.1f}×"
     facts = []
-    if result.get("same_text") is not None:
-        facts.append('<span class="badge good">same text</span>' if result["same_text"]
-                     else f'<span class="badge warn">diverges at token {result["first_divergence"]}</span>')
-        facts.append('<span class="badge good">first token agrees</span>' if result["first_token_agree"]
+    agree = comparison.agreement(Arm.CACHED)
+    if agree is not None:
+        facts.append('<span class="badge good">same text</span>' if agree.same_text
+                     else f'<span class="badge warn">diverges at token {agree.first_divergence}</span>')
+        facts.append('<span class="badge good">first token agrees</span>' if agree.first_token_agree
                      else '<span class="badge warn">first token differs</span>')
-        facts.append(f'<span class="badge">first-token KL {result["first_token_kl"]:.4f}</span>')
-    facts.append(f'<span class="badge">{result["cached_tokens"]} of {result["prompt_tokens"]} prompt tokens '
-                 "in modules</span>")
-    facts.append(f'<span class="badge">{html.escape(result["storage"])} · {html.escape(result["mode"])}</span>')
-    facts += _repair_badges(result)
+        facts.append(f'<span class="badge">first-token KL {agree.first_token_kl:.4f}</span>')
+    p = comparison.prompt
+    facts.append(f'<span class="badge">{p.cached_tokens} of {p.prompt_tokens} prompt tokens in modules</span>')
+    facts.append(f'<span class="badge">{html.escape(comparison.store.device)} · {html.escape(comparison.mode)}</span>')
+    facts += _repair_badges(comparison)
     return (f'<div class="pml-summary"><div class="speedup"><span class="big">{big}</span>'
             f'<span class="sub">faster first token (modular cache)</span></div>'
-            f'<div class="facts">{"".join(facts)}{_memory_badges(result)}</div></div>')
+            f'<div class="facts">{"".join(facts)}{_memory_badges(comparison)}</div></div>')
 
 
-def _repair_badges(result: dict) -> list[str]:
+def _repair_badges(comparison: Comparison) -> list[str]:
     """How many cached tokens repair recomputed, and the share of the cached prefill they were."""
-    cached = result.get("cached") or {}
-    n = cached.get("recomputed_tokens") or 0
-    if not result.get("repair") and not n:
+    cached = comparison.cached
+    n = cached.recomputed_tokens if cached is not None else 0
+    if not comparison.repair and not n:
         return []
     if not n:
-        return [f'<span class="badge">repair K={result.get("repair")}: nothing to recompute</span>']
-    prefilled = cached.get("prefill_tokens") or n
-    cost = cached.get("prefill_ms", 0.0) * n / prefilled
-    return [f'<span class="badge tok-recomputed">repair K={result.get("repair")}: {n} cached tokens recomputed '
+        return [f'<span class="badge">repair K={comparison.repair}: nothing to recompute</span>']
+    prefilled = cached.prefill_tokens or n
+    cost = cached.prefill_ms * n / prefilled
+    return [f'<span class="badge tok-recomputed">repair K={comparison.repair}: {n} cached tokens recomputed '
             f'({n / prefilled:.0%} of the cached prefill, ≈{cost:.0f} ms of its TTFT)</span>']
 
 
-def _memory_badges(result: dict) -> str:
+def _memory_badges(comparison: Comparison) -> str:
     """Storage precision, retention and how the schema's units were obtained, as badges."""
-    comp = result.get("compression") or {}
+    comp = comparison.store.compression or {}
     kept = comp.get("retention")
     extra = "" if kept is None or kept >= 1.0 else f' · {retention_text(kept, comp.get("method"))} kept'
-    out = f'<span class="badge">{short_dtype(result.get("storage_dtype"))} storage{extra}</span>'
-    enc = result.get("encode")
+    out = f'<span class="badge">{short_dtype(comparison.store.dtype)} storage{extra}</span>'
+    enc = comparison.encode
     if enc:
         out += (f'<span class="badge">units: {enc.get("memory", 0)} memory · {enc.get("disk", 0)} disk · '
                 f'{enc.get("encoded", 0)} encoded</span>')

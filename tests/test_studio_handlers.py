@@ -20,6 +20,14 @@ from studio.tabs import model as mdl
 from studio.tabs import prompt as prm
 from studio.tabs import schema as sch
 from tests.conftest import ROOT
+from dataclasses import replace
+
+from engine.comparison import Comparison
+
+
+def doc(data: dict) -> Comparison:
+    """A comparison read back from a (partial) run --json document, as the History tab reads the run log."""
+    return Comparison.from_json(data)
 
 TRAVEL_PROMPT = """<prompt schema="travel">
   <trip-plan duration="5 days"><overseas><kyoto/></overseas></trip-plan>
@@ -220,12 +228,12 @@ def test_token_view_marks_extra_classes_from_the_run_document(studio, travel):
     plan = studio.engine.plan(studio.layout(schema), prompt)
     cached = next(s for s in plan.segments if s.kind == "cached" and s.source == "module")
     picked = set(cached.positions[:3])
-    marks = views.token_marks({"cached": {"recomputed_positions": sorted(picked)}})
+    marks = views.token_marks(doc({"cached": {"recomputed_positions": sorted(picked)}}))
     assert marks == {"recomputed": picked}
     html = views.token_view_html(plan, studio.decode_token, marks)
     assert html.count('<span class="tok tok-recomputed" title=') == 3
     assert "recomputed at run time" in html
-    assert views.token_marks({"cached": {"text": "x"}}) == {} and views.token_marks(None) == {}
+    assert views.token_marks(doc({"cached": {"text": "x"}})) == {} and views.token_marks(None) == {}
 
 
 def test_token_view_marks_where_prefix_reuse_stopped(studio, travel):
@@ -233,8 +241,8 @@ def test_token_view_marks_where_prefix_reuse_stopped(studio, travel):
 
     schema, prompt, _ = travel
     plan = studio.engine.plan(studio.layout(schema), prompt)
-    stop = views.prefix_stop({"prefix": {"reused_tokens": 5}})
-    assert stop == 5 and views.prefix_stop({"cached": {}}) is None
+    stop = views.prefix_stop(doc({"prefix": {"reused_tokens": 5}}))
+    assert stop == 5 and views.prefix_stop(doc({"cached": {"text": ""}})) is None
     body = views.token_view_html(plan, studio.decode_token, stop=stop).split('class="tok-body"')[1]
     before = body.split('class="tok-stop"')[0]
     assert len(re.findall(r'<span class="tok tok-', before)) == 5  # the mark sits after the 5 reused tokens
@@ -317,14 +325,15 @@ def test_compare_streams_each_arm_and_records_one_row(studio, travel):
     assert last_streamed.texts["cached"] == data["cached"]["text"]
     row = studio.runlog.get(final.run_id)
     assert row["schema_name"] == "travel" and row["schema_text"] == schema and row["prompt_text"] == prompt
-    assert row["baseline_ttft_ms"] == data["baseline"]["ttft_ms"] and row["cached_ttft_ms"] == data["cached"]["ttft_ms"]
+    assert row["arms"]["baseline"]["ttft_ms"] == data["baseline"]["ttft_ms"]
+    assert row["arms"]["cached"]["ttft_ms"] == data["cached"]["ttft_ms"]
     assert studio.runlog.count() == 1
 
 
 def row_prefix_ok(row, data) -> bool:
     """The run log keeps the prefix arm's own figures (not a copy of another arm's)."""
-    return (row["prefix_ttft_ms"] == data["prefix"]["ttft_ms"]
-            and row["prefix_reused_tokens"] == data["prefix"]["reused_tokens"])
+    return (row["arms"]["prefix"]["ttft_ms"] == data["prefix"]["ttft_ms"]
+            and row["arms"]["prefix"]["reused_tokens"] == data["prefix"]["reused_tokens"])
 
 
 def test_divergence_offsets_mark_where_the_texts_part(studio, travel):
@@ -362,21 +371,22 @@ def test_compare_json_is_the_engines_document(studio, travel):
 def test_arm_columns_follow_the_arms_that_ran():
     base = {"text": "a", "ttft_ms": 100.0, "copy_ms": 0.0, "prefill_ms": 99.0, "prefill_tokens": 300,
             "decode_ms_per_token": 50.0, "new_tokens": 2, "peak_rss_bytes": 9e8, "cuda_peak_bytes": None}
-    doc = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "baseline": base,
-           "prefix": {**base, "ttft_ms": 40.0, "reused_tokens": 200, "prefilled_tokens": 100,
+    data = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "baseline": base,
+           "prefix": {**base, "ttft_ms": 40.0, "reused_tokens": 200, "prefilled_tokens": 100, "prefill_tokens": 100,
                       "warmed_with": {"summary": "schema-order warm-up (3 modules, 516 tokens) + 0 earlier runs",
                                       "warmup": {"schema": "travel", "tokens": 516}, "earlier_runs": 0}},
-           "cached": {**base, "ttft_ms": 10.0, "prefill_tokens": 20}}
-    assert "200 reused · 100 prefilled" in views.metrics_html(doc, "prefix")
-    chip = views.metrics_html(doc, "prefix")
+           "cached": {**base, "ttft_ms": 10.0, "prefill_tokens": 20, "reused_tokens": 280}}
+    c = doc(data)
+    assert "200 reused · 100 prefilled" in views.metrics_html(c, "prefix")
+    chip = views.metrics_html(c, "prefix")
     assert "2.5× faster" in chip and "held before this run: schema-order warm-up (3 modules, 516 tokens)" in chip
     assert "{" not in chip.split("held before this run")[1].split("</span>")[0]  # the summary, not the JSON object
-    assert "280 reused · 20 prefilled" in views.metrics_html(doc, "cached") and "10.0×" in views.metrics_html(doc,
+    assert "280 reused · 20 prefilled" in views.metrics_html(c, "cached") and "10.0×" in views.metrics_html(c,
                                                                                                              "cached")
-    assert "0 reused · 300 prefilled" in views.metrics_html(doc, "baseline")
-    assert "KV copy" not in views.metrics_html(doc, "baseline") and "KV copy" in views.metrics_html(doc, "cached")
-    two = {**doc, "arms": ["baseline", "cached"], "prefix": None}
-    assert "appear here after a run" in views.metrics_html(two, "prefix")
+    assert "0 reused · 300 prefilled" in views.metrics_html(c, "baseline")
+    assert "KV copy" not in views.metrics_html(c, "baseline") and "KV copy" in views.metrics_html(c, "cached")
+    two = {**data, "arms": ["baseline", "cached"], "prefix": None}
+    assert "appear here after a run" in views.metrics_html(doc(two), "prefix")
     assert [v.arm for v in views.ARM_VIEWS] == ["baseline", "prefix", "cached"]
 
 
@@ -394,9 +404,11 @@ def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatc
     data = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "prompt_tokens": 300, "speedup": 10.0,
             "same_text": False, "first_divergence": 3, "first_token_agree": True, "first_token_kl": 0.01,
             "storage": "cpu", "mode": "prefixed", "storage_dtype": "float32",
-            **{arm: {**base, "text": runs[arm].text, "reused_tokens": 7, "prefilled_tokens": 293}
+            **{arm: {**base, "text": runs[arm].text, "reused_tokens": 7, "prefilled_tokens": 293, "prefill_tokens": 293}
                for arm in ("baseline", "prefix", "cached")}}
-    comparison = SimpleNamespace(arms=tuple(data["arms"]), plan=plan, **runs)
+    read = doc(data)
+    arms = {a: replace(r, run=replace(r.run, token_ids=runs[a.value].token_ids)) for a, r in read.arms.items()}
+    comparison = replace(read, arms=arms, plan=plan)
 
     def fake_stream(*args, **kw):
         yield cmp.CompareUpdate("prefix", {"baseline": "x", "prefix": "y", "cached": ""}, tuple(data["arms"]))
@@ -411,10 +423,11 @@ def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatc
     k = next(i for i, (x, y) in enumerate(zip(ids["baseline"], ids["cached"])) if x != y)
     assert "prefix" not in marks and marks["cached"] == marks["baseline"] == len(tok.decode(ids["cached"][:k])) > 0
     assert '<mark class="diverge">' in columns[2][1] and '<mark class="diverge">' not in columns[1][1]
-    assert "7 reused · 293 prefilled" in columns[1][2]
+    assert "7 reused · 293 prefilled" in columns[1][2]  # the arm's own prefill count
     data2 = {**data, "arms": ["baseline", "cached"], "prefix": None}
     monkeypatch.setattr(cmp, "compare_stream", lambda *a, **k: iter(
-        [cmp.CompareUpdate("done", {}, ("baseline", "cached"), "", data2, 1, comparison)]))
+        [cmp.CompareUpdate("done", {}, ("baseline", "cached"), "", data2, 1,
+                           replace(comparison, arms={a: r for a, r in comparison.arms.items() if a != "prefix"}))]))
     (done,) = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
     assert [done[1 + 3 * i].visible for i in range(3)] == [True, False, True]
 
@@ -467,7 +480,12 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     data = cmp.compare_json(studio, schema, prompt, 2, settings=settings(storage_dtype="float16"))
     rows = hist.rows(studio)
     assert len(rows) == 1 and rows[0][2] == "travel" and len(rows[0]) == len(hist.HEADERS)
-    assert rows[0][6] == f"{data['baseline']['ttft_ms']:.0f} ms" and rows[0][8] == f"{data['speedup']:.1f}×"
+    cells = dict(zip(hist.HEADERS, rows[0]))
+    assert cells["Baseline TTFT"] == f"{data['baseline']['ttft_ms']:.0f} ms"
+    same = "same" if data["same_text"] else f"diverges at {data['first_divergence']}"
+    assert cells["Modular cache TTFT"] == f"{data['cached']['ttft_ms']:.0f} ms · {data['speedup']:.1f}× · {same}"
+    detail = hist.run_detail(studio, rows[0][0])  # the logged run, drawn by the Compare tab's views
+    assert detail.count('class="col-head"') == 3 and f"{data['speedup']:.1f}×" in detail
     assert hist.rows(studio, "doc_qa") == []
     plot = hist.plot_points(studio, "all")
     assert sorted(zip(plot["path"], plot["TTFT ms"])) == [(arm, data[arm]["ttft_ms"])
@@ -630,7 +648,7 @@ def test_run_log_records_storage_settings_and_sources(studio, travel):
     assert row["budget_bytes"] == studio.engine.store("cpu").budget_bytes and row["evictions"] == 0
     cell = hist.rows(studio)[0][4]
     assert "fp16" in cell and "50 % uniform" in cell
-    assert "fp16" in views.summary_html(data) and "units:" in views.summary_html(data)
+    assert "fp16" in views.summary_html(doc(data)) and "units:" in views.summary_html(doc(data))
     again = list(cmp.compare_stream(studio, schema, prompt, 2, settings=chosen))[-1].result
     assert again["encode"]["encoded"] == 0 and again["encode"]["memory"] == units
     assert studio.runlog.count() == 2
@@ -836,12 +854,12 @@ def test_repair_setting_reaches_the_run_and_the_token_view(studio, travel):
     schema, prompt, _ = travel
     data = cmp.compare_json(studio, schema, prompt, 2, settings=settings(mode="isolated", repair=4.0, sink=0))
     assert data["repair"] == 4 and data["cached"]["recomputed_tokens"] == len(data["cached"]["recomputed_positions"]) > 0
-    summary = views.summary_html(data)
+    summary = views.summary_html(doc(data))
     assert f"{data['cached']['recomputed_tokens']} cached tokens recomputed" in summary
-    marks = views.token_marks(data)
+    marks = views.token_marks(doc(data))
     assert marks["recomputed"] == set(data["cached"]["recomputed_positions"])
     off = cmp.compare_json(studio, schema, prompt, 2, settings=settings(mode="isolated", repair=0))
-    assert off["cached"]["recomputed_tokens"] == 0 and "recomputed" not in views.summary_html(off)
+    assert off["cached"]["recomputed_tokens"] == 0 and "recomputed" not in views.summary_html(doc(off))
     with pytest.raises(gr.Error, match="repair must be a whole number from 0 to 64"):
         cmp.compare_json(studio, schema, prompt, 2, settings=settings(repair=65))
 
@@ -871,16 +889,17 @@ def test_packaged_picker_names_every_packaged_model_and_refuses_an_uninstalled_o
 
 
 def test_compare_columns_show_the_kv_each_arm_held():
+    from engine.runner import RunResult
     from studio.views import kv_rows, metrics_html
 
     base = {"kv_held_bytes": 4_000_000, "kv_buffer_used_bytes": 4_000_000, "kv_store_bytes": 0}
     cached = {"kv_held_bytes": 7_000_000, "kv_buffer_used_bytes": 4_000_000, "kv_store_bytes": 3_000_000,
               "kv_buffer_bytes_after_retention": 2_000_000}
-    assert kv_rows(base, "baseline") == [("KV held", "4.0 MB (prompt buffer)")]
-    rows = dict(kv_rows(cached, "cached"))
+    assert kv_rows(RunResult.from_json("baseline", base), "baseline") == [("KV held", "4.0 MB (prompt buffer)")]
+    rows = dict(kv_rows(RunResult.from_json("cached", cached), "cached"))
     assert rows["KV held"] == "7.0 MB (modules 3.0 + buffer 4.0)"
     assert rows["decoded over"].startswith("2.0 MB after retention (50%")
-    assert kv_rows({"kv_held_bytes": 0}, "prefix") == []  # an old run-log row
+    assert kv_rows(RunResult.from_json("prefix", {"kv_held_bytes": 0}), "prefix") == []  # an old run-log row
     run = dict(cached, ttft_ms=10.0, prefill_tokens=3, prefill_ms=5.0, new_tokens=2, peak_rss_bytes=1e9,
                decode_ms_per_token=2.0)
-    assert "modules 3.0 + buffer 4.0" in metrics_html({"cached": run}, "cached")
+    assert "modules 3.0 + buffer 4.0" in metrics_html(doc({"cached": run}), "cached")

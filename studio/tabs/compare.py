@@ -175,16 +175,16 @@ def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
 
     The baseline is marked at the earliest divergence of any other arm.
     """
-    from engine.runner import first_divergence
+    from engine.arms import first_divergence
 
-    base = getattr(comparison, "baseline", None)
+    base = comparison.baseline
     out: dict[str, int | None] = {}
     if base is None:
         return out
     first: dict[str, int] = {}
-    for arm in comparison.arms:
-        run = getattr(comparison, arm, None)
-        k = None if arm == "baseline" or run is None else first_divergence(base.token_ids, run.token_ids)
+    for arm, res in comparison.arms.items():
+        arm, run = arm.value, res.run
+        k = None if arm == "baseline" else first_divergence(base.token_ids, run.token_ids)
         if k is not None:
             first[arm] = k
             out[arm] = _chars(studio, run, k)
@@ -210,15 +210,16 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                              gr.skip()]
                 yield (summary_html(None, upd.message), *cols, gr.skip(), gr.skip(), gr.skip())
                 continue
-            data, marks = upd.result, divergence_offsets(studio, upd.comparison)
+            comparison = upd.comparison
+            marks = divergence_offsets(studio, comparison)
             cols = []
             for view in ARM_VIEWS:
-                ran = data.get(view.arm) is not None
+                ran = comparison.arm(view.arm) is not None
                 cols += [gr.Column(visible=ran), column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm)),
-                         metrics_html(data, view.arm)]
-            tokens = token_view_html(upd.comparison.plan, studio.decode_token, token_marks(data),
-                                     prefix_stop(data))
-            yield (summary_html(data), *cols, tokens, data, studio.status_html())
+                         metrics_html(comparison, view.arm)]
+            tokens = token_view_html(comparison.plan, studio.decode_token, token_marks(comparison),
+                                     prefix_stop(comparison))
+            yield (summary_html(comparison), *cols, tokens, upd.result, studio.status_html())
     except gr.Error as err:
         yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(ARM_VIEWS) + 3)
         raise

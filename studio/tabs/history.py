@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
 import gradio as gr
 
+from engine.comparison import Comparison
 from engine.config import short_dtype
+
+from .. import views
 
 from ..settings import Panel
 from ..state import Studio
@@ -16,8 +20,8 @@ from .compare import CompareTab
 from .editors import Editors, Step
 from .schema import SchemaTab
 
-HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)", "TTFT baseline", "TTFT cached",
-           "speedup", "same text", "KL"]
+RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)"]
+HEADERS = RUN_HEADERS + [f"{v.title} TTFT" for v in ARM_VIEWS]  # then one column per arm: TTFT · speedup · agreement
 PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "path", "run", "schema"]
 
 
@@ -36,6 +40,7 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
                             elem_id="selected-run")
         open_btn = gr.Button("Open in editor", size="md", scale=1)
         rerun_btn = gr.Button("Re-run", variant="primary", size="md", scale=1)
+    detail = gr.HTML(views.summary_html(None, "Click a row to see its run."), elem_id="history-detail")
     plot = gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="path", label="TTFT over prompt length", height=320,
                           color_map={v.arm: v.color for v in ARM_VIEWS})
     gr.Markdown(f"Run log: `{studio.runlog.path}`", elem_classes=["pml-note"])
@@ -45,7 +50,8 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
     tab.select(*refresh, show_progress="hidden")
     refresh_btn.click(*refresh)
     which.input(*refresh, show_progress="hidden")
-    table.select(_pick_row, None, run_id, show_progress="hidden")
+    table.select(_pick_row, None, run_id, show_progress="hidden").then(
+        partial(_detail_ui, studio), run_id, detail, show_progress="hidden")
 
     fields = list(panel.widgets)
     opened = [editors.schema, editors.prompt, compare.max_new, compare.temperature] + panel.inputs + [tabs]
@@ -61,28 +67,50 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
 # ----------------------------------------------------------------------------------------------
 
 def rows(studio: Studio, schema: str | None = None) -> list[list]:
-    """Rows of the history table, newest first."""
+    """Rows of the history table, newest first: the run, then each registered arm's cell."""
     out = []
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
-        out.append([r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), r["schema_name"],
-                    r["model"], storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})",
-                    _ms(r["baseline_ttft_ms"]), _ms(r["cached_ttft_ms"]),
-                    "–" if r["speedup"] is None else f"{r['speedup']:.1f}×",
-                    "yes" if r["same_text"] else f"no (token {r['first_divergence']})",
-                    "–" if r["first_token_kl"] is None else f"{r['first_token_kl']:.4f}"])
+        cells = [r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), r["schema_name"],
+                 r["model"], storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})"]
+        out.append(cells + [arm_cell(r["arms"].get(v.arm)) for v in ARM_VIEWS])
     return out
 
 
+def arm_cell(arm: dict | None) -> str:
+    """'812 ms · 6.1× · same' / '… · diverges at 3' from an arm row; '–' for an arm that did not run."""
+    if not arm or arm.get("ttft_ms") is None:
+        return "–"
+    parts = [_ms(arm["ttft_ms"])]
+    if arm.get("speedup") is not None:
+        parts.append(f"{arm['speedup']:.1f}×")
+    if arm.get("same_text") is not None:
+        parts.append("same" if arm["same_text"] else f"diverges at {arm['first_divergence']}")
+    return " · ".join(parts)
+
+
+def run_detail(studio: Studio, run_id) -> str:
+    """A logged run shown as the Compare tab shows a live one: its document read back once
+    (``Comparison.from_json``), then the same summary and per-arm readouts."""
+    row = open_run(studio, run_id)
+    try:
+        comparison = Comparison.from_json(json.loads(row["result_json"] or "{}"))
+    except (ValueError, TypeError, KeyError) as err:
+        return views.error_html(f"run {row['id']} has no readable result document ({err}); re-run it")
+    cells = "".join(f'<div class="pml-col {v.arm}">{views.head_html(v)}{views.column_html(res.run.text, False)}'
+                    f"{views.metrics_html(comparison, v.arm)}</div>"
+                    for v in ARM_VIEWS if (res := comparison.arm(v.arm)) is not None)
+    return f'{views.summary_html(comparison)}<div class="pml-history-arms">{cells}</div>'
+
+
 def plot_points(studio: Studio, schema: str | None = None):
-    """Long-format table for the TTFT plot: one point per run and arm (``ARM_ttft_ms`` columns)."""
+    """Long-format table for the TTFT plot: one point per run and arm."""
     import pandas as pd
 
     points = []
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
-        for view in ARM_VIEWS:
-            ttft = r.get(f"{view.arm}_ttft_ms")
-            if ttft is not None:
-                points.append([r["prompt_tokens"], ttft, view.arm, r["id"], r["schema_name"]])
+        for arm, figures in r["arms"].items():
+            if figures.get("ttft_ms") is not None:
+                points.append([r["prompt_tokens"], figures["ttft_ms"], arm, r["id"], r["schema_name"]])
     return pd.DataFrame(points, columns=PLOT_COLUMNS)
 
 
@@ -129,6 +157,13 @@ def _refresh_ui(studio: Studio, downloads: Path, schema_filter: str):
     value = schema_filter if schema_filter in choices else "all"
     return (rows(studio, value), plot_points(studio, value), gr.update(choices=choices, value=value),
             export_csv(studio, value, downloads))
+
+
+def _detail_ui(studio: Studio, run_id):
+    try:
+        return run_detail(studio, run_id)
+    except gr.Error as err:
+        return views.error_html(err.message)
 
 
 def _pick_row(evt: gr.SelectData):
