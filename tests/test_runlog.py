@@ -264,3 +264,20 @@ def test_a_database_written_before_the_arm_table_is_migrated_with_nothing_lost(t
     conn.close()
     new_id = log.record(with_prefix_arm(), "s", "p")  # and the migrated log takes new runs
     assert list(log.get(new_id)["arms"]) == ["baseline", "prefix", "cached"]
+
+
+def test_the_studio_history_opens_a_database_written_before_the_arm_table(tmp_path, tiny_engine):
+    from studio.state import Studio
+    from studio.tabs import history
+
+    path = tmp_path / "runs.db"
+    shutil.copy(DATA / "runs-v1.db", path)
+    studio = Studio(tiny_engine, RunLog(path))
+    rows = history.rows(studio)
+    assert [r[0] for r in rows] == [4, 3, 2, 1]
+    cells = dict(zip(history.HEADERS, rows[-1]))  # run 1 had all three arms
+    assert cells["Baseline TTFT"].endswith(" ms") and "×" in cells["Prefix cache TTFT"]
+    assert dict(zip(history.HEADERS, rows[1]))["Baseline TTFT"] == "–"  # run 3 ran the cached arm alone
+    detail = history.run_detail(studio, 1)
+    assert detail.count('class="col-head"') == 3 and "faster first token" in detail
+    assert len(history.plot_points(studio)) == 3 + 2 + 1 + 2
