@@ -72,8 +72,8 @@ class EncodedSchema:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
 
     def bytes_by_module(self, store: ModuleStore) -> dict[str, int]:
-        out = {EntryName.module(path): store.entry_bytes(k) for path, k in self.module_keys.items()}
-        out.update({EntryName.scaffold(name): store.entry_bytes(k) for name, k in self.scaffold_keys.items()})
+        out = {str(EntryName.module(path)): store.entry_bytes(k) for path, k in self.module_keys.items()}
+        out.update({str(EntryName.scaffold(name)): store.entry_bytes(k) for name, k in self.scaffold_keys.items()})
         return out
 
     def nbytes(self, store: ModuleStore) -> int:

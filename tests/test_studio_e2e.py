@@ -56,7 +56,8 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
     assert len(rows) == 2  # both API calls, not the direct engine call
     row = rows[-1]
     assert row["schema_name"] == "travel" and row["schema_text"] == schema and row["prompt_text"] == prompt
-    assert row["baseline_ttft_ms"] == data["baseline"]["ttft_ms"] and row["cached_text"] == data["cached"]["text"]
+    assert row["arms"]["baseline"]["ttft_ms"] == data["baseline"]["ttft_ms"]
+    assert row["arms"]["cached"]["text"] == data["cached"]["text"]
     assert row["storage_dtype"] == "float32" and row["retention"] == 1.0 and row["compression_method"] == "pyramid"
     units = count_units(tiny_engine.layout(schema))
     assert (row["units_memory"], row["units_disk"], row["units_encoded"]) == (0, 0, units)

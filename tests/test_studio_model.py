@@ -1,0 +1,101 @@
+"""Studio handlers called directly (no server), on the tiny random-weight Llama — Model tab and the app shell: no load at import, the model panel, packaged models."""
+
+from __future__ import annotations
+
+import ast
+import csv
+
+import gradio as gr
+import pytest
+
+from engine.runlog import RunLog
+from studio import builder as b
+from studio import files, views
+from studio.settings import Panel
+from studio.state import Studio
+from studio.tabs import compare as cmp
+from studio.tabs import encode as enc
+from studio.tabs import history as hist
+from studio.tabs import model as mdl
+from studio.tabs import prompt as prm
+from studio.tabs import schema as sch
+from tests.conftest import ROOT
+
+from tests.studio_fixtures import CPU, TRAVEL_PROMPT, doc, settings, studio, travel  # noqa: F401 (fixtures)
+
+
+def test_model_panel_does_not_load_a_model(tmp_path):
+    from engine.session import Engine
+
+    eng = Engine()
+    s = Studio(eng, RunLog(tmp_path / "r.db"))
+    rows = dict(mdl.model_info(s))
+    assert "not loaded" in rows["status"] and "GPU storage" in rows
+    assert str(tmp_path / "r.db") in s.status_html()
+    assert not eng.loaded
+
+
+def test_model_panel_with_a_loaded_model(studio, tiny_lm):
+    rows = dict(mdl.model_info(studio))
+    assert rows["name"] == "tiny-llama" and rows["dtype"] == "float32"
+    assert int(rows["KV bytes per token"].replace(",", "")) == studio.engine.kv_bytes_per_token()
+    assert rows["layers · KV heads · head dim"] == "2 · 2 · 16"
+
+
+def test_loading_a_missing_folder_is_a_gr_error(studio, tmp_path):
+    before = studio.engine
+    with pytest.raises(gr.Error, match="not a folder"):
+        mdl.load_model(studio, str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(gr.Error, match="config.json"):
+        mdl.load_model(studio, str(tmp_path / "empty"))
+    assert studio.engine is before
+
+
+def test_build_app_loads_nothing_and_exposes_compare(tmp_path):
+    from engine.session import Engine
+    from studio.app import build_app
+
+    eng = Engine()
+    demo = build_app(eng, RunLog(tmp_path / "r.db"))
+    public = [fn.api_name for fn in demo.fns.values() if fn.api_visibility == "public"]
+    assert public == ["compare"]
+    assert not eng.loaded
+
+
+def test_studio_functions_are_short_and_use_no_private_engine_names():
+    long, private = [], []
+    for path in sorted((ROOT / "studio").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 100:
+                    long.append(f"{path.name}:{node.name} ({n} lines)")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("engine"):
+                private += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert long == [] and private == []
+
+
+def test_model_panel_says_architecture_attention_and_whether_the_family_is_tested(studio, tiny_lm):
+    rows = dict(mdl.model_info(studio))
+    assert rows["architecture"].startswith("LlamaForCausalLM")
+    assert rows["attention"].startswith("registered PML attention")
+    assert rows["sliding window"].startswith("none")
+    assert rows["family tested"].startswith("yes")
+
+
+def test_packaged_picker_names_every_packaged_model_and_refuses_an_uninstalled_one(studio, monkeypatch):
+    from engine import models
+
+    keys = [key for _, key in mdl.packaged_choices()]
+    assert keys == list(models.PACKAGED)
+    monkeypatch.setattr(models, "packaged_models", lambda: [
+        {"key": "gemma3-270m", "name": "gemma-3-270m", "installed": False, "converted": False,
+         "install": "`make gemma3`", "note": "Gemma 3 270M"}])
+    before = studio.engine
+    with pytest.raises(gr.Error, match="make gemma3"):
+        mdl.load_packaged(studio, "gemma3-270m")
+    with pytest.raises(gr.Error, match="pick a packaged model"):
+        mdl.load_packaged(studio, None)
+    assert studio.engine is before
