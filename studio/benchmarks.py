@@ -2,8 +2,8 @@
 
 Every reader takes the results folder as a parameter (tests point it at a temporary folder) and
 never fails on a missing or unreadable file: it says how to produce it instead. The small
-scaling run measures with ``bench.workloads.ttft_point`` — the code bench/scaling.py runs —
-and never writes into bench/results (that is the benchmarks' job).
+scaling run measures with ``studio.docqa`` — the code bench/scaling.py runs through
+bench/workloads.py — and never writes into bench/results (that is the benchmarks' job).
 """
 
 from __future__ import annotations
@@ -331,7 +331,8 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
     and a one-line note; raises gr.Error on problems. Writes no file.
     """
     from engine.session import Engine
-    from bench.workloads import essay_chunks, ttft_point
+
+    from .docqa import doc_qa, essay_chunks, ttft_point
 
     try:
         if progress:
@@ -351,7 +352,7 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
             for i, n in enumerate(targets):
                 if progress:
                     progress(i, len(targets), f"{n} tokens: warm-up, baseline and cached")
-                rows.append(ttft_point(bench, n, reps, SMALL_NEW_TOKENS, chunks))
+                rows.append(ttft_point(bench, doc_qa(bench, n, SMALL_NEW_TOKENS, chunks), reps))
         if progress:
             progress(len(targets), len(targets), "done")
     except gr.Error:
