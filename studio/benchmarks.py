@@ -3,9 +3,10 @@
 The results folder is, first found: the folder given (``pml-studio serve --results DIR``, tests'
 temporary folders), ``$PML_STUDIO_RESULTS``, the checkout's bench/results, or the copy of it that
 ``pip install`` puts inside this package (``studio/results``, see pyproject's package-dir). Every
-reader takes the folder as a parameter and never fails on a missing or unreadable file: it says how to produce it instead. The small
-scaling run measures with ``studio.docqa`` — the code bench/scaling.py runs through
-bench/workloads.py — and never writes into bench/results (that is the benchmarks' job).
+reader takes the folder as a parameter and never fails on a missing or unreadable file: it says
+how to produce it instead. The small scaling run measures with ``studio.docqa`` — the code
+bench/scaling.py runs through bench/workloads.py — and never writes into bench/results (that is
+the benchmarks' job).
 """
 
 from __future__ import annotations
