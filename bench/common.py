@@ -1,7 +1,8 @@
 """Shared pieces of the benchmarks: results folder, machine facts, tables, JSON output.
 
-The workloads themselves (essay text, schema builders, one TTFT measurement) live in
-``bench/workloads.py`` so the studio's Benchmarks tab runs exactly the same code.
+The workloads themselves (essay text, schema builders, one TTFT measurement) are re-exported from
+``bench/workloads.py``, which builds on ``studio/docqa.py``: the studio's Benchmarks tab runs exactly
+the same code, without importing bench/.
 """
 
 from __future__ import annotations

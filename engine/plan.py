@@ -5,7 +5,7 @@ the order the baseline reads them. Each segment says whether the cached run take
 the module store (``cached``) or prefills it (``uncached``), and at which position ids.
 No torch here.
 
-Placement rules (written down in the README, "How prompts are laid out"):
+Placement rules (docs/pml-spec.md, section 6.1):
 
 * Imported modules keep their schema positions; anonymous schema text is always included.
 * An argument replaces its param's placeholders at the param's positions; a param left

@@ -1,6 +1,6 @@
 """PML parsing and validation: schema and prompt documents → frozen dataclasses.
 
-The contract is ``shared/pml-spec.md`` (sections 1 and 5). This is the only module that
+The language is ``docs/pml-spec.md`` (sections 1 and 5). This is the only module that
 touches lxml. The parser never resolves entities, never loads a DTD, never touches the
 network and never reads a file named inside a document; a DOCTYPE is rejected outright.
 Problems are collected (as many as can be found in one pass) and raised together as one

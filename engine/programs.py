@@ -1,6 +1,6 @@
 """Prompt programs: a decorated Python function compiled to a PML schema, and a call to a prompt.
 
-The contract is ``shared/pml-spec.md`` section 8. The function is never executed: its source is
+The contract is ``docs/pml-spec.md`` section 8. The function is never executed: its source is
 parsed with :mod:`ast` when it is decorated, and every construct is translated or rejected then,
 with the file, line and a suggestion (:class:`ProgramError`).
 

@@ -53,8 +53,9 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
                             storage_dtype, retention, compression, api_name="/compare")
 
     (the last three are optional) returns the same JSON document as ``pml-studio run --json`` and
-    records the run. The Benchmarks tab reads ``results_dir`` (default bench/results) and the plots
-    in ``assets_dir`` (default assets/).
+    records the run. The Benchmarks tab reads ``results_dir`` (default: ``$PML_STUDIO_RESULTS``, else
+    bench/results, else the results installed with the package) and the plots in ``assets_dir``
+    (default assets/).
     """
     studio = Studio(engine, runlog)
     downloads = Path(tempfile.mkdtemp(prefix="pml-studio-"))
@@ -82,8 +83,8 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
             with gr.Tab("6 · Model", id="model") as model_tab:
                 model.build(studio, model_tab, schema_tab, prompt_tab, status)
             with gr.Tab("7 · Benchmarks", id="benchmarks") as bench_tab:
-                benchmarks.build(studio, bench_tab, Path(results_dir or bench.RESULTS), Path(assets_dir or bench.ASSETS),
-                                 status)
+                benchmarks.build(studio, bench_tab, bench.results_folder(results_dir),
+                                 Path(assets_dir or bench.ASSETS), status)
 
         # First paint: validate the preloaded sample, fill the builder, preview the prompt, list runs.
         demo.load(*schema_tab.validate).then(*docs.sync).then(*prompt_tab.preview).then(*refresh)

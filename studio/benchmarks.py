@@ -1,9 +1,12 @@
 """The Benchmarks tab's handlers: read bench/results/*.json into tables, and run scaling at small sizes.
 
-Every reader takes the results folder as a parameter (tests point it at a temporary folder) and
-never fails on a missing or unreadable file: it says how to produce it instead. The small
-scaling run measures with ``bench.workloads.ttft_point`` — the code bench/scaling.py runs —
-and never writes into bench/results (that is the benchmarks' job).
+The results folder is, first found: the folder given (``pml-studio serve --results DIR``, tests'
+temporary folders), ``$PML_STUDIO_RESULTS``, the checkout's bench/results, or the copy of it that
+``pip install`` puts inside this package (``studio/results``, see pyproject's package-dir). Every
+reader takes the folder as a parameter and never fails on a missing or unreadable file: it says
+how to produce it instead. The small scaling run measures with ``studio.docqa`` — the code
+bench/scaling.py runs through bench/workloads.py — and never writes into bench/results (that is
+the benchmarks' job).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,7 +27,10 @@ from engine.errors import EngineError
 log = logging.getLogger("pml-studio")
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+CHECKOUT_RESULTS = ROOT / "bench" / "results"  # where the bench scripts write
+INSTALLED_RESULTS = Path(__file__).resolve().parent / "results"  # the copy an installed package carries
+RESULTS = CHECKOUT_RESULTS if CHECKOUT_RESULTS.is_dir() else INSTALLED_RESULTS
+RESULTS_ENV = "PML_STUDIO_RESULTS"
 ASSETS = ROOT / "assets"
 PLOTS = {"scaling": "scaling.png", "fidelity": "fidelity.png"}
 SMALL_LENGTHS = (256, 512, 1024)  # what the tab offers
@@ -62,9 +69,14 @@ class Result:
         return self.data is not None
 
 
+def results_folder(folder: str | Path | None = None) -> Path:
+    """``folder`` when given, else ``$PML_STUDIO_RESULTS``, else :data:`RESULTS`."""
+    return Path(folder or os.environ.get(RESULTS_ENV) or RESULTS)
+
+
 def read_result(name: str, folder: str | Path | None = None) -> Result:
-    """``bench/results/NAME.json`` (or ``folder/NAME.json``); data None with the reason when unusable."""
-    path = Path(folder or RESULTS) / f"{name}.json"
+    """``NAME.json`` in :func:`results_folder`; data None with the reason when unusable."""
+    path = results_folder(folder) / f"{name}.json"
     if not path.exists():
         return Result(name, path, None, f"not run yet: `{command(name)}`")
     try:
@@ -331,7 +343,8 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
     and a one-line note; raises gr.Error on problems. Writes no file.
     """
     from engine.session import Engine
-    from bench.workloads import essay_chunks, ttft_point
+
+    from .docqa import doc_qa, essay_chunks, ttft_point
 
     try:
         if progress:
@@ -351,7 +364,7 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
             for i, n in enumerate(targets):
                 if progress:
                     progress(i, len(targets), f"{n} tokens: warm-up, baseline and cached")
-                rows.append(ttft_point(bench, n, reps, SMALL_NEW_TOKENS, chunks))
+                rows.append(ttft_point(bench, doc_qa(bench, n, SMALL_NEW_TOKENS, chunks), reps))
         if progress:
             progress(len(targets), len(targets), "done")
     except gr.Error:

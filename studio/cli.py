@@ -1,7 +1,7 @@
 """The ``pml-studio`` console script: the engine's commands plus ``serve`` (launch the studio).
 
 The engine's CLI knows nothing of the studio; this entry point sits above both and adds the
-one command that needs the UI.
+one command that needs the UI. ``python app.py`` takes the same options as ``serve``.
 """
 
 from __future__ import annotations
@@ -9,21 +9,26 @@ from __future__ import annotations
 import sys
 
 
-def _serve_arguments(sp) -> None:
+def serve_arguments(sp) -> None:
+    """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
+    sp.add_argument("--model", default=None, help="local model folder (default: the packaged SmolLM2-135M)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    sp.add_argument("--port", type=int, default=7860)
-    sp.add_argument("--db", default=None, help="SQLite run log (default: under the user's data folder)")
-    sp.add_argument("--share", action="store_true", help="create a public Gradio link (off unless asked)")
-    sp.add_argument("--model", default=None, help="model folder (default: the packaged SmolLM2-135M)")
+    sp.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
+    sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
+    sp.add_argument("--results", default=None, help="folder of benchmark results the Benchmarks tab shows "
+                    "(default: $PML_STUDIO_RESULTS, else bench/results, else the copy installed with the package)")
 
 
-def _serve(args) -> int:
-    from .launch import serve
+def serve(args) -> int:
+    """Launch the studio with the options :func:`serve_arguments` parsed."""
+    from .launch import serve as launch
 
-    return serve(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share)
+    return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
+                  results=args.results)
 
 
-EXTRA = {"serve": ("launch the studio (same as `python app.py`)", _serve_arguments, _serve)}
+EXTRA = {"serve": ("launch the studio (same as `python app.py`)", serve_arguments, serve)}
 
 
 def main(argv: list[str] | None = None) -> int:

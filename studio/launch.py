@@ -12,10 +12,11 @@ import sys
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
-          share: bool = False, block: bool = True):
+          share: bool = False, block: bool = True, results: str | None = None):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
-    ``share`` creates a public Gradio link and is off unless asked for.
+    ``share`` creates a public Gradio link and is off unless asked for. ``results`` is the folder of
+    benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`).
     """
     from engine.errors import EngineError
     from engine.runlog import RunLog
@@ -30,7 +31,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     except EngineError as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
-    demo = build_app(engine, runlog)
+    demo = build_app(engine, runlog, results_dir=results)
     print(f"PML Studio: run log {runlog.path}; the model loads on the first encode or compare", flush=True)
     demo.queue(default_concurrency_limit=1)
     try:

@@ -72,3 +72,59 @@ def sample_pairs() -> list[tuple[str, pathlib.Path, pathlib.Path]]:
             continue
         out.append((schema.stem, schema, schema.with_name(schema.stem + ".prompt.xml")))
     return out
+
+
+# -- independent checks of a run: what a test computes itself, never a field of the result ---------
+
+def first_token_kl(base, other) -> float:
+    """KL(base || other) of two runs' first-token distributions, computed here with torch's kl_div."""
+    import torch.nn.functional as F
+
+    p, q = (F.log_softmax(r.first_logits.double(), -1) for r in (base, other))
+    return float(F.kl_div(q, p, reduction="sum", log_target=True))
+
+
+def decoded_fully(run, max_new_tokens: int, eos) -> bool:
+    """The run decoded exactly ``max_new_tokens`` tokens, or fewer ending in its first end-of-sequence token."""
+    ids, eos = run.token_ids, set(eos)
+    return 0 < len(ids) <= max_new_tokens and not eos & set(ids[:-1]) and (len(ids) == max_new_tokens or ids[-1] in eos)
+
+
+def timed(fn, *args, **kwargs):
+    """(fn's result, wall-clock milliseconds the call took)."""
+    import time
+
+    t = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, (time.perf_counter() - t) * 1000
+
+
+def arm_ms(comparison) -> float:
+    """Milliseconds every arm of ``comparison`` reports for itself: TTFT, retention, then its decode steps."""
+    runs = [res.run for res in comparison.arms.values()]
+    assert all(r.ttft_ms > 0 for r in runs)
+    return sum(r.ttft_ms + r.retention_ms + (r.decode_ms_per_token or 0) * (len(r.token_ids) - 1) for r in runs)
+
+
+def stock_figures(model, ids: list[int], n_new: int, eos: tuple[int, ...]):
+    """(last-position logits, greedy continuation) of a stock model, computed by transformers alone."""
+    import torch
+
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n_new, do_sample=False,
+                             eos_token_id=list(eos), pad_token_id=eos[0], output_logits=True,
+                             return_dict_in_generate=True)
+    return out.logits[0][0].float(), tuple(out.sequences[0, len(ids):].tolist())
+
+
+@pytest.fixture(scope="session")
+def real_stock():
+    """The default model as stock transformers loads it, with its own SDPA attention (the oracle's side)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.models import default_model_dir
+
+    return AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32,
+                                                attn_implementation="sdpa").eval()

@@ -44,3 +44,20 @@ def test_every_sample_is_described():
     text = (SAMPLES / "README.md").read_text()
     for name, _, _ in sample_pairs():
         assert f"{name}.xml" in text
+
+
+def test_relative_links_in_the_docs_point_into_the_repository():
+    for doc in (ROOT / "README.md", ROOT / "docs" / "pml-spec.md"):
+        text = doc.read_text()
+        assert "../" not in text, f"{doc.name} names a path outside the repository"  # linked or in `code`
+        local = [t for t in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in t]
+        bad = [t for t in local if not (doc.parent / t).exists() or not (doc.parent / t).resolve().is_relative_to(ROOT)]
+        assert bad == [], f"{doc.name} links outside the repository or to missing files"
+    assert "docs/pml-spec.md" in re.findall(r"\]\(([^)#\s]+)", (ROOT / "README.md").read_text())
+
+
+def test_the_language_spec_names_tests_that_exist():
+    named = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "pml-spec.md").read_text()))
+    defined = {name for f in (ROOT / "tests").glob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    assert named and named <= defined, named - defined

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from conftest import first_token_kl
 from engine.errors import EngineError
 from engine.prefix import PrefixCache, schema_order_prompt
 from engine.runner import Sampling, compare as run_compare
@@ -137,13 +138,19 @@ def run(eng, prompt, n=6, **cfg):
     return eng.compare(SCHEMA, prompt, Sampling(n), config=eng.config.with_(**cfg) if cfg else None)
 
 
+def warm_overlap(c) -> int:
+    """Tokens the prompt of ``c`` shares, from its start, with the warm-up prompt (schema order)."""
+    return longest_common_prefix(c.plan.token_ids, [list(schema_order_prompt(c.plan.layout).token_ids)])
+
+
 def test_prefix_arm_equals_the_baseline(tiny_engine):
     c = run(tiny_engine, "<prompt schema='docs'><d2/><d1/> Which animal jumps?</prompt>", n=10)
     assert tuple(c.arms) == ("baseline", "prefix", "cached")
-    assert c.prefix.reused_tokens > 0
+    assert c.prefix.reused_tokens == warm_overlap(c) > 0  # the system text, up to where d2 departs from d1
     assert float((c.prefix.first_logits - c.baseline.first_logits).abs().max()) < 1e-4
     assert c.prefix.token_ids == c.baseline.token_ids
     assert c.agreement("prefix").same_text and c.agreement("prefix").first_token_kl < 1e-6
+    assert c.agreement("prefix").first_token_kl == pytest.approx(first_token_kl(c.baseline, c.prefix), abs=1e-7)
     assert c.prefix.prefill_tokens == c.plan.prompt_tokens - c.prefix.reused_tokens
 
 
@@ -170,7 +177,8 @@ def test_a_repeated_prompt_reuses_itself_and_says_so(tiny_engine):
     first = run(tiny_engine, prompt)
     again = run(tiny_engine, prompt)
     n = again.plan.prompt_tokens
-    assert not first.arm("prefix").detail.repeat and first.arm("prefix").detail.stored_tokens > 0
+    assert not first.arm("prefix").detail.repeat and first.prefix.reused_tokens == warm_overlap(first)
+    assert first.arm("prefix").detail.stored_tokens == n - warm_overlap(first) and again.arm("prefix").detail.stored_tokens == 0
     assert again.arm("prefix").detail.repeat and again.prefix.reused_tokens == n - 1 and again.prefix.prefill_tokens == 1
     assert again.arm("prefix").detail.warmed_with["earlier_runs"] == first.arm("prefix").detail.warmed_with["earlier_runs"] + 1
     assert again.prefix.token_ids == again.baseline.token_ids
@@ -217,7 +225,9 @@ def test_prefix_inserts_do_not_evict_the_modules_the_cached_arm_reads(tiny_lm):
     eng = Engine.from_loaded(tiny_lm, budget_bytes=budget)
     for q in ("Which animal jumps over the dog?", "Which computer uses qubits?", "When does the library open?"):
         c = run(eng, f"<prompt schema='docs'><d1/><d2/><d3/> {q}</prompt>")
-        assert c.prefix.token_ids == c.baseline.token_ids and c.cached.token_ids
+        alone = run(full, f"<prompt schema='docs'><d1/><d2/><d3/> {q}</prompt>", arms=("cached",))  # no budget
+        assert c.prefix.token_ids == c.baseline.token_ids and c.cached.token_ids == alone.cached.token_ids
+        assert torch.allclose(c.cached.first_logits, alone.cached.first_logits, atol=1e-6)
     store = eng.store()
     assert store.evictions >= 1 and store.nbytes() <= budget  # prefix entries made room for each other
     enc = eng.encode(lay)

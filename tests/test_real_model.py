@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-
-from conftest import SAMPLES, sample_pairs
+from conftest import SAMPLES, arm_ms, decoded_fully, sample_pairs, stock_figures, timed
 from engine.runner import Sampling
 
 pytestmark = pytest.mark.real_model
@@ -20,12 +19,16 @@ def test_default_model_facts(real_engine):
 
 
 @pytest.mark.parametrize("name, schema, prompt", sample_pairs(), ids=[n for n, _, _ in sample_pairs()])
-def test_sample_encodes_and_runs(real_engine, name, schema, prompt):
-    c = real_engine.compare(schema.read_text(), prompt.read_text(), Sampling(3),
-                            schema_source=str(schema), prompt_source=str(prompt))
+def test_sample_encodes_and_runs(real_engine, real_stock, name, schema, prompt):
+    c, wall_ms = timed(real_engine.compare, schema.read_text(), prompt.read_text(), Sampling(3),
+                       schema_source=str(schema), prompt_source=str(prompt))
     assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
-    assert c.baseline.token_ids and c.cached.token_ids
-    assert c.cached.ttft_ms > 0 and c.baseline.ttft_ms > 0
+    eos = real_engine.lm.eos_ids
+    logits, greedy = stock_figures(real_stock, c.plan.token_ids, 3, eos)  # transformers alone, same token ids
+    assert c.baseline.token_ids == greedy and float((c.baseline.first_logits - logits).abs().max()) < 1e-4
+    assert decoded_fully(c.cached, 3, eos)
+    assert c.to_json()["same_text"] == (c.cached.token_ids == c.baseline.token_ids)
+    assert arm_ms(c) <= wall_ms  # every arm's TTFT and decode time lie inside the call
     assert c.store.nbytes == sum(real_engine.store().get(k).nbytes for k in set(c_keys(real_engine, schema)))
 
 

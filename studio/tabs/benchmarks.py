@@ -45,9 +45,9 @@ def build(studio: Studio, tab: gr.Tab, results: Path, assets: Path, status: gr.H
 
 
 def _small_run(studio: Studio, status: gr.HTML) -> None:
-    gr.Markdown("Runs the scaling benchmark's own measurement (`bench.workloads.ttft_point`) at small sizes with "
-                "the loaded model: a warm-up pair, then 1 baseline and 1 cached run per length. Results are shown "
-                "here only; bench/results is left alone.", elem_classes=["pml-note"])
+    gr.Markdown("Runs the scaling benchmark's own measurement (`studio.docqa`, which bench/scaling.py runs too) at "
+                "small sizes with the loaded model: a warm-up pair, then 1 baseline and 1 cached run per length. "
+                "Results are shown here only; bench/results is left alone.", elem_classes=["pml-note"])
     with gr.Row(elem_classes=["pml-toolbar"]):
         lengths = gr.CheckboxGroup(list(bench.SMALL_LENGTHS), value=[256, 512], label="Prompt lengths (tokens)",
                                    scale=3, elem_id="small-lengths")
