@@ -1,6 +1,6 @@
 """Group sizes of int8 / int4 module storage: error, bytes and needle accuracy per choice.
 
-KIVI's layout (engine/kv.py QuantKV): keys per channel in groups of G_k tokens, values per token in
+KIVI's layout (engine/kv/quant.py QuantKV): keys per channel in groups of G_k tokens, values per token in
 groups of G_v channels, each group with an fp16 scale and minimum. Smaller groups are more
 precise and cost more scale bytes. For each needle prompt (4-module prompts of the set of bench/fidelity.py) the
 modules are encoded once in fp32; every choice below quantizes those same entries, and the

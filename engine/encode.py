@@ -97,13 +97,12 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
                           f"'{model.config._attn_implementation}'); set retention to 1.0")
-    ctx = _Context(model, layout, store, dtype, comp)
+    jobs = _plan_units(layout)
+    ctx = _Context(model, layout, store, dtype, comp, progress, len(jobs))
     storage = f"{storage_tag(dtype)}|{comp.stored_key()}"
     t_start = time.perf_counter()
     pieces_map: dict[int, tuple[str, int]] = {}
     module_keys: dict[str, str] = {}
-    jobs = _plan_units(layout)
-    total = len(jobs)
 
     # 1. Anonymous unit (pinned: every prompt uses it).
     anon = [p.index for p in layout.anonymous()]
@@ -112,6 +111,7 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
     if anon:
         module_keys[ANONYMOUS] = anon_key
         _map_pieces(layout, anon, pieces_map, anon_key)
+<<<<<<< HEAD
     done = 1
     if progress:
         progress(done, total, EntryName.anonymous())
@@ -133,12 +133,15 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
             return _ids_pos(layout, []), None
         past = past.slice(slice(0, min(sink, len(past))))
         return f"sink|{past.token_ids.tolist()}|{past.positions.tolist()}", past
+=======
+    ctx.advance("(anonymous)")
+    pasts = _Pasts(layout, anon_entry, mode, config.sink if mode == "isolated" else 0)
+>>>>>>> split
 
     # 2. Module units, one per (top-level module, variant).
-    sink = config.sink if mode == "isolated" else 0
     for top, choice, targets in jobs[1:-len(layout.schema.scaffolds) or None]:
         unit = layout.unit_pieces(top, choice)
-        context, past = context_of(layout.modules[top].start)
+        context, past = pasts.context_of(layout.modules[top].start)
         unit_key = _key(model_fingerprint, layout.codec.fingerprint, mode, storage, context, _ids_pos(layout, unit))
         wanted = {}
         for path in targets:
@@ -150,23 +153,36 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
                 _map_pieces(layout, own, pieces_map, key)
         label = top + "".join(f" [{m.rsplit('/', 1)[-1]}]" for m in choice.values())
         ctx.unit(unit, past, wanted, label, "module")
-        done += 1
-        if progress:
-            progress(done, total, label)
+        ctx.advance(label)
 
     # 3. Scaffold units.
+    scaffolds, scaffold_keys = _encode_scaffolds(ctx, pasts, model_fingerprint, storage)
+    return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
+                         pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
+                         units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000, sink=pasts.sink)
+
+
+def _encode_scaffolds(ctx: _Context, pasts: _Pasts, model_fingerprint: str,
+                      storage: str) -> tuple[dict[str, dict[int, tuple[str, int]]], dict[str, str]]:
+    """Encode one joint unit per scaffold: (scaffold -> piece -> (key, offset), scaffold -> key)."""
+    layout = ctx.layout
     scaffolds: dict[str, dict[int, tuple[str, int]]] = {}
     scaffold_keys: dict[str, str] = {}
     for sc in layout.schema.scaffolds:
         pre, covered = layout.scaffold_unit(sc.name)
-        _, past = prefix_of(min(layout.modules[m].start for m in sc.modules))
+        _, past = pasts.prefix_of(min(layout.modules[m].start for m in sc.modules))
         key = _key(model_fingerprint, layout.codec.fingerprint, "scaffold", storage, _ids_pos(layout, pre),
                    _ids_pos(layout, covered))
+<<<<<<< HEAD
         name = EntryName.scaffold(sc.name)
+=======
+        name = f"scaffold {sc.name}"
+>>>>>>> split
         ctx.unit(covered, past, {name: (key, covered)}, name, "scaffold")
         scaffold_keys[sc.name] = key
         scaffolds[sc.name] = {}
         _map_pieces(layout, covered, scaffolds[sc.name], key)
+<<<<<<< HEAD
         done += 1
         if progress:
             progress(done, total, name)
@@ -174,6 +190,10 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
     return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
                          pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
                          units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000, sink=sink)
+=======
+        ctx.advance(name)
+    return scaffolds, scaffold_keys
+>>>>>>> split
 
 
 def count_units(layout: Layout) -> int:
@@ -225,11 +245,19 @@ def _map_pieces(layout: Layout, pieces: list[int], out: dict[int, tuple[str, int
 
 
 class _Context:
-    """One encode_schema call: model, layout, store, storage dtype, compression, unit reports."""
+    """One encode_schema call: model, layout, store, storage dtype, compression, unit reports, progress."""
 
-    def __init__(self, model, layout: Layout, store: ModuleStore, precision: str, comp: Compression):
+    def __init__(self, model, layout: Layout, store: ModuleStore, precision: str, comp: Compression,
+                 progress: ProgressFn | None, total: int):
         self.model, self.layout, self.store, self.precision, self.comp = model, layout, store, precision, comp
         self.reports: list[UnitReport] = []
+        self.progress, self.total, self.done = progress, total, 0
+
+    def advance(self, label: str) -> None:
+        """One more unit done: tell ``progress`` (done, total, label)."""
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total, label)
 
     def unit(self, unit: list[int], past: ModuleKV | None, wanted: dict[str, tuple[str, list[int]]], label: str,
              kind: str) -> ModuleKV | None:
@@ -274,3 +302,29 @@ class _Context:
             store.put(key, entry, pinned=kind == "anonymous", meta={"module": name, "schema": layout.name})
         self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded"))
         return out if kind == "anonymous" else None
+
+
+class _Pasts:
+    """The past KV a unit is encoded after: the anonymous text before it (``prefixed``), the first
+    ``sink`` tokens of that text (``isolated`` with a sink), or nothing."""
+
+    def __init__(self, layout: Layout, anon_entry: ModuleKV | None, mode: str, sink: int):
+        self.layout, self.anon_entry, self.mode, self.sink = layout, anon_entry, mode, sink
+
+    def prefix_of(self, start: int) -> tuple[list[int], ModuleKV | None]:
+        pre = self.layout.prefix_pieces(start)
+        if not pre or self.anon_entry is None:
+            return [], None
+        n = sum(len(self.layout.pieces[i]) for i in pre)
+        return pre, self.anon_entry.slice(slice(0, n))
+
+    def context_of(self, start: int) -> tuple[str, ModuleKV | None]:
+        """(key part, past KV) of a module unit starting at ``start``: its prefix, its sink, or nothing."""
+        if self.mode == "prefixed":
+            pre, past = self.prefix_of(start)
+            return _ids_pos(self.layout, pre), past
+        _, past = self.prefix_of(start) if self.sink else ([], None)
+        if past is None:
+            return _ids_pos(self.layout, []), None
+        past = past.slice(slice(0, min(self.sink, len(past))))
+        return f"sink|{past.token_ids.tolist()}|{past.positions.tolist()}", past

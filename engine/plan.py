@@ -214,6 +214,14 @@ class _Resolver:
 
 
 def _materialise(layout: Layout, prompt: Prompt, r: _Resolver) -> list:
+    seq, first_piece_of, last_piece_of = _schema_segments(layout, r)
+    merged = _with_prompt_text(layout, prompt, r, seq, first_piece_of, last_piece_of)
+    return _placed(merged)
+
+
+def _schema_segments(layout: Layout, r: _Resolver) -> tuple[list[Segment], dict[str, int], dict[str, int]]:
+    """The schema pieces the prompt imports, in layout order, and each top-level import's first and last
+    index among them."""
     imported = r.imported
     pieces = layout.pieces
 
@@ -250,6 +258,13 @@ def _materialise(layout: Layout, prompt: Prompt, r: _Resolver) -> list:
             last_piece_of[mod.top] = len(seq)
         if len(seg):
             seq.append(seg)
+    return seq, first_piece_of, last_piece_of
+
+
+def _with_prompt_text(layout: Layout, prompt: Prompt, r: _Resolver, seq: list[Segment],
+                      first_piece_of: dict[str, int], last_piece_of: dict[str, int]) -> list[Segment]:
+    """``seq`` with the prompt's new text, and the generation prompt at the end."""
+    imported = r.imported
 
     # 2. Insert prompt text: bare text after the import it follows, role text at the end.
     inserts: dict[int, list[Segment]] = {}  # insert before seq index
@@ -275,7 +290,11 @@ def _materialise(layout: Layout, prompt: Prompt, r: _Resolver) -> list:
     merged += tail
     if layout.codec.generation_prompt:
         merged.append(Segment(UNCACHED, "template", "", layout.codec.generation_prompt, ()))
+    return merged
 
+
+def _placed(merged: list[Segment]) -> list[Segment]:
+    """Positions for new text (and for what the uncached tail recomputes), each after the segment before it."""
     # 3. The tail: from the first uncached segment after which no cached module segment follows.
     last_cached_module = max((k for k, s in enumerate(merged) if s.kind == CACHED and s.source == "module"),
                              default=-1)

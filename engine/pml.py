@@ -134,7 +134,7 @@ def parse_schema(text: str, source: str = "<schema>") -> Schema:
     """Parse and structurally validate a schema document; raise PMLError listing every problem."""
     root, v, name = _open_root(text, source, "schema", "name", "<schema name=\"my-schema\"> ... </schema>")
     children = v.container(root, where="schema")
-    scaffolds = v.scaffolds(root, children)
+    scaffolds = _scaffolds(v, root, children)
     if v.problems:
         raise PMLError(v.problems)
     return Schema(name=name, children=tuple(children), scaffolds=tuple(scaffolds), source=source, text=text)
@@ -443,53 +443,6 @@ class _Validator:
         default = el.get(default_attr, el.get("default"))
         return Param(name=name, length=length, default=default, line=el.sourceline or 1)
 
-    def scaffolds(self, root, children) -> list[Scaffold]:
-        top: dict[str, int | None] = {}   # top-level module name -> union index (None outside unions)
-        union_idx = 0
-
-        def collect(nodes):
-            nonlocal union_idx
-            for n in nodes:
-                if isinstance(n, Module):
-                    top[n.name] = None
-                elif isinstance(n, Union):
-                    union_idx += 1
-                    for m in n.members:
-                        top[m.name] = union_idx
-                elif isinstance(n, Role):
-                    collect(n.children)
-
-        collect(children)
-        out: list[Scaffold] = []
-        seen: set[str] = set()
-        for el in root:
-            if el.tag != "scaffold":
-                continue
-            self.check_attrs(el, {"name", "modules"}, "<scaffold>")
-            name = self.identifier(el, "name", "scaffold")
-            if name in seen:
-                self.add(el, f"scaffold '{name}' is declared twice", "rename one of them")
-            seen.add(name)
-            mods = tuple((el.get("modules") or "").split())
-            if len(mods) < 2:
-                self.add(el, f"scaffold '{name}' lists {len(mods)} module(s); it needs at least two",
-                         "write modules=\"first-module second-module\"")
-            unions_used: dict[int, str] = {}
-            for m in mods:
-                if m not in top:
-                    valid = ", ".join(top) or "none"
-                    self.add(el, f"scaffold '{name}' names '{m}', which is not a top-level module",
-                             f"top-level modules: {valid}")
-                elif top[m] is not None:
-                    if top[m] in unions_used:
-                        self.add(el, f"scaffold '{name}' names '{unions_used[top[m]]}' and '{m}', two members of "
-                                 "one union (a prompt can never import both)", "keep one of them")
-                    unions_used[top[m]] = m
-            if len(set(mods)) != len(mods):
-                self.add(el, f"scaffold '{name}' names a module twice", "list each module once")
-            out.append(Scaffold(name=name, modules=mods, line=el.sourceline or 1))
-        return out
-
     # -- prompt -------------------------------------------------------------------------------
 
     def prompt_items(self, root) -> list:
@@ -527,3 +480,58 @@ class _Validator:
         children = tuple(self.import_(c) for c in el if isinstance(c.tag, str))
         return Import(name=el.tag, args=tuple((k, v) for k, v in el.attrib.items()), children=children,
                       line=line, col=self._col(el, line))
+
+
+def _scaffolds(v: _Validator, root, children) -> list[Scaffold]:
+    """The <scaffold> elements of ``root``, checked against the schema's top-level ``children``."""
+    top = _top_level_unions(children)  # top-level module name -> union index (None outside unions)
+    out: list[Scaffold] = []
+    seen: set[str] = set()
+    for el in root:
+        if el.tag != "scaffold":
+            continue
+        v.check_attrs(el, {"name", "modules"}, "<scaffold>")
+        name = v.identifier(el, "name", "scaffold")
+        if name in seen:
+            v.add(el, f"scaffold '{name}' is declared twice", "rename one of them")
+        seen.add(name)
+        mods = tuple((el.get("modules") or "").split())
+        if len(mods) < 2:
+            v.add(el, f"scaffold '{name}' lists {len(mods)} module(s); it needs at least two",
+                  "write modules=\"first-module second-module\"")
+        unions_used: dict[int, str] = {}
+        for m in mods:
+            if m not in top:
+                valid = ", ".join(top) or "none"
+                v.add(el, f"scaffold '{name}' names '{m}', which is not a top-level module",
+                      f"top-level modules: {valid}")
+            elif top[m] is not None:
+                if top[m] in unions_used:
+                    v.add(el, f"scaffold '{name}' names '{unions_used[top[m]]}' and '{m}', two members of "
+                          "one union (a prompt can never import both)", "keep one of them")
+                unions_used[top[m]] = m
+        if len(set(mods)) != len(mods):
+            v.add(el, f"scaffold '{name}' names a module twice", "list each module once")
+        out.append(Scaffold(name=name, modules=mods, line=el.sourceline or 1))
+    return out
+
+
+def _top_level_unions(children) -> dict[str, int | None]:
+    """Top-level module name -> index of its union (None outside unions)."""
+    top: dict[str, int | None] = {}
+    union_idx = 0
+
+    def collect(nodes):
+        nonlocal union_idx
+        for n in nodes:
+            if isinstance(n, Module):
+                top[n.name] = None
+            elif isinstance(n, Union):
+                union_idx += 1
+                for m in n.members:
+                    top[m.name] = union_idx
+            elif isinstance(n, Role):
+                collect(n.children)
+
+    collect(children)
+    return top

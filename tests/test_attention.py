@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-import engine.kv as kv
+from engine.kv import attend  # the module whose globals the attention function reads
 from engine.runner import Sampling, run_cached
 
 SCHEMA = """<schema name="g">
@@ -23,11 +23,11 @@ def test_cached_prefill_takes_the_grouped_path_and_equals_transformers_own(tiny_
     plan = eng.plan(lay, "<prompt schema='g'><d1/><d2/> Which animal jumps over the dog?</prompt>", 6)
     enc = eng.encode(lay).encoded
     taken = []
-    real = kv._grouped_masked_cpu
-    monkeypatch.setattr(kv, "_grouped_masked_cpu", lambda *a: taken.append(real(*a)) or taken[-1])
+    real = attend._grouped_masked_cpu
+    monkeypatch.setattr(attend, "_grouped_masked_cpu", lambda *a: taken.append(real(*a)) or taken[-1])
     fast = run_cached(eng.lm, plan, enc, eng.store(), Sampling(6))
     assert any(taken)  # the uncached tokens over the module cache went through the shortcut
-    monkeypatch.setattr(kv, "_GQA_WITH_MASK", False)
+    monkeypatch.setattr(attend, "_GQA_WITH_MASK", False)
     stock = run_cached(eng.lm, plan, enc, eng.store(), Sampling(6))
     assert torch.allclose(fast.first_logits, stock.first_logits, atol=1e-5)
     assert fast.token_ids == stock.token_ids

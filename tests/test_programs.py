@@ -1,4 +1,4 @@
-"""Prompt programs (engine/programs.py): compiled XML, call selection, rejected constructs, the CLI,
+"""Prompt programs (engine/programs/): compiled XML, call selection, rejected constructs, the CLI,
 equivalence with hand-written schemas on a tiny and the real model, and a round-trip property test."""
 
 from __future__ import annotations

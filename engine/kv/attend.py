@@ -1,0 +1,233 @@
+"""The engine's attention function, the masks it applies, the scoring it feeds, and :func:`forward_kv`.
+
+* :func:`use_pml_attention` routes a model's attention through :func:`_pml_attention` (per-layer
+  cache lengths, position-aware windows, soft-capping).
+* :class:`RankMask` — for a repaired run (issue 12), attention by each token's rank in the
+  prompt instead of its index in the buffer, for the one prefill forward (:func:`rank_masked`).
+* :class:`AttentionScorer` / :class:`QueryCapture` — attention scoring for compression, fed
+  within :func:`scoring`.
+* :func:`forward_kv` — run the model over tokens at explicit positions with an optional
+  past and return the new tokens' KV as a ModuleKV.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .. import attention as positional
+from .entries import ModuleKV
+
+ATTENTION = "pml_attention"  # no "sdpa" in the name: transformers would then refuse it to models without SDPA
+_SCORER: contextvars.ContextVar["AttentionScorer | QueryCapture | None"] = contextvars.ContextVar("pml_scorer",
+                                                                                                 default=None)
+_RANKS: contextvars.ContextVar["RankMask | None"] = contextvars.ContextVar("pml_ranks", default=None)
+
+
+class RankMask:
+    """Causal attention by rank for one forward whose cache is not in prompt order.
+
+    A repaired run leaves the recomputed tokens out of the buffer and prefills them with the
+    uncached tokens, appended after the buffer's entries; so a key's index in the buffer no
+    longer says where it sits in the prompt. Each key and query carries its **rank** (its index
+    in the materialised prompt, the baseline's order) and a query attends to every key of rank
+    ≤ its own — exactly the baseline's causal mask whenever the KV is the baseline's.
+    Compressed entries keep different tokens per layer, so buffer ranks may differ per layer.
+    """
+
+    def __init__(self, cached: list[torch.Tensor], new: torch.Tensor):
+        self.cached = cached  # [layers] x [buffer entries of that layer] int64 ranks (shared when equal)
+        self.new = new  # [new tokens] int64 ranks, in the order they are prefilled
+        self._made: dict[int, torch.Tensor] = {}  # id(cached[layer]) -> mask
+
+    def mask(self, layer: int, q: int, kv: int, device) -> torch.Tensor:
+        """[1, 1, q, kv] bool mask (True = attend) for ``layer``."""
+        cached = self.cached[layer]
+        if q != self.new.shape[0] or kv != cached.shape[0] + q:
+            raise ValueError(f"rank mask for {self.new.shape[0]} queries over {cached.shape[0]} cached keys "
+                             f"used on {q} queries over {kv} keys in layer {layer}")
+        made = self._made.get(id(cached))
+        if made is None or made.device != torch.device(device):
+            keys = torch.cat([cached, self.new])
+            made = (keys[None, :] <= self.new[:, None])[None, None].to(device)
+            self._made[id(cached)] = made
+        return made
+
+
+@contextlib.contextmanager
+def rank_masked(mask: RankMask | None):
+    """Within this block, forwards through the PML attention use ``mask`` (None: unchanged)."""
+    if mask is None:
+        yield None
+        return
+    token = _RANKS.set(mask)
+    try:
+        yield mask
+    finally:
+        _RANKS.reset(token)
+
+
+class AttentionScorer:
+    """Per layer, the recency-weighted attention the unit's most recent queries pay to its tokens.
+
+    Used while encoding a unit for PyramidInfer-style compression: the last ``recent_frac`` of
+    the unit's queries (weights growing linearly towards the newest) score each of the unit's
+    keys; past (prefix) keys take part in the softmax but are not scored.
+    """
+
+    def __init__(self, n_new: int, recent_frac: float = 0.4):
+        self.n_new = n_new
+        self.recent = max(1, math.ceil(recent_frac * n_new))
+        self.scores: dict[int, torch.Tensor] = {}  # layer -> [n_new]
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        # query: [1, heads, n_new, dim]; key: [1, kv_heads, n_past + n_new, dim]
+        r = min(self.recent, query.shape[2])
+        att = attention_weights(query[:, :, -r:], key, scaling)  # [kv_heads, group, r, kv]
+        w = torch.arange(1, r + 1, dtype=att.dtype, device=att.device)
+        w = w / w.sum()
+        per_key = torch.einsum("kgrn,r->n", att, w) / (att.shape[0] * att.shape[1])  # [kv]
+        self.scores[layer] = per_key[key.shape[2] - self.n_new:].cpu()
+
+
+class QueryCapture:
+    """Per layer, the newest ``window`` queries of the first forward it sees (a run's prefill).
+
+    Only kept, not used, during the forward: scoring them against the cache happens after the
+    first token is out, so time to first token is not touched (engine/compress.py).
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self.queries: dict[int, torch.Tensor] = {}  # layer -> [1, heads, <= window, dim], RoPE applied
+        self.scaling: dict[int, float | None] = {}
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        if layer not in self.queries:
+            self.queries[layer] = query[:, :, -self.window:].clone()
+            self.scaling[layer] = scaling
+
+
+def attention_weights(query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """Softmax attention of the newest queries over ``key``, per KV head and query group: [kv_heads, group, r, kv].
+
+    ``query`` [1, heads, r, dim] are the last r tokens of the cache ``key`` [1, kv_heads, kv, dim]
+    (query i sits at cache index kv - r + i and sees the keys up to it).
+    """
+    _, h, r, d = query.shape
+    kvh, kv = key.shape[1], key.shape[2]
+    g = h // kvh
+    qr = query[0].reshape(kvh, g * r, d)
+    att = torch.matmul(qr.float(), key[0].float().transpose(-1, -2)) * (scaling or d ** -0.5)
+    att = att.view(kvh, g, r, kv)
+    causal = torch.ones(r, kv, dtype=torch.bool, device=query.device).tril_(kv - r)
+    return att.masked_fill(~causal, float("-inf")).softmax(-1)
+
+
+@contextlib.contextmanager
+def scoring(scorer: "AttentionScorer | QueryCapture"):
+    """Within this block, forwards through the PML attention feed ``scorer``."""
+    token = _SCORER.set(scorer)
+    try:
+        yield scorer
+    finally:
+        _SCORER.reset(token)
+
+
+def _pml_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' attention, made exact for the engine's caches.
+
+    * Caches whose layers hold different lengths (compressed entries): a layer shorter than the
+      mask gets the bottom-right causal mask at its own length (batch 1, no padding: exact).
+    * Sliding-window layers: the window is applied to position ids, not cache indices, when the
+      model's positions are tracked (:mod:`engine.attention`), so gapped caches keep it.
+    * Logit soft-capping (Gemma 2), which SDPA cannot compute: eager attention.
+    * Inside :func:`rank_masked` (repair) the :class:`RankMask`'s mask replaces the causal one.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    scorer = _SCORER.get()
+    if scorer is not None:
+        scorer.observe(module.layer_idx, query, key, kwargs.get("scaling"))
+    q, kv = query.shape[-2], key.shape[-2]
+    ranks = _RANKS.get()
+    window, positions = kwargs.get("sliding_window"), positional.current()
+    if ranks is not None:
+        attention_mask = ranks.mask(module.layer_idx, q, kv, query.device)
+    elif window and positions is not None:
+        attention_mask = positions.window_mask(module.layer_idx, q, kv, window, query.device)
+    elif attention_mask is not None and attention_mask.shape[-1] != kv:
+        attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return positional.eager(query, key, value, attention_mask, scaling, softcap)
+    if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs):
+        # Several new tokens over a cache (the cached prefill): transformers repeats K/V for every query
+        # head here (it keeps enable_gqa for unmasked calls, as CUDA's masked GQA falls back to slow
+        # kernels); on CPU, SDPA handles grouped heads with a mask directly and skips that copy.
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"), enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+_GQA_WITH_MASK = True  # False: always transformers' own SDPA path (for before/after measurements)
+_SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "output_attentions", "s_aux", "sinks", "dropout")
+
+
+def _grouped_masked_cpu(module, query, attention_mask, kwargs) -> bool:
+    """True for a grouped-query, masked, multi-token CPU call that uses none of SDPA's special options."""
+    return (query.device.type == "cpu" and query.shape[-2] > 1 and attention_mask is not None
+            and getattr(module, "num_key_value_groups", 1) > 1 and not any(kwargs.get(k) for k in _SPECIAL_KWARGS))
+
+
+def use_pml_attention(model) -> str:
+    """Route ``model``'s attention through the engine's; return the path in use.
+
+    ``"pml"``: the attention function above runs in every layer (models that take transformers'
+    attention interface, loaded with SDPA or eager attention). ``"own"``: the model's own attention
+    code (MPT, Falcon), with ALiBi taken from position ids. Models that need positions for their
+    attention (sliding windows, ALiBi) get their forward hooked to track them.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if positional.needs_positions(model):
+        positional.track_positions(model)
+    if model.config.model_type in positional.OWN_ATTENTION:
+        positional.adopt_alibi(model)
+        return "own"
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager", ATTENTION):
+        return "own"
+    AttentionInterface.register(ATTENTION, _pml_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
+    return "pml"
+
+
+def forward_kv(model, token_ids: list[int], positions: list[int], past: ModuleKV | None = None) -> ModuleKV:
+    """KV of ``token_ids`` at ``positions``, attending causally to ``past`` (if any) and to each other."""
+    device = model.device
+    cache = DynamicCache()
+    if past is not None and len(past):
+        # [layers] x (k, v): [1, kv_heads, seq, head_dim]
+        cache = DynamicCache(ddp_cache_data=[(past.kv[i, 0].unsqueeze(0).to(device),
+                                              past.kv[i, 1].unsqueeze(0).to(device))
+                                             for i in range(past.kv.shape[0])])
+        positional.attach(cache, past.positions)  # sliding windows and ALiBi read key positions, not indices
+    n_past = cache.get_seq_length()
+    ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    pos = torch.tensor([positions], dtype=torch.long, device=device)
+    with torch.inference_mode():
+        # use_cache=True: with gapped positions and no cache, transformers would assume packed sequences.
+        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    kv = torch.stack([torch.stack([layer.keys[0, :, n_past:], layer.values[0, :, n_past:]])
+                      for layer in cache.layers])
+    return ModuleKV(kv.contiguous(), torch.tensor(positions, dtype=torch.long),
+                    torch.tensor(token_ids, dtype=torch.long))
+

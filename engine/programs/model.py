@@ -1,0 +1,89 @@
+"""The values of prompt programs: the Param annotation, a program's parameters, a call's imports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from xml.sax.saxutils import quoteattr
+
+from ..errors import PMLError
+from .emit import text_xml
+
+
+class ProgramError(PMLError):
+    """A prompt program that cannot be compiled or called; lines read ``FILE:LINE:COL: error: ...``.
+
+    A subclass of PMLError (and so of EngineError) because it carries located problems exactly
+    like a PML document: the CLI and the studio print it the same way.
+    """
+
+
+@dataclass(frozen=True)
+class Param:
+    """Annotation of a text parameter: at most ``len`` tokens, ``default`` when none is given."""
+
+    len: int
+    default: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.len, int) or isinstance(self.len, bool) or self.len <= 0:
+            raise ValueError(f"Param(len={self.len!r}): len must be a positive whole number of tokens")
+        if self.default is not None and not isinstance(self.default, str):
+            raise ValueError(f"Param(default={self.default!r}): a default must be text")
+
+
+def system(*text: str) -> None:
+    """In a prompt program, ``system("...")`` sets the system message. Never called at run time."""
+    raise RuntimeError("system() only has a meaning inside a @prompt_program function")
+
+
+@dataclass(frozen=True)
+class ProgramParam:
+    """One parameter of a program and how its body uses it."""
+
+    name: str
+    kind: str  # "param" (text, Param annotation) | "flag" (if x:) | "choice" (x == "a", match) | "value"
+    spec: Param | None  # for kind "param"
+    default: object  # Python default, or MISSING
+    choices: tuple[str, ...] = ()  # case values, for kind "choice"
+    open_choice: bool = False  # a chain on it has else / case _: any value is accepted
+
+
+@dataclass(frozen=True)
+class Selected:
+    """One import of a call: ``<name arg="value">children</name>``."""
+
+    name: str
+    args: tuple[tuple[str, str], ...]
+    children: tuple["Selected", ...]
+
+    def xml(self) -> str:
+        attrs = "".join(f" {k}={quoteattr(v)}" for k, v in self.args)
+        if not self.children:
+            return f"<{self.name}{attrs}/>"
+        return f"<{self.name}{attrs}>" + "".join(c.xml() for c in self.children) + f"</{self.name}>"
+
+
+@dataclass(frozen=True)
+class ProgramCall:
+    """A concrete call of a program: what it imports, plus the trailing question."""
+
+    schema: str
+    imports: tuple[Selected, ...]
+    question: str | None = None
+
+    def prompt_xml(self) -> str:
+        """The PML prompt: one line per top-level import, then the question as new text."""
+        lines = [f"<prompt schema={quoteattr(self.schema)}>"]
+        lines += ["  " + s.xml() for s in self.imports]
+        if self.question and self.question.strip():
+            lines.append("  " + text_xml(self.question.strip()))
+        lines.append("</prompt>")
+        return "\n".join(lines) + "\n"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()  # an omitted Param argument / a parameter without a Python default

@@ -1,0 +1,80 @@
+"""What a program body compiles to: text, param references, choices and nested calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import Param
+    from .program import PromptProgram
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    name: str
+    spec: Param
+    default: str | None  # the PML default (Param.default or the Python default)
+
+
+@dataclass(frozen=True)
+class Cond:
+    """A test of one parameter: ``x`` (flag), ``not x`` (not) or ``x == "v"`` (eq)."""
+
+    var: str
+    kind: str
+    value: str | None = None
+
+    def holds(self, env: dict) -> bool:
+        v = env[self.var]
+        if self.kind == "flag":
+            return bool(v)
+        if self.kind == "not":
+            return not v
+        return v == self.value
+
+    def source(self) -> str:
+        """The test as the program writes it."""
+        return {"flag": self.var, "not": f"not {self.var}"}.get(self.kind, f"{self.var} == {self.value!r}")
+
+
+@dataclass(frozen=True)
+class Branch:
+    cond: Cond | None  # None: else / case _
+    name: str | None  # None when the branch is empty (only `pass`)
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An if/elif/else chain or a match: the first branch that holds is imported."""
+
+    branches: tuple[Branch, ...]
+
+    def members(self) -> list[Branch]:
+        return [b for b in self.branches if b.name is not None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of another program: a nested module named ``name``."""
+
+    name: str
+    program: PromptProgram
+    args: tuple[tuple[str, tuple[str, object]], ...]  # callee param -> ("param", caller param) | ("const", value)
+
+
+def walk_calls(nodes):
+    """Every nested call in ``nodes``, and in the programs they call, depth first."""
+    for n in nodes:
+        if isinstance(n, Call):
+            yield n
+            yield from walk_calls(n.program.body)
+        elif isinstance(n, Choice):
+            for b in n.branches:
+                yield from walk_calls(b.body)

@@ -1,0 +1,86 @@
+"""A compiled prompt program: its schema, and the prompt a call of it makes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from xml.sax.saxutils import quoteattr
+
+from ..errors import Problem
+from .binding import Refused, bind, check_argument, select
+from .emit import emit, text_xml, xml_safe
+from .model import MISSING, ProgramCall, ProgramError, ProgramParam
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True, eq=False)
+class PromptProgram:
+    """A compiled prompt program (what ``@prompt_program`` returns)."""
+
+    name: str
+    func: typing.Callable = field(repr=False)
+    params: tuple[ProgramParam, ...]
+    chat: bool
+    system_text: str
+    body: tuple = field(repr=False)  # compiled nodes (internal)
+    source: str  # file the function is defined in
+    line: int  # line of its `def`
+    root_param_problem: Problem | None = field(default=None, repr=False)
+
+    def schema_xml(self) -> str:
+        """The PML schema ``<schema name=NAME>`` of this program."""
+        if self.root_param_problem:
+            raise ProgramError(self.root_param_problem)
+        lines = [f"<schema name={quoteattr(self.name)}>"]
+        if self.system_text:
+            lines.append(f"  <system>{text_xml(self.system_text)}</system>")
+        if self.chat:
+            if self.body:
+                lines.append("  <user>")
+                emit(self.body, 2, lines)
+                lines.append("  </user>")
+        else:
+            emit(self.body, 1, lines)
+        lines.append("</schema>")
+        return "\n".join(lines) + "\n"
+
+    def bind(self, *args, question: str | None = None, **kwargs) -> ProgramCall:
+        """The imports a call with these arguments selects (validated like a Python call)."""
+        if self.root_param_problem:
+            raise ProgramError(self.root_param_problem)
+        env = self._env(args, kwargs)
+        if question is not None and (not isinstance(question, str) or not xml_safe(question)):
+            raise self._problem(f"{self.name}(question={question!r}): the question must be text without control "
+                                "characters", "pass question=\"...\"")
+        return ProgramCall(self.name, tuple(select(self, self.body, env)), question)
+
+    def prompt_xml(self, *args, question: str | None = None, **kwargs) -> str:
+        """The PML prompt for a call: ``prog.prompt_xml(duration="5 days", question="...")``."""
+        return self.bind(*args, question=question, **kwargs).prompt_xml()
+
+    __call__ = prompt_xml
+
+    # -- internal -----------------------------------------------------------------------------
+
+    def _problem(self, message: str, hint: str = "") -> ProgramError:
+        """A call-time error, located at the caller's line (the first frame outside this package)."""
+        frame = sys._getframe(1)
+        while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE:
+            frame = frame.f_back
+        source, line = (frame.f_code.co_filename, frame.f_lineno) if frame else (self.source, self.line)
+        return ProgramError(Problem(source, line, 1, message, hint))
+
+    def _env(self, args: tuple, kwargs: dict) -> dict:
+        """Bind a call like Python would; omitted Params stay MISSING (their PML default applies)."""
+        try:
+            env = bind(self, args, kwargs, f"{self.name}()")
+            for p in self.params:
+                if p.kind == "param" and env[p.name] is None:
+                    env[p.name] = MISSING  # None means "no argument": the param's default applies
+                check_argument(p, env[p.name], f"{self.name}({p.name}={env[p.name]!r})")
+        except Refused as err:
+            raise self._problem(*err.args) from None
+        return env
