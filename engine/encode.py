@@ -111,32 +111,8 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig =
     if anon:
         module_keys[ANONYMOUS] = anon_key
         _map_pieces(layout, anon, pieces_map, anon_key)
-<<<<<<< HEAD
-    done = 1
-    if progress:
-        progress(done, total, EntryName.anonymous())
-
-    def prefix_of(start: int) -> tuple[list[int], ModuleKV | None]:
-        pre = layout.prefix_pieces(start)
-        if not pre or anon_entry is None:
-            return [], None
-        n = sum(len(layout.pieces[i]) for i in pre)
-        return pre, anon_entry.slice(slice(0, n))
-
-    def context_of(start: int) -> tuple[str, ModuleKV | None]:
-        """(key part, past KV) of a module unit starting at ``start``: its prefix, its sink, or nothing."""
-        if mode == "prefixed":
-            pre, past = prefix_of(start)
-            return _ids_pos(layout, pre), past
-        _, past = prefix_of(start) if sink else ([], None)
-        if past is None:
-            return _ids_pos(layout, []), None
-        past = past.slice(slice(0, min(sink, len(past))))
-        return f"sink|{past.token_ids.tolist()}|{past.positions.tolist()}", past
-=======
-    ctx.advance("(anonymous)")
+    ctx.advance(EntryName.anonymous())
     pasts = _Pasts(layout, anon_entry, mode, config.sink if mode == "isolated" else 0)
->>>>>>> split
 
     # 2. Module units, one per (top-level module, variant).
     for top, choice, targets in jobs[1:-len(layout.schema.scaffolds) or None]:
@@ -173,27 +149,13 @@ def _encode_scaffolds(ctx: _Context, pasts: _Pasts, model_fingerprint: str,
         _, past = pasts.prefix_of(min(layout.modules[m].start for m in sc.modules))
         key = _key(model_fingerprint, layout.codec.fingerprint, "scaffold", storage, _ids_pos(layout, pre),
                    _ids_pos(layout, covered))
-<<<<<<< HEAD
         name = EntryName.scaffold(sc.name)
-=======
-        name = f"scaffold {sc.name}"
->>>>>>> split
         ctx.unit(covered, past, {name: (key, covered)}, name, "scaffold")
         scaffold_keys[sc.name] = key
         scaffolds[sc.name] = {}
         _map_pieces(layout, covered, scaffolds[sc.name], key)
-<<<<<<< HEAD
-        done += 1
-        if progress:
-            progress(done, total, name)
-
-    return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
-                         pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
-                         units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000, sink=sink)
-=======
         ctx.advance(name)
     return scaffolds, scaffold_keys
->>>>>>> split
 
 
 def count_units(layout: Layout) -> int:
