@@ -32,6 +32,7 @@ class Arm(str, enum.Enum):
     BASELINE = "baseline"
     PREFIX = "prefix"
     CACHED = "cached"
+    BLEND = "blend"
 
     def __str__(self) -> str:
         return self.value

@@ -90,9 +90,10 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help="module memory budget in MiB (default: half the available memory); LRU eviction")
     r.add_argument("--no-persist", action="store_true",
                    help="do not save encoded modules to (or load them from) the cache folder")
-    r.add_argument("--arms", default=",".join(cfg.ARMS),
-                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: all); prefix = "
-                        "exact reuse of the longest cached token prefix, as vLLM/SGLang/llama.cpp do")
+    r.add_argument("--arms", default=",".join(cfg.DEFAULT_ARMS),
+                   help=f"comma-separated arms to run, of {', '.join(cfg.ARMS)} (default: "
+                        f"{','.join(cfg.DEFAULT_ARMS)}); prefix = exact reuse of the longest cached token prefix, as "
+                        "vLLM/SGLang/llama.cpp do; blend = modular reuse with a share of cached tokens recomputed")
     r.add_argument("--no-warmup", action="store_true",
                    help="do not warm the prefix cache with the prompt importing every module in schema order "
                         "before a schema's first prefix run (it then holds only earlier runs' prompts)")
@@ -101,6 +102,14 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                    help=f"link-token repair: recompute the first K tokens of every module that did not see what "
                         f"precedes it, and after every argument (0 = off, at most {cfg.MAX_REPAIR}; "
                         f"default {defaults.repair})")
+    r.add_argument("--blend", type=float, default=None, metavar="R",
+                   help=f"blend arm: recompute this share of the cached tokens, e.g. 0.15 (CacheBlend's selective "
+                        f"recompute; adds blend to the arms when R > 0; default {defaults.blend} when blend is in "
+                        "--arms)")
+    r.add_argument("--blend-rule", choices=cfg.BLEND_RULES, default=defaults.blend_rule,
+                   help="how the blend arm picks the tokens it recomputes: largest KV deviation at layer 1 "
+                        "(deviation, CacheBlend's rule), the question's attention, link tokens, a mix, or random "
+                        f"(a control); default {defaults.blend_rule}")
     r.add_argument("--sink", type=int, default=defaults.sink, metavar="N",
                    help=f"isolated mode: encode each module after the prompt's first N tokens (the chat template's "
                         f"opening), whose KV is not stored with it (0 = off, at most {cfg.MAX_SINK}; "
@@ -113,8 +122,16 @@ def config_from_args(args) -> "cfg.RunConfig":
                          storage_dtype=args.storage_dtype,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
-                         arms=cfg.parse_arms(args.arms), warmup=not args.no_warmup, repair=args.repair,
-                         sink=args.sink)
+                         arms=_arms(args), warmup=not args.no_warmup, repair=args.repair, sink=args.sink,
+                         blend=cfg.RunConfig.blend if args.blend is None else args.blend, blend_rule=args.blend_rule)
+
+
+def _arms(args) -> tuple[str, ...]:
+    """--arms, plus blend when --blend R > 0 asks for it."""
+    arms = cfg.parse_arms(args.arms)
+    if args.blend and "blend" not in arms:
+        arms += ("blend",)
+    return arms
 
 
 def main(argv: list[str] | None = None, extra: dict | None = None) -> int:
@@ -263,6 +280,12 @@ def run_text(data: dict) -> str:
         if data.get("prefix_speedup") is not None:
             lines.append(f"prefix speedup {data['prefix_speedup']:.1f}x · same text: {data['prefix_same_text']} · "
                          f"KL {data['prefix_first_token_kl']:.2g}")
+    if data.get("blend"):
+        b = data["blend"]
+        lines.append(f"blend {b['blend_ratio']:g} ({b['rule']}): {b['recomputed_tokens']} cached tokens recomputed, "
+                     f"selection {b['selection_ms']:.1f} ms (both in its TTFT)"
+                     + (f" · speedup {data['blend_speedup']:.1f}x · same text: {data['blend_same_text']}"
+                        if data.get("blend_speedup") is not None else ""))
     if data.get("cached") and data["cached"].get("recomputed_tokens"):
         lines.append(f"repair {data['repair']}: {data['cached']['recomputed_tokens']} cached tokens recomputed "
                      "(in the cached prefill and its TTFT)")

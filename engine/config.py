@@ -31,6 +31,8 @@ COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
 ARMS = tuple(a.value for a in Arm)  # every arm name, in column order
+DEFAULT_ARMS = ("baseline", "prefix", "cached")  # blend runs when asked for (--arms ...,blend or --blend R)
+BLEND_RULES = ("deviation", "deviation-k", "deviation-v", "link", "question", "mixed", "random")
 MAX_REPAIR = 64
 MAX_SINK = 64
 
@@ -42,7 +44,8 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16"), ("int8", "int8"),
                       ("int4", "int4")),
     "method": tuple((m, m) for m in METHODS),
-    "arms": (("baseline", "Baseline"), ("prefix", "Prefix cache"), ("cached", "Modular cache")),
+    "arms": (("baseline", "Baseline"), ("prefix", "Prefix cache"), ("cached", "Modular cache"), ("blend", "Blend")),
+    "blend_rule": tuple((r, r) for r in BLEND_RULES),
 }
 
 
@@ -151,7 +154,9 @@ class RunConfig:
     budget_bytes: int | None = None
     persist: bool = True
     module_dir: str | None = None
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    blend: float = 0.15  # share of cached tokens the blend arm recomputes (issue 18)
+    blend_rule: str = "deviation"  # how the blend arm picks them
     repair: int = 0  # link tokens recomputed per module (issue 12); 0 = off
     sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
@@ -182,6 +187,13 @@ class RunConfig:
         for name, value, top in (("repair", self.repair, MAX_REPAIR), ("sink", self.sink, MAX_SINK)):
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
                 raise EngineError(f"{name} must be a whole number from 0 to {top}, got {value!r}")
+        if isinstance(self.blend, bool) or not isinstance(self.blend, (int, float)) or not 0 <= self.blend <= 1:
+            raise EngineError(f"blend must be a share of the cached tokens from 0 to 1 (e.g. 0.15), got {self.blend!r}")
+        _one_of("blend rule", self.blend_rule, BLEND_RULES)
+        if "blend" in self.arms and self.compression.at_run:
+            raise EngineError("blend and question-aware retention cannot be combined yet (blend reorders the run's "
+                              "buffer that question retention thins); leave blend out of the arms or pick another "
+                              "compression")
         if not isinstance(self.warmup, bool):
             raise EngineError(f"warmup must be True or False, got {self.warmup!r}")
         if self.module_dir is not None:
@@ -225,7 +237,8 @@ class RunConfig:
                 "mode": self.mode, "storage_dtype": self.storage_dtype,
                 "compression": {"retention": self.compression.retention, "method": self.compression.method},
                 "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
-                "repair": self.repair, "sink": self.sink, "warmup": self.warmup}
+                "repair": self.repair, "sink": self.sink, "warmup": self.warmup, "blend": self.blend,
+                "blend_rule": self.blend_rule}
 
 
 def budget_from_mib(mib) -> int | None:

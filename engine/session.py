@@ -182,7 +182,7 @@ class Engine:
             enc = self._fetched(plan, lay, cfg, enc, progress)
             prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if "prefix" in cfg.arms else None
             result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                 repair=cfg.repair)
+                                 repair=cfg.repair, blend=cfg.blend, options={"blend_rule": cfg.blend_rule})
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------

@@ -30,7 +30,9 @@ def run_config(base: RunConfig, settings: dict) -> RunConfig:
             "budget_bytes": budget_from_mib(given.get("budget_mib")),
             "repair": _whole(given.get("repair")),
             "sink": _whole(given.get("sink")),
+            "blend_rule": given.get("blend_rule"),
         }
+        changes.update(_blend(base, given.get("blend")))
         # the model, its device and dtype belong to the engine: a run changes only how modules are kept
         return base.with_(device=base.device, **{k: v for k, v in changes.items() if v is not None})
 
@@ -51,6 +53,15 @@ class Panel:
 
     def __len__(self) -> int:
         return len(self.widgets)
+
+
+def _blend(base: RunConfig, share) -> dict:
+    """The blend slider: R > 0 runs the blend arm at R; 0 leaves it out; no value keeps the base's arms."""
+    if share is None:
+        return {}
+    share = float(share)
+    arms = tuple(a for a in base.arms if a != "blend")
+    return {"arms": arms + ("blend",), "blend": share} if share > 0 else {"arms": arms}
 
 
 def _whole(value):

@@ -103,6 +103,7 @@ TOKEN_CLASSES = {  # token class -> (css class, legend label)
     "new": ("tok-new", "new text (prefilled)"),
     "template": ("tok-tmpl", "template tokens (prefilled)"),
     "recomputed": ("tok-recomputed", "recomputed at run time (repair)"),
+    "blended": ("tok-blended", "recomputed by blend (chosen by deviation / rule)"),
 }
 SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("cached", "module"): "cached",
@@ -115,6 +116,7 @@ SEGMENT_CLASSES = {  # (segment kind, source) -> token class
 }
 MARKED_POSITIONS = {  # token class -> (arm, RunResult field listing positions)
     "recomputed": (Arm.CACHED, "recomputed_positions"),
+    "blended": (Arm.BLEND, "recomputed_positions"),
 }
 
 
@@ -266,7 +268,7 @@ def kv_rows(run, arm: str) -> list[tuple[str, str]]:
     if not held:
         return []  # a run logged before these figures existed
     store, buf = run.kv_store_bytes, run.kv_buffer_used_bytes
-    source = {Arm.PREFIX.value: "prefix cache", Arm.CACHED.value: "modules"}.get(str(arm))
+    source = {Arm.PREFIX.value: "prefix cache", Arm.CACHED.value: "modules", Arm.BLEND.value: "modules"}.get(str(arm))
     detail = "prompt buffer" if source is None else f"{source} {store / MB:,.1f} + buffer {buf / MB:,.1f}"
     rows = [("KV held", f"{held / MB:,.1f} MB ({detail})")]
     after = run.kv_buffer_bytes_after_retention or buf

@@ -23,7 +23,8 @@ from .editors import Editors, Step
 
 PHASE_MESSAGES = {"baseline": "Baseline: full prefill, then decoding…",
                   "prefix": "Prefix cache: reusing the cached prefix, prefilling the rest…",
-                  "cached": "Modular cache: reusing module KV, prefilling the rest…"}
+                  "cached": "Modular cache: reusing module KV, prefilling the rest…",
+                  "blend": "Blend: choosing the deviating tokens, recomputing them with the rest…"}
 
 
 @dataclass(frozen=True)

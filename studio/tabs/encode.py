@@ -103,6 +103,13 @@ def _settings_panel(studio: Studio) -> Panel:
         w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
                               elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
                                                    "(the chat template's opening); 0 = off")
+    with gr.Row():
+        w["blend"] = gr.Slider(0.0, 0.5, value=cfg.blend if "blend" in cfg.arms else 0.0, step=0.05,
+                               label="Blend: share of cached tokens recomputed (R)", elem_id="blend",
+                               info="adds the Blend column (CacheBlend's selective recompute): the R share of cached "
+                                    "tokens whose KV deviates most at layer 1 is recomputed with the question; 0 = off")
+        w["blend_rule"] = gr.Radio(labelled("blend_rule"), value=cfg.blend_rule, label="Blend: which tokens",
+                                   elem_id="blend-rule", info="deviation is CacheBlend's rule; random is a control")
     gr.Markdown(REPAIR_NOTE, elem_classes=["pml-note"])
     with gr.Row(equal_height=True):
         w["budget_mib"] = gr.Number(memory_defaults(studio)["budget_mib"], label="Module memory budget (MiB)",

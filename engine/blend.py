@@ -1,0 +1,372 @@
+"""Blend: selective recompute of the cached tokens a full prefill would change most (issue 18, after CacheBlend).
+
+Separately encoded modules never attended to each other, so their stored KV lacks what a full
+prefill gives every token: which document it belongs to, what came before. CacheBlend (Yao et
+al., EuroSys 2025; LMCache's ``blend``) reuses all stored KV and recomputes a small share of the
+cached tokens — those whose KV deviates most from a full prefill's at an early layer — with the
+new text. A blended run (:func:`run_blend`):
+
+1. **Selection pass** — the first ``check_layer + 1`` decoder layers over *all* prompt tokens, as
+   a full prefill would compute them (a fraction ``(check_layer + 1) / layers`` of its cost); the
+   forward stops after the check layer (:func:`selection_pass`).
+2. **Selection** — ``n = round(ratio * cached tokens)`` cached tokens by ``rule`` (:data:`RULES`,
+   :func:`select_blend`): the largest deviation at the check layer between each token's fresh
+   K (after RoPE) or V and its stored entry, squared L2 over KV heads and head dim; the link
+   tokens of the repair path; the tokens the uncached text attends to most at the check layer;
+   a mix; or a seeded random choice (the control).
+3. **Recompute** — the repaired run's path with those tokens (:func:`engine.runner.run_repaired`):
+   they are left out of the buffer's copy and prefilled with the uncached tokens at their own
+   position ids, through every layer, under a prompt-order :class:`RankMask`, so their fresh KV
+   replaces the stored one. With ``fresh_early`` the selection pass's KV of layers
+   ``0..check_layer`` replaces the stored KV of every cached token in the buffer too (it is a
+   full prefill's there, and already paid for).
+
+Stored entries as they are read at the check layer: int8 / int4 entries (``QuantKV``) are
+dequantized there, so the deviation includes the quantization error the run would see; a token a
+compressed entry (``LayeredKV``) dropped at the check layer is compared with zero — the buffer
+holds nothing for it — so its deviation is its whole fresh KV.
+
+Exactness ends: ratio 0 is the cached run itself (:func:`engine.runner.run_cached`); ratio 1
+recomputes every cached token (no selection pass: there is nothing to choose), which is the
+baseline's attention in another buffer order (equal within 1e-4 in fp32).
+
+TTFT is measured by :func:`engine.runner.timed_run` like every arm's, from before the selection
+pass: selection pass, deviation, buffer copy, recompute prefill and first sampled token. ``copy_ms``
+of the result is everything before the prefill (selection and copy); :class:`BlendInfo` holds the
+selection's share.
+
+Models whose attention depends on key positions (sliding windows, ALiBi) are refused, as repair
+is: the rank mask would replace their position-aware mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from .arms import Arm, ArmContext, ArmResult, register
+from .config import BLEND_RULES
+from .assemble import buffer_ranks, copy_list_ranked, prefilled
+from .encode import EncodedSchema
+from .errors import EngineError
+from .kv import KVBuffer, LayeredKV, QuantKV, RankMask, scoring
+from .models import LoadedModel
+from .plan import CACHED, PromptPlan
+from .repair import select_repair
+from .runner import Fill, RunResult, Sampling, TokenFn, check_recompute, run_cached, timed_run
+from .store import ModuleStore
+
+# rule -> what picks the recomputed tokens (see select_blend)
+RULES = {
+    "deviation": "largest KV deviation at the check layer (the measured choice of K or V: DEVIATION_OF)",
+    "deviation-k": "largest key deviation (after RoPE) at the check layer",
+    "deviation-v": "largest value deviation at the check layer",
+    "link": "the repair path's link tokens, the first tokens after every inexact link, round-robin",
+    "question": "the tokens the uncached text attends to most at the check layer (over heads and queries)",
+    "mixed": "the first 2 tokens of every link, then half by deviation and half by the question's attention",
+    "random": "a seeded random choice (the control)",
+}
+assert tuple(RULES) == BLEND_RULES  # the settings offer exactly these
+DEVIATION_OF = "v"  # which deviation "deviation" means; bench/blend_probe.py compares them
+FRESH_EARLY = True  # write the selection pass's early-layer KV over the stored KV; bench/blend_probe.py
+MIXED_LINK_TOKENS = 2  # tokens per link the mixed rule always takes
+
+
+@dataclass(frozen=True)
+class BlendInfo:
+    """How one blended run chose what to recompute."""
+
+    ratio: float  # share of the cached tokens asked for
+    rule: str
+    check_layer: int
+    ranks: tuple[int, ...]  # recomputed cached tokens, as indices into plan.token_ids, ascending
+    selection_ms: float  # selection pass + deviation + choice (inside TTFT; 0 when nothing was chosen)
+    fresh_early: bool  # layers 0..check_layer of every cached token came from the selection pass
+
+    def to_json(self) -> dict:
+        return {"blend_ratio": self.ratio, "rule": self.rule, "check_layer": self.check_layer,
+                "selection_ms": round(self.selection_ms, 3), "fresh_early": self.fresh_early}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the selection pass computed: a full prefill's KV of the first layers, in prompt order."""
+
+    fresh: list[torch.Tensor]  # [check_layer + 1] x [2, kv_heads, prompt tokens, head_dim], index = rank
+    question: torch.Tensor | None  # [prompt tokens] attention the uncached tokens pay each token at the check layer
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+@register(Arm.BLEND, title="Blend", subtitle="module KV reused, the most deviating share recomputed",
+          color="#be185d", reads_store=True)
+def blend_arm(ctx: ArmContext) -> ArmResult:
+    """The blend arm: ``ctx.blend`` of the cached tokens recomputed, by ``ctx.options['blend_rule']``."""
+    run, info = run_blend(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, ratio=ctx.blend,
+                          rule=ctx.options.get("blend_rule", "deviation"))
+    return ArmResult(Arm.BLEND, run, detail=info)
+
+
+def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+              sampling: Sampling = Sampling(), on_token: TokenFn | None = None, ratio: float = 0.15,
+              rule: str = "deviation", check_layer: int = 1, fresh_early: bool | None = None,
+              seed: int = 0) -> tuple[RunResult, BlendInfo]:
+    """The cached run with the ``ratio`` share of cached tokens recomputed, chosen by ``rule`` (module docstring).
+
+    ``seed`` drives the random rule only. Returns the run (path ``"blend"``) and how it chose.
+    """
+    fresh_early = FRESH_EARLY if fresh_early is None else fresh_early
+    _check_args(lm, ratio, rule, check_layer)
+    cached = cached_ranks(plan)
+    n = round(ratio * len(cached))
+    info = BlendInfo(ratio=ratio, rule=rule, check_layer=check_layer, ranks=(), selection_ms=0.0,
+                     fresh_early=fresh_early)
+    if n == 0:
+        return replace(run_cached(lm, plan, encoded, store, sampling, on_token), path="blend"), info
+    check_recompute(lm, "blend", "set blend to 0")
+    _decoder_layers(lm.model)
+    ranges = _cached_ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
+    positions = [p for s in plan.segments for p in s.positions]
+    chose: dict = {}
+
+    def fill(buf: KVBuffer) -> Fill:
+        t0 = time.perf_counter()
+        if n < len(cached):
+            probe = selection_pass(lm, plan, check_layer, question=rule in ("question", "mixed"))
+            ranks = select_blend(plan, encoded.mode, probe, stored_at(ranges, check_layer), rule, n, seed)
+        else:  # everything is recomputed: nothing to choose
+            probe, ranks = None, tuple(cached)
+        chose.update(ranks=ranks, ms=(time.perf_counter() - t0) * 1000)
+        redo = set(ranks)
+        copies = copy_list_ranked(plan, encoded, store, redo)
+        ids, pos, order = prefilled(plan, redo)
+        for entry, a, b, _ in copies:
+            entry.write_into(buf, a, b)
+        in_buffer = buffer_ranks(copies, lm.n_layers)
+        if fresh_early and probe is not None:
+            for layer, fresh in enumerate(probe.fresh):
+                r = in_buffer[layer]
+                buf.data[layer, :, 0, :, : r.shape[0]].copy_(fresh[:, :, r.to(fresh.device)])
+        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=len(cached) - n,
+                    recomputed_positions=tuple(positions[r] for r in ranks),
+                    mask=RankMask(in_buffer, torch.tensor(order, dtype=torch.long)))
+
+    run, _ = timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
+                       sampling, on_token)
+    # copy_ms is the share of TTFT before the prefill: here the selection pass and the copy together
+    return run, replace(info, ranks=chose["ranks"], selection_ms=chose["ms"])
+
+
+def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question: bool = False) -> Probe:
+    """Layers ``0..check_layer`` of a full prefill of ``plan`` (every token at its position id); with
+    ``question``, the attention the uncached tokens pay every token at ``check_layer``."""
+    ids = plan.token_ids
+    pos = [p for s in plan.segments for p in s.positions]
+    model = lm.model
+    layers = _decoder_layers(model)
+    # [check_layer + 1, 2, 1, kv_heads, prompt, head_dim]: a buffer for the layers that run
+    data = torch.empty(check_layer + 1, 2, 1, lm.kv_heads, len(ids), lm.head_dim, dtype=model.dtype,
+                       device=lm.device)
+    cache = KVBuffer(data).cache()
+    scorer = _QuestionAttention(check_layer, _uncached_ranks(plan)) if question else None
+    handle = layers[check_layer].register_forward_hook(_stop)
+    try:
+        with torch.inference_mode(), scoring(scorer) if scorer else contextlib.nullcontext():
+            # use_cache=True: with gapped positions and no cache, transformers would assume packed sequences
+            model(input_ids=torch.tensor([ids], device=lm.device), position_ids=torch.tensor([pos], device=lm.device),
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+    except _Enough:
+        pass
+    else:
+        raise EngineError(f"the blend selection pass ran past layer {check_layer}: the model's decoder layers are "
+                          "not called in order; set blend to 0")
+    finally:
+        handle.remove()
+    return Probe(fresh=[data[i, :, 0] for i in range(check_layer + 1)],
+                 question=None if scorer is None else scorer.total)
+
+
+def stored_at(ranges: list, layer: int) -> torch.Tensor:
+    """The stored KV of every cached token at ``layer``, in prompt order: [2, kv_heads, cached, head_dim] fp32.
+
+    ``ranges`` are (entry, first, end) per cached segment (:func:`_cached_ranges`). int8 / int4 entries
+    are dequantized (one layer); tokens a compressed entry dropped at ``layer`` are zeros.
+    """
+    kvs = []
+    for entry, a, b in ranges:
+        if isinstance(entry, QuantKV):
+            one = QuantKV(entry.bits, entry.key_group, entry.value_group,
+                          *(t[layer:layer + 1] for t in (entry.kq, entry.kscale, entry.kmin, entry.vq, entry.vscale,
+                                                         entry.vmin)), entry.positions, entry.token_ids)
+            kvs.append(one.dequantize(a, b)[0])
+        elif isinstance(entry, LayeredKV):
+            kept, t = entry.kept[layer], entry.layers[layer]  # t: [2, kv_heads, kept, head_dim]
+            inside = (kept >= a) & (kept < b)
+            full = torch.zeros(2, t.shape[1], b - a, t.shape[3], dtype=torch.float32, device=t.device)
+            full[:, :, (kept[inside] - a).to(t.device)] = t[:, :, inside.to(t.device)].float()
+            kvs.append(full)
+        else:
+            kvs.append(entry.kv[layer, :, :, a:b].float())
+    return torch.cat(kvs, 2)
+
+
+def deviations(probe: Probe, plan: PromptPlan, stored: torch.Tensor) -> torch.Tensor:
+    """[2, cached] squared L2 (over KV heads and head dim) of fresh minus stored K (row 0) and V (row 1)
+    at the probe's check layer, for the cached tokens in prompt order."""
+    fresh = probe.fresh[-1][:, :, torch.tensor(cached_ranks(plan), dtype=torch.long)].float()
+    return (fresh - stored.to(fresh.device)).pow(2).sum(dim=(1, 3)).cpu()  # [2, cached]
+
+
+def select_blend(plan: PromptPlan, mode: str, probe: Probe, stored: torch.Tensor, rule: str, n: int,
+                 seed: int = 0) -> tuple[int, ...]:
+    """``n`` distinct cached ranks (ascending) chosen by ``rule`` (:data:`RULES`); ``stored`` as :func:`stored_at`."""
+    cached = cached_ranks(plan)
+    if rule == "random":
+        order = torch.randperm(len(cached), generator=torch.Generator().manual_seed(seed))
+        return tuple(sorted(cached[i] for i in order[:n].tolist()))
+    if rule == "link":
+        return tuple(sorted(link_tokens(plan, mode, n)))
+    chosen: list[int] = []
+    if rule == "mixed":
+        chosen = link_tokens(plan, mode, n, per_link=MIXED_LINK_TOKENS)
+    by_dev = _by_score(cached, deviations(probe, plan, stored)[_which(rule)]) if rule != "question" else []
+    by_att = _by_score(cached, probe.question[torch.tensor(cached)]) if rule in ("question", "mixed") else []
+    if rule == "mixed":
+        _fill(chosen, by_dev, len(chosen) + (n - len(chosen) + 1) // 2)
+    _fill(chosen, by_att or by_dev, n)
+    return tuple(sorted(chosen))
+
+
+def link_tokens(plan: PromptPlan, mode: str, n: int, per_link: int | None = None) -> list[int]:
+    """``n`` cached ranks from the repair path's link tokens (:func:`engine.repair.select_repair`): every
+    inexact link's first token, then every link's second, and so on (at most ``per_link`` per link); past
+    the inexact tokens (``per_link`` None), the remaining cached tokens in prompt order."""
+    chosen: list[int] = []
+    prev: list[int] = []
+    k = 0
+    while len(chosen) < n and (per_link is None or k < per_link):
+        k += 1
+        now = list(select_repair(plan, k, mode).ranks)
+        if now == prev:
+            break
+        _fill(chosen, sorted(set(now) - set(prev)), n)
+        prev = now
+    if per_link is None:
+        _fill(chosen, cached_ranks(plan), n)
+    return chosen[:n]
+
+
+def cached_ranks(plan: PromptPlan) -> list[int]:
+    """Indices into ``plan.token_ids`` of the tokens the cached run takes from the store, ascending."""
+    out, rank = [], 0
+    for s in plan.segments:
+        if s.kind == CACHED:
+            out += range(rank, rank + len(s))
+        rank += len(s)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal helpers
+# ----------------------------------------------------------------------------------------------
+
+class _Enough(Exception):
+    """Raised after the check layer to end the selection pass's forward."""
+
+
+def _stop(module, args, output):
+    raise _Enough
+
+
+class _QuestionAttention:
+    """At one layer, the attention the uncached tokens pay every key, summed over heads and queries.
+
+    Fed by the engine's attention (:func:`engine.kv.scoring`) during the selection pass, where the
+    cache index of every key and query is its rank; queries attend to keys of lower or equal rank.
+    """
+
+    def __init__(self, layer: int, queries: list[int]):
+        self.layer = layer
+        self.queries = torch.tensor(queries, dtype=torch.long)
+        self.total: torch.Tensor | None = None  # [prompt tokens]
+
+    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        # query: [1, heads, prompt, dim]; key: [1, kv_heads, prompt, dim] (RoPE applied)
+        if layer != self.layer:
+            return
+        _, heads, _, dim = query.shape
+        kv_heads, n = key.shape[1], key.shape[2]
+        u = self.queries.to(query.device)
+        q = query[0, :, u].float().reshape(kv_heads, heads // kv_heads * u.shape[0], dim)
+        att = torch.matmul(q, key[0].float().transpose(-1, -2)) * (scaling or dim ** -0.5)
+        att = att.view(kv_heads, heads // kv_heads, u.shape[0], n)
+        causal = torch.arange(n, device=query.device)[None, :] <= u[:, None]  # [queries, keys]
+        self.total = att.masked_fill(~causal, float("-inf")).softmax(-1).sum(dim=(0, 1, 2)).cpu()
+
+
+def _check_args(lm: LoadedModel, ratio: float, rule: str, check_layer: int) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+        raise EngineError(f"blend ratio must be a share of the cached tokens from 0 to 1 (got {ratio!r}); "
+                          "e.g. 0.15 recomputes 15 %")
+    if rule not in RULES:
+        raise EngineError(f"unknown blend rule '{rule}'; use one of: {', '.join(RULES)}")
+    if isinstance(check_layer, bool) or not isinstance(check_layer, int) or not 1 <= check_layer < lm.n_layers:
+        # layer 0's K and V are functions of each token alone: stored and fresh agree there everywhere
+        raise EngineError(f"blend check layer must be a layer index from 1 to {lm.n_layers - 1} (got {check_layer!r}); "
+                          "1 is CacheBlend's choice")
+
+
+def _decoder_layers(model) -> torch.nn.ModuleList:
+    """The model's decoder layers, in the order its forward calls them."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise EngineError(f"blend needs the decoder layers at `model.model.layers`, which "
+                          f"'{model.config.model_type}' models do not have; set blend to 0")
+    return layers
+
+
+def _cached_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
+    """(entry, first token, end token) of every cached segment, in prompt order (not merged)."""
+    out = []
+    for s in plan.segments:
+        if s.kind == CACHED:
+            key, off = encoded.locate(s.piece, s.scaffold)
+            out.append((store.get(key), off + s.offset, off + s.offset + len(s)))
+    return out
+
+
+def _uncached_ranks(plan: PromptPlan) -> list[int]:
+    out, rank = [], 0
+    for s in plan.segments:
+        if s.kind != CACHED:
+            out += range(rank, rank + len(s))
+        rank += len(s)
+    return out
+
+
+def _which(rule: str) -> int:
+    """Row of :func:`deviations` a rule reads: 0 keys, 1 values."""
+    of = {"deviation-k": "k", "deviation-v": "v"}.get(rule, DEVIATION_OF)
+    return 0 if of == "k" else 1
+
+
+def _by_score(ranks: list[int], score: torch.Tensor) -> list[int]:
+    """``ranks`` by descending ``score`` (ties by rank)."""
+    order = torch.sort(score.float(), descending=True, stable=True).indices.tolist()
+    return [ranks[i] for i in order]
+
+
+def _fill(chosen: list[int], candidates: list[int], n: int) -> None:
+    """Append candidates not chosen yet, in order, until ``chosen`` holds ``n``."""
+    have = set(chosen)
+    for r in candidates:
+        if len(chosen) >= n:
+            return
+        if r not in have:
+            chosen.append(r)
+            have.add(r)
