@@ -19,8 +19,8 @@ Reported per arm: needle found with a 95 % Wilson interval; against the baseline
 agreement, mean first-token KL, same text, ROUGE-L; TTFT (median over prompts of the median of
 `--ttft-reps` one-token runs, interleaved arm by arm) and its ratio to plain `isolated` measured
 side by side on the same prompt (median, min, max). Plus, for every sample schema's prompt, the
-first-token KL of each sample arm. Plots: `assets/fidelity.png` (accuracy by depth and modules)
-and `assets/frontier.png` (accuracy against TTFT). Numbers are reported as measured.
+first-token KL of each sample arm. Plot: `assets/frontier.png` (accuracy against TTFT, per arm;
+the by-depth table is in the JSON and the README). Numbers are reported as measured.
 
     python bench/fidelity.py              # 48 single + 24 confusable prompts, long on 2 CPU cores
     python bench/fidelity.py --per-setting 12 --confusable 12   # a reduced run (labelled in the JSON)
@@ -281,34 +281,6 @@ def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], ne
 COLOURS = {"baseline": "#c0392b", "prefixed": "#2471a3", "isolated": "#b7950b", "scaffold": "#1e8449"}
 
 
-def plot(by_depth: dict, by_modules: dict, path, arms: tuple[str, ...]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shown = [a for a in ("baseline", "prefixed", "isolated", "scaffold") if a in arms]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120, sharey=True)
-    for ax, data, title in ((axes[0], by_depth, "by needle depth"), (axes[1], by_modules, "by number of modules")):
-        keys = list(data)
-        w = 0.8 / len(shown)
-        for i, p in enumerate(shown):
-            ax.bar([k + (i - (len(shown) - 1) / 2) * w for k in range(len(keys))], [data[k][p] * 100 for k in keys],
-                   w, label=p, color=COLOURS[p])
-        ax.set_xticks(range(len(keys)))
-        ax.set_xticklabels(keys)
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].set_ylabel("needle found (%)")
-    axes[0].set_ylim(0, 105)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(shown), fontsize=9, frameon=False)
-    fig.suptitle("Needle-in-a-haystack accuracy — SmolLM2-135M, greedy", fontsize=11)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def plot_frontier(by_size: dict, path) -> None:
     """Accuracy (with its 95 % interval) against median TTFT, one panel per number of modules."""
     import matplotlib
@@ -407,7 +379,6 @@ def main() -> None:
         from common import RESULTS
 
         data = json.loads((RESULTS / "fidelity.json").read_text())
-        plot(data["by_depth"], data["by_modules"], ROOT / "assets" / "fidelity.png", tuple(data["arms"]))
         plot_frontier(data["frontier"], ROOT / "assets" / "frontier.png")
         return
     chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
@@ -455,7 +426,6 @@ def main() -> None:
         print_summary(f"confusable needles, {conf_modules} modules", confusable)
     name = result_name("fidelity", args.model)
     if not args.quick and name == "fidelity":
-        plot(by_depth, by_modules, ROOT / "assets" / "fidelity.png", arms)
         plot_frontier(frontier, ROOT / "assets" / "frontier.png")
     emit(name, {"role_tags": has_roles(eng), "benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
                       "new_tokens": args.new_tokens, "prompts": len(rows), "confusable_prompts": len(conf_rows),

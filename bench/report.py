@@ -80,7 +80,7 @@ def section() -> str:
         bym = fidelity["by_modules"]
         out += ["", "By number of modules: " + "; ".join(
             f"{k} modules: " + ", ".join(f"{p} {v[p]:.0%}" for p in ("baseline", "prefixed", "isolated", "scaffold"))
-            for k, v in bym.items()) + ".", "", "![Needle accuracy by depth and modules](assets/fidelity.png)", ""]
+            for k, v in bym.items()) + ".", ""]
     if compression:
         out += compression_section(compression)
     families = load("families")

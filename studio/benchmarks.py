@@ -32,7 +32,7 @@ INSTALLED_RESULTS = Path(__file__).resolve().parent / "results"  # the copy an i
 RESULTS = CHECKOUT_RESULTS if CHECKOUT_RESULTS.is_dir() else INSTALLED_RESULTS
 RESULTS_ENV = "PML_STUDIO_RESULTS"
 ASSETS = ROOT / "assets"
-PLOTS = {"scaling": "scaling.png", "fidelity": "fidelity.png"}
+PLOTS = {"scaling": "scaling.png", "fidelity": "frontier.png"}
 SMALL_LENGTHS = (256, 512, 1024)  # what the tab offers
 MIN_LENGTH, MAX_LENGTH = 64, 1024  # what the handler accepts
 SMALL_NEW_TOKENS = 2
@@ -295,7 +295,7 @@ def _breakdown(data: dict, key: str) -> pd.DataFrame:
 
 
 def plot_path(name: str, assets: str | Path | None = None) -> str | None:
-    """assets/scaling.png or assets/fidelity.png when the benchmark has drawn it, else None."""
+    """assets/scaling.png or assets/frontier.png when the benchmark has drawn it, else None."""
     path = Path(assets or ASSETS) / PLOTS[name]
     return str(path) if path.exists() else None
 

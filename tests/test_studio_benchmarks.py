@@ -126,8 +126,8 @@ def test_benchmarks_tab_without_results(tmp_path):
     (empty / "x").mkdir(parents=True)
     (empty / "ttft.json").write_text("{not json")
     assert "cannot be read" in bm.ttft_view(empty)[0]
-    (empty / "fidelity.png").write_bytes(b"png")
-    assert bm.plot_path("fidelity", empty) == str(empty / "fidelity.png") and bm.plot_note("fidelity", empty) == ""
+    (empty / "frontier.png").write_bytes(b"png")
+    assert bm.plot_path("fidelity", empty) == str(empty / "frontier.png") and bm.plot_note("fidelity", empty) == ""
 
 
 def test_scaling_at_small_sizes_runs_the_benchmark_code(tiny_engine):
