@@ -35,12 +35,16 @@ def tokenizer_bundle():
 @pytest.fixture(scope="session")
 def tiny_lm(tokenizer_bundle):
     """A 2-layer random-weight Llama with the default model's tokenizer and chat template."""
+    return make_tiny_llama(tokenizer_bundle[1])
+
+
+def make_tiny_llama(tok):
+    """The tiny Llama of :func:`tiny_lm` (seed 0), for scripts that write test data too."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from engine.models import wrap_model
 
-    _, tok, _ = tokenizer_bundle
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                       tie_word_embeddings=True, attn_implementation="sdpa")

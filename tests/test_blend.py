@@ -22,15 +22,7 @@ from engine.repair import select_repair
 from engine.runner import Sampling, run_baseline, run_cached
 from engine.session import Engine
 
-DOCS = ("The red fox jumps over the lazy dog near the river bank.",
-        "Quantum computers use qubits that can hold superpositions of states.",
-        "The library opens at nine and closes at five on weekdays.")
-TURNS = """<schema name="turns">
-  <system>You answer questions about the documents.</system>
-  <user><module name="d1">{0}</module></user>
-  <user><module name="d2">{1}</module><module name="d3">{2}</module></user>
-</schema>""".format(*DOCS)
-PROMPT = "<prompt schema='turns'><d1/><d2/><d3/> Which animal jumps?</prompt>"
+from test_repair import TURNS, TURNS_PROMPT as PROMPT  # three documents in two user turns
 
 
 def _sizes(**extra) -> dict:

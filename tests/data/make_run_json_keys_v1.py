@@ -1,18 +1,15 @@
-"""Snapshot of the `run --json` key paths as written by the code before the arms refactor."""
+"""Snapshot of the `run --json` key paths as written by the code before the arms refactor (run at 9d7bb5f with
+conftest.make_tiny_llama copied in: the seed-0 tiny Llama of its tiny_lm fixture)."""
 import json, sys, pathlib
 sys.path.insert(0, "tests")
-from conftest import SAMPLES
+from conftest import SAMPLES, make_tiny_llama
 from engine.models import load_tokenizer, wrap_model
 from engine.session import Engine
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 _, tok, _ = load_tokenizer(None)
-cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                  tie_word_embeddings=True, attn_implementation="sdpa")
-torch.manual_seed(0)
-lm = wrap_model(LlamaForCausalLM(cfg).eval(), tok, "tiny-llama", fingerprint="tiny-llama-seed0")
+lm = make_tiny_llama(tok)
 eng = Engine.from_loaded(lm)
 from engine.runner import Sampling
 s = (SAMPLES / "travel.xml").read_text(); p = (SAMPLES / "travel.prompt.xml").read_text()
