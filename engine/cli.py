@@ -29,7 +29,8 @@ def build_parser(extra: dict | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_opts(sp):
-        sp.add_argument("--model", default=None, help="model folder or hub id (default: the packaged SmolLM2-135M)")
+        sp.add_argument("--model", default=None, help="packaged model name, model folder, FILE.gguf (converted once) "
+                        "or hub id (default: the packaged SmolLM2-135M)")
 
     c = sub.add_parser("check", help="validate schema and prompt files; exit 2 with one line per problem")
     c.add_argument("files", nargs="+", metavar="FILE")
@@ -75,8 +76,11 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
                         "--device cuda copies module KV host-to-device per run, as in the paper's CPU-storage case")
     r.add_argument("--mode", default="prefixed", choices=cfg.values("mode"),
                    help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
-    r.add_argument("--storage-dtype", default="float32", choices=cfg.values("storage_dtype"),
-                   help="precision of stored module KV (cast back to the compute dtype when assembled); int8 and "
+    r.add_argument("--dtype", default=None, choices=cfg.COMPUTE_DTYPES,
+                   help="compute dtype of the model (default: float32 on CPU, bfloat16 on CUDA; `info` says why)")
+    r.add_argument("--storage-dtype", default=None, choices=cfg.values("storage_dtype"),
+                   help="precision of stored module KV (default: the compute dtype; cast back to it when "
+                        "assembled); int8 and "
                         "int4 quantize keys per channel and values per token (KIVI), about 26 %% and 15 %% of fp32 "
                         "with their scales")
     r.add_argument("--retention", type=float, default=1.0,
@@ -118,7 +122,7 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
 
 def config_from_args(args) -> "cfg.RunConfig":
     """The RunConfig the `run` options describe (validated here, once)."""
-    return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, mode=args.mode,
+    return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype, mode=args.mode,
                          storage_dtype=args.storage_dtype,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
@@ -298,6 +302,7 @@ def cmd_info(args) -> int:
     from .session import Engine
 
     info = Engine(model=args.model).info()
+    info["dtype_reason"] = cfg.dtype_reason(info["device"], info["dtype"])
     info["cuda_available"] = cuda_available()
     if args.json:
         print(json.dumps(info))

@@ -14,6 +14,7 @@ No torch here: validation that needs the machine (is CUDA present?) is done by `
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -139,17 +140,19 @@ class Compression:
 class RunConfig:
     """Everything a run needs besides the documents and the sampling settings.
 
-    ``device`` None means: ``cuda`` when storage is ``cuda``, else ``cpu``. ``budget_bytes``
-    None means half the memory available on the storage device. ``module_dir`` None means
-    ``$PML_STUDIO_MODULES``, else ``$PML_STUDIO_CACHE/modules``.
+    ``device`` None means: ``cuda`` when storage is ``cuda``, else ``cpu``. ``dtype`` None means
+    :func:`default_dtype` of the device; ``storage_dtype`` None means the compute dtype (module KV
+    is stored in the precision the run computes in). ``budget_bytes`` None means half the memory
+    available on the storage device. ``module_dir`` None means ``$PML_STUDIO_MODULES``, else
+    ``$PML_STUDIO_CACHE/modules``.
     """
 
     model: str | None = None
     device: str | None = None
-    dtype: str = "float32"  # compute dtype of the model
+    dtype: str | None = None  # compute dtype of the model
     storage: str = "cpu"
     mode: str = "prefixed"
-    storage_dtype: str = "float32"
+    storage_dtype: str | None = None
     compression: Compression = field(default_factory=Compression)
     budget_bytes: int | None = None
     persist: bool = True
@@ -164,11 +167,15 @@ class RunConfig:
     def __post_init__(self):
         _one_of("encoding mode", self.mode, MODES)
         _one_of("storage", self.storage, STORAGES)
-        _one_of("storage dtype", self.storage_dtype, STORAGE_DTYPES)
-        _one_of("compute dtype", self.dtype, COMPUTE_DTYPES)
         if self.device is None:
             object.__setattr__(self, "device", "cuda" if self.storage == "cuda" else "cpu")
         _one_of("device", self.device, DEVICES)
+        if self.dtype is None:
+            object.__setattr__(self, "dtype", default_dtype(self.device))
+        _one_of("compute dtype", self.dtype, COMPUTE_DTYPES)
+        if self.storage_dtype is None:
+            object.__setattr__(self, "storage_dtype", self.dtype)
+        _one_of("storage dtype", self.storage_dtype, STORAGE_DTYPES)
         if not isinstance(self.compression, Compression):
             raise EngineError("compression must be a Compression(retention, method)")
         if self.storage_dtype in QUANTIZED and self.compression.at_encode:
@@ -230,6 +237,11 @@ class RunConfig:
             raise EngineError(f"unknown run setting(s): {', '.join(sorted(unknown))}")
         if "storage" in changes and "device" not in changes:
             changes["device"] = None  # re-derived from the new storage
+        if "dtype" not in changes and self.dtype == default_dtype(self.device) \
+                and changes.get("device", self.device) != self.device:
+            changes["dtype"] = None  # the default of the new device
+        if "storage_dtype" not in changes and self.storage_dtype == self.dtype:
+            changes["storage_dtype"] = None  # follows the (new) compute dtype
         return replace(self, **changes)
 
     def to_json(self) -> dict:
@@ -239,6 +251,45 @@ class RunConfig:
                 "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
                 "repair": self.repair, "sink": self.sink, "warmup": self.warmup, "blend": self.blend,
                 "blend_rule": self.blend_rule}
+
+
+# -- compute precision per device, by measurement (bench/precision.py) ------------------------------
+
+PRECISION_RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "precision-qwen2.5-coder-0.5b.json"
+
+
+def default_dtype(device: str) -> str:
+    """The compute dtype of a run that names none: float32 on CPU, bfloat16 on CUDA.
+
+    CPU, measured (bench/precision.py, :func:`dtype_reason` quotes it): bf16 prefills faster, but
+    torch's CPU kernels make every one-token decode step several times slower, and bf16 adds its
+    own first-token KL to every cached-vs-baseline figure this product reports. CUDA, not
+    measured here (no GPU): bf16 halves the bytes each decode step reads and runs on tensor cores.
+    """
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def dtype_reason(device: str, dtype: str) -> str:
+    """One sentence saying why a run computes in ``dtype`` on ``device``, with the measured numbers when present."""
+    if dtype != default_dtype(device):
+        return f"{short_dtype(dtype)} as asked (the default on {device} is {short_dtype(default_dtype(device))})"
+    if device.startswith("cuda"):
+        return "the default on a GPU: bf16 halves the bytes each decode step reads (not measured on this project's " \
+               "machines, which have no GPU)"
+    try:
+        data = json.loads(PRECISION_RESULTS.read_text())
+        row = max(data["ttft"], key=lambda r: r["prompt_tokens"])
+        fp32, bf16 = row["fp32"], row["bf16"]
+        kl = data["needles"]["single"]["bf16 baseline"]["kl_vs_fp32"]["mean"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "the default on CPU: bf16 prefills faster but decodes slower on torch's CPU kernels and adds its own " \
+               "first-token KL to every comparison (run bench/precision.py for this machine's numbers)"
+    return (f"the default on CPU: measured on {data['model']} (bench/precision.py), bf16 prefills "
+            f"{row['prompt_tokens']:,} tokens in {bf16['baseline_ttft_ms']['median'] / 1000:.1f} s against fp32's "
+            f"{fp32['baseline_ttft_ms']['median'] / 1000:.1f} s but decodes at "
+            f"{bf16['decode_ms_per_token']['median']:.0f} ms/token against "
+            f"{fp32['decode_ms_per_token']['median']:.0f}, "
+            f"and adds a first-token KL of {kl:.1e} to every comparison")
 
 
 def budget_from_mib(mib) -> int | None:

