@@ -147,7 +147,7 @@ def test_the_engine_runs_a_gguf_file_with_its_chat_template(cache, gguf_file):
     schema = "<schema name='s'><system>the</system><user><module name='m'>the the</module></user></schema>"
     c = eng.compare(schema, "<prompt schema='s'><m/> the</prompt>", Sampling(3))
     assert eng.info()["model"] == "tiny-llama"
-    assert c.first_token_kl < 1e-6  # one module at the prompt's start (prefixed): exact
+    assert c.agreement().first_token_kl < 1e-6  # one module at the prompt's start (prefixed): exact
 
 
 # -- bad input: its own error, and nothing written ----------------------------------------------------

@@ -32,7 +32,7 @@ def test_the_default_dtype_is_chosen_per_device_and_storage_follows_it():
     assert cpu.with_(storage="cuda").dtype == "bfloat16"  # the new device's default
     assert RunConfig(dtype="float32", storage="cuda").with_(storage="cpu").dtype == "float32"
     half = cpu.with_(dtype="bfloat16")
-    assert half.storage_dtype == "bfloat16"  # stored in the precision the run computes in
+    assert half.store.dtype == "bfloat16"  # stored in the precision the run computes in
     assert RunConfig(storage_dtype="int8").with_(dtype="bfloat16").storage_dtype == "int8"  # a choice is kept
     assert RunConfig(dtype="bfloat16", storage_dtype="float32").storage_dtype == "float32"
 
@@ -42,10 +42,10 @@ def test_bf16_compute_end_to_end_with_bf16_module_kv(tiny_lm, tiny_bf16, tmp_pat
     first = Engine.from_loaded(tiny_bf16, persist=True, module_dir=tmp_path / "modules")
     assert (first.config.dtype, first.config.storage_dtype) == ("bfloat16", "bfloat16")
     a = first.compare(SCHEMA, PROMPT, Sampling(4))
-    assert a.storage_dtype == "bfloat16"
+    assert a.store.dtype == "bfloat16"
     entries = [first.store().get(k) for k in first.store().keys()]
     assert entries and all(e.dtype == torch.bfloat16 for e in entries)
-    assert {n: b * 2 for n, b in a.store_bytes_by_module.items()} == full.store_bytes_by_module
+    assert {n: b * 2 for n, b in a.store.by_module.items()} == full.store.by_module
     # a restart reads the bf16 entries back from disk and runs the same
     again = Engine.from_loaded(tiny_bf16, persist=True, module_dir=tmp_path / "modules")
     enc = again.encode(again.layout(SCHEMA))
@@ -62,7 +62,7 @@ def test_one_module_at_the_start_stays_exact_in_bf16(tiny_bf16):
     schema = "<schema name='one'><module name='m'>The library opens at nine and closes at five.</module></schema>"
     c = Engine.from_loaded(tiny_bf16).compare(schema, "<prompt schema='one'><m/> When does it open?</prompt>",
                                               Sampling(4))
-    assert c.first_token_agree and c.first_token_kl < 1e-3  # bf16 kernels round differently per length
+    assert c.agreement().first_token_agree and c.agreement().first_token_kl < 1e-3  # bf16 kernels round differently per length
 
 
 def test_the_reason_quotes_the_measurement(tmp_path, monkeypatch):
