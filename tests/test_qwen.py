@@ -108,6 +108,6 @@ def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen)
     c = qwen.compare(schema.read_text(), prompt.read_text(), Sampling(4), schema_source=str(schema),
                      prompt_source=str(prompt))
     assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
-    assert c.agreement().first_token_agree and c.prefix_agreement["first_token_agree"]
-    assert c.prefix_agreement["first_token_kl"] < 0.01  # exact reuse: only kernel rounding
+    assert c.agreement().first_token_agree and c.agreement("prefix").first_token_agree
+    assert c.agreement("prefix").first_token_kl < 0.01  # exact reuse: only kernel rounding
     assert c.baseline.text.strip()
