@@ -261,10 +261,10 @@ PRECISION_RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 def default_dtype(device: str) -> str:
     """The compute dtype of a run that names none: float32 on CPU, bfloat16 on CUDA.
 
-    CPU, measured (bench/precision.py, :func:`dtype_reason` quotes it): bf16 prefills faster, but
-    torch's CPU kernels make every one-token decode step several times slower, and bf16 adds its
-    own first-token KL to every cached-vs-baseline figure this product reports. CUDA, not
-    measured here (no GPU): bf16 halves the bytes each decode step reads and runs on tensor cores.
+    CPU: fp32 until bench/precision.py's fp32-vs-bf16 table is committed for this machine (issue 17;
+    :func:`dtype_reason` quotes it once it is); bf16 would add its own first-token KL to every
+    cached-vs-baseline figure this product reports. CUDA, not measured here (no GPU): bf16 halves
+    the bytes each decode step reads and runs on tensor cores.
     """
     return "bfloat16" if device.startswith("cuda") else "float32"
 
@@ -282,8 +282,8 @@ def dtype_reason(device: str, dtype: str) -> str:
         fp32, bf16 = row["fp32"], row["bf16"]
         kl = data["needles"]["single"]["bf16 baseline"]["kl_vs_fp32"]["mean"]
     except (OSError, ValueError, KeyError, TypeError):
-        return "the default on CPU: bf16 prefills faster but decodes slower on torch's CPU kernels and adds its own " \
-               "first-token KL to every comparison (run bench/precision.py for this machine's numbers)"
+        return "the default on CPU until bf16 is measured against it here: bf16 adds its own first-token KL to " \
+               "every comparison (run bench/precision.py for this machine's numbers)"
     return (f"the default on CPU: measured on {data['model']} (bench/precision.py), bf16 prefills "
             f"{row['prompt_tokens']:,} tokens in {bf16['baseline_ttft_ms']['median'] / 1000:.1f} s against fp32's "
             f"{fp32['baseline_ttft_ms']['median'] / 1000:.1f} s but decodes at "
