@@ -49,5 +49,5 @@ def test_pick_encode_compare_and_screenshot(served, tmp_path):
     assert out.stat().st_size > 20_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = demo.studio.runlog.runs()
     assert len(rows) == 1 and rows[0]["schema_name"] == "doc_qa"
-    assert rows[0]["baseline_text"].strip() == shown["baseline"].replace("∅", "").strip()  # the page shows the run
+    assert rows[0]["arms"]["baseline"]["text"].strip() == shown["baseline"].replace("∅", "").strip()  # the page shows the run
     assert (README_SCREENSHOT.stat().st_mtime_ns if README_SCREENSHOT.exists() else None) == readme_shot
