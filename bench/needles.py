@@ -1,0 +1,144 @@
+"""Varied needles: facts of several templates with invented names, places and short phrases as answers.
+
+"The special magic number for the X project is N" is easy for a model that answers (the 0.5B model
+finds it whatever the cache does) and says nothing about *which document* a fact came from. These
+needles are harder and more varied (issue 17, item 5; issue 18, item 4):
+
+* each :class:`Fact` template has its own subjects (towns, islands, painters, inns, ...) and answers
+  (pet names, colours, villages, dishes, two-word passwords) — invented, so the essays never hold
+  them, and none a substring of another in the same template;
+* :func:`varied_cases` — one target fact at a varied depth plus ``distractors`` facts of *other*
+  templates in other modules (several needles per prompt, one asked);
+* :func:`confusable_cases` — every module holds a fact of the *same* template about another subject
+  (a harbour master's parrot in each of eight towns); the question names one subject, so the model
+  must tell the documents apart.
+
+:func:`judge` scores an answer: found = the target's answer appears in it (case, quotes and
+punctuation ignored, whole words); confused = another module's answer does and the target's not.
+Cases are plain dicts with the keys bench/fidelity.py reads (``question``, ``answer``, ``others``).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from bench.workloads import insert
+
+
+@dataclass(frozen=True)
+class Fact:
+    kind: str
+    sentence: str  # "{s}" subject, "{v}" answer
+    ask: str  # the question, "{s}" subject
+    subjects: tuple[str, ...]
+    answers: tuple[str, ...]
+
+    def say(self, subject: str, answer: str) -> str:
+        return self.sentence.format(s=subject, v=answer)
+
+    def question(self, subject: str) -> str:
+        return f"Question: {self.ask.format(s=subject)} Answer in a few words, using the documents. Answer:"
+
+
+FACTS = (
+    Fact("parrot", "The harbour master of {s} keeps a parrot called {v}.",
+         "What is the name of the parrot kept by the harbour master of {s}?",
+         ("Porthleven", "Kilbrannan", "Saltcombe", "Dunmarrow", "Westhaven", "Eastmere", "Tollbridge", "Fenwick Bay",
+          "Ardmore", "Caldbeck"),
+         ("Biscuit", "Admiral Crumb", "Marzipan", "Captain Fig", "Toffee", "Sergeant Plum", "Whistler", "Pumpernickel",
+          "Lady Gumdrop", "Nutmeg")),
+    Fact("lighthouse", "The lighthouse on {s} is painted {v}.", "What colour is the lighthouse on {s} painted?",
+         ("Skerrow Isle", "Barra Rock", "Holm Island", "Gull Point", "Raven Skerry", "Fair Holm", "Sula Rock",
+          "Mingay", "Copeland Isle", "Oxna"),
+         ("pale green", "crimson", "mustard yellow", "sky blue", "charcoal grey", "burnt orange", "lilac", "teal",
+          "salmon pink", "violet")),
+    Fact("tea", "The librarian of {s} drinks nothing but {v} tea.", "Which tea does the librarian of {s} drink?",
+         ("Ashby Parva", "Thornfield", "Marlow Green", "Penrith Cross", "Oldcastle", "Brackenwood", "Fairhope",
+          "Millbrook", "Haddon Vale", "Stourton"),
+         ("jasmine", "rooibos", "oolong", "hibiscus", "peppermint", "chamomile", "lapsang souchong", "genmaicha",
+          "lemon verbena", "darjeeling")),
+    Fact("password", "The password for the {s} archive is {v}.", "What is the password for the {s} archive?",
+         ("Harlow", "Quenby", "Ostwick", "Pellham", "Varrow", "Linstead", "Colbury", "Dranmore", "Ettrick", "Sowerby"),
+         ("silver kettle", "quiet orchard", "paper lantern", "copper fox", "velvet anchor", "winter plum",
+          "glass heron", "amber tide", "rusty compass", "midnight tulip")),
+    Fact("painter", "The painter {s} was born in the village of {v}.", "In which village was the painter {s} born?",
+         ("Ilse Marrow", "Tomas Brindle", "Odile Vane", "Rafe Cotter", "Maren Holt", "Silas Quint", "Agathe Lune",
+          "Bram Ketter", "Nell Dorrit", "Jory Penhale"),
+         ("Little Dunsop", "Hessle Ford", "Brackwater", "Oxney Cross", "Pennock", "Yarrowby", "Stillwell",
+          "Cobham Vale", "Wetherden", "Ludgvan")),
+    Fact("ferry", "The ferry captain of {s} named her boat the {v}.",
+         "What did the ferry captain of {s} name her boat?",
+         ("Lismore", "Colonsay", "Rathlin", "Eigg", "Muck", "Kerrera", "Gigha", "Ulva", "Luing", "Shuna"),
+         ("Morning Star", "Blue Heron", "Saucy Meg", "Northern Lass", "Kittiwake", "Silver Darling", "Good Hope",
+          "Marigold", "Sea Swallow", "Brave Otter")),
+    Fact("inn", "The cook at the {s} inn is famous for {v}.", "What is the cook at the {s} inn famous for?",
+         ("Three Owls", "Golden Pike", "Crooked Billet", "Lamb and Flag", "White Hart", "Drowsy Swan", "Old Bell",
+          "Wheatsheaf", "Fox and Hounds", "Green Man"),
+         ("plum dumplings", "smoked eel soup", "nettle pie", "saffron buns", "rabbit stew", "treacle tart",
+          "crab cakes", "barley bread", "damson jam", "cider pork")),
+)
+
+
+def varied_cases(chunks: list[str], n_modules: int, count: int, seed: int, distractors: int = 2,
+                 depths: tuple[float, ...] = (0.1, 0.5, 0.9)) -> list[dict]:
+    """``count`` prompts of ``n_modules`` essay modules: one target fact (its template cycling through
+    :data:`FACTS`) in the module at ``depth``, and ``distractors`` facts of other templates in other modules."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        start = rng.randrange(0, len(chunks) - n_modules)
+        docs = list(chunks[start:start + n_modules])
+        depth = depths[i % len(depths)]
+        target = min(n_modules - 1, int(depth * n_modules))
+        kinds = [FACTS[i % len(FACTS)]] + rng.sample([f for f in FACTS if f is not FACTS[i % len(FACTS)]],
+                                                     min(distractors, len(FACTS) - 1))
+        where = [target] + rng.sample([j for j in range(n_modules) if j != target], min(distractors, n_modules - 1))
+        said = []
+        for fact, j in zip(kinds, where):
+            subject, answer = rng.choice(fact.subjects), rng.choice(fact.answers)
+            docs[j] = insert(docs[j], fact.say(subject, answer), rng.random())
+            said.append((fact, subject, answer))
+        fact, subject, answer = said[0]
+        out.append(_case(n_modules, depth, target, fact, subject, answer, [a for _, _, a in said[1:]], docs))
+    return out
+
+
+def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
+                     depths: tuple[float, ...] = (0.1, 0.5, 0.9)) -> list[dict]:
+    """``count`` prompts of ``n_modules`` essay modules, each module holding a fact of one template
+    (cycling through :data:`FACTS`) about its own subject with its own answer; the question names the
+    subject of the module at ``depth``."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        fact = FACTS[i % len(FACTS)]
+        start = rng.randrange(0, len(chunks) - n_modules)
+        docs = list(chunks[start:start + n_modules])
+        subjects, answers = rng.sample(fact.subjects, n_modules), rng.sample(fact.answers, n_modules)
+        for j in range(n_modules):
+            docs[j] = insert(docs[j], fact.say(subjects[j], answers[j]), rng.random())
+        depth = depths[i % len(depths)]
+        target = min(n_modules - 1, int(depth * n_modules))
+        out.append(_case(n_modules, depth, target, fact, subjects[target], answers[target],
+                         [a for j, a in enumerate(answers) if j != target], docs))
+    return out
+
+
+def judge(answer: str, case: dict) -> tuple[bool, bool]:
+    """(found, confused) for a model's answer to ``case``: whole-word match, case and punctuation ignored."""
+    said = _words(answer)
+    found = _words(case["answer"]) in said
+    return found, not found and any(_words(o) in said for o in case["others"])
+
+
+def _words(text: str) -> str:
+    return " " + " ".join(re.findall(r"[a-z0-9]+", text.lower())) + " "
+
+
+def _case(n_modules, depth, target, fact, subject, answer, others, docs) -> dict:
+    # "name"/"number" too: the keys the magic-number cases use (bench/fidelity.py prints them)
+    return {"modules": n_modules, "depth": depth, "needle_module": target, "kind": fact.kind, "subject": subject,
+            "name": subject, "answer": answer, "number": answer, "others": others,
+            "question": fact.question(subject), "docs": docs}
