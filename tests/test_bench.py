@@ -15,9 +15,12 @@ import subprocess
 import sys
 import time
 
+import re
+
 import numpy as np
 import pytest
 
+from bench.needles import judge
 from conftest import ROOT
 
 RESULTS = ROOT / "bench" / "results"
@@ -163,8 +166,17 @@ def test_fidelity_quick():
     for row in data["rows"]:
         assert row["scaffold"]["first_token_kl"] < 1e-4  # joint encoding of every module: exact
         assert row["isolated"]["recomputed_tokens"] == 0 < row["isolated+repair 4"]["recomputed_tokens"]
-    for row in data["confusable_rows"]:
-        assert len(row["number"]) == 7 and not (row["isolated"]["found"] and row["isolated"]["confused"])
+    assert data["needles"] == "varied"
+    for row in data["rows"] + data["confusable_rows"]:  # varied needles: a word answer, judged by whole words
+        assert row["number"] and not row["number"].isdigit() and row["question"].startswith("Question:")
+        for arm in (a for a, v in row.items() if isinstance(v, dict)):
+            said = " " + " ".join(re.findall(r"[a-z0-9]+", row[arm]["text"].lower())) + " "
+            assert row[arm]["found"] == (" " + " ".join(re.findall(r"[a-z0-9]+", row["number"].lower())) + " " in said)
+            assert not (row[arm]["found"] and row[arm]["confused"])
+        blend = row.get("prefixed+blend 25")
+        if blend:  # a quarter of the cached tokens recomputed, chosen inside its TTFT
+            assert blend["recomputed_tokens"] == round(0.25 * row["cached_tokens"]) > 0
+            assert 0 < blend["selection_ms"] < blend["ttft_ms"]
     assert set(data["frontier"]) == {"2"} and set(data["samples"]) == {"travel"}
     travel = data["samples"]["travel"]
     assert travel["prefixed"]["recomputed_tokens"] == 0 < travel["prefixed+repair 4"]["recomputed_tokens"]
@@ -218,8 +230,8 @@ def check_workload(data: dict) -> None:
 
 @real_model
 def test_workload_quick():
-    out, data, _ = run_bench("workload.py", timeout=900)  # 18 runs of three arms: ~1 min on a quiet machine
-    assert data["benchmark"] == "workload" and list(data["arms"]) == ["baseline", "prefix", "cached"]
+    out, data, _ = run_bench("workload.py", "--blend", "0.25", timeout=900)  # 24 runs: ~1.5 min on a quiet machine
+    assert data["benchmark"] == "workload" and list(data["arms"]) == ["baseline", "prefix", "cached", "blend"]
     rows = data["prompts"]
     assert len(rows) == 6 and any(r["schema_order"] for r in rows) and not all(r["schema_order"] for r in rows)
     assert data["warmup"]["modules"] == [f"doc{i}" for i in range(8)]
@@ -232,6 +244,11 @@ def test_workload_quick():
         assert p["stopped_at"]["token"] == p["reused_tokens"]
         assert r["cached"]["prefilled_tokens"] == r["prompt_tokens"] - r["cached_tokens"]
         assert p["broke"] == (p["reused_tokens"] < r["cached_tokens"])
+        b = r["blend"]  # a quarter of the modular arm's cached tokens recomputed with the question
+        assert b["recomputed_tokens"] == round(0.25 * r["cached_tokens"]) and b["blend_ratio"] == 0.25
+        assert b["reused_tokens"] == r["cached_tokens"] - b["recomputed_tokens"]
+        assert b["prefilled_tokens"] == r["prompt_tokens"] - r["cached_tokens"] + b["recomputed_tokens"]
+        assert b["found"] == judge(b["text"], {"answer": r["answer"], "others": []})[0]
         if r["schema_order"]:  # warmed with every module in schema order: nothing the modular arm reuses breaks
             assert p["reused_tokens"] >= r["cached_tokens"] and not p["broke"]
     # the first prompt out of schema order finds only schema-order prompts cached: it breaks at its first
