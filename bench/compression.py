@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import ROOT, doc_schema, emit, essay_chunks, machine, table
-from fidelity import SYSTEM, insert, make_cases, needle, question, wilson
+from common import ROOT, doc_schema, emit, essay_chunks, machine, result_name, table
+from bench.needles import varied_cases
+from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
 
 from engine.compress import Compression
 from engine.runner import Sampling, agreement, run_baseline, run_cached
@@ -67,13 +68,13 @@ def run_prompt(eng: Engine, case: dict, idx: int, configs: list, sampling: Sampl
     n = case["modules"]
     schema = doc_schema(f"c{idx}", case["docs"], system=SYSTEM)
     prompt = (f'<prompt schema="c{idx}">' + "".join(f"<doc{j}/>" for j in range(n)) +
-              f" {escape(question(case['name']))}</prompt>")
+              f" {escape(case.get('question') or question(case['name']))}</prompt>")
     lay = eng.layout(schema)
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
     store = eng.store()
 
     def found(run) -> bool:
-        return case["number"] in run.text.replace(",", "")
+        return judge(run.text, case)[0]
 
     def module_bytes(enc) -> int:
         return sum(store.entry_bytes(k) for path, k in enc.module_keys.items() if path)
@@ -264,6 +265,8 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=0, help="skip the first prompts (resume a --rows file)")
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--needles", choices=("magic", "varied"), default="magic",
+                    help="magic numbers (the set measured on SmolLM2) or varied facts (bench/needles.py)")
     args = ap.parse_args()
     configs = [c for c in CONFIGS if args.configs is None or label(c) in args.configs]
     chunk_tokens, modules_4k = 250, 16
@@ -288,7 +291,9 @@ def main() -> None:
         made_by += [c for c in Path(args.from_rows + ".command").read_text().split("\n") if c.strip()]
     else:
         rows = []
-        cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed)
+        cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed) \
+            if args.needles == "magic" else [c for m in args.modules for c in varied_cases(chunks, m, args.per_setting,
+                                                                                            args.seed + m)]
         # fidelity.py's prompts, taken alternately from each number of modules (a partial run covers both)
         cases = [c for group in zip(*[[c for c in cases if c["modules"] == m] for m in args.modules]) for c in group]
         for i, case in enumerate(cases):
@@ -321,9 +326,10 @@ def main() -> None:
                  for k, c in at_4k["configs"].items()]))
     for v in notes:
         print(v)
+    name = result_name("compression", args.model)
     if not args.quick:
-        plot(summary, ROOT / "assets" / "memory.png")
-    emit("compression", {"benchmark": "compression", "model": eng.lm.name, "prompts": len(rows),
+        plot(summary, ROOT / "assets" / f"{name.replace('compression', 'memory')}.png")
+    emit(name, {"benchmark": "compression", "model": eng.lm.name, "needles": args.needles, "prompts": len(rows),
                          "modules_per_prompt": sorted({r["modules"] for r in rows}), "new_tokens": args.new_tokens,
                          "machine": machine(), "seconds": round(time.perf_counter() - t0, 1),
                          "module_bytes_fp32": [r["module_bytes_fp32"] for r in rows], "summary": summary,

@@ -34,23 +34,35 @@ import statistics
 import time
 from xml.sax.saxutils import escape
 
-from common import ROOT, RESULTS, doc_schema, emit, essay_chunks, machine, table
+from common import ROOT, RESULTS, doc_schema, emit, essay_chunks, machine, result_name, table
 
-from bench.workloads import NAMES, SYSTEM, insert, needle, question, wilson
+from bench.needles import FACTS, judge
+from bench.workloads import SYSTEM, insert, wilson
 from engine.cli import add_run_options, config_from_args
 from engine.runner import Sampling
 from engine.session import Engine
 
-ARM_LABELS = {"baseline": "baseline (full prefill)", "prefix": "prefix cache (exact)", "cached": "modular cache"}
+ARM_LABELS = {"baseline": "baseline (full prefill)", "prefix": "prefix cache (exact)", "cached": "modular cache",
+              "blend": "blend (modular + selective recompute)"}
 
 
-def make_workload(chunks: list[str], n_modules: int, n_prompts: int, seed: int) -> tuple[list[str], list[dict]]:
-    """(module texts with one needle each, prompts: imports, the asked module, schema-order flag)."""
+def make_workload(chunks: list[str], n_modules: int, n_prompts: int, seed: int,
+                  templates: int = 3) -> tuple[list[str], list[dict]]:
+    """(module texts, prompts: imports, the asked module, its question and answer, the schema-order flag).
+
+    Every module holds one fact of each of ``templates`` templates (bench/needles.py), about its own
+    subject with its own answer — a harbour master's parrot in each of eight towns, and so on — so a
+    prompt's modules hold confusable facts and the question names one subject."""
     rng = random.Random(seed)
     start = rng.randrange(0, len(chunks) - n_modules)
-    names = rng.sample(NAMES, n_modules)
-    numbers = [str(rng.randrange(1_000_000, 9_999_999)) for _ in range(n_modules)]
-    docs = [insert(chunks[start + i], needle(names[i], numbers[i]), rng.random()) for i in range(n_modules)]
+    kinds = rng.sample(FACTS, templates)
+    said = {f.kind: (rng.sample(f.subjects, n_modules), rng.sample(f.answers, n_modules)) for f in kinds}
+    docs = []
+    for i in range(n_modules):
+        doc = chunks[start + i]
+        for f in kinds:
+            doc = insert(doc, f.say(said[f.kind][0][i], said[f.kind][1][i]), rng.random())
+        docs.append(doc)
     ordered = set(rng.sample(range(n_prompts), max(1, round(n_prompts / 4))))
     prompts = []
     for i in range(n_prompts):
@@ -62,34 +74,56 @@ def make_workload(chunks: list[str], n_modules: int, n_prompts: int, seed: int) 
             while imports == list(range(k)):  # anything but a run from the first module
                 imports = sorted(rng.sample(range(n_modules), k))
         asked = rng.choice(imports)
-        prompts.append({"imports": imports, "asked": asked, "name": names[asked], "number": numbers[asked],
-                        "schema_order": i in ordered})
+        f = kinds[i % templates]
+        subjects, answers = said[f.kind]
+        prompts.append({"imports": imports, "asked": asked, "kind": f.kind, "subject": subjects[asked],
+                        "question": f.question(subjects[asked]), "answer": answers[asked],
+                        "others": [a for j, a in enumerate(answers) if j != asked], "schema_order": i in ordered})
     return docs, prompts
 
 
 def prompt_xml(p: dict) -> str:
     return ('<prompt schema="workload">' + "".join(f"<doc{i}/>" for i in p["imports"])
-            + f" {escape(question(p['name']))}</prompt>")
+            + f" {escape(p['question'])}</prompt>")
 
 
-def run_prompt(eng: Engine, schema: str, p: dict, sampling: Sampling) -> dict:
+def run_prompt(eng: Engine, schema: str, p: dict, sampling: Sampling, sweep: tuple[float, ...] = ()) -> dict:
+    """One prompt through the configured arms (``Engine.compare``), then through the blend arm alone at each
+    ratio of ``sweep`` (rows ``blend R%``), the module encodings reused."""
     c = eng.compare(schema, prompt_xml(p), sampling)
     data = c.to_json()
     row = {"imports": [f"doc{i}" for i in p["imports"]], "asked": f"doc{p['asked']}", "schema_order": p["schema_order"],
+           "kind": p["kind"], "answer": p["answer"],
            "prompt_tokens": data["prompt_tokens"], "cached_tokens": data["cached_tokens"],
            "prefix_bytes_after": data["store_stats"]["prefix_bytes"]}
     for arm in data["arms"]:
         r = data[arm]
+        found, confused = judge(r["text"], p)
         row[arm] = {"ttft_ms": r["ttft_ms"], "prefilled_tokens": r["prefill_tokens"], "reused_tokens": r["reused_tokens"],
-                    "text": r["text"], "found": p["number"] in r["text"].replace(",", "")}
+                    "text": r["text"], "found": found, "confused": confused}
     if data["prefix"]:
         row["prefix"].update(stopped_at=data["prefix"]["stopped_at"], repeat=data["prefix"]["repeat"],
                              same_text=data["prefix_same_text"], first_token_kl=data["prefix_first_token_kl"])
         row["prefix"]["broke"] = data["prefix"]["reused_tokens"] < data["cached_tokens"]
     if data["cached"] and data["baseline"]:
         row["cached"].update(same_text=data["same_text"], first_token_kl=data["first_token_kl"])
+    if data.get("blend"):
+        row["blend"].update(recomputed_tokens=data["blend"]["recomputed_tokens"],
+                            blend_ratio=data["blend"].get("blend_ratio"),
+                            selection_ms=data["blend"].get("selection_ms"))
     row["store_bytes"] = data["store_bytes"]
+    for ratio in sweep:
+        cfg = eng.config.with_(arms=("blend",), blend=ratio)
+        b = eng.compare(schema, prompt_xml(p), sampling, config=cfg).arm("blend").run
+        found, confused = judge(b.text, p)
+        row[sweep_arm(ratio)] = {"ttft_ms": round(b.ttft_ms, 2), "prefilled_tokens": b.prefill_tokens,
+                                 "reused_tokens": b.reused_tokens, "recomputed_tokens": b.recomputed_tokens,
+                                 "text": b.text, "found": found, "confused": confused}
     return row
+
+
+def sweep_arm(ratio: float) -> str:
+    return f"blend {round(ratio * 100)}%"
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -117,7 +151,9 @@ def summarise(rows: list[dict], arms: list[str]) -> dict:
              "prefilled_tokens": sum(r[arm]["prefilled_tokens"] for r in rows),
              "reused_tokens": sum(r[arm]["reused_tokens"] for r in rows),
              "needle_found": found, "n": len(rows), "needle_accuracy": round(found / len(rows), 4),
-             "ci95": wilson(found, len(rows))}
+             "ci95": wilson(found, len(rows)), "confused": sum(r[arm].get("confused", False) for r in rows)}
+        if "recomputed_tokens" in rows[0][arm]:
+            s["recomputed_tokens"] = sum(r[arm]["recomputed_tokens"] for r in rows)
         if arm == "baseline":
             s["cache_bytes"] = 0
         elif arm == "prefix":
@@ -138,7 +174,10 @@ def ratios(summary: dict) -> dict:
             return None
         return round(summary[a][key] / summary[b][key], 3)
 
-    return {"cached_over_prefix_mean": ratio("cached", "prefix", "mean_ttft_ms"),
+    blends = {f"{a}_over_{b}_mean": ratio(a, b, "mean_ttft_ms") for a in summary if a.startswith("blend")
+              for b in ("prefix", "cached", "baseline")}
+    return {**{k.replace(" ", "_").replace("%", "pct"): v for k, v in blends.items()},
+            "cached_over_prefix_mean": ratio("cached", "prefix", "mean_ttft_ms"),
             "prefix_over_baseline_mean": ratio("prefix", "baseline", "mean_ttft_ms"),
             "cached_over_baseline_mean": ratio("cached", "baseline", "mean_ttft_ms"),
             "prefix_over_baseline_schema_order": ratio("prefix", "baseline", "schema_order_mean_ttft_ms"),
@@ -147,29 +186,29 @@ def ratios(summary: dict) -> dict:
             "prefix_over_baseline_other": ratio("prefix", "baseline", "other_mean_ttft_ms")}
 
 
-def plot(rows: list[dict], arms: list[str], path) -> None:
+def plot(rows: list[dict], arms: list[str], path, model: str = "SmolLM2-135M") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"baseline": "#c0392b", "prefix": "#b7950b", "cached": "#2471a3"}
-    marks = {"baseline": "o", "prefix": "s", "cached": "D"}
+    colours = {"baseline": "#c0392b", "prefix": "#b7950b", "cached": "#2471a3", "blend": "#be185d"}
+    marks = {"baseline": "o", "prefix": "s", "cached": "D", "blend": "^"}
     x = list(range(1, len(rows) + 1))
     fig, ax = plt.subplots(figsize=(10, 4.2), dpi=120)
     for i, r in zip(x, rows):
         if r["schema_order"]:
             ax.axvspan(i - 0.45, i + 0.45, color="#d5f5e3", zorder=0)
     for arm in arms:
-        ax.plot(x, [r[arm]["ttft_ms"] / 1000 for r in rows], marks[arm] + "-", color=colours[arm], lw=1, ms=5,
-                label=ARM_LABELS[arm])
+        ax.plot(x, [r[arm]["ttft_ms"] / 1000 for r in rows], marks.get(arm, "^") + "-",
+                color=colours.get(arm, "#be185d"), lw=1, ms=5, label=ARM_LABELS.get(arm, arm))
     ax.set_xticks(x)
     ax.set_xticklabels([str(i) for i in x], fontsize=8)
     ax.set_xlabel("prompt (in workload order; green: imports modules in schema order from the first)")
     ax.set_ylabel("time to first token (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="upper right")
-    ax.set_title("Mixed workload — 8 essay modules, prompts of 2–4 modules, SmolLM2-135M, 2 CPU cores", fontsize=10)
+    ax.set_title(f"Mixed workload — 8 essay modules, prompts of 2–4 modules, {model}, 2 CPU cores", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -207,13 +246,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="6 prompts over 8 small modules, no files written")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--replot", action="store_true", help="redraw assets/workload.png from bench/results/workload.json")
+    ap.add_argument("--blend-sweep", type=float, nargs="*", default=[], metavar="R",
+                    help="also run the blend arm alone at each of these ratios on every prompt (rows 'blend R%%')")
+    ap.add_argument("--replot", action="store_true", help="redraw the plot from the results of these settings")
     args = ap.parse_args()
     if args.replot:
         import json
 
-        data = json.loads((RESULTS / "workload.json").read_text())
-        plot(data["prompts"], list(data["arms"]), ROOT / "assets" / "workload.png")
+        name = result_name("-".join(["workload", *variant(config_from_args(args))]), args.model)
+        data = json.loads((RESULTS / f"{name}.json").read_text())
+        plot(data["prompts"], list(data["arms"]), ROOT / "assets" / f"{name}.png", data["model"])
         return
     chunk_tokens = 250
     if args.quick:
@@ -228,21 +270,23 @@ def main() -> None:
     rows = []
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
-        rows.append(run_prompt(eng, schema, p, sampling))
+        rows.append(run_prompt(eng, schema, p, sampling, tuple(args.blend_sweep)))
         r = rows[-1]
         print(f"[{i + 1}/{len(prompts)}] {' '.join(r['imports'])}{' (schema order)' if p['schema_order'] else ''} "
               f"tokens={r['prompt_tokens']} " + " ".join(f"{a}={r[a]['ttft_ms']:.0f}ms/{'Y' if r[a]['found'] else 'n'}"
                                                           for a in arms), flush=True)
+    arms += [sweep_arm(r) for r in args.blend_sweep]
     summary = summarise(rows, arms)
     print_tables(rows, summary, arms)
-    name = "-".join(["workload", *variant(config)])
-    if not args.quick and name == "workload":
-        plot(rows, arms, ROOT / "assets" / "workload.png")
+    name = result_name("-".join(["workload", *variant(config)]), args.model)
+    if not args.quick:
+        plot(rows, arms, ROOT / "assets" / f"{name}.png", eng.lm.name)
     cache = eng.prefix_cache()
     emit(name, {
         "benchmark": "workload", "model": eng.lm.name, "dtype": eng.lm.dtype, "mode": config.mode,
         "storage": config.storage, "variant": " ".join(variant(config)) or "default", "repair": config.repair,
-        "sink": config.sink, "storage_dtype": config.storage_dtype, "greedy": True, "new_tokens": args.new_tokens, "seed": args.seed,
+        "sink": config.sink, "blend": config.blend if "blend" in config.arms else None,
+        "blend_rule": config.blend_rule, "blend_sweep": args.blend_sweep, "storage_dtype": config.storage_dtype, "greedy": True, "new_tokens": args.new_tokens, "seed": args.seed,
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "modules": args.modules,
         "module_tokens": [lay.modules[f"doc{i}"].end - lay.modules[f"doc{i}"].start for i in range(args.modules)],
         "schema_tokens": lay.length, "ttft_includes_copy": True,
