@@ -23,7 +23,11 @@ from .attention import check_supported
 from .errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
-GGUF_WEIGHTS_DTYPE = "bfloat16"  # precision of weights converted from a GGUF file (README: Models)
+# precision of weights converted from a GGUF file (README: Models): fp32, the CPU's compute default
+# (engine/config.py default_dtype). A GGUF's dequantised values (fp16 scale x 6-bit sub-scale x 4-bit
+# code) need more than bf16's 8 mantissa bits, so bf16 weights would be another model than the one
+# bench/precision.py measured; bf16 compute casts at load (5.8 s against fp32's 1.7 s for the 0.5B).
+GGUF_WEIGHTS_DTYPE = "float32"
 # llama.cpp names transformers spells otherwise (as transformers' load_gguf_checkpoint maps them)
 _GGUF_ARCH = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
 _GGUF_NOT_CAUSAL_LM = ("general", "tokenizer", "t5", "umt5")  # in transformers' list, but no causal LM

