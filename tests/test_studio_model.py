@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import ast
 import csv
+import subprocess
 
 import gradio as gr
 import pytest
