@@ -1,4 +1,4 @@
-"""Launch PML Studio: `python app.py [--model DIR] [--host 127.0.0.1] [--port 7860] [--db runs.db] [--share]
+"""Launch PML Studio: `python app.py [--model DIR] [--dtype D] [--host 127.0.0.1] [--port 7860] [--db runs.db] [--share]
 [--results DIR]` (the options of `pml-studio serve`)."""
 
 from __future__ import annotations

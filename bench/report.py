@@ -31,8 +31,14 @@ def machine_line(d: dict) -> str:
     return f"{m['date']}, {m['threads']} CPU threads ({m['cpu']}), {gpu}, torch {m['torch']}{load}"
 
 
+LEAD = "qwen2.5-coder-0.5b"  # the model the Measured section leads with (issue 17): one that answers
+
+
 def section() -> str:
     out = [START, ""]
+    out += lead_section(LEAD)
+    if len(out) > 2:
+        out += ["### SmolLM2-135M-Instruct (the default model)", ""]
     ttft, scaling, memory = load("ttft"), load("scaling"), load("memory")
     fidelity, compression = load("fidelity"), load("compression")
     if ttft:
@@ -124,7 +130,111 @@ def ttft_section(ttft: dict) -> list[str]:
                   "is what attending over the cache adds to prefilling the uncached tokens alone.", ""]
 
 
-def workload_section(w: dict) -> list[str]:
+def lead_section(slug: str) -> list[str]:
+    """The lead model's results (fidelity with varied needles and blend, workload, precision, TTFT), if measured."""
+    fid, work, prec, ttft = (load(f"{b}-{slug}") for b in ("fidelity", "workload", "precision", "ttft"))
+    if not (fid or work or prec or ttft):
+        return []
+    model = next(d for d in (fid, work, prec, ttft) if d)["model"]
+    out = [f"### {model} (`--model {slug}`, `make qwen` or one click in the Model tab)", ""]
+    if fid:
+        out += lead_fidelity(fid, slug)
+    if work:
+        out += workload_section(work, f"workload-{slug}")
+    if prec:
+        out += precision_section(prec)
+    if ttft:
+        lines = "; ".join(f"{r['prompt_tokens']} tokens: {r['baseline_ttft_ms'] / 1000:.2f} s → "
+                          f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in ttft["results"])
+        out += [f"**Time to first token** — `{ttft['command']}` ({machine_line(ttft)}; {ttft['dtype']}, median of "
+                f"{ttft['reps']} after a warm-up, cached TTFT includes the KV copy): {lines}.", ""]
+    return out
+
+
+def lead_fidelity(f: dict, slug: str) -> list[str]:
+    out = [f"**Fidelity, varied needles** — `{f['command']}` ({machine_line(f)}; {f['model']}, {f.get('dtype', '')}, "
+           f"greedy, up to {f['new_tokens']} new tokens; TTFT of each answer's own run). Essay modules of ~250 tokens "
+           "with invented facts whose answers are names, places, colours, dishes or two-word phrases "
+           "(bench/needles.py); found = the asked fact's answer is in the reply (whole words, case ignored), "
+           "confused = another module's answer is and the asked one is not.", ""]
+    for size, summary in f["frontier"].items():
+        n = next(iter(summary.values()))["n"]
+        out += [f"*{size} modules, one fact asked, two facts of other templates elsewhere ({n} prompts):*", ""]
+        out += _arm_rows(summary) + [""]
+    c = f.get("confusable")
+    if c:
+        rows = f["confusable_rows"]
+        n = next(iter(c.values()))["n"]
+        out += [f"*Confusable facts: {f['confusable_modules']} modules, each holding a fact of the same template about "
+                f"another subject (a harbour master's parrot in each of eight towns, …); the question names one "
+                f"({n} prompts). `blend R` recomputes R % of the cached tokens, chosen by the largest value deviation "
+                "at layer 1 unless a rule is named (`link`: the tokens after each module boundary; `question`: the "
+                "tokens the question attends to most; `random`: the control):*", "",
+                "| arm | found | 95 % CI | confused | first token agrees | mean first-token KL | TTFT median "
+                "(min–max) | TTFT × prefixed, median (min–max) | recomputed tokens |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for arm, v in c.items():
+            t = v["ttft_ms"]
+            ratio = "—"
+            if "prefixed" in c:
+                xs = sorted(r[arm]["ttft_ms"] / r["prefixed"]["ttft_ms"] for r in rows)
+                ratio = f"{_median(xs):.2f}× ({xs[0]:.2f}–{xs[-1]:.2f})"
+            out.append(f"| {_arm(arm)} | **{v['accuracy']:.0%}** ({v['found']}/{v['n']}) | "
+                       f"{v['ci95'][0]:.0%}–{v['ci95'][1]:.0%} | {v['confused']} | "
+                       + ("— | — |" if arm == "baseline" else
+                          f"{v['first_token_agreement']:.0%} | {v['mean_first_token_kl']:.3f} |")
+                       + f" {t['median']:.0f} ms ({t['min']:.0f}–{t['max']:.0f}) | {ratio} | "
+                       f"{v['recomputed_tokens']:.0f} |")
+        out.append("")
+        blends = {a: v for a, v in c.items() if "+blend " in a}
+        if blends and "baseline" in c:
+            base = c["baseline"]["accuracy"]
+            close = [a for a, v in blends.items() if base - v["accuracy"] <= 0.05]
+            out += ["Blend against the baseline's " + f"{base:.0%}: " + ", ".join(
+                f"`{a.split('+', 1)[1]}` {v['accuracy'] - base:+.0%}" for a, v in blends.items())
+                + (f". Within 5 points of the baseline: {', '.join(f'`{a}`' for a in close)}." if close else
+                   ". None is within 5 points of the baseline."), ""]
+    samples = f.get("samples") or {}
+    for name, row in samples.items():
+        out += [f"Sample `{name}` ({row['prompt_tokens']} tokens), first-token KL against the baseline: " + ", ".join(
+            f"`{a}` {row[a]['kl']:.3f}{'' if row[a]['agree'] else ' (first token differs)'}"
+            for a in f["sample_arms"]) + ".", ""]
+    out += [f"![Needle accuracy against TTFT, per arm and blend R](assets/frontier-{slug}.png)", ""]
+    return out
+
+
+def precision_section(p: dict) -> list[str]:
+    """bench/precision.py: fp32 against bf16 compute, TTFT / decode / KL / accuracy, and the default."""
+    out = [f"**Compute precision, fp32 against bf16** — `{p['command']}` ({machine_line(p)}; {p['model']}, module KV "
+           f"stored in the precision the run computes in; {p['reps']} alternating rounds after a warm-up, median "
+           "(min–max)):", "", "| prompt tokens | dtype | baseline TTFT | cached TTFT | decode ms/token |",
+           "|---:|---|---:|---:|---:|"]
+    for r in p["ttft"]:
+        for dt in ("fp32", "bf16"):
+            d = r[dt]
+            out.append(f"| {r['prompt_tokens']:,} | {dt} | " + " | ".join(
+                f"{d[k]['median']:.0f} ms ({d[k]['min']:.0f}–{d[k]['max']:.0f})"
+                for k in ("baseline_ttft_ms", "cached_ttft_ms", "decode_ms_per_token")) + " |")
+    out += ["", "| needles | arm | found | 95 % CI | first-token KL vs fp32 (mean / max) | KL vs its own baseline |",
+            "|---|---|---:|---:|---:|---:|"]
+    for label, summary in p["needles"].items():
+        for arm, v in summary.items():
+            out.append(f"| {label}, {p['needle_modules']} modules | {arm} | {v['accuracy']:.0%} ({v['found']}/"
+                       f"{v['prompts']}) | {v['ci95'][0]:.0%}–{v['ci95'][1]:.0%} | {v['kl_vs_fp32']['mean']:.1e} / "
+                       f"{v['kl_vs_fp32']['max']:.1e} | {v['kl_vs_own_baseline']['mean']:.3f} |")
+    out += ["", "The CPU default stays fp32 (engine/config.py `default_dtype`, quoted by `pml-studio info` and the "
+            "Model tab): bf16 is faster at the same accuracy, but its kernels round differently per shape, so runs "
+            "that are exact in fp32 (a scaffold, one module at the start, blend at 100 %) would show a KL of their "
+            "own. `--dtype bfloat16` (CLI, bench scripts, `python app.py`) is the speed setting.", ""]
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def workload_section(w: dict, result: str = "workload") -> list[str]:
     arms, ratios, rows = w["arms"], w["ratios"], w["prompts"]
     n_order = sum(r["schema_order"] for r in rows)
     warm = w.get("warmup")
@@ -133,16 +243,25 @@ def workload_section(w: dict) -> list[str]:
                  "not warmed: holding only the earlier prompts of the workload")
     names = {"baseline": "baseline (full prefill)", "prefix": "prefix cache (exact, longest token prefix)",
              "cached": "modular cache (`" + w["mode"] + "`)"}
+    if w.get("blend"):
+        names["blend"] = f"blend {w['blend']:.0%} (`{w.get('blend_rule', 'deviation')}`)"
+    varied = "answer" in rows[0]
+    needles = ("each holding one fact of each of the same three templates about its own subject (bench/needles.py): "
+               "the facts of a prompt's modules are confusable" if varied else "a needle in each")
+    asks = ("one fact about one imported module's subject; found = its answer is in the reply" if varied else
+            "one imported module's needle")
     out = [f"**Mixed workload: modular against prefix caching** — `python bench/workload.py` ({machine_line(w)}): "
            f"one schema of {w['modules']} essay modules (~{round(sum(w['module_tokens']) / len(w['module_tokens']))} "
-           f"tokens each, a needle in each), {len(rows)} prompts of 2–4 modules chosen at random, {n_order} of them "
-           f"in schema order from the first module; each asks for one imported module's needle; greedy. The prefix "
+           f"tokens each, {needles}), {len(rows)} prompts of 2–4 modules chosen at random, {n_order} of them "
+           f"in schema order from the first module; each asks for {asks}; greedy. The prefix "
            f"cache lives as long as the engine, as on a server: {warm_text}. TTFT includes the copy of stored KV.", "",
            "| arm | mean TTFT | p50 | p90 | prompts in schema order | other prompts | tokens prefilled | "
            "needle found | 95 % CI | cache bytes |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [(names.get(arm, arm), s) for arm, s in arms.items()]
     variants = [v for v in map(lambda p: json.loads(p.read_text()), sorted(RESULTS.glob("workload-*.json")))
-                if "cached" in v["arms"] and (v["seed"], v["modules"], len(v["prompts"])) == (w["seed"], w["modules"], len(rows))]
+                if "cached" in v["arms"] and v is not w and v["model"] == w["model"]
+                and (v["seed"], v["modules"], len(v["prompts"])) == (w["seed"], w["modules"], len(rows))
+                and v["command"] != w["command"]]
     runs += [(f"modular cache (`{v['variant']}`)", v["arms"]["cached"]) for v in variants]
     for name, s in runs:
         out.append(f"| {name} | **{s['mean_ttft_ms']:.0f} ms** | {s['p50_ttft_ms']:.0f} ms | "
@@ -157,6 +276,12 @@ def workload_section(w: dict) -> list[str]:
     if ratios.get("prefix_over_baseline_schema_order") is not None:
         facts.append(f"prefix / baseline {ratios['prefix_over_baseline_schema_order']:.2f} on prompts in schema order "
                      f"and {ratios['prefix_over_baseline_other']:.2f} on the others")
+    for arm in (a for a in arms if a.startswith("blend")):
+        b = arms[arm]
+        facts.append(f"{arm}: mean TTFT {b['mean_ttft_ms'] / arms['prefix']['mean_ttft_ms']:.2f}× prefix and "
+                     f"{b['mean_ttft_ms'] / arms['cached']['mean_ttft_ms']:.2f}× modular, "
+                     f"{b['needle_found'] - arms['baseline']['needle_found']:+d} answers against the baseline"
+                     if {"prefix", "cached", "baseline"} <= set(arms) else arm)
     if "prefix" in arms:
         p = arms["prefix"]
         facts.append(f"prefix reuse broke before the end of the imported modules in {p['reuse_broke']} of {p['n']} "
@@ -167,7 +292,7 @@ def workload_section(w: dict) -> list[str]:
         facts.append("the variant rows are the same prompts' modular arm, run with " +
                      ", ".join(f"`{v['command']}`" for v in variants))
     out += ["", "Ratios: " + "; ".join(facts) + ". Per prompt (where prefix reuse stopped, each arm's TTFT and answer) "
-            "in `bench/results/workload.json`.", "", "![TTFT per prompt, three arms](assets/workload.png)", ""]
+            f"in `bench/results/{result}.json`.", "", f"![TTFT per prompt, per arm](assets/{result}.png)", ""]
     return out
 
 
@@ -203,7 +328,8 @@ def _arm_rows(summary: dict) -> list[str]:
                     + ("— | — |" if arm == "baseline" else
                        f"{v['first_token_agreement']:.0%} | {v['mean_first_token_kl']:.3f} |")
                     + f" {t['median']:.0f} ms ({t['min']:.0f}–{t['max']:.0f}) | "
-                    + (f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})" if ratio else "1×")
+                    + (f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})" if ratio else
+                       "1×" if arm == "isolated" else "—")
                     + f" | {v['recomputed_tokens']:.0f} |")
     return rows
 
@@ -316,6 +442,8 @@ def other_models() -> list[str]:
     for path in sorted(RESULTS.glob("ttft-*.json")):
         ttft = json.loads(path.read_text())
         suffix = path.stem[len("ttft-"):]
+        if suffix == LEAD:  # it leads the section
+            continue
         fid = load(f"fidelity-{suffix}")
         lines = "; ".join(f"{r['prompt_tokens']} tokens: {r['baseline_ttft_ms'] / 1000:.2f} s → "
                           f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in ttft["results"])

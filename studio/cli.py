@@ -12,6 +12,9 @@ import sys
 def serve_arguments(sp) -> None:
     """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
     sp.add_argument("--model", default=None, help="local model folder (default: the packaged SmolLM2-135M)")
+    sp.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                    help="compute precision (default per device: float32 on CPU, bfloat16 on CUDA; bfloat16 is about "
+                         "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sp.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
@@ -25,7 +28,7 @@ def serve(args) -> int:
     from .launch import serve as launch
 
     return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
-                  results=args.results)
+                  results=args.results, dtype=args.dtype)
 
 
 EXTRA = {"serve": ("launch the studio (same as `python app.py`)", serve_arguments, serve)}

@@ -12,11 +12,12 @@ import sys
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
-          share: bool = False, block: bool = True, results: str | None = None):
+          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
     ``share`` creates a public Gradio link and is off unless asked for. ``results`` is the folder of
-    benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`).
+    benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`); ``dtype`` the
+    compute precision (None: the device's default).
     """
     from engine.errors import EngineError
     from engine.runlog import RunLog
@@ -25,7 +26,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from .app import build_app, launch_options
 
     try:
-        engine = Engine(model=model)
+        engine = Engine(model=model, dtype=dtype)
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:
