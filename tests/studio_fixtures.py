@@ -12,7 +12,7 @@ from studio.tabs import schema as sch
 
 TRAVEL_PROMPT = """<prompt schema="travel">
   <trip-plan duration="5 days"><overseas><kyoto/></overseas></trip-plan>
-  Which nearby city makes an easy day trip, and how long is the train ride?
+  Question: how long is the train ride from Kyoto to Nara, and what is Nara known for? Answer in one sentence.
 </prompt>
 """
 CPU = {"storage": "cpu", "mode": "prefixed"}

@@ -414,7 +414,7 @@ HAND_PROFILE = """<schema name="profile">
   </user>
 </schema>"""  # noqa: E501
 
-QUESTION_TRAVEL = "Which nearby city makes an easy day trip, and how long is the train ride?"
+QUESTION_TRAVEL = "Question: how long is the train ride from Kyoto to Nara, and what is Nara known for? Answer in one sentence."
 QUESTION_PROFILE = "Write a short study plan for my first week: one line for each study day."
 
 # (example, call kwargs, hand-written prompt), the prompts laid out like sample_schemas/*.prompt.xml

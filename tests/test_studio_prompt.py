@@ -28,7 +28,7 @@ def test_builder_composes_the_sample_prompt(travel):
     _, _, spec = travel
     values = {"trip-plan": True, "trip-plan@duration": "5 days", "trip-plan#union0": "trip-plan/overseas",
               "trip-plan/overseas#union0": "trip-plan/overseas/kyoto"}
-    text = "Which nearby city makes an easy day trip, and how long is the train ride?"
+    text = "Question: how long is the train ride from Kyoto to Nara, and what is Nara known for? Answer in one sentence."
     assert b.compose_prompt(spec, values, text) == TRAVEL_PROMPT
 
 

@@ -52,4 +52,4 @@ def travel_planner(duration, region, city=None, dest="lisbon", travelers=None, b
 
 EXAMPLE = travel_planner.bind(
     duration="5 days", region="overseas", dest="kyoto",
-    question="Which nearby city makes an easy day trip, and how long is the train ride?")
+    question="Question: how long is the train ride from Kyoto to Nara, and what is Nara known for? Answer in one sentence.")
