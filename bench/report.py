@@ -32,6 +32,23 @@ def machine_line(d: dict) -> str:
 
 
 LEAD = "qwen2.5-coder-0.5b"  # the model the Measured section leads with (issue 17): one that answers
+BESIDE = "SmolLM2-135M-Instruct"  # the default model, measured beside it on the same varied sets
+
+
+def beside(slug: str) -> list[str]:
+    """The same varied needle sets on another model (bench/results/fidelity-SLUG.json), one line per set."""
+    f = load(f"fidelity-{slug}")
+    if not f:
+        return []
+    out = []
+    for label, summary in [(f"{n} modules, one fact asked", s) for n, s in f["frontier"].items()] + \
+            [(f"confusable, {f['confusable_modules']} modules", f.get("confusable") or {})]:
+        if summary:
+            n = next(iter(summary.values()))["n"]
+            out.append(f"{label} ({n} prompts): " + ", ".join(
+                f"{'baseline' if a == 'baseline' else f'`{a}`'} {v['accuracy']:.0%} "
+                f"({v['ci95'][0]:.0%}–{v['ci95'][1]:.0%})" for a, v in summary.items()))
+    return [f"*The same sets on {f['model']}* — `{f['command']}` ({machine_line(f)}): " + "; ".join(out) + ".", ""]
 
 
 def section() -> str:
@@ -139,10 +156,29 @@ def lead_section(slug: str) -> list[str]:
     out = [f"### {model} (`--model {slug}`, `make qwen` or one click in the Model tab)", ""]
     if fid:
         out += lead_fidelity(fid, slug)
+    out += beside(BESIDE)
     if work:
         out += workload_section(work, f"workload-{slug}")
+    small = load(f"workload-{BESIDE}")
+    if small:
+        out += workload_section(small, f"workload-{BESIDE}")
     if prec:
         out += precision_section(prec)
+    first = load("first_compare")
+    if first:
+        out += [f"**What a newcomer waits for** — `{first['command']}` ({machine_line(first)}): the studio's Compare "
+                f"on the `{first['sample']}` sample (three arms, {first['new_tokens']} new tokens at most), in one "
+                f"process after loading the converted model; later = {first['reps']} more Compares, median "
+                "(min–max). The bar for the studio's default model: first Compare ≤ 30 s, later ≤ 10 s.", "",
+                "| model | dtype | load | first Compare | later Compare | tokens per arm | modular answer = baseline | "
+                "meets the bar |", "|---|---|---:|---:|---:|---:|---:|:-:|"]
+        for r in first["results"]:
+            lc = r["later_compare_s"]
+            out.append(f"| {r['model']} | {r['dtype']} | {r['load_s']:.1f} s | {r['first_compare_s']:.1f} s | "
+                       f"{lc['median']:.1f} s ({lc['min']:.1f}–{lc['max']:.1f}) | "
+                       + " / ".join(str(a["new_tokens"]) for a in r["arms"].values())
+                       + f" | {'yes' if r['modular_same_text'] else 'no'} | {'✓' if r['meets_default_bar'] else '✗'} |")
+        out.append("")
     if ttft:
         lines = "; ".join(f"{r['prompt_tokens']} tokens: {r['baseline_ttft_ms'] / 1000:.2f} s → "
                           f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in ttft["results"])
@@ -261,7 +297,7 @@ def workload_section(w: dict, result: str = "workload") -> list[str]:
     variants = [v for v in map(lambda p: json.loads(p.read_text()), sorted(RESULTS.glob("workload-*.json")))
                 if "cached" in v["arms"] and v is not w and v["model"] == w["model"]
                 and (v["seed"], v["modules"], len(v["prompts"])) == (w["seed"], w["modules"], len(rows))
-                and v["command"] != w["command"]]
+                and v["command"] != w["command"] and ("answer" in v["prompts"][0]) == ("answer" in rows[0])]
     runs += [(f"modular cache (`{v['variant']}`)", v["arms"]["cached"]) for v in variants]
     for name, s in runs:
         out.append(f"| {name} | **{s['mean_ttft_ms']:.0f} ms** | {s['p50_ttft_ms']:.0f} ms | "
