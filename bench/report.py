@@ -227,7 +227,7 @@ def lead_fidelity(f: dict, slug: str) -> list[str]:
             base = c["baseline"]["accuracy"]
             close = [a for a, v in blends.items() if base - v["accuracy"] <= 0.05]
             out += ["Blend against the baseline's " + f"{base:.0%}: " + ", ".join(
-                f"`{a.split('+', 1)[1]}` {v['accuracy'] - base:+.0%}" for a, v in blends.items())
+                f"`{a.split('+', 1)[1]}` {(v['accuracy'] - base) * 100:+.0f} points" for a, v in blends.items())
                 + (f". Within 5 points of the baseline: {', '.join(f'`{a}`' for a in close)}." if close else
                    ". None is within 5 points of the baseline."), ""]
     samples = f.get("samples") or {}
@@ -286,7 +286,7 @@ def workload_section(w: dict, result: str = "workload") -> list[str]:
                "the facts of a prompt's modules are confusable" if varied else "a needle in each")
     asks = ("one fact about one imported module's subject; found = its answer is in the reply" if varied else
             "one imported module's needle")
-    out = [f"**Mixed workload: modular against prefix caching** — `python bench/workload.py` ({machine_line(w)}): "
+    out = [f"**Mixed workload: modular against prefix caching** — `{w['command']}` ({machine_line(w)}; {w['model']}): "
            f"one schema of {w['modules']} essay modules (~{round(sum(w['module_tokens']) / len(w['module_tokens']))} "
            f"tokens each, {needles}), {len(rows)} prompts of 2–4 modules chosen at random, {n_order} of them "
            f"in schema order from the first module; each asks for {asks}; greedy. The prefix "
