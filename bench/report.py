@@ -150,6 +150,7 @@ def ttft_section(ttft: dict) -> list[str]:
 def lead_section(slug: str) -> list[str]:
     """The lead model's results (fidelity with varied needles and blend, workload, precision, TTFT), if measured."""
     fid, work, prec, ttft = (load(f"{b}-{slug}") for b in ("fidelity", "workload", "precision", "ttft"))
+    # compression-SLUG.json and first_compare.json are read further down
     if not (fid or work or prec or ttft):
         return []
     model = next(d for d in (fid, work, prec, ttft) if d)["model"]
@@ -162,6 +163,9 @@ def lead_section(slug: str) -> list[str]:
     small = load(f"workload-{BESIDE}")
     if small:
         out += workload_section(small, f"workload-{BESIDE}")
+    comp = load(f"compression-{slug}")
+    if comp:
+        out += compression_section(comp, f"memory-{slug}")
     if prec:
         out += precision_section(prec)
     first = load("first_compare")
@@ -418,12 +422,12 @@ def repair_section(f: dict) -> list[str]:
     return out
 
 
-def compression_section(c: dict) -> list[str]:
+def compression_section(c: dict, image: str = "memory") -> list[str]:
     s = c["summary"]
     mods = c["modules_per_prompt"]
     mods = " and ".join(map(str, mods)) if isinstance(mods, list) else str(mods)
     out = [f"**Smaller module memory** — `{c.get('command', 'python bench/compression.py')}` ({machine_line(c)}; "
-           f"{c['prompts']} needle prompts of {mods} modules, greedy; bytes relative to the fp32 cached run, scales "
+           f"{c.get('model', '')}, {c['prompts']} {'varied-needle' if c.get('needles') == 'varied' else 'needle'} prompts of {mods} modules, greedy; bytes relative to the fp32 cached run, scales "
            "of int8 / int4 included; `question` stores whole modules and thins the run's cache after the question "
            "was prefilled, the other retentions drop tokens when the modules are stored):", "",
            "| configuration | stored module bytes | KV decoded over | needle found | 95 % CI | first token agrees with "
@@ -454,7 +458,7 @@ def compression_section(c: dict) -> list[str]:
                        f"{v['module_store_bytes'] / 2**20:.0f} MiB | {v['copy_ms']['median']:.0f} ms |")
     out += [""] + [f"- {v}" for v in c["verdicts"]] + [""]
     if at:
-        out += ["![Needle accuracy against module bytes](assets/memory.png)", ""]
+        out += [f"![Needle accuracy against module bytes](assets/{image}.png)", ""]
     return out
 
 
