@@ -11,8 +11,11 @@ import sys
 
 def serve_arguments(sp) -> None:
     """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
-    sp.add_argument("--model", default=None, help="local model folder (default: the packaged SmolLM2-135M)")
-    sp.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+    from engine.config import COMPUTE_DTYPES
+
+    sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
+                    "(default: the packaged SmolLM2-135M)")
+    sp.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES,
                     help="compute precision (default per device: float32 on CPU, bfloat16 on CUDA; bfloat16 is about "
                          "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
