@@ -92,8 +92,8 @@ def varied_cases(chunks: list[str], n_modules: int, count: int, seed: int, distr
         docs = list(chunks[start:start + n_modules])
         depth = depths[i % len(depths)]
         target = min(n_modules - 1, int(depth * n_modules))
-        kinds = [FACTS[i % len(FACTS)]] + rng.sample([f for f in FACTS if f is not FACTS[i % len(FACTS)]],
-                                                     min(distractors, len(FACTS) - 1))
+        asked = FACTS[i % len(FACTS)]
+        kinds = [asked] + rng.sample([f for f in FACTS if f is not asked], min(distractors, len(FACTS) - 1))
         where = [target] + rng.sample([j for j in range(n_modules) if j != target], min(distractors, n_modules - 1))
         said = []
         for fact, j in zip(kinds, where):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -39,9 +40,8 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 def spread(xs: list[float]) -> dict:
     """min / median / max (and every value) of a list of timings, rounded."""
-    s = sorted(xs)
-    mid = s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-    return {"min": round(s[0], 2), "median": round(mid, 2), "max": round(s[-1], 2), "all": [round(x, 2) for x in xs]}
+    return {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2), "max": round(max(xs), 2),
+            "all": [round(x, 2) for x in xs]}
 
 
 def ttft_row(engines: dict[str, Engine], target: int, reps: int, new_tokens: int, chunks: list[str], done: dict,

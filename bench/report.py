@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +219,7 @@ def lead_fidelity(f: dict, slug: str) -> list[str]:
             ratio = "—"
             if "prefixed" in c:
                 xs = sorted(r[arm]["ttft_ms"] / r["prefixed"]["ttft_ms"] for r in rows)
-                ratio = f"{_median(xs):.2f}× ({xs[0]:.2f}–{xs[-1]:.2f})"
+                ratio = f"{statistics.median(xs):.2f}× ({xs[0]:.2f}–{xs[-1]:.2f})"
             out.append(f"| {_arm(arm)} | **{v['accuracy']:.0%}** ({v['found']}/{v['n']}) | "
                        f"{v['ci95'][0]:.0%}–{v['ci95'][1]:.0%} | {v['confused']} | "
                        + ("— | — |" if arm == "baseline" else
@@ -267,11 +268,6 @@ def precision_section(p: dict) -> list[str]:
             "that are exact in fp32 (a scaffold, one module at the start, blend at 100 %) would show a KL of their "
             "own. `--dtype bfloat16` (CLI, bench scripts, `python app.py`) is the speed setting.", ""]
     return out
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
 def workload_section(w: dict, result: str = "workload") -> list[str]:
