@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast bench browser screenshot gemma3 qwen clean
+.PHONY: setup run test test-fast bench browser screenshot gemma3 qwen peers clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,27 @@ gemma3: setup
 # each part's size and sha256 checked, converted once (~1 min, 2.4 GB of fp32 weights). Then: --model qwen2.5-coder-0.5b
 qwen: setup
 	$(call install-model,qwen2.5-coder-0.5b)
+
+# Optional peers for bench/peers.py, never part of `make test`, each in its own environment under .peers/:
+# llama.cpp (llama-cpp-python 0.3.36, a source distribution: cmake and g++ build llama.cpp, ~7 min on
+# 2 cores the first time, then pip's wheel cache) and kvpress 0.5.5 (it needs transformers<5.3; the
+# project runs 5.23). The benchmark runs on the 0.5B model, so this installs it too. Then:
+# python bench/peers.py --model qwen2.5-coder-0.5b [--kvpress]
+PEERS := .peers
+peers: qwen
+	@command -v cmake >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { echo "make peers: \
+	llama-cpp-python builds llama.cpp from source and needs cmake and g++ (Debian: apt-get install cmake g++)"; exit 1; }
+	test -x $(PEERS)/llama/bin/python || $(PY) -m venv $(PEERS)/llama
+	$(PEERS)/llama/bin/python -m pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEERS)/llama/bin/python -m pip install -q llama-cpp-python==0.3.36 || { \
+	echo "make peers: building llama-cpp-python 0.3.36 failed (the compiler's output is above); bench/peers.py will say llama.cpp is not set up"; exit 1; }
+	test -x $(PEERS)/kvpress/bin/python || $(PY) -m venv $(PEERS)/kvpress
+	$(PEERS)/kvpress/bin/python -m pip install -q --upgrade pip
+	# torch first, from the local CPU wheel, as in setup: kvpress asks for torch<3, which would take a CUDA build
+	$(PEERS)/kvpress/bin/python -m pip install -q torch==2.13.0
+	$(PEERS)/kvpress/bin/python -m pip install -q kvpress==0.5.5 'transformers<5.3' || { \
+	echo "make peers: installing kvpress 0.5.5 failed (pip's output is above); bench/peers.py --kvpress will say so"; exit 1; }
+	$(BIN)/python bench/peers.py --check
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)

@@ -100,7 +100,8 @@ def run_prompt(eng: Engine, schema: str, p: dict, sampling: Sampling, sweep: tup
         r = data[arm]
         found, confused = judge(r["text"], p)
         row[arm] = {"ttft_ms": r["ttft_ms"], "prefilled_tokens": r["prefill_tokens"], "reused_tokens": r["reused_tokens"],
-                    "text": r["text"], "found": found, "confused": confused}
+                    "decode_ms_per_token": r["decode_ms_per_token"], "text": r["text"], "found": found,
+                    "confused": confused}
     if data["prefix"]:
         row["prefix"].update(stopped_at=data["prefix"]["stopped_at"], repeat=data["prefix"]["repeat"],
                              same_text=data["prefix_same_text"], first_token_kl=data["prefix_first_token_kl"])

@@ -223,6 +223,24 @@ def ensure_packaged(key: str) -> Path:
     return target
 
 
+def packaged_gguf(key: str) -> Path:
+    """The GGUF file of packaged model ``key`` for programs that run GGUF files themselves (llama.cpp in
+    ``bench/peers.py``): the file inside its package, or the parts assembled once into the model cache."""
+    packaged = PACKAGED[key]
+    if not packaged.installed():
+        raise ModelError(f"the model '{key}' needs its packages: run {packaged.install}")
+    kept = cache_root() / "gguf"
+    done = kept / f"{packaged.name}.gguf"
+    if done.exists():
+        return done
+    found = _find_gguf(packaged, kept / "partial")
+    if found.is_relative_to(kept):  # assembled here (checked part by part): keep it under its own name
+        found.rename(done)
+        shutil.rmtree(kept / "partial", ignore_errors=True)
+        return done
+    return found
+
+
 def load_tokenizer(spec: str | None = None):
     """(display name, tokenizer, codec) without loading weights (used by `check` and `layout`)."""
     from transformers import AutoConfig, AutoTokenizer

@@ -1,0 +1,434 @@
+"""Peers side by side: llama.cpp on the same GGUF, and kvpress's presses, against the studio's arms.
+
+Every other benchmark is a ratio of the studio against itself. This one runs what a user would run
+instead, on the same model and the same prompts, in one run:
+
+* **workload** — the 24 prompts of `bench/workload.py` (8 essay modules with confusable facts,
+  prompts of 2–4 modules, a quarter of them in schema order). The studio's arms (baseline, prefix,
+  cached, blend) run in this process; then llama.cpp (llama-cpp-python, in its own environment,
+  `bench/peer_llama.py`) prefills the **same token ids**, once from an empty cache (`llama.cpp-full`)
+  and once with its prefix reuse warmed as the prefix arm is (`llama.cpp-prefix`: the schema-order
+  prompt, then every earlier prompt of the workload, kept as saved KV states; the state with the
+  longest common prefix is restored for each prompt, as llama-server's prompt cache does).
+  Needle accuracy per arm and peer, from each one's own answer (llama.cpp runs the GGUF's quantized
+  weights; the studio runs them dequantized), with 95 % Wilson intervals.
+* **lengths** — the document-QA prompts of `bench/ttft.py` at each `--lengths`: the studio's baseline
+  and cached TTFT and decode ms/token in each `--dtypes` (fp32, bf16), beside llama.cpp's full
+  prefill and decode on the GGUF (its own quantized kernels: the 0.5B file mixes Q4_K, Q5_0, Q6_K and
+  Q8_0 tensors), min/median/max of the repetitions.
+* **kvpress** (`--kvpress`) — NVIDIA kvpress's SnapKV, PyramidKV, Expected Attention and KVzip
+  presses at 50 % and 30 % kept (compression_ratio 0.5 / 0.7; query-agnostic as kvpress runs them:
+  the context compressed, the question appended) against the studio's `question` retention and
+  its `pyramid` control at the same ratios, on the varied needles of issue 17, same model, same
+  token ids (`bench/peer_kvpress.py`, in its own environment: kvpress needs transformers < 5.3).
+
+The peers' environments are made by `make peers` (.peers/llama, .peers/kvpress); it is optional and
+never part of `make test`. A peer that is missing or fails is reported with the exact reason in the
+JSON and the tables (never skipped silently).
+
+    python bench/peers.py --model qwen2.5-coder-0.5b            # workload + lengths (~25 min on 2 cores)
+    python bench/peers.py --model qwen2.5-coder-0.5b --kvpress --no-workload --no-lengths
+    python bench/peers.py --quick                               # SmolLM2, 3 small prompts, no files written
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, table
+
+from bench.needles import judge, varied_cases
+from bench.workload import make_workload, prompt_xml, run_prompt, summarise as summarise_arms
+from bench.workloads import SYSTEM, doc_schema, wilson
+from engine.models import PACKAGED, packaged_gguf, resolve_model_path
+from engine.prefix import schema_order_prompt
+from engine.runner import Sampling
+from engine.session import Engine
+
+PEERS = ROOT / ".peers"
+PEER_PYTHON = {"llama.cpp": PEERS / "llama" / "bin" / "python", "kvpress": PEERS / "kvpress" / "bin" / "python"}
+PEER_CHECK = {"llama.cpp": "import llama_cpp; print(llama_cpp.__version__)",
+              "kvpress": "import kvpress, transformers; print(kvpress.__name__, transformers.__version__)"}
+PRESSES = ("SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "KVzipPress")
+KEPT = (0.5, 0.3)
+
+
+# -- the peers' processes -------------------------------------------------------------------------------
+
+def peer_status(peer: str) -> tuple[Path | None, str]:
+    """(its python, its version line) when ``peer``'s environment works, else (None, why not and the fix)."""
+    py = PEER_PYTHON[peer]
+    if not py.exists():
+        return None, f"{peer} is not set up: {os.path.relpath(py, ROOT)} does not exist; run `make peers`"
+    done = subprocess.run([str(py), "-c", PEER_CHECK[peer]], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{peer}'s environment {os.path.relpath(py.parent.parent, ROOT)} cannot import it ({last}); " \
+                     "run `make peers` again"
+    return py, done.stdout.strip()
+
+
+def run_peer(peer: str, script: str, job: dict, timeout: int = 7200) -> dict:
+    """Run ``bench/SCRIPT`` in ``peer``'s environment on ``job``; its JSON, or {"error": the exact reason}."""
+    py, info = peer_status(peer)
+    if py is None:
+        return {"error": info}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+    try:
+        done = subprocess.run([str(py), str(ROOT / "bench" / script), f.name], stdout=subprocess.PIPE, stderr=None,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{peer} ran past {timeout} s"}
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"error": f"{peer} exited with {done.returncode} (its error is printed above)"}
+    out = json.loads(lines[-1])
+    out["version"] = info
+    return out
+
+
+def gguf_for(model: str | None) -> Path:
+    key = model or next(iter(PACKAGED))
+    packaged = next((p for p in PACKAGED.values() if key in (p.key, p.name)), None)
+    if packaged is not None:
+        return packaged_gguf(packaged.key)
+    path = Path(key).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise SystemExit(f"--model {key}: llama.cpp needs a GGUF file; give a packaged model "
+                     f"({', '.join(PACKAGED)}) or a .gguf path")
+
+
+# -- workload -------------------------------------------------------------------------------------------
+
+def spread(xs: list[float]) -> dict:
+    return {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2), "max": round(max(xs), 2)}
+
+
+def summarise_peer(runs: list[dict], prompts: list[dict]) -> dict:
+    ttft = [r["ttft_ms"] for r in runs]
+    found = [judge(r["text"], p)[0] for r, p in zip(runs, prompts)]
+    confused = [judge(r["text"], p)[1] for r, p in zip(runs, prompts)]
+    ordered = [r["ttft_ms"] for r, p in zip(runs, prompts) if p.get("schema_order")]
+    other = [r["ttft_ms"] for r, p in zip(runs, prompts) if not p.get("schema_order")]
+    dec = [r["decode_ms_per_token"] for r in runs if r.get("decode_ms_per_token")]
+    return {"mean_ttft_ms": round(statistics.mean(ttft), 2), "ttft_ms": spread(ttft),
+            "schema_order_mean_ttft_ms": round(statistics.mean(ordered), 2) if ordered else None,
+            "other_mean_ttft_ms": round(statistics.mean(other), 2) if other else None,
+            "decode_ms_per_token": spread(dec) if dec else None,
+            "prefilled_tokens": sum(r["prefilled_tokens"] for r in runs),
+            "reused_tokens": sum(r["reused_tokens"] for r in runs),
+            "needle_found": sum(found), "n": len(runs), "needle_accuracy": round(sum(found) / len(runs), 4),
+            "ci95": wilson(sum(found), len(runs)), "confused": sum(confused)}
+
+
+def workload(eng: Engine, args, gguf: Path) -> dict:
+    docs, prompts = make_workload(essay_chunks(eng.codec.encode, args.chunk_tokens), args.modules, args.prompts,
+                                  args.seed)
+    schema = doc_schema("workload", docs, system=SYSTEM)
+    lay = eng.layout(schema)
+    sampling = Sampling(max_new_tokens=args.new_tokens)
+    arms = list(eng.config.arms)
+    rows, ids = [], []
+    for i, p in enumerate(prompts):
+        ids.append(list(eng.plan(lay, prompt_xml(p)).token_ids))
+        rows.append(run_prompt(eng, schema, p, sampling))
+        r = rows[-1]
+        print(f"[studio {i + 1}/{len(prompts)}] {' '.join(r['imports'])} tokens={r['prompt_tokens']} "
+              + " ".join(f"{a}={r[a]['ttft_ms']:.0f}ms/{'Y' if r[a]['found'] else 'n'}" for a in arms), flush=True)
+    arms_summary = summarise_arms(rows, arms)
+    for a in arms:
+        dec = [r[a]["decode_ms_per_token"] for r in rows if r[a].get("decode_ms_per_token")]
+        arms_summary[a]["decode_ms_per_token"] = spread(dec) if dec else None
+        arms_summary[a]["ttft_ms"] = spread([r[a]["ttft_ms"] for r in rows])
+    warm = list(schema_order_prompt(lay).token_ids)
+    job = {"gguf": str(gguf), "threads": args.threads, "n_ctx": max(len(warm), *map(len, ids)) + args.new_tokens + 64,
+           "new_tokens": args.new_tokens, "stop_ids": list(eng.lm.eos_ids), "modes": ["full", "prefix"],
+           "warm": [warm], "prompts": [{"ids": x} for x in ids]}
+    llama = run_peer("llama.cpp", "peer_llama.py", job)
+    peers = {}
+    if "error" in llama:
+        peers = {"llama.cpp-full": {"error": llama["error"]}, "llama.cpp-prefix": {"error": llama["error"]}}
+    else:
+        for mode in ("full", "prefix"):
+            peers[f"llama.cpp-{mode}"] = summarise_peer(llama[mode], prompts)
+        for r, f, x in zip(rows, llama["full"], llama["prefix"]):
+            r["llama.cpp-full"] = {k: f[k] for k in ("ttft_ms", "decode_ms_per_token", "text")}
+            r["llama.cpp-prefix"] = {k: x[k] for k in ("ttft_ms", "decode_ms_per_token", "text", "reused_tokens",
+                                                       "restore_ms")}
+    return {"prompts": rows, "arms": arms_summary, "peers": peers, "ratios": workload_ratios(rows, arms_summary, peers),
+            "llama.cpp": {k: v for k, v in llama.items() if k not in ("full", "prefix")},
+            "schema_tokens": lay.length, "warm_tokens": len(warm)}
+
+
+def workload_ratios(rows: list[dict], arms: dict, peers: dict) -> dict:
+    out = {}
+    for arm in arms:
+        for peer, s in peers.items():
+            if "error" in s:
+                continue
+            key = f"{arm}_over_{peer.replace('.', '').replace('-', '_')}"
+            out[key + "_mean"] = round(arms[arm]["mean_ttft_ms"] / s["mean_ttft_ms"], 3)
+            per = [r[arm]["ttft_ms"] / r[peer]["ttft_ms"] for r in rows]
+            out[key + "_per_prompt"] = {k: round(v, 3) for k, v in spread(per).items()}
+            for part, flag in (("schema_order", True), ("other", False)):
+                a = [r[arm]["ttft_ms"] for r in rows if r["schema_order"] == flag]
+                b = [r[peer]["ttft_ms"] for r in rows if r["schema_order"] == flag]
+                if a:
+                    out[f"{key}_{part}_mean"] = round(statistics.mean(a) / statistics.mean(b), 3)
+            out[key + "_peer_faster_prompts"] = sum(r[peer]["ttft_ms"] < r[arm]["ttft_ms"] for r in rows)
+    return out
+
+
+# -- lengths --------------------------------------------------------------------------------------------
+
+def lengths(engines: dict[str, Engine], args, gguf: Path) -> dict:
+    from bench.workloads import doc_qa
+    from studio.docqa import ttft_point
+
+    out: dict = {"points": []}
+    ids = {}
+    for dtype, eng in engines.items():
+        chunks = essay_chunks(eng.codec.encode, 250)
+        for n in args.lengths:
+            case = doc_qa(eng, n, args.new_tokens, chunks)
+            pt = ttft_point(eng, case, args.reps)
+            ids[n] = list(case.plan.token_ids)
+            out["points"].append({"dtype": dtype, **{k: pt[k] for k in (
+                "target_tokens", "prompt_tokens", "cached_tokens", "baseline_ttft_ms", "cached_ttft_ms", "speedup",
+                "baseline_decode_ms_per_token", "cached_decode_ms_per_token", "baseline_ttft_ms_all",
+                "cached_ttft_ms_all")}})
+            print(f"[studio {dtype}] {pt['prompt_tokens']} tokens: baseline {pt['baseline_ttft_ms']:.0f} ms, "
+                  f"cached {pt['cached_ttft_ms']:.0f} ms, decode {pt['baseline_decode_ms_per_token']:.0f} ms/token",
+                  flush=True)
+    job = {"gguf": str(gguf), "threads": args.threads, "n_ctx": max(map(len, ids.values())) + args.new_tokens + 64,
+           "new_tokens": args.new_tokens, "stop_ids": [], "modes": ["full"],
+           "prompts": [{"ids": ids[n], "reps": args.reps} for n in args.lengths]}
+    llama = run_peer("llama.cpp", "peer_llama.py", job)
+    if "error" in llama:
+        out["llama.cpp"] = {"error": llama["error"]}
+        return out
+    for i, n in enumerate(args.lengths):
+        runs = [r for r in llama["full"] if r["prompt"] == i]
+        ttft = [r["ttft_ms"] for r in runs]
+        dec = [r["decode_ms_per_token"] for r in runs if r["decode_ms_per_token"]]
+        out["points"].append({"dtype": "llama.cpp (GGUF)", "target_tokens": n, "prompt_tokens": len(ids[n]),
+                              "baseline_ttft_ms": round(statistics.median(ttft), 2),
+                              "baseline_ttft_ms_all": ttft, "baseline_decode_ms_per_token":
+                                  round(statistics.median(dec), 2) if dec else None})
+    out["llama.cpp"] = {k: v for k, v in llama.items() if k != "full"}
+    return out
+
+
+# -- kvpress --------------------------------------------------------------------------------------------
+
+def kvpress_section(eng: Engine, args) -> dict:
+    from bench.compression import run_prompt as compress_prompt
+
+    configs = [("float32", r, m) for r in KEPT for m in ("question", "pyramid")]
+    chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
+    cases = varied_cases(chunks, args.kv_modules, args.kv_prompts, args.seed + args.kv_modules)
+    sampling = Sampling(max_new_tokens=args.new_tokens)
+    rows, jobs = [], []
+    for i, case in enumerate(cases):
+        row = compress_prompt(eng, case, i, configs, sampling)
+        schema = doc_schema(f"c{i}", case["docs"], system=SYSTEM)
+        from xml.sax.saxutils import escape
+
+        prompt = (f'<prompt schema="c{i}">' + "".join(f"<doc{j}/>" for j in range(case["modules"]))
+                  + f" {escape(case['question'])}</prompt>")
+        plan = eng.plan(eng.layout(schema), prompt)
+        q_ids, _ = plan.uncached()
+        all_ids = list(plan.token_ids)
+        assert all_ids[len(all_ids) - len(q_ids):] == list(q_ids), "the question is not the prompt's tail"
+        jobs.append({"context_ids": all_ids[: len(all_ids) - len(q_ids)], "question_ids": list(q_ids)})
+        rows.append(row)
+        print(f"[studio {i + 1}/{len(cases)}] {plan.prompt_tokens} tokens: "
+              + " ".join(f"{k}={'Y' if v['found'] else 'n'}" for k, v in row.items() if isinstance(v, dict)), flush=True)
+    job = {"model_dir": resolve_model_path(args.model)[1], "threads": args.threads, "new_tokens": args.new_tokens,
+           "presses": list(PRESSES), "kept": list(KEPT), "cases": jobs}
+    kv = run_peer("kvpress", "peer_kvpress.py", job)
+    summary = {}
+    names = ["baseline", "cached fp32"] + [f"{m} {r:.0%}" for r in KEPT for m in ("question", "pyramid")]
+    for name in names:
+        found = [r[name]["found"] for r in rows]
+        s = {"needle_found": sum(found), "n": len(rows), "ci95": wilson(sum(found), len(rows)), "side": "studio"}
+        if name not in ("baseline", "cached fp32"):
+            s["buffer_ratio"] = round(statistics.mean(r[name]["buffer_ratio"] for r in rows), 3)
+            s["store_ratio"] = round(statistics.mean(r[name]["store_ratio"] for r in rows), 3)
+        if name != "baseline":
+            s["ttft_ms"] = spread([r[name]["ttft_ms"] for r in rows])
+        summary[name] = s
+    if "error" in kv:
+        summary["kvpress"] = {"error": kv["error"]}
+    else:
+        for name in ["none"] + kv["names"]:
+            runs = [c[name] for c in kv["cases"]]
+            found = [judge(r["text"], case)[0] for r, case in zip(runs, cases)]
+            summary[f"kvpress {name}"] = {
+                "needle_found": sum(found), "n": len(runs), "ci95": wilson(sum(found), len(runs)), "side": "kvpress",
+                "buffer_ratio": round(statistics.mean(r["context_bytes"] / c["none"]["context_bytes"]
+                                                      for r, c in zip(runs, kv["cases"])), 3),
+                "prefill_ms": spread([r["prefill_ms"] for r in runs])}
+            for row, r, f in zip(rows, runs, found):
+                row[f"kvpress {name}"] = {"found": f, "text": r["text"], "context_bytes": r["context_bytes"]}
+    return {"prompts": rows, "summary": summary, "modules": args.kv_modules,
+            "kvpress": {k: v for k, v in kv.items() if k not in ("cases",)}}
+
+
+# -- output ---------------------------------------------------------------------------------------------
+
+def print_workload(w: dict) -> None:
+    rows = []
+    for name, s in list(w["arms"].items()) + list(w["peers"].items()):
+        if "error" in s:
+            rows.append([name, "-", "-", "-", "-", "-", s["error"]])
+            continue
+        t = s["ttft_ms"]
+        dec = s.get("decode_ms_per_token") or {}
+        rows.append([name, s["mean_ttft_ms"], f"{t['min']:.0f}/{t['median']:.0f}/{t['max']:.0f}",
+                     s["schema_order_mean_ttft_ms"], s["other_mean_ttft_ms"], dec.get("median", "-"),
+                     f"{s['needle_found']}/{s['n']} ({s['ci95'][0]:.0%}-{s['ci95'][1]:.0%})"])
+    print(table(["arm / peer", "mean TTFT ms", "min/median/max", "schema order", "other", "decode ms/tok",
+                 "needle found (95% CI)"], rows))
+
+
+def print_lengths(ln: dict) -> None:
+    print(table(["engine", "tokens", "TTFT ms (median)", "cached TTFT ms", "decode ms/token"],
+                [[p["dtype"], p["prompt_tokens"], p["baseline_ttft_ms"], p.get("cached_ttft_ms", "-"),
+                  p["baseline_decode_ms_per_token"]] for p in ln["points"]]))
+    if "error" in ln.get("llama.cpp", {}):
+        print("llama.cpp:", ln["llama.cpp"]["error"])
+
+
+def print_kvpress(kv: dict) -> None:
+    print(table(["method", "needle found", "95% CI", "KV decoded over (vs full)"],
+                [[k, f"{s['needle_found']}/{s['n']}" if "n" in s else s.get("error"),
+                  f"{s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}" if "ci95" in s else "-",
+                  s.get("buffer_ratio", "-")] for k, s in kv["summary"].items()]))
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    w = result["workload"]
+    names = [n for n, s in list(w["arms"].items()) + list(w["peers"].items()) if "error" not in s]
+    summ = {**w["arms"], **w["peers"]}
+    colours = {"baseline": "#c0392b", "prefix": "#b7950b", "cached": "#2471a3", "blend": "#be185d",
+               "llama.cpp-full": "#6b7280", "llama.cpp-prefix": "#111827"}
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    for n in names:
+        s = summ[n]
+        a1.barh(n, s["mean_ttft_ms"] / 1000, color=colours.get(n, "#888"))
+        a1.errorbar(s["mean_ttft_ms"] / 1000, n, xerr=[[s["mean_ttft_ms"] / 1000 - s["ttft_ms"]["min"] / 1000],
+                                                       [s["ttft_ms"]["max"] / 1000 - s["mean_ttft_ms"] / 1000]],
+                    color="k", capsize=3, lw=1)
+        lo, hi = s["ci95"]
+        acc = s["needle_found"] / s["n"]
+        a2.errorbar(s["mean_ttft_ms"] / 1000, acc * 100, yerr=[[(acc - lo) * 100], [(hi - acc) * 100]], fmt="o",
+                    color=colours.get(n, "#888"), capsize=3, label=n)
+    a1.set_xlabel("mean TTFT (s), bar: min-max")
+    a1.invert_yaxis()
+    a2.set_xscale("log")
+    lo, hi = a2.get_xlim()
+    a2.set_xticks([t for t in (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20) if lo <= t <= hi])
+    a2.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    a2.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    a2.set_xlabel("mean TTFT (s, log)")
+    a2.set_ylabel("needle found (%), 95% Wilson")
+    a2.legend(fontsize=8)
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    fig.suptitle(f"Workload ({w['arms'][next(iter(w['arms']))]['n']} prompts): studio arms vs llama.cpp, "
+                 f"{result['model']}, 2 CPU cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--modules", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (torch uses its own default: the cores)")
+    ap.add_argument("--blend", type=float, default=0.15, help="the blend arm's R (0 leaves the arm out)")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[512, 1024, 2048])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--no-workload", action="store_true")
+    ap.add_argument("--no-lengths", action="store_true")
+    ap.add_argument("--kvpress", action="store_true", help="also the kvpress section (long: ~15 min on the 0.5B)")
+    ap.add_argument("--kv-prompts", type=int, default=6)
+    ap.add_argument("--kv-modules", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="SmolLM2, 3 small prompts, one short length, no files")
+    ap.add_argument("--check", action="store_true", help="say whether each peer's environment works, and exit")
+    ap.add_argument("--replot", action="store_true", help="redraw the plot from bench/results/peers[-MODEL].json")
+    args = ap.parse_args()
+    if args.replot:
+        name = result_name("peers", args.model)
+        plot(json.loads((RESULTS / f"{name}.json").read_text()), ROOT / "assets" / f"{name}.png")
+        return
+    if args.check:
+        bad = 0
+        for peer in PEER_PYTHON:
+            py, info = peer_status(peer)
+            bad += py is None
+            print(f"{peer}: {'ready, ' + info if py else info}")
+        sys.exit(1 if bad else 0)
+    args.chunk_tokens = 250
+    if args.quick:
+        args.model, args.prompts, args.new_tokens, args.chunk_tokens = None, 3, 8, 60
+        args.lengths, args.reps, args.dtypes, args.kv_prompts, args.kv_modules = [128], 1, ["float32"], 1, 2
+    arms = ("baseline", "prefix", "cached") + (("blend",) if args.blend > 0 else ())
+    eng = Engine(model=args.model, persist=False, arms=arms, blend=args.blend or 0.15, dtype="float32")
+    gguf = gguf_for(args.model)
+    t0 = time.perf_counter()
+    result: dict = {"benchmark": "peers", "model": eng.lm.name, "gguf": gguf.name, "new_tokens": args.new_tokens,
+                    "machine": machine(), "greedy": True, "peer_status": {p: peer_status(p)[1] for p in PEER_PYTHON}}
+    if not args.no_workload:
+        w = workload(eng, args, gguf)
+        result["workload"] = w
+        # the issue's form: {"arms": {...}, "peers": {...}} at the top level, the workload's
+        result["arms"], result["peers"], result["ratios"] = w["arms"], w["peers"], w["ratios"]
+        print_workload(w)
+    if not args.no_lengths:
+        engines = {"float32": eng}
+        for d in args.dtypes:
+            if d != "float32":
+                engines[d] = Engine(model=args.model, persist=False, dtype=d)
+        result["lengths"] = lengths(engines, args, gguf)
+        print_lengths(result["lengths"])
+    if args.kvpress:
+        # the same loaded model; compression settings do not combine with the blend arm's
+        result["kvpress"] = kvpress_section(Engine.from_loaded(eng.lm, persist=False), args)
+        print_kvpress(result["kvpress"])
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    parts = ["peers"] + (["kvpress"] if args.kvpress and args.no_workload else [])
+    name = result_name("-".join(parts), args.model)
+    if not args.quick and "workload" in result:
+        plot(result, ROOT / "assets" / f"{name}.png")
+    emit(name, result, write=not args.quick)
+    if not args.quick:
+        print(f"wrote {RESULTS / (name + '.json')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
