@@ -30,9 +30,12 @@ __all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir",
 def machine() -> dict:
     import torch
 
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "python": platform.python_version(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-            "cuda": torch.cuda.is_available(), "loadavg_1min": round(os.getloadavg()[0], 2)}
+    out = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "python": platform.python_version(),
+           "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+           "cuda": torch.cuda.is_available(), "loadavg_1min": round(os.getloadavg()[0], 2)}
+    if out["cuda"]:
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
 
 
 def table(header: list[str], rows: list[list]) -> str:

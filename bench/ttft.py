@@ -16,6 +16,8 @@ what attending over the cache costs. Prints a table, then one JSON document last
     python bench/ttft.py            # full run (~5 min on 2 quiet CPU cores)
     python bench/ttft.py --quick    # CI-sized smoke run
     python bench/ttft.py --model gemma3-270m   # another model: results go to bench/results/ttft-gemma3-270m.json
+    python bench/ttft.py --device cuda --storage cuda   # on a GPU, modules in GPU memory: gpu-ttft-cuda.json
+    python bench/ttft.py --device cuda --storage cpu    # on a GPU, modules in CPU memory: gpu-ttft-cpu.json
 """
 
 from __future__ import annotations
@@ -34,10 +36,16 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per run (decode ms/token)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 256 and 512 tokens, 1 rep, 4 new tokens")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
+    ap.add_argument("--device", default=None, choices=("cpu", "cuda"),
+                    help="where the model computes (default: cuda with --storage cuda, else cpu)")
+    ap.add_argument("--storage", default="cpu", choices=("cpu", "cuda"),
+                    help="where module KV is kept: the paper's two GPU settings are --device cuda with --storage "
+                    "cuda and with --storage cpu (Fig. 4); GPU results go to bench/results/gpu-ttft-STORAGE.json")
+    ap.add_argument("--dtype", default=None, help="compute dtype (default: the device's, engine.config)")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
-    eng = Engine(model=args.model, persist=False)
+    eng = Engine(model=args.model, persist=False, device=args.device, storage=args.storage, dtype=args.dtype)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks, floor=True) for n in args.lengths]
     print(table(["prompt", "cached", "uncached", "baseline ms", "cached ms", "copy ms", "speedup", "range",
@@ -47,8 +55,10 @@ def main() -> None:
                   f'{r["floor_ms"]} ({r["floor_ms_min"]}-{r["floor_ms_max"]})', r["nocache_ms"], r["cached_over_floor"],
                   r["floor_over_nocache"], r["baseline_decode_ms_per_token"], r["cached_decode_ms_per_token"]]
                  for r in rows]))
-    emit(result_name("ttft", args.model),
-         {"benchmark": "ttft", "model": eng.lm.name, "storage": "cpu", "mode": eng.config.mode, "dtype": eng.lm.dtype,
+    gpu = str(eng.lm.device).startswith("cuda")
+    emit(result_name(f"gpu-ttft-{args.storage}" if gpu else "ttft", args.model),
+         {"benchmark": "ttft", "model": eng.lm.name, "device": str(eng.lm.device), "storage": args.storage,
+          "mode": eng.config.mode, "dtype": eng.lm.dtype,
           "ttft_includes_copy": True, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
           "results": rows}, write=not args.quick)
 

@@ -62,9 +62,12 @@ def tiny_engine(tiny_lm):
 
 @pytest.fixture(scope="session")
 def real_engine():
+    """The default model on the CPU; ``PML_STUDIO_TEST_DEVICE=cuda`` runs the same tests with the model and the
+    module store on a GPU, in fp32 so that the tolerances stay those of the CPU."""
     from engine.session import Engine
 
-    eng = Engine()
+    device = os.environ.get("PML_STUDIO_TEST_DEVICE", "cpu")
+    eng = Engine() if device == "cpu" else Engine(device=device, storage=device, dtype="float32")
     eng.lm  # load once per session
     return eng
 
