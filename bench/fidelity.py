@@ -64,15 +64,16 @@ QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+r
 
 
 def parse_arm(name: str) -> dict:
-    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule}; 'prefixed+blend 15
+    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule, check}; 'prefixed+blend 15
     link' = 15 % of the cached tokens recomputed, chosen by the blend rule 'link' (default: deviation);
+    '+check 6' = the blend selection pass checks deviation at layer 6 (default 1, CacheBlend's);
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
-    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation"}
+    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1}
     for p in parts:
-        m = re.fullmatch(r"(sink|repair) (\d+)", p)
+        m = re.fullmatch(r"(sink|repair|check) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
         if m:
             spec[m.group(1)] = int(m.group(2))
@@ -145,7 +146,7 @@ class Runner:
         enc = self.encoded_for(spec["mode"], spec["sink"])
         if spec["blend"]:
             run, info = run_blend(self.eng.lm, self.plan, enc, self.store, sampling, ratio=spec["blend"] / 100,
-                                  rule=spec["rule"])
+                                  rule=spec["rule"], check_layer=spec["check"])
             self.blend_ms[arm] = info.selection_ms
             return run
         if spec["repair"] or spec["first"] is not None:
@@ -249,7 +250,9 @@ def ttft_probe(eng: Engine, chunks: list[str], reps: int, n_modules: int = 8, ar
 
 
 def summarise(rows: list[dict], arms: tuple[str, ...]) -> dict:
-    summary = {}
+    summary: dict = {}
+    if not rows:  # a set that was not run (--per-setting 0 or --confusable 0)
+        return summary
     for arm in arms:
         found = sum(r[arm]["found"] for r in rows)
         s = {"accuracy": round(found / len(rows), 4), "found": found, "n": len(rows), "ci95": wilson(found, len(rows)),
@@ -330,7 +333,7 @@ def plot_frontier(panels: dict, path, model: str = "SmolLM2-135M") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.6), dpi=120, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5 * len(panels), 8), 4.6), dpi=120, squeeze=False)
     for ax, (title, summary) in zip(axes[0], panels.items()):
         for k, (arm, s) in enumerate(summary.items()):
             x, y = s["ttft_ms"]["median"], s["accuracy"] * 100
@@ -423,6 +426,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
                     "results go to bench/results/fidelity-MODEL.json, without plots")
     ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
+    ap.add_argument("--out", default=None, metavar="NAME", help="write bench/results/NAME.json (and assets/frontier-"
+                    "NAME.png) instead of fidelity[-MODEL].json: an experiment beside the main results")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--ttft-probe", type=int, default=0, metavar="REPS",
                     help="only the TTFT probe (one 8-module prompt, REPS interleaved rounds), kept in --rows-out")
@@ -434,7 +439,7 @@ def main() -> None:
 
         from common import RESULTS
 
-        name = result_name("fidelity", args.model)
+        name = args.out or result_name("fidelity", args.model)
         data = json.loads((RESULTS / f"{name}.json").read_text())
         plot_frontier(frontier_panels(data["frontier"], data["confusable"], data["confusable_modules"]),
                       ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", data["model"])
@@ -463,7 +468,7 @@ def main() -> None:
         kept = json.loads(args.from_rows.read_text())
         rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
         probe, collected_by = kept.get("ttft_probe"), kept.get("commands")
-        arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict))
+        arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict)) if rows else ()
         confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
         if sample_rows:
             sample_arms = tuple(k for k, v in next(iter(sample_rows.values())).items() if isinstance(v, dict))
@@ -482,7 +487,7 @@ def main() -> None:
         print_summary(f"single needle, {n} modules", s)
     if confusable:
         print_summary(f"confusable needles, {conf_modules} modules", confusable)
-    name = result_name("fidelity", args.model)
+    name = args.out or result_name("fidelity", args.model)
     if not args.quick:
         plot_frontier(frontier_panels(frontier, confusable, conf_modules),
                       ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", eng.lm.name)
