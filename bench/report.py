@@ -27,7 +27,7 @@ def load(name: str) -> dict | None:
 
 def machine_line(d: dict) -> str:
     m = d["machine"]
-    gpu = "a CUDA GPU" if m.get("cuda") else "no GPU"
+    gpu = (m.get("gpu") or "a CUDA GPU") if m.get("cuda") else "no GPU"
     load = f", load average {m['loadavg_1min']:g} when it ended" if m.get("loadavg_1min") is not None else ""
     return f"{m['date']}, {m['threads']} CPU threads ({m['cpu']}), {gpu}, torch {m['torch']}{load}"
 
@@ -69,8 +69,10 @@ def section() -> str:
                 f"({f['cached_ttft_vs_cached_tokens_linear']['slope_ms_per_token'] * 1000:.1f} µs per cached token, "
                 f"R² {f['cached_ttft_vs_cached_tokens_linear']['r2']}). "
                 + _floor_clause(scaling["results"])
-                + ("No GPU here, so the paper's GPU-storage cases were not run." if not scaling.get("gpu") else ""),
+                + ("The paper's GPU settings are measured on a lent GPU below." if gpu_runs() else
+                   "No GPU here, so the paper's GPU-storage cases were not run."),
                 "", "![TTFT against prompt length](assets/scaling.png)", ""]
+    out += gpu_section()
     workload = load("workload")
     if workload:
         out += workload_section(workload)
@@ -158,12 +160,22 @@ def lead_section(slug: str) -> list[str]:
     out = [f"### {model} (`--model {slug}`, `make qwen` or one click in the Model tab)", ""]
     if fid:
         out += lead_fidelity(fid, slug)
+    exp = load(f"fidelity-blend-{slug}")
+    if exp and exp.get("confusable"):
+        n = next(iter(exp["confusable"].values()))["n"]
+        made = " then ".join(f"`{c}`" for c in (exp.get("collected_by") or []) + [exp["command"]])
+        out += [f"**Blend, further: a later check layer and larger R** — {made} ({machine_line(exp)}): the "
+                f"same {n} confusable prompts of {exp['confusable_modules']} modules. `+check L`: the deviation (or the "
+                "question's attention) is read at layer L, so the selection pass runs layers 0..L over the whole "
+                "prompt; without it, layer 1 as in CacheBlend.", ""] + confusable_table(exp)
+        out += [f"![Blend variants: accuracy against TTFT](assets/frontier-blend-{slug}.png)", ""]
     out += beside(BESIDE)
     if work:
         out += workload_section(work, f"workload-{slug}")
     small = load(f"workload-{BESIDE}")
     if small:
         out += workload_section(small, f"workload-{BESIDE}")
+    out += peers_section(load(f"peers-{slug}"), load(f"peers-kvpress-{slug}"), f"peers-{slug}")
     comp = load(f"compression-{slug}")
     if comp:
         out += compression_section(comp, f"memory-{slug}")
@@ -202,45 +214,90 @@ def lead_fidelity(f: dict, slug: str) -> list[str]:
         n = next(iter(summary.values()))["n"]
         out += [f"*{size} modules, one fact asked, two facts of other templates elsewhere ({n} prompts):*", ""]
         out += _arm_rows(summary) + [""]
-    c = f.get("confusable")
-    if c:
-        rows = f["confusable_rows"]
-        n = next(iter(c.values()))["n"]
+    if f.get("confusable"):
+        n = next(iter(f["confusable"].values()))["n"]
         out += [f"*Confusable facts: {f['confusable_modules']} modules, each holding a fact of the same template about "
                 f"another subject (a harbour master's parrot in each of eight towns, …); the question names one "
                 f"({n} prompts). `blend R` recomputes R % of the cached tokens, chosen by the largest value deviation "
                 "at layer 1 unless a rule is named (`link`: the tokens after each module boundary; `question`: the "
-                "tokens the question attends to most; `random`: the control):*", "",
-                "| arm | found | 95 % CI | confused | first token agrees | mean first-token KL | TTFT median "
-                "(min–max) | TTFT × prefixed, median (min–max) | recomputed tokens |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for arm, v in c.items():
-            t = v["ttft_ms"]
-            ratio = "—"
-            if "prefixed" in c:
-                xs = sorted(r[arm]["ttft_ms"] / r["prefixed"]["ttft_ms"] for r in rows)
-                ratio = f"{statistics.median(xs):.2f}× ({xs[0]:.2f}–{xs[-1]:.2f})"
-            out.append(f"| {_arm(arm)} | **{v['accuracy']:.0%}** ({v['found']}/{v['n']}) | "
-                       f"{v['ci95'][0]:.0%}–{v['ci95'][1]:.0%} | {v['confused']} | "
-                       + ("— | — |" if arm == "baseline" else
-                          f"{v['first_token_agreement']:.0%} | {v['mean_first_token_kl']:.3f} |")
-                       + f" {t['median']:.0f} ms ({t['min']:.0f}–{t['max']:.0f}) | {ratio} | "
-                       f"{v['recomputed_tokens']:.0f} |")
-        out.append("")
-        blends = {a: v for a, v in c.items() if "+blend " in a}
-        if blends and "baseline" in c:
-            base = c["baseline"]["accuracy"]
-            close = [a for a, v in blends.items() if base - v["accuracy"] <= 0.05]
-            out += ["Blend against the baseline's " + f"{base:.0%}: " + ", ".join(
-                f"`{a.split('+', 1)[1]}` {(v['accuracy'] - base) * 100:+.0f} points" for a, v in blends.items())
-                + (f". Within 5 points of the baseline: {', '.join(f'`{a}`' for a in close)}." if close else
-                   ". None is within 5 points of the baseline."), ""]
+                "tokens the question attends to most; `random`: the control):*", ""]
+        out += confusable_table(f)
     samples = f.get("samples") or {}
     for name, row in samples.items():
         out += [f"Sample `{name}` ({row['prompt_tokens']} tokens), first-token KL against the baseline: " + ", ".join(
             f"`{a}` {row[a]['kl']:.3f}{'' if row[a]['agree'] else ' (first token differs)'}"
             for a in f["sample_arms"]) + ".", ""]
     out += [f"![Needle accuracy against TTFT, per arm and blend R](assets/frontier-{slug}.png)", ""]
+    return out
+
+
+def gpu_runs() -> list[dict]:
+    return [d for d in (load("gpu-ttft-cuda"), load("gpu-ttft-cpu")) if d]
+
+
+def gpu_section() -> list[str]:
+    """bench/ttft.py on a lent GPU: the paper's two GPU settings (Fig. 4), modules in GPU and in CPU memory."""
+    runs = gpu_runs()
+    if not runs:
+        return []
+    m = runs[0]["machine"]
+    out = [f"**On a GPU** ({m.get('gpu', 'a CUDA GPU')}, torch {m['torch']}, {m['date']}; lent to one session, "
+           "not the reference machine): the paper's two GPU settings, `bench/ttft.py` with the model on the GPU and "
+           f"the modules' KV kept in GPU memory or in CPU memory ({runs[0]['model']}, {runs[0]['dtype']}, median of "
+           f"{runs[0]['reps']} after a warm-up, TTFT includes the copy):", "",
+           "| prompt tokens | modules in | baseline TTFT | cached TTFT | of which copy | speedup (min–max) | "
+           "floor (stock transformers) | question tokens alone, no cache | decode ms/token |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for d in runs:
+        for r in d["results"]:
+            out.append(f"| {r['prompt_tokens']:,} | {d['storage'].upper()} memory (`{d['command']}`) | "
+                       f"{r['baseline_ttft_ms']:.1f} ms | {r['cached_ttft_ms']:.1f} ms | {r['cached_copy_ms']:.1f} ms | "
+                       f"{r['speedup']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['floor_ms']:.1f} ms | "
+                       f"{r['nocache_ms']:.1f} ms | {r['baseline_decode_ms_per_token']:.0f} |")
+    flat = [r["baseline_ttft_ms"] for d in runs for r in d["results"]]
+    alone = [r["nocache_ms"] for d in runs for r in d["results"]]
+    out += ["", f"On this GPU the 135M model's full prefill takes {min(flat):.0f}–{max(flat):.0f} ms at every length "
+            f"up to 4,090 tokens, and a stock forward of the 32 question tokens alone {min(alone):.0f}–"
+            f"{max(alone):.0f} ms: the cost is per layer and per call, not per token, so there is nothing for the "
+            "modular cache to save, and its own work (assembling the buffer; copying from CPU memory, 5–12 ms) "
+            "makes it slower than a full prefill. Prompt Cache's GPU gains come from prefills that are "
+            "compute-bound (7B+ models, long prompts); a 135M model is too small to show them, and no such model is "
+            "at hand here (models come from PyPI packages; the largest is 0.5B)."]
+    log = RESULTS / "gpu-tests.log"
+    if log.exists():
+        lines = log.read_text().strip().splitlines()
+        out.append(f"The engine's real-model tests ran there with the model and module store on CUDA (fp32): "
+                   f"`{lines[0].lstrip('$ ')}` — {lines[-1].strip()}.")
+    return out + [""]
+
+
+def confusable_table(f: dict) -> list[str]:
+    """The confusable set's arms: accuracy, confusions, agreement, TTFT and its ratio to `prefixed` on each prompt."""
+    c, rows, out = f["confusable"], f["confusable_rows"], []
+    out += ["| arm | found | 95 % CI | confused | first token agrees | mean first-token KL | TTFT median "
+            "(min–max) | TTFT × prefixed, median (min–max) | recomputed tokens |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm, v in c.items():
+        t = v["ttft_ms"]
+        ratio = "—"
+        if "prefixed" in c:
+            xs = sorted(r[arm]["ttft_ms"] / r["prefixed"]["ttft_ms"] for r in rows)
+            ratio = f"{statistics.median(xs):.2f}× ({xs[0]:.2f}–{xs[-1]:.2f})"
+        out.append(f"| {_arm(arm)} | **{v['accuracy']:.0%}** ({v['found']}/{v['n']}) | "
+                   f"{v['ci95'][0]:.0%}–{v['ci95'][1]:.0%} | {v['confused']} | "
+                   + ("— | — |" if arm == "baseline" else
+                      f"{v['first_token_agreement']:.0%} | {v['mean_first_token_kl']:.3f} |")
+                   + f" {t['median']:.0f} ms ({t['min']:.0f}–{t['max']:.0f}) | {ratio} | "
+                   f"{v['recomputed_tokens']:.0f} |")
+    out.append("")
+    blends = {a: v for a, v in c.items() if "+blend " in a}
+    if blends and "baseline" in c:
+        base = c["baseline"]["accuracy"]
+        close = [a for a, v in blends.items() if base - v["accuracy"] <= 0.05]
+        out += ["Blend against the baseline's " + f"{base:.0%}: " + ", ".join(
+            f"`{a.split('+', 1)[1]}` {(v['accuracy'] - base) * 100:+.0f} points" for a, v in blends.items())
+            + (f". Within 5 points of the baseline: {', '.join(f'`{a}`' for a in close)}." if close else
+               ". None is within 5 points of the baseline."), ""]
     return out
 
 
@@ -332,6 +389,132 @@ def workload_section(w: dict, result: str = "workload") -> list[str]:
     return out
 
 
+PEER_NAMES = {"baseline": "studio baseline (full prefill, fp32)", "prefix": "studio prefix cache (exact)",
+              "cached": "studio modular cache", "llama.cpp-full": "llama.cpp, full prefill",
+              "llama.cpp-prefix": "llama.cpp, prefix reuse (saved states)"}
+
+
+ENGINE_NAMES = {"float32": "studio fp32", "bfloat16": "studio bf16"}
+
+
+def peers_section(p: dict | None, kv: dict | None, image: str) -> list[str]:
+    """bench/peers.py: llama.cpp on the same GGUF and token ids, kvpress's presses, beside the studio's arms."""
+    out = [] if p is not None else [
+        "**Peers** — not measured yet: `make peers`, then `python bench/peers.py --model qwen2.5-coder-0.5b`.", ""]
+    p = p or {}
+    if "workload" in p:
+        w = p["workload"]
+        n = len(w["prompts"])
+        n_order = sum(r["schema_order"] for r in w["prompts"])
+        lc = w.get("llama.cpp", {})
+        out += [f"**Peers: llama.cpp on the same GGUF** — `{p['command']}` ({machine_line(p)}; {p['model']}; "
+                f"llama-cpp-python {lc.get('llama_cpp_python', '?')} built here, {lc.get('threads', '?')} threads, "
+                f"`{p['gguf']}` run with its own quantized kernels; the studio runs the same file dequantized to "
+                f"fp32). The workload above, {n} prompts ({n_order} in schema order), re-run in this one command: "
+                "llama.cpp prefills the studio baseline's token ids (the schema rendered with the model's chat "
+                "template). `llama.cpp, prefix reuse`: warmed with the schema-order prompt, then every earlier "
+                "prompt kept as a saved KV state (`llama_state_get_data`); each prompt restores the state with the "
+                "longest common prefix (`llama_state_set_data`) and prefills the rest, as llama-server's prompt "
+                "cache does (llama-cpp-python's `LlamaRAMCache` would also copy a 311 MB logits array per state). "
+                "Each answer judged on its own; greedy; TTFT includes restoring or copying KV.", "",
+                "| arm / peer | mean TTFT | min / median / max | schema-order prompts | other prompts | "
+                "decode ms/token (median) | needle found | 95 % CI |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        blend = p["workload"]["arms"].get("blend")
+        for name, s in list(w["arms"].items()) + list(w["peers"].items()):
+            label = PEER_NAMES.get(name, name) if name != "blend" else "studio blend (`deviation`)"
+            if "error" in s:
+                out.append(f"| {label} | could not run: {s['error']} | | | | | | |")
+                continue
+            t, dec = s["ttft_ms"], s.get("decode_ms_per_token") or {}
+            out.append(f"| {label} | **{s['mean_ttft_ms']:.0f} ms** | {t['min']:.0f} / {t['median']:.0f} / "
+                       f"{t['max']:.0f} ms | {_ms(s['schema_order_mean_ttft_ms'])} | {_ms(s['other_mean_ttft_ms'])} | "
+                       f"{dec.get('median', 0):.0f} | {s['needle_found']}/{s['n']} | "
+                       f"{s['ci95'][0]:.0%}–{s['ci95'][1]:.0%} |")
+        r = p["ratios"]
+        if "cached_over_llamacpp_prefix_mean" in r:
+            pp = r["cached_over_llamacpp_prefix_per_prompt"]
+            facts = [f"modular / llama.cpp with prefix reuse, mean TTFT **{r['cached_over_llamacpp_prefix_mean']:.2f}**"
+                     f" (per prompt {pp['min']:.2f}–{pp['max']:.2f}, median {pp['median']:.2f}); modular / llama.cpp "
+                     f"full prefill **{r['cached_over_llamacpp_full_mean']:.2f}**",
+                     f"studio prefix / llama.cpp prefix {r['prefix_over_llamacpp_prefix_mean']:.2f}, studio baseline "
+                     f"/ llama.cpp full {r['baseline_over_llamacpp_full_mean']:.2f}"]
+            wins = r["cached_over_llamacpp_prefix_peer_faster_prompts"]
+            facts.append(f"llama.cpp with prefix reuse beat the modular arm on {wins} of {n} prompts"
+                         + (f" (on the schema-order prompts modular / llama.cpp is "
+                            f"{r['cached_over_llamacpp_prefix_schema_order_mean']:.2f}, on the others "
+                            f"{r['cached_over_llamacpp_prefix_other_mean']:.2f})" if wins else ""))
+            if blend:
+                facts.append(f"blend / llama.cpp prefix {r['blend_over_llamacpp_prefix_mean']:.2f}")
+            out += ["", "Ratios: " + "; ".join(facts) + ".", ""]
+        out += [f"![studio arms against llama.cpp](assets/{image}.png)", ""]
+    if "lengths" in p:
+        ln = p["lengths"]
+        pts = ln["points"]
+        engines = list(dict.fromkeys(x["dtype"] for x in pts))
+        targets = sorted({x["target_tokens"] for x in pts})
+        out += ["**Full prefill and decode by engine** (same command; the document-QA prompts of `bench/ttft.py`, "
+                f"same token ids; TTFT median (min–max) of {len(pts[0]['baseline_ttft_ms_all'])} "
+                "repetitions after a warm-up, decode ms/token median; the studio's cached TTFT beside):", "",
+                "| prompt tokens | " + " | ".join(f"{ENGINE_NAMES.get(e, e)} TTFT" for e in engines)
+                + " | studio cached TTFT (fp32) | "
+                + " | ".join(f"{ENGINE_NAMES.get(e, e)} decode ms/token" for e in engines) + " |",
+                "|---:|" + "---:|" * (2 * len(engines) + 1)]
+        for t in targets:
+            row = {x["dtype"]: x for x in pts if x["target_tokens"] == t}
+            first = next(iter(row.values()))
+            cached = row.get("float32", {}).get("cached_ttft_ms")
+            out.append(f"| {first['prompt_tokens']:,} | " + " | ".join(
+                _spread_ms(row[e]["baseline_ttft_ms"], row[e]["baseline_ttft_ms_all"]) if e in row else "—"
+                for e in engines)
+                + f" | {_spread_ms(cached, row['float32']['cached_ttft_ms_all']) if cached else '—'} | " + " | ".join(
+                f"{row[e]['baseline_decode_ms_per_token']:.0f}" if e in row and row[e].get(
+                    "baseline_decode_ms_per_token") else "—" for e in engines) + " |")
+        if "error" in ln.get("llama.cpp", {}):
+            out.append(f"\nllama.cpp could not run: {ln['llama.cpp']['error']}")
+        out.append("")
+    if kv is not None and "kvpress" in kv:
+        out += kvpress_table(kv)
+    return out
+
+
+KV_NAMES = {"baseline": "studio baseline (full prefill)", "cached fp32": "studio modular, full modules",
+            "question": "studio `question` retention", "pyramid": "studio `pyramid` (query-agnostic control)",
+            "kvpress none": "kvpress, no press (its own path)"}
+
+
+def kvpress_table(f: dict) -> list[str]:
+    sec = f["kvpress"]
+    k = sec["kvpress"]
+    info = (f"kvpress {k['kvpress']}, transformers {k['transformers']} in its own environment" if "kvpress" in k
+            else f"kvpress could not run: {k.get('error')}")
+    out = [f"**kvpress's presses against question retention** — `{f['command']}` ({machine_line(f)}; {f['model']}, "
+           f"{info}): the varied needles of issue 17, {len(sec['prompts'])} prompts of {sec['modules']} modules, "
+           "the studio's token ids on both sides, greedy. kvpress compresses the context before the question is "
+           "seen (query-agnostic, as its pipeline runs); the studio's `question` retention thins the run's buffer "
+           "after the question was prefilled (full modules stored); `pyramid` is its query-agnostic control. "
+           "KV decoded over: for kvpress, the context KV its press left over its unpressed run's (KVzip masks "
+           "entries instead of evicting them: masked ones counted as removed); for the studio, the buffer after "
+           "retention over the full buffer (its question tokens included).", "",
+           "Time: for kvpress, the context's prefill under the press (what compression costs it; KVzip replays "
+           "the context); for the studio, the run's TTFT with the modules reused (the retention happens after it).", "",
+           "| method | kept | needle found | 95 % CI | KV decoded over | time, median (min–max) |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for name, s in sec["summary"].items():
+        if "error" in s:
+            out.append(f"| kvpress | — | could not run: {s['error']} | | |")
+            continue
+        method, kept = (name.rsplit(" ", 1) if name.endswith("%") else (name, "100%"))
+        times = [r[name]["ttft_ms"] for r in sec["prompts"] if "ttft_ms" in r.get(name, {})]
+        if "ttft_ms" not in s and times:  # the studio's rows carry their runs' TTFT
+            s = {**s, "ttft_ms": {"median": statistics.median(times), "min": min(times), "max": max(times)}}
+        out.append(f"| {KV_NAMES.get(method, method)} | {kept} | {s['needle_found']}/{s['n']} | "
+                   f"{s['ci95'][0]:.0%}–{s['ci95'][1]:.0%} | "
+                   + (f"{s['buffer_ratio']:.0%}" if "buffer_ratio" in s else "100%") + " | "
+                   + (_spread_ms(t["median"], [t["min"], t["max"]]) if (t := s.get("prefill_ms") or s.get("ttft_ms"))
+                      else "—") + " |")
+    return out + [""]
+
+
 def _floor_clause(rows: list[dict]) -> str:
     if not rows or not all("floor_ms" in r for r in rows):
         return ""
@@ -339,6 +522,10 @@ def _floor_clause(rows: list[dict]) -> str:
     return (f"Against the floor (stock transformers over a DynamicCache of the same KV), cached / floor is "
             f"{a['cached_over_floor']:.2f} at {a['prompt_tokens']} tokens and {b['cached_over_floor']:.2f} at "
             f"{b['prompt_tokens']}; floor / no cache {a['floor_over_nocache']:.2f} and {b['floor_over_nocache']:.2f}. ")
+
+
+def _spread_ms(median: float, xs: list[float]) -> str:
+    return f"{median:.0f} ms ({min(xs):.0f}–{max(xs):.0f})"
 
 
 def _ms(x) -> str:
