@@ -70,8 +70,8 @@ RULES = {
     "random": "a seeded random choice (the control)",
 }
 assert tuple(RULES) == BLEND_RULES  # the settings offer exactly these
-DEVIATION_OF = "v"  # which deviation "deviation" means; bench/blend_probe.py compares them
-FRESH_EARLY = True  # write the selection pass's early-layer KV over the stored KV; bench/blend_probe.py
+DEVIATION_OF = "v"  # which deviation "deviation" means (CacheBlend's); the rule "deviation-k" reads K instead
+FRESH_EARLY = True  # write the selection pass's early-layer KV over the stored KV (it is a full prefill's, paid for)
 MIXED_LINK_TOKENS = 2  # tokens per link the mixed rule always takes
 
 
