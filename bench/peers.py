@@ -56,7 +56,8 @@ from engine.session import Engine
 PEERS = ROOT / ".peers"
 PEER_PYTHON = {"llama.cpp": PEERS / "llama" / "bin" / "python", "kvpress": PEERS / "kvpress" / "bin" / "python"}
 PEER_CHECK = {"llama.cpp": "import llama_cpp; print(llama_cpp.__version__)",
-              "kvpress": "import kvpress, transformers; print(kvpress.__name__, transformers.__version__)"}
+              "kvpress": "import importlib.metadata as m, kvpress; "
+                         "print(m.version('kvpress'), 'with transformers', m.version('transformers'))"}
 PRESSES = ("SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "KVzipPress")
 KEPT = (0.5, 0.3)
 
