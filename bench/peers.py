@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, table
 
@@ -245,8 +246,6 @@ def kvpress_section(eng: Engine, args) -> dict:
     for i, case in enumerate(cases):
         row = compress_prompt(eng, case, i, configs, sampling)
         schema = doc_schema(f"c{i}", case["docs"], system=SYSTEM)
-        from xml.sax.saxutils import escape
-
         prompt = (f'<prompt schema="c{i}">' + "".join(f"<doc{j}/>" for j in range(case["modules"]))
                   + f" {escape(case['question'])}</prompt>")
         plan = eng.plan(eng.layout(schema), prompt)
