@@ -24,7 +24,7 @@ from bench.workloads import (  # noqa: E402  (re-exported for the bench scripts)
     ttft_point)
 
 __all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir", "fill_docs", "has_roles", "median",
-           "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit", "result_name"]
+           "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit", "result_name", "spread"]
 
 
 def machine() -> dict:
@@ -36,6 +36,17 @@ def machine() -> dict:
     if out["cuda"]:
         out["gpu"] = torch.cuda.get_device_name(0)
     return out
+
+
+def spread(xs: list[float], digits: int = 2, every: bool = True) -> dict:
+    """min / median / max of a list of timings (or ratios), rounded; with ``every``, each value too.
+    An empty list gives None for each."""
+    import statistics
+
+    if not xs:
+        return {"min": None, "median": None, "max": None, **({"all": []} if every else {})}
+    out = {"min": round(min(xs), digits), "median": round(statistics.median(xs), digits), "max": round(max(xs), digits)}
+    return {**out, "all": [round(x, digits) for x in xs]} if every else out
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import ROOT, doc_schema, emit, essay_chunks, machine, result_name, table
+from common import ROOT, doc_schema, emit, essay_chunks, machine, result_name, spread, table
 from bench.needles import varied_cases
 from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
 
@@ -155,8 +155,8 @@ def measure_4k(eng: Engine, chunks: list[str], modules: int, reps: int, sampling
         enc = encoded[label_]
         dec = [r.decode_ms_per_token for r in rs if r.decode_ms_per_token is not None]
         out["configs"][label_] = {
-            "decode_ms_per_token": _spread(dec), "ttft_ms": _spread([r.ttft_ms for r in rs]),
-            "copy_ms": _spread([r.copy_ms for r in rs]), "retention_ms": _spread([r.retention_ms for r in rs]),
+            "decode_ms_per_token": spread(dec), "ttft_ms": spread([r.ttft_ms for r in rs]),
+            "copy_ms": spread([r.copy_ms for r in rs]), "retention_ms": spread([r.retention_ms for r in rs]),
             "buffer_bytes_after_prefill": rs[0].kv_buffer_used_bytes,
             "buffer_bytes_decoded_over": rs[0].kv_buffer_bytes_after_retention,
             "module_store_bytes": sum(store.entry_bytes(k) for p, k in enc.module_keys.items() if p),
@@ -168,11 +168,6 @@ def measure_4k(eng: Engine, chunks: list[str], modules: int, reps: int, sampling
     for c in out["configs"].values():
         c["decode_ratio_to_full"] = round(c["decode_ms_per_token"]["median"] / full, 3) if full else None
     return out
-
-
-def _spread(xs: list[float]) -> dict:
-    return {"median": round(statistics.median(xs), 2), "min": round(min(xs), 2), "max": round(max(xs), 2),
-            "all": [round(x, 2) for x in xs]} if xs else {"median": None, "min": None, "max": None, "all": []}
 
 
 def verdicts(summary: dict, at_4k: dict | None) -> list[str]:

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, table
+from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, spread, table
 
 from bench.needles import judge, varied_cases
 from bench.workload import make_workload, prompt_xml, run_prompt, summarise as summarise_arms
@@ -114,10 +114,6 @@ def gguf_for(model: str | None) -> Path:
 
 # -- workload -------------------------------------------------------------------------------------------
 
-def spread(xs: list[float]) -> dict:
-    return {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2), "max": round(max(xs), 2)}
-
-
 def summarise_peer(runs: list[dict], prompts: list[dict]) -> dict:
     ttft = [r["ttft_ms"] for r in runs]
     found = [judge(r["text"], p)[0] for r, p in zip(runs, prompts)]
@@ -125,10 +121,10 @@ def summarise_peer(runs: list[dict], prompts: list[dict]) -> dict:
     ordered = [r["ttft_ms"] for r, p in zip(runs, prompts) if p.get("schema_order")]
     other = [r["ttft_ms"] for r, p in zip(runs, prompts) if not p.get("schema_order")]
     dec = [r["decode_ms_per_token"] for r in runs if r.get("decode_ms_per_token")]
-    return {"mean_ttft_ms": round(statistics.mean(ttft), 2), "ttft_ms": spread(ttft),
+    return {"mean_ttft_ms": round(statistics.mean(ttft), 2), "ttft_ms": spread(ttft, every=False),
             "schema_order_mean_ttft_ms": round(statistics.mean(ordered), 2) if ordered else None,
             "other_mean_ttft_ms": round(statistics.mean(other), 2) if other else None,
-            "decode_ms_per_token": spread(dec) if dec else None,
+            "decode_ms_per_token": spread(dec, every=False) if dec else None,
             "prefilled_tokens": sum(r["prefilled_tokens"] for r in runs),
             "reused_tokens": sum(r["reused_tokens"] for r in runs),
             "needle_found": sum(found), "n": len(runs), "needle_accuracy": round(sum(found) / len(runs), 4),
@@ -152,8 +148,8 @@ def workload(eng: Engine, args, gguf: Path) -> dict:
     arms_summary = summarise_arms(rows, arms)
     for a in arms:
         dec = [r[a]["decode_ms_per_token"] for r in rows if r[a].get("decode_ms_per_token")]
-        arms_summary[a]["decode_ms_per_token"] = spread(dec) if dec else None
-        arms_summary[a]["ttft_ms"] = spread([r[a]["ttft_ms"] for r in rows])
+        arms_summary[a]["decode_ms_per_token"] = spread(dec, every=False) if dec else None
+        arms_summary[a]["ttft_ms"] = spread([r[a]["ttft_ms"] for r in rows], every=False)
     warm = list(schema_order_prompt(lay).token_ids)
     job = {"gguf": str(gguf), "threads": args.threads, "n_ctx": max(len(warm), *map(len, ids)) + args.new_tokens + 64,
            "new_tokens": args.new_tokens, "stop_ids": list(eng.lm.eos_ids), "modes": ["full", "prefix"],
@@ -183,7 +179,7 @@ def workload_ratios(rows: list[dict], arms: dict, peers: dict) -> dict:
             key = f"{arm}_over_{peer.replace('.', '').replace('-', '_')}"
             out[key + "_mean"] = round(arms[arm]["mean_ttft_ms"] / s["mean_ttft_ms"], 3)
             per = [r[arm]["ttft_ms"] / r[peer]["ttft_ms"] for r in rows]
-            out[key + "_per_prompt"] = {k: round(v, 3) for k, v in spread(per).items()}
+            out[key + "_per_prompt"] = spread(per, digits=3, every=False)
             for part, flag in (("schema_order", True), ("other", False)):
                 a = [r[arm]["ttft_ms"] for r in rows if r["schema_order"] == flag]
                 b = [r[peer]["ttft_ms"] for r in rows if r["schema_order"] == flag]
@@ -267,8 +263,6 @@ def kvpress_section(eng: Engine, args) -> dict:
         if name not in ("baseline", "cached fp32"):
             s["buffer_ratio"] = round(statistics.mean(r[name]["buffer_ratio"] for r in rows), 3)
             s["store_ratio"] = round(statistics.mean(r[name]["store_ratio"] for r in rows), 3)
-        if name != "baseline":
-            s["ttft_ms"] = spread([r[name]["ttft_ms"] for r in rows])
         summary[name] = s
     if "error" in kv:
         summary["kvpress"] = {"error": kv["error"]}
@@ -280,7 +274,7 @@ def kvpress_section(eng: Engine, args) -> dict:
                 "needle_found": sum(found), "n": len(runs), "ci95": wilson(sum(found), len(runs)), "side": "kvpress",
                 "buffer_ratio": round(statistics.mean(r["context_bytes"] / c["none"]["context_bytes"]
                                                       for r, c in zip(runs, kv["cases"])), 3),
-                "prefill_ms": spread([r["prefill_ms"] for r in runs])}
+                "prefill_ms": spread([r["prefill_ms"] for r in runs], every=False)}
             for row, r, f in zip(rows, runs, found):
                 row[f"kvpress {name}"] = {"found": f, "text": r["text"], "context_bytes": r["context_bytes"]}
     return {"prompts": rows, "summary": summary, "modules": args.kv_modules,

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
-from common import doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
+from common import doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, result_name, spread, table
 from bench.needles import confusable_cases, judge, varied_cases
 from bench.workloads import SYSTEM, fill_docs, wilson
 from engine.runner import Sampling, agreement, run_baseline, run_cached
@@ -36,12 +35,6 @@ from engine.session import Engine
 
 DTYPES = ("float32", "bfloat16")
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
-
-
-def spread(xs: list[float]) -> dict:
-    """min / median / max (and every value) of a list of timings, rounded."""
-    return {"min": round(min(xs), 2), "median": round(statistics.median(xs), 2), "max": round(max(xs), 2),
-            "all": [round(x, 2) for x in xs]}
 
 
 def ttft_row(engines: dict[str, Engine], target: int, reps: int, new_tokens: int, chunks: list[str], done: dict,
