@@ -64,11 +64,17 @@ def label(cfg) -> str:
     return name if dtype == "float32" else f"{dtype} + {name}"
 
 
+def case_prompt(case: dict, idx: int) -> tuple[str, str]:
+    """(schema, prompt) of needle case ``idx``: its modules after the system message, all imported, then its question."""
+    schema = doc_schema(f"c{idx}", case["docs"], system=SYSTEM)
+    prompt = (f'<prompt schema="c{idx}">' + "".join(f"<doc{j}/>" for j in range(case["modules"])) +
+              f" {escape(case.get('question') or question(case['name']))}</prompt>")
+    return schema, prompt
+
+
 def run_prompt(eng: Engine, case: dict, idx: int, configs: list, sampling: Sampling) -> dict:
     n = case["modules"]
-    schema = doc_schema(f"c{idx}", case["docs"], system=SYSTEM)
-    prompt = (f'<prompt schema="c{idx}">' + "".join(f"<doc{j}/>" for j in range(n)) +
-              f" {escape(case.get('question') or question(case['name']))}</prompt>")
+    schema, prompt = case_prompt(case, idx)
     lay = eng.layout(schema)
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
     store = eng.store()

@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from xml.sax.saxutils import escape
 
 from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, spread, table
 
@@ -232,7 +231,7 @@ def lengths(engines: dict[str, Engine], args, gguf: Path) -> dict:
 # -- kvpress --------------------------------------------------------------------------------------------
 
 def kvpress_section(eng: Engine, args) -> dict:
-    from bench.compression import run_prompt as compress_prompt
+    from bench.compression import case_prompt, run_prompt as compress_prompt
 
     configs = [("float32", r, m) for r in KEPT for m in ("question", "pyramid")]
     chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
@@ -241,9 +240,7 @@ def kvpress_section(eng: Engine, args) -> dict:
     rows, jobs = [], []
     for i, case in enumerate(cases):
         row = compress_prompt(eng, case, i, configs, sampling)
-        schema = doc_schema(f"c{i}", case["docs"], system=SYSTEM)
-        prompt = (f'<prompt schema="c{i}">' + "".join(f"<doc{j}/>" for j in range(case["modules"]))
-                  + f" {escape(case['question'])}</prompt>")
+        schema, prompt = case_prompt(case, i)
         plan = eng.plan(eng.layout(schema), prompt)
         q_ids, _ = plan.uncached()
         all_ids = list(plan.token_ids)
