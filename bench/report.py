@@ -254,14 +254,17 @@ def gpu_section() -> list[str]:
                        f"{r['baseline_ttft_ms']:.1f} ms | {r['cached_ttft_ms']:.1f} ms | {r['cached_copy_ms']:.1f} ms | "
                        f"{r['speedup']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['floor_ms']:.1f} ms | "
                        f"{r['nocache_ms']:.1f} ms | {r['baseline_decode_ms_per_token']:.0f} |")
-    flat = [r["baseline_ttft_ms"] for d in runs for r in d["results"]]
-    alone = [r["nocache_ms"] for d in runs for r in d["results"]]
-    out += ["", f"On this GPU the 135M model's full prefill takes {min(flat):.0f}–{max(flat):.0f} ms at every length "
-            f"up to 4,090 tokens, and a stock forward of the 32 question tokens alone {min(alone):.0f}–"
-            f"{max(alone):.0f} ms: the cost is per layer and per call, not per token, so there is nothing for the "
-            "modular cache to save, and its own work (assembling the buffer; copying from CPU memory, 5–12 ms) "
-            "makes it slower than a full prefill. Prompt Cache's GPU gains come from prefills that are "
-            "compute-bound (7B+ models, long prompts); a 135M model is too small to show them, and no such model is "
+    rows = [r for d in runs for r in d["results"]]
+    flat, alone = [r["baseline_ttft_ms"] for r in rows], [r["nocache_ms"] for r in rows]
+    copies = [r["cached_copy_ms"] for d in runs if d["storage"] == "cpu" for r in d["results"]]
+    out += ["", f"On this GPU the full prefill of {runs[0]['model']} takes {min(flat):.0f}–{max(flat):.0f} ms at every "
+            f"length up to {max(r['prompt_tokens'] for r in rows):,} tokens, and a stock forward of the "
+            f"{max(r['uncached_tokens'] for r in rows)} question tokens alone {min(alone):.0f}–{max(alone):.0f} ms: "
+            "the cost is per layer and per call, not per token, so there is nothing for the modular cache to save, "
+            "and its own work (assembling the buffer"
+            + (f"; copying from CPU memory, {min(copies):.0f}–{max(copies):.0f} ms" if copies else "")
+            + ") makes it slower than a full prefill. Prompt Cache's GPU gains come from prefills that are "
+            "compute-bound (7B+ models, long prompts); this model is too small to show them, and no such model is "
             "at hand here (models come from PyPI packages; the largest is 0.5B)."]
     log = RESULTS / "gpu-tests.log"
     if log.exists():
