@@ -26,6 +26,7 @@ import argparse
 
 from common import emit, essay_chunks, machine, result_name, table, ttft_point
 
+from engine.config import COMPUTE_DTYPES, DEVICES, STORAGES
 from engine.session import Engine
 
 
@@ -36,12 +37,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per run (decode ms/token)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 256 and 512 tokens, 1 rep, 4 new tokens")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
-    ap.add_argument("--device", default=None, choices=("cpu", "cuda"),
+    ap.add_argument("--device", default=None, choices=DEVICES,
                     help="where the model computes (default: cuda with --storage cuda, else cpu)")
-    ap.add_argument("--storage", default="cpu", choices=("cpu", "cuda"),
+    ap.add_argument("--storage", default="cpu", choices=STORAGES,
                     help="where module KV is kept: the paper's two GPU settings are --device cuda with --storage "
                     "cuda and with --storage cpu (Fig. 4); GPU results go to bench/results/gpu-ttft-STORAGE.json")
-    ap.add_argument("--dtype", default=None, help="compute dtype (default: the device's, engine.config)")
+    ap.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES, help="compute dtype (default: the device's)")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
