@@ -92,8 +92,9 @@ class StateCache:
             if n > best_n:
                 best, best_n = (saved, state), n
         llm = self.llm
-        if best is None or best_n <= common(llm.input_ids[: llm.n_tokens].tolist(), ids):
-            return max(best_n, common(llm.input_ids[: llm.n_tokens].tolist(), ids))  # what it holds is as good
+        held = common(llm.input_ids[: llm.n_tokens].tolist(), ids)
+        if best is None or best_n <= held:
+            return held  # the KV it holds already shares as long a prefix
         saved, state = best
         arr = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if self.lib.llama_state_set_data(llm._ctx.ctx, arr, len(state)) != len(state):

@@ -115,8 +115,7 @@ def gguf_for(model: str | None) -> Path:
 
 def summarise_peer(runs: list[dict], prompts: list[dict]) -> dict:
     ttft = [r["ttft_ms"] for r in runs]
-    found = [judge(r["text"], p)[0] for r, p in zip(runs, prompts)]
-    confused = [judge(r["text"], p)[1] for r, p in zip(runs, prompts)]
+    found, confused = zip(*(judge(r["text"], p) for r, p in zip(runs, prompts)))
     ordered = [r["ttft_ms"] for r, p in zip(runs, prompts) if p.get("schema_order")]
     other = [r["ttft_ms"] for r, p in zip(runs, prompts) if not p.get("schema_order")]
     dec = [r["decode_ms_per_token"] for r in runs if r.get("decode_ms_per_token")]
