@@ -25,7 +25,7 @@ import gradio as gr
 from engine.runlog import RunLog
 
 from . import benchmarks as bench
-from .files import load_sample, sample_names
+from .files import MAX_FILE_BYTES, load_sample, sample_names
 from .state import Studio
 from .tabs import benchmarks, compare, editors, encode, history, model, prompt, schema
 
@@ -36,11 +36,23 @@ TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
 
 
-def launch_options() -> dict:
-    """Theme and CSS for ``Blocks.launch`` (Gradio 6 takes them at launch, not in the constructor)."""
+def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[str, ...] = ()) -> dict:
+    """Keyword arguments of ``demo.launch``: the guard that lets only this machine's user drive the studio
+    (studio/guard.py), the upload cap, and theme and CSS (Gradio 6 takes them at launch).
+
+    The theme's fonts are the system's: the page asks no font server for anything.
+    """
+    from starlette.middleware import Middleware
+
+    from .guard import LocalGuard, allowed_hosts
+
+    system = ["ui-sans-serif", "system-ui", "sans-serif"]
+    mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
     theme = gr.themes.Default(primary_hue="indigo", secondary_hue="emerald", neutral_hue="slate",
-                              radius_size="md")
-    return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"]}
+                              radius_size="md", font=system, font_mono=mono)
+    guard = Middleware(LocalGuard, blocks=demo, hosts=allowed_hosts(host), proxied=tuple(allow_hosts))
+    return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
+            "app_kwargs": {"middleware": [guard]}, "max_file_size": MAX_FILE_BYTES}
 
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,

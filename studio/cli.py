@@ -19,6 +19,9 @@ def serve_arguments(sp) -> None:
                     help="compute precision (default per device: float32 on CPU, bfloat16 on CUDA; bfloat16 is about "
                          "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sp.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                    help="also answer requests for this host name, on any port (a reverse proxy's name; repeatable). "
+                         "Requests naming any other host are refused, so other web pages cannot drive the studio")
     sp.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
     sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
@@ -31,7 +34,7 @@ def serve(args) -> int:
     from .launch import serve as launch
 
     return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
-                  results=args.results, dtype=args.dtype)
+                  results=args.results, dtype=args.dtype, allow_hosts=tuple(args.allow_hosts))
 
 
 EXTRA = {"serve": ("launch the studio (same as `python app.py`)", serve_arguments, serve)}

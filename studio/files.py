@@ -22,6 +22,7 @@ from .views import problems_html
 log = logging.getLogger("pml-studio")
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_FILE_BYTES = 5 << 20  # schema, prompt and prompt-program files; Gradio refuses larger uploads too (app.py)
 SAMPLES = ROOT / "sample_schemas"
 
 
@@ -45,6 +46,8 @@ def read_upload(path: str | None) -> tuple[str, str]:
 
     if not path:
         raise gr.Error("no file was uploaded")
+    if (too_big := _too_big(Path(path))) is not None:
+        raise gr.Error(too_big)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -83,6 +86,8 @@ def import_program(path: str | None, program: str | None = None) -> ProgramImpor
     p = Path(path)
     if p.suffix != ".py":
         return _problem([f"{p.name} is not a Python file; upload a .py file with @prompt_program functions"])
+    if (too_big := _too_big(p)) is not None:
+        return _problem([too_big])
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -117,6 +122,18 @@ def _compile(p: Path, program: str | None) -> ProgramImport:
     status = (f'<div class="pml-status ok">✓ imported <b>{html.escape(name)}</b> from {html.escape(p.name)}: '
               f"the compiled schema is in the editor; {html.escape(what)}{html.escape(others)}</div>")
     return ProgramImport(True, status, roots, name, schema, prompt)
+
+
+def _too_big(p: Path) -> str | None:
+    """The message for a file over MAX_FILE_BYTES (None when it fits or cannot be sized: reading says why)."""
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return None
+    if size <= MAX_FILE_BYTES:
+        return None
+    return (f"{p.name} is {size / 2**20:.1f} MB; schema and program files are limited to {MAX_FILE_BYTES >> 20} MB. "
+            "Split it into smaller modules or files")
 
 
 def _problem(problems: list[str]) -> ProgramImport:

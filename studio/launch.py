@@ -12,10 +12,12 @@ import sys
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
-          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None):
+          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
+          allow_hosts: tuple[str, ...] = ()):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
-    ``share`` creates a public Gradio link and is off unless asked for. ``results`` is the folder of
+    ``share`` creates a public Gradio link and is off unless asked for. Requests must name ``host`` (or
+    loopback, or one of ``allow_hosts``) and come from the studio's own page (studio/guard.py). ``results`` is the folder of
     benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`); ``dtype`` the
     compute precision (None: the device's default).
     """
@@ -37,7 +39,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     demo.queue(default_concurrency_limit=1)
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
-                    show_error=False, **launch_options())
+                    show_error=False, **launch_options(demo, host, allow_hosts))
     except OSError as err:  # port in use, address not available
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ def served(real_engine, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     demo = build_app(real_engine, RunLog(tmp_path / "runs.db"))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
     yield demo, f"http://127.0.0.1:{port}/"
     demo.close()
 

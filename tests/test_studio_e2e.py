@@ -20,12 +20,13 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
     from engine.encode import count_units
     from engine.runlog import RunLog
     from engine.runner import Sampling
-    from studio.app import build_app
+    from studio.app import build_app, launch_options
 
     runlog = RunLog(tmp_path / "runs.db")
     demo = build_app(tiny_engine, runlog)
     port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    # behind the same guard as `make run`: gradio_client reaches the public /compare API without the page token
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
     schema = (SAMPLES / "travel.xml").read_text()
     prompt = (SAMPLES / "travel.prompt.xml").read_text()
     try:

@@ -83,7 +83,7 @@ def serve_and_screenshot(out: str | Path, sample: str = SAMPLE) -> dict:
         engine.lm
         demo = build_app(engine, RunLog(Path(tmp) / "runs.db"))
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
-                    **launch_options())
+                    **launch_options(demo))
         try:
             return compare_and_screenshot(f"http://127.0.0.1:{port}/", out, sample)
         finally:

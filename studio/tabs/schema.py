@@ -21,7 +21,7 @@ from .editors import Editors, Step
 LAYOUT_HEADERS = ["module", "positions", "tokens", "params", "cached"]
 PY_NOTE = ('<div class="pml-note">Import from Python compiles a prompt program (@prompt_program) into the editor '
            "and its example call into the prompt; the file is imported, so its top-level code runs on this "
-           "machine.</div>")
+           "machine. Schema and program files up to 5 MB.</div>")
 
 
 @dataclass(frozen=True)
