@@ -1,23 +1,29 @@
-"""The README's "Measured" section, generated from bench/results/*.json (never typed by hand).
+"""The benchmark pages, generated from bench/results/*.json (never typed by hand).
 
-    python bench/report.py                 # print the section
-    python bench/report.py --write-readme  # replace it in README.md (between the markers)
+    python bench/report.py                 # print the Measured section (docs/benchmarks.md)
+    python bench/report.py --headline      # print the README's headline block
+    python bench/report.py --write-readme  # write both, between their markers (--write is the same)
 
-A test checks that README.md holds exactly what this prints, so the numbers there are always
-those of the result files, which the benchmark commands below wrote.
+docs/benchmarks.md holds the whole Measured section; README.md holds a short headline block drawn
+from the same files. A test checks that both hold exactly what this prints, so the numbers there are
+always those of the result files, which the benchmark commands named with them wrote.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-START, END = "<!-- measured:start -->", "<!-- measured:end -->"
+README, PAGE = ROOT / "README.md", ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- measured:start -->", "<!-- measured:end -->"  # the section, in docs/benchmarks.md
+HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"  # the headline, in README.md
+ASSETS = "../assets"  # images as docs/benchmarks.md links them
 
 
 def load(name: str) -> dict | None:
@@ -56,7 +62,7 @@ def section() -> str:
     out = [START, ""]
     out += lead_section(LEAD)
     if len(out) > 2:
-        out += ["### SmolLM2-135M-Instruct (the default model)", ""]
+        out += ["## SmolLM2-135M-Instruct (the default model)", ""]
     ttft, scaling, memory = load("ttft"), load("scaling"), load("memory")
     fidelity, compression = load("fidelity"), load("compression")
     if ttft:
@@ -71,7 +77,7 @@ def section() -> str:
                 + _floor_clause(scaling["results"])
                 + ("The paper's GPU settings are measured on a lent GPU below." if gpu_runs() else
                    "No GPU here, so the paper's GPU-storage cases were not run."),
-                "", "![TTFT against prompt length](assets/scaling.png)", ""]
+                "", f"![TTFT against prompt length]({ASSETS}/scaling.png)", ""]
     out += gpu_section()
     workload = load("workload")
     if workload:
@@ -157,7 +163,7 @@ def lead_section(slug: str) -> list[str]:
     if not (fid or work or prec or ttft):
         return []
     model = next(d for d in (fid, work, prec, ttft) if d)["model"]
-    out = [f"### {model} (`--model {slug}`, `make qwen` or one click in the Model tab)", ""]
+    out = [f"## {model} (`--model {slug}`, `make qwen` or one click in the Model tab)", ""]
     if fid:
         out += lead_fidelity(fid, slug)
     exp = load(f"fidelity-blend-{slug}")
@@ -168,7 +174,7 @@ def lead_section(slug: str) -> list[str]:
                 f"same {n} confusable prompts of {exp['confusable_modules']} modules. `+check L`: the deviation (or the "
                 "question's attention) is read at layer L, so the selection pass runs layers 0..L over the whole "
                 "prompt; without it, layer 1 as in CacheBlend.", ""] + confusable_table(exp)
-        out += [f"![Blend variants: accuracy against TTFT](assets/frontier-blend-{slug}.png)", ""]
+        out += [f"![Blend variants: accuracy against TTFT]({ASSETS}/frontier-blend-{slug}.png)", ""]
     out += beside(BESIDE)
     if work:
         out += workload_section(work, f"workload-{slug}")
@@ -227,7 +233,7 @@ def lead_fidelity(f: dict, slug: str) -> list[str]:
         out += [f"Sample `{name}` ({row['prompt_tokens']} tokens), first-token KL against the baseline: " + ", ".join(
             f"`{a}` {row[a]['kl']:.3f}{'' if row[a]['agree'] else ' (first token differs)'}"
             for a in f["sample_arms"]) + ".", ""]
-    out += [f"![Needle accuracy against TTFT, per arm and blend R](assets/frontier-{slug}.png)", ""]
+    out += [f"![Needle accuracy against TTFT, per arm and blend R]({ASSETS}/frontier-{slug}.png)", ""]
     return out
 
 
@@ -388,7 +394,7 @@ def workload_section(w: dict, result: str = "workload") -> list[str]:
         facts.append("the variant rows are the same prompts' modular arm, run with " +
                      ", ".join(f"`{v['command']}`" for v in variants))
     out += ["", "Ratios: " + "; ".join(facts) + ". Per prompt (where prefix reuse stopped, each arm's TTFT and answer) "
-            f"in `bench/results/{result}.json`.", "", f"![TTFT per prompt, per arm](assets/{result}.png)", ""]
+            f"in `bench/results/{result}.json`.", "", f"![TTFT per prompt, per arm]({ASSETS}/{result}.png)", ""]
     return out
 
 
@@ -449,7 +455,7 @@ def peers_section(p: dict | None, kv: dict | None, image: str) -> list[str]:
             if blend:
                 facts.append(f"blend / llama.cpp prefix {r['blend_over_llamacpp_prefix_mean']:.2f}")
             out += ["", "Ratios: " + "; ".join(facts) + ".", ""]
-        out += [f"![studio arms against llama.cpp](assets/{image}.png)", ""]
+        out += [f"![studio arms against llama.cpp]({ASSETS}/{image}.png)", ""]
     if "lengths" in p:
         ln = p["lengths"]
         pts = ln["points"]
@@ -604,7 +610,7 @@ def repair_section(f: dict) -> list[str]:
             out.append(f"| {_arm(arm)} | {v['recomputed_tokens']} | {v['median_ms']:.0f} ms | {v['min_ms']:.0f} ms | "
                        f"{v['ratio_median']:.2f}× ({v['ratio_min']:.2f}–{v['ratio_max']:.2f}) |")
         out.append("")
-    out += ["![Needle accuracy against TTFT, per arm](assets/frontier.png)", ""]
+    out += [f"![Needle accuracy against TTFT, per arm]({ASSETS}/frontier.png)", ""]
     return out
 
 
@@ -644,7 +650,7 @@ def compression_section(c: dict, image: str = "memory") -> list[str]:
                        f"{v['module_store_bytes'] / 2**20:.0f} MiB | {v['copy_ms']['median']:.0f} ms |")
     out += [""] + [f"- {v}" for v in c["verdicts"]] + [""]
     if at:
-        out += [f"![Needle accuracy against module bytes](assets/{image}.png)", ""]
+        out += [f"![Needle accuracy against module bytes]({ASSETS}/{image}.png)", ""]
     return out
 
 
@@ -687,21 +693,152 @@ def other_models() -> list[str]:
     return out
 
 
+HEADLINE_PLOT = f"frontier-{LEAD}"  # the lead model's needle accuracy against TTFT, per arm: the trade in one picture
+
+
+def _near(rows: list[dict], target: int) -> dict | None:
+    """The row whose prompt length is closest to target (within 1.5× of it), else None."""
+    best = min(rows, key=lambda r: abs(math.log(r["prompt_tokens"] / target)), default=None)
+    return best if best and abs(math.log(best["prompt_tokens"] / target)) <= math.log(1.5) else None
+
+
+def _speedup(r: dict) -> str:
+    return (f"{r['prompt_tokens']:,} tokens {r['baseline_ttft_ms'] / 1000:.2f} s → {r['cached_ttft_ms']:.0f} ms "
+            f"(**{r['speedup']:.1f}×**)")
+
+
+def _found(v: dict, count: bool = False) -> str:
+    """Accuracy with its 95 % Wilson interval (the result files' ci95), optionally the count."""
+    k = f"{v['found']}/{v['n']}, " if count else ""
+    return f"{v['accuracy']:.0%} ({k}{v['ci95'][0]:.0%}–{v['ci95'][1]:.0%})"
+
+
+def _arm_name(arm: str) -> str:
+    """An arm of the fidelity results as the headline names it."""
+    if "+blend " in arm:
+        return f"blend {arm.split('+blend ', 1)[1].split()[0]} %"
+    if "+repair" in arm:
+        return f"link-token repair (`{arm}`)"
+    if "+sink" in arm:
+        return f"sink encoding (`{arm}`)"
+    return "baseline" if arm == "baseline" else f"modular `{arm}`"
+
+
+def _blend_rule(arm: str) -> str:
+    rest = arm.split("+blend ", 1)[1].split("+")[0].split()
+    return rest[1] if len(rest) > 1 else "deviation"
+
+
+def headline() -> str:
+    """The README's headline block: TTFT at ~1K and ~4K tokens, confusable-facts accuracy per arm, storage, one plot."""
+    out = [HEAD_START, ""]
+    ttft, lead_ttft, gpu = load("ttft"), load(f"ttft-{LEAD}"), gpu_runs()
+    fid, exp, work = load(f"fidelity-{LEAD}"), load(f"fidelity-blend-{LEAD}"), load(f"workload-{LEAD}")
+    comps = [c for c in (load("compression"), load(f"compression-{LEAD}")) if c]
+    ref = next((d for d in (ttft, lead_ttft, fid, work, *comps) if d), None)
+    if ref is None:
+        return "\n".join(out + ["No benchmark results yet: run `make bench`.", "", HEAD_END])
+    m = ref["machine"]
+    out += [f"Measured on the reference machine ({m['threads']} CPU threads, {'a GPU' if m.get('cuda') else 'no GPU'}) "
+            "unless a GPU is named; greedy decoding; "
+            "generated from `bench/results/` by `python bench/report.py --write-readme`. Every table, with the "
+            "command and machine of each number, is in [docs/benchmarks.md](docs/benchmarks.md).", ""]
+    speed = []
+    for d in (ttft, lead_ttft):
+        rows = [r for r in (_near(d["results"], t) for t in (1024, 4096)) if r] if d else []
+        if rows:
+            speed.append(f"{d['model']} ({d['dtype']}) " + ", ".join(map(_speedup, rows)))
+    if speed:
+        line = ("- **Time to first token**, modular cache against a full prefill (the copy of the modules' KV "
+                "included): " + "; ".join(speed) + ".")
+        if gpu:
+            rows = [r for d in gpu for r in d["results"]]
+            base, sp = [r["baseline_ttft_ms"] for r in rows], [r["speedup"] for r in rows]
+            line += (f" On a lent {gpu[0]['machine'].get('gpu', 'GPU')} a full prefill of {gpu[0]['model']} takes "
+                     f"{min(base):.0f}–{max(base):.0f} ms at every length up to "
+                     f"{max(r['prompt_tokens'] for r in rows):,} tokens and the modular arm is "
+                     + ("slower" if max(sp) < 1 else "no faster") + f" (speedup {min(sp):.2f}–{max(sp):.2f}×): "
+                     "a model this small has no prefill to save there.")
+        out.append(line)
+    if fid and fid.get("confusable"):
+        c = fid["confusable"]
+        n = next(iter(c.values()))["n"]
+        plain = [a for a in c if "+blend " not in a]
+        blends = [a for a in c if "+blend " in a]
+        parts = [f"{_arm_name(a)} {_found(c[a])}" for a in plain]
+        if blends:
+            acc = [c[a]["accuracy"] for a in blends]
+            pct = sorted({int(a.split("+blend ", 1)[1].split()[0]) for a in blends})
+            rules = ", ".join(dict.fromkeys(map(_blend_rule, blends)))
+            parts.append(f"blend recomputing {pct[0]}–{pct[-1]} % of the cached tokens (rules: {rules}) "
+                         f"{min(acc):.0%}–{max(acc):.0%}")
+        if exp and exp.get("confusable"):
+            e = {a: v for a, v in exp["confusable"].items() if "+blend " in a}
+            best = max(e, key=lambda a: e[a]["accuracy"], default=None)
+            if best:
+                ratio = e[best]["ttft_ms"]["median"] / exp["confusable"]["baseline"]["ttft_ms"]["median"]
+                parts.append(f"blend at best {_found(e[best])}, with {_arm_name(best).removeprefix('blend ')} "
+                             f"recomputed, at {ratio:.2f}× the baseline's TTFT")
+        out.append(f"- **Confusable facts** ({fid['model']}, n = {n} prompts of {fid['confusable_modules']} modules, "
+                   "each module holding a fact of the same template about another subject; answer found, 95 % "
+                   "Wilson interval): " + "; ".join(parts) + ".")
+    if work and {"baseline", "prefix", "cached"} <= set(work["arms"]):
+        a = work["arms"]
+        names = {"baseline": "baseline", "prefix": "prefix cache", "cached": "modular cache"}
+        if "blend" in a:
+            names["blend"] = f"blend {work['blend']:.0%}"
+        out.append(f"- **Mixed workload** ({work['model']}, {len(work['prompts'])} prompts of 2–4 of "
+                   f"{work['modules']} modules of that kind, in any order; found, mean TTFT): " + ", ".join(
+                       f"{label} {a[k]['needle_found']}/{a[k]['n']} at {a[k]['mean_ttft_ms'] / 1000:.2f} s"
+                       for k, label in names.items())
+                   + (f". The prefix cache is exact (the baseline's answer in {a['prefix']['same_answers_as_baseline']}"
+                      f" of {a['prefix']['n']})" if a["prefix"].get("same_answers_as_baseline") is not None else "")
+                   + ".")
+    mem, same = [], True
+    for comp in comps:
+        s = comp["summary"]
+        ref_key = next((k for k in s if k.startswith("cached")), None)
+        quant = [k for k in ("int8", "int4") if k in s]
+        if ref_key and quant:
+            same &= all(s[k]["found"] == s[ref_key]["found"] for k in quant)
+            mem.append(f"{comp['model']}, {s[ref_key]['n']} single-fact prompts: fp32 {s[ref_key]['found']}/"
+                       f"{s[ref_key]['n']}, " + ", ".join(f"{k} {s[k]['found']}/{s[k]['n']}" for k in quant)
+                       + "".join(f", `question` retention {k.split()[1]} {s[k]['found']}/{s[k]['n']} decoding over "
+                                 f"{s[k]['buffer_ratio']:.0%} of the KV"
+                                 for k in s if k.startswith("question ") and k.endswith("50%")))
+    if mem:
+        s = comps[0]["summary"]
+        share = [f"{s[k]['bytes_ratio']:.0%}" for k in ("int8", "int4") if k in s]
+        out.append("- **Module memory**: " + " and ".join(k for k in ("int8", "int4") if k in s)
+                   + f" storage take {' and '.join(share)} of fp32's bytes (scales included), "
+                   + ("finding the answer as often as fp32 storage" if same else "answers found")
+                   + " (" + "; ".join(mem) + ").")
+    model = (fid or {}).get("model", LEAD)
+    out += ["", f"![Needle accuracy against TTFT per arm, {model}: one fact asked, and confusable facts]"
+                f"(assets/{HEADLINE_PLOT}.png)", "", HEAD_END]
+    return "\n".join(out)
+
+
+def write(path: Path, start: str, end: str, text: str) -> None:
+    body = path.read_text()
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    if not pattern.search(body):
+        raise SystemExit(f"{path.relative_to(ROOT)} has no {start} ... {end} markers")
+    path.write_text(pattern.sub(lambda _: text, body))
+    print(f"{path.relative_to(ROOT)} updated")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write-readme", action="store_true")
+    ap.add_argument("--write-readme", "--write", dest="write", action="store_true",
+                    help="write the headline into README.md and the section into docs/benchmarks.md")
+    ap.add_argument("--headline", action="store_true", help="print the README's headline block")
     args = ap.parse_args()
-    text = section()
-    if not args.write_readme:
-        print(text)
+    if not args.write:
+        print(headline() if args.headline else section())
         return
-    readme = ROOT / "README.md"
-    body = readme.read_text()
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(body):
-        raise SystemExit(f"README.md has no {START} ... {END} markers")
-    readme.write_text(pattern.sub(lambda _: text, body))
-    print("README.md updated")
+    write(README, HEAD_START, HEAD_END, headline())
+    write(PAGE, START, END, section())
 
 
 if __name__ == "__main__":
