@@ -1,9 +1,11 @@
-"""Docs kept honest: the README's numbers are the result files', its commands exist, CI runs its test command."""
+"""Docs kept honest: the numbers in README and docs/benchmarks.md are the result files', their commands exist,
+their links resolve, CI runs the README's test command, and the README stays a front page."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+from pathlib import Path
 
 from conftest import ROOT, SAMPLES, sample_pairs
 
@@ -15,11 +17,44 @@ def load_report():
     return mod
 
 
-def test_measured_section_is_generated_from_the_result_files():
+def docs() -> list[Path]:
+    """README.md and every page in docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(doc) -> set[str]:
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def between(text: str, start: str, end: str) -> str:
+    return text[text.index(start):text.index(end) + len(end)]
+
+
+def test_benchmarks_page_is_generated_from_the_result_files():
+    report = load_report()
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert between(page, report.START, report.END) == report.section(), "run: python bench/report.py --write-readme"
+
+
+def test_readme_headline_is_generated_from_the_result_files():
     report = load_report()
     readme = (ROOT / "README.md").read_text()
-    start, end = readme.index(report.START), readme.index(report.END) + len(report.END)
-    assert readme[start:end] == report.section(), "run: python bench/report.py --write-readme"
+    assert between(readme, report.HEAD_START, report.HEAD_END) == report.headline(), \
+        "run: python bench/report.py --write-readme"
+    assert report.START not in readme, "the Measured tables live in docs/benchmarks.md"
+
+
+def test_readme_is_a_front_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, "move long material to a page in docs/"
+    assert "docs/benchmarks.md" in readme
 
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
@@ -32,12 +67,15 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():
 
 
 def test_cli_commands_in_the_readme_exist():
+    """Every `pml-studio CMD` in the README and the pages of docs/ is a command of the CLI."""
     from engine.cli import build_parser
     from studio.cli import EXTRA
 
     sub = next(a for a in build_parser(EXTRA)._actions if a.dest == "command")
-    used = set(re.findall(r"pml-studio (\w+)", (ROOT / "README.md").read_text()))
-    assert used and used <= set(sub.choices)
+    for doc in docs():
+        used = set(re.findall(r"pml-studio (\w+)", doc.read_text()))
+        assert used <= set(sub.choices), (doc.name, used - set(sub.choices))
+    assert re.findall(r"pml-studio (\w+)", (ROOT / "README.md").read_text())
 
 
 def test_every_sample_is_described():
@@ -47,13 +85,30 @@ def test_every_sample_is_described():
 
 
 def test_relative_links_in_the_docs_point_into_the_repository():
-    for doc in (ROOT / "README.md", ROOT / "docs" / "pml-spec.md"):
+    for doc in docs():
         text = doc.read_text()
-        assert "../" not in text, f"{doc.name} names a path outside the repository"  # linked or in `code`
-        local = [t for t in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in t]
-        bad = [t for t in local if not (doc.parent / t).exists() or not (doc.parent / t).resolve().is_relative_to(ROOT)]
-        assert bad == [], f"{doc.name} links outside the repository or to missing files"
-    assert "docs/pml-spec.md" in re.findall(r"\]\(([^)#\s]+)", (ROOT / "README.md").read_text())
+        if doc.parent == ROOT:
+            assert "../" not in text, f"{doc.name} names a path outside the repository"  # linked or in `code`
+        links = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t and not t.startswith("mailto:")]
+        for link in links:
+            path, _, anchor = link.partition("#")
+            target = (doc.parent / path).resolve() if path else doc
+            assert target.is_relative_to(ROOT) and target.exists(), \
+                f"{doc.name}: {link} is outside the repository or missing"
+            if anchor and target.suffix == ".md":
+                assert anchor in anchors(target), f"{doc.name}: {link} names no heading of {target.name}"
+    readme_links = re.findall(r"\]\(([^)#\s]+)", (ROOT / "README.md").read_text())
+    assert "docs/pml-spec.md" in readme_links
+
+
+def test_every_docs_page_is_indexed_and_links_back():
+    readme_links = re.findall(r"\]\(([^)#\s]+)", (ROOT / "README.md").read_text())
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= {Path(t).name for t in readme_links if t.startswith("docs/")}, "every page is in the README's index"
+    for page in pages - {"pml-spec.md"}:  # the language spec keeps its own opening
+        title, lead = (ROOT / "docs" / page).read_text().split("\n\n")[:2]
+        assert title.startswith("# ") and "](../README.md)" in lead, \
+            f"{page}: a title, one line on what it covers, then a link back"
 
 
 def test_the_language_spec_names_tests_that_exist():
