@@ -181,7 +181,7 @@ class RunLog:
                     raise
                 return run_id
         except sqlite3.Error as err:
-            raise RunLogError(self._write_problem(err)) from None
+            raise RunLogError(self._problem(err)) from None
 
     def runs(self, schema: str | None = None, limit: int | None = 200) -> list[dict]:
         """Runs, newest first, optionally only those of schema ``schema``; each with ``arms``: {arm: arm row}."""
@@ -251,26 +251,25 @@ class RunLog:
 
     @contextmanager
     def _reading(self) -> Iterator[Database]:
-        """:meth:`_db` for a read: a SQLite error becomes a RunLogError naming the file."""
+        """:meth:`_db` for a read: a SQLite error becomes a RunLogError naming the file and the fix."""
         try:
             with self._db() as db:
                 yield db
         except sqlite3.Error as err:
-            raise RunLogError(f"cannot read the run log {self.path}: {err}; check the file, "
-                              "or pass --db another.db") from None
+            raise RunLogError(f"cannot read runs: {self._problem(err)}") from None
 
-    def _write_problem(self, err: sqlite3.Error) -> str:
-        """What a failed write tells the user: the file, what stopped it, and the fix."""
+    def _problem(self, err: sqlite3.Error) -> str:
+        """What a failed read or write tells the user: the file, what stopped it, and the fix."""
         name = getattr(err, "sqlite_errorname", "")
         text = str(err)
-        if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED") or "locked" in text:
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
             why = (f"is locked by another writer (waited {self.timeout:g} s): let the other program finish "
                    "or close it, or pass --db another.db")
         elif name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")) or "readonly" in text:
-            why = (f"is read-only ({text}): make the file and its folder writable for this user, "
-                   "or pass --db another.db")
+            why = (f"is read-only ({text}): make the file and its folder writable for this user "
+                   "(a WAL database is written beside the file, even to read it), or pass --db another.db")
         else:
-            why = f"cannot be written ({text}): check the file and the disk, or pass --db another.db"
+            why = f"cannot be used ({text}): check the file and the disk, or pass --db another.db"
         return f"the run log {self.path} {why}"
 
 
