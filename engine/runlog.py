@@ -10,6 +10,8 @@ in ``result_json``); ``arm_runs`` holds each arm's figures and agreement with th
 arm adds rows, not columns. Databases written before the child table existed (one row per run with
 ``baseline_*`` / ``cached_*`` / ``prefix_*`` columns) are migrated when opened: each run's arm rows
 are made from its stored document, in one transaction; the old columns are kept as they were.
+A database written by a newer version (``PRAGMA user_version`` above :data:`VERSION`) is never changed:
+it is opened read-only (:attr:`RunLog.read_only` says why), its runs can be read, and ``record`` raises.
 
 Each operation opens its own connection (SQLite connections must not cross threads) and
 waits up to ``timeout`` seconds for the write lock, so runs finishing at the same moment in
@@ -98,7 +100,13 @@ ARM_FIGURES = tuple(c for c in ARM_COLUMNS if c not in ("id", "run_id", "arm"))
 
 
 class RunLogError(EngineError):
-    """The run log cannot be opened or written (path not writable, not a SQLite file...)."""
+    """The run log cannot be opened or written (path not writable, not a SQLite file, locked...).
+
+    ``retry`` is False when writing again cannot help while this process runs (a read-only log)."""
+
+    def __init__(self, message: str, retry: bool = True):
+        super().__init__(message)
+        self.retry = retry
 
 
 def default_path() -> Path:
@@ -113,11 +121,29 @@ def schema_hash(schema_text: str) -> str:
     return hashlib.sha256(schema_text.encode("utf-8")).hexdigest()[:16]
 
 
+def utc_now() -> str:
+    """The time a run is stamped with: ISO 8601, UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 class RunLog:
     def __init__(self, path: str | Path | None = None, timeout: float = 30.0):
+        """Open (or create) the run log at ``path``; an older database is extended and migrated.
+
+        A database written by a newer version (``PRAGMA user_version`` above :data:`VERSION`) is opened
+        read-only and left exactly as it is (no column, no migration, no WAL): its runs can be listed,
+        and :attr:`read_only` says why nothing can be written to it.
+        """
         self.path = Path(path).expanduser() if path else default_path()
         self.timeout = timeout
+        self.read_only: str | None = None  # why this log cannot be written (None: it can)
         try:
+            found = _stored_version(self.path)
+            if found is not None and found > VERSION:
+                self.read_only = (f"the run log {self.path} was written by a newer PML Studio (schema version "
+                                  f"{found}, this one knows {VERSION}): open it with that version, "
+                                  "or pass --db another.db")
+                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._db() as db:
                 db.enable_wal()
@@ -134,7 +160,11 @@ class RunLog:
 
     def record(self, comparison: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                created_at: str | None = None) -> int:
-        """Insert one finished comparison (``Comparison.to_json()``) and its arms in one transaction; return its id."""
+        """Insert one finished comparison (``Comparison.to_json()``) and its arms in one transaction; return its id.
+
+        Raises RunLogError (nothing written) when the log is read-only, locked past ``timeout`` or unwritable."""
+        if self.read_only:
+            raise RunLogError(self.read_only, retry=False)
         row = row_from_comparison(comparison, schema_text, prompt_text, schema_hash_, created_at)
         try:
             with self._db() as db:
@@ -151,33 +181,33 @@ class RunLog:
                     raise
                 return run_id
         except sqlite3.Error as err:
-            raise RunLogError(f"cannot write to the run log {self.path}: {err}") from None
+            raise RunLogError(self._problem(err)) from None
 
     def runs(self, schema: str | None = None, limit: int | None = 200) -> list[dict]:
         """Runs, newest first, optionally only those of schema ``schema``; each with ``arms``: {arm: arm row}."""
         where, args = ("schema_name = ?", [schema]) if schema else (None, [])
-        with self._db() as db:
+        with self._reading() as db:
             rows = list(db[TABLE].rows_where(where, args, order_by="id desc", limit=limit))
             return _with_arms(db, rows)
 
     def get(self, run_id: int) -> dict | None:
         """One run by id, with its ``arms`` (None when there is no such run)."""
-        with self._db() as db:
+        with self._reading() as db:
             rows = _with_arms(db, list(db[TABLE].rows_where("id = ?", [int(run_id)])))
         return rows[0] if rows else None
 
     def schemas(self) -> list[str]:
         """Names of the schemas that have runs, sorted."""
-        with self._db() as db:
+        with self._reading() as db:
             return [r["schema_name"] for r in db.query(
                 f"select distinct schema_name from {TABLE} order by schema_name")]
 
     def count(self) -> int:
-        with self._db() as db:
+        with self._reading() as db:
             return db[TABLE].count
 
     def journal_mode(self) -> str:
-        with self._db() as db:
+        with self._reading() as db:
             return db.journal_mode
 
     def export_csv(self, path: str | Path | None = None, schema: str | None = None) -> str:
@@ -210,11 +240,63 @@ class RunLog:
 
     @contextmanager
     def _db(self) -> Iterator[Database]:
-        conn = sqlite3.connect(str(self.path), timeout=self.timeout)
+        if self.read_only:
+            conn = sqlite3.connect(_read_only_uri(self.path), uri=True, timeout=self.timeout)
+        else:
+            conn = sqlite3.connect(str(self.path), timeout=self.timeout)
         try:
             yield Database(conn)
         finally:
             conn.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator[Database]:
+        """:meth:`_db` for a read: a SQLite error becomes a RunLogError naming the file and the fix."""
+        try:
+            with self._db() as db:
+                yield db
+        except sqlite3.Error as err:
+            raise RunLogError(f"cannot read runs: {self._problem(err)}") from None
+
+    def _problem(self, err: sqlite3.Error) -> str:
+        """What a failed read or write tells the user: the file, what stopped it, and the fix."""
+        name = getattr(err, "sqlite_errorname", "")
+        text = str(err)
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+            why = (f"is locked by another writer (waited {self.timeout:g} s): let the other program finish "
+                   "or close it, or pass --db another.db")
+        elif name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")) or "readonly" in text:
+            why = (f"is read-only ({text}): make the file and its folder writable for this user "
+                   "(a WAL database is written beside the file, even to read it), or pass --db another.db")
+        else:
+            why = f"cannot be used ({text}): check the file and the disk, or pass --db another.db"
+        return f"the run log {self.path} {why}"
+
+
+def _stored_version(path: Path) -> int | None:
+    """``PRAGMA user_version`` of the database at ``path``, read without writing anything (None: no database yet)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    conn = sqlite3.connect(_read_only_uri(path), uri=True)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _read_only_uri(path: Path) -> str:
+    """A URI that opens ``path`` without creating or changing any file.
+
+    ``mode=ro`` on a WAL database creates its ``-wal`` and ``-shm`` files when they are missing (and leaves
+    them); a WAL database without a ``-wal`` file has every commit in the main file, so it is read with
+    ``immutable=1`` (no locks, no side files). With a ``-wal`` file present (a writer may be at work) it is
+    read with ``mode=ro``, which sees that writer's commits and creates nothing new.
+    """
+    with open(path, "rb") as f:
+        header = f.read(20)
+    wal_format = len(header) == 20 and header[18] == 2  # file format write version: 2 = WAL
+    immutable = wal_format and not path.with_name(path.name + "-wal").exists()
+    return path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro")
 
 
 def _create_or_extend(db: Database, name: str, columns: dict, **create) -> None:
@@ -274,7 +356,7 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
     enc = data.get("encode") or {}
     stats = data.get("store_stats") or {}
     return {
-        "created_at": created_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": created_at or utc_now(),
         "model": data["model"], "storage": data["storage"], "mode": data["mode"],
         "schema_name": data["schema"], "schema_hash": schema_hash_ or schema_hash(schema_text),
         "schema_text": schema_text, "prompt_text": prompt_text,

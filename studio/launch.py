@@ -36,6 +36,9 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
         return 2
     demo = build_app(engine, runlog, results_dir=results)
     print(f"PML Studio: run log {runlog.path}; the model loads on the first encode or compare", flush=True)
+    if runlog.read_only:
+        print(f"pml-studio: warning: {runlog.read_only}; History lists its runs, new runs are not logged",
+              file=sys.stderr, flush=True)
     demo.queue(default_concurrency_limit=1)
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,

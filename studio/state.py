@@ -3,24 +3,42 @@
 Handlers take a :class:`Studio` as their first argument and are plain functions of plain values
 (tests call them without a server). Nothing here loads the model; the tokenizer is the engine's
 own (``Engine.tokenizer``), loaded once.
+
+A finished run the run log cannot take (locked by another writer past its timeout, read-only file)
+is not lost: it waits in memory (at most :data:`PENDING_MAX` runs, the oldest dropped first, which
+the report says) and is written, oldest first, before the next run. :meth:`Studio.record` returns the
+``logged`` report the Compare tab shows and the ``/compare`` API returns.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
+from dataclasses import dataclass
 
 import gradio as gr
 
 from engine.config import RunConfig
 from engine.errors import EngineError
 from engine.layout import Layout
-from engine.runlog import RunLog, RunLogError
+from engine.runlog import RunLog, RunLogError, utc_now
 
 from . import settings as run_settings
 from .errors import as_gr_error
 from .views import chips_html
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+PENDING_MAX = 100  # finished runs kept in memory while the run log cannot take them
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: each run is itself (hashed by identity)
+class PendingRun:
+    """A finished run waiting for the run log, stamped with the time it finished."""
+
+    data: dict
+    schema_text: str
+    prompt_text: str
+    created_at: str
 
 
 class Studio:
@@ -31,6 +49,10 @@ class Studio:
         self.runlog = runlog
         self.lock = threading.Lock()  # model loads
         self._layouts: dict[tuple[int, str], Layout] = {}
+        self._log_lock = threading.Lock()  # the pending runs and their writing
+        self.pending: deque[PendingRun] = deque()  # runs not logged yet, oldest first
+        self.dropped = 0  # runs dropped from a full pending queue since the studio started
+        self.log_error: str | None = None  # why the last write failed (None: it succeeded)
 
     # -- documents --------------------------------------------------------------------------------
 
@@ -66,13 +88,70 @@ class Studio:
                 self.engine.set_budget(cfg.budget_bytes, cfg.storage)
         return cfg
 
-    def record(self, data: dict, schema_text: str, prompt_text: str) -> int | None:
-        """Write a finished run to the run log; a failed write is a warning, not a lost result."""
-        try:
-            return self.runlog.record(data, schema_text, prompt_text)
-        except RunLogError as err:
-            gr.Warning(str(err))
+    def record(self, data: dict, schema_text: str, prompt_text: str) -> dict:
+        """Write a finished run to the run log, after the runs waiting before it; return the ``logged`` report:
+
+        ``{"ok": bool, "run_id": int | None, "error": str | None, "pending": int, "flushed": int, "dropped": int}``
+        (``flushed``: earlier runs written now; ``pending``: runs still in memory; ``dropped``: runs lost
+        from a full queue since the studio started). A run that cannot be written stays in memory.
+        """
+        run = PendingRun(data, schema_text, prompt_text, utc_now())
+        with self._log_lock:
+            if self.runlog.read_only:  # nothing this process does can make it writable: nothing to keep
+                return self._report(None, 0, f"not logged: {self.runlog.read_only}")
+            self.pending.append(run)
+            written, err = self._flush()
+            self.log_error = None if err is None else str(err)
+            if err is None:
+                return self._report(written[run], len(written) - 1, None)
+            lost = self._trim()
+            kept = f"kept in memory ({len(self.pending)} waiting, at most {PENDING_MAX}), retried with the next run"
+            return self._report(None, len(written), f"not logged: {err}; {kept}{lost}")
+
+    def _trim(self) -> str:
+        """Drop the oldest pending runs beyond PENDING_MAX; '' or the sentence saying so."""
+        n = 0
+        while len(self.pending) > PENDING_MAX:
+            self.pending.popleft()
+            n += 1
+        self.dropped += n
+        if not n:
+            return ""
+        return (f"; {self.dropped} unlogged runs dropped so far: the studio keeps the last {PENDING_MAX} "
+                f"(fix the run log, or restart with --db another.db)")
+
+    def _flush(self) -> tuple[dict[PendingRun, int], RunLogError | None]:
+        """Write the pending runs, oldest first, until one fails; ({run: id} written, the failure or None)."""
+        written: dict[PendingRun, int] = {}
+        while self.pending:
+            run = self.pending.popleft()
+            try:
+                written[run] = self.runlog.record(run.data, run.schema_text, run.prompt_text,
+                                                  created_at=run.created_at)
+            except RunLogError as err:
+                self.pending.appendleft(run)
+                return written, err
+        return written, None
+
+    def _report(self, run_id: int | None, flushed: int, error: str | None) -> dict:
+        """The ``logged`` report (see :meth:`record`); a failure is also a warning toast in the page."""
+        if error:
+            gr.Warning(error)
+        return {"ok": error is None, "run_id": run_id, "error": error, "pending": len(self.pending),
+                "flushed": flushed, "dropped": self.dropped}
+
+    def log_problem(self) -> str | None:
+        """Why runs are missing from the run log (read-only, runs waiting in memory), or None when none are."""
+        if self.runlog.read_only:
+            return f"{self.runlog.read_only}. Its runs are listed; new runs are not logged."
+        n = len(self.pending)
+        if not n and not self.dropped:
             return None
+        text = (f"{n} finished run{'s are' if n != 1 else ' is'} not in the run log yet ({self.log_error}); "
+                f"kept in memory (at most {PENDING_MAX}) and written with the next run") if n else ""
+        if self.dropped:
+            text += f"{'; ' if text else ''}{self.dropped} unlogged runs were dropped (more than {PENDING_MAX} waited)"
+        return text
 
     # -- model ------------------------------------------------------------------------------------
 
@@ -83,4 +162,8 @@ class Studio:
     def status_html(self) -> str:
         name = self.engine.lm.name if self.engine.loaded else (self.engine.config.model or DEFAULT_MODEL)
         state = "loaded" if self.engine.loaded else "loads on first run"
-        return chips_html(str(name), state, str(self.runlog.path))
+        if self.runlog.read_only:
+            warning = "read-only"
+        else:
+            warning = f"{len(self.pending)} not logged" if self.pending else ""
+        return chips_html(str(name), state, str(self.runlog.path), warning, self.log_problem() or "")

@@ -52,11 +52,41 @@ def kv_html(rows: Iterable[tuple]) -> str:
     return f'<table class="pml-kv">{cells}</table>'
 
 
-def chips_html(model: str, state: str, runlog_path: str) -> str:
-    """The header: which model, whether it is loaded, where the run log is."""
+def chips_html(model: str, state: str, runlog_path: str, warning: str = "", why: str = "") -> str:
+    """The header: which model, whether it is loaded, where the run log is (and a warning chip, ``why`` on hover,
+    when runs are not being logged)."""
     short = runlog_path if len(runlog_path) <= 30 else "…" + runlog_path[-29:]
+    warn = (f'<span class="chip pml-chip warn" title="{html.escape(why)}"><b>run log</b> {html.escape(warning)}</span>'
+            if warning else "")
     return (f'<div class="pml-chips"><span class="chip"><b>model</b> {html.escape(model)} · {state}</span>'
-            f'<span class="chip" title="{html.escape(runlog_path)}"><b>run log</b> {html.escape(short)}</span></div>')
+            f'<span class="chip" title="{html.escape(runlog_path)}"><b>run log</b> {html.escape(short)}</span>'
+            f"{warn}</div>")
+
+
+def logged_html(logged: dict | None) -> str:
+    """Under a finished run: a warning chip when it was not logged (the reason, kept in memory or not), a
+    plain chip when earlier runs that were waiting were written with it; nothing when all is well."""
+    if not logged:
+        return ""
+    if not logged.get("ok"):
+        chip = f'<span class="pml-chip warn">{html.escape(logged["error"])}</span>'
+        return f'<div class="pml-chips pml-logged">{chip}</div>'
+    notes = []
+    if logged.get("flushed"):
+        n = logged["flushed"]
+        notes.append(f"{n} earlier run{'s' if n != 1 else ''} that waited in memory {'were' if n != 1 else 'was'} "
+                     "logged with this one")
+    if logged.get("flushed") and logged.get("dropped"):
+        notes.append(f"{logged['dropped']} unlogged runs were dropped earlier (more waited than the studio keeps)")
+    if not notes:
+        return ""
+    text = f"logged as run {logged['run_id']}; " + "; ".join(notes)
+    return f'<div class="pml-chips pml-logged"><span class="pml-chip">{html.escape(text)}</span></div>'
+
+
+def warn_html(text: str) -> str:
+    """An amber status box (plain text, escaped here)."""
+    return f'<div class="pml-status warn">{html.escape(text)}</div>'
 
 
 def cards_html(cards: Iterable[tuple[str, str]], note: str = "") -> str:

@@ -281,3 +281,92 @@ def test_the_studio_history_opens_a_database_written_before_the_arm_table(tmp_pa
     detail = history.run_detail(studio, 1)
     assert detail.count('class="col-head"') == 3 and "faster first token" in detail
     assert len(history.plot_points(studio)) == 3 + 2 + 1 + 2
+
+
+# -- a database written by a newer version is read, never changed -----------------------------------
+
+def newer_database(path: pathlib.Path, wal: bool = False, version: int = 99) -> None:
+    """A run log as a newer PML Studio could leave it: this version's tables plus a column it does not know,
+    one run with its arm rows, ``user_version`` = ``version`` (written with plain sqlite3, not RunLog)."""
+    data = fake_comparison()
+    conn = sqlite3.connect(path)
+    if wal:
+        conn.execute("pragma journal_mode=wal")
+    cols = ", ".join(f"{c} {'integer primary key' if c == 'id' else ''}" for c in COLUMNS)
+    conn.execute(f"create table runs ({cols}, future_column text)")
+    conn.execute("create table arm_runs (id integer primary key, run_id integer, arm text, ttft_ms float, text text)")
+    conn.execute("insert into runs (id, created_at, model, storage, mode, schema_name, prompt_tokens, cached_tokens,"
+                 " result_json, future_column) values (7, '2030-01-01T00:00:00+00:00', 'tiny', 'cpu', 'prefixed',"
+                 " 'travel', 300, 280, ?, 'x')", [json.dumps(data)])
+    conn.executemany("insert into arm_runs (run_id, arm, ttft_ms, text) values (7, ?, ?, ?)",
+                     [("baseline", 100.0, "Nara"), ("cached", 10.0, "Nara")])
+    conn.execute(f"pragma user_version = {version}")
+    conn.commit()
+    conn.close()
+
+
+def files_of(path: pathlib.Path) -> dict[str, str]:
+    """Every file beside the database (its -wal, -shm, -journal included) by name, with its sha256."""
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.parent.iterdir())}
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["rollback-journal", "wal"])
+def test_a_database_from_a_newer_version_is_read_only_and_left_byte_for_byte(tmp_path, wal):
+    path = tmp_path / "runs.db"
+    newer_database(path, wal=wal)
+    before = files_of(path)
+    assert list(before) == ["runs.db"]  # sqlite removed its -wal and -shm when the writer closed
+    log = RunLog(path)
+    assert log.read_only and str(path) in log.read_only and "schema version 99, this one knows 2" in log.read_only
+    assert "--db" in log.read_only
+    runs = log.runs()  # what it can read is listed
+    assert [r["id"] for r in runs] == [7] and runs[0]["future_column"] == "x"
+    assert runs[0]["arms"]["cached"]["ttft_ms"] == 10.0 and log.count() == 1 and log.schemas() == ["travel"]
+    assert log.get(7)["schema_name"] == "travel"
+    assert "travel" in log.export_csv()
+    with pytest.raises(RunLogError, match="newer PML Studio") as err:
+        log.record(fake_comparison(), "s", "p")
+    assert err.value.retry is False
+    RunLog(path)  # opening it again changes nothing either
+    assert files_of(path) == before  # no migration, no new column, no WAL switch, no -wal/-shm left behind
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    assert conn.execute("pragma user_version").fetchone()[0] == 99
+    assert conn.execute("select count(*) from runs").fetchone()[0] == 1
+    assert conn.execute("select count(*) from sqlite_master where name like 'idx_%'").fetchone()[0] == 0
+    conn.close()
+
+
+def test_a_newer_database_in_use_by_its_writer_is_read_with_its_uncheckpointed_runs(tmp_path):
+    path = tmp_path / "runs.db"
+    newer_database(path, wal=True)
+    writer = sqlite3.connect(path)  # the newer studio, still running: its last run is only in runs.db-wal
+    writer.execute("pragma wal_autocheckpoint = 0")
+    writer.execute("insert into runs (id, created_at, schema_name, result_json) values (8, '2030-01-02', 'doc_qa', '{}')")
+    writer.commit()
+    before = files_of(path)
+    assert {"runs.db-wal", "runs.db-shm"} <= set(before)
+    log = RunLog(path)
+    assert log.read_only and [r["id"] for r in log.runs()] == [8, 7]
+    assert files_of(path)["runs.db"] == before["runs.db"] and set(files_of(path)) == set(before)
+    writer.close()
+
+
+def test_a_database_of_this_version_is_still_opened_for_writing(tmp_path):
+    path = tmp_path / "runs.db"
+    newer_database(path, version=2)  # the same tables, as this version wrote them
+    log = RunLog(path)
+    assert log.read_only is None and log.journal_mode() == "wal"
+    log.record(fake_comparison(), "s", "p")
+    conn = sqlite3.connect(path)
+    assert conn.execute("select count(*) from runs").fetchone()[0] == 2
+    conn.close()
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error_and_is_left_alone(tmp_path):
+    path = tmp_path / "runs.db"
+    path.write_bytes(b"not a database, but more than twenty bytes long")
+    with pytest.raises(RunLogError, match=r"cannot open the run log .*runs\.db.*--db"):
+        RunLog(path)
+    assert path.read_bytes() == b"not a database, but more than twenty bytes long"

@@ -21,6 +21,10 @@ from studio.tabs import prompt as prm
 from studio.tabs import schema as sch
 from tests.conftest import ROOT
 
+import html
+import json
+import sqlite3
+from contextlib import contextmanager
 from dataclasses import replace
 
 from engine.comparison import Comparison
@@ -77,7 +81,10 @@ def test_compare_json_is_the_engines_document(studio, travel):
     data = cmp.compare_json(studio, schema, prompt, 4, settings=settings(storage_dtype="float16"))
     direct = studio.engine.compare(schema, prompt, Sampling(4),
                                    config=studio.engine.config.with_(storage_dtype="float16")).to_json()
-    assert set(data) == set(direct)
+    assert set(data) == set(direct) | {"logged"}  # the API's document is run --json's, plus one key
+    assert data["logged"] == {"ok": True, "run_id": 1, "error": None, "pending": 0, "flushed": 0, "dropped": 0}
+    stored = json.loads(studio.runlog.get(1)["result_json"])
+    assert "logged" not in stored and set(stored) == set(direct)  # the log keeps run --json's document
     for key in ("model", "schema", "prompt_tokens", "cached_tokens", "store_bytes", "storage_dtype", "arms",
                 "same_text", "first_divergence"):
         assert data[key] == direct[key], key
@@ -219,3 +226,83 @@ def test_compare_columns_show_the_kv_each_arm_held():
     run = dict(cached, ttft_ms=10.0, prefill_tokens=3, prefill_ms=5.0, new_tokens=2, peak_rss_bytes=1e9,
                decode_ms_per_token=2.0)
     assert "modules 3.0 + buffer 4.0" in metrics_html(doc({"cached": run}), "cached")
+
+
+# -- a run the run log cannot take is reported, kept, and written with the next -------------------------
+
+def runs_in(path) -> list[tuple]:
+    """(id, created_at, result_json) of every run, read with plain sqlite3 (not the RunLog under test)."""
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("select id, created_at, result_json from runs order by id").fetchall()
+    finally:
+        conn.close()
+
+
+@contextmanager
+def write_lock_held(path):
+    """Another program holding the run log's write lock (a write transaction left open)."""
+    other = sqlite3.connect(path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+def as_stored(data: dict) -> dict:
+    """The API's answer as the run log stores it: the run --json document, without ``logged``."""
+    return json.loads(json.dumps({k: v for k, v in data.items() if k != "logged"}))
+
+
+def test_a_run_the_locked_log_cannot_take_is_reported_kept_and_written_with_the_next(tiny_engine, tmp_path,
+                                                                                      monkeypatch):
+    from studio import state
+
+    path = tmp_path / "runs.db"
+    studio = Studio(tiny_engine, RunLog(path, timeout=0.2))
+    times = iter(f"2026-01-01T00:00:0{i}+00:00" for i in range(1, 4))
+    monkeypatch.setattr(state, "utc_now", lambda: next(times))  # the time each run finished
+    schema, prompt = files.load_sample("travel")
+    with write_lock_held(path):
+        first = cmp.compare_json(studio, schema, prompt, 2, settings=settings())
+        page = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 2, 0.0))[-1]
+        assert runs_in(path) == []  # nothing reached the file
+    logged = first["logged"]
+    assert logged["ok"] is False and logged["run_id"] is None and logged["pending"] == 1
+    assert f"the run log {path} is locked by another writer (waited 0.2 s)" in logged["error"]
+    assert "--db another.db" in logged["error"] and "kept in memory (1 waiting" in logged["error"]
+    assert as_stored(first).keys() == first.keys() - {"logged"}  # every run --json key is still there
+    summary, status = page[0], page[-1]
+    assert '<span class="pml-chip warn">' in summary and "kept in memory (2 waiting" in summary
+    assert "locked by another writer" in summary and "2 not logged" in status and "pml-chip warn" in status
+    notice = hist._refresh_ui(studio, tmp_path, "all")[-1]
+    assert "2 finished runs are not in the run log yet" in html.unescape(notice) and "locked" in notice
+    third = cmp.compare_json(studio, schema, prompt, 2, settings=settings())  # the lock is gone
+    assert third["logged"] == {"ok": True, "run_id": 3, "error": None, "pending": 0, "flushed": 2, "dropped": 0}
+    stored = runs_in(path)
+    assert [(i, t) for i, t, _ in stored] == [(1, "2026-01-01T00:00:01+00:00"), (2, "2026-01-01T00:00:02+00:00"),
+                                              (3, "2026-01-01T00:00:03+00:00")]  # in order, each with its own time
+    assert [json.loads(doc) for *_, doc in stored] == [as_stored(first), as_stored(page[-2]), as_stored(third)]
+    conn = sqlite3.connect(path)
+    assert conn.execute("select count(*) from arm_runs").fetchone()[0] == 3 * len(first["arms"])
+    conn.close()
+    assert hist.notice_html(studio) == "" and "not logged" not in studio.status_html()
+
+
+def test_the_api_reports_a_log_from_a_newer_version_and_leaves_it_unchanged(tiny_engine, tmp_path):
+    from tests.test_runlog import files_of, newer_database
+
+    path = tmp_path / "runs.db"
+    newer_database(path)
+    before = files_of(path)
+    studio = Studio(tiny_engine, RunLog(path))
+    schema, prompt = files.load_sample("travel")
+    data = cmp.compare_json(studio, schema, prompt, 2, settings=settings())
+    logged = data["logged"]
+    assert logged["ok"] is False and logged["pending"] == 0  # it can never be written: nothing kept for it
+    assert "newer PML Studio (schema version 99, this one knows 2)" in logged["error"] and str(path) in logged["error"]
+    assert [r[0] for r in hist.rows(studio)] == [7]  # History lists what it can read
+    assert "newer PML Studio" in hist.notice_html(studio) and "read-only" in studio.status_html()
+    assert files_of(path) == before

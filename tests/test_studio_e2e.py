@@ -15,6 +15,8 @@ def free_port() -> int:
 
 
 def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
+    import sqlite3
+
     from gradio_client import Client
 
     from engine.encode import count_units
@@ -22,7 +24,7 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
     from engine.runner import Sampling
     from studio.app import build_app, launch_options
 
-    runlog = RunLog(tmp_path / "runs.db")
+    runlog = RunLog(tmp_path / "runs.db", timeout=0.5)
     demo = build_app(tiny_engine, runlog)
     port = free_port()
     # behind the same guard as `make run`: gradio_client reaches the public /compare API without the page token
@@ -33,6 +35,11 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         data = client.predict(schema, prompt, 4, "cpu", "prefixed", 0.0, api_name="/compare")  # the 6-argument call
         half = client.predict(schema, prompt, 4, "cpu", "isolated", 0.0, "float16", 0.5, "recent", api_name="/compare")
+        other = sqlite3.connect(runlog.path)
+        other.execute("BEGIN IMMEDIATE")  # another program holds the run log's write lock past the timeout
+        unlogged = client.predict(schema, prompt, 2, api_name="/compare")
+        other.rollback()
+        other.close()
         api = client.view_api(print_info=False, return_format="dict")
     finally:
         demo.close()
@@ -44,7 +51,11 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
 
     # the document equals what the engine returns for the same run (texts are greedy, so equal)
     direct = tiny_engine.compare(schema, prompt, Sampling(4)).to_json()
-    assert set(data) == set(direct)
+    assert set(data) == set(direct) | {"logged"}  # run --json's keys, plus whether the run was logged
+    assert data["logged"] == {"ok": True, "run_id": 1, "error": None, "pending": 0, "flushed": 0, "dropped": 0}
+    assert half["logged"]["run_id"] == 2
+    assert unlogged["logged"]["ok"] is False and unlogged["logged"]["pending"] == 1  # the client is told
+    assert "locked by another writer" in unlogged["logged"]["error"] and unlogged["baseline"]["text"]
     for key in ("model", "schema", "storage", "mode", "prompt_tokens", "cached_tokens", "uncached_tokens",
                 "store_bytes", "storage_dtype", "compression", "arms", "same_text", "first_divergence", "sampling"):
         assert data[key] == direct[key], key
@@ -54,7 +65,7 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
     assert half["store_bytes"] < data["store_bytes"]
 
     rows = runlog.runs()
-    assert len(rows) == 2  # both API calls, not the direct engine call
+    assert len(rows) == 2  # both logged API calls, not the direct engine call (the third waits in memory)
     row = rows[-1]
     assert row["schema_name"] == "travel" and row["schema_text"] == schema and row["prompt_text"] == prompt
     assert row["arms"]["baseline"]["ttft_ms"] == data["baseline"]["ttft_ms"]

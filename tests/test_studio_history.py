@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import ast
 import csv
+import os
+import sqlite3
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -80,3 +84,109 @@ def test_run_log_records_storage_settings_and_sources(studio, travel):
     again = list(cmp.compare_stream(studio, schema, prompt, 2, settings=chosen))[-1].result
     assert again["encode"]["encoded"] == 0 and again["encode"]["memory"] == units
     assert studio.runlog.count() == 2
+
+
+# -- runs the run log cannot take: kept in memory, shown as waiting, written later ----------------------
+
+def schemas_in(path) -> list[str]:
+    """The schema name of every run, in id order, read with plain sqlite3 (not the RunLog under test)."""
+    conn = sqlite3.connect(path)
+    try:
+        return [r[0] for r in conn.execute("select schema_name from runs order by id")]
+    finally:
+        conn.close()
+
+
+@contextmanager
+def read_only(path, how: str):
+    """The run log's file made read-only, then writable again.
+
+    ``mode``: the file 0444 and its folder 0555 (root writes anyway, so that case is skipped for root);
+    ``header``: the database's write-version byte set above 2, which SQLite itself takes as read-only.
+    """
+    if how == "mode":
+        os.chmod(path, 0o444)
+        os.chmod(path.parent, 0o555)
+    else:
+        data = bytearray(path.read_bytes())
+        data[18] = 3
+        path.write_bytes(bytes(data))
+    try:
+        yield
+    finally:
+        if how == "mode":
+            os.chmod(path.parent, 0o755)
+            os.chmod(path, 0o644)
+        else:
+            data = bytearray(path.read_bytes())
+            data[18] = 2  # WAL, as RunLog left it
+            path.write_bytes(bytes(data))
+
+
+def bare_studio(path, timeout: float = 0.2) -> Studio:
+    """A studio on the run log at ``path`` whose engine is never used (its runs are written as given)."""
+    engine = SimpleNamespace(loaded=False, config=SimpleNamespace(model="tiny"))
+    return Studio(engine, RunLog(path, timeout=timeout))
+
+
+@pytest.mark.parametrize("how", [
+    pytest.param("mode", marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only file")),
+    "header"])
+def test_runs_kept_while_the_log_is_read_only_are_written_when_it_is_writable_again(tmp_path, how):
+    from tests.test_runlog import fake_comparison
+
+    path = tmp_path / "logs" / "runs.db"
+    path.parent.mkdir()
+    studio = bare_studio(path)
+    assert studio.record(fake_comparison("first"), "s", "p")["run_id"] == 1
+    with read_only(path, how):
+        reports = [studio.record(fake_comparison(name), "s", "p") for name in ("a", "b")]
+    assert schemas_in(path) == ["first"]  # nothing reached the file (read once it is readable again)
+    assert [(r["ok"], r["run_id"], r["pending"]) for r in reports] == [(False, None, 1), (False, None, 2)]
+    error = reports[-1]["error"]
+    assert error.startswith(f"not logged: the run log {path} is read-only") and "writable" in error
+    assert "--db another.db" in error and "kept in memory (2 waiting, at most 100)" in error
+    notice = hist.notice_html(studio)
+    assert "2 finished runs are not in the run log yet" in notice and "read-only" in notice
+    assert "2 not logged" in studio.status_html()
+    last = studio.record(fake_comparison("c"), "s", "p")
+    assert last == {"ok": True, "run_id": 4, "error": None, "pending": 0, "flushed": 2, "dropped": 0}
+    assert schemas_in(path) == ["first", "a", "b", "c"]
+    assert [r[0] for r in hist.rows(studio)] == [4, 3, 2, 1] and hist.notice_html(studio) == ""
+
+
+def test_a_full_queue_drops_the_oldest_runs_and_says_so(tmp_path, monkeypatch):
+    from studio import state
+    from tests.test_runlog import fake_comparison
+
+    monkeypatch.setattr(state, "PENDING_MAX", 3)
+    path = tmp_path / "runs.db"
+    studio = bare_studio(path)
+    other = sqlite3.connect(path)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the log past the timeout
+    reports = [studio.record(fake_comparison(f"r{i}"), "s", "p") for i in range(1, 6)]
+    other.rollback()
+    other.close()
+    assert [(r["pending"], r["dropped"]) for r in reports] == [(1, 0), (2, 0), (3, 0), (3, 1), (3, 2)]
+    assert "locked by another writer" in reports[-1]["error"]
+    assert "2 unlogged runs dropped so far: the studio keeps the last 3" in reports[-1]["error"]
+    assert "2 unlogged runs were dropped" in hist.notice_html(studio)
+    last = studio.record(fake_comparison("r6"), "s", "p")
+    assert last["ok"] and last["flushed"] == 3 and last["pending"] == 0 and last["dropped"] == 2
+    assert schemas_in(path) == ["r3", "r4", "r5", "r6"]  # the two oldest were the ones dropped
+    assert 'class="pml-chip warn"' not in views.logged_html(last) and "3 earlier runs" in views.logged_html(last)
+
+
+def test_history_says_why_it_cannot_list_a_log_it_cannot_read(tmp_path):
+    path = tmp_path / "runs.db"
+    conn = sqlite3.connect(path)  # a newer version's log that keeps its runs in a table this one does not know
+    conn.execute("create table runs_v3 (id integer primary key, schema_name text)")
+    conn.execute("insert into runs_v3 (schema_name) values ('travel')")
+    conn.execute("pragma user_version = 99")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    studio = bare_studio(path)
+    table, _, _, _, notice = hist._refresh_ui(studio, tmp_path, "all")
+    assert table == [] and f"cannot read runs: the run log {path} cannot be used (no such table: runs)" in notice
+    assert "newer PML Studio" in notice and path.read_bytes() == before

@@ -2,7 +2,9 @@
 
 Columns follow :data:`studio.views.ARM_VIEWS` (Baseline · Prefix cache · Modular cache); a column
 whose arm did not run is hidden. The same comparison is the ``/compare`` API endpoint, which
-returns the ``pml-studio run --json`` document. Every finished run is written to the run log.
+returns the ``pml-studio run --json`` document plus a ``logged`` key (:meth:`Studio.record`'s report).
+Every finished run is written to the run log; one the log cannot take says so (a warning chip in the
+page, ``logged.ok`` false in the API) and waits in memory for the next run.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from ..errors import as_gr_error, user_error
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread
-from ..views import (ARM_VIEWS, column_html, head_html, metrics_html, prefix_stop, summary_html, token_marks,
-                     token_view_html)
+from ..views import (ARM_VIEWS, column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
+                     token_marks, token_view_html)
 from .editors import Editors, Step
 
 PHASE_MESSAGES = {"baseline": "Baseline: full prefill, then decoding…",
@@ -69,7 +71,11 @@ def _api(studio: Studio) -> None:
     def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
                 mode: str = "prefixed", temperature: float = 0.0, storage_dtype: str = "float32",
                 retention: float = 1.0, compression: str = "pyramid") -> dict:
-        """Run the arms on a PML prompt and return the `pml-studio run --json` document.
+        """Run the arms on a PML prompt and return the `pml-studio run --json` document, plus "logged".
+
+        "logged" says whether the run is in the run log: {"ok": bool, "run_id": int or null, "error": the
+        reason it is not (null when ok), "pending": runs kept in memory until the log takes them, "flushed":
+        earlier waiting runs written with this one, "dropped": runs lost from a full queue}.
 
         Args:
             schema_text: the PML schema document (XML text).
@@ -102,8 +108,9 @@ class CompareUpdate:
     arms: tuple[str, ...]  # the arms this run has
     message: str = ""
     result: dict | None = None  # the `run --json` document, on "done"
-    run_id: int | None = None
+    run_id: int | None = None  # None when the run could not be logged (see `logged`)
     comparison: object = field(default=None, repr=False)
+    logged: dict | None = None  # Studio.record's report, on "done"
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
@@ -126,8 +133,8 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
                    settings: dict | None = None) -> Iterator[CompareUpdate]:
     """Run the arms in a worker thread, yielding each arm's text as it grows.
 
-    The last update (phase "done") carries the `run --json` document and the run-log id. A failure
-    raises gr.Error with the engine's message and writes nothing to the run log.
+    The last update (phase "done") carries the `run --json` document, the run-log id and the ``logged``
+    report. A failure raises gr.Error with the engine's message and writes nothing to the run log.
     """
     sampling = sampling_of(max_new_tokens, temperature)
     cfg = studio.run_config(settings or {})
@@ -154,21 +161,22 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     except Exception as err:
         raise user_error(err) from None
     data = res.to_json()
-    run_id = studio.record(data, schema_text, prompt_text)
+    logged = studio.record(data, schema_text, prompt_text)
     final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
-    yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, run_id, res)
+    yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged)
 
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
                  settings: dict | None = None) -> dict:
-    """One comparison, recorded in the run log; returns the `pml-studio run --json` document."""
+    """One comparison, recorded in the run log; returns the `pml-studio run --json` document with one more key,
+    ``logged`` (:meth:`Studio.record`'s report: whether the run is in the run log, and if not why)."""
     sampling = sampling_of(max_new_tokens, temperature)
     cfg = studio.run_config(settings or {})
     with as_gr_error():
         res = studio.engine.compare(schema_text, prompt_text, sampling, config=cfg)
     data = res.to_json()
-    studio.record(data, schema_text, prompt_text)
-    return data
+    logged = studio.record(data, schema_text, prompt_text)  # the log keeps the document as `run --json` writes it
+    return {**data, "logged": logged}
 
 
 def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
@@ -220,7 +228,7 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                          metrics_html(comparison, view.arm)]
             tokens = token_view_html(comparison.plan, studio.decode_token, token_marks(comparison),
                                      prefix_stop(comparison))
-            yield (summary_html(comparison), *cols, tokens, upd.result, studio.status_html())
+            yield (summary_html(comparison) + logged_html(upd.logged), *cols, tokens, upd.result, studio.status_html())
     except gr.Error as err:
         yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(ARM_VIEWS) + 3)
         raise

@@ -10,6 +10,7 @@ import gradio as gr
 
 from engine.comparison import Comparison
 from engine.config import short_dtype
+from engine.runlog import RunLogError
 
 from .. import views
 
@@ -32,6 +33,7 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
         which = gr.Dropdown(["all"], value="all", label="Schema", scale=2)
         refresh_btn = gr.Button("Refresh", size="md", scale=1)
         export = gr.DownloadButton("Export CSV", size="md", scale=1)
+    notice = gr.HTML(notice_html(studio), elem_id="history-notice")
     table = gr.Dataframe(headers=HEADERS, interactive=False, max_height=360, wrap=True, elem_id="history-table",
                          label="Runs (click a row to select it)",
                          column_widths=["5%", "15%", "11%", "15%", "11%", "9%", "8%", "8%", "6%", "6%", "6%"])
@@ -45,7 +47,7 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
                           color_map={v.arm: v.color for v in ARM_VIEWS})
     gr.Markdown(f"Run log: `{studio.runlog.path}`", elem_classes=["pml-note"])
 
-    refresh = Step(partial(_refresh_ui, studio, downloads), [which], [table, plot, which, export])
+    refresh = Step(partial(_refresh_ui, studio, downloads), [which], [table, plot, which, export, notice])
     compare.run.then(*refresh, show_progress="hidden")
     tab.select(*refresh, show_progress="hidden")
     refresh_btn.click(*refresh)
@@ -104,10 +106,15 @@ def run_detail(studio: Studio, run_id) -> str:
 
 def plot_points(studio: Studio, schema: str | None = None):
     """Long-format table for the TTFT plot: one point per run and arm."""
+    return plot_points_of(studio.runlog.runs(schema=_filter(schema), limit=500))
+
+
+def plot_points_of(runs: list[dict]):
+    """:func:`plot_points` of run-log rows (an empty table for none)."""
     import pandas as pd
 
     points = []
-    for r in studio.runlog.runs(schema=_filter(schema), limit=500):
+    for r in runs:
         for arm, figures in r["arms"].items():
             if figures.get("ttft_ms") is not None:
                 points.append([r["prompt_tokens"], figures["ttft_ms"], arm, r["id"], r["schema_name"]])
@@ -152,11 +159,20 @@ def storage_cell(r: dict) -> str:
     return out
 
 
+def notice_html(studio: Studio, read_error: str | None = None) -> str:
+    """Above the table: why runs are missing from it (runs waiting in memory, a read-only or unreadable log)."""
+    problems = [p for p in (read_error, studio.log_problem()) if p]
+    return "".join(views.warn_html(p) for p in problems)
+
+
 def _refresh_ui(studio: Studio, downloads: Path, schema_filter: str):
-    choices = schemas(studio)
-    value = schema_filter if schema_filter in choices else "all"
-    return (rows(studio, value), plot_points(studio, value), gr.update(choices=choices, value=value),
-            export_csv(studio, value, downloads))
+    try:
+        choices = schemas(studio)
+        value = schema_filter if schema_filter in choices else "all"
+        return (rows(studio, value), plot_points(studio, value), gr.update(choices=choices, value=value),
+                export_csv(studio, value, downloads), notice_html(studio))
+    except RunLogError as err:
+        return ([], plot_points_of([]), gr.skip(), gr.skip(), notice_html(studio, str(err)))
 
 
 def _detail_ui(studio: Studio, run_id):
