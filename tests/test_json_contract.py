@@ -55,8 +55,10 @@ def test_legacy_agreement_keys_are_the_arms_agreements(documents):
         agree = c.agreement(arm)
         assert doc[f"{prefix}same_text"] == agree.same_text
         assert doc[f"{prefix}first_token_kl"] == pytest.approx(agree.first_token_kl, abs=1e-6)
-        # the speedup is the two arms' own TTFTs, not a stored figure
-        assert doc[f"{prefix}speedup"] == pytest.approx(c.baseline.ttft_ms / c.arm(arm).run.ttft_ms, abs=1e-3)
+        # the speedup is the two arms' own TTFTs as the document writes them (to the microsecond), not a stored
+        # figure; the tiny model's TTFTs are fractions of a millisecond, so the unrounded ratio may differ by more
+        assert doc[f"{prefix}speedup"] == pytest.approx(doc["baseline"]["ttft_ms"] / doc[arm]["ttft_ms"], abs=1e-3)
+        assert doc[f"{prefix}speedup"] == pytest.approx(c.baseline.ttft_ms / c.arm(arm).run.ttft_ms, rel=0.01)
         assert doc["by_arm"][arm]["agreement"]["same_text"] == agree.same_text
 
 
