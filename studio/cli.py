@@ -11,7 +11,8 @@ import sys
 
 def serve_arguments(sp) -> None:
     """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
-    from engine.config import COMPUTE_DTYPES
+    from engine.cli import NumberArg
+    from engine.config import COMPUTE_DTYPES, Limit
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
                     "(default: the packaged SmolLM2-135M)")
@@ -19,7 +20,8 @@ def serve_arguments(sp) -> None:
                     help="compute precision (default per device: float32 on CPU, bfloat16 on CUDA; bfloat16 is about "
                          "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    sp.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    sp.add_argument("--port", type=NumberArg(Limit("port", 1, 65535, whole=True, example="7860")), default=7860,
+                    help="port, 1 to 65535 (default 7860)")
     sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
     sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
     sp.add_argument("--results", default=None, help="folder of benchmark results the Benchmarks tab shows "
