@@ -7,13 +7,21 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    from studio.cli import serve, serve_arguments
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `pml-studio serve`, with the CLI's parser (negative numbers are values)."""
+    from engine.cli import Parser
+    from studio.cli import serve_arguments
 
-    p = argparse.ArgumentParser(prog="app.py", description="PML Studio: author PML schemas, encode them, and "
-                                "compare cached with baseline runs in the browser.")
+    p = Parser(prog="app.py", description="PML Studio: author PML schemas, encode them, and compare cached with "
+               "baseline runs in the browser.")
     serve_arguments(p)
-    return serve(p.parse_args(argv))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from studio.cli import serve
+
+    return serve(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

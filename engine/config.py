@@ -15,6 +15,8 @@ No torch here: validation that needs the machine (is CUDA present?) is done by `
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -36,6 +38,10 @@ DEFAULT_ARMS = ("baseline", "prefix", "cached")  # blend runs when asked for (--
 BLEND_RULES = ("deviation", "deviation-k", "deviation-v", "link", "question", "mixed", "random")
 MAX_REPAIR = 64
 MAX_SINK = 64
+MAX_NEW_TOKENS = 1 << 20  # no model has a longer context; the plan checks the loaded model's own
+MAX_BUDGET_MIB = 1 << 30  # 1 PiB, more than any machine has; in bytes it still fits the run log's 64-bit integers
+MAX_TEMPERATURE = 100.0  # far past uniform sampling already (logits differ by tens at most)
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 0 ... 2**64 - 1
 
 CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "mode": (("prefixed", "prefixed: modules see the system text before them"),
@@ -48,6 +54,96 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "arms": (("baseline", "Baseline"), ("prefix", "Prefix cache"), ("cached", "Modular cache"), ("blend", "Blend")),
     "blend_rule": tuple((r, r) for r in BLEND_RULES),
 }
+
+
+# -- the accepted range of every numeric setting -------------------------------------------------
+
+@dataclass(frozen=True)
+class Limit:
+    """The accepted values of one numeric setting: finite, from ``lo`` to ``hi`` (``lo`` itself excluded when
+    ``open_lo``), whole numbers only when ``whole``.
+
+    :meth:`check` is the one validation of a number for every front end: argparse's ``type=``
+    (``engine.cli.NumberArg``), the studio's widgets and API, and the dataclasses library users
+    build (:class:`RunConfig`, :class:`Compression`, ``engine.runner.Sampling``, via :func:`check_fields`).
+    """
+
+    name: str  # the setting in messages, e.g. "top-p"
+    lo: float
+    hi: float = math.inf
+    whole: bool = False
+    open_lo: bool = False
+    example: str = ""  # a valid value (and what it does): the fix a message suggests
+    meaning: str = ""  # the range in words when the computed one reads badly
+
+    def describe(self) -> str:
+        """The accepted range in words: 'a whole number from 0 to 64', 'in (0, 1]'."""
+        if self.meaning:
+            return self.meaning
+        if self.whole:
+            return f"a whole number from {self.lo} to {self.hi}"
+        if self.hi == math.inf:
+            return f"a finite number {'above' if self.open_lo else 'of at least'} {self.lo:g}"
+        return f"in {'(' if self.open_lo else '['}{self.lo:g}, {self.hi:g}]"
+
+    def check(self, value, what: str = ""):
+        """``value`` (a number or its text) as an int (``whole``) or a float in range; otherwise EngineError
+        naming ``what`` (default: the setting's name), the range, what was given and an example."""
+        number = _as_number(value, self.whole)
+        if number is None or not (self.lo < number if self.open_lo else self.lo <= number) or number > self.hi:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            example = f"; e.g. {self.example}" if self.example else ""
+            raise EngineError(f"{what or self.name} must be {self.describe()}, got {shown}{example}")
+        return number
+
+
+LIMITS: dict[str, Limit] = {
+    "max_new_tokens": Limit("max new tokens", 1, MAX_NEW_TOKENS, whole=True, example="32"),
+    "temperature": Limit("temperature", 0.0, MAX_TEMPERATURE, meaning=f"from 0 (greedy) to {MAX_TEMPERATURE}",
+                         example="0.7"),
+    "top_p": Limit("top-p", 0.0, 1.0, open_lo=True, example="0.9 samples from the likeliest tokens holding 90 % "
+                   "of the probability; 1 from all"),
+    "seed": Limit("seed", 0, MAX_SEED, whole=True, example="0"),
+    "retention": Limit("retention", 0.0, 1.0, open_lo=True, example="0.5 keeps half the KV"),
+    "recent_frac": Limit("recent_frac", 0.0, 1.0, open_lo=True, example="0.4"),
+    "window_frac": Limit("window_frac", 0.0, 1.0, example="0.1"),
+    "blend": Limit("blend", 0.0, 1.0, meaning="a share of the cached tokens from 0 to 1", example="0.15"),
+    "budget_mib": Limit("module memory budget (MiB)", 0.0, MAX_BUDGET_MIB, open_lo=True, example="512",
+                        meaning=f"a positive number up to {MAX_BUDGET_MIB} (1 PiB)"),
+    "budget_bytes": Limit("the module memory budget", 1, MAX_BUDGET_MIB * 2**20, whole=True,
+                          meaning=f"a positive number of bytes up to {MAX_BUDGET_MIB * 2**20}",
+                          example=str(512 * 2**20)),
+    "repair": Limit("repair", 0, MAX_REPAIR, whole=True, example="4"),
+    "sink": Limit("sink", 0, MAX_SINK, whole=True, example="4"),
+}
+
+
+def check_fields(obj, *names: str) -> None:
+    """Check each named field of the (frozen) dataclass ``obj`` against ``LIMITS[name]``; store the number."""
+    for name in names:
+        object.__setattr__(obj, name, LIMITS[name].check(getattr(obj, name)))
+
+
+def _as_number(value, whole: bool) -> int | float | None:
+    """The finite number ``value`` is or spells (an int when ``whole``), else None; never raises."""
+    if isinstance(value, str):
+        value = value.strip()
+        if whole:
+            try:
+                return int(value)  # exact however large ('4.0' and '1e3' are read as floats below)
+            except ValueError:
+                pass
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    elif whole and isinstance(value, numbers.Integral):
+        return int(value)
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    if not math.isfinite(number) or (whole and not number.is_integer()):
+        return None
+    return int(number) if whole else number
 
 
 def values(setting: str) -> tuple[str, ...]:
@@ -82,8 +178,7 @@ class Compression:
     question_window: int = 64  # question: at most this many of the newest prompt tokens score the modules
 
     def __post_init__(self):
-        if not 0.0 < self.retention <= 1.0:
-            raise EngineError(f"retention must be in (0, 1], got {self.retention}; e.g. 0.5 keeps half the KV")
+        check_fields(self, "retention", "recent_frac", "window_frac")
         if self.method not in METHODS:
             raise EngineError(f"unknown compression method '{self.method}'; use one of {', '.join(METHODS)}")
         if not isinstance(self.pool_kernel, int) or self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
@@ -182,8 +277,8 @@ class RunConfig:
             raise EngineError(f"{self.storage_dtype} storage keeps whole modules; it cannot be combined with "
                               f"'{self.compression.method}' retention below 1 (tokens dropped at encoding). Use "
                               "retention 1, the 'question' method, or a float storage dtype")
-        if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or self.budget_bytes <= 0):
-            raise EngineError(f"the module memory budget must be a positive number of bytes, got {self.budget_bytes}")
+        if self.budget_bytes is not None:
+            check_fields(self, "budget_bytes")
         arms = tuple(self.arms)
         for arm in arms:
             _one_of("arm", arm, ARMS)
@@ -191,11 +286,7 @@ class RunConfig:
             raise EngineError(f"arms must name each of {', '.join(ARMS)} at most once, and at least one")
         # keep them in the canonical order: the runs always happen in that order
         object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
-        for name, value, top in (("repair", self.repair, MAX_REPAIR), ("sink", self.sink, MAX_SINK)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
-                raise EngineError(f"{name} must be a whole number from 0 to {top}, got {value!r}")
-        if isinstance(self.blend, bool) or not isinstance(self.blend, (int, float)) or not 0 <= self.blend <= 1:
-            raise EngineError(f"blend must be a share of the cached tokens from 0 to 1 (e.g. 0.15), got {self.blend!r}")
+        check_fields(self, "repair", "sink", "blend")
         _one_of("blend rule", self.blend_rule, BLEND_RULES)
         if "blend" in self.arms and self.compression.at_run:
             raise EngineError("blend and question-aware retention cannot be combined yet (blend reorders the run's "
@@ -231,7 +322,7 @@ class RunConfig:
         if "retention" in changes or "method" in changes:
             retention = changes.pop("retention", self.compression.retention)
             method = changes.pop("method", self.compression.method)
-            changes["compression"] = Compression(_number("retention", retention, 1.0), method or "pyramid")
+            changes["compression"] = Compression(1.0 if retention in (None, "") else retention, method or "pyramid")
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise EngineError(f"unknown run setting(s): {', '.join(sorted(unknown))}")
@@ -299,13 +390,10 @@ def dtype_reason(device: str, dtype: str) -> str:
 
 
 def budget_from_mib(mib) -> int | None:
-    """A budget in bytes from a number of MiB (None or empty: the default); EngineError when not positive."""
+    """A budget in bytes from a number of MiB (None or empty: the default); EngineError unless in range."""
     if mib in (None, ""):
         return None
-    value = _number("module memory budget (MiB)", mib, None)
-    if value <= 0:
-        raise EngineError(f"the module memory budget must be positive, got {mib} MiB")
-    return max(1, int(value * 2**20))
+    return max(1, int(LIMITS["budget_mib"].check(mib) * 2**20))
 
 
 def parse_arms(text: str | list | tuple) -> tuple[str, ...]:
@@ -320,11 +408,3 @@ def _one_of(what: str, value, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise EngineError(f"unknown {what} '{value}'; use one of {', '.join(allowed)}")
 
-
-def _number(what: str, value, default):
-    if value in (None, "") and default is not None:
-        return default
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise EngineError(f"{what} must be a number, got '{value}'") from None

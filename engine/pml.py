@@ -2,7 +2,8 @@
 
 The language is ``docs/pml-spec.md`` (sections 1 and 5). This is the only module that
 touches lxml. The parser never resolves entities, never loads a DTD, never touches the
-network and never reads a file named inside a document; a DOCTYPE is rejected outright.
+network and never reads a file named inside a document; a DOCTYPE is rejected outright (the
+text ``<!DOCTYPE`` inside a CDATA section or a comment is text, not a declaration).
 Problems are collected (as many as can be found in one pass) and raised together as one
 :class:`PMLError` whose lines read ``FILE:LINE:COL: error: MESSAGE; hint: FIX``.
 
@@ -208,13 +209,10 @@ def _parse_xml(text: str, source: str):
     if not text.strip():
         raise PMLError(Problem(source, 1, 1, "the document is empty",
                                "start with <schema name=\"...\"> or <prompt schema=\"...\">"))
-    doctype = re.search(r"<!DOCTYPE|<!ENTITY", text, flags=re.I)
-    if doctype:
-        line = text.count("\n", 0, doctype.start()) + 1
-        col = doctype.start() - (text.rfind("\n", 0, doctype.start()) + 1) + 1
-        raise PMLError(Problem(source, line, col,
-                               "DOCTYPE and ENTITY declarations are not allowed in PML (entities are never expanded)",
-                               "remove the <!DOCTYPE ...> block and write the text out literally"))
+    declaration = _declaration(text)
+    if declaration is not None:
+        line = text.count("\n", 0, declaration) + 1
+        _refuse_declarations(source, line, declaration - (text.rfind("\n", 0, declaration) + 1) + 1)
     parser = etree.XMLParser(**_PARSER_OPTIONS)
     data = text.encode("utf-8")
     try:
@@ -222,7 +220,40 @@ def _parse_xml(text: str, source: str):
     except etree.XMLSyntaxError as err:
         line, col = err.position if err.position else (1, 1)
         raise PMLError(Problem(source, line or 1, col or 1, _syntax_message(err), _syntax_hint(err))) from None
+    info = root.getroottree().docinfo
+    if info.doctype or info.internalDTD is not None or info.externalDTD is not None:
+        _refuse_declarations(source, 1, 1)  # never reached while _declaration finds them; kept as a second lock
     return root
+
+
+# a declaration, or the start of a comment, CDATA section or processing instruction (text that may spell
+# "<!DOCTYPE" without being one), each with the text that ends it
+_MARKUP = re.compile(r"(?i:<!DOCTYPE|<!ENTITY)|<!--|<!\[CDATA\[|<\?")
+_CLOSERS = {"<!--": "-->", "<![CDATA[": "]]>", "<?": "?>"}
+
+
+def _declaration(text: str) -> int | None:
+    """Offset of the first <!DOCTYPE or <!ENTITY that is markup (not inside a comment, CDATA or a PI).
+
+    One pass: an opener with no closer after it is skipped, and its kind is not searched for again.
+    """
+    pos, unclosed = 0, set()
+    while (m := _MARKUP.search(text, pos)) is not None:
+        closer = _CLOSERS.get(m.group())
+        if closer is None:
+            return m.start()
+        end = -1 if closer in unclosed else text.find(closer, m.end())
+        if end < 0:
+            unclosed.add(closer)
+        pos = m.end() if end < 0 else end + len(closer)
+    return None
+
+
+def _refuse_declarations(source: str, line: int, col: int):
+    raise PMLError(Problem(source, line, col,
+                           "DOCTYPE and ENTITY declarations are not allowed in PML (entities are never expanded)",
+                           "remove the <!DOCTYPE ...> block and write the text out literally; inside a module, "
+                           "<![CDATA[ <!DOCTYPE ...> ]]> is text and allowed"))
 
 
 def _syntax_message(err) -> str:

@@ -192,6 +192,8 @@ class RunLog:
 
     def get(self, run_id: int) -> dict | None:
         """One run by id, with its ``arms`` (None when there is no such run)."""
+        if not 0 < int(run_id) < 2**63:  # SQLite row ids are positive 64-bit integers: no such run
+            return None
         with self._reading() as db:
             rows = _with_arms(db, list(db[TABLE].rows_where("id = ?", [int(run_id)])))
         return rows[0] if rows else None

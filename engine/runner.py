@@ -41,6 +41,7 @@ from .assemble import (buffer_ranks, copy_list, copy_list_ranked, fetch_entries,
 from .attention import attach, copied_positions, needs_positions
 from .comparison import Comparison, StoreSummary
 from .compress import QuestionRetention
+from .config import check_fields
 from .encode import EncodedSchema
 from .errors import EngineError
 from .kv import ATTENTION, KVBuffer, KVWorkspace, RankMask, rank_masked
@@ -65,6 +66,9 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+
+    def __post_init__(self):
+        check_fields(self, "max_new_tokens", "temperature", "top_p", "seed")  # EngineError naming the setting
 
     def to_json(self) -> dict:
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
@@ -449,9 +453,12 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
     if sampling.temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / sampling.temperature, -1)
+    if not bool(torch.isfinite(probs).all()):  # so small a temperature that the logits overflowed: its limit
+        return int(torch.argmax(logits))
     if sampling.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, -1) - sorted_p < sampling.top_p
+        keep[0] = True  # the likeliest token always (a top-p below float32's smallest number would keep none)
         sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
         return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
     return int(torch.multinomial(probs, 1, generator=gen))

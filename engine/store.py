@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import MissingEntry, StorageError
+from .config import LIMITS
+from .errors import EngineError, MissingEntry, StorageError
 from .kv import entry_from_tensors
 from .models import check_device
 
@@ -133,10 +134,8 @@ class ModuleStore:
 
     def __init__(self, device: str = "cpu", budget_bytes: int | None = None, disk: DiskStore | None = None):
         check_device(device)
-        if budget_bytes is not None and budget_bytes <= 0:
-            raise StorageError(f"the module memory budget must be positive, got {budget_bytes} bytes")
         self.device = device
-        self.budget_bytes = budget_bytes
+        self.budget_bytes = None if budget_bytes is None else _budget(budget_bytes)
         self.disk = disk
         self._entries: OrderedDict[str, object] = OrderedDict()
         self._pinned: set[str] = set()
@@ -236,8 +235,7 @@ class ModuleStore:
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the budget; entries beyond it are evicted (least recently used first) at once."""
-        if budget_bytes <= 0:
-            raise StorageError(f"the module memory budget must be positive, got {budget_bytes} bytes")
+        budget_bytes = _budget(budget_bytes)
         with self._lock:
             self.budget_bytes = budget_bytes
             self._shrink_to(budget_bytes)
@@ -328,6 +326,14 @@ class ModuleStore:
                 listener(victim)
             used = sum(e.nbytes for e in self._entries.values())
         return used
+
+
+def _budget(budget_bytes) -> int:
+    """``budget_bytes`` checked as RunConfig checks it (a positive whole number of bytes, not NaN or 2**70)."""
+    try:
+        return LIMITS["budget_bytes"].check(budget_bytes)
+    except EngineError as err:
+        raise StorageError(str(err)) from None
 
 
 def default_budget(device: str = "cpu") -> int:

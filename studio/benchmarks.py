@@ -323,7 +323,7 @@ def parse_lengths(lengths, max_positions: int | None = None) -> list[int]:
     for x in lengths:
         try:
             n = int(x)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             raise gr.Error(f"'{x}' is not a prompt length in tokens") from None
         if not MIN_LENGTH <= n <= MAX_LENGTH:
             raise gr.Error(f"{n} tokens is outside what the studio runs ({MIN_LENGTH}–{MAX_LENGTH}); longer prompts "

@@ -11,7 +11,8 @@ import sys
 
 def serve_arguments(sp) -> None:
     """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
-    from engine.config import COMPUTE_DTYPES
+    from engine.cli import NumberArg
+    from engine.config import COMPUTE_DTYPES, Limit
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
                     "(default: the packaged SmolLM2-135M)")
@@ -22,7 +23,8 @@ def serve_arguments(sp) -> None:
     sp.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                     help="also answer requests for this host name, on any port (a reverse proxy's name; repeatable). "
                          "Requests naming any other host are refused, so other web pages cannot drive the studio")
-    sp.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    sp.add_argument("--port", type=NumberArg(Limit("port", 1, 65535, whole=True, example="7860")), default=7860,
+                    help="port, 1 to 65535 (default 7860)")
     sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
     sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
     sp.add_argument("--results", default=None, help="folder of benchmark results the Benchmarks tab shows "

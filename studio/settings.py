@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import RunConfig, budget_from_mib
+from engine.config import LIMITS, RunConfig, budget_from_mib
 
 from .errors import as_gr_error
 
@@ -28,8 +28,8 @@ def run_config(base: RunConfig, settings: dict) -> RunConfig:
             "retention": given.get("retention"),
             "method": given.get("method"),
             "budget_bytes": budget_from_mib(given.get("budget_mib")),
-            "repair": _whole(given.get("repair")),
-            "sink": _whole(given.get("sink")),
+            "repair": given.get("repair"),  # checked by RunConfig: a whole number (4.0 from a slider is 4)
+            "sink": given.get("sink"),
             "blend_rule": given.get("blend_rule"),
         }
         changes.update(_blend(base, given.get("blend")))
@@ -59,11 +59,7 @@ def _blend(base: RunConfig, share) -> dict:
     """The blend slider: R > 0 runs the blend arm at R; 0 leaves it out; no value keeps the base's arms."""
     if share is None:
         return {}
-    share = float(share)
+    share = LIMITS["blend"].check(share)
     arms = tuple(a for a in base.arms if a != "blend")
     return {"arms": arms + ("blend",), "blend": share} if share > 0 else {"arms": arms}
 
-
-def _whole(value):
-    """A slider's number as an int (Gradio may pass 4.0); None stays None."""
-    return None if value is None else int(round(float(value)))

@@ -114,6 +114,75 @@ def test_doctype_entities_and_external_dtds_are_refused(attack):
     assert "root:" not in line  # nothing from /etc/passwd leaked into the message
 
 
+@pytest.mark.parametrize("text", [
+    "<![CDATA[ <!DOCTYPE html> ]]>",
+    "<![CDATA[\n<!DOCTYPE html>\n<!ENTITY x 'y'>\n<html lang=\"en\"></html>\n]]>",
+    "before <![CDATA[<!doctype html>]]> between <![CDATA[<!ENTITY % p SYSTEM \"file:///etc/passwd\">]]> after",
+])
+def test_doctype_inside_cdata_is_module_text(text):
+    (name, module), = parse_schema(f"<schema name='web'><module name='page'>{text}</module></schema>").modules()
+    body = "".join(c.text for c in module.children)
+    assert name == "page" and "DOCTYPE" in body.upper() and "root:" not in body
+
+
+def test_doctype_inside_a_comment_or_a_prompt_cdata_is_not_a_declaration():
+    assert parse_schema("<!-- <!DOCTYPE x> --><schema name='a'><module name='m'>t</module></schema>").name == "a"
+    prompt = parse_prompt("<prompt schema='a'><m/><![CDATA[ <!DOCTYPE html> ]]></prompt>")
+    assert "<!DOCTYPE html>" in str(prompt)
+
+
+@pytest.mark.parametrize("attack, where", [
+    ("<![CDATA[ x ]]>\n<!DOCTYPE s [<!ENTITY x SYSTEM 'file:///etc/passwd'>]><schema name='a'>&x;</schema>", ":2:1:"),
+    ("<!-- <![CDATA[ -->\n<!DOCTYPE s [<!ENTITY x SYSTEM 'file:///etc/passwd'>]><schema name='a'>&x;</schema>",
+     ":2:1:"),  # a CDATA opener inside a comment hides nothing
+    ("<![CDATA[ unterminated\n<!DOCTYPE s SYSTEM 'http://127.0.0.1:9/x.dtd'><schema name='a'/>", ":2:1:"),
+])
+def test_a_real_doctype_next_to_cdata_is_still_refused(attack, where):
+    (line,) = problems(attack)
+    assert where in line and "DOCTYPE and ENTITY declarations are not allowed" in line and "root:" not in line
+
+
+def test_the_declaration_scan_is_linear_in_unclosed_openers():
+    import time
+
+    from engine.pml import _declaration
+
+    start = time.perf_counter()
+    assert _declaration("<!--" * 200_000 + "<![CDATA[" * 100_000 + "<?" * 200_000 + "\n<!DOCTYPE x>") == 2_100_001
+    assert time.perf_counter() - start < 5  # a regex with lazy .*? per opener takes minutes here
+
+
+@pytest.mark.parametrize("attack", [
+    '<!DOCTYPE s [<!ENTITY x SYSTEM "file://{secret}">]><schema name="a"><module name="m">&x;</module></schema>',
+    '<!DOCTYPE s [<!ENTITY % p SYSTEM "file://{secret}"> %p;]><schema name="a"><module name="m">t</module></schema>',
+    '<!DOCTYPE s SYSTEM "file://{secret}"><schema name="a"><module name="m">t</module></schema>',
+])
+def test_the_parser_itself_never_reads_a_file_named_in_a_document(tmp_path, monkeypatch, attack):
+    """With the text scan switched off, lxml still neither expands entities nor loads a DTD, and the
+    parsed document's DOCTYPE is refused all the same."""
+    import engine.pml as pml
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET")
+    monkeypatch.setattr(pml, "_declaration", lambda text: None)
+    with pytest.raises(PMLError) as info:
+        parse_schema(attack.format(secret=secret), "t.xml")
+    text = " ".join(str(p) for p in info.value.problems)
+    assert "TOP-SECRET" not in text and "DOCTYPE and ENTITY declarations are not allowed" in text
+    assert {k: pml._PARSER_OPTIONS[k] for k in ("resolve_entities", "no_network", "load_dtd", "huge_tree")} == {
+        "resolve_entities": False, "no_network": True, "load_dtd": False, "huge_tree": False}
+
+
+def test_xinclude_is_never_processed(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET")
+    include = f'<xi:include xmlns:xi="http://www.w3.org/2001/XInclude" href="{secret}" parse="text"/>'
+    (line,) = problems(f"<schema name='a'><module name='m'>{include}</module></schema>")
+    assert "unknown element" in line and "TOP-SECRET" not in line
+    prompt = parse_prompt(f"<prompt schema='a'>{include}</prompt>", "p.xml")  # an import no schema has
+    assert "TOP-SECRET" not in repr(prompt) and prompt.items[0].name.endswith("}include")
+
+
 def test_undefined_entity_is_a_syntax_error():
     (line,) = problems("<schema name='a'><module name='m'>&nbsp;</module></schema>")
     assert "malformed XML" in line

@@ -151,7 +151,8 @@ def test_scaling_at_small_sizes_runs_the_benchmark_code(tiny_engine):
 
 
 @pytest.mark.parametrize("lengths,match", [([], "at least one"), ([2048], "outside"), (["many"], "not a prompt"),
-                                           ([32], "outside")])
+                                           ([32], "outside"), ([float("inf")], "not a prompt"),
+                                           ([float("nan")], "not a prompt"), ([2**70], "outside")])
 def test_scaling_at_small_sizes_rejects_bad_lengths(tiny_engine, lengths, match):
     from studio import benchmarks as bm
 

@@ -8,6 +8,7 @@ import csv
 import gradio as gr
 import pytest
 
+from engine.config import LIMITS
 from engine.runlog import RunLog
 from studio import builder as b
 from studio import files, views
@@ -26,6 +27,7 @@ import json
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 
 from engine.comparison import Comparison
 from tests.studio_fixtures import CPU, TRAVEL_PROMPT, doc, settings, studio, travel  # noqa: F401 (fixtures)
@@ -189,12 +191,34 @@ def test_crash_mid_run_is_a_gr_error_without_traceback_and_no_row(studio, travel
 
 def test_bad_sampling_settings_are_gr_errors(studio, travel):
     schema, prompt, _ = travel
-    with pytest.raises(gr.Error, match="at least 1"):
+    with pytest.raises(gr.Error, match="max new tokens must be a whole number from 1 to"):
         list(cmp.compare_stream(studio, schema, prompt, 0))
     with pytest.raises(gr.Error, match="temperature"):
         cmp.compare_json(studio, schema, prompt, 2, temperature=-1)
     with pytest.raises(gr.Error, match="whole number"):
         cmp.compare_json(studio, schema, prompt, "many")
+
+
+NON_NUMBERS = [float("nan"), float("inf"), float("-inf"), 2**70, -2**70, "1e400", "abc", "0x10"]
+
+
+@pytest.mark.parametrize("value", NON_NUMBERS)
+def test_non_finite_and_huge_values_from_the_page_or_the_api_are_named_gr_errors(studio, travel, value):
+    """/compare (compare_json), the Compare button (compare_stream) and sampling_of name the setting; no row."""
+    schema, prompt, _ = travel
+    cases = [(field, partial(cmp.sampling_of, **{"max_new_tokens": 2, field: value}))
+             for field in ("max_new_tokens", "temperature", "top_p", "seed")]
+    cases += [("max_new_tokens", partial(cmp.compare_json, studio, schema, prompt, value)),
+              ("temperature", lambda: list(cmp.compare_stream(studio, schema, prompt, 2, value, settings())))]
+    cases += [(field, partial(cmp.compare_json, studio, schema, prompt, 2, settings=settings(**{field: value})))
+              for field in ("retention", "budget_mib", "repair", "sink", "blend")]
+    for field, call in cases:
+        with pytest.raises(gr.Error) as err:
+            call()
+        message = err.value.message
+        assert message.startswith(f"{LIMITS[field].name} must be ") and "e.g." in message, (field, message)
+        assert "Traceback" not in message
+    assert studio.runlog.count() == 0
 
 
 def test_repair_setting_reaches_the_run_and_the_token_view(studio, travel):

@@ -55,6 +55,22 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
             hist.open_run(studio, bad)
 
 
+@pytest.mark.parametrize("bad, match", [
+    ("99999999999999999999999", "there is no run 99999999999999999999999 in"),  # past SQLite's integers
+    (str(2**63), "there is no run 9223372036854775808 in"), ("0", "there is no run 0 in"),
+    ("9" * 5000, r"there is no run 9{27}\.\.\. in"),  # longer than Python turns into an int
+    ("-1", "'-1' is not a run id"), ("1.5", "'1.5' is not a run id"), ("1e3", "'1e3' is not a run id"),
+    ("abc", "'abc' is not a run id"), ("nan", "'nan' is not a run id"), ("²", "'²' is not a run id"),
+    ("", "select a run"), ("   ", "select a run"), (None, "select a run"), (float("inf"), "'inf' is not a run id"),
+])
+def test_every_bad_run_id_is_a_named_message(studio, bad, match):
+    with pytest.raises(gr.Error, match=match) as err:
+        hist.open_run(studio, bad)
+    assert "click a row" in err.value.message or "select a run" in err.value.message
+    assert "run" in hist._detail_ui(studio, bad)  # the detail pane shows it inline instead of raising
+    assert studio.runlog.get(2**70) is None and studio.runlog.get(-1) is None  # the library call too
+
+
 def test_reopen_fills_the_panel_widgets_it_knows_in_panel_order(studio, travel):
     schema, prompt, _ = travel
     cmp.compare_json(studio, schema, prompt, 3, 0.5, settings(mode="isolated", retention=0.5))

@@ -114,19 +114,12 @@ class CompareUpdate:
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
-    """Sampling from widget values; raises gr.Error."""
+    """Sampling from widget or API values; raises gr.Error naming the setting and its range."""
     from engine.runner import Sampling
 
-    try:
-        n = int(max_new_tokens)
-        t = float(temperature or 0.0)
-    except (TypeError, ValueError):
-        raise gr.Error("max new tokens must be a whole number and temperature a number") from None
-    if n < 1:
-        raise gr.Error("max new tokens must be at least 1")
-    if t < 0:
-        raise gr.Error("temperature must be 0 (greedy) or more")
-    return Sampling(max_new_tokens=n, temperature=t, top_p=float(top_p), seed=int(seed))
+    with as_gr_error("reading the sampling settings"):
+        return Sampling(max_new_tokens=max_new_tokens, temperature=0.0 if temperature in (None, "") else temperature,
+                        top_p=top_p, seed=seed)
 
 
 def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens, temperature=0.0,

@@ -130,11 +130,13 @@ def open_run(studio: Studio, run_id) -> dict:
     text = str(run_id if run_id is not None else "").strip()
     if not text:
         raise gr.Error("select a run in the table first")
-    if not text.isdigit():
-        raise gr.Error(f"'{text}' is not a run id; click a row in the table")
-    row = studio.runlog.get(int(text))
+    shown = text if len(text) <= 30 else text[:27] + "..."
+    if not (text.isascii() and text.isdigit()):
+        raise gr.Error(f"'{shown}' is not a run id (the whole number in the table's id column); click a row in "
+                       "the table")
+    row = studio.runlog.get(int(text)) if len(text) <= 19 else None  # more digits: beyond any SQLite row id
     if row is None:
-        raise gr.Error(f"there is no run {int(text)} in {studio.runlog.path}")
+        raise gr.Error(f"there is no run {shown} in {studio.runlog.path}; click a row in the table")
     return row
 
 
