@@ -6,6 +6,8 @@
 * :func:`ensure_gguf_file` — ``--model path/to/file.gguf``: checked (magic, header, architecture,
   memory) before anything is loaded, converted into a folder of the model cache named by the file's
   sha256 (the digest remembered by path, size and mtime), written to a temporary folder and renamed.
+* :func:`remove_stale_conversions` — the temporary folders of conversions that were killed (each is
+  named by its host and process, :func:`conversion_dir`) are removed when a model is next resolved.
 
 engine/models.py resolves model specs and loads the converted folders; this module only makes them.
 """
@@ -15,8 +17,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
 import shutil
+import socket
 import struct
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +45,11 @@ _GGUF_SHAPE = {"block_count": "num_hidden_layers", "embedding_length": "hidden_s
                "attention.key_length": "head_dim", "vocab_size": "vocab_size", "expert_count": "num_experts"}
 GGUF_FIX = ("Use the model's GGUF file from its publisher, or convert the model again with llama.cpp's "
             "convert_hf_to_gguf.py.")
+# temporary folders of conversions: ".TARGET[.WHAT].converting-HOST-PID-RANDOM" (conversion_dir), and those of
+# older versions, which named no owner: ".TARGET.RANDOM"
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_OWNED = re.compile(r"\..+\.converting-([0-9a-f]{8})-(\d+)-[a-z0-9_]+")
+STALE_AFTER_S = 3600  # a temporary folder whose owner cannot be asked is a dead conversion's after this long
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,7 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     remembered by (path, size, mtime), so a converted file is not hashed again at every start.
     """
     path = path.expanduser().resolve()
+    remove_stale_conversions(models.cache_root() / "models")
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
@@ -130,11 +142,10 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
 def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
     """Dequantise ``gguf`` and save it (weights in ``dtype`` + tokenizer) as a transformers folder.
 
-    Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing. The
+    Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing, and
+    the folder of a killed conversion is removed at a later start (:func:`remove_stale_conversions`). The
     config is checked (:func:`engine.models.check_config`) before the tokenizer or the model is built.
     """
-    import tempfile
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -157,8 +168,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
     if set(missing) - tied or unexpected:
         raise ModelError(f"converting {gguf.name} failed: missing {missing}, unexpected {unexpected}")
     del src
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = conversion_dir(target)
     try:
         dst.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -277,6 +287,57 @@ def _damaged(path: Path, err: Exception) -> ModelError:
                       f"({models._short(err)}); download or copy it again")
 
 
+def conversion_dir(target: Path, what: str = "") -> Path:
+    """A new hidden folder beside ``target`` for a conversion under way (``what``: which part of it), named by
+    this host and process so that :func:`remove_stale_conversions` can tell whether its owner still runs."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tag = f".{what}" if what else ""
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}{tag}.converting-{_HOST}-{os.getpid()}-", dir=target.parent))
+
+
+def remove_stale_conversions(folder: Path) -> list[Path]:
+    """Remove the temporary folders killed conversions left in ``folder`` (the model cache's ``models``); those removed.
+
+    A folder named by a process of this host is removed once that process is gone, and kept while it runs
+    (a conversion under way in another process); one of another host, or of an older version (which named
+    no owner), once it has not changed for :data:`STALE_AFTER_S`. Anything else is left alone.
+    """
+    try:
+        found = [e for e in folder.iterdir() if e.name.startswith(".") and e.is_dir() and not e.is_symlink()]
+    except OSError:
+        return []
+    removed = [e for e in found if _stale(e)]
+    for entry in removed:
+        shutil.rmtree(entry, ignore_errors=True)
+    return removed
+
+
+def _stale(folder: Path) -> bool:
+    owned = _OWNED.fullmatch(folder.name)
+    if owned and owned.group(1) == _HOST:
+        return not _alive(int(owned.group(2)))
+    names = "|".join(re.escape(p.name) for p in models.PACKAGED.values())
+    if not (owned or re.fullmatch(rf"\.(gguf-[0-9a-f]{{16}}|{names})\.[a-z0-9_]{{8}}", folder.name)):
+        return False  # no conversion's
+    try:
+        return time.time() - folder.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie or another user's process counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it runs, as another user
+        return True
+    return True
+
+
 def _gguf_folder(digest: str) -> Path:
     return models.cache_root() / "models" / f"gguf-{digest[:16]}"
 
@@ -312,7 +373,6 @@ def _known_digest(path: Path) -> str | None:
 
 def _remember_digest(path: Path, digest: str) -> None:
     import json
-    import tempfile
 
     book_path = _digest_book()
     try:

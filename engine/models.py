@@ -26,7 +26,8 @@ from pathlib import Path
 
 from .attention import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
 from .errors import ModelError
-from .gguf import GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, ensure_gguf_file
+from .gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, ensure_gguf_file,
+                   remove_stale_conversions)
 from .layout import TextCodec
 from .sanity import SHAPE_KEYS, check_shape
 
@@ -211,13 +212,14 @@ def ensure_packaged(key: str) -> Path:
     """Convert packaged model ``key`` (a key of :data:`PACKAGED`) into a transformers folder once."""
     packaged = PACKAGED[key]
     target = packaged.folder()
+    remove_stale_conversions(target.parent)
     if packaged.converted():
         return target
     with _convert_lock:
         if packaged.converted():
             return target
-        scratch = target.with_name(target.name + ".gguf")
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(target.with_name(target.name + ".gguf"), ignore_errors=True)  # scratch of older versions
+        scratch = conversion_dir(target, "gguf")  # named by this process: removed at a later start if killed
         try:
             found = _find_gguf(packaged, scratch)
             _check_gguf(found)

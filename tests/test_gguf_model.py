@@ -4,7 +4,8 @@ A random-weight 2-layer Llama is written the way llama.cpp's converter writes on
 permuted for its RoPE layout, a byte-level BPE vocabulary, a ChatML template); converting it must
 give back the same model. Bad files must fail with their own error and leave the cache empty: a
 crafted size (SmolLM2's real GGUF rewritten with ``llama.block_count = 4000000000``) is refused from
-the header, in seconds and little memory, before transformers sees it.
+the header, in seconds and little memory, before transformers sees it. The temporary folder of a
+killed conversion is removed at the next start, and one of a live conversion is kept.
 """
 
 from __future__ import annotations
@@ -320,3 +321,70 @@ def test_the_converted_config_is_checked_before_any_model_is_built(cache, gguf_f
     with pytest.raises(ModelError, match=f"model '{gguf_file}' needs about"):
         gguf._convert_gguf(gguf_file, cache / "models" / "gguf-0123456789abcdef")
     assert _files(cache) == []
+
+
+# -- temporary folders of killed conversions --------------------------------------------------------------
+
+KILLED = """
+import os, sys
+from pathlib import Path
+from engine.gguf import conversion_dir
+
+tmp = conversion_dir(Path(sys.argv[1]))
+(tmp / "model.safetensors").write_bytes(b"w" * 4096)
+os.kill(os.getpid(), 9)  # as the OOM killer or a closed terminal would
+"""
+
+
+def _dead_pid() -> int:
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def _start_with_a_gguf_file(tmp_path) -> None:
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a gguf")
+    with pytest.raises(ModelError, match="not a GGUF file"):
+        models.resolve_model_path(str(bad))  # the sweep runs before the file is even read
+
+
+def _start_with_the_packaged_model(tmp_path) -> None:
+    assert models.ensure_packaged(models.DEFAULT_MODEL) == models.default_model_dir()
+
+
+@pytest.mark.parametrize("start", [_start_with_a_gguf_file, _start_with_the_packaged_model])
+def test_a_killed_conversion_leaves_a_folder_the_next_start_removes(cache, tmp_path, monkeypatch, start):
+    monkeypatch.setattr(models.Packaged, "converted", lambda self: True)  # the packaged start converts nothing
+    target = cache / "models" / "gguf-0123456789abcdef"
+    killed = subprocess.run([sys.executable, "-c", KILLED, str(target)], cwd=ROOT, capture_output=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    (left,) = (cache / "models").iterdir()
+    assert left.name.startswith(f".{target.name}.converting-") and (left / "model.safetensors").exists()
+    running = gguf.conversion_dir(target)  # a conversion under way in a live process (this one)
+    start(tmp_path)
+    assert list((cache / "models").iterdir()) == [running]
+
+
+def test_only_the_folders_of_dead_conversions_are_removed(cache):
+    import time
+
+    folder = cache / "models"
+    host = gguf._HOST
+    other = "0" * 8 if host != "0" * 8 else "1" * 8
+    names = {"dead": f".gguf-0123456789abcdef.converting-{host}-{_dead_pid()}-ab12cd34",
+             "live": f".gguf-0123456789abcdef.converting-{host}-{os.getpid()}-ab12cd34",
+             "other host, recent": f".SmolLM2-135M-Instruct.gguf.converting-{other}-1-x",
+             "other host, stale": f".gguf-0123456789abcdef.converting-{other}-1-y",
+             "previous version, recent": ".gguf-0123456789abcdef.k2j3h4l5",
+             "previous version, stale": ".SmolLM2-135M-Instruct.k2j3h4l5",
+             "not a conversion's, stale": ".trash", "a converted model, stale": "gguf-0123456789abcdef"}
+    for key, name in names.items():
+        (folder / name).mkdir(parents=True)
+        if key.endswith("stale"):  # unchanged for longer than STALE_AFTER_S
+            past = time.time() - gguf.STALE_AFTER_S - 60
+            os.utime(folder / name, (past, past))
+    removed = gguf.remove_stale_conversions(folder)
+    gone = {"dead", "other host, stale", "previous version, stale"}
+    assert sorted(p.name for p in removed) == sorted(names[k] for k in gone)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(n for k, n in names.items() if k not in gone)
