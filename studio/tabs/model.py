@@ -122,10 +122,27 @@ def load_model(studio: Studio, folder: str | None) -> list[list]:
                 studio.engine.lm
             return model_info(studio)
         path = Path(folder.strip()).expanduser()
-        if not (path.is_dir() or path.is_file()):
-            raise gr.Error(f"{path} is not a folder or a file; give the path of a local transformers model folder "
-                           "(config.json, weights and tokenizer files) or of a .gguf file")
+        if not readable_model(path):
+            raise gr.Error(f"cannot open model '{folder.strip()}': no readable model folder or .gguf file there; give "
+                           "the path of a local transformers model folder (config.json, weights and tokenizer files) "
+                           "or of a .gguf file that the user running the studio can read")
     return _replace_engine(studio, str(path.resolve()), str(path))
+
+
+def readable_model(path: Path) -> bool:
+    """Whether ``path`` is a model this process can read: a folder with a readable config.json, or a regular file
+    that starts with GGUF's magic. Every other path (missing, unreadable, no model) gets the same answer, so the
+    path box tells nothing about which paths exist on the machine."""
+    try:
+        folder = path.is_dir()
+        file = path / "config.json" if folder else path
+        if not file.is_file():  # a FIFO or a device would block or stream: never opened
+            return False
+        with open(file, "rb") as f:
+            head = f.read(4)
+        return folder or head == b"GGUF"
+    except OSError:
+        return False
 
 
 def _replace_engine(studio: Studio, model: str, shown: str) -> list[list]:

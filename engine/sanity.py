@@ -1,0 +1,68 @@
+"""Sanity ceilings of a model's shape, checked before anything is sized by it.
+
+A config (``config.json``, or a GGUF file's metadata) states the sizes a model is built with:
+layers, widths, heads, vocabulary, experts. transformers allocates by them as soon as a config or
+a model object is made (some configs build one list entry per layer), so a damaged or crafted
+value — ``llama.block_count = 4000000000`` — would grow memory until the machine runs out.
+:func:`check_shape` refuses such values, naming the field, before any of that happens; the
+memory check (``engine.models._check_fits``) then judges sane sizes against the memory there is.
+
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .errors import ModelError
+
+# (config keys, including other families' spellings; lowest; highest; what they count). The ceilings are
+# far above any released model (the largest have ~130 layers, a hidden size of ~25k, 262k tokens, 256
+# experts) and low enough that nothing is built from a value beyond them.
+SHAPE_LIMITS: tuple[tuple[tuple[str, ...], int, int, str], ...] = (
+    (("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 1, 10_000, "number of layers"),
+    (("hidden_size", "n_embd", "d_model"), 1, 1 << 18, "hidden size"),
+    (("intermediate_size", "moe_intermediate_size", "d_ff", "ffn_hidden_size"), 1, 1 << 20, "feed-forward width"),
+    (("num_attention_heads", "n_head", "n_heads", "num_heads", "num_key_value_heads", "num_kv_heads"), 1, 1 << 14,
+     "number of attention heads"),
+    (("head_dim", "kv_channels"), 1, 1 << 14, "head dimension"),
+    (("vocab_size", "padded_vocab_size"), 1, 1 << 24, "vocabulary size"),
+    (("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 0, 1 << 16, "number of experts"),
+)
+SHAPE_KEYS = tuple(key for keys, *_ in SHAPE_LIMITS for key in keys)
+# sizes a config may state once per layer (LFM2: no KV heads in its convolution layers; Gemma 3n: one
+# feed-forward width per layer); every other size is one number, as the memory check multiplies by it
+PER_LAYER = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+def check_shape(values: Mapping, source: str, fix: str, fields: Mapping[str, str] | None = None) -> None:
+    """ModelError unless every size in ``values`` (config keys -> values) is a whole number within its limits.
+
+    ``source`` names the file, ``fields`` how it spells each key (a GGUF's ``llama.block_count``) and
+    ``fix`` says what to do. Absent keys (or None) are skipped; a list of :data:`PER_LAYER` (one value per
+    layer) may hold zeros.
+    """
+    high_layers = SHAPE_LIMITS[0][2]
+    for keys, low, high, what in SHAPE_LIMITS:
+        for key in keys:
+            value = values.get(key)
+            if value is None:
+                continue
+            per_layer = key in PER_LAYER and isinstance(value, (list, tuple)) and len(value) <= high_layers
+            each, lowest = (value, 0) if per_layer else ([value], low)
+            if not all(_whole(v) and lowest <= v <= high for v in each):
+                field = (fields or {}).get(key, key)
+                raise ModelError(f"{source}: {field} is {_shown(value)}, but the {what} of a model is a whole number "
+                                 f"from {low} to {high:,}; the file is damaged or was made to exhaust memory, so "
+                                 f"nothing was loaded. {fix}")
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    if _whole(value):
+        return f"{value:,}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
