@@ -41,8 +41,11 @@ from common import ROOT, doc_schema, emit, essay_chunks, machine, result_name, s
 from bench.needles import varied_cases
 from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
 
-from engine.compress import Compression
-from engine.runner import Sampling, agreement, run_baseline, run_cached
+from engine.config import Compression
+from engine.arms.runner import Sampling
+from engine.arms.compare import agreement
+from engine.arms.baseline import run_baseline
+from engine.arms.modular import run_cached
 from engine.session import Engine
 
 STORAGE = [("float16", 1.0, "pyramid"), ("bfloat16", 1.0, "pyramid"), ("int8", 1.0, "pyramid"),

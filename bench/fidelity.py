@@ -49,8 +49,11 @@ from common import ROOT, doc_schema, emit, essay_chunks, has_roles, machine, res
 from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
                              wilson)  # imports some of them from here)
 from bench import needles
-from engine.blend import run_blend
-from engine.runner import Sampling, agreement, run_baseline, run_cached, run_repaired
+from engine.arms.blend import run_blend
+from engine.arms.runner import Sampling
+from engine.arms.compare import agreement
+from engine.arms.baseline import run_baseline
+from engine.arms.modular import run_cached, run_repaired
 from engine.session import Engine
 
 ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 2", "isolated+repair 4",

@@ -17,7 +17,7 @@ import argparse
 
 from common import ROOT, emit, machine, table
 
-from engine.models import kv_bytes_per_token, kv_shape
+from engine.model.load import kv_bytes_per_token, kv_shape
 from engine.session import Engine
 
 # Published architecture hyper-parameters (config.json of each model), enough to size the KV cache.

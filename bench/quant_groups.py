@@ -21,9 +21,11 @@ from common import doc_schema, emit, essay_chunks, machine, table
 from fidelity import SYSTEM, make_cases, question, wilson
 
 from engine.kv import QuantKV
-from engine.runner import Sampling, agreement, run_cached
+from engine.arms.runner import Sampling
+from engine.arms.compare import agreement
+from engine.arms.modular import run_cached
 from engine.session import Engine
-from engine.store import ModuleStore
+from engine.cache.store import ModuleStore
 
 CHOICES = [("int8", 64, 64), ("int8", 128, 64), ("int4", 32, 32), ("int4", 64, 32), ("int4", 64, 64),
            ("int4", 128, 64)]

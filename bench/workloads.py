@@ -41,8 +41,9 @@ def floor_point(eng, plan, encoded, reps: int, cached_ms: float) -> dict:
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from engine.kv import ATTENTION
-    from engine.runner import Sampling, run_cached
+    from engine.model.attend import ATTENTION
+    from engine.arms.runner import Sampling
+    from engine.arms.modular import run_cached
 
     lm = eng.lm
     run_cached(lm, plan, encoded, eng.store(), Sampling(1))  # leaves the assembled cache at the buffer's start

@@ -12,7 +12,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_D
 for _name, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_name, _value)
 
-from .errors import ContextLengthError, EngineError, ModelError, PMLError, Problem, StorageError
+from engine.errors import ContextLengthError, EngineError, ModelError, PMLError, Problem, StorageError
 
 __all__ = ["Engine", "RunConfig", "EngineError", "PMLError", "Problem", "ModelError", "StorageError", "ContextLengthError",
            "Sampling"]
@@ -20,12 +20,12 @@ __all__ = ["Engine", "RunConfig", "EngineError", "PMLError", "Problem", "ModelEr
 
 def __getattr__(name):
     if name == "Engine":
-        from .session import Engine
+        from engine.session import Engine
         return Engine
     if name == "RunConfig":
-        from .config import RunConfig
+        from engine.config import RunConfig
         return RunConfig
     if name == "Sampling":
-        from .runner import Sampling
+        from engine.arms.runner import Sampling
         return Sampling
     raise AttributeError(name)

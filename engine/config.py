@@ -15,33 +15,27 @@ No torch here: validation that needs the machine (is CUDA present?) is done by `
 from __future__ import annotations
 
 import json
-import math
-import numbers
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import EngineError
-from .arms import Arm
+from engine.cache.compression import METHODS, Compression
+from engine.errors import EngineError
+from engine.limits import (LIMITS, MAX_BUDGET_MIB, MAX_NEW_TOKENS, MAX_REPAIR, MAX_SEED, MAX_SINK,  # noqa: F401
+                           MAX_TEMPERATURE, Limit, check_fields)
+
+if TYPE_CHECKING:  # annotations only: the arms are imported when first needed (_registry_module)
+    from engine.arms.registry import ArmSettings, Setting
 
 # -- one list of choices per setting (value, label) ---------------------------------------------
 
 MODES = ("prefixed", "isolated")
-METHODS = ("pyramid", "uniform", "recent", "question")
 STORAGES = ("cpu", "cuda")
 DEVICES = ("cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
-ARMS = tuple(a.value for a in Arm)  # every arm name, in column order
-DEFAULT_ARMS = ("baseline", "prefix", "cached")  # blend runs when asked for (--arms ...,blend or --blend R)
-BLEND_RULES = ("deviation", "deviation-k", "deviation-v", "link", "question", "mixed", "random")
-MAX_REPAIR = 64
-MAX_SINK = 64
-MAX_NEW_TOKENS = 1 << 20  # no model has a longer context; the plan checks the loaded model's own
-MAX_BUDGET_MIB = 1 << 30  # 1 PiB, more than any machine has; in bytes it still fits the run log's 64-bit integers
-MAX_TEMPERATURE = 100.0  # far past uniform sampling already (logits differ by tens at most)
-MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 0 ... 2**64 - 1
 
 CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "mode": (("prefixed", "prefixed: modules see the system text before them"),
@@ -51,109 +45,38 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16"), ("int8", "int8"),
                       ("int4", "int4")),
     "method": tuple((m, m) for m in METHODS),
-    "arms": (("baseline", "Baseline"), ("prefix", "Prefix cache"), ("cached", "Modular cache"), ("blend", "Blend")),
-    "blend_rule": tuple((r, r) for r in BLEND_RULES),
 }
 
 
-# -- the accepted range of every numeric setting -------------------------------------------------
-
-@dataclass(frozen=True)
-class Limit:
-    """The accepted values of one numeric setting: finite, from ``lo`` to ``hi`` (``lo`` itself excluded when
-    ``open_lo``), whole numbers only when ``whole``.
-
-    :meth:`check` is the one validation of a number for every front end: argparse's ``type=``
-    (``engine.cli.NumberArg``), the studio's widgets and API, and the dataclasses library users
-    build (:class:`RunConfig`, :class:`Compression`, ``engine.runner.Sampling``, via :func:`check_fields`).
-    """
-
-    name: str  # the setting in messages, e.g. "top-p"
-    lo: float
-    hi: float = math.inf
-    whole: bool = False
-    open_lo: bool = False
-    example: str = ""  # a valid value (and what it does): the fix a message suggests
-    meaning: str = ""  # the range in words when the computed one reads badly
-
-    def describe(self) -> str:
-        """The accepted range in words: 'a whole number from 0 to 64', 'in (0, 1]'."""
-        if self.meaning:
-            return self.meaning
-        if self.whole:
-            return f"a whole number from {self.lo} to {self.hi}"
-        if self.hi == math.inf:
-            return f"a finite number {'above' if self.open_lo else 'of at least'} {self.lo:g}"
-        return f"in {'(' if self.open_lo else '['}{self.lo:g}, {self.hi:g}]"
-
-    def check(self, value, what: str = ""):
-        """``value`` (a number or its text) as an int (``whole``) or a float in range; otherwise EngineError
-        naming ``what`` (default: the setting's name), the range, what was given and an example."""
-        number = _as_number(value, self.whole)
-        if number is None or not (self.lo < number if self.open_lo else self.lo <= number) or number > self.hi:
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            example = f"; e.g. {self.example}" if self.example else ""
-            raise EngineError(f"{what or self.name} must be {self.describe()}, got {shown}{example}")
-        return number
-
-
-LIMITS: dict[str, Limit] = {
-    "max_new_tokens": Limit("max new tokens", 1, MAX_NEW_TOKENS, whole=True, example="32"),
-    "temperature": Limit("temperature", 0.0, MAX_TEMPERATURE, meaning=f"from 0 (greedy) to {MAX_TEMPERATURE}",
-                         example="0.7"),
-    "top_p": Limit("top-p", 0.0, 1.0, open_lo=True, example="0.9 samples from the likeliest tokens holding 90 % "
-                   "of the probability; 1 from all"),
-    "seed": Limit("seed", 0, MAX_SEED, whole=True, example="0"),
-    "retention": Limit("retention", 0.0, 1.0, open_lo=True, example="0.5 keeps half the KV"),
-    "recent_frac": Limit("recent_frac", 0.0, 1.0, open_lo=True, example="0.4"),
-    "window_frac": Limit("window_frac", 0.0, 1.0, example="0.1"),
-    "blend": Limit("blend", 0.0, 1.0, meaning="a share of the cached tokens from 0 to 1", example="0.15"),
-    "budget_mib": Limit("module memory budget (MiB)", 0.0, MAX_BUDGET_MIB, open_lo=True, example="512",
-                        meaning=f"a positive number up to {MAX_BUDGET_MIB} (1 PiB)"),
-    "budget_bytes": Limit("the module memory budget", 1, MAX_BUDGET_MIB * 2**20, whole=True,
-                          meaning=f"a positive number of bytes up to {MAX_BUDGET_MIB * 2**20}",
-                          example=str(512 * 2**20)),
-    "repair": Limit("repair", 0, MAX_REPAIR, whole=True, example="4"),
-    "sink": Limit("sink", 0, MAX_SINK, whole=True, example="4"),
-}
-
-
-def check_fields(obj, *names: str) -> None:
-    """Check each named field of the (frozen) dataclass ``obj`` against ``LIMITS[name]``; store the number."""
-    for name in names:
-        object.__setattr__(obj, name, LIMITS[name].check(getattr(obj, name)))
-
-
-def _as_number(value, whole: bool) -> int | float | None:
-    """The finite number ``value`` is or spells (an int when ``whole``), else None; never raises."""
-    if isinstance(value, str):
-        value = value.strip()
-        if whole:
-            try:
-                return int(value)  # exact however large ('4.0' and '1e3' are read as floats below)
-            except ValueError:
-                pass
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    elif whole and isinstance(value, numbers.Integral):
-        return int(value)
-    try:
-        number = float(value)
-    except (ValueError, OverflowError):
-        return None
-    if not math.isfinite(number) or (whole and not number.is_integer()):
-        return None
-    return int(number) if whole else number
+def choices(setting: str) -> tuple[tuple[str, str], ...]:
+    """(value, label) pairs of ``setting``: the lists above, the registered arms (``arms``), or a text setting
+    of an arm (its key, e.g. ``blend_rule``)."""
+    if setting == "arms":
+        return tuple((name, spec.title) for name, spec in _arms_registry().items())
+    if setting in CHOICES:
+        return CHOICES[setting]
+    for _, _, s in _registry_module().settings_specs():
+        if s.key == setting and s.choices:
+            return tuple((c, c) for c in s.choices)
+    raise KeyError(setting)
 
 
 def values(setting: str) -> tuple[str, ...]:
     """The accepted values of ``setting`` (argparse ``choices``)."""
-    return tuple(v for v, _ in CHOICES[setting])
+    return tuple(v for v, _ in choices(setting))
 
 
 def labelled(setting: str) -> list[tuple[str, str]]:
     """(label, value) pairs of ``setting`` (Gradio radio choices)."""
-    return [(label, v) for v, label in CHOICES[setting]]
+    return [(label, v) for v, label in choices(setting)]
+
+
+def arm_setting(key: str) -> tuple[str, str, "Setting"]:
+    """(arm, field, Setting) of the arm setting named ``key`` (e.g. ``repair``, ``blend``); KeyError if none."""
+    for spec, name, s in _registry_module().settings_specs():
+        if s.key == key:
+            return spec.name, name, s
+    raise KeyError(key)
 
 
 def short_dtype(dtype: str | None) -> str:
@@ -161,77 +84,7 @@ def short_dtype(dtype: str | None) -> str:
     return dict(CHOICES["storage_dtype"]).get(dtype or "float32", dtype or "fp32")
 
 
-@dataclass(frozen=True)
-class Compression:
-    """How module KV is thinned per layer (PyramidInfer-style); retention 1 keeps everything.
-
-    ``pyramid``, ``uniform`` and ``recent`` thin the stored entries when a module is encoded,
-    before any question is known; ``question`` stores full entries and thins the run's buffer
-    after the prompt's new tokens were prefilled, by their attention (see engine/compress.py).
-    """
-
-    retention: float = 1.0  # mean fraction of each entry's tokens kept per layer
-    method: str = "pyramid"
-    recent_frac: float = 0.4  # queries whose attention scores the tokens
-    window_frac: float = 0.1  # most recent tokens always kept
-    pool_kernel: int = 31  # question: scores max-pooled over this many neighbouring tokens
-    question_window: int = 64  # question: at most this many of the newest prompt tokens score the modules
-
-    def __post_init__(self):
-        check_fields(self, "retention", "recent_frac", "window_frac")
-        if self.method not in METHODS:
-            raise EngineError(f"unknown compression method '{self.method}'; use one of {', '.join(METHODS)}")
-        if not isinstance(self.pool_kernel, int) or self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
-            raise EngineError(f"pool_kernel must be an odd whole number of tokens, got {self.pool_kernel!r}; e.g. 31")
-        if not isinstance(self.question_window, int) or self.question_window < 1:
-            raise EngineError(f"question_window must be a positive number of tokens, got {self.question_window!r}")
-
-    @property
-    def active(self) -> bool:
-        return self.retention < 1.0
-
-    @property
-    def at_encode(self) -> bool:
-        """Stored entries are thinned when encoded (the query-agnostic methods)."""
-        return self.active and self.method != "question"
-
-    @property
-    def at_run(self) -> bool:
-        """The run's buffer is thinned after the new tokens are prefilled (``question``)."""
-        return self.active and self.method == "question"
-
-    @property
-    def stored_fraction(self) -> float:
-        """Mean fraction of a module's tokens its stored entry holds."""
-        return self.retention if self.at_encode else 1.0
-
-    def key(self) -> str:
-        """What a run with this compression is (encoded schemas made for different ones never mix)."""
-        if not self.active:
-            return "full"
-        if self.method == "question":
-            return f"question:{self.retention:.4f}:{self.pool_kernel}:{self.question_window}"
-        return f"{self.method}:{self.retention:.4f}:{self.recent_frac}:{self.window_frac}"
-
-    def stored_key(self) -> str:
-        """Part of every store key: entries compressed differently never mix (``question`` stores full ones)."""
-        return self.key() if self.at_encode else "full"
-
-    def layer_ratios(self, n_layers: int) -> list[float]:
-        """Fraction of tokens each layer keeps; their mean is the retention."""
-        r = self.retention
-        if self.method not in ("pyramid", "question") or n_layers == 1 or r >= 1.0:
-            return [r] * n_layers
-        r0 = min(1.0, 1.5 * r)
-        lo, hi = 0.0, 1.0
-        for _ in range(60):  # mean(r0 * g**l) is increasing in g: bisect for mean == r
-            g = (lo + hi) / 2
-            mean = sum(r0 * g ** i for i in range(n_layers)) / n_layers
-            lo, hi = (g, hi) if mean < r else (lo, g)
-        return [r0 * lo ** i for i in range(n_layers)]
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RunConfig:
     """Everything a run needs besides the documents and the sampling settings.
 
@@ -239,7 +92,12 @@ class RunConfig:
     :func:`default_dtype` of the device; ``storage_dtype`` None means the compute dtype (module KV
     is stored in the precision the run computes in). ``budget_bytes`` None means half the memory
     available on the storage device. ``module_dir`` None means ``$PML_STUDIO_MODULES``, else
-    ``$PML_STUDIO_CACHE/modules``.
+    ``$PML_STUDIO_CACHE/modules``. ``arms`` None means the registered arms marked default.
+
+    Each arm's own settings (``engine.arms``: e.g. the modular arm's ``repair``, the blend arm's
+    ``blend`` and ``blend_rule``) are given by their keys — ``RunConfig(repair=4)``,
+    ``config.with_(blend=0.3)`` — read as attributes (``config.repair``) and kept per arm in
+    ``arm_settings`` (:meth:`settings_of`).
     """
 
     model: str | None = None
@@ -252,12 +110,21 @@ class RunConfig:
     budget_bytes: int | None = None
     persist: bool = True
     module_dir: str | None = None
-    arms: tuple[str, ...] = DEFAULT_ARMS
-    blend: float = 0.15  # share of cached tokens the blend arm recomputes (issue 18)
-    blend_rule: str = "deviation"  # how the blend arm picks them
-    repair: int = 0  # link tokens recomputed per module (issue 12); 0 = off
+    arms: tuple[str, ...] | None = None
     sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
+    arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, its settings) for arms not at their defaults
+
+    def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="prefixed", storage_dtype=None,
+                 compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
+                 arm_settings=(), **keys):
+        given = dict(model=model, device=device, dtype=dtype, storage=storage, mode=mode,
+                     storage_dtype=storage_dtype, compression=Compression() if compression is None else compression,
+                     budget_bytes=budget_bytes, persist=persist, module_dir=module_dir, arms=arms, sink=sink,
+                     warmup=warmup, arm_settings=_with_keys(dict(arm_settings), keys))
+        for name, value in given.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def __post_init__(self):
         _one_of("encoding mode", self.mode, MODES)
@@ -279,33 +146,42 @@ class RunConfig:
                               "retention 1, the 'question' method, or a float storage dtype")
         if self.budget_bytes is not None:
             check_fields(self, "budget_bytes")
-        arms = tuple(self.arms)
-        for arm in arms:
-            _one_of("arm", arm, ARMS)
-        if not arms or len(set(arms)) != len(arms):
-            raise EngineError(f"arms must name each of {', '.join(ARMS)} at most once, and at least one")
-        # keep them in the canonical order: the runs always happen in that order
-        object.__setattr__(self, "arms", tuple(a for a in ARMS if a in arms))
-        check_fields(self, "repair", "sink", "blend")
-        _one_of("blend rule", self.blend_rule, BLEND_RULES)
-        if "blend" in self.arms and self.compression.at_run:
-            raise EngineError("blend and question-aware retention cannot be combined yet (blend reorders the run's "
-                              "buffer that question retention thins); leave blend out of the arms or pick another "
-                              "compression")
+        object.__setattr__(self, "arms", _arms(self.arms))
+        check_fields(self, "sink")
         if not isinstance(self.warmup, bool):
             raise EngineError(f"warmup must be True or False, got {self.warmup!r}")
         if self.module_dir is not None:
             object.__setattr__(self, "module_dir", str(self.module_dir))
-        if self.repair and self.compression.at_run:
-            raise EngineError("repair and question-aware retention cannot be combined yet (repair reorders the run's "
-                              "buffer that question retention thins); set repair to 0 or pick another compression")
+        object.__setattr__(self, "arm_settings", tuple(sorted(self.arm_settings)))
+        for arm in self.arms:
+            settings = self.settings_of(arm)
+            if settings is not None:
+                settings.check_with(self)
+
+    def __getattr__(self, key: str):
+        """An arm's setting by its key (``config.repair``, ``config.blend``)."""
+        if key.startswith("_"):
+            raise AttributeError(key)
+        try:
+            arm, name, _ = arm_setting(key)
+        except KeyError:
+            raise AttributeError(f"'RunConfig' has no setting '{key}'") from None
+        return getattr(self.settings_of(arm), name)
 
     # -- derived ---------------------------------------------------------------------------------
+
+    def settings_of(self, arm: str) -> "ArmSettings | None":
+        """Arm ``arm``'s settings in this run (its defaults unless given; None: it has no settings)."""
+        given = dict(self.arm_settings)
+        if arm in given:
+            return given[arm]
+        spec = _arms_registry().get(arm)
+        return None if spec is None or spec.settings is None else spec.settings()
 
     @property
     def modules_path(self) -> Path:
         """Where persisted module entries live."""
-        from .models import cache_root
+        from engine.devices import cache_root
 
         return Path(self.module_dir or os.environ.get("PML_STUDIO_MODULES") or cache_root() / "modules")
 
@@ -318,14 +194,13 @@ class RunConfig:
         return (self.model, self.device, self.dtype) == (other.model, other.device, other.dtype)
 
     def with_(self, **changes) -> "RunConfig":
-        """A copy with ``changes`` applied and validated (``retention``/``method`` build a Compression)."""
+        """A copy with ``changes`` applied and validated (``retention``/``method`` build a Compression; an arm
+        setting's key changes that arm's settings)."""
         if "retention" in changes or "method" in changes:
             retention = changes.pop("retention", self.compression.retention)
             method = changes.pop("method", self.compression.method)
             changes["compression"] = Compression(1.0 if retention in (None, "") else retention, method or "pyramid")
-        unknown = set(changes) - {f.name for f in fields(self)}
-        if unknown:
-            raise EngineError(f"unknown run setting(s): {', '.join(sorted(unknown))}")
+        keys = {k: changes.pop(k) for k in list(changes) if k not in {f.name for f in fields(self)}}
         if "storage" in changes and "device" not in changes:
             changes["device"] = None  # re-derived from the new storage
         if "dtype" not in changes and self.dtype == default_dtype(self.device) \
@@ -333,15 +208,47 @@ class RunConfig:
             changes["dtype"] = None  # the default of the new device
         if "storage_dtype" not in changes and self.storage_dtype == self.dtype:
             changes["storage_dtype"] = None  # follows the (new) compute dtype
-        return replace(self, **changes)
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RunConfig(**{**current, **changes}, **keys)
 
     def to_json(self) -> dict:
-        return {"model": self.model, "device": self.device, "dtype": self.dtype, "storage": self.storage,
-                "mode": self.mode, "storage_dtype": self.storage_dtype,
-                "compression": {"retention": self.compression.retention, "method": self.compression.method},
-                "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
-                "repair": self.repair, "sink": self.sink, "warmup": self.warmup, "blend": self.blend,
-                "blend_rule": self.blend_rule}
+        out = {"model": self.model, "device": self.device, "dtype": self.dtype, "storage": self.storage,
+               "mode": self.mode, "storage_dtype": self.storage_dtype,
+               "compression": {"retention": self.compression.retention, "method": self.compression.method},
+               "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
+               "sink": self.sink, "warmup": self.warmup}
+        for spec in _arms_registry().values():
+            if spec.settings is not None:
+                out.update(self.settings_of(spec.name).by_key())
+        return out
+
+
+def _arms(arms) -> tuple[str, ...]:
+    """``arms`` checked against the registry and put in column order (the runs always happen in that order)."""
+    names = _registry_module().arm_names()
+    if arms is None:
+        return _registry_module().default_arms()
+    arms = tuple(arms)
+    for arm in arms:
+        _one_of("arm", arm, names)
+    if not arms or len(set(arms)) != len(arms):
+        raise EngineError(f"arms must name each of {', '.join(names)} at most once, and at least one")
+    return tuple(a for a in names if a in arms)
+
+
+def _with_keys(settings: dict, keys: dict) -> tuple:
+    """``settings`` (arm -> ArmSettings) with the arm settings named by their keys (``repair=4``) applied."""
+    from dataclasses import replace as _replace
+
+    for key, value in keys.items():
+        try:
+            arm, name, _ = arm_setting(key)
+        except KeyError:
+            raise EngineError(f"unknown run setting '{key}'; settings: "
+                              + ", ".join([f.name for f in fields(RunConfig)] + [s.key for *_, s in _registry_module().settings_specs()]))
+        current = settings.get(arm) or _arms_registry()[arm].settings()
+        settings[arm] = _replace(current, **{name: value})
+    return tuple(settings.items())
 
 
 # -- compute precision per device, by measurement (bench/precision.py) ------------------------------
@@ -400,8 +307,21 @@ def parse_arms(text: str | list | tuple) -> tuple[str, ...]:
     """'baseline,cached' (or a list) → a tuple of arms; EngineError naming the valid ones."""
     items = [a.strip() for a in (text.split(",") if isinstance(text, str) else text) if a and a.strip()]
     for arm in items:
-        _one_of("arm", arm, ARMS)
+        _one_of("arm", arm, _registry_module().arm_names())
     return tuple(items)
+
+
+def _registry_module():
+    """engine.arms.registry with every arm registered, imported when first needed: the arms pull in torch, which
+    ``pml-studio check`` and argument errors should not wait for."""
+    import engine.arms  # noqa: F401  (registers the arms)
+    from engine.arms import registry
+
+    return registry
+
+
+def _arms_registry() -> dict:
+    return _registry_module().REGISTRY
 
 
 def _one_of(what: str, value, allowed: tuple[str, ...]) -> None:

@@ -34,8 +34,8 @@ from typing import Iterator
 
 from sqlite_utils import Database
 
-from .arms import REGISTRY
-from .errors import EngineError
+from engine.arms.registry import REGISTRY
+from engine.errors import EngineError
 
 TABLE = "runs"
 ARM_TABLE = "arm_runs"
@@ -111,7 +111,7 @@ class RunLogError(EngineError):
 
 def default_path() -> Path:
     """``$PML_STUDIO_CACHE/runs.db`` (default ``~/.cache/pml-studio/runs.db``)."""
-    from .models import cache_root
+    from engine.devices import cache_root
 
     return cache_root() / "runs.db"
 
@@ -377,7 +377,7 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
 def arm_rows(data: dict, run_id: int) -> list[dict]:
     """One row per arm the document has (its figures, and its agreement with the baseline), read through
     :meth:`Comparison.from_json` so the run log and the views agree on what each field means."""
-    from .comparison import Comparison
+    from engine.arms.compare import Comparison
 
     comp = Comparison.from_json(data)
     out = []
@@ -403,7 +403,7 @@ def _flag_or(value):
 def _speedup(data: dict, comp, arm) -> float | None:
     """The arm's speedup as its document wrote it (older documents computed it from unrounded TTFTs)."""
     spec = REGISTRY[arm]
-    if arm.value != "baseline" and f"{spec.legacy_prefix}speedup" in data:
-        return data[f"{spec.legacy_prefix}speedup"]
+    if arm.value != "baseline" and f"{spec.json_stem}speedup" in data:
+        return data[f"{spec.json_stem}speedup"]
     x = comp.speedup(arm)
     return None if x is None else round(x, 3)

@@ -19,18 +19,25 @@ import math
 import threading
 from dataclasses import dataclass, replace
 
-from .config import RunConfig
-from .encode import EncodedSchema, ProgressFn, count_units, encode_schema
-from .errors import EngineError, MissingEntry, StorageError
-from .layout import Layout, TextCodec, layout as make_layout
-from .kv import stored_bytes_per_token
-from .models import LoadedModel, check_device, kv_shape, load_config, load_model, load_tokenizer
-from .plan import PromptPlan, plan_prompt
-from .pml import parse_prompt, parse_schema
-from .prefix import PrefixCache, schema_order_prompt
-from .comparison import Comparison
-from .runner import Sampling, TokenFn, compare as run_compare, fetch_entries, used_keys, warm_prefix
-from .store import DiskStore, ModuleStore, default_budget
+from engine.arms import REGISTRY
+from engine.arms.compare import Comparison
+from engine.arms.compare import compare as run_compare
+from engine.arms.prefix import warm_prefix
+from engine.arms.registry import Reads
+from engine.arms.runner import Sampling, TokenFn
+from engine.cache.assemble import fetch_entries, used_keys
+from engine.cache.encode import EncodedSchema, ProgressFn, count_units, encode_schema
+from engine.cache.prefix import PrefixCache, schema_order_prompt
+from engine.cache.store import DiskStore, ModuleStore, default_budget
+from engine.config import RunConfig
+from engine.devices import check_device
+from engine.errors import EngineError, MissingEntry, StorageError
+from engine.kv import stored_bytes_per_token
+from engine.model.load import LoadedModel, kv_shape, load_config, load_model, load_tokenizer
+from engine.schema.layout import Layout, TextCodec
+from engine.schema.layout import layout as make_layout
+from engine.schema.plan import PromptPlan, plan_prompt
+from engine.schema.pml import parse_prompt, parse_schema
 
 
 @dataclass(frozen=True)
@@ -180,9 +187,9 @@ class Engine:
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             enc = self._fetched(plan, lay, cfg, enc, progress)
-            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if "prefix" in cfg.arms else None
+            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) else None
             result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                 repair=cfg.repair, blend=cfg.blend, options={"blend_rule": cfg.blend_rule})
+                                 settings=dict(cfg.arm_settings))
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------
@@ -272,3 +279,8 @@ def gpu_status() -> tuple[bool, str]:
         return False, str(err)
     import torch
     return True, f"CUDA device: {torch.cuda.get_device_name(0)}"
+
+
+def _reads_prefix_cache(arms) -> bool:
+    """Whether any of ``arms`` reads the prefix cache (which then is warmed before the run)."""
+    return any(REGISTRY[a].reads == Reads.PREFIX_CACHE for a in arms)

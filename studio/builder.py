@@ -22,7 +22,7 @@ from typing import Callable, TypeVar, Union
 from xml.sax.saxutils import escape
 
 from engine.errors import EngineError
-from engine.layout import ANONYMOUS, Layout
+from engine.schema.layout import ANONYMOUS, Layout
 
 NONE = "(none)"  # radio value for "no member of this union"; not a valid PML identifier
 T = TypeVar("T")
@@ -137,7 +137,7 @@ class BuilderState:
 
 def spec_of(lay: Layout) -> BuilderSpec:
     """The builder spec of a laid-out schema."""
-    from engine.pml import Param
+    from engine.schema.pml import Param
 
     defaults = {(path, c.name): c.default for path, mod in lay.schema.modules() for c in mod.children
                 if isinstance(c, Param)}
@@ -265,7 +265,7 @@ def compose_prompt(spec: BuilderSpec, values: dict, free_text: str) -> str:
 
 def selection_from_prompt(spec: BuilderSpec, prompt_text: str) -> tuple[dict, str] | None:
     """(widget values, free text) that reproduce a hand-written prompt, or None when it cannot be read."""
-    from engine.pml import Import, NewText, parse_prompt
+    from engine.schema.pml import Import, NewText, parse_prompt
 
     try:
         prompt = parse_prompt(prompt_text)

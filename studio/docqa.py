@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from engine.encode import EncodedSchema
+from engine.cache.encode import EncodedSchema
 from engine.errors import EngineError
-from engine.plan import PromptPlan
-from engine.runner import Sampling, run_baseline, run_cached
+from engine.schema.plan import PromptPlan
+from engine.arms.runner import Sampling
+from engine.arms.baseline import run_baseline
+from engine.arms.modular import run_cached
 
 QUESTION = ("Using only the documents above, answer in one sentence: what is the most important lesson the "
             "author wants readers to learn from them?")

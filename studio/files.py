@@ -42,7 +42,7 @@ def load_sample(name: str) -> tuple[str, str]:
 
 def read_upload(path: str | None) -> tuple[str, str]:
     """(kind, text) of an uploaded .xml file; kind is 'schema' or 'prompt'."""
-    from engine.pml import document_kind
+    from engine.schema.pml import document_kind
 
     if not path:
         raise gr.Error("no file was uploaded")

@@ -20,7 +20,7 @@ import gradio as gr
 
 from engine.config import RunConfig
 from engine.errors import EngineError
-from engine.layout import Layout
+from engine.schema.layout import Layout
 from engine.runlog import RunLog, RunLogError, utc_now
 
 from . import settings as run_settings

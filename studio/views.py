@@ -3,8 +3,8 @@
 Every function takes typed values (a :class:`engine.comparison.Comparison` and its
 :class:`engine.arms.ArmResult` s, plans, store stats) and returns an HTML string; the user's text
 is always escaped. A live run and one reopened from the run log (``Comparison.from_json``) take the
-same path. The compare view is generic over the registered arms (:data:`ARM_VIEWS`, made from
-``engine.arms.REGISTRY``), and the token view over token classes (:data:`TOKEN_CLASSES`): a new arm
+same path. The compare view is generic over the registered arms (:func:`arm_views`, made from
+``engine.arms.REGISTRY``), and the token view over token classes (:func:`token_classes`): a new arm
 or a new kind of token is one entry in a table.
 """
 
@@ -14,9 +14,9 @@ import html
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import engine.runner  # noqa: F401  (registers the arms)
 from engine.arms import REGISTRY, Arm
-from engine.comparison import Comparison
+from engine.arms.registry import Reads
+from engine.arms.compare import Comparison
 from engine.config import short_dtype
 
 MB = 1_000_000
@@ -126,15 +126,19 @@ def highlight_html(text: str, lines: Iterable[int] = ()) -> str:
 # Token view
 # ----------------------------------------------------------------------------------------------
 
-TOKEN_CLASSES = {  # token class -> (css class, legend label)
+BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); each arm may add one (ArmSpec.token_class)
     "cached": ("tok-cached", "cached module"),
     "anonymous": ("tok-anon", "cached system / template text"),
     "argument": ("tok-arg", "argument (prefilled at its param's positions)"),
     "new": ("tok-new", "new text (prefilled)"),
     "template": ("tok-tmpl", "template tokens (prefilled)"),
-    "recomputed": ("tok-recomputed", "recomputed at run time (repair)"),
-    "blended": ("tok-blended", "recomputed by blend (chosen by deviation / rule)"),
 }
+
+
+def token_classes() -> dict[str, tuple[str, str]]:
+    """Every token class: the plan's, then each registered arm's recomputed tokens (``ArmSpec.token_class``)."""
+    arms = {s.token_class[0]: (f"tok-{s.token_class[0]}", s.token_class[1]) for s in REGISTRY.values() if s.token_class}
+    return {**BASE_TOKEN_CLASSES, **arms}
 SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("cached", "module"): "cached",
     ("cached", "anonymous"): "anonymous",
@@ -144,20 +148,13 @@ SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("uncached", "anonymous"): "template",
     ("uncached", "module"): "new",
 }
-MARKED_POSITIONS = {  # token class -> (arm, RunResult field listing positions)
-    "recomputed": (Arm.CACHED, "recomputed_positions"),
-    "blended": (Arm.BLEND, "recomputed_positions"),
-}
-
-
 def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
-    """Positions a run puts in a class of their own (e.g. recomputed tokens), by class."""
+    """Positions a run puts in a class of their own (the tokens an arm recomputed), by class."""
     out: dict[str, set[int]] = {}
-    for cls, (arm, key) in MARKED_POSITIONS.items():
-        res = comparison.arm(arm) if comparison is not None else None
-        positions = getattr(res.run, key) if res is not None else ()
-        if positions:
-            out[cls] = set(positions)
+    for arm, spec in REGISTRY.items():
+        res = comparison.arm(arm) if comparison is not None and spec.token_class else None
+        if res is not None and res.run.recomputed_positions:
+            out[spec.token_class[0]] = set(res.run.recomputed_positions)
     return out
 
 
@@ -175,6 +172,7 @@ def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int
     ``stop`` puts a mark before the prompt's ``stop``-th token (where prefix-cache reuse stopped).
     """
     legend: dict[str, str] = {}
+    classes = token_classes()
     spans = []
     if stop is not None:
         legend["tok-stop"] = f"prefix cache reused {stop} tokens, up to ▌"
@@ -184,7 +182,7 @@ def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int
         owner = seg.owner or ("prompt text" if seg.source in ("text", "argument") else "system / template")
         for tid, pos in zip(seg.token_ids, seg.positions or (None,) * len(seg.token_ids)):
             name = next((c for c, where in (marks or {}).items() if pos in where), base)
-            cls, label = TOKEN_CLASSES.get(name, TOKEN_CLASSES["new"])
+            cls, label = classes.get(name, classes["new"])
             legend[cls] = label
             shown = html.escape(decode(tid)).replace("\n", "↵\n")
             title = html.escape(f"{owner} · {seg.kind} · position {pos} · id {tid}")
@@ -241,8 +239,10 @@ class ArmView:
     color: str
 
 
-ARM_VIEWS = tuple(ArmView(a.value, s.title, s.subtitle, s.color) for a, s in REGISTRY.items())  # column order
-ARM_TITLES = {v.arm: v.title for v in ARM_VIEWS}
+def arm_views() -> tuple[ArmView, ...]:
+    """One view per registered arm, in column order (read when a page or table is built, so an arm registered
+    later appears too)."""
+    return tuple(ArmView(str(a), s.title, s.subtitle, s.color) for a, s in REGISTRY.items())
 
 
 def head_html(view: ArmView) -> str:
@@ -276,9 +276,8 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
     speedup = comparison.speedup(arm)
     if speedup is not None:
         chips += f'<span class="badge good">{speedup:.1f}× faster first token</span>'
-    warmed = (res.detail.warmed_with or {}).get("summary") if arm == Arm.PREFIX and res.detail else None
-    if warmed:
-        chips += f'<span class="badge">held before this run: {html.escape(str(warmed))}</span>'
+    for text in (res.detail.chips() if hasattr(res.detail, "chips") else ()):
+        chips += f'<span class="badge">{html.escape(text)}</span>'
     rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
     if arm != Arm.BASELINE:
         rows.append(("KV copy (in TTFT)", f"{run.copy_ms:.1f} ms"))
@@ -298,7 +297,8 @@ def kv_rows(run, arm: str) -> list[tuple[str, str]]:
     if not held:
         return []  # a run logged before these figures existed
     store, buf = run.kv_store_bytes, run.kv_buffer_used_bytes
-    source = {Arm.PREFIX.value: "prefix cache", Arm.CACHED.value: "modules", Arm.BLEND.value: "modules"}.get(str(arm))
+    spec = REGISTRY.get(str(arm))
+    source = None if spec is None or spec.reads == Reads.NOTHING else spec.reads
     detail = "prompt buffer" if source is None else f"{source} {store / MB:,.1f} + buffer {buf / MB:,.1f}"
     rows = [("KV held", f"{held / MB:,.1f} MB ({detail})")]
     after = run.kv_buffer_bytes_after_retention or buf

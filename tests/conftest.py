@@ -27,7 +27,7 @@ SAMPLES = ROOT / "sample_schemas"
 @pytest.fixture(scope="session")
 def tokenizer_bundle():
     """(name, tokenizer, codec) of the default model, without its weights."""
-    from engine.models import load_tokenizer
+    from engine.model.load import load_tokenizer
 
     return load_tokenizer(None)
 
@@ -43,7 +43,7 @@ def make_tiny_llama(tok):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.models import wrap_model
+    from engine.model.load import wrap_model
 
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
@@ -131,7 +131,7 @@ def real_stock():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine.models import default_model_dir
+    from engine.model.load import default_model_dir
 
     return AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.comparison import Comparison
+from engine.arms.compare import Comparison
 from engine.runlog import RunLog
 from studio import files
 from studio.state import Studio

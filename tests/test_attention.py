@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv import attend  # the module whose globals the attention function reads
-from engine.runner import Sampling, run_cached
+from engine.model import attend  # the module whose globals the attention function reads
+from engine.arms.runner import Sampling
+from engine.arms.modular import run_cached
 
 SCHEMA = """<schema name="g">
   <system>You answer questions about the documents.</system>

@@ -14,12 +14,14 @@ import pytest
 import torch
 import transformers as T
 
-from engine.blend import RULES, cached_ranks, run_blend, stored_at
+from engine.arms.blend import RULES, cached_ranks, run_blend, stored_at
 from engine.errors import EngineError
-from engine.models import wrap_model
-from engine.plan import CACHED
-from engine.repair import select_repair
-from engine.runner import Sampling, run_baseline, run_cached
+from engine.model.load import wrap_model
+from engine.schema.plan import CACHED
+from engine.arms.repair import select_repair
+from engine.arms.runner import Sampling
+from engine.arms.baseline import run_baseline
+from engine.arms.modular import run_cached
 from engine.session import Engine
 
 from test_repair import TURNS, TURNS_PROMPT as PROMPT  # three documents in two user turns
@@ -86,7 +88,7 @@ def test_ratio_zero_is_the_cached_run_bit_for_bit(llama):
     plain = run_cached(llama.lm, llama.plan, llama.enc, llama.eng.store(), Sampling(4))
     blend, info = llama.blend(0.0)
     assert blend.token_ids == plain.token_ids and torch.equal(blend.first_logits, plain.first_logits)
-    assert blend.path == "blend" and blend.recomputed_tokens == 0 and info.ranks == () and info.selection_ms == 0
+    assert blend.arm == "blend" and blend.recomputed_tokens == 0 and info.ranks == () and info.selection_ms == 0
     tiny, _ = llama.blend(0.4 / llama.plan.cached_tokens)  # rounds to 0 tokens
     assert torch.equal(tiny.first_logits, plain.first_logits)
 
@@ -260,7 +262,7 @@ def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm,
     assert row["arms"]["blend"]["recomputed_tokens"] == n
     marks = views.token_marks(c)
     assert marks["blended"] == set(doc["blend"]["recomputed_positions"])
-    assert "Blend" in [v.title for v in views.ARM_VIEWS] and "faster first token" in views.metrics_html(c, "blend")
+    assert "Blend" in [v.title for v in views.arm_views()] and "faster first token" in views.metrics_html(c, "blend")
 
 
 def test_blend_settings_are_checked_where_they_are_made():

@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 
 
 def test_engine_imports_do_not_pull_in_gradio():
-    code = ("import sys, engine, engine.session, engine.runlog, engine.runner, engine.cli\n"
+    code = ("import sys, engine, engine.session, engine.runlog, engine.arms, engine.cli\n"
             "bad = sorted(m for m in sys.modules if m == 'gradio' or m.startswith('gradio.'))\n"
             "print(','.join(bad))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

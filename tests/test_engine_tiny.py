@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv import forward_kv
-from engine.plan import CACHED
-from engine.runner import Sampling, run_cached
+from engine.model.attend import forward_kv
+from engine.schema.plan import CACHED
+from engine.arms.runner import Sampling
+from engine.arms.modular import run_cached
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank.",
         "Quantum computers use qubits that can hold superpositions of states.",

@@ -28,8 +28,11 @@ import torch
 import transformers as T
 
 from engine.errors import EngineError, ModelError
-from engine.models import TESTED_FAMILIES, wrap_model
-from engine.runner import Sampling, run_baseline, run_cached
+from engine.model.positions import TESTED_FAMILIES
+from engine.model.load import wrap_model
+from engine.arms.runner import Sampling
+from engine.arms.baseline import run_baseline
+from engine.arms.modular import run_cached
 from engine.session import Engine
 
 WINDOW = 12  # shorter than every prompt below, longer than the text after the gap in GAPPED
@@ -253,7 +256,7 @@ def test_compression_is_refused_for_models_with_their_own_attention(tokenizer_bu
 
 
 def test_unsupported_families_are_refused_with_the_reason():
-    from engine.attention import check_supported
+    from engine.model.positions import check_supported
 
     bloom = T.BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=4)
     with pytest.raises(ModelError, match="own code.*tested family"):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import PMLError
-from engine.models import PACKAGED, TESTED_FAMILIES
-from engine.runner import Sampling
+from engine.model.load import PACKAGED
+from engine.model.positions import TESTED_FAMILIES
+from engine.arms.runner import Sampling
 
 from conftest import SAMPLES
 

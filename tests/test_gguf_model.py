@@ -25,7 +25,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from engine import gguf, models
+from engine.model import gguf, load as models, sanity
 from engine.errors import ModelError
 from tests.conftest import ROOT
 
@@ -151,7 +151,7 @@ def test_the_digest_is_remembered_and_a_changed_file_is_hashed_again(cache, gguf
 
 
 def test_the_engine_runs_a_gguf_file_with_its_chat_template(cache, gguf_file):
-    from engine.runner import Sampling
+    from engine.arms.runner import Sampling
     from engine.session import Engine
 
     eng = Engine(model=str(gguf_file), persist=False)
@@ -190,7 +190,7 @@ def test_an_architecture_transformers_cannot_load_is_refused_with_the_list(cache
 
 
 def test_a_gguf_too_large_for_memory_is_refused_before_loading(cache, gguf_file, monkeypatch):
-    monkeypatch.setattr(models, "available_bytes", lambda device: 1000)
+    monkeypatch.setattr(gguf, "available_bytes", lambda device: 1000)  # the file's own check, before any config
     monkeypatch.setattr(gguf, "_convert_gguf", lambda *a: pytest.fail("loaded"))
     with pytest.raises(ModelError, match="memory to convert"):
         models.resolve_model_path(str(gguf_file))
@@ -315,7 +315,7 @@ def test_other_insane_sizes_name_their_field(cache, tmp_path, tiny, key, value, 
 def test_the_converted_config_is_checked_before_any_model_is_built(cache, gguf_file, monkeypatch):
     import transformers
 
-    monkeypatch.setattr(models, "available_bytes", lambda device: 1000)  # the weights no longer fit
+    monkeypatch.setattr(sanity, "available_bytes", lambda device: 1000)  # the weights no longer fit
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
         monkeypatch.setattr(cls, "from_pretrained", lambda *a, **k: pytest.fail("built before the check"))
     with pytest.raises(ModelError, match=f"model '{gguf_file}' needs about"):
@@ -328,7 +328,7 @@ def test_the_converted_config_is_checked_before_any_model_is_built(cache, gguf_f
 KILLED = """
 import os, sys
 from pathlib import Path
-from engine.gguf import conversion_dir
+from engine.model.gguf import conversion_dir
 
 tmp = conversion_dir(Path(sys.argv[1]))
 (tmp / "model.safetensors").write_bytes(b"w" * 4096)
@@ -384,7 +384,7 @@ def test_only_the_folders_of_dead_conversions_are_removed(cache):
         if key.endswith("stale"):  # unchanged for longer than STALE_AFTER_S
             past = time.time() - gguf.STALE_AFTER_S - 60
             os.utime(folder / name, (past, past))
-    removed = gguf.remove_stale_conversions(folder)
+    removed = gguf.remove_stale_conversions(folder, tuple(p.name for p in models.PACKAGED.values()))
     gone = {"dead", "other host, stale", "previous version, stale"}
     assert sorted(p.name for p in removed) == sorted(names[k] for k in gone)
     assert sorted(p.name for p in folder.iterdir()) == sorted(n for k, n in names.items() if k not in gone)

@@ -10,8 +10,8 @@ import pathlib
 import pytest
 
 from conftest import SAMPLES
-from engine.comparison import Comparison
-from engine.runner import Sampling
+from engine.arms.compare import Comparison
+from engine.arms.runner import Sampling
 
 SNAPSHOT = pathlib.Path(__file__).parent / "data" / "run-json-keys-v1.json"
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import ROOT, arm_ms, decoded_fully, first_token_kl, timed
-from engine.compress import METHOD_NOTES, RETENTION_NOTE, question_keep
+from engine.cache.compress import METHOD_NOTES, RETENTION_NOTE, question_keep
 from engine.config import CHOICES, METHODS, Compression, RunConfig, values
 from engine.errors import EngineError
 from engine.kv import KVBuffer, ModuleKV, QuantKV
-from engine.runner import Sampling
+from engine.arms.runner import Sampling
 from engine.session import Engine
-from engine.store import DiskStore
+from engine.cache.store import DiskStore
 from test_module_memory import PROMPT, SCHEMA
 
 V1 = ROOT / "tests" / "data" / "modules-v1"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ContextLengthError, PMLError
-from engine.layout import TextCodec, layout
-from engine.plan import CACHED, UNCACHED, plan_prompt
-from engine.pml import parse_prompt, parse_schema
+from engine.schema.layout import TextCodec, layout
+from engine.schema.plan import CACHED, UNCACHED, plan_prompt
+from engine.schema.pml import parse_prompt, parse_schema
 
 VOCAB: dict[str, int] = {}
 

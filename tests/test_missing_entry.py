@@ -6,8 +6,8 @@ import pytest
 
 from conftest import SAMPLES
 from engine.errors import MissingEntry, StorageError
-from engine.runner import Sampling
-from engine.store import ModuleStore
+from engine.arms.runner import Sampling
+from engine.cache.store import ModuleStore
 
 
 def test_the_store_raises_missing_entry_not_a_bare_key_error():
@@ -32,10 +32,11 @@ def test_an_entry_missing_at_run_time_is_fetched_again_before_timing(tiny_lm, mo
         return real_get(key)
 
     monkeypatch.setattr(store, "get", flaky)
-    import engine.runner as runner
+    from engine.arms import baseline, modular, prefix
 
-    real_timed = runner.timed_run
-    monkeypatch.setattr(runner, "timed_run", lambda *a, **k: timed.append(missed[:]) or real_timed(*a, **k))
+    real_timed = baseline.timed_run  # every arm's run goes through engine.arms.runner.timed_run
+    for arm in (baseline, prefix, modular):
+        monkeypatch.setattr(arm, "timed_run", lambda *a, **k: timed.append(missed[:]) or real_timed(*a, **k))
     again = eng.compare(schema, prompt, Sampling(3))
     assert missed and all(t == missed for t in timed)  # the miss happened before the first timed run
     assert len(timed) == 3 and again.cached.token_ids == first.cached.token_ids

@@ -10,8 +10,10 @@ import torch
 from transformers import LlamaConfig
 
 from engine.errors import ModelError, StorageError
-from engine.models import _check_fits, check_device, load_config, make_codec, resolve_model_path
-from engine.sanity import check_shape
+from engine.model.sanity import _check_fits
+from engine.devices import check_device
+from engine.model.load import load_config, make_codec, resolve_model_path
+from engine.model.sanity import check_shape
 
 
 def test_a_model_that_does_not_fit_is_refused_before_loading():
@@ -25,9 +27,9 @@ def test_a_model_that_does_not_fit_is_refused_before_loading():
 def test_experts_count_in_the_memory_a_model_needs(monkeypatch):
     from transformers import Qwen2MoeConfig
 
-    from engine import models
+    from engine.model import load as models, sanity
 
-    monkeypatch.setattr(models, "available_bytes", lambda device: 64 * 2**30)
+    monkeypatch.setattr(sanity, "available_bytes", lambda device: 64 * 2**30)
     dense = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, vocab_size=151936)
     _check_fits(Qwen2MoeConfig(**dense, num_experts=1), "dense", torch.float32, "cpu")  # ~5.6 GiB: fits
     many = Qwen2MoeConfig(**dense, num_experts=60_000, moe_intermediate_size=1408)
@@ -70,7 +72,7 @@ def test_a_folder_config_with_an_insane_size_is_refused_before_transformers_buil
 
 
 def test_every_config_passes_the_same_checks_before_a_model_is_built(tmp_path, monkeypatch):
-    from engine import models
+    from engine.model import load as models, sanity
 
     seen = []
 
@@ -120,8 +122,8 @@ def test_a_tokenizer_without_template_cannot_use_role_tags(tokenizer_bundle):
         tok.chat_template = saved
     assert "no chat template" in codec.roles_error
     from engine.errors import PMLError
-    from engine.layout import layout
-    from engine.pml import parse_schema
+    from engine.schema.layout import layout
+    from engine.schema.pml import parse_schema
 
     with pytest.raises(PMLError, match="no chat template"):
         layout(parse_schema("<schema name='s'><system>hi</system></schema>", "s.xml"), codec)

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from conftest import decoded_fully, first_token_kl
-from engine.compress import Compression, compress
+from engine.config import Compression
+from engine.cache.compress import compress
 from engine.errors import EngineError, StorageError
-from engine.kv import LayeredKV, ModuleKV, _pml_attention
-from engine.runner import Sampling
+from engine.kv import LayeredKV, ModuleKV
+from engine.model.attend import _pml_attention
+from engine.arms.runner import Sampling
 from engine.session import Engine
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank every single morning before sunrise.",
@@ -173,7 +175,7 @@ def test_recent_window_compression_equals_the_sliced_dense_entry(tiny_lm):
     dense = store.get(key)
     n = len(dense)
     layered = compress(dense, None, Compression(0.5, "recent"))
-    from engine.runner import run_cached
+    from engine.arms.modular import run_cached
 
     store._entries[key] = layered
     a = run_cached(eng.lm, plan, enc, store)

@@ -101,11 +101,15 @@ def test_the_reported_values_exit_2_at_once_from_the_real_command(args, option):
     assert time.perf_counter() - start < 30  # refused while parsing: no model was loaded
 
 
-def test_bad_values_are_refused_before_torch_or_the_model_is_imported():
-    code = ("import sys\nfrom studio.cli import main\ntry:\n    main(['run', 's.xml', 'p.xml', '--seed', '-1'])\n"
+def test_bad_values_are_refused_before_the_model_is_loaded():
+    # `run` imports the registered arms to offer their options (and torch with them), never the session or a model;
+    # the commands that take no arm options (`check`, `layout`) do not even import torch
+    code = ("import sys\nfrom studio.cli import main\ntry:\n    main(['{cmd}', 's.xml', 'p.xml', '--seed', '-1'])\n"
             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, 'engine.session' in sys.modules)\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.stdout.split() == ["2", "False", "False"], r.stderr
+    for cmd, torch_loaded in (("run", "True"), ("check", "False")):
+        r = subprocess.run([sys.executable, "-c", code.format(cmd=cmd)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert r.stdout.split() == ["2", torch_loaded, "False"], r.stderr
 
 
 def test_good_values_still_parse():
@@ -148,7 +152,7 @@ def test_limit_reads_text_and_keeps_huge_whole_numbers_exact():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 2**70, -2**70, "abc", "", None, True])
 def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
-    from engine.runner import Sampling
+    from engine.arms.runner import Sampling
 
     for field in ("max_new_tokens", "temperature", "top_p", "seed"):
         if bad in (None, "") and field == "temperature":
@@ -163,7 +167,7 @@ def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
         with pytest.raises(EngineError, match=LIMITS[field].name):
             Compression(**{field: bad})
     if bad not in (None, ""):
-        from engine.store import ModuleStore
+        from engine.cache.store import ModuleStore
 
         with pytest.raises(EngineError, match="module memory budget"):
             budget_from_mib(bad)
@@ -176,7 +180,7 @@ def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
 def test_sampling_survives_the_extremes_of_its_ranges():
     import torch
 
-    from engine.runner import Sampling, _sample
+    from engine.arms.runner import Sampling, _sample
 
     logits = torch.randn(500) * 30
     best = int(torch.argmax(logits))

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SAMPLES
 from engine.errors import PMLError
-from engine.pml import Module, Param, Role, Text, Union, compact, parse_prompt, parse_schema
+from engine.schema.pml import Module, Param, Role, Text, Union, compact, parse_prompt, parse_schema
 
 
 def problems(text: str, prompt: bool = False) -> list[str]:
@@ -145,7 +145,7 @@ def test_a_real_doctype_next_to_cdata_is_still_refused(attack, where):
 def test_the_declaration_scan_is_linear_in_unclosed_openers():
     import time
 
-    from engine.pml import _declaration
+    from engine.schema.pml import _declaration
 
     start = time.perf_counter()
     assert _declaration("<!--" * 200_000 + "<![CDATA[" * 100_000 + "<?" * 200_000 + "\n<!DOCTYPE x>") == 2_100_001
@@ -160,7 +160,7 @@ def test_the_declaration_scan_is_linear_in_unclosed_openers():
 def test_the_parser_itself_never_reads_a_file_named_in_a_document(tmp_path, monkeypatch, attack):
     """With the text scan switched off, lxml still neither expands entities nor loads a DTD, and the
     parsed document's DOCTYPE is refused all the same."""
-    import engine.pml as pml
+    import engine.schema.pml as pml
 
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET")

@@ -11,7 +11,7 @@ import torch
 
 from engine import config as cfg
 from engine.config import RunConfig
-from engine.runner import Sampling
+from engine.arms.runner import Sampling
 from engine.session import Engine
 
 from test_module_memory import PROMPT, SCHEMA
@@ -19,7 +19,7 @@ from test_module_memory import PROMPT, SCHEMA
 
 @pytest.fixture(scope="module")
 def tiny_bf16(tiny_lm):
-    from engine.models import wrap_model
+    from engine.model.load import wrap_model
 
     model = copy.deepcopy(tiny_lm.model).to(torch.bfloat16)
     return wrap_model(model, tiny_lm.tokenizer, "tiny-llama-bf16", dtype="bfloat16", fingerprint="tiny-llama-bf16")

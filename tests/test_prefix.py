@@ -9,10 +9,11 @@ import torch
 
 from conftest import first_token_kl
 from engine.errors import EngineError
-from engine.prefix import PrefixCache, schema_order_prompt
-from engine.runner import Sampling, compare as run_compare
+from engine.cache.prefix import PrefixCache, schema_order_prompt
+from engine.arms.runner import Sampling
+from engine.arms.compare import compare as run_compare
 from engine.session import Engine
-from engine.store import PREFIX, DiskStore, ModuleStore
+from engine.cache.store import PREFIX, DiskStore, ModuleStore
 
 SCHEMA = """<schema name="docs">
   <system>You answer questions about the documents.</system>

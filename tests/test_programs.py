@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import ROOT, SAMPLES
 from engine.cli import main
-from engine.layout import layout
-from engine.plan import plan_prompt
-from engine.pml import parse_prompt, parse_schema
+from engine.schema.layout import layout
+from engine.schema.plan import plan_prompt
+from engine.schema.pml import parse_prompt, parse_schema
 from engine.programs import ProgramError, load_program_file
-from engine.runner import Sampling
+from engine.arms.runner import Sampling
 
 PROGRAMS = SAMPLES / "programs"
 EXAMPLES = {"travel_program": "travel_planner", "profile_program": "learner_profile"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES, arm_ms, decoded_fully, sample_pairs, stock_figures, timed
-from engine.runner import Sampling
+from engine.arms.runner import Sampling
 
 pytestmark = pytest.mark.real_model
 
@@ -60,7 +60,7 @@ def test_prefixed_first_module_is_exact_on_the_real_model(real_engine):
 
 
 def test_layouts_before_and_after_the_model_loads_share_cache_keys():
-    from engine.models import load_tokenizer
+    from engine.model.load import load_tokenizer
 
     schema = (SAMPLES / "doc_qa.xml").read_text()
     from engine.session import Engine

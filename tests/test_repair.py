@@ -14,10 +14,12 @@ from transformers.cache_utils import DynamicCache
 
 from engine.config import RunConfig
 from engine.errors import EngineError
-from engine.kv import forward_kv
-from engine.plan import CACHED
-from engine.repair import select_repair
-from engine.runner import Sampling, run_baseline, run_cached, run_repaired
+from engine.model.attend import forward_kv
+from engine.schema.plan import CACHED
+from engine.arms.repair import select_repair
+from engine.arms.runner import Sampling
+from engine.arms.baseline import run_baseline
+from engine.arms.modular import run_cached, run_repaired
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank.",
         "Quantum computers use qubits that can hold superpositions of states.",
@@ -229,7 +231,7 @@ def test_repair_is_refused_for_sliding_window_models(tokenizer_bundle):
     # the rank mask would replace the window mask that reads key positions: refused, with the reason
     from transformers import MistralConfig, MistralForCausalLM
 
-    from engine.models import wrap_model
+    from engine.model.load import wrap_model
     from engine.session import Engine
 
     _, tok, _ = tokenizer_bundle

@@ -275,9 +275,9 @@ def test_the_studio_history_opens_a_database_written_before_the_arm_table(tmp_pa
     studio = Studio(tiny_engine, RunLog(path))
     rows = history.rows(studio)
     assert [r[0] for r in rows] == [4, 3, 2, 1]
-    cells = dict(zip(history.HEADERS, rows[-1]))  # run 1 had all three arms
+    cells = dict(zip(history.headers(), rows[-1]))  # run 1 had all three arms
     assert cells["Baseline TTFT"].endswith(" ms") and "×" in cells["Prefix cache TTFT"]
-    assert dict(zip(history.HEADERS, rows[1]))["Baseline TTFT"] == "–"  # run 3 ran the cached arm alone
+    assert dict(zip(history.headers(), rows[1]))["Baseline TTFT"] == "–"  # run 3 ran the cached arm alone
     detail = history.run_detail(studio, 1)
     assert detail.count('class="col-head"') == 3 and "faster first token" in detail
     assert len(history.plot_points(studio)) == 3 + 2 + 1 + 2

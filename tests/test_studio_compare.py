@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 
-from engine.comparison import Comparison
+from engine.arms.compare import Comparison
 from tests.studio_fixtures import CPU, TRAVEL_PROMPT, doc, settings, studio, travel  # noqa: F401 (fixtures)
 
 
@@ -60,7 +60,7 @@ def row_prefix_ok(row, data) -> bool:
 
 
 def test_divergence_offsets_mark_where_the_texts_part(studio, travel):
-    from engine.runner import first_divergence
+    from engine.arms.registry import first_divergence
 
     schema, prompt, _ = travel
     final = list(cmp.compare_stream(studio, schema, prompt, 6, settings=settings(mode="isolated")))[-1]
@@ -77,7 +77,7 @@ def test_divergence_offsets_mark_where_the_texts_part(studio, travel):
 
 
 def test_compare_json_is_the_engines_document(studio, travel):
-    from engine.runner import Sampling
+    from engine.arms.runner import Sampling
 
     schema, prompt, _ = travel
     data = cmp.compare_json(studio, schema, prompt, 4, settings=settings(storage_dtype="float16"))
@@ -113,7 +113,7 @@ def test_arm_columns_follow_the_arms_that_ran():
     assert "KV copy" not in views.metrics_html(c, "baseline") and "KV copy" in views.metrics_html(c, "cached")
     two = {**data, "arms": ["baseline", "cached"], "prefix": None}
     assert "appear here after a run" in views.metrics_html(doc(two), "prefix")
-    assert [v.arm for v in views.ARM_VIEWS] == ["baseline", "prefix", "cached", "blend"]
+    assert [v.arm for v in views.arm_views()] == ["baseline", "prefix", "cached", "blend"]
 
 
 def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatch):
@@ -142,7 +142,7 @@ def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatc
 
     monkeypatch.setattr(cmp, "compare_stream", fake_stream)
     streaming, done = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
-    columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(views.ARM_VIEWS))]  # (column, text, metrics) per arm
+    columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(views.arm_views()))]  # (column, text, metrics) per arm
     assert [c[0].visible for c in columns] == [True, True, True, False]  # no blend arm in this run
     assert "caret" in streaming[1 + 3 * 1 + 1] and "caret" not in streaming[1 + 1]  # the prefix arm is generating
     marks = cmp.divergence_offsets(studio, comparison)
@@ -236,7 +236,7 @@ def test_repair_setting_reaches_the_run_and_the_token_view(studio, travel):
 
 
 def test_compare_columns_show_the_kv_each_arm_held():
-    from engine.runner import RunResult
+    from engine.arms.runner import RunResult
     from studio.views import kv_rows, metrics_html
 
     base = {"kv_held_bytes": 4_000_000, "kv_buffer_used_bytes": 4_000_000, "kv_store_bytes": 0}

@@ -19,9 +19,9 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
 
     from gradio_client import Client
 
-    from engine.encode import count_units
+    from engine.cache.encode import count_units
     from engine.runlog import RunLog
-    from engine.runner import Sampling
+    from engine.arms.runner import Sampling
     from studio.app import build_app, launch_options
 
     runlog = RunLog(tmp_path / "runs.db", timeout=0.5)
@@ -76,7 +76,7 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
 
 
 def test_serve_binds_localhost_without_share_and_loads_no_model(tmp_path, monkeypatch):
-    from engine.models import cache_root
+    from engine.devices import cache_root
     from studio.launch import serve
 
     (tmp_path / "models").symlink_to(cache_root() / "models")  # the converted default model, not a new copy

@@ -32,8 +32,8 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     schema, prompt, _ = travel
     data = cmp.compare_json(studio, schema, prompt, 2, settings=settings(storage_dtype="float16"))
     rows = hist.rows(studio)
-    assert len(rows) == 1 and rows[0][2] == "travel" and len(rows[0]) == len(hist.HEADERS)
-    cells = dict(zip(hist.HEADERS, rows[0]))
+    assert len(rows) == 1 and rows[0][2] == "travel" and len(rows[0]) == len(hist.headers())
+    cells = dict(zip(hist.headers(), rows[0]))
     assert cells["Baseline TTFT"] == f"{data['baseline']['ttft_ms']:.0f} ms"
     same = "same" if data["same_text"] else f"diverges at {data['first_divergence']}"
     assert cells["Modular cache TTFT"] == f"{data['cached']['ttft_ms']:.0f} ms · {data['speedup']:.1f}× · {same}"
@@ -89,7 +89,7 @@ def test_run_log_records_storage_settings_and_sources(studio, travel):
     assert data["storage_dtype"] == "float16" and data["compression"] == {"retention": 0.5, "method": "uniform"}
     row = studio.runlog.runs()[0]
     assert row["storage_dtype"] == "float16" and row["retention"] == 0.5 and row["compression_method"] == "uniform"
-    from engine.encode import count_units
+    from engine.cache.encode import count_units
 
     units = count_units(studio.layout(schema))
     assert row["units_encoded"] == units and row["units_memory"] == 0 and row["units_disk"] == 0

@@ -67,7 +67,7 @@ CHILD = textwrap.dedent("""
 
 
 def run_studio(tmp_path, **env) -> dict:
-    from engine.models import cache_root
+    from engine.devices import cache_root
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -7,19 +7,16 @@
   (:func:`to_storage`, :func:`storage_tag`, :func:`stored_bytes_per_token`, :func:`entry_from_tensors`).
 * :mod:`.buffer` — a run's preallocated :class:`KVBuffer` (a view of the :class:`KVWorkspace`) and
   :class:`BufferedCache`, the transformers cache that appends into it in place.
-* :mod:`.attend` — the engine's attention function (:func:`use_pml_attention`), repair's
-  :class:`RankMask`, compression's scorers, and :func:`forward_kv`.
 
+A leaf, like transformers' ``cache_utils``: it imports torch, transformers' cache classes and nothing else
+of the engine. The attention function that reads these containers is in :mod:`engine.model.attend`.
 Everything is re-exported here: import from ``engine.kv``.
 """
 
-from .attend import (ATTENTION, AttentionScorer, QueryCapture, RankMask, _pml_attention, attention_weights,
-                     forward_kv, rank_masked, scoring, use_pml_attention)
-from .buffer import BufferedCache, KVBuffer, KVWorkspace
-from .entries import LayeredKV, ModuleKV, StoredKV
-from .quant import QUANT_BITS, QUANT_GROUP, QuantKV, entry_from_tensors, storage_tag, stored_bytes_per_token, to_storage
+from engine.kv.buffer import BufferedCache, KVBuffer, KVWorkspace
+from engine.kv.entries import LayeredKV, ModuleKV, StoredKV
+from engine.kv.quant import (QUANT_BITS, QUANT_GROUP, QuantKV, entry_from_tensors, storage_tag, stored_bytes_per_token,
+                             to_storage)
 
-__all__ = ["ATTENTION", "AttentionScorer", "BufferedCache", "KVBuffer", "KVWorkspace", "LayeredKV", "ModuleKV",
-           "QUANT_BITS", "QUANT_GROUP", "QuantKV", "QueryCapture", "RankMask", "StoredKV", "attention_weights",
-           "entry_from_tensors", "forward_kv", "rank_masked", "scoring", "storage_tag", "stored_bytes_per_token",
-           "to_storage", "use_pml_attention"]
+__all__ = ["BufferedCache", "KVBuffer", "KVWorkspace", "LayeredKV", "ModuleKV", "QUANT_BITS", "QUANT_GROUP", "QuantKV",
+           "StoredKV", "entry_from_tensors", "storage_tag", "stored_bytes_per_token", "to_storage"]

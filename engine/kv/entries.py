@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .buffer import KVBuffer
+    from engine.kv.buffer import KVBuffer
 
 
 class StoredKV(abc.ABC):

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .entries import ModuleKV, StoredKV, short_positions
+from engine.kv.entries import ModuleKV, StoredKV, short_positions
 
 if TYPE_CHECKING:
-    from .buffer import KVBuffer
+    from engine.kv.buffer import KVBuffer
 
 QUANT_BITS = {"int8": 8, "int4": 4}
 # (tokens per key group, channels per value group); see QuantKV for the measurements behind them.

@@ -72,10 +72,10 @@ and ``source`` (the `def` node, located errors); ``binding`` binds and checks a 
 compiles to.
 """
 
-from .compiler import prompt_program
-from .files import ProgramFile, load_program_file
-from .model import Param, ProgramCall, ProgramError, Selected, system
-from .program import PromptProgram
+from engine.programs.compiler import prompt_program
+from engine.programs.files import ProgramFile, load_program_file
+from engine.programs.model import Param, ProgramCall, ProgramError, Selected, system
+from engine.programs.program import PromptProgram
 
 __all__ = ["Param", "PromptProgram", "ProgramCall", "ProgramError", "ProgramFile", "Selected",
            "load_program_file", "prompt_program", "system"]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING
 
-from .emit import xml_safe
-from .model import MISSING, ProgramParam, Selected
-from .nodes import Call, Choice, ParamRef
+from engine.programs.emit import xml_safe
+from engine.programs.model import MISSING, ProgramParam, Selected
+from engine.programs.nodes import Call, Choice, ParamRef
 
 if TYPE_CHECKING:
-    from .program import PromptProgram
+    from engine.programs.program import PromptProgram
 
 
 class Refused(Exception):

@@ -11,15 +11,15 @@ import inspect
 import re
 import unicodedata
 
-from ..errors import PMLError, Problem
-from ..pml import ROLES, parse_schema
-from .binding import Refused, bind, check_argument
-from .model import MISSING, ProgramError, system
-from .nodes import Branch, Call, Choice, Cond, ParamRef
-from .program import PromptProgram
-from .source import Definition, function_node, src
-from .text import Inline, append_inline
-from .usage import Usage
+from engine.errors import PMLError, Problem
+from engine.programs.binding import Refused, bind, check_argument
+from engine.programs.model import MISSING, ProgramError, system
+from engine.programs.nodes import Branch, Call, Choice, Cond, ParamRef
+from engine.programs.program import PromptProgram
+from engine.programs.source import Definition, function_node, src
+from engine.programs.text import Inline, append_inline
+from engine.programs.usage import Usage
+from engine.schema.pml import ROLES, parse_schema
 
 _SUGGEST_LOOP = ("a schema is fixed when it is compiled: write each alternative as an if/match branch, or pass "
                  "the varying text as a Param(len=N) argument")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape, quoteattr
 
-from .nodes import Call, Choice, ParamRef, Text
+from engine.programs.nodes import Call, Choice, ParamRef, Text
 
 
 def xml_safe(text: str) -> bool:

@@ -11,10 +11,10 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import Problem
-from .model import ProgramCall, ProgramError
-from .nodes import walk_calls
-from .program import PromptProgram
+from engine.errors import Problem
+from engine.programs.model import ProgramCall, ProgramError
+from engine.programs.nodes import walk_calls
+from engine.programs.program import PromptProgram
 
 
 @dataclass(frozen=True)

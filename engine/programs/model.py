@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import quoteattr
 
-from ..errors import PMLError
-from .emit import text_xml
+from engine.errors import PMLError
+from engine.programs.emit import text_xml
 
 
 class ProgramError(PMLError):

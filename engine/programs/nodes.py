@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .model import Param
-    from .program import PromptProgram
+    from engine.programs.model import Param
+    from engine.programs.program import PromptProgram
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ import typing
 from dataclasses import dataclass, field
 from xml.sax.saxutils import quoteattr
 
-from ..errors import Problem
-from .binding import Refused, bind, check_argument, select
-from .emit import emit, text_xml, xml_safe
-from .model import MISSING, ProgramCall, ProgramError, ProgramParam
+from engine.errors import Problem
+from engine.programs.binding import Refused, bind, check_argument, select
+from engine.programs.emit import emit, text_xml, xml_safe
+from engine.programs.model import MISSING, ProgramCall, ProgramError, ProgramParam
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 

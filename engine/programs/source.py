@@ -8,8 +8,8 @@ import sys
 import typing
 from dataclasses import dataclass
 
-from ..errors import Problem
-from .model import MISSING, ProgramError
+from engine.errors import Problem
+from engine.programs.model import MISSING, ProgramError
 
 
 @dataclass(frozen=True)

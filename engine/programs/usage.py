@@ -7,11 +7,11 @@ import ast
 import inspect
 import typing
 
-from ..pml import IDENT
-from .binding import Refused, check_argument
-from .model import MISSING, Param, ProgramParam
-from .nodes import Cond, ParamRef
-from .source import Definition, src
+from engine.programs.binding import Refused, check_argument
+from engine.programs.model import MISSING, Param, ProgramParam
+from engine.programs.nodes import Cond, ParamRef
+from engine.programs.source import Definition, src
+from engine.schema.pml import IDENT
 
 _CONDITION_HINT = "conditions test a parameter: `if flag:`, `if not flag:` or `if x == \"value\":`"
 

@@ -1,6 +1,6 @@
 """Compare tab: the arms stream side by side (one column per arm that runs), then figures and the token view.
 
-Columns follow :data:`studio.views.ARM_VIEWS` (Baseline · Prefix cache · Modular cache); a column
+Columns follow :func:`studio.views.arm_views` (Baseline · Prefix cache · Modular cache); a column
 whose arm did not run is hidden. The same comparison is the ``/compare`` API endpoint, which
 returns the ``pml-studio run --json`` document plus a ``logged`` key (:meth:`Studio.record`'s report).
 Every finished run is written to the run log; one the log cannot take says so (a warning chip in the
@@ -15,18 +15,16 @@ from typing import Iterator
 
 import gradio as gr
 
+from engine.arms import REGISTRY
+
 from ..errors import as_gr_error, user_error
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread
-from ..views import (ARM_VIEWS, column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
+from ..views import (arm_views, column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
                      token_marks, token_view_html)
 from .editors import Editors, Step
 
-PHASE_MESSAGES = {"baseline": "Baseline: full prefill, then decoding…",
-                  "prefix": "Prefix cache: reusing the cached prefix, prefilling the rest…",
-                  "cached": "Modular cache: reusing module KV, prefilling the rest…",
-                  "blend": "Blend: choosing the deviating tokens, recomputing them with the rest…"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     summary = gr.HTML(summary_html(None), elem_id="compare-summary")
     columns = []
     with gr.Row(equal_height=False):
-        for view in ARM_VIEWS:
+        for view in arm_views():
             with gr.Column(elem_classes=["pml-col", view.arm], visible=view.arm in arms) as col:
                 gr.HTML(head_html(view))
                 text = gr.HTML(column_html("", False), elem_id=f"{view.arm}-text")
@@ -115,7 +113,7 @@ class CompareUpdate:
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
     """Sampling from widget or API values; raises gr.Error naming the setting and its range."""
-    from engine.runner import Sampling
+    from engine.arms.runner import Sampling
 
     with as_gr_error("reading the sampling settings"):
         return Sampling(max_new_tokens=max_new_tokens, temperature=0.0 if temperature in (None, "") else temperature,
@@ -148,7 +146,7 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
             elif kind == "token":
                 arm, text = payload
                 texts[arm] = text
-                yield CompareUpdate(arm, dict(texts), cfg.arms, PHASE_MESSAGES.get(arm, f"{arm}: decoding…"))
+                yield CompareUpdate(arm, dict(texts), cfg.arms, _progress(arm))
             else:
                 res = payload[0]
     except Exception as err:
@@ -177,7 +175,7 @@ def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
 
     The baseline is marked at the earliest divergence of any other arm.
     """
-    from engine.arms import first_divergence
+    from engine.arms.registry import first_divergence
 
     base = comparison.baseline
     out: dict[str, int | None] = {}
@@ -206,7 +204,7 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
         for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values)):
             if upd.phase != "done":
                 cols = []
-                for view in ARM_VIEWS:
+                for view in arm_views():
                     shown = view.arm in upd.arms
                     cols += [gr.Column(visible=shown), column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm),
                              gr.skip()]
@@ -215,7 +213,7 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
             comparison = upd.comparison
             marks = divergence_offsets(studio, comparison)
             cols = []
-            for view in ARM_VIEWS:
+            for view in arm_views():
                 ran = comparison.arm(view.arm) is not None
                 cols += [gr.Column(visible=ran), column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm)),
                          metrics_html(comparison, view.arm)]
@@ -223,5 +221,11 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                                      prefix_stop(comparison))
             yield (summary_html(comparison) + logged_html(upd.logged), *cols, tokens, upd.result, studio.status_html())
     except gr.Error as err:
-        yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(ARM_VIEWS) + 3)
+        yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(arm_views()) + 3)
         raise
+
+
+def _progress(arm: str) -> str:
+    """What the page says while ``arm`` runs (its spec's progress text)."""
+    spec = REGISTRY.get(arm)
+    return spec.progress if spec is not None and spec.progress else f"{arm}: decoding…"

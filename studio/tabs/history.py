@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.comparison import Comparison
+from engine.arms.compare import Comparison
 from engine.config import short_dtype
 from engine.runlog import RunLogError
 
@@ -16,13 +16,19 @@ from .. import views
 
 from ..settings import Panel
 from ..state import Studio
-from ..views import ARM_VIEWS, retention_text
+from ..views import arm_views, retention_text
 from .compare import CompareTab
 from .editors import Editors, Step
 from .schema import SchemaTab
 
 RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)"]
-HEADERS = RUN_HEADERS + [f"{v.title} TTFT" for v in ARM_VIEWS]  # then one column per arm: TTFT · speedup · agreement
+
+
+def headers() -> list[str]:
+    """The run table's columns: the run's, then one per registered arm (TTFT · speedup · agreement)."""
+    return RUN_HEADERS + [f"{v.title} TTFT" for v in arm_views()]
+
+
 PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "path", "run", "schema"]
 
 
@@ -34,7 +40,7 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
         refresh_btn = gr.Button("Refresh", size="md", scale=1)
         export = gr.DownloadButton("Export CSV", size="md", scale=1)
     notice = gr.HTML(notice_html(studio), elem_id="history-notice")
-    table = gr.Dataframe(headers=HEADERS, interactive=False, max_height=360, wrap=True, elem_id="history-table",
+    table = gr.Dataframe(headers=headers(), interactive=False, max_height=360, wrap=True, elem_id="history-table",
                          label="Runs (click a row to select it)",
                          column_widths=["5%", "15%", "11%", "15%", "11%", "9%", "8%", "8%", "6%", "6%", "6%"])
     with gr.Row(elem_classes=["pml-toolbar"]):
@@ -44,7 +50,7 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
         rerun_btn = gr.Button("Re-run", variant="primary", size="md", scale=1)
     detail = gr.HTML(views.summary_html(None, "Click a row to see its run."), elem_id="history-detail")
     plot = gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="path", label="TTFT over prompt length", height=320,
-                          color_map={v.arm: v.color for v in ARM_VIEWS})
+                          color_map={v.arm: v.color for v in arm_views()})
     gr.Markdown(f"Run log: `{studio.runlog.path}`", elem_classes=["pml-note"])
 
     refresh = Step(partial(_refresh_ui, studio, downloads), [which], [table, plot, which, export, notice])
@@ -74,7 +80,7 @@ def rows(studio: Studio, schema: str | None = None) -> list[list]:
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
         cells = [r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), r["schema_name"],
                  r["model"], storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})"]
-        out.append(cells + [arm_cell(r["arms"].get(v.arm)) for v in ARM_VIEWS])
+        out.append(cells + [arm_cell(r["arms"].get(v.arm)) for v in arm_views()])
     return out
 
 
@@ -100,7 +106,7 @@ def run_detail(studio: Studio, run_id) -> str:
         return views.error_html(f"run {row['id']} has no readable result document ({err}); re-run it")
     cells = "".join(f'<div class="pml-col {v.arm}">{views.head_html(v)}{views.column_html(res.run.text, False)}'
                     f"{views.metrics_html(comparison, v.arm)}</div>"
-                    for v in ARM_VIEWS if (res := comparison.arm(v.arm)) is not None)
+                    for v in arm_views() if (res := comparison.arm(v.arm)) is not None)
     return f'{views.summary_html(comparison)}<div class="pml-history-arms">{cells}</div>'
 
 

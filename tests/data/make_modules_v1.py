@@ -8,10 +8,10 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "tests")
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from engine.models import load_tokenizer, wrap_model
+from engine.model.load import load_tokenizer, wrap_model
 from engine.session import Engine
-from engine.compress import Compression
-from engine.runner import Sampling
+from engine.config import Compression
+from engine.arms.runner import Sampling
 from test_module_memory import SCHEMA, PROMPT
 
 out = pathlib.Path(sys.argv[1])

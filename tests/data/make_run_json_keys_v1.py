@@ -3,7 +3,7 @@ conftest.make_tiny_llama copied in: the seed-0 tiny Llama of its tiny_lm fixture
 import json, sys, pathlib
 sys.path.insert(0, "tests")
 from conftest import SAMPLES, make_tiny_llama
-from engine.models import load_tokenizer, wrap_model
+from engine.model.load import load_tokenizer, wrap_model
 from engine.session import Engine
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 _, tok, _ = load_tokenizer(None)
 lm = make_tiny_llama(tok)
 eng = Engine.from_loaded(lm)
-from engine.runner import Sampling
+from engine.arms.runner import Sampling
 s = (SAMPLES / "travel.xml").read_text(); p = (SAMPLES / "travel.prompt.xml").read_text()
 paths = set()
 def walk(x, pre):

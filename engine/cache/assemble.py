@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from .compress import QuestionRetention
-from .encode import EncodedSchema
-from .kv import LayeredKV
-from .layout import ANONYMOUS
-from .plan import CACHED, PromptPlan
-from .store import ModuleStore
+from engine.cache.compress import QuestionRetention
+from engine.cache.encode import EncodedSchema
+from engine.cache.store import ModuleStore
+from engine.kv import LayeredKV
+from engine.schema.layout import ANONYMOUS
+from engine.schema.plan import CACHED, PromptPlan
 
 
 def fetch_entries(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> None:

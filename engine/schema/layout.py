@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import ContextLengthError, PMLError, Problem
-from .pml import Module, Param, Role, Schema, Text, Union
+from engine.errors import ContextLengthError, PMLError, Problem
+from engine.schema.pml import Module, Param, Role, Schema, Text, Union
 
 ANONYMOUS = ""  # owner of text outside every module
 

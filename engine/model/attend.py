@@ -19,8 +19,8 @@ import math
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .. import attention as positional
-from .entries import ModuleKV
+from engine.kv.entries import ModuleKV
+from engine.model import positions as positional
 
 ATTENTION = "pml_attention"  # no "sdpa" in the name: transformers would then refuse it to models without SDPA
 _SCORER: contextvars.ContextVar["AttentionScorer | QueryCapture | None"] = contextvars.ContextVar("pml_scorer",

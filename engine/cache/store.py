@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from .config import LIMITS
-from .errors import EngineError, MissingEntry, StorageError
-from .kv import entry_from_tensors
-from .models import check_device
+from engine.devices import check_device
+from engine.errors import EngineError, MissingEntry, StorageError
+from engine.kv import entry_from_tensors
+from engine.limits import LIMITS
 
 FORMAT = "pml-kv/2"  # adds "scheme" and quantized entries (bits, key_group, value_group) to pml-kv/1
 READABLE = ("pml-kv/1", FORMAT)
@@ -338,7 +338,7 @@ def _budget(budget_bytes) -> int:
 
 def default_budget(device: str = "cpu") -> int:
     """Half of the memory available now on ``device`` (at least 256 MiB)."""
-    from .models import available_bytes
+    from engine.devices import available_bytes
 
     avail = available_bytes(device) or 8 * 2**30
     return max(256 * 2**20, avail // 2)

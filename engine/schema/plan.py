@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ContextLengthError, PMLError, Problem
-from .layout import ANONYMOUS, EntryName, Layout
-from .pml import Import, NewText, Prompt
+from engine.errors import ContextLengthError, PMLError, Problem
+from engine.schema.layout import ANONYMOUS, EntryName, Layout
+from engine.schema.pml import Import, NewText, Prompt
 
 CACHED, UNCACHED = "cached", "uncached"
 

@@ -47,17 +47,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .arms import Arm, ArmContext, ArmResult, register
-from .config import BLEND_RULES
-from .assemble import buffer_ranks, copy_list_ranked, prefilled
-from .encode import EncodedSchema
-from .errors import EngineError
-from .kv import KVBuffer, LayeredKV, QuantKV, RankMask, scoring
-from .models import LoadedModel
-from .plan import CACHED, PromptPlan
-from .repair import select_repair
-from .runner import Fill, RunResult, Sampling, TokenFn, check_recompute, run_cached, timed_run
-from .store import ModuleStore
+from engine.arms.modular import run_cached
+from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
+                                  register, setting)
+from engine.arms.repair import select_repair
+from engine.arms.runner import Fill, check_recompute, timed_run
+from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
+from engine.cache.encode import EncodedSchema
+from engine.cache.store import ModuleStore
+from engine.errors import EngineError
+from engine.kv import KVBuffer, LayeredKV, QuantKV
+from engine.limits import Limit
+from engine.model.attend import RankMask, scoring
+from engine.model.load import LoadedModel
+from engine.schema.plan import CACHED, PromptPlan
 
 # rule -> what picks the recomputed tokens (see select_blend)
 RULES = {
@@ -69,10 +72,28 @@ RULES = {
     "mixed": "the first 2 tokens of every link, then half by deviation and half by the question's attention",
     "random": "a seeded random choice (the control)",
 }
-assert tuple(RULES) == BLEND_RULES  # the settings offer exactly these
 DEVIATION_OF = "v"  # which deviation "deviation" means (CacheBlend's); the rule "deviation-k" reads K instead
 FRESH_EARLY = True  # write the selection pass's early-layer KV over the stored KV (it is a full prefill's, paid for)
 MIXED_LINK_TOKENS = 2  # tokens per link the mixed rule always takes
+
+
+@dataclass(frozen=True)
+class BlendSettings(ArmSettings):
+    """The blend arm's settings (their one default each is here)."""
+
+    ratio: float = setting(0.15, "blend", "Blend: share of cached tokens recomputed (R)",
+                           "recompute this share of the cached tokens, e.g. 0.15 (CacheBlend's selective recompute)",
+                           limit=Limit("blend", 0.0, 1.0, meaning="a share of the cached tokens from 0 to 1",
+                                       example="0.15"), step=0.05, widget_max=0.5, enables=True, metavar="R")
+    rule: str = setting("deviation", "blend_rule", "Blend: which tokens",
+                        "which tokens it recomputes: largest KV deviation at layer 1 (CacheBlend), link tokens, the "
+                        "question's attention, a mix, or random (a control)", choices=tuple(RULES))
+
+    def check_with(self, config) -> None:
+        if config.compression.at_run:
+            raise EngineError("blend and question-aware retention cannot be combined yet (blend reorders the run's "
+                              "buffer that question retention thins); leave blend out of the arms or pick another "
+                              "compression")
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,17 @@ class BlendInfo:
         return {"blend_ratio": self.ratio, "rule": self.rule, "check_layer": self.check_layer,
                 "selection_ms": round(self.selection_ms, 3), "fresh_early": self.fresh_early}
 
+    def chips(self) -> list[str]:
+        """Short facts the studio shows under the arm's column."""
+        return [f"blend {self.ratio:g} by {self.rule}, selection {self.selection_ms:.0f} ms"]
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BlendInfo":
+        """Read back from the blend arm's run --json object (the chosen ranks are its ``recomputed_positions``'
+        tokens and are not kept: ``ranks`` is empty)."""
+        return cls(ratio=data.get("blend_ratio", 0.0), rule=data.get("rule", ""), check_layer=data.get("check_layer", 1),
+                   ranks=(), selection_ms=data.get("selection_ms", 0.0), fresh_early=bool(data.get("fresh_early")))
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -103,23 +135,25 @@ class Probe:
 # Public API
 # ----------------------------------------------------------------------------------------------
 
-@register(Arm.BLEND, title="Blend", subtitle="module KV reused, the most deviating share recomputed",
-          color="#be185d", reads_store=True)
 def blend_arm(ctx: ArmContext) -> ArmResult:
-    """The blend arm: ``ctx.blend`` of the cached tokens recomputed, by ``ctx.options['blend_rule']``."""
-    run, info = run_blend(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, ratio=ctx.blend,
-                          rule=ctx.options.get("blend_rule", "deviation"))
-    return ArmResult(Arm.BLEND, run, detail=info)
+    """The blend arm: its settings' ``ratio`` of the cached tokens recomputed, chosen by their ``rule``."""
+    s = ctx.settings_of("blend")
+    run, info = run_blend(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, ratio=s.ratio,
+                          rule=s.rule)
+    return ArmResult(Arm("blend"), run, detail=info)
 
 
 def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-              sampling: Sampling = Sampling(), on_token: TokenFn | None = None, ratio: float = 0.15,
-              rule: str = "deviation", check_layer: int = 1, fresh_early: bool | None = None,
+              sampling: Sampling = Sampling(), on_token: TokenFn | None = None, ratio: float | None = None,
+              rule: str | None = None, check_layer: int = 1, fresh_early: bool | None = None,
               seed: int = 0) -> tuple[RunResult, BlendInfo]:
     """The cached run with the ``ratio`` share of cached tokens recomputed, chosen by ``rule`` (module docstring).
 
-    ``seed`` drives the random rule only. Returns the run (path ``"blend"``) and how it chose.
+    ``seed`` drives the random rule only; ``ratio`` and ``rule`` default to :class:`BlendSettings`'. Returns the
+    run (arm ``"blend"``) and how it chose.
     """
+    ratio = BlendSettings.ratio if ratio is None else ratio  # the dataclass's class attribute is the default
+    rule = BlendSettings.rule if rule is None else rule
     fresh_early = FRESH_EARLY if fresh_early is None else fresh_early
     _check_args(lm, ratio, rule, check_layer)
     cached = cached_ranks(plan)
@@ -127,7 +161,7 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
     info = BlendInfo(ratio=ratio, rule=rule, check_layer=check_layer, ranks=(), selection_ms=0.0,
                      fresh_early=fresh_early)
     if n == 0:
-        return replace(run_cached(lm, plan, encoded, store, sampling, on_token), path="blend"), info
+        return replace(run_cached(lm, plan, encoded, store, sampling, on_token), arm="blend"), info
     check_recompute(lm, "blend", "set blend to 0")
     _decoder_layers(lm.model)
     ranges = _cached_ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
@@ -370,3 +404,9 @@ def _fill(chosen: list[int], candidates: list[int], n: int) -> None:
         if r not in have:
             chosen.append(r)
             have.add(r)
+
+
+register(ArmSpec("blend", blend_arm, title="Blend", subtitle="module KV reused, the most deviating share recomputed",
+                 color="#be185d", order=30, reads=Reads.MODULES, json_prefix="blend_", settings=BlendSettings,
+                 detail=BlendInfo, progress="Blend: choosing the deviating tokens, recomputing them with the rest…",
+                 token_class=("blended", "recomputed by blend (chosen by deviation / rule)")))

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterator, Union as TypingUnion
+from typing import Iterator
+from typing import Union as TypingUnion
 
 from lxml import etree
 
-from .errors import PMLError, Problem
+from engine.errors import PMLError, Problem
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 ROLES = ("system", "user", "assistant")

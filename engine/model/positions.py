@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ModelError
+from engine.errors import ModelError
 
 if TYPE_CHECKING:  # torch is imported where it is used: engine.models reads the family facts without it
     import torch

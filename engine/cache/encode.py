@@ -30,14 +30,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .compress import Compression, compress
-from .config import RunConfig
-from .errors import EngineError, MissingEntry
-from .kv import ATTENTION, AttentionScorer, ModuleKV, forward_kv, scoring, storage_tag, to_storage
-from .layout import ANONYMOUS, EntryName, Layout
-from .store import ModuleStore
+from engine.cache.compress import Compression, compress
+from engine.cache.store import ModuleStore
+from engine.errors import EngineError, MissingEntry
+from engine.kv import ModuleKV, storage_tag, to_storage
+from engine.model.attend import ATTENTION, AttentionScorer, forward_kv, scoring
+from engine.schema.layout import ANONYMOUS, EntryName, Layout
 
 ProgressFn = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a schema's modules are encoded and stored: the part of a run's settings encoding depends on.
+    ``engine.config.RunConfig`` has these attributes, so a run config can be passed where an Encoding is."""
+
+    mode: str = "prefixed"  # "prefixed": modules see the text before them; "isolated": each alone
+    storage_dtype: str = "float32"
+    compression: Compression = field(default_factory=Compression)
+    sink: int = 0  # isolated: neutral tokens each module is encoded after
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class EncodedSchema:
         return self.scaffolds[scaffold][piece] if scaffold else self.pieces[piece]
 
 
-def encode_schema(model, layout: Layout, store: ModuleStore, config: RunConfig = RunConfig(),
+def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),
                   model_fingerprint: str = "", progress: ProgressFn | None = None) -> EncodedSchema:
     """Encode every cached unit of ``layout`` into ``store`` (entries already stored are reused).
 

@@ -29,8 +29,9 @@ import math
 
 import torch
 
-from .config import METHODS, Compression  # noqa: F401  (re-exported)
-from .kv import KVBuffer, LayeredKV, ModuleKV, QueryCapture, attention_weights, scoring
+from engine.cache.compression import METHODS, Compression  # noqa: F401  (re-exported)
+from engine.kv import KVBuffer, LayeredKV, ModuleKV
+from engine.model.attend import QueryCapture, attention_weights, scoring
 
 RETENTION_NOTE = ("pyramid, uniform and recent drop module tokens when a module is stored, before any question "
                   "is known, so they can drop the answer; question keeps the stored modules whole and drops "

@@ -12,15 +12,16 @@ logged runs are shown by the same code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Sequence
 
-from .arms import Agreement, Arm, ArmResult, REGISTRY
-
-if TYPE_CHECKING:
-    from .encode import EncodedSchema
-    from .plan import PromptPlan
-    from .runner import Sampling
-    from .store import ModuleStore
+from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResult, ArmSettings, Reads, RunResult,
+                                  Sampling, TokenFn)
+from engine.cache.assemble import fetch_entries, used_keys
+from engine.cache.encode import EncodedSchema
+from engine.cache.prefix import PrefixCache
+from engine.cache.store import ModuleStore
+from engine.model.load import LoadedModel
+from engine.schema.plan import PromptPlan
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class StoreSummary:
     stats: dict  # budget, evictions, disk loads/writes/errors of the store after the run
 
     @classmethod
-    def of(cls, encoded: "EncodedSchema", store: "ModuleStore") -> "StoreSummary":
+    def of(cls, encoded: EncodedSchema, store: ModuleStore) -> "StoreSummary":
         return cls(device=store.device, dtype=encoded.dtype, nbytes=encoded.nbytes(store),
                    by_module=encoded.bytes_by_module(store),
                    compression={"retention": encoded.compression.retention, "method": encoded.compression.method},
@@ -54,7 +55,7 @@ class PromptCounts:
     scaffolds: tuple[str, ...]
 
     @classmethod
-    def of(cls, plan: "PromptPlan") -> "PromptCounts":
+    def of(cls, plan: PromptPlan) -> "PromptCounts":
         return cls(plan.layout.name, plan.prompt_tokens, plan.cached_tokens, plan.uncached_tokens,
                    tuple(plan.imported), tuple(plan.scaffolds))
 
@@ -66,10 +67,10 @@ class Comparison:
     model: str
     device: str  # where the model ran
     store: StoreSummary
-    sampling: "Sampling"
+    sampling: Sampling
     arms: dict[Arm, ArmResult]  # in registry order; only the arms that ran
     mode: str
-    plan: "PromptPlan | None" = field(default=None, repr=False)  # None when read back from JSON
+    plan: PromptPlan | None = field(default=None, repr=False)  # None when read back from JSON
     prompt: PromptCounts | None = None  # made from the plan when not given
     encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
     repair: int = 0  # link tokens recomputed per link
@@ -132,10 +133,11 @@ class Comparison:
             speedup = self.speedup(arm)
             agree = (res.agreement.to_json() if res is not None and res.agreement is not None
                      else dict.fromkeys(Agreement.FIELDS))
-            out[f"{spec.legacy_prefix}speedup"] = None if speedup is None else round(speedup, 3)
-            out.update({f"{spec.legacy_prefix}{k}": v for k, v in agree.items()})
+            stem = spec.json_stem
+            out[f"{stem}speedup"] = None if speedup is None else round(speedup, 3)
+            out.update({f"{stem}{k}": v for k, v in agree.items()})
             if res is not None:
-                by_arm[arm.value] = {"title": spec.title, "speedup": out[f"{spec.legacy_prefix}speedup"],
+                by_arm[arm.value] = {"title": spec.title, "speedup": out[f"{stem}speedup"],
                                      "agreement": None if res.agreement is None else agree}
         out["by_arm"] = by_arm
         return out
@@ -143,17 +145,15 @@ class Comparison:
     @classmethod
     def from_json(cls, data: dict) -> "Comparison":
         """A comparison read back from its ``run --json`` document (no plan, no logits)."""
-        from .runner import PrefixReuse, RunResult, Sampling
-
         arms = {}
         for arm, spec in REGISTRY.items():
             d = data.get(arm.value)
             if not d:
                 continue
+            stem = spec.json_stem
             agree = None if arm == Arm.BASELINE else Agreement.from_json(
-                {k: data.get(f"{spec.legacy_prefix}{k}") for k in Agreement.FIELDS})
-            detail = PrefixReuse.from_json(d) if arm == Arm.PREFIX else None
-            arms[arm] = ArmResult(arm, RunResult.from_json(arm.value, d), agree, detail)
+                {k: data.get(f"{stem}{k}") for k in Agreement.FIELDS})
+            arms[arm] = ArmResult(arm, RunResult.from_json(arm.value, d), agree, spec.detail_from_json(d))
         comp = data.get("compression") or {}
         store = StoreSummary(device=data.get("storage", ""), dtype=data.get("storage_dtype") or "float32",
                              nbytes=data.get("store_bytes") or 0, by_module=data.get("store_bytes_by_module") or {},
@@ -163,10 +163,42 @@ class Comparison:
                               data.get("uncached_tokens", 0), tuple(data.get("imported") or ()),
                               tuple(data.get("scaffolds") or ()))
         return cls(model=data.get("model", ""), device=data.get("device", ""), store=store,
-                   sampling=Sampling(**(data.get("sampling") or {})), arms=arms, mode=data.get("mode", ""),
+                   sampling=Sampling.from_json(data.get("sampling")), arms=arms, mode=data.get("mode", ""),
                    prompt=prompt, encode=data.get("encode"), repair=data.get("repair") or 0,
                    sink=data.get("sink") or 0)
 
     def _run(self, arm: Arm):
         res = self.arms.get(arm)
         return None if res is None else res.run
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the arms
+# ----------------------------------------------------------------------------------------------
+
+def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+            sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
+            arms: Sequence[str] = ("baseline", "cached"), prefix: PrefixCache | None = None,
+            settings: dict[str, ArmSettings] | None = None) -> Comparison:
+    """The asked-for arms of one plan, one after the other on the same buffers, in registry order, each
+    with its agreement with the baseline. ``settings``: arm name -> its settings (defaults otherwise).
+    Store entries are fetched before any arm is timed."""
+    wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
+    reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)
+    if reads_modules:
+        fetch_entries(plan, encoded, store)
+    keep = tuple(used_keys(plan, encoded)) if reads_modules else ()
+    ctx = ArmContext(lm, plan, encoded, store, sampling, on_token, prefix, keep, dict(settings or {}))
+    results = {a: REGISTRY[a].run(ctx) for a in wanted}
+    base = results.get(Arm.BASELINE)
+    cached = ctx.settings_of("cached")
+    return Comparison(
+        model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=sampling,
+        arms={a: r.with_agreement(base) for a, r in results.items()}, mode=encoded.mode,
+        repair=getattr(cached, "repair", 0) if Arm.CACHED in wanted else 0, sink=encoded.sink)
+
+
+def agreement(base: RunResult, other: RunResult) -> dict:
+    """:meth:`Agreement.between` as the ``run --json`` keys (for benchmark scripts)."""
+    a = Agreement.between(base, other)
+    return {k: getattr(a, k) for k in Agreement.FIELDS}

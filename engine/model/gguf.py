@@ -9,7 +9,7 @@
 * :func:`remove_stale_conversions` — the temporary folders of conversions that were killed (each is
   named by its host and process, :func:`conversion_dir`) are removed when a model is next resolved.
 
-engine/models.py resolves model specs and loads the converted folders; this module only makes them.
+engine/model/load.py resolves model specs and loads the converted folders; this module only makes them.
 """
 
 from __future__ import annotations
@@ -22,14 +22,17 @@ import shutil
 import socket
 import struct
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelError
-from .sanity import check_shape
+from engine.devices import available_bytes, cache_root
+from engine.errors import ModelError
+from engine.model.sanity import check_config, check_shape, short
 
 GGUF_MAGIC = b"GGUF"
+convert_lock = threading.Lock()  # one conversion at a time in this process (packaged models and GGUF files)
 # precision of weights converted from a GGUF file (README: Models): fp32, the CPU's compute default
 # (engine/config.py default_dtype). A GGUF's dequantised values (fp16 scale x 6-bit sub-scale x 4-bit
 # code) need more than bf16's 8 mantissa bits, so bf16 weights would be another model than the one
@@ -123,7 +126,7 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     remembered by (path, size, mtime), so a converted file is not hashed again at every start.
     """
     path = path.expanduser().resolve()
-    remove_stale_conversions(models.cache_root() / "models")
+    remove_stale_conversions(cache_root() / "models")
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
@@ -132,7 +135,7 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     target = _gguf_folder(digest)
     if not _is_converted(target):
         _check_gguf(path)
-        with models._convert_lock:
+        with convert_lock:
             if not _is_converted(target):
                 _convert_gguf(path, target, dtype)
     _remember_digest(path, digest)
@@ -144,7 +147,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
 
     Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing, and
     the folder of a killed conversion is removed at a later start (:func:`remove_stale_conversions`). The
-    config is checked (:func:`engine.models.check_config`) before the tokenizer or the model is built.
+    config is checked (:func:`engine.check_config`) before the tokenizer or the model is built.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -152,13 +155,13 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
     where, name = str(gguf.parent), gguf.name
     try:
         config = AutoConfig.from_pretrained(where, gguf_file=name)  # read once: each read parses the whole header
-        models.check_config(config, str(gguf), torch.float32, "cpu", fix=GGUF_FIX)
+        check_config(config, str(gguf), torch.float32, "cpu", fix=GGUF_FIX)
         tok = AutoTokenizer.from_pretrained(where, gguf_file=name)
         src = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, config=config, dtype=torch.float32)
     except ModelError:
         raise
     except Exception as err:  # transformers raises many kinds for a GGUF it cannot read
-        raise ModelError(f"cannot convert {gguf}: {models._short(err)}") from None
+        raise ModelError(f"cannot convert {gguf}: {short(err)}") from None
     config = src.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -197,7 +200,7 @@ def _check_gguf(path: Path) -> None:
                          f"it loads these architectures: {', '.join(supported)}")
     fp32 = sum(int(t.n_elements) for t in reader.tensors) * 4
     need = 2 * fp32 + path.stat().st_size  # dequantised weights twice (read + converted) and the mapped file
-    avail = models.available_bytes("cpu")
+    avail = available_bytes("cpu")
     if avail is not None and need > 0.9 * avail:
         raise ModelError(f"{path} needs about {need / 2**30:.1f} GiB of memory to convert ({fp32 / 2**30:.1f} GiB of "
                          f"fp32 weights), but only {avail / 2**30:.1f} GiB is available; pick a smaller model or free "
@@ -284,7 +287,7 @@ class _HeaderReader:
 def _damaged(path: Path, err: Exception) -> ModelError:
     size = path.stat().st_size
     return ModelError(f"{path} is truncated or damaged: its header or tensor table does not fit in its {size:,} bytes "
-                      f"({models._short(err)}); download or copy it again")
+                      f"({short(err)}); download or copy it again")
 
 
 def conversion_dir(target: Path, what: str = "") -> Path:
@@ -295,7 +298,7 @@ def conversion_dir(target: Path, what: str = "") -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{target.name}{tag}.converting-{_HOST}-{os.getpid()}-", dir=target.parent))
 
 
-def remove_stale_conversions(folder: Path) -> list[Path]:
+def remove_stale_conversions(folder: Path, names: tuple[str, ...] = ()) -> list[Path]:
     """Remove the temporary folders killed conversions left in ``folder`` (the model cache's ``models``); those removed.
 
     A folder named by a process of this host is removed once that process is gone, and kept while it runs
@@ -306,17 +309,17 @@ def remove_stale_conversions(folder: Path) -> list[Path]:
         found = [e for e in folder.iterdir() if e.name.startswith(".") and e.is_dir() and not e.is_symlink()]
     except OSError:
         return []
-    removed = [e for e in found if _stale(e)]
+    removed = [e for e in found if _stale(e, names)]
     for entry in removed:
         shutil.rmtree(entry, ignore_errors=True)
     return removed
 
 
-def _stale(folder: Path) -> bool:
+def _stale(folder: Path, names: tuple[str, ...] = ()) -> bool:
     owned = _OWNED.fullmatch(folder.name)
     if owned and owned.group(1) == _HOST:
         return not _alive(int(owned.group(2)))
-    names = "|".join(re.escape(p.name) for p in models.PACKAGED.values())
+    names = "|".join(re.escape(n) for n in names) or "(?!)"  # packaged models' folders (engine.model.load)
     if not (owned or re.fullmatch(rf"\.(gguf-[0-9a-f]{{16}}|{names})\.[a-z0-9_]{{8}}", folder.name)):
         return False  # no conversion's
     try:
@@ -339,7 +342,7 @@ def _alive(pid: int) -> bool:
 
 
 def _gguf_folder(digest: str) -> Path:
-    return models.cache_root() / "models" / f"gguf-{digest[:16]}"
+    return cache_root() / "models" / f"gguf-{digest[:16]}"
 
 
 def _is_converted(folder: Path) -> bool:
@@ -355,7 +358,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _digest_book() -> Path:
-    return models.cache_root() / "models" / "gguf-digests.json"
+    return cache_root() / "models" / "gguf-digests.json"
 
 
 def _known_digest(path: Path) -> str | None:
@@ -387,4 +390,3 @@ def _remember_digest(path: Path, digest: str) -> None:
     os.replace(tmp, book_path)
 
 
-from . import models  # noqa: E402  (last: engine.models imports this module's names at its top)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layout import ANONYMOUS
-from .plan import CACHED, PromptPlan, Segment
+from engine.schema.layout import ANONYMOUS
+from engine.schema.plan import CACHED, PromptPlan, Segment
 
 # Recompute the first module's link tokens in isolated mode (it never saw the system text).
 REPAIR_FIRST_ISOLATED = True

@@ -1,0 +1,26 @@
+"""The baseline arm: one ordinary prefill of the whole prompt (nothing reused, nothing stored)."""
+
+from __future__ import annotations
+
+from engine.arms.registry import Arm, ArmContext, ArmResult, ArmSpec, Reads, RunResult, Sampling, TokenFn, register
+from engine.arms.runner import Fill, timed_run
+from engine.model.load import LoadedModel
+from engine.schema.plan import PromptPlan
+
+
+def baseline_arm(ctx: ArmContext) -> ArmResult:
+    return ArmResult(Arm.BASELINE, run_baseline(ctx.lm, ctx.plan, ctx.sampling, ctx.on_token))
+
+
+def run_baseline(lm: LoadedModel, plan: PromptPlan, sampling: Sampling = Sampling(),
+                 on_token: TokenFn | None = None) -> RunResult:
+    """One ordinary prefill of the whole materialised prompt at contiguous positions, then decode."""
+    ids = list(plan.token_ids)
+    run, _ = timed_run(lm, "baseline", len(ids) + sampling.max_new_tokens + 1,
+                       lambda buf: Fill(ids, list(range(len(ids)))), sampling, on_token)
+    return run
+
+
+register(ArmSpec("baseline", baseline_arm, title="Baseline", subtitle="full prefill of every prompt token",
+                 color="#f97316", order=0, reads=Reads.NOTHING, default=True,
+                 progress="Baseline: full prefill, then decoding…"))

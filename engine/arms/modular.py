@@ -1,0 +1,86 @@
+"""The modular-cache arm (``cached``): Prompt Cache's reuse — the imported modules' KV assembled at their
+schema positions, only the uncached tokens prefilled. With ``repair`` K > 0 the link tokens are recomputed
+(:func:`run_repaired`, after EPIC: prefilled with the uncached text, so ``prefill_ms`` holds them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
+                                  register, setting)
+from engine.arms.repair import select_repair
+from engine.arms.runner import Fill, check_recompute, run_recomputed, timed_run
+from engine.cache.assemble import copy_list, question_retention
+from engine.cache.encode import EncodedSchema
+from engine.cache.store import ModuleStore
+from engine.errors import EngineError
+from engine.kv import KVBuffer
+from engine.limits import MAX_REPAIR, Limit
+from engine.model.load import LoadedModel
+from engine.model.positions import copied_positions, needs_positions
+from engine.schema.plan import PromptPlan
+
+
+@dataclass(frozen=True)
+class ModularSettings(ArmSettings):
+    """The modular arm's one setting: link tokens recomputed per link (0 = plain reuse)."""
+
+    repair: int = setting(0, "repair", "Repair: link tokens recomputed (K)",
+                          "link-token repair: recompute the first K tokens of every module that did not see what "
+                          "precedes it, and after each argument, with the question (EPIC's LegoLink; 0 = off)",
+                          limit=Limit("repair", 0, MAX_REPAIR, whole=True, example="4"), metavar="K")
+
+    def check_with(self, config) -> None:
+        if self.repair and config.compression.at_run:
+            raise EngineError("repair and question-aware retention cannot be combined yet (repair reorders the run's "
+                              "buffer that question retention thins); set repair to 0 or pick another compression")
+
+
+def cached_arm(ctx: ArmContext) -> ArmResult:
+    repair = ctx.settings_of("cached").repair
+    return ArmResult(Arm.CACHED, run_cached(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token,
+                                            repair))
+
+
+def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, repair: int = 0) -> RunResult:
+    """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode.
+
+    ``repair`` K > 0 recomputes K link tokens per link (:func:`run_repaired`); 0 is this path, unchanged.
+    """
+    if repair:
+        return run_repaired(lm, plan, encoded, store, sampling, on_token, repair)
+    copies = copy_list(plan, encoded, store)
+    ids, pos = plan.uncached()
+    # sliding windows and ALiBi need the cached keys' position ids (gapped), not their cache indices
+    key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
+
+    def fill(buf: KVBuffer) -> Fill:
+        for entry, a, b in copies:
+            entry.write_into(buf, a, b)
+        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens)
+
+    run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
+                       on_token, retain=question_retention(plan, encoded), key_positions=key_pos)
+    return run
+
+
+def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+                 sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = 4,
+                 first: bool | None = None) -> RunResult:
+    """The cached run with link-token recompute (issue 12, after EPIC).
+
+    The tokens :func:`engine.repair.select_repair` picks are left out of the buffer and prefilled
+    together with the uncached tokens, at their own position ids; every prefilled token attends
+    to the cached entries and prefilled tokens before it in the prompt (:class:`RankMask`), so
+    their fresh KV replaces the stored one for the rest of the run. TTFT includes the recompute.
+    """
+    check_recompute(lm, "link-token repair", "set repair to 0")
+    sel = select_repair(plan, k, encoded.mode, first)
+    return run_recomputed(lm, plan, encoded, store, set(sel.ranks), sel.positions, sampling, on_token)
+
+
+register(ArmSpec("cached", cached_arm, title="Modular cache", subtitle="module KV reused, the rest prefilled",
+                 color="#4f46e5", order=20, reads=Reads.MODULES, json_prefix="", settings=ModularSettings,
+                 default=True, progress="Modular cache: reusing module KV, prefilling the rest…",
+                 token_class=("recomputed", "recomputed at run time (repair)")))

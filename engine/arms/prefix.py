@@ -1,0 +1,103 @@
+"""The prefix-cache arm: what serving engines do (vLLM, SGLang, llama.cpp) — reuse the longest token prefix
+the prefix cache holds (engine/cache/prefix.py; exact), prefill the rest, then store this prompt's KV for
+later runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.arms.registry import Arm, ArmContext, ArmResult, ArmSpec, Reads, RunResult, Sampling, TokenFn, register
+from engine.arms.runner import Fill, timed_run, workspace
+from engine.cache.assemble import token_place
+from engine.cache.prefix import PrefixCache
+from engine.errors import EngineError
+from engine.kv import KVBuffer
+from engine.model.load import LoadedModel
+from engine.schema.plan import PromptPlan
+
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """How a prefix-arm run used the prefix cache (the prefix arm's ``ArmResult.detail``)."""
+
+    reused_tokens: int  # leading prompt tokens taken from the cache (exact)
+    repeat: bool  # the whole prompt was cached already; its last token is prefilled anyway (for logits)
+    stopped_at: dict  # first prefilled token: {"token": index, "source": segment source, "owner": module or ""}
+    warmed_with: dict  # what the cache held before this run (PrefixCache.summary)
+    stored_tokens: int = 0  # new tokens this run's prompt added to the cache afterwards
+    prefilled_tokens: int = 0  # prompt tokens prefilled (the rest were reused)
+
+    def to_json(self) -> dict:
+        return {"prefilled_tokens": self.prefilled_tokens, "reused_tokens": self.reused_tokens,
+                "repeat": self.repeat, "stopped_at": self.stopped_at, "warmed_with": self.warmed_with,
+                "stored_tokens": self.stored_tokens}
+
+    def chips(self) -> list[str]:
+        """Short facts the studio shows under the arm's column."""
+        held = (self.warmed_with or {}).get("summary")
+        return [f"held before this run: {held}"] if held else []
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PrefixReuse":
+        return cls(reused_tokens=data.get("reused_tokens", 0), repeat=bool(data.get("repeat")),
+                   stopped_at=data.get("stopped_at") or {}, warmed_with=data.get("warmed_with") or {},
+                   stored_tokens=data.get("stored_tokens", 0), prefilled_tokens=data.get("prefilled_tokens", 0))
+
+
+def prefix_arm(ctx: ArmContext) -> ArmResult:
+    if ctx.prefix is None:
+        raise EngineError("the prefix arm needs a prefix cache (Engine.compare makes one per storage device)")
+    run, reuse = _prefix_run(ctx.lm, ctx.plan, ctx.prefix, ctx.sampling, ctx.on_token, keep=ctx.keep)
+    return ArmResult(Arm.PREFIX, run, detail=reuse)
+
+
+def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling = Sampling(),
+               on_token: TokenFn | None = None, insert: bool = True, keep: Sequence[str] = ()) -> RunResult:
+    """The prefix arm's run alone (its reuse details: :func:`prefix_arm`)."""
+    return _prefix_run(lm, plan, prefix, sampling, on_token, insert, keep)[0]
+
+
+def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling,
+                on_token: TokenFn | None, insert: bool = True, keep: Sequence[str] = ()) -> tuple:
+    """Reuse the longest cached token prefix (at most all but the last token), prefill the rest, decode;
+    then (``insert``) store the prompt's KV in the prefix cache, as a server would, evicting by LRU but
+    never the store entries ``keep`` (the modules the cached arm reads next)."""
+    ids = list(plan.token_ids)
+    warmed_with = prefix.summary(plan.layout.fingerprint)
+    match = prefix.match(ids, limit=len(ids) - 1)
+    k = match.reused
+
+    def fill(buf: KVBuffer) -> Fill:
+        for entry, a, b in match.pieces:
+            entry.write_into(buf, a, b)
+        return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k)
+
+    run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, fill, sampling, on_token)
+    stored = prefix.insert(ids, buf.data[:, :, 0], list(keep), run=True) if insert else 0  # before another run reuses it
+    reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),
+                        warmed_with=warmed_with, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
+    return run, reuse
+
+
+def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],
+                keep: Sequence[str] = ()) -> int:
+    """Prefill ``token_ids`` (reusing what the cache holds) and store their KV; return the tokens stored."""
+    ids = list(token_ids)
+    match = prefix.match(ids, limit=len(ids) - 1)
+    buf = workspace(lm).buffer(len(ids) + 1)
+    for entry, a, b in match.pieces:
+        entry.write_into(buf, a, b)
+    k = match.reused
+    with torch.inference_mode():
+        lm.model(input_ids=torch.tensor([ids[k:]], device=lm.device),
+                 position_ids=torch.tensor([list(range(k, len(ids)))], device=lm.device),
+                 past_key_values=buf.cache(), use_cache=True, logits_to_keep=1)
+    return prefix.insert(ids, buf.data[:, :, 0], list(keep))
+
+
+register(ArmSpec("prefix", prefix_arm, title="Prefix cache", subtitle="the longest cached prefix reused, the rest prefilled",
+                 color="#0d9488", order=10, reads=Reads.PREFIX_CACHE, json_prefix="prefix_", detail=PrefixReuse,
+                 default=True, progress="Prefix cache: reusing the cached prefix, prefilling the rest…"))

@@ -1,0 +1,267 @@
+"""The one timed block every arm's run goes through, and the recompute path several arms share.
+
+TTFT is measured one way for every arm, by :func:`timed_run`: synchronize, ``perf_counter``
+around (buffer allocation + the arm's ``fill``: copying stored KV, building the prompt-order
+mask) + prefill + first sampled token, synchronize. The TTFT of the arms that read stored KV
+therefore includes the copy into the run's buffer (``copy_ms`` reports that share; int8 / int4
+entries are dequantized by that copy); finding the entries (store lookups, the prefix tree's walk)
+happens before. Decoding is our own loop over a preallocated buffer with explicit position ids —
+``model.generate()`` derives positions from the cache length, which is wrong for gapped caches.
+
+With ``question`` retention a run thins its buffer after the first token is out (``retention_ms``,
+outside TTFT) and decodes over the smaller cache. Each run reports the KV bytes it held: its buffer
+after the prefill, the stored entries it read, and the buffer after retention.
+
+A run's buffers come from a :class:`engine.kv.KVWorkspace` per loaded model, kept here (not on the
+model) and reused run after run, so allocation costs the same for every arm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine.arms.registry import RunResult, Sampling, TokenFn
+from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
+from engine.cache.compress import QuestionRetention
+from engine.cache.encode import EncodedSchema
+from engine.cache.store import ModuleStore
+from engine.errors import EngineError
+from engine.kv import KVBuffer, KVWorkspace
+from engine.model.attend import ATTENTION, RankMask, rank_masked
+from engine.model.load import LoadedModel
+from engine.model.positions import attach, needs_positions
+from engine.schema.plan import PromptPlan
+
+__all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace"]
+
+_WORKSPACES: "weakref.WeakKeyDictionary[torch.nn.Module, KVWorkspace]" = weakref.WeakKeyDictionary()  # by model
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What an arm's ``fill`` (run inside TTFT, after the buffer is allocated) leaves for the prefill."""
+
+    ids: Sequence[int]  # tokens to prefill
+    pos: Sequence[int]  # their position ids
+    entries: Sequence = ()  # store entries written into the buffer (their bytes are the run's store reads)
+    reused_tokens: int = 0
+    recomputed_positions: tuple[int, ...] = ()
+    mask: RankMask | None = None  # prompt-order mask for the prefill (recompute), else the causal one
+
+
+def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
+              on_token: TokenFn | None = None, retain: QuestionRetention | None = None,
+              key_positions: list[torch.Tensor] | None = None) -> tuple[RunResult, KVBuffer]:
+    """Allocate a buffer of ``capacity`` tokens, ``fill`` it, prefill, sample, decode: the one timed block
+    every arm shares. Returns the run and its buffer (valid until the model's next run)."""
+    with _PeakMemory(lm.device) as mem:
+        _sync(lm.device)
+        t0 = time.perf_counter()
+        buf = workspace(lm).buffer(capacity)
+        work = fill(buf)
+        _sync(lm.device)
+        copy_s = time.perf_counter() - t0
+        out = _prefill_and_decode(lm, buf, work, sampling, arm, on_token, retain, key_positions)
+    read = sum(e.nbytes for e in {id(e): e for e in work.entries}.values())
+    steps = len(out.tokens) - 1
+    run = RunResult(
+        arm=arm, text=lm.tokenizer.decode(out.tokens, skip_special_tokens=True), token_ids=tuple(out.tokens),
+        ttft_ms=(copy_s + out.prefill_s + out.sample_s) * 1000, copy_ms=copy_s * 1000 if arm != "baseline" else 0.0,
+        prefill_ms=out.prefill_s * 1000, sample_ms=out.sample_s * 1000, prefill_tokens=len(work.ids),
+        decode_ms_per_token=out.decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(out.tokens),
+        peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak, kv_buffer_bytes=buf.nbytes,
+        first_logits=out.first_logits, reused_tokens=work.reused_tokens,
+        recomputed_tokens=len(work.recomputed_positions), recomputed_positions=work.recomputed_positions,
+        kv_buffer_used_bytes=out.used, kv_store_bytes=read, kv_buffer_bytes_after_retention=out.after,
+        retention_ms=out.retention_ms)
+    return run, buf
+
+
+
+def run_recomputed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, redo: set[int],
+                   positions: tuple[int, ...], sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
+                   arm: str = "cached", before: Callable[[], None] | None = None) -> RunResult:
+    """A cached run whose cached tokens of prompt ranks ``redo`` (at ``positions``) are recomputed: left out
+    of the buffer and prefilled with the uncached tokens under the prompt-order mask. ``before`` runs
+    first inside TTFT (a selection pass, for instance)."""
+    copies = copy_list_ranked(plan, encoded, store, redo)
+    ids, pos, ranks = prefilled(plan, redo)
+
+    def fill(buf: KVBuffer) -> Fill:
+        if before is not None:
+            before()
+        for entry, a, b, _ in copies:
+            entry.write_into(buf, a, b)
+        mask = RankMask(buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
+        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(redo),
+                    recomputed_positions=tuple(positions), mask=mask)
+
+    run, _ = timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
+                       sampling, on_token)
+    return run
+
+
+def check_recompute(lm: LoadedModel, what: str, fix: str) -> None:
+    """Refuse a recomputing run on a model whose attention the prompt-order mask cannot drive."""
+    if getattr(lm.model.config, "_attn_implementation", "") != ATTENTION:
+        raise EngineError(f"{what} needs the model to run with SDPA attention (the loaded model uses "
+                          f"'{lm.model.config._attn_implementation}'); {fix}")
+    if needs_positions(lm.model):
+        raise EngineError(f"{what} is not available for models with sliding-window or ALiBi attention yet "
+                          f"(its prompt-order mask would replace their position-aware one); {fix}")
+
+
+def workspace(lm: LoadedModel) -> KVWorkspace:
+    """The reusable KV workspace of runs on ``lm`` (created on first use, dropped with the model)."""
+    space = _WORKSPACES.get(lm.model)
+    if space is None or (space.dtype, str(space.device)) != (lm.model.dtype, str(lm.device)):
+        space = _WORKSPACES[lm.model] = KVWorkspace(lm.n_layers, lm.kv_heads, lm.head_dim, lm.model.dtype, lm.device)
+    return space
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal helpers
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Decoded:
+    tokens: list[int]
+    first_logits: torch.Tensor
+    prefill_s: float
+    sample_s: float
+    decode_s: float
+    used: int  # buffer bytes after the prefill
+    after: int  # ... after retention
+    retention_ms: float
+
+
+def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling, arm: str,
+                        on_token: TokenFn | None, retain: QuestionRetention | None,
+                        key_positions: list[torch.Tensor] | None) -> _Decoded:
+    """Prefill ``work.ids`` over the filled buffer, sample the first token, decode the rest (timings inside)."""
+    model, device = lm.model, lm.device
+    gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
+    cache = buf.cache()
+    attach(cache, key_positions)
+    with torch.inference_mode():
+        t1 = time.perf_counter()
+        with rank_masked(work.mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
+            # the rank mask acts on the prefill only: decode steps see the whole buffer
+            out = model(input_ids=torch.tensor([list(work.ids)], device=device),
+                        position_ids=torch.tensor([list(work.pos)], device=device),
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1]
+        _sync(device)
+        t_fwd = time.perf_counter()
+        tokens = [_sample(logits, sampling, gen)]
+        _sync(device)
+        t2 = time.perf_counter()
+        if on_token:
+            on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
+        cache, used, after, retention_ms = _retain(buf, cache, retain, device)
+        decode_s = _decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, on_token)
+    cache.sync_length()
+    return _Decoded(tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd, decode_s, used, after,
+                    retention_ms)
+
+
+def _decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: Sampling, gen,
+            arm: str, on_token: TokenFn | None) -> float:
+    """Greedy / sampled decoding after the first token, appending to ``tokens``; returns seconds spent."""
+    eos = set(lm.eos_ids)
+    spent = 0.0
+    while len(tokens) < sampling.max_new_tokens and tokens[-1] not in eos:
+        s = time.perf_counter()
+        out = lm.model(input_ids=torch.tensor([[tokens[-1]]], device=lm.device),
+                       position_ids=torch.tensor([[next_pos]], device=lm.device), past_key_values=cache,
+                       use_cache=True, logits_to_keep=1)
+        tok = _sample(out.logits[0, -1], sampling, gen)
+        _sync(lm.device)
+        spent += time.perf_counter() - s
+        tokens.append(tok)
+        next_pos += 1
+        if on_token:
+            on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
+    return spent
+
+
+def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> int:
+    if sampling.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / sampling.temperature, -1)
+    if not bool(torch.isfinite(probs).all()):  # so small a temperature that the logits overflowed: its limit
+        return int(torch.argmax(logits))
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, -1) - sorted_p < sampling.top_p
+        keep[0] = True  # the likeliest token always (a top-p below float32's smallest number would keep none)
+        sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+        return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:
+    """(cache to decode over, buffer bytes after the prefill, after retention, ms spent thinning): the
+    buffer thinned by ``retain`` when given, else the prefill's cache unchanged."""
+    cache.sync_length()
+    used = buf.used_bytes
+    if retain is None:
+        return cache, used, used, 0.0
+    s = time.perf_counter()
+    retain.apply(buf)
+    _sync(device)
+    return buf.cache(), used, buf.used_bytes, (time.perf_counter() - s) * 1000
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _PeakMemory:
+    """Peak resident memory of the process during a run (sampled every 5 ms), and CUDA peak."""
+
+    def __init__(self, device: str, interval: float = 0.005):
+        self.device = device
+        self.interval = interval
+        self.peak_rss = 0
+        self.cuda_peak: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.peak_rss = max(self.peak_rss, _rss_bytes())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "_PeakMemory":
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        self.peak_rss = _rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_rss = max(self.peak_rss, _rss_bytes())
+        if self.device.startswith("cuda"):
+            self.cuda_peak = int(torch.cuda.max_memory_allocated())
+

@@ -1,0 +1,54 @@
+"""Where things live and what the machine has: the cache folder, CUDA's presence, memory available.
+
+The base layer: no torch at import (``torch`` is imported by the functions that need it), nothing of the
+engine but its errors.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from engine.errors import StorageError
+
+
+def cache_root() -> Path:
+    """Folder for converted models, module files and the default run log (``PML_STUDIO_CACHE``)."""
+    return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a usable CUDA device (False where torch is a CPU build)."""
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def check_device(device: str) -> None:
+    """Raise StorageError with an explanation when ``device`` cannot be used here."""
+    if device == "cpu":
+        return
+    if device.startswith("cuda"):
+        if not cuda_available():
+            raise StorageError("GPU storage needs a CUDA device, and none is available on this machine "
+                               "(torch.cuda.is_available() is False); use --storage cpu")
+        return
+    raise StorageError(f"unknown storage '{device}'; use cpu or cuda")
+
+
+def available_bytes(device: str) -> int | None:
+    """Free memory on ``device`` in bytes (CUDA: free device memory; CPU: MemAvailable), None when unknown."""
+    if device.startswith("cuda"):
+        import torch
+        free, _ = torch.cuda.mem_get_info()
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
