@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 import re
 
-from studio.docqa import (  # noqa: F401  (re-exported for the bench scripts)
-    QUESTION, doc_prompt, doc_qa, doc_schema, essay_chunks, essays_dir, fill_docs, has_roles, median,
-    prompt_overhead)
+from studio.docqa import (QUESTION, doc_prompt, doc_qa, doc_schema,  # noqa: F401  (re-exported for the bench scripts)
+                          essay_chunks, essays_dir, fill_docs, has_roles, median, prompt_overhead)
 from studio.docqa import ttft_point as docqa_point
 
 
@@ -41,13 +40,13 @@ def floor_point(eng, plan, encoded, reps: int, cached_ms: float) -> dict:
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from engine.model.attend import ATTENTION
-    from engine.arms.runner import Sampling
     from engine.arms.modular import run_cached
+    from engine.arms.runner import Sampling, workspace
+    from engine.model.attend import ATTENTION
 
     lm = eng.lm
     run_cached(lm, plan, encoded, eng.store(), Sampling(1))  # leaves the assembled cache at the buffer's start
-    past = lm.workspace.data[:, :, 0, :, : plan.cached_tokens].clone()  # [layers, 2, kv_heads, cached, head_dim]
+    past = workspace(lm).data[:, :, 0, :, : plan.cached_tokens].clone()  # [layers, 2, kv_heads, cached, head_dim]
     ids, pos = plan.uncached()
     x = torch.tensor([ids], device=lm.device)
     p = torch.tensor([pos], device=lm.device)

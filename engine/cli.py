@@ -135,8 +135,7 @@ def fields_default(cls, name: str):
 def add_arm_options(r) -> None:
     """One option per setting of every registered arm (``--repair K``, ``--blend R``, ...), made from its
     :class:`engine.arms.registry.Setting`; not given, the arm's own default applies."""
-    from engine.arms import REGISTRY
-    from engine.arms.registry import default_arms, settings_specs
+    from engine.arms.registry import REGISTRY, default_arms, settings_specs
 
     group = r.add_argument_group("arms", "; ".join(f"{a}: {s.title}, {s.subtitle}" for a, s in REGISTRY.items())
                          + f" (run by default: {','.join(default_arms())})")
@@ -337,7 +336,7 @@ def run_text(data: dict) -> str:
 def _arm_lines(data: dict, arms: list[str]) -> list[str]:
     """One line per arm beside the modular one: its details (the spec's detail type), agreement and what it
     recomputed."""
-    from engine.arms import REGISTRY
+    from engine.arms.registry import REGISTRY
 
     lines = []
     for arm in arms:

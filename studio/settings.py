@@ -3,16 +3,19 @@
 The widgets (tabs/encode.py) read their choices from ``engine.config`` (``labelled()`` /
 ``values()``) and start at the engine's config; their values reach handlers as a dict keyed by
 setting name (:class:`Panel`). :func:`run_config` is the one place those values become a
-config, validated by the engine. A new run setting is one widget in the panel and one line in
-:func:`run_config` — e.g. ``w["repair"] = gr.Slider(0, MAX_REPAIR, value=cfg.repair, step=1,
-precision=0, label=...)`` (precision 0: Gradio then passes an int) and ``"repair": given.get("repair"),``.
+config, validated by the engine. The arms to run come from the arms checkbox; each registered arm's
+settings (``engine.arms``: ``repair``, ``blend``, ``blend_rule``, ...) have one control each, made from
+the arm's declaration (tabs/encode.py ``_arm_controls``) and read here by key: a new arm adds its controls
+without an edit here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import LIMITS, RunConfig, budget_from_mib
+from engine.arms.registry import settings_specs
+from engine.config import RunConfig, budget_from_mib
+from engine.errors import EngineError
 
 from .errors import as_gr_error
 
@@ -28,11 +31,11 @@ def run_config(base: RunConfig, settings: dict) -> RunConfig:
             "retention": given.get("retention"),
             "method": given.get("method"),
             "budget_bytes": budget_from_mib(given.get("budget_mib")),
-            "repair": given.get("repair"),  # checked by RunConfig: a whole number (4.0 from a slider is 4)
             "sink": given.get("sink"),
-            "blend_rule": given.get("blend_rule"),
+            "arms": _arms(settings.get("arms")),
+            # every arm's settings, by key; checked by the arm's settings class (4.0 from a slider is 4)
+            **{s.key: given.get(s.key) for _, _, s in settings_specs()},
         }
-        changes.update(_blend(base, given.get("blend")))
         # the model, its device and dtype belong to the engine: a run changes only how modules are kept
         return base.with_(device=base.device, **{k: v for k, v in changes.items() if v is not None})
 
@@ -55,11 +58,12 @@ class Panel:
         return len(self.widgets)
 
 
-def _blend(base: RunConfig, share) -> dict:
-    """The blend slider: R > 0 runs the blend arm at R; 0 leaves it out; no value keeps the base's arms."""
-    if share is None:
-        return {}
-    share = LIMITS["blend"].check(share)
-    arms = tuple(a for a in base.arms if a != "blend")
-    return {"arms": arms + ("blend",), "blend": share} if share > 0 else {"arms": arms}
-
+def _arms(chosen) -> tuple[str, ...] | None:
+    """The arms checkbox's choice (None: the widget was not given, keep the base's); at least one arm."""
+    if chosen is None:
+        return None
+    if isinstance(chosen, str):
+        chosen = [a for a in chosen.split(",") if a.strip()]
+    if not chosen:
+        raise EngineError("choose at least one arm to run (the Arms checkboxes in the Encode tab)")
+    return tuple(chosen)

@@ -14,9 +14,8 @@ import html
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from engine.arms import REGISTRY, Arm
-from engine.arms.registry import Reads
 from engine.arms.compare import Comparison
+from engine.arms.registry import REGISTRY, Arm, Reads
 from engine.config import short_dtype
 
 MB = 1_000_000

@@ -9,22 +9,23 @@ weights), never against the engine's own numbers.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 import transformers as T
+from test_repair import TURNS
+from test_repair import TURNS_PROMPT as PROMPT  # three documents in two user turns
 
+from engine.arms.baseline import run_baseline
 from engine.arms.blend import RULES, cached_ranks, run_blend, stored_at
+from engine.arms.modular import run_cached
+from engine.arms.repair import select_repair
+from engine.arms.runner import Sampling
 from engine.errors import EngineError
 from engine.model.load import wrap_model
 from engine.schema.plan import CACHED
-from engine.arms.repair import select_repair
-from engine.arms.runner import Sampling
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
 from engine.session import Engine
-
-from test_repair import TURNS, TURNS_PROMPT as PROMPT  # three documents in two user turns
 
 
 def _sizes(**extra) -> dict:
@@ -239,6 +240,7 @@ def test_bad_settings_are_refused(llama, kw, match):
 
 def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm, tmp_path):
     from conftest import SAMPLES
+
     from engine.runlog import RunLog
     from engine.session import Engine
     from studio import views
@@ -246,9 +248,10 @@ def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm,
 
     eng = Engine.from_loaded(tiny_lm)
     schema, prompt = (SAMPLES / "travel.xml").read_text(), (SAMPLES / "travel.prompt.xml").read_text()
-    cfg = run_config(eng.config, {"blend": 0.25, "mode": "isolated"})
+    # the studio: the arms checkbox picks the columns, the blend controls set its settings
+    cfg = run_config(eng.config, {"arms": ["baseline", "prefix", "cached", "blend"], "blend": 0.25, "mode": "isolated"})
     assert cfg.arms == ("baseline", "prefix", "cached", "blend") and cfg.blend == 0.25
-    assert run_config(cfg, {"blend": 0}).arms == ("baseline", "prefix", "cached")
+    assert run_config(cfg, {"arms": ["baseline", "cached"]}).arms == ("baseline", "cached")
     c = eng.compare(schema, prompt, Sampling(3), config=cfg.with_(arms=("baseline", "cached", "blend")))
     doc = c.to_json()
     n = round(0.25 * c.plan.cached_tokens)
@@ -260,6 +263,15 @@ def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm,
     log = RunLog(tmp_path / "runs.db")
     row = log.get(log.record(doc, schema, prompt))
     assert row["arms"]["blend"]["recomputed_tokens"] == n
+    # its detail survives the run log: the History tab reopens the stored document as a Comparison
+    from engine.arms.compare import Comparison
+
+    back = Comparison.from_json(json.loads(row["result_json"]))
+    live, read = c.arm("blend").detail, back.arm("blend").detail
+    assert (read.ratio, read.rule, read.check_layer, read.fresh_early) == \
+        (live.ratio, live.rule, live.check_layer, live.fresh_early) == (0.25, "deviation", 1, live.fresh_early)
+    assert read.selection_ms == round(live.selection_ms, 3) and read.chips() == [
+        f"blend 0.25 by deviation, selection {live.selection_ms:.0f} ms"]
     marks = views.token_marks(c)
     assert marks["blended"] == set(doc["blend"]["recomputed_positions"])
     assert "Blend" in [v.title for v in views.arm_views()] and "faster first token" in views.metrics_html(c, "blend")

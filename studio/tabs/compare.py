@@ -15,7 +15,7 @@ from typing import Iterator
 
 import gradio as gr
 
-from engine.arms import REGISTRY
+from engine.arms.registry import REGISTRY
 
 from ..errors import as_gr_error, user_error
 from ..settings import Panel
@@ -24,7 +24,6 @@ from ..streaming import in_thread
 from ..views import (arm_views, column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
                      token_marks, token_view_html)
 from .editors import Editors, Step
-
 
 
 @dataclass(frozen=True)

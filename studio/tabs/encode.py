@@ -13,7 +13,8 @@ from typing import Callable
 
 import gradio as gr
 
-from engine.config import MAX_REPAIR, MAX_SINK, RunConfig, labelled, short_dtype
+from engine.arms.registry import settings_specs
+from engine.config import MAX_SINK, RunConfig, labelled, short_dtype
 
 from ..errors import as_gr_error
 from ..settings import Panel
@@ -96,20 +97,13 @@ def _settings_panel(studio: Studio) -> Panel:
                                info="used when retention < 1", elem_id="compression-method")
     gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
     with gr.Row():
-        w["repair"] = gr.Slider(0, MAX_REPAIR, value=cfg.repair, step=1, precision=0, label="Repair: link tokens "
-                                "recomputed (K)", elem_id="repair",
-                                info="the first K tokens of every module that did not see what precedes it, and "
-                                     "after each argument, prefilled again with the question (0 = off)")
         w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
                               elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
                                                    "(the chat template's opening); 0 = off")
-    with gr.Row():
-        w["blend"] = gr.Slider(0.0, 0.5, value=cfg.blend if "blend" in cfg.arms else 0.0, step=0.05,
-                               label="Blend: share of cached tokens recomputed (R)", elem_id="blend",
-                               info="adds the Blend column (CacheBlend's selective recompute): the R share of cached "
-                                    "tokens whose KV deviates most at layer 1 is recomputed with the question; 0 = off")
-        w["blend_rule"] = gr.Radio(labelled("blend_rule"), value=cfg.blend_rule, label="Blend: which tokens",
-                                   elem_id="blend-rule", info="deviation is CacheBlend's rule; random is a control")
+        w["arms"] = gr.CheckboxGroup(labelled("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
+                                     elem_id="arms", info="each arm is one way of reaching the first token; fewer "
+                                                          "arms, a shorter wait")
+    _arm_controls(cfg, w)
     gr.Markdown(REPAIR_NOTE, elem_classes=["pml-note"])
     with gr.Row(equal_height=True):
         w["budget_mib"] = gr.Number(memory_defaults(studio)["budget_mib"], label="Module memory budget (MiB)",
@@ -117,6 +111,25 @@ def _settings_panel(studio: Studio) -> Panel:
                                     info="least recently used unpinned modules are evicted beyond it")
         gr.HTML(persistence_html(studio), elem_id="persistence")
     return Panel(w)
+
+
+def _arm_controls(cfg: RunConfig, w: dict) -> None:
+    """One control per setting of every registered arm (engine.arms), two to a row: a slider for a number, a
+    radio for a choice; keyed by the setting's key, as :func:`studio.settings.run_config` reads them."""
+    specs = settings_specs()
+    for row in range(0, len(specs), 2):
+        with gr.Row():
+            for spec, name, s in specs[row:row + 2]:
+                w[s.key] = _control(s, getattr(cfg.settings_of(spec.name), name))
+
+
+def _control(s, value):
+    elem = s.key.replace("_", "-")
+    if s.limit is None:
+        return gr.Radio(labelled(s.key), value=value, label=s.label, info=s.help, elem_id=elem)
+    top = s.limit.hi if s.widget_max is None else min(s.limit.hi, s.widget_max)
+    whole = {"precision": 0} if s.limit.whole else {}  # Gradio then passes an int
+    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.label, info=s.help, elem_id=elem, **whole)
 
 
 # ----------------------------------------------------------------------------------------------
