@@ -1,6 +1,6 @@
-"""Model families: the table of what tests/test_families.py checks, per family, from a run of it.
+"""Model families: the table of what tests/engine/test_families.py checks, per family, from a run of it.
 
-Runs ``pytest tests/test_families.py`` in this process with a small plugin that records every
+Runs ``pytest tests/engine/test_families.py`` in this process with a small plugin that records every
 test's outcome per family (the tests build a tiny random model from each architecture's config,
 no download; see the test module's docstring for what each check compares). Prints a markdown
 table, then one JSON document last (also written to bench/results/families.json, which

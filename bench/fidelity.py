@@ -19,7 +19,7 @@ Arms (greedy, same prompt): `baseline` (whole prompt prefilled), `scaffold` (joi
 every module: exact), and cached arms named `MODE[+sink N][+repair K][+first kept][+blend R[ RULE]]`:
 `prefixed` / `isolated` encoding, sink-prefix encoding (N tokens), link-token recompute of K
 tokens per link, `first kept` = in isolated mode, do not recompute the first module, `blend R`
-= R % of the cached tokens recomputed, chosen by RULE (engine/blend.py; default deviation).
+= R % of the cached tokens recomputed, chosen by RULE (engine/arms/blend.py; default deviation).
 
 Reported per arm: needle found with a 95 % Wilson interval; against the baseline: first-token
 agreement, mean first-token KL, same text, ROUGE-L; TTFT (with `--ttft-reps N`, the median of N

@@ -101,7 +101,7 @@ def section() -> str:
                 "| path | needle found | 95 % CI | first token agrees with baseline | mean first-token KL | "
                 "same text | ROUGE-L vs baseline |",
                 "|---|---:|---:|---:|---:|---:|---:|"]
-        names = {"baseline": "baseline (full prefill)", "prefixed": "cached, `prefixed` (default)",
+        names = {"baseline": "baseline (full prefill)", "prefixed": "cached, `contextual` (default)",
                  "isolated": "cached, `isolated` (the paper's scheme)", "scaffold": "cached, scaffold over all modules"}
         for p, v in s.items():
             extra = ("| — | — | — | — |" if p == "baseline" else
@@ -541,7 +541,8 @@ def _ms(x) -> str:
     return "—" if x is None else f"{x:.0f} ms"
 
 
-ARM_NOTES = {"baseline": "baseline (full prefill)", "prefixed": "`prefixed` (default encoding)",
+RENAMED = {"prefixed": "contextual"}  # encoding modes renamed since these results were measured (same encoding)
+ARM_NOTES = {"baseline": "baseline (full prefill)", "prefixed": "`contextual` (default encoding; `prefixed` then)",
              "isolated": "`isolated` (the paper's scheme)", "scaffold": "scaffold over all modules"}
 
 
@@ -655,7 +656,7 @@ def compression_section(c: dict, image: str = "memory") -> list[str]:
 
 
 def families_section(f: dict) -> list[str]:
-    """The family table of bench/families.py: each check of tests/test_families.py, per family."""
+    """The family table of bench/families.py: each check of tests/engine/test_families.py, per family."""
     mark = {"passed": "✓", "failed": "✗ (wrong result)", "error": "✗ (did not run)"}
     out = [f"**Model families** — `{f['command']}` ({machine_line(f)}): tiny random models built from each "
            "architecture's config (no download); baseline = stock means first logits within 1e-4 of `model(ids)` and "
@@ -721,7 +722,7 @@ def _arm_name(arm: str) -> str:
         return f"link-token repair (`{arm}`)"
     if "+sink" in arm:
         return f"sink encoding (`{arm}`)"
-    return "baseline" if arm == "baseline" else f"modular `{arm}`"
+    return "baseline" if arm == "baseline" else f"modular `{RENAMED.get(arm, arm)}`"
 
 
 def _blend_rule(arm: str) -> str:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from engine import config as cfg
+from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
 
 EXIT_OK, EXIT_INPUT = 0, 2
@@ -92,8 +93,9 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> Non
     r.add_argument("--device", default=None, choices=cfg.values("device"),
                    help="where the model runs (default: cuda for --storage cuda, else cpu); --storage cpu "
                         "--device cuda copies module KV host-to-device per run, as in the paper's CPU-storage case")
-    r.add_argument("--mode", default="prefixed", choices=cfg.values("mode"),
-                   help="encoding mode: prefixed (modules see the system text before them) or isolated (the paper)")
+    r.add_argument("--mode", default="contextual", type=canonical_mode, choices=cfg.values("mode"),
+                   help="encoding mode: contextual (modules see the system text before them; 'prefixed', its old "
+                        "name, is accepted) or isolated (the paper's scheme)")
     r.add_argument("--dtype", default=None, choices=cfg.COMPUTE_DTYPES,
                    help="compute dtype of the model (default: float32 on CPU, bfloat16 on CUDA; `info` says why)")
     r.add_argument("--storage-dtype", default=None, choices=cfg.values("storage_dtype"),

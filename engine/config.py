@@ -14,13 +14,12 @@ No torch here: validation that needs the machine (is CUDA present?) is done by `
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.cache.compression import METHODS, Compression
+from engine.cache.settings import METHODS, MODES, Compression, canonical_mode
 from engine.errors import EngineError
 from engine.limits import (LIMITS, MAX_BUDGET_MIB, MAX_NEW_TOKENS, MAX_REPAIR, MAX_SEED, MAX_SINK,  # noqa: F401
                            MAX_TEMPERATURE, Limit, check_fields)
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # annotations only: the arms are imported when first needed (
 
 # -- one list of choices per setting (value, label) ---------------------------------------------
 
-MODES = ("prefixed", "isolated")
 STORAGES = ("cpu", "cuda")
 DEVICES = ("cpu", "cuda")
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
@@ -38,7 +36,7 @@ STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
 
 CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
-    "mode": (("prefixed", "prefixed: modules see the system text before them"),
+    "mode": (("contextual", "contextual: modules see the system text before them"),
              ("isolated", "isolated: the paper's scheme, each module alone")),
     "storage": (("cpu", "CPU memory"), ("cuda", "GPU memory")),
     "device": (("cpu", "CPU"), ("cuda", "GPU")),
@@ -104,7 +102,7 @@ class RunConfig:
     device: str | None = None
     dtype: str | None = None  # compute dtype of the model
     storage: str = "cpu"
-    mode: str = "prefixed"
+    mode: str = "contextual"  # the encoding mode (engine.cache.encode.MODES; "prefixed" is accepted for it)
     storage_dtype: str | None = None
     compression: Compression = field(default_factory=Compression)
     budget_bytes: int | None = None
@@ -115,7 +113,7 @@ class RunConfig:
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
     arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, its settings) for arms not at their defaults
 
-    def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="prefixed", storage_dtype=None,
+    def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="contextual", storage_dtype=None,
                  compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
                  arm_settings=(), **keys):
         given = dict(model=model, device=device, dtype=dtype, storage=storage, mode=mode,
@@ -127,6 +125,7 @@ class RunConfig:
         self.__post_init__()
 
     def __post_init__(self):
+        object.__setattr__(self, "mode", canonical_mode(self.mode))
         _one_of("encoding mode", self.mode, MODES)
         _one_of("storage", self.storage, STORAGES)
         if self.device is None:
@@ -253,7 +252,7 @@ def _with_keys(settings: dict, keys: dict) -> tuple:
 
 # -- compute precision per device, by measurement (bench/precision.py) ------------------------------
 
-PRECISION_RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "precision-qwen2.5-coder-0.5b.json"
+PRECISION_RESULT = "precision-qwen2.5-coder-0.5b"  # the bench/precision.py result dtype_reason quotes (front ends read it)
 
 
 def default_dtype(device: str) -> str:
@@ -265,26 +264,28 @@ def default_dtype(device: str) -> str:
     product measures how far a cached run is from a full prefill, and in bf16 the kernels round
     differently per shape, so runs that are exact in fp32 (one module at the start, a scaffold,
     blend at 100 %, repair of every token) differ from the baseline by up to ~1e-3 KL
-    (tests/test_precision.py) instead of ~1e-7.
+    (tests/engine/test_precision.py) instead of ~1e-7.
     bf16 is one setting away (``dtype``) for speed. CUDA, not measured here (no GPU): bf16 halves
     the bytes each decode step reads and runs on tensor cores.
     """
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 
-def dtype_reason(device: str, dtype: str) -> str:
-    """One sentence saying why a run computes in ``dtype`` on ``device``, with the measured numbers when present."""
+def dtype_reason(device: str, dtype: str, measured: dict | None = None) -> str:
+    """One sentence saying why a run computes in ``dtype`` on ``device``; ``measured`` is the result of
+    bench/precision.py (:data:`PRECISION_RESULT`, read by the front end that has it: the engine reads no
+    benchmark files), quoted when given."""
     if dtype != default_dtype(device):
         return f"{short_dtype(dtype)} as asked (the default on {device} is {short_dtype(default_dtype(device))})"
     if device.startswith("cuda"):
         return "the default on a GPU: bf16 halves the bytes each decode step reads (not measured on this project's " \
                "machines, which have no GPU)"
     try:
-        data = json.loads(PRECISION_RESULTS.read_text())
+        data = measured
         row = max(data["ttft"], key=lambda r: r["prompt_tokens"])
         fp32, bf16 = row["fp32"], row["bf16"]
         kl = data["needles"]["single"]["bf16 baseline"]["kl_vs_fp32"]["mean"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return "the default on CPU until bf16 is measured against it here: bf16 adds its own first-token KL to " \
                "every comparison (run bench/precision.py for this machine's numbers)"
     return (f"the default on CPU, so that runs exact in fp32 (a scaffold, one module at the start, blend at 100 %) "

@@ -29,7 +29,7 @@ class Limit:
 
     :meth:`check` is the one validation of a number for every front end: argparse's ``type=``
     (``engine.cli.NumberArg``), the studio's widgets and API, and the dataclasses library users
-    build (:class:`RunConfig`, :class:`Compression`, ``engine.runner.Sampling``, via :func:`check_fields`).
+    build (:class:`RunConfig`, :class:`Compression`, ``engine.arms.registry.Sampling``, via :func:`check_fields`).
     """
 
     name: str  # the setting in messages, e.g. "top-p"

@@ -1,7 +1,7 @@
 """Engine: the one object the CLI, the studio and library users hold.
 
 It loads the model once (lazily, never at import), keeps one ModuleStore per storage device
-and, inside it, one PrefixCache (engine/prefix.py) that lives as long as the engine — like a
+and, inside it, one PrefixCache (engine/cache/prefix.py) that lives as long as the engine — like a
 server's, it holds every earlier prefix-arm run's prompt, plus, before a schema's first prefix
 run, the prompt importing every module in schema order (``RunConfig.warmup``) —, remembers encoded schemas (re-encoding only when the schema or the encoding settings of the run's
 :class:`RunConfig` changed) and serialises runs so that two callers never time each other's work.

@@ -9,7 +9,7 @@ API: the compare action is the endpoint ``/compare``::
 
     from gradio_client import Client
     client = Client("http://127.0.0.1:7860/")
-    result = client.predict(schema_text, prompt_text, 32, "cpu", "prefixed", 0.0, api_name="/compare")
+    result = client.predict(schema_text, prompt_text, 32, "cpu", "contextual", 0.0, api_name="/compare")
     # result is the `pml-studio run --json` document (dict); the run is also recorded in the run log
 """
 

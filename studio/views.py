@@ -1,6 +1,6 @@
 """HTML the studio draws: status boxes, the token view, memory readouts, the compare columns, chips.
 
-Every function takes typed values (a :class:`engine.comparison.Comparison` and its
+Every function takes typed values (a :class:`engine.arms.compare.Comparison` and its
 :class:`engine.arms.ArmResult` s, plans, store stats) and returns an HTML string; the user's text
 is always escaped. A live run and one reopened from the run log (``Comparison.from_json``) take the
 same path. The compare view is generic over the registered arms (:func:`arm_views`, made from

@@ -135,3 +135,13 @@ def real_stock():
 
     return AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (for a studio served by a test)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+

@@ -1,6 +1,6 @@
 """Drive the studio in Debian's chromium: pick a sample, encode, compare, screenshot the Compare tab.
 
-Shared by tests/test_browser.py (which writes its screenshot to a temporary folder) and by
+Shared by tests/studio/test_browser.py (which writes its screenshot to a temporary folder) and by
 ``make screenshot``, which refreshes the README's ``assets/screenshot.png``:
 
     python tools/screenshot.py                       # assets/screenshot.png

@@ -14,7 +14,7 @@ new text. A blended run (:func:`run_blend`):
    K (after RoPE) or V and its stored entry, squared L2 over KV heads and head dim; the link
    tokens of the repair path; the tokens the uncached text attends to most at the check layer;
    a mix; or a seeded random choice (the control).
-3. **Recompute** — the repaired run's path with those tokens (:func:`engine.runner.run_repaired`):
+3. **Recompute** — the repaired run's path with those tokens (:func:`engine.arms.modular.run_repaired`):
    they are left out of the buffer's copy and prefilled with the uncached tokens at their own
    position ids, through every layer, under a prompt-order :class:`RankMask`, so their fresh KV
    replaces the stored one. With ``fresh_early`` the selection pass's KV of layers
@@ -26,11 +26,11 @@ dequantized there, so the deviation includes the quantization error the run woul
 compressed entry (``LayeredKV``) dropped at the check layer is compared with zero — the buffer
 holds nothing for it — so its deviation is its whole fresh KV.
 
-Exactness ends: ratio 0 is the cached run itself (:func:`engine.runner.run_cached`); ratio 1
+Exactness ends: ratio 0 is the cached run itself (:func:`engine.arms.modular.run_cached`); ratio 1
 recomputes every cached token (no selection pass: there is nothing to choose), which is the
 baseline's attention in another buffer order (equal within 1e-4 in fp32).
 
-TTFT is measured by :func:`engine.runner.timed_run` like every arm's, from before the selection
+TTFT is measured by :func:`engine.arms.runner.timed_run` like every arm's, from before the selection
 pass: selection pass, deviation, buffer copy, recompute prefill and first sampled token. ``copy_ms``
 of the result is everything before the prefill (selection and copy); :class:`BlendInfo` holds the
 selection's share.
@@ -277,7 +277,7 @@ def select_blend(plan: PromptPlan, mode: str, probe: Probe, stored: torch.Tensor
 
 
 def link_tokens(plan: PromptPlan, mode: str, n: int, per_link: int | None = None) -> list[int]:
-    """``n`` cached ranks from the repair path's link tokens (:func:`engine.repair.select_repair`): every
+    """``n`` cached ranks from the repair path's link tokens (:func:`engine.arms.repair.select_repair`): every
     inexact link's first token, then every link's second, and so on (at most ``per_link`` per link); past
     the inexact tokens (``per_link`` None), the remaining cached tokens in prompt order."""
     chosen: list[int] = []
@@ -407,6 +407,6 @@ def _fill(chosen: list[int], candidates: list[int], n: int) -> None:
 
 
 register(ArmSpec("blend", blend_arm, title="Blend", subtitle="module KV reused, the most deviating share recomputed",
-                 color="#be185d", order=30, reads=Reads.MODULES, json_prefix="blend_", settings=BlendSettings,
+                 color="#be185d", order=30, reads=Reads.MODULES, settings=BlendSettings,
                  detail=BlendInfo, progress="Blend: choosing the deviating tokens, recomputing them with the rest…",
                  token_class=("blended", "recomputed by blend (chosen by deviation / rule)")))

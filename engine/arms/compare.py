@@ -19,6 +19,7 @@ from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResul
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
+from engine.cache.settings import canonical_mode
 from engine.cache.store import ModuleStore
 from engine.model.load import LoadedModel
 from engine.schema.plan import PromptPlan
@@ -163,7 +164,7 @@ class Comparison:
                               data.get("uncached_tokens", 0), tuple(data.get("imported") or ()),
                               tuple(data.get("scaffolds") or ()))
         return cls(model=data.get("model", ""), device=data.get("device", ""), store=store,
-                   sampling=Sampling.from_json(data.get("sampling")), arms=arms, mode=data.get("mode", ""),
+                   sampling=Sampling.from_json(data.get("sampling")), arms=arms, mode=canonical_mode(data.get("mode", "")),
                    prompt=prompt, encode=data.get("encode"), repair=data.get("repair") or 0,
                    sink=data.get("sink") or 0)
 

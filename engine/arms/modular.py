@@ -70,7 +70,7 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
                  first: bool | None = None) -> RunResult:
     """The cached run with link-token recompute (issue 12, after EPIC).
 
-    The tokens :func:`engine.repair.select_repair` picks are left out of the buffer and prefilled
+    The tokens :func:`engine.arms.repair.select_repair` picks are left out of the buffer and prefilled
     together with the uncached tokens, at their own position ids; every prefilled token attends
     to the cached entries and prefilled tokens before it in the prompt (:class:`RankMask`), so
     their fresh KV replaces the stored one for the rest of the run. TTFT includes the recompute.
@@ -81,6 +81,6 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
 
 
 register(ArmSpec("cached", cached_arm, title="Modular cache", subtitle="module KV reused, the rest prefilled",
-                 color="#4f46e5", order=20, reads=Reads.MODULES, json_prefix="", settings=ModularSettings,
+                 color="#4f46e5", order=20, reads=Reads.MODULES, top_level_stem="", settings=ModularSettings,
                  default=True, progress="Modular cache: reusing module KV, prefilling the rest…",
                  token_class=("recomputed", "recomputed at run time (repair)")))

@@ -99,5 +99,5 @@ def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...]
 
 
 register(ArmSpec("prefix", prefix_arm, title="Prefix cache", subtitle="the longest cached prefix reused, the rest prefilled",
-                 color="#0d9488", order=10, reads=Reads.PREFIX_CACHE, json_prefix="prefix_", detail=PrefixReuse,
+                 color="#0d9488", order=10, reads=Reads.PREFIX_CACHE, detail=PrefixReuse,
                  default=True, progress="Prefix cache: reusing the cached prefix, prefilling the rest…"))

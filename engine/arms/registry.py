@@ -307,7 +307,7 @@ class ArmSpec:
     color: str
     order: int  # column order (baseline 0, prefix 10, cached 20, blend 30, ...)
     reads: str = Reads.NOTHING  # Reads.*: its TTFT includes copying stored KV unless NOTHING
-    json_prefix: str | None = None  # its agreement keys at the top of run --json ("" = unprefixed, as cached's)
+    top_level_stem: str | None = None  # its agreement keys at the top of run --json: NAME_ unless given ("" = cached's)
     settings: type[ArmSettings] | None = None
     detail: type | None = None  # ArmResult.detail's type: to_json() and a classmethod from_json(dict)
     progress: str = ""  # what the studio says while it runs
@@ -321,7 +321,7 @@ class ArmSpec:
     @property
     def json_stem(self) -> str:
         """What its agreement keys at the top of run --json start with ('prefix_', 'blend_'; '' for cached)."""
-        return f"{self.name}_" if self.json_prefix is None else self.json_prefix
+        return f"{self.name}_" if self.top_level_stem is None else self.top_level_stem
 
     def detail_from_json(self, data: dict) -> Any:
         """Its detail read back from its run --json object (None when it has no detail type)."""

@@ -13,7 +13,7 @@ text, each top-level module (its nested modules were encoded with it), each scaf
 first ``k`` tokens from every link are recomputed, except at links whose KV is exact already:
 
 * the anonymous prefix (it starts the prompt and attends only to itself);
-* the first module after that prefix when it was encoded seeing the prefix — ``prefixed``
+* the first module after that prefix when it was encoded seeing the prefix — ``contextual``
   mode, or a scaffold — and nothing else came before it.
 
 In ``isolated`` mode the first module never saw the system text; ``first`` says whether it is
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.cache.settings import CONTEXTUAL, canonical_mode
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan, Segment
 
@@ -92,7 +93,7 @@ def _unit(plan: PromptPlan, s: Segment) -> tuple:
 
 def _first_is_kept(unit: tuple, mode: str, first: bool) -> bool:
     """Whether the unit right after the anonymous prefix keeps its stored KV: it was encoded seeing
-    that whole prefix (``prefixed`` mode, a scaffold), or ``first`` is False in ``isolated`` mode."""
-    if unit[0] == "scaffold" or mode == "prefixed":
+    that whole prefix (``contextual`` mode, a scaffold), or ``first`` is False in ``isolated`` mode."""
+    if unit[0] == "scaffold" or canonical_mode(mode) == CONTEXTUAL:
         return True
     return not first

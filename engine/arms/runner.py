@@ -62,7 +62,7 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
               key_positions: list[torch.Tensor] | None = None) -> tuple[RunResult, KVBuffer]:
     """Allocate a buffer of ``capacity`` tokens, ``fill`` it, prefill, sample, decode: the one timed block
     every arm shares. Returns the run and its buffer (valid until the model's next run)."""
-    with _PeakMemory(lm.device) as mem:
+    with PEAK_MEMORY(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
         buf = workspace(lm).buffer(capacity)
@@ -236,13 +236,38 @@ def _rss_bytes() -> int:
 
 
 class _PeakMemory:
-    """Peak resident memory of the process during a run (sampled every 5 ms), and CUDA peak."""
+    """Peak resident memory of the process during a run, and the CUDA peak.
 
-    def __init__(self, device: str, interval: float = 0.005):
+    On Linux the kernel keeps the high-water mark itself (``VmHWM``); it is reset through
+    ``/proc/self/clear_refs`` before the run and read after it, so nothing runs beside the timed block.
+    Where that cannot be written, :class:`_SampledPeak` polls the resident size from a thread instead
+    (bench/peak_memory.py measures what that thread costs a TTFT).
+    """
+
+    def __init__(self, device: str):
         self.device = device
-        self.interval = interval
         self.peak_rss = 0
         self.cuda_peak: int | None = None
+
+    def __enter__(self) -> "_PeakMemory":
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident size
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak_rss = max(_status_bytes("VmHWM"), _rss_bytes())
+        if self.device.startswith("cuda"):
+            self.cuda_peak = int(torch.cuda.max_memory_allocated())
+
+
+class _SampledPeak(_PeakMemory):
+    """The fallback: the resident size sampled every ``interval`` seconds by a thread during the run."""
+
+    def __init__(self, device: str, interval: float = 0.005):
+        super().__init__(device)
+        self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -251,7 +276,7 @@ class _PeakMemory:
             self.peak_rss = max(self.peak_rss, _rss_bytes())
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "_PeakMemory":
+    def __enter__(self) -> "_SampledPeak":
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         self.peak_rss = _rss_bytes()
@@ -265,3 +290,23 @@ class _PeakMemory:
         if self.device.startswith("cuda"):
             self.cuda_peak = int(torch.cuda.max_memory_allocated())
 
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of /proc/self/status in bytes (0 when absent)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _hwm_resettable() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_bytes("VmHWM") > 0
+    except OSError:
+        return False
+
+
+PEAK_MEMORY = _PeakMemory if _hwm_resettable() else _SampledPeak  # how timed_run reads a run's peak memory

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from engine.cache.compression import METHODS, Compression  # noqa: F401  (re-exported)
+from engine.cache.settings import METHODS, Compression  # noqa: F401  (re-exported)
 from engine.kv import KVBuffer, LayeredKV, ModuleKV
 from engine.model.attend import QueryCapture, attention_weights, scoring
 

@@ -10,7 +10,7 @@ Units (see layout.py for which pieces each contains):
 3. per scaffold, one joint unit: its modules' base units plus the anonymous text between
    them, attending to the anonymous text before them.
 
-Mode ``prefixed`` (default) encodes 2. with the KV of the anonymous text before the module as
+Mode ``contextual`` (default; ``prefixed`` before) encodes 2. with the KV of the anonymous text before the module as
 past context; ``isolated`` (the paper's scheme) encodes it alone — or, with ``sink`` N > 0
 (issue 12), after the first N tokens of that anonymous text at their own positions 0..N-1: the
 chat template's fixed opening (``<|im_start|>system\n`` is 3 tokens), which every prompt starts
@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.cache.compress import Compression, compress
+from engine.cache.compress import compress
+from engine.cache.settings import CONTEXTUAL, Compression, canonical_mode
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError, MissingEntry
 from engine.kv import ModuleKV, storage_tag, to_storage
@@ -39,13 +40,15 @@ from engine.schema.layout import ANONYMOUS, EntryName, Layout
 
 ProgressFn = Callable[[int, int, str], None]
 
+_KEY_SPELLING = {CONTEXTUAL: "prefixed"}  # store keys keep the old spelling: entries persisted before stay valid
+
 
 @dataclass(frozen=True)
 class Encoding:
     """How a schema's modules are encoded and stored: the part of a run's settings encoding depends on.
     ``engine.config.RunConfig`` has these attributes, so a run config can be passed where an Encoding is."""
 
-    mode: str = "prefixed"  # "prefixed": modules see the text before them; "isolated": each alone
+    mode: str = CONTEXTUAL  # contextual: modules see the text before them; isolated: each alone
     storage_dtype: str = "float32"
     compression: Compression = field(default_factory=Compression)
     sink: int = 0  # isolated: neutral tokens each module is encoded after
@@ -77,7 +80,7 @@ class EncodedSchema:
     scaffold_keys: dict[str, str]
     units: tuple[UnitReport, ...]
     encode_ms: float
-    sink: int = 0  # sink tokens isolated module units were encoded after (0 in prefixed mode)
+    sink: int = 0  # sink tokens isolated module units were encoded after (0 in contextual mode)
 
     def keys(self) -> list[str]:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
@@ -104,7 +107,7 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = 
     dtype); a query-agnostic ``config.compression`` drops tokens per layer from module and scaffold
     entries.
     """
-    mode, dtype, comp = config.mode, config.storage_dtype, config.compression
+    mode, dtype, comp = canonical_mode(config.mode), config.storage_dtype, config.compression
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
                           f"'{model.config._attn_implementation}'); set retention to 1.0")
@@ -129,7 +132,7 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = 
     for top, choice, targets in jobs[1:-len(layout.schema.scaffolds) or None]:
         unit = layout.unit_pieces(top, choice)
         context, past = pasts.context_of(layout.modules[top].start)
-        unit_key = _key(model_fingerprint, layout.codec.fingerprint, mode, storage, context, _ids_pos(layout, unit))
+        unit_key = _key(model_fingerprint, layout.codec.fingerprint, _KEY_SPELLING.get(mode, mode), storage, context, _ids_pos(layout, unit))
         wanted = {}
         for path in targets:
             own = list(layout.modules[path].pieces)
@@ -235,7 +238,7 @@ class _Context:
     def unit(self, unit: list[int], past: ModuleKV | None, wanted: dict[str, tuple[str, list[int]]], label: str,
              kind: str) -> ModuleKV | None:
         """Make every wanted entry available (memory, disk, or a fresh forward); return the unit's KV
-        for the anonymous unit (the prefix of prefixed modules), else None."""
+        for the anonymous unit (what contextual modules are encoded after), else None."""
         if not unit:
             return None
         layout, store = self.layout, self.store
@@ -278,7 +281,7 @@ class _Context:
 
 
 class _Pasts:
-    """The past KV a unit is encoded after: the anonymous text before it (``prefixed``), the first
+    """The past KV a unit is encoded after: the anonymous text before it (``contextual``), the first
     ``sink`` tokens of that text (``isolated`` with a sink), or nothing."""
 
     def __init__(self, layout: Layout, anon_entry: ModuleKV | None, mode: str, sink: int):
@@ -293,7 +296,7 @@ class _Pasts:
 
     def context_of(self, start: int) -> tuple[str, ModuleKV | None]:
         """(key part, past KV) of a module unit starting at ``start``: its prefix, its sink, or nothing."""
-        if self.mode == "prefixed":
+        if self.mode == CONTEXTUAL:
             pre, past = self.prefix_of(start)
             return _ids_pos(self.layout, pre), past
         _, past = self.prefix_of(start) if self.sink else ([], None)

@@ -251,7 +251,7 @@ def schema_order_prompt(layout: Layout) -> WarmPrompt:
     Each union contributes its default member (its ``scaffold`` member when named, else its first);
     nested modules of an imported module are imported too. A param is filled with its default
     text, or — without one — with its placeholder tokens (what the module store encodes there).
-    The tokens are what :func:`engine.plan.plan_prompt` would materialise for that prompt:
+    The tokens are what :func:`engine.schema.plan.plan_prompt` would materialise for that prompt:
     the schema's pieces in layout order, then the template's generation prompt.
     """
     chosen: set[str] = set()

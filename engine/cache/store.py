@@ -16,7 +16,7 @@ ever held twice, and an entry on disk is reused only when all of that matches.
   reported as missing with the reason, so the engine re-encodes it; a failed write (full disk)
   is counted and the entry stays in memory only.
 * **Prefix entries** (keys starting with :data:`PREFIX`): the nodes of the prefix cache
-  (engine/prefix.py). They share the budget and the LRU order with the modules but are never
+  (engine/cache/prefix.py). They share the budget and the LRU order with the modules but are never
   written to disk; ``stats()`` counts them apart (``prefix_entries``, ``prefix_bytes``). When the
   budget evicts one, the listeners registered with :meth:`ModuleStore.on_evict` hear of it (the
   prefix cache then drops the node's descendants: a child without its parent is useless).

@@ -98,7 +98,7 @@ class QueryCapture:
     """Per layer, the newest ``window`` queries of the first forward it sees (a run's prefill).
 
     Only kept, not used, during the forward: scoring them against the cache happens after the
-    first token is out, so time to first token is not touched (engine/compress.py).
+    first token is out, so time to first token is not touched (engine/cache/compress.py).
     """
 
     def __init__(self, window: int):
@@ -144,7 +144,7 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     * Caches whose layers hold different lengths (compressed entries): a layer shorter than the
       mask gets the bottom-right causal mask at its own length (batch 1, no padding: exact).
     * Sliding-window layers: the window is applied to position ids, not cache indices, when the
-      model's positions are tracked (:mod:`engine.attention`), so gapped caches keep it.
+      model's positions are tracked (:mod:`engine.model.positions`), so gapped caches keep it.
     * Logit soft-capping (Gemma 2), which SDPA cannot compute: eager attention.
     * Inside :func:`rank_masked` (repair) the :class:`RankMask`'s mask replaces the causal one.
     """

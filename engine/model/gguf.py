@@ -182,7 +182,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
 
 
 def _check_gguf(path: Path) -> None:
-    """ModelError unless ``path`` states sane sizes (:func:`engine.sanity.check_shape`, read before anything is
+    """ModelError unless ``path`` states sane sizes (:func:`engine.model.sanity.check_shape`, read before anything is
     made of them), reads as a whole GGUF of an architecture transformers converts, and fits in memory."""
     arch, sizes = _header_sizes(path)
     check_shape(sizes, str(path), GGUF_FIX, {key: f"metadata field {arch}.{name}" for name, key in _GGUF_SHAPE.items()})

@@ -9,8 +9,8 @@ folder (~2 s). A GGUF file given as the model (``--model path/to/file.gguf``) is
 same way, once, into a folder named by the file's sha256. Any other transformers causal LM
 loads from a local folder or a hub id (hub ids only work where a hub is reachable or already
 cached). The families in :data:`TESTED_FAMILIES` are checked on tiny random models by
-tests/test_families.py; models whose cache the engine cannot hold are refused with the reason
-(:func:`engine.attention.check_supported`).
+tests/engine/test_families.py; models whose cache the engine cannot hold are refused with the reason
+(:func:`engine.model.positions.check_supported`).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class LoadedModel:
 
     @property
     def family_tested(self) -> bool:
-        """True when tests/test_families.py checks this model family on a tiny random model."""
+        """True when tests/engine/test_families.py checks this model family on a tiny random model."""
         return self.model_type in TESTED_FAMILIES
 
     def info(self) -> dict:

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 from engine.errors import ModelError
 
-if TYPE_CHECKING:  # torch is imported where it is used: engine.models reads the family facts without it
+if TYPE_CHECKING:  # torch is imported where it is used: engine.model.load reads the family facts without it
     import torch
 
-# model_type -> label: the families tests/test_families.py builds and checks (read there too).
+# model_type -> label: the families tests/engine/test_families.py builds and checks (read there too).
 TESTED_FAMILIES = {
     "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "gemma3_text": "Gemma 3",
     "gemma2": "Gemma 2", "phi3": "Phi-3", "gpt_neox": "GPT-NeoX", "falcon": "Falcon", "mpt": "MPT",

@@ -66,7 +66,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
 
 def _api(studio: Studio) -> None:
     def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
-                mode: str = "prefixed", temperature: float = 0.0, storage_dtype: str = "float32",
+                mode: str = "contextual", temperature: float = 0.0, storage_dtype: str = "float32",
                 retention: float = 1.0, compression: str = "pyramid") -> dict:
         """Run the arms on a PML prompt and return the `pml-studio run --json` document, plus "logged".
 
@@ -79,7 +79,7 @@ def _api(studio: Studio) -> None:
             prompt_text: a PML prompt written against that schema.
             max_new_tokens: tokens to generate in each arm (at least 1).
             storage: "cpu" or "cuda" (where module KV is stored).
-            mode: encoding mode, "prefixed" (default) or "isolated".
+            mode: encoding mode, "contextual" (default; "prefixed", its old name, is accepted) or "isolated".
             temperature: 0 for greedy decoding (default).
             storage_dtype: precision of stored modules, "float32" (default), "float16" or "bfloat16".
             retention: share of each module's KV kept, in (0, 1]; 1.0 (default) keeps all.

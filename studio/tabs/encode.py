@@ -25,7 +25,7 @@ from .editors import Editors
 ENTRY_HEADERS = ["store entry", "tokens", "MB", "KB / token"]
 UNIT_HEADERS = ["unit", "kind", "tokens", "obtained from", "ms"]
 SOURCE_LABELS = {"memory": "memory", "disk": "disk", "encoded": "fresh encode"}
-MODE_NOTE = ("**prefixed** (default): each module is encoded after the system text that precedes it, so cached "
+MODE_NOTE = ("**contextual** (default; called prefixed before): each module is encoded after the system text that precedes it, so cached "
              "outputs stay closer to the baseline, at no extra memory. **isolated**: the paper's scheme, each "
              "module encoded alone.")
 RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys and values (the system text is never "

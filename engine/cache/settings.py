@@ -1,4 +1,5 @@
-"""How module KV is thinned: the :class:`Compression` setting (no torch here; engine/cache/compress.py does it)."""
+"""The cache layer's settings, importable without torch: the encoding modes and how module KV is thinned
+(:class:`Compression`; engine/cache/compress.py does the thinning)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ from dataclasses import dataclass
 
 from engine.errors import EngineError
 from engine.limits import check_fields
+
+CONTEXTUAL, ISOLATED = "contextual", "isolated"  # the encoding modes (engine/cache/encode.py)
+MODES = (CONTEXTUAL, ISOLATED)
+MODE_ALIASES = {"prefixed": CONTEXTUAL}  # the old spelling, still accepted (CLI, RunConfig, stored JSON)
+
+
+def canonical_mode(mode: str) -> str:
+    """``mode`` with an old spelling replaced (``prefixed`` is ``contextual``)."""
+    return MODE_ALIASES.get(mode, mode)
+
 
 METHODS = ("pyramid", "uniform", "recent", "question")
 
@@ -16,7 +27,7 @@ class Compression:
 
     ``pyramid``, ``uniform`` and ``recent`` thin the stored entries when a module is encoded,
     before any question is known; ``question`` stores full entries and thins the run's buffer
-    after the prompt's new tokens were prefilled, by their attention (see engine/compress.py).
+    after the prompt's new tokens were prefilled, by their attention (see engine/cache/compress.py).
     """
 
     retention: float = 1.0  # mean fraction of each entry's tokens kept per layer

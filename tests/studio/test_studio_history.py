@@ -48,7 +48,7 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     assert [r["schema_name"] for r in csv.DictReader(open(out))] == ["travel"]
     row = hist.open_run(studio, str(rows[0][0]))
     assert row["schema_text"] == schema and row["prompt_text"] == prompt
-    assert hist.stored_settings(row) == {"storage": "cpu", "mode": "prefixed", "storage_dtype": "float16",
+    assert hist.stored_settings(row) == {"storage": "cpu", "mode": "contextual", "storage_dtype": "float16",
                                          "retention": 1.0, "method": "pyramid"}
     for bad, match in (("", "select a run"), (None, "select a run"), ("abc", "not a run id"), ("999", "no run 999")):
         with pytest.raises(gr.Error, match=match):
@@ -149,7 +149,7 @@ def bare_studio(path, timeout: float = 0.2) -> Studio:
     pytest.param("mode", marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only file")),
     "header"])
 def test_runs_kept_while_the_log_is_read_only_are_written_when_it_is_writable_again(tmp_path, how):
-    from tests.test_runlog import fake_comparison
+    from tests.engine.test_runlog import fake_comparison
 
     path = tmp_path / "logs" / "runs.db"
     path.parent.mkdir()
@@ -173,7 +173,7 @@ def test_runs_kept_while_the_log_is_read_only_are_written_when_it_is_writable_ag
 
 def test_a_full_queue_drops_the_oldest_runs_and_says_so(tmp_path, monkeypatch):
     from studio import state
-    from tests.test_runlog import fake_comparison
+    from tests.engine.test_runlog import fake_comparison
 
     monkeypatch.setattr(state, "PENDING_MAX", 3)
     path = tmp_path / "runs.db"

@@ -1,14 +1,9 @@
-"""Package boundaries: who may import whom, and what an installed package carries.
-
-The engine imports none of its front ends (gradio, studio/, bench/); the studio never imports bench/
-(the benchmarks sit above it). Imports are read with `ast`, so imports inside functions and
-``importlib.import_module("...")`` calls count, and mentions in strings or comments do not.
-A non-editable install, with no checkout on sys.path, still shows the benchmark results.
-"""
+"""What an installed package carries: a non-editable install, with no checkout on sys.path, still shows the
+benchmark results, and the studio finds them from the option, the environment or the checkout. (Who may
+import whom: tests/contract/test_architecture.py.)"""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -20,40 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-
-FORBIDDEN = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}}
-DYNAMIC = {"import_module", "__import__"}
-
-
-def imports(tree: ast.AST) -> list[tuple[str, int]]:
-    """(top-level module, line) of every absolute import in ``tree``."""
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(alias.name.split(".")[0], node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.module.split(".")[0], node.lineno))
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in DYNAMIC \
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-            out.append((node.args[0].value.split(".")[0], node.lineno))
-    return out
-
-
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_package_imports_nothing_above_it(package):
-    offenders = [f"{f.relative_to(ROOT)}:{line} imports {name}"
-                 for f in sorted((ROOT / package).rglob("*.py"))
-                 for name, line in imports(ast.parse(f.read_text(encoding="utf-8")))
-                 if name in FORBIDDEN[package]]
-    assert offenders == []
-
-
-def test_the_checker_sees_every_kind_of_import():
-    tree = ast.parse("import bench.common\nfrom bench.workloads import ttft_point\n"
-                     "def f():\n    import gradio as gr\n    importlib.import_module('studio.app')\n"
-                     "    __import__('bench')\n    from . import sibling\n    x = 'import bench'\n")
-    assert imports(tree) == [("bench", 1), ("bench", 2), ("gradio", 4), ("studio", 5), ("bench", 6)]
-
 
 def test_results_folder_comes_from_the_option_then_the_environment(monkeypatch, tmp_path):
     from engine.cli import build_parser

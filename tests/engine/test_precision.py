@@ -68,13 +68,13 @@ def test_one_module_at_the_start_stays_exact_in_bf16(tiny_bf16):
 def test_the_reason_quotes_the_measurement(tmp_path, monkeypatch):
     assert "as asked" in cfg.dtype_reason("cpu", "bfloat16")
     assert "not measured" in cfg.dtype_reason("cuda", "bfloat16")
-    monkeypatch.setattr(cfg, "PRECISION_RESULTS", tmp_path / "none.json")
-    assert "bench/precision.py" in cfg.dtype_reason("cpu", "float32")
+    assert "bench/precision.py" in cfg.dtype_reason("cpu", "float32")  # nothing measured given
     row = {"prompt_tokens": 2048, "fp32": {"baseline_ttft_ms": {"median": 9000}, "decode_ms_per_token": {"median": 160}},
            "bf16": {"baseline_ttft_ms": {"median": 4000}, "decode_ms_per_token": {"median": 900}}}
-    results = tmp_path / "precision.json"
+    results = tmp_path / f"{cfg.PRECISION_RESULT}.json"
     results.write_text(json.dumps({"model": "Qwen", "ttft": [row], "needles": {
         "single": {"bf16 baseline": {"kl_vs_fp32": {"mean": 0.0007}}}}}))
-    monkeypatch.setattr(cfg, "PRECISION_RESULTS", results)
-    reason = cfg.dtype_reason("cpu", "float32")
+    from studio.benchmarks import read_result  # the front end reads the result; the engine reads no bench/ file
+
+    reason = cfg.dtype_reason("cpu", "float32", read_result(cfg.PRECISION_RESULT, tmp_path).data)
     assert "4.0 s" in reason and "9.0 s" in reason and "900 ms/token" in reason and "7.0e-04" in reason

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
-from tests.conftest import SAMPLES
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import SAMPLES, free_port
 
 
 def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):

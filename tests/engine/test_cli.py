@@ -188,3 +188,16 @@ def test_plain_run_output_says_when_disk_entries_were_corrupt_or_unsaved():
     assert "1 module file(s) could not be saved (disk full)" in out
     clean = run_text({**data, "store_stats": {"evictions": 0}})
     assert "corrupted" not in clean and "could not be saved" not in clean
+
+
+def test_the_encoding_mode_s_old_name_is_still_accepted():
+    """`prefixed` was renamed `contextual` (one word per concept: "prefix" is the prefix cache); the old spelling
+    is accepted by the CLI, RunConfig and documents read back, and module store keys did not change."""
+    from engine.arms.compare import Comparison
+    from engine.cli import build_parser, config_from_args
+    from engine.config import RunConfig
+    from studio.cli import EXTRA
+
+    args = build_parser(EXTRA).parse_args(["run", "s.xml", "p.xml", "--mode", "prefixed"])
+    assert config_from_args(args).mode == "contextual" == RunConfig(mode="prefixed").mode
+    assert Comparison.from_json({"mode": "prefixed"}).mode == "contextual"

@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.test_studio_e2e import free_port
+from tests.conftest import free_port
 
 EVIL = "attacker.example"
 

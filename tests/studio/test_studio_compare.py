@@ -316,7 +316,7 @@ def test_a_run_the_locked_log_cannot_take_is_reported_kept_and_written_with_the_
 
 
 def test_the_api_reports_a_log_from_a_newer_version_and_leaves_it_unchanged(tiny_engine, tmp_path):
-    from tests.test_runlog import files_of, newer_database
+    from tests.engine.test_runlog import files_of, newer_database
 
     path = tmp_path / "runs.db"
     newer_database(path)

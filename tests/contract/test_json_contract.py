@@ -13,7 +13,7 @@ from conftest import SAMPLES
 from engine.arms.compare import Comparison
 from engine.arms.runner import Sampling
 
-SNAPSHOT = pathlib.Path(__file__).parent / "data" / "run-json-keys-v1.json"
+SNAPSHOT = pathlib.Path(__file__).resolve().parent.parent / "data" / "run-json-keys-v1.json"
 
 
 def key_paths(doc, pre: str = "") -> set[str]:

@@ -113,6 +113,6 @@ def test_every_docs_page_is_indexed_and_links_back():
 
 def test_the_language_spec_names_tests_that_exist():
     named = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "pml-spec.md").read_text()))
-    defined = {name for f in (ROOT / "tests").glob("test_*.py")
+    defined = {name for f in (ROOT / "tests").rglob("test_*.py")
                for name in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
     assert named and named <= defined, named - defined

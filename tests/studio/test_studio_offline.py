@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_studio_e2e import free_port
+from tests.conftest import free_port
 
 CHILD = textwrap.dedent("""
     import ipaddress, json, socket, sys, time, urllib.request
