@@ -72,6 +72,23 @@ def timed_ms(rows: list[dict]) -> float:
 
 
 @real_model
+def test_peak_memory_quick():
+    out, data, wall_ms = run_bench("peak_memory.py")
+    (row,) = data["results"]
+    for arm in ("baseline", "cached"):
+        methods = row["arms"][arm]
+        assert set(methods) == {"none", "hwm (now)", "thread 5 ms (before)"}
+        for m in methods.values():
+            t = m["ttft_ms"]
+            assert 0 < t["min"] <= t["median"] <= t["max"] and len(t["all"]) == data["reps"]
+        # each ratio is the method's TTFT over the same round's run with nothing read
+        none = methods["none"]["ttft_ms"]["all"]
+        hwm = methods["hwm (now)"]
+        assert hwm["ratio_to_none"]["all"] == pytest.approx([x / n for x, n in zip(hwm["ttft_ms"]["all"], none)],
+                                                             abs=0.02)
+    assert 0 < data["hwm_cost_median_max"] and 0 < data["thread_cost_median_max"]
+
+
 def test_ttft_quick():
     out, data, wall_ms = run_bench("ttft.py")
     assert "speedup" in out.splitlines()[0]  # the table comes first
