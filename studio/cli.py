@@ -20,7 +20,7 @@ def serve_arguments(sp) -> None:
                     help="compute precision (default per device: float32 on CPU, bfloat16 on CUDA; bfloat16 is about "
                          "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    sp.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+    sp.add_argument("--allow-host", action="append", default=[], metavar="NAME", dest="allow_hosts",
                     help="also answer requests for this host name, on any port (a reverse proxy's name; repeatable). "
                          "Requests naming any other host are refused, so other web pages cannot drive the studio")
     sp.add_argument("--port", type=NumberArg(Limit("port", 1, 65535, whole=True, example="7860")), default=7860,

@@ -148,3 +148,15 @@ def test_handlers_refuse_files_over_5_mb_by_name(tmp_path):
         read_upload(str(big_xml))
     imp = import_program(str(big_py))
     assert not imp.ok and "limited to 5 MB" in imp.status
+
+
+def test_app_py_passes_its_options_to_the_served_studio(monkeypatch):
+    """`make run ARGS=...` parses app.py's options and hands every one of them to studio.launch.serve."""
+    import app
+    from studio import launch
+
+    seen = {}
+    monkeypatch.setattr(launch, "serve", lambda **kw: seen.update(kw) or 0)
+    assert app.main(["--port", "7999", "--allow-host", "studio.lan", "--allow-host", "proxy.lan"]) == 0
+    assert seen["port"] == 7999 and seen["host"] == "127.0.0.1" and seen["share"] is False
+    assert seen["allow_hosts"] == ("studio.lan", "proxy.lan")
