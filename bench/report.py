@@ -61,6 +61,7 @@ def beside(slug: str) -> list[str]:
 def section() -> str:
     out = [START, ""]
     out += lead_section(LEAD)
+    out += decode_section(load(f"decode-{LEAD}"))
     if len(out) > 2:
         out += ["## SmolLM2-135M-Instruct (the default model)", ""]
     ttft, scaling, memory = load("ttft"), load("scaling"), load("memory")
@@ -236,6 +237,23 @@ def lead_fidelity(f: dict, slug: str) -> list[str]:
             for a in f["sample_arms"]) + ".", ""]
     out += [f"![Needle accuracy against TTFT, per arm and blend R]({ASSETS}/frontier-{slug}.png)", ""]
     return out
+
+
+def decode_section(d: dict | None) -> list[str]:
+    """Decode speed and fidelity per weight precision (bench/decode.py)."""
+    if not d:
+        return []
+    rows = ["| weights | linear weights | decode ms/token, median (min–max) | modular TTFT, median | "
+            "first-token KL vs fp32, mean | same greedy text as fp32 |", "|---|---:|---:|---:|---:|---:|"]
+    for r in d["results"]:
+        dec, kl = r["decode_ms_per_token"], r.get("first_token_kl")
+        rows.append(f"| `{r['weights']}` | {r['weight_bytes'] / 2**20:,.0f} MiB | {dec['median']:.1f} "
+                    f"({dec['min']:.1f}–{dec['max']:.1f}) | {r['ttft_ms']['median']:.0f} ms | "
+                    + (f"{sum(kl['all']) / len(kl['all']):.4f} | {r['same_text']}/{r['prompts']} |" if kl else "— | — |"))
+    return [f"**Decode per weight precision** — `{d['command']}` ({machine_line(d)}; {d['model']}, the modular arm "
+            f"on every sample's example prompt, {d['new_tokens']} greedy tokens; `--weights`, "
+            "engine/model/weights.py: int8 per output channel, int4 in groups of 32, both torch's CPU kernels with "
+            "bf16 activations):", "", *rows, ""]
 
 
 def peak_memory_section(d: dict | None) -> list[str]:

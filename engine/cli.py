@@ -96,6 +96,9 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> Non
     r.add_argument("--mode", default="contextual", type=canonical_mode, choices=cfg.values("mode"),
                    help="encoding mode: contextual (modules see the system text before them; 'prefixed', its old "
                         "name, is accepted) or isolated (the paper's scheme)")
+    r.add_argument("--weights", default="fp32", choices=cfg.values("weights"),
+                   help="how the model's linear weights are kept: fp32 (as loaded), bf16, or int8 / int4 weight-only "
+                        "(torch's CPU kernels; activations stay in --dtype); every arm runs on the same weights")
     r.add_argument("--dtype", default=None, choices=cfg.COMPUTE_DTYPES,
                    help="compute dtype of the model (default: float32 on CPU, bfloat16 on CUDA; `info` says why)")
     r.add_argument("--storage-dtype", default=None, choices=cfg.values("storage_dtype"),
@@ -171,7 +174,7 @@ class NumberArg:
 def config_from_args(args) -> "cfg.RunConfig":
     """The RunConfig the `run` options describe (validated here, once)."""
     return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype, mode=args.mode,
-                         storage_dtype=args.storage_dtype,
+                         storage_dtype=args.storage_dtype, weights=args.weights,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
                          arms=_arms(args), warmup=not args.no_warmup, sink=args.sink, **_arm_settings(args))

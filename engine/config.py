@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from engine.cache.settings import METHODS, MODES, Compression, canonical_mode
 from engine.errors import EngineError
+from engine.model import WEIGHTS
 from engine.limits import (LIMITS, MAX_BUDGET_MIB, MAX_NEW_TOKENS, MAX_REPAIR, MAX_SEED, MAX_SINK,  # noqa: F401
                            MAX_TEMPERATURE, Limit, check_fields)
 
@@ -43,6 +44,7 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16"), ("int8", "int8"),
                       ("int4", "int4")),
     "method": tuple((m, m) for m in METHODS),
+    "weights": (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8 (weight-only)"), ("int4", "int4 (weight-only)")),
 }
 
 
@@ -111,15 +113,16 @@ class RunConfig:
     arms: tuple[str, ...] | None = None
     sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
+    weights: str = "fp32"  # the model's linear weights: fp32, bf16, int8 or int4 (engine/model/weights.py)
     arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, its settings) for arms not at their defaults
 
     def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="contextual", storage_dtype=None,
                  compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
-                 arm_settings=(), **keys):
+                 weights="fp32", arm_settings=(), **keys):
         given = dict(model=model, device=device, dtype=dtype, storage=storage, mode=mode,
                      storage_dtype=storage_dtype, compression=Compression() if compression is None else compression,
                      budget_bytes=budget_bytes, persist=persist, module_dir=module_dir, arms=arms, sink=sink,
-                     warmup=warmup, arm_settings=_with_keys(dict(arm_settings), keys))
+                     warmup=warmup, weights=weights, arm_settings=_with_keys(dict(arm_settings), keys))
         for name, value in given.items():
             object.__setattr__(self, name, value)
         self.__post_init__()
@@ -134,6 +137,7 @@ class RunConfig:
         if self.dtype is None:
             object.__setattr__(self, "dtype", default_dtype(self.device))
         _one_of("compute dtype", self.dtype, COMPUTE_DTYPES)
+        _one_of("weight precision", self.weights, WEIGHTS)
         if self.storage_dtype is None:
             object.__setattr__(self, "storage_dtype", self.dtype)
         _one_of("storage dtype", self.storage_dtype, STORAGE_DTYPES)
@@ -190,7 +194,8 @@ class RunConfig:
 
     def same_model(self, other: "RunConfig") -> bool:
         """True when ``other`` can run on the model this config loads (model, device, dtype)."""
-        return (self.model, self.device, self.dtype) == (other.model, other.device, other.dtype)
+        return (self.model, self.device, self.dtype, self.weights) == (other.model, other.device, other.dtype,
+                                                                        other.weights)
 
     def with_(self, **changes) -> "RunConfig":
         """A copy with ``changes`` applied and validated (``retention``/``method`` build a Compression; an arm
@@ -215,7 +220,7 @@ class RunConfig:
                "mode": self.mode, "storage_dtype": self.storage_dtype,
                "compression": {"retention": self.compression.retention, "method": self.compression.method},
                "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
-               "sink": self.sink, "warmup": self.warmup}
+               "sink": self.sink, "warmup": self.warmup, "weights": self.weights}
         for spec in _arms_registry().values():
             if spec.settings is not None:
                 out.update(self.settings_of(spec.name).by_key())

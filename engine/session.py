@@ -76,7 +76,7 @@ class Engine:
         """An Engine around an already loaded model (tests, notebooks); no persistence unless asked."""
         settings.setdefault("persist", False)
         base = config or RunConfig(**settings)
-        eng = cls(base.with_(model=lm.name, device=lm.device, dtype=lm.dtype))
+        eng = cls(base.with_(model=lm.name, device=lm.device, dtype=lm.dtype, weights=lm.weights))
         eng._lm, eng._codec, eng._tokenizer = lm, lm.codec, lm.tokenizer
         return eng
 
@@ -89,7 +89,7 @@ class Engine:
             if self._lm is None:
                 cfg = self.config
                 self._lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, tokenizer=self._tokenizer,
-                                      codec=self._codec)
+                                      codec=self._codec, weights=cfg.weights)
                 self._codec, self._tokenizer = self._lm.codec, self._lm.tokenizer
             return self._lm
 
@@ -198,8 +198,9 @@ class Engine:
             return self.config
         if not self.config.same_model(config):
             raise EngineError(f"this engine runs model {self.config.model or 'default'} on {self.config.device} in "
-                              f"{self.config.dtype}; a run asked for {config.model or 'default'} on {config.device} "
-                              f"in {config.dtype}: make another Engine for that")
+                              f"{self.config.dtype} with {self.config.weights} weights; a run asked for {config.model or 'default'} "
+                              f"on {config.device} in {config.dtype} with {config.weights} weights: make another Engine "
+                              "for that")
         check_device(config.storage)
         return config
 

@@ -12,7 +12,7 @@ import sys
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
-          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
+          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None, weights: str = "fp32",
           allow_hosts: tuple[str, ...] = ()):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
@@ -28,7 +28,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from .app import build_app, launch_options
 
     try:
-        engine = Engine(model=model, dtype=dtype)
+        engine = Engine(model=model, dtype=dtype, weights=weights)
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:

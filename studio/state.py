@@ -21,6 +21,7 @@ import gradio as gr
 from engine.config import RunConfig
 from engine.errors import EngineError
 from engine.schema.layout import Layout
+from engine.config import short_dtype
 from engine.runlog import RunLog, RunLogError, utc_now
 
 from . import settings as run_settings
@@ -162,6 +163,9 @@ class Studio:
     def status_html(self) -> str:
         name = self.engine.lm.name if self.engine.loaded else (self.engine.config.model or DEFAULT_MODEL)
         state = "loaded" if self.engine.loaded else "loads on first run"
+        cfg = self.engine.config
+        if getattr(cfg, "dtype", None):
+            state += f" · {short_dtype(cfg.dtype)} · {getattr(cfg, 'weights', 'fp32')} weights"
         if self.runlog.read_only:
             warning = "read-only"
         else:

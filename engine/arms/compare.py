@@ -74,6 +74,7 @@ class Comparison:
     plan: PromptPlan | None = field(default=None, repr=False)  # None when read back from JSON
     prompt: PromptCounts | None = None  # made from the plan when not given
     encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
+    weights: str = "fp32"  # how the model's linear weights were kept (every arm ran on the same ones)
     repair: int = 0  # link tokens recomputed per link
     sink: int = 0  # sink tokens the isolated module entries were encoded after
 
@@ -124,6 +125,7 @@ class Comparison:
             "storage_dtype": st.dtype, "compression": st.compression, "store_stats": st.stats,
             "imported": list(p.imported), "scaffolds": list(p.scaffolds), "arms": [a.value for a in self.arms],
             "sampling": self.sampling.to_json(), "encode": self.encode, "repair": self.repair, "sink": self.sink,
+            "weights": self.weights,
         }
         by_arm = {}
         for arm, spec in REGISTRY.items():
@@ -166,7 +168,7 @@ class Comparison:
         return cls(model=data.get("model", ""), device=data.get("device", ""), store=store,
                    sampling=Sampling.from_json(data.get("sampling")), arms=arms, mode=canonical_mode(data.get("mode", "")),
                    prompt=prompt, encode=data.get("encode"), repair=data.get("repair") or 0,
-                   sink=data.get("sink") or 0)
+                   sink=data.get("sink") or 0, weights=data.get("weights") or "fp32")
 
     def _run(self, arm: Arm):
         res = self.arms.get(arm)
@@ -196,7 +198,8 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
     return Comparison(
         model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=sampling,
         arms={a: r.with_agreement(base) for a, r in results.items()}, mode=encoded.mode,
-        repair=getattr(cached, "repair", 0) if Arm.CACHED in wanted else 0, sink=encoded.sink)
+        repair=getattr(cached, "repair", 0) if Arm.CACHED in wanted else 0, sink=encoded.sink,
+        weights=getattr(lm, "weights", "fp32"))
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:

@@ -123,6 +123,8 @@ class LoadedModel:
     attention: str = "pml"  # "pml": the engine's registered attention in every layer; "own": the model's code
     sliding_window: int | None = None  # window of the sliding layers (None: every layer sees all keys)
     sliding_layers: int = 0
+    weights: str = "fp32"  # how the linear layers' weights are kept (engine/model/weights.py)
+    weight_bytes: int = 0  # bytes of the linear layers' weights as kept
 
     @property
     def family_tested(self) -> bool:
@@ -136,7 +138,7 @@ class LoadedModel:
                 "architecture": self.architecture, "model_type": self.model_type,
                 "attention": self.attention, "attention_path": attention_label(self),
                 "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
-                "family_tested": self.family_tested,
+                "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
                 "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
 
 
@@ -278,8 +280,9 @@ def _read_config(where: str):
 
 
 def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32", tokenizer=None,
-               codec: TextCodec | None = None) -> LoadedModel:
-    """Load a causal LM for inference on ``device`` (``cpu`` or ``cuda``).
+               codec: TextCodec | None = None, weights: str = "fp32") -> LoadedModel:
+    """Load a causal LM for inference on ``device`` (``cpu`` or ``cuda``), its linear layers' weights kept as
+    ``weights`` (engine/model/weights.py; the activations stay in ``dtype``).
 
     ``tokenizer`` and ``codec``, when given (from :func:`load_tokenizer` of the same spec), are
     reused instead of being loaded and built again.
@@ -302,14 +305,19 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {short(err)}") from None
     model.to(device).eval()
-    return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, dtype),
+    from engine.model.weights import quantize_weights  # torch's packed kernels: imported when a model loads
+
+    weight_bytes = quantize_weights(model, weights)
+    precision = dtype if weights == "fp32" else f"{dtype}+{weights}"  # module KV depends on the weights too
+    return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
+                      weights=weights, weight_bytes=weight_bytes,
                       max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
                       codec=codec if tokenizer is not None else None)
 
 
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
                max_positions: int | None = None, codec_fingerprint: str | None = None,
-               codec: TextCodec | None = None) -> LoadedModel:
+               codec: TextCodec | None = None, weights: str = "fp32", weight_bytes: int = 0) -> LoadedModel:
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 
@@ -335,7 +343,8 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
                      head_dim=head_dim, kv_bytes_per_token=kv_bytes_per_token(config, elt),
                      max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp,
                      architecture=type(model).__name__, model_type=config.model_type, attention=attention,
-                     sliding_window=sliding_window(config), sliding_layers=sliding_layers(config))
+                     sliding_window=sliding_window(config), sliding_layers=sliding_layers(config),
+                     weights=weights, weight_bytes=weight_bytes)
     _warm_up(lm)
     return lm
 

@@ -72,6 +72,17 @@ def timed_ms(rows: list[dict]) -> float:
 
 
 @real_model
+def test_decode_quick():
+    out, data, wall_ms = run_bench("decode.py")
+    fp32, int8 = data["results"]
+    assert (fp32["weights"], int8["weights"]) == ("fp32", "int8")
+    assert 0.24 < int8["weight_bytes"] / fp32["weight_bytes"] < 0.27  # int8 codes plus one bf16 scale per row
+    for r in (fp32, int8):
+        d = r["decode_ms_per_token"]
+        assert 0 < d["min"] <= d["median"] <= d["max"]
+    assert int8["prompts"] == 2 and 0 <= int8["same_text"] <= 2 and int8["first_token_kl"]["min"] >= 0
+
+
 def test_peak_memory_quick():
     out, data, wall_ms = run_bench("peak_memory.py")
     (row,) = data["results"]

@@ -1,0 +1,104 @@
+"""Weight precision: a loaded model's linear layers (the output matrix included) kept in fp32, bf16, int8 or
+int4, weight-only; the activations stay in the run's compute dtype.
+
+A decode step reads every weight once, so its time is the weights' bytes over the memory bandwidth the
+matrix-vector kernel reaches. Measured on this project's CPU (2 threads, research notes "Speed floor"):
+fp32 streams at ~19 GB/s, bf16 ~13 GB/s, and torch's int8 weight-only kernel
+(``torch._weight_int8pack_mm``, bf16 activations) ~25 GB/s — per weight ~5x less time than fp32; its int4
+kernel (``torch._weight_int4pack_mm_for_cpu``, groups of 32 with scale and zero point, the layout of a
+GGUF's Q4 blocks) reads half of that again. Both kernels take bf16 activations (int8 with fp32 ones was
+4x slower than fp32 itself here), so a quantized layer casts its input to bf16 and its output back.
+
+* :data:`WEIGHTS` — the settings; ``fp32`` leaves the model as loaded (the exactness tests run there).
+* :func:`quantize_weights` — replace every ``nn.Linear`` by a :class:`PackedLinear` of that precision
+  (a tied output matrix gets its own packed copy; the embedding lookup keeps the float table).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.errors import ModelError
+from engine.model import WEIGHTS
+INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
+
+
+class PackedLinear(torch.nn.Module):
+    """A linear layer whose weight is stored as ``kind`` (bf16, int8 per output channel, int4 per group of
+    :data:`INT4_GROUP`); ``forward`` takes and returns the caller's dtype."""
+
+    def __init__(self, linear: torch.nn.Linear, kind: str):
+        super().__init__()
+        self.kind, self.in_features, self.out_features = kind, linear.in_features, linear.out_features
+        w = linear.weight.detach().float()  # [out, in]
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(),
+                                                                        requires_grad=False)
+        if kind == "bf16":
+            self.register_buffer("weight_bf16", w.to(torch.bfloat16))
+        elif kind == "int8":
+            scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [out]
+            self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+            self.register_buffer("scales", scale.to(torch.bfloat16))
+        elif kind == "int4":
+            self._pack_int4(w)
+        else:
+            raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
+
+    def _pack_int4(self, w: torch.Tensor) -> None:
+        out, inp = w.shape
+        groups = w.reshape(out, inp // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(out, inp)
+        self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
+        # the kernel dequantizes (q - 8) * scale + zero: zero = low + 8 * scale; [groups, out, 2]
+        sz = torch.stack([scale.squeeze(-1), (low + 8 * scale).squeeze(-1)], -1).transpose(0, 1)
+        self.register_buffer("scales_zeros", sz.contiguous().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, dtype = x.shape, x.dtype
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if self.kind == "int8":
+            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        elif self.kind == "int4":
+            y = torch._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_zeros)
+        else:
+            y = F.linear(x2, self.weight_bf16)
+        y = y.to(dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, weights={self.kind}"
+
+
+def quantize_weights(model: torch.nn.Module, kind: str) -> int:
+    """Replace every linear layer of ``model`` by a :class:`PackedLinear` of ``kind`` (in place); return the
+    bytes its linear weights take now. ``fp32`` changes nothing. CPU only: the packed kernels are torch's
+    CPU ones (a CUDA model keeps its weights, ModelError says so)."""
+    if kind not in WEIGHTS:
+        raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
+    if kind == "fp32":
+        return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                   if isinstance(m, torch.nn.Linear))
+    if next(model.parameters()).device.type != "cpu":
+        raise ModelError(f"{kind} weights use torch's CPU kernels; on a GPU use --dtype bfloat16 instead")
+    if kind == "int4":
+        bad = [n for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and (m.in_features % INT4_GROUP or m.out_features % 16)]
+        if bad:
+            raise ModelError(f"int4 weights need every linear layer's input size to be a multiple of {INT4_GROUP} and "
+                             f"its output size a multiple of 16 (torch's CPU kernel); {bad[0]} is not: use int8")
+    total = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                packed = PackedLinear(child, kind)
+                setattr(module, child_name, packed)  # a tied output matrix gets its own packed copy
+                total += packed.nbytes()
+    return total

@@ -1,0 +1,97 @@
+"""Weight precision (engine/model/weights.py): packed linear layers against the float matmul they replace, and a
+whole tiny model quantized in place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.errors import ModelError
+from engine.arms.registry import Sampling
+from engine.model.weights import INT4_GROUP, WEIGHTS, PackedLinear, quantize_weights
+
+# relative error of the layer's output against fp32, for gaussian weights (int4: 16 levels per group of 32)
+TOLERANCE = {"bf16": 0.01, "int8": 0.02, "int4": 0.15}
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_a_packed_layer_computes_the_float_layer(kind):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4 * INT4_GROUP, 96, bias=True)
+    x = torch.randn(3, 5, 4 * INT4_GROUP)
+    packed = PackedLinear(linear, kind)
+    want = F.linear(x, linear.weight, linear.bias)
+    got = packed(x)
+    assert got.dtype == x.dtype and got.shape == want.shape
+    assert float((got - want).norm() / want.norm()) < TOLERANCE[kind]
+    fp32_bytes = linear.weight.numel() * 4
+    assert packed.nbytes() < fp32_bytes * {"bf16": 0.51, "int8": 0.27, "int4": 0.2}[kind] + 4 * 96 * 8
+
+
+def test_int4_dequantizes_exactly_what_it_packed():
+    """Weights already on the int4 grid of each group come back up to the bf16 rounding of their scale and zero (a
+    wrong scale/zero convention would be off by whole steps of ~0.01)."""
+    torch.manual_seed(1)
+    low, scale = torch.randn(16, 1, 1) * 0.1, torch.rand(16, 1, 1) * 0.01 + 0.001
+    codes = torch.randint(0, 16, (16, 2, INT4_GROUP)).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # every group spans the whole grid
+    w = (low + scale * codes).reshape(16, 2 * INT4_GROUP)
+    linear = torch.nn.Linear(2 * INT4_GROUP, 16, bias=False)
+    linear.weight.data = w
+    eye = torch.eye(2 * INT4_GROUP)
+    got = PackedLinear(linear, "int4")(eye).T  # column j of W
+    assert float((got - w).abs().max()) < 3e-3
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_a_quantized_model_stays_close_to_fp32(tiny_lm, kind):
+    import copy
+
+    model = copy.deepcopy(tiny_lm.model)
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7, 2, 11]])
+    with torch.inference_mode():
+        want = torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+        before = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+        nbytes = quantize_weights(model, kind)
+        got = torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+    assert before > 0 and not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == before
+    kl = float(torch.sum(want.exp() * (want - got)))
+    assert kl < {"bf16": 1e-3, "int8": 1e-2, "int4": 0.2}[kind]
+    assert nbytes > 0
+
+
+def test_fp32_leaves_the_model_and_a_bad_kind_is_named(tiny_lm):
+    assert quantize_weights(tiny_lm.model, "fp32") > 0 and any(
+        isinstance(m, torch.nn.Linear) for m in tiny_lm.model.modules())
+    with pytest.raises(ModelError, match="unknown weight precision 'int3'"):
+        quantize_weights(tiny_lm.model, "int3")
+    assert WEIGHTS == ("fp32", "bf16", "int8", "int4")
+
+
+@pytest.mark.real_model
+def test_the_weights_setting_reaches_the_run_and_its_json():
+    """--weights / RunConfig(weights=) loads the model that way; the JSON says which weights every arm ran on, and
+    module KV made with other weights is another cache entry (the fingerprint differs)."""
+    from engine.cli import build_parser, config_from_args
+    from engine.config import RunConfig
+    from engine.errors import EngineError
+    from engine.model.load import load_model
+    from studio.cli import EXTRA
+
+    args = build_parser(EXTRA).parse_args(["run", "s.xml", "p.xml", "--weights", "int8"])
+    assert config_from_args(args).weights == "int8" and RunConfig().weights == "fp32"
+    with pytest.raises(EngineError, match="unknown weight precision 'int2'"):
+        RunConfig(weights="int2")
+    assert not RunConfig(weights="int8").same_model(RunConfig())
+    lm8 = load_model(None, weights="int8")
+    lm32 = load_model(None)
+    assert lm8.weights == "int8" and lm8.weight_bytes < lm32.weight_bytes / 3.5
+    assert lm8.fingerprint != lm32.fingerprint and lm8.codec.fingerprint == lm32.codec.fingerprint
+    from engine.session import Engine
+    from tests.conftest import SAMPLES
+
+    doc = Engine.from_loaded(lm8).compare((SAMPLES / "travel.xml").read_text(),
+                                          (SAMPLES / "travel.prompt.xml").read_text(), Sampling(2)).to_json()
+    assert doc["weights"] == "int8"
