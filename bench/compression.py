@@ -42,7 +42,7 @@ from bench.needles import varied_cases
 from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
 
 from engine.config import Compression
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached

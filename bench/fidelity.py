@@ -50,7 +50,7 @@ from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, qu
                              wilson)  # imports some of them from here)
 from bench import needles
 from engine.arms.blend import run_blend
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached, run_repaired

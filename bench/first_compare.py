@@ -25,7 +25,7 @@ import time
 
 from common import ROOT, emit, machine, table
 
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.session import Engine
 
 SETUPS = (("default", "float32"), ("qwen2.5-coder-0.5b", "float32"), ("qwen2.5-coder-0.5b", "bfloat16"))

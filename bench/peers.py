@@ -50,7 +50,7 @@ from bench.workload import make_workload, prompt_xml, run_prompt, summarise as s
 from bench.workloads import SYSTEM, doc_schema, wilson
 from engine.model.load import PACKAGED, packaged_gguf, resolve_model_path
 from engine.cache.prefix import schema_order_prompt
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.session import Engine
 
 PEERS = ROOT / ".peers"

@@ -30,7 +30,7 @@ from pathlib import Path
 from common import doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, result_name, spread, table
 from bench.needles import confusable_cases, judge, varied_cases
 from bench.workloads import SYSTEM, fill_docs, wilson
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached

@@ -21,7 +21,7 @@ from common import doc_schema, emit, essay_chunks, machine, table
 from fidelity import SYSTEM, make_cases, question, wilson
 
 from engine.kv import QuantKV
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.modular import run_cached
 from engine.session import Engine

@@ -39,7 +39,7 @@ from common import ROOT, RESULTS, doc_schema, emit, essay_chunks, machine, resul
 from bench.needles import FACTS, judge
 from bench.workloads import SYSTEM, insert, wilson
 from engine.cli import add_run_options, config_from_args
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.session import Engine
 
 ARM_LABELS = {"baseline": "baseline (full prefill)", "prefix": "prefix cache (exact)", "cached": "modular cache",

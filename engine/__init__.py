@@ -26,6 +26,6 @@ def __getattr__(name):
         from engine.config import RunConfig
         return RunConfig
     if name == "Sampling":
-        from engine.arms.runner import Sampling
+        from engine.arms.registry import Sampling
         return Sampling
     raise AttributeError(name)

@@ -289,7 +289,7 @@ def cmd_layout(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
     from engine.session import Engine
 
     eng = Engine(config_from_args(args))

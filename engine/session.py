@@ -22,8 +22,7 @@ from dataclasses import dataclass, replace
 from engine.arms.compare import Comparison
 from engine.arms.compare import compare as run_compare
 from engine.arms.prefix import warm_prefix
-from engine.arms.registry import REGISTRY, Reads
-from engine.arms.runner import Sampling, TokenFn
+from engine.arms.registry import REGISTRY, Reads, Sampling, TokenFn
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema, ProgressFn, count_units, encode_schema
 from engine.cache.prefix import PrefixCache, schema_order_prompt

@@ -22,7 +22,7 @@ from xml.sax.saxutils import escape
 from engine.cache.encode import EncodedSchema
 from engine.errors import EngineError
 from engine.schema.plan import PromptPlan
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached
 

@@ -112,7 +112,7 @@ class CompareUpdate:
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
     """Sampling from widget or API values; raises gr.Error naming the setting and its range."""
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
 
     with as_gr_error("reading the sampling settings"):
         return Sampling(max_new_tokens=max_new_tokens, temperature=0.0 if temperature in (None, "") else temperature,

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import SAMPLES
 from engine.arms.compare import Comparison
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 
 SNAPSHOT = pathlib.Path(__file__).resolve().parent.parent / "data" / "run-json-keys-v1.json"
 

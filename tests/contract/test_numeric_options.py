@@ -152,7 +152,7 @@ def test_limit_reads_text_and_keeps_huge_whole_numbers_exact():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 2**70, -2**70, "abc", "", None, True])
 def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
 
     for field in ("max_new_tokens", "temperature", "top_p", "seed"):
         if bad in (None, "") and field == "temperature":
@@ -180,7 +180,8 @@ def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
 def test_sampling_survives_the_extremes_of_its_ranges():
     import torch
 
-    from engine.arms.runner import Sampling, _sample
+    from engine.arms.registry import Sampling
+    from engine.arms.runner import _sample
 
     logits = torch.randn(500) * 30
     best = int(torch.argmax(logits))

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engine.model.load import load_tokenizer, wrap_model
 from engine.session import Engine
 from engine.config import Compression
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from test_module_memory import SCHEMA, PROMPT
 
 out = pathlib.Path(sys.argv[1])

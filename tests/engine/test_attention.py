@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.model import attend  # the module whose globals the attention function reads
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.modular import run_cached
 
 SCHEMA = """<schema name="g">

@@ -21,7 +21,7 @@ from engine.arms.baseline import run_baseline
 from engine.arms.blend import RULES, cached_ranks, run_blend, stored_at
 from engine.arms.modular import run_cached
 from engine.arms.repair import select_repair
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.errors import EngineError
 from engine.model.load import wrap_model
 from engine.schema.plan import CACHED

@@ -7,7 +7,7 @@ import torch
 
 from engine.model.attend import forward_kv
 from engine.schema.plan import CACHED
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.modular import run_cached
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank.",

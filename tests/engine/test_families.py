@@ -30,7 +30,7 @@ import transformers as T
 from engine.errors import EngineError, ModelError
 from engine.model.positions import TESTED_FAMILIES
 from engine.model.load import wrap_model
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached
 from engine.session import Engine

@@ -10,7 +10,7 @@ import pytest
 from engine.errors import PMLError
 from engine.model.load import PACKAGED
 from engine.model.positions import TESTED_FAMILIES
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 
 from conftest import SAMPLES
 

@@ -151,7 +151,7 @@ def test_the_digest_is_remembered_and_a_changed_file_is_hashed_again(cache, gguf
 
 
 def test_the_engine_runs_a_gguf_file_with_its_chat_template(cache, gguf_file):
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
     from engine.session import Engine
 
     eng = Engine(model=str(gguf_file), persist=False)

@@ -13,7 +13,7 @@ from engine.cache.compress import METHOD_NOTES, RETENTION_NOTE, question_keep
 from engine.config import CHOICES, METHODS, Compression, RunConfig, values
 from engine.errors import EngineError
 from engine.kv import KVBuffer, ModuleKV, QuantKV
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.session import Engine
 from engine.cache.store import DiskStore
 from test_module_memory import PROMPT, SCHEMA

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SAMPLES
 from engine.errors import MissingEntry, StorageError
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.cache.store import ModuleStore
 
 

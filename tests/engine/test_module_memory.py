@@ -11,7 +11,7 @@ from engine.cache.compress import compress
 from engine.errors import EngineError, StorageError
 from engine.kv import LayeredKV, ModuleKV
 from engine.model.attend import _pml_attention
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.session import Engine
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank every single morning before sunrise.",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES, stock_figures
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.baseline import run_baseline
 
 N_NEW = 8

@@ -11,7 +11,7 @@ import torch
 
 from engine import config as cfg
 from engine.config import RunConfig
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.session import Engine
 
 from test_module_memory import PROMPT, SCHEMA

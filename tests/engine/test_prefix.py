@@ -10,7 +10,7 @@ import torch
 from conftest import first_token_kl
 from engine.errors import EngineError
 from engine.cache.prefix import PrefixCache, schema_order_prompt
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.compare import compare as run_compare
 from engine.session import Engine
 from engine.cache.store import PREFIX, DiskStore, ModuleStore

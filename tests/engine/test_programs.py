@@ -18,7 +18,7 @@ from engine.schema.layout import layout
 from engine.schema.plan import plan_prompt
 from engine.schema.pml import parse_prompt, parse_schema
 from engine.programs import ProgramError, load_program_file
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 
 PROGRAMS = SAMPLES / "programs"
 EXAMPLES = {"travel_program": "travel_planner", "profile_program": "learner_profile"}

@@ -103,7 +103,7 @@ def test_qwen_facts(qwen):
 @pytest.mark.real_model
 @needs_qwen
 def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen):
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
 
     schema, prompt = SAMPLES / "travel.xml", SAMPLES / "travel.prompt.xml"
     c = qwen.compare(schema.read_text(), prompt.read_text(), Sampling(24), schema_source=str(schema),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES, arm_ms, decoded_fully, sample_pairs, stock_figures, timed
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 
 pytestmark = pytest.mark.real_model
 

@@ -17,7 +17,7 @@ from engine.errors import EngineError
 from engine.model.attend import forward_kv
 from engine.schema.plan import CACHED
 from engine.arms.repair import select_repair
-from engine.arms.runner import Sampling
+from engine.arms.registry import Sampling
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached, run_repaired
 

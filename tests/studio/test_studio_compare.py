@@ -77,7 +77,7 @@ def test_divergence_offsets_mark_where_the_texts_part(studio, travel):
 
 
 def test_compare_json_is_the_engines_document(studio, travel):
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
 
     schema, prompt, _ = travel
     data = cmp.compare_json(studio, schema, prompt, 4, settings=settings(storage_dtype="float16"))
@@ -236,7 +236,7 @@ def test_repair_setting_reaches_the_run_and_the_token_view(studio, travel):
 
 
 def test_compare_columns_show_the_kv_each_arm_held():
-    from engine.arms.runner import RunResult
+    from engine.arms.registry import RunResult
     from studio.views import kv_rows, metrics_html
 
     base = {"kv_held_bytes": 4_000_000, "kv_buffer_used_bytes": 4_000_000, "kv_store_bytes": 0}

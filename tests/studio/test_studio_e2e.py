@@ -14,7 +14,7 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
 
     from engine.cache.encode import count_units
     from engine.runlog import RunLog
-    from engine.arms.runner import Sampling
+    from engine.arms.registry import Sampling
     from studio.app import build_app, launch_options
 
     runlog = RunLog(tmp_path / "runs.db", timeout=0.5)
