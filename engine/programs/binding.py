@@ -6,21 +6,17 @@ into the imports they select.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
 
-from engine.programs.emit import xml_safe
 from engine.programs.model import MISSING, ProgramParam, Selected
-from engine.programs.nodes import Call, Choice, ParamRef
-
-if TYPE_CHECKING:
-    from engine.programs.program import PromptProgram
+from engine.programs.nodes import Call, Callee, Choice, ParamRef
+from engine.programs.xmltext import xml_safe
 
 
 class Refused(Exception):
     """Arguments a program cannot take: ``args`` are (message, hint), located by whoever catches it."""
 
 
-def bind(program: PromptProgram, args, kwargs: dict, call: str) -> dict:
+def bind(program: Callee, args, kwargs: dict, call: str) -> dict:
     """Parameter name -> value for a call, as Python binds it; ``call`` names the call in messages.
 
     Omitted Params are MISSING rather than their default, so the schema's cached default text is
@@ -62,7 +58,7 @@ def check_argument(p: ProgramParam, v, shown: str) -> None:
                       f"valid values: {', '.join(repr(c) for c in p.choices)}")
 
 
-def select(program: PromptProgram, nodes, env: dict) -> list[Selected]:
+def select(program: Callee, nodes, env: dict) -> list[Selected]:
     """The imports ``nodes`` make for a call whose arguments are ``env``."""
     out: list[Selected] = []
     for n in nodes:
@@ -78,7 +74,7 @@ def select(program: PromptProgram, nodes, env: dict) -> list[Selected]:
     return out
 
 
-def _module_import(program: PromptProgram, name: str, body, env: dict) -> Selected:
+def _module_import(program: Callee, name: str, body, env: dict) -> Selected:
     args: list[tuple[str, str]] = []
     for n in body:
         if isinstance(n, ParamRef):

@@ -1,24 +1,11 @@
-"""XML emission of compiled programs: text and attribute escaping, and the schema's pretty-printing."""
+"""XML emission of compiled programs: the schema's pretty-printing (text escaping: xmltext.py)."""
 
 from __future__ import annotations
 
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax.saxutils import quoteattr
 
 from engine.programs.nodes import Call, Choice, ParamRef, Text
-
-
-def xml_safe(text: str) -> bool:
-    """True when XML can hold every character of ``text``."""
-    return all(xml_char(c) for c in text)
-
-
-def xml_char(c: str) -> bool:
-    o = ord(c)
-    return o in (0x9, 0xA, 0xD) or 0x20 <= o <= 0xD7FF or 0xE000 <= o <= 0xFFFD or 0x10000 <= o <= 0x10FFFF
-
-
-def text_xml(text: str) -> str:
-    return escape(text, {"\r": "&#13;"})
+from engine.programs.xmltext import text_xml
 
 
 def emit(nodes, depth: int, lines: list[str]) -> None:

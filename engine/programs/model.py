@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from xml.sax.saxutils import quoteattr
 
 from engine.errors import PMLError
-from engine.programs.emit import text_xml
+from engine.programs.xmltext import text_xml
 
 
 class ProgramError(PMLError):

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
-if TYPE_CHECKING:
-    from engine.programs.model import Param
-    from engine.programs.program import PromptProgram
+from engine.programs.model import Param, ProgramError, ProgramParam
+
+
+class Callee(Protocol):
+    """What the nodes and the binding read of a compiled program (engine/programs/program.py ``PromptProgram``,
+    which imports them: this protocol keeps the arrow one way)."""
+
+    name: str
+    func: Callable
+    params: tuple[ProgramParam, ...]
+    body: tuple
+
+    def _problem(self, message: str, hint: str = "") -> ProgramError: ...
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class Call:
     """A call of another program: a nested module named ``name``."""
 
     name: str
-    program: PromptProgram
+    program: Callee
     args: tuple[tuple[str, tuple[str, object]], ...]  # callee param -> ("param", caller param) | ("const", value)
 
 

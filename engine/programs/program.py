@@ -10,8 +10,9 @@ from xml.sax.saxutils import quoteattr
 
 from engine.errors import Problem
 from engine.programs.binding import Refused, bind, check_argument, select
-from engine.programs.emit import emit, text_xml, xml_safe
+from engine.programs.emit import emit
 from engine.programs.model import MISSING, ProgramCall, ProgramError, ProgramParam
+from engine.programs.xmltext import text_xml, xml_safe
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 

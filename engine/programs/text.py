@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ast
 
-from engine.programs.emit import xml_char
 from engine.programs.model import system
 from engine.programs.nodes import ParamRef, Text
 from engine.programs.source import Definition, src
 from engine.programs.usage import Usage
+from engine.programs.xmltext import xml_char
 
 
 class Inline:

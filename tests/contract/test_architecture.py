@@ -34,7 +34,6 @@ LAYERS = (
     ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine")),
 )
 FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}}
-ALLOWED_CIRCLES = ("engine.programs",)  # annotation-only imports between the program model's modules
 DYNAMIC = {"import_module", "__import__"}
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_LINES = 250
@@ -146,9 +145,8 @@ def test_no_engine_import_runs_up_a_layer():
     assert upward(graph()) == []
 
 
-def test_no_import_circle_but_the_programs_annotations():
-    bad = [c for c in circles(graph()) if not all(m.startswith(ALLOWED_CIRCLES) for m in c)]
-    assert bad == []
+def test_no_import_circle():
+    assert circles(graph()) == []
 
 
 def test_nothing_imports_a_front_end_above_it():
