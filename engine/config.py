@@ -15,7 +15,7 @@ No torch here: validation that needs the machine (is CUDA present?) is done by `
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +69,17 @@ def values(setting: str) -> tuple[str, ...]:
 def labelled(setting: str) -> list[tuple[str, str]]:
     """(label, value) pairs of ``setting`` (Gradio radio choices)."""
     return [(label, v) for v, label in choices(setting)]
+
+
+def limit_of(key: str) -> Limit:
+    """The accepted range of the numeric setting ``key``: the run's own (:data:`LIMITS`) or an arm's (its
+    :class:`~engine.arms.registry.Setting`, declared once in the arm's file)."""
+    if key in LIMITS:
+        return LIMITS[key]
+    limit = arm_setting(key)[2].limit
+    if limit is None:
+        raise KeyError(f"{key} is not a numeric setting")
+    return limit
 
 
 def arm_setting(key: str) -> tuple[str, str, "Setting"]:
@@ -242,8 +253,6 @@ def _arms(arms) -> tuple[str, ...]:
 
 def _with_keys(settings: dict, keys: dict) -> tuple:
     """``settings`` (arm -> ArmSettings) with the arm settings named by their keys (``repair=4``) applied."""
-    from dataclasses import replace as _replace
-
     for key, value in keys.items():
         try:
             arm, name, _ = arm_setting(key)
@@ -251,7 +260,7 @@ def _with_keys(settings: dict, keys: dict) -> tuple:
             raise EngineError(f"unknown run setting '{key}'; settings: "
                               + ", ".join([f.name for f in fields(RunConfig)] + [s.key for *_, s in _registry_module().settings_specs()]))
         current = settings.get(arm) or _arms_registry()[arm].settings()
-        settings[arm] = _replace(current, **{name: value})
+        settings[arm] = replace(current, **{name: value})
     return tuple(settings.items())
 
 

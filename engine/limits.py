@@ -71,13 +71,11 @@ LIMITS: dict[str, Limit] = {
     "retention": Limit("retention", 0.0, 1.0, open_lo=True, example="0.5 keeps half the KV"),
     "recent_frac": Limit("recent_frac", 0.0, 1.0, open_lo=True, example="0.4"),
     "window_frac": Limit("window_frac", 0.0, 1.0, example="0.1"),
-    "blend": Limit("blend", 0.0, 1.0, meaning="a share of the cached tokens from 0 to 1", example="0.15"),
     "budget_mib": Limit("module memory budget (MiB)", 0.0, MAX_BUDGET_MIB, open_lo=True, example="512",
                         meaning=f"a positive number up to {MAX_BUDGET_MIB} (1 PiB)"),
     "budget_bytes": Limit("the module memory budget", 1, MAX_BUDGET_MIB * 2**20, whole=True,
                           meaning=f"a positive number of bytes up to {MAX_BUDGET_MIB * 2**20}",
                           example=str(512 * 2**20)),
-    "repair": Limit("repair", 0, MAX_REPAIR, whole=True, example="4"),
     "sink": Limit("sink", 0, MAX_SINK, whole=True, example="4"),
 }
 

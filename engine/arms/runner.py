@@ -252,14 +252,20 @@ class _PeakMemory:
     def __enter__(self) -> "_PeakMemory":
         if self.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current resident size
+        self._start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.peak_rss = max(_status_bytes("VmHWM"), _rss_bytes())
+        self.peak_rss = max(self._stop(), _rss_bytes())
         if self.device.startswith("cuda"):
             self.cuda_peak = int(torch.cuda.max_memory_allocated())
+
+    def _start(self) -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident size
+
+    def _stop(self) -> int:
+        return _status_bytes("VmHWM")
 
 
 class _SampledPeak(_PeakMemory):
@@ -268,27 +274,22 @@ class _SampledPeak(_PeakMemory):
     def __init__(self, device: str, interval: float = 0.005):
         super().__init__(device)
         self.interval = interval
-        self._stop = threading.Event()
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             self.peak_rss = max(self.peak_rss, _rss_bytes())
-            self._stop.wait(self.interval)
+            self._done.wait(self.interval)
 
-    def __enter__(self) -> "_SampledPeak":
-        if self.device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
+    def _start(self) -> None:
         self.peak_rss = _rss_bytes()
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
+    def _stop(self) -> int:
+        self._done.set()
         self._thread.join()
-        self.peak_rss = max(self.peak_rss, _rss_bytes())
-        if self.device.startswith("cuda"):
-            self.cuda_peak = int(torch.cuda.max_memory_allocated())
+        return self.peak_rss
 
 
 def _status_bytes(field: str) -> int:

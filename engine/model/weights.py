@@ -95,7 +95,7 @@ def quantize_weights(model: torch.nn.Module, kind: str) -> int:
             raise ModelError(f"int4 weights need every linear layer's input size to be a multiple of {INT4_GROUP} and "
                              f"its output size a multiple of 16 (torch's CPU kernel); {bad[0]} is not: use int8")
     total = 0
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
                 packed = PackedLinear(child, kind)

@@ -20,7 +20,7 @@ from hypothesis import given, strategies as st
 import app
 from conftest import ROOT, SAMPLES
 from engine.cli import NumberArg, build_parser
-from engine.config import LIMITS, Compression, Limit, RunConfig, budget_from_mib
+from engine.config import LIMITS, Compression, Limit, RunConfig, budget_from_mib, limit_of
 from engine.errors import EngineError
 from studio.cli import EXTRA
 
@@ -161,7 +161,7 @@ def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
             Sampling(**{field: bad})
     for field in ("blend", "repair", "sink", "budget_bytes"):
         if bad is not None or field != "budget_bytes":  # budget_bytes None is the default budget
-            with pytest.raises(EngineError, match=LIMITS[field].name):
+            with pytest.raises(EngineError, match=limit_of(field).name):
                 RunConfig(**{field: bad})
     for field in ("retention", "recent_frac", "window_frac"):
         with pytest.raises(EngineError, match=LIMITS[field].name):

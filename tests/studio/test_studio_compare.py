@@ -8,7 +8,7 @@ import csv
 import gradio as gr
 import pytest
 
-from engine.config import LIMITS
+from engine.config import limit_of
 from engine.runlog import RunLog
 from studio import builder as b
 from studio import files, views
@@ -216,7 +216,7 @@ def test_non_finite_and_huge_values_from_the_page_or_the_api_are_named_gr_errors
         with pytest.raises(gr.Error) as err:
             call()
         message = err.value.message
-        assert message.startswith(f"{LIMITS[field].name} must be ") and "e.g." in message, (field, message)
+        assert message.startswith(f"{limit_of(field).name} must be ") and "e.g." in message, (field, message)
         assert "Traceback" not in message
     assert studio.runlog.count() == 0
 

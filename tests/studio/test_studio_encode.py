@@ -42,12 +42,12 @@ def test_run_config_from_widget_values(studio):
 @pytest.mark.parametrize("field", ["retention", "budget_mib", "repair", "sink", "blend"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 2**70, -2**70, "1e400", "abc", "0x10"])
 def test_encode_settings_refuse_non_finite_and_huge_values_by_name(studio, travel, field, value):
-    from engine.config import LIMITS
+    from engine.config import limit_of
 
     with pytest.raises(gr.Error) as err:
         enc.encode(studio, travel[0], settings(**{field: value}))
     message = err.value.message
-    assert message.startswith(f"{LIMITS[field].name} must be ") and "e.g." in message and "Traceback" not in message
+    assert message.startswith(f"{limit_of(field).name} must be ") and "e.g." in message and "Traceback" not in message
 
 
 def test_settings_widgets_offer_the_engines_choices(tmp_path, tiny_engine):
