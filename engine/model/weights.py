@@ -11,7 +11,15 @@ GGUF's Q4 blocks) reads half of that again. Both kernels take bf16 activations (
 
 * :data:`WEIGHTS` — the settings; ``fp32`` leaves the model as loaded (the exactness tests run there).
 * :func:`quantize_weights` — replace every ``nn.Linear`` by a :class:`PackedLinear` of that precision
-  (a tied output matrix gets its own packed copy; the embedding lookup keeps the float table).
+  (a tied output matrix gets its own packed copy; the embedding lookup keeps the float table), and
+  every gated MLP (``down(act(gate(x)) * up(x))``, Llama / Qwen2 / Mistral ...) by a :class:`PackedMLP`
+  whose gate and up matrices are one packed matrix: one kernel call and one cast fewer per layer.
+
+``int4`` keeps the attention projections (q, k, v, o: 9 % of the 0.5B model's weights) in int8. Measured on
+Qwen2.5-Coder-0.5B over the seven sample prompts, against fp32 weights: all-int4 first-token KL 0.083, with
+the attention projections in int8 0.035 (the output matrix in int8 instead: 0.064), for ~1 ms per token.
+So ``int4`` is the precision llama.cpp's mixed files use too: the bulk (MLP, output matrix) in 4 bits, the
+small sensitive matrices in 8.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch.nn.functional as F
 from engine.errors import ModelError
 from engine.model import WEIGHTS
 INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under int4 (see the module docstring)
 
 
 class PackedLinear(torch.nn.Module):
@@ -56,16 +65,17 @@ class PackedLinear(torch.nn.Module):
         sz = torch.stack([scale.squeeze(-1), (low + 8 * scale).squeeze(-1)], -1).transpose(0, 1)
         self.register_buffer("scales_zeros", sz.contiguous().to(torch.bfloat16))
 
+    def matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        """``x2 @ W.T`` for bf16 ``x2`` ([tokens, in]), without the bias; bf16 out."""
+        if self.kind == "int8":
+            return torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        if self.kind == "int4":
+            return torch._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_zeros)
+        return F.linear(x2, self.weight_bf16)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.kind == "int8":
-            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
-        elif self.kind == "int4":
-            y = torch._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_zeros)
-        else:
-            y = F.linear(x2, self.weight_bf16)
-        y = y.to(dtype)
+        y = self.matmul(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(dtype)
         if self.bias is not None:
             y = y + self.bias.to(dtype)
         return y.reshape(*shape[:-1], self.out_features)
@@ -77,10 +87,55 @@ class PackedLinear(torch.nn.Module):
         return f"in={self.in_features}, out={self.out_features}, weights={self.kind}"
 
 
+class PackedMLP(torch.nn.Module):
+    """A gated MLP, ``down(act(gate(x)) * up(x))``, its gate and up matrices packed as one ``[2 * inter, hidden]``
+    matrix of ``kind``: one kernel call per layer for both (the activation and the product stay in fp32)."""
+
+    GATED = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP", "OlmoMLP",
+             "Olmo2MLP", "GraniteMLP", "SmolLM3MLP")  # classes whose forward is exactly the formula above
+
+    def __init__(self, mlp: torch.nn.Module, kind: str):
+        super().__init__()
+        gate, up = mlp.gate_proj, mlp.up_proj
+        self.inter = gate.out_features
+        both = torch.nn.Linear(gate.in_features, 2 * self.inter, bias=gate.bias is not None)
+        with torch.no_grad():
+            both.weight.copy_(torch.cat([gate.weight, up.weight]))
+            if gate.bias is not None:
+                both.bias.copy_(torch.cat([gate.bias, up.bias]))
+        self.gate_up = PackedLinear(both, kind)
+        self.down_proj = PackedLinear(mlp.down_proj, kind)
+        self.act_fn = mlp.act_fn
+
+    @classmethod
+    def fits(cls, module: torch.nn.Module) -> bool:
+        return (type(module).__name__ in cls.GATED and hasattr(module, "act_fn")
+                and all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj",
+                                                                                         "down_proj"))
+                and (module.gate_proj.bias is None) == (module.up_proj.bias is None))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, dtype = x.shape, x.dtype
+        gu = self.gate_up.matmul(x.reshape(-1, self.gate_up.in_features).to(torch.bfloat16)).float()
+        if self.gate_up.bias is not None:
+            gu = gu + self.gate_up.bias.float()
+        gate, up = gu.split(self.inter, -1)
+        y = self.down_proj(self.act_fn(gate) * up)
+        return y.to(dtype).reshape(*shape[:-1], self.down_proj.out_features)
+
+    def nbytes(self) -> int:
+        return self.gate_up.nbytes() + self.down_proj.nbytes()
+
+
+def layer_kind(name: str, kind: str) -> str:
+    """The precision of linear layer ``name`` (its attribute name) under weights ``kind``."""
+    return "int8" if kind == "int4" and name in ATTENTION_PROJECTIONS else kind
+
+
 def quantize_weights(model: torch.nn.Module, kind: str) -> int:
-    """Replace every linear layer of ``model`` by a :class:`PackedLinear` of ``kind`` (in place); return the
-    bytes its linear weights take now. ``fp32`` changes nothing. CPU only: the packed kernels are torch's
-    CPU ones (a CUDA model keeps its weights, ModelError says so)."""
+    """Replace every linear layer of ``model`` by a :class:`PackedLinear` of ``kind`` and every gated MLP by a
+    :class:`PackedMLP` (in place); return the bytes its linear weights take now. ``fp32`` changes nothing. CPU
+    only: the packed kernels are torch's CPU ones (a CUDA model keeps its weights, ModelError says so)."""
     if kind not in WEIGHTS:
         raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
     if kind == "fp32":
@@ -90,15 +145,24 @@ def quantize_weights(model: torch.nn.Module, kind: str) -> int:
         raise ModelError(f"{kind} weights use torch's CPU kernels; on a GPU use --dtype bfloat16 instead")
     if kind == "int4":
         bad = [n for n, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and (m.in_features % INT4_GROUP or m.out_features % 16)]
+               if isinstance(m, torch.nn.Linear) and layer_kind(n.rsplit(".", 1)[-1], kind) == "int4"
+               and (m.in_features % INT4_GROUP or m.out_features % 16)]
         if bad:
             raise ModelError(f"int4 weights need every linear layer's input size to be a multiple of {INT4_GROUP} and "
                              f"its output size a multiple of 16 (torch's CPU kernel); {bad[0]} is not: use int8")
+    return _pack_children(model, kind)
+
+
+def _pack_children(module: torch.nn.Module, kind: str) -> int:
     total = 0
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                packed = PackedLinear(child, kind)
-                setattr(module, child_name, packed)  # a tied output matrix gets its own packed copy
-                total += packed.nbytes()
+    for child_name, child in list(module.named_children()):
+        if PackedMLP.fits(child):
+            packed = PackedMLP(child, kind)
+        elif isinstance(child, torch.nn.Linear):
+            packed = PackedLinear(child, layer_kind(child_name, kind))  # a tied output matrix gets its own copy
+        else:
+            total += _pack_children(child, kind)
+            continue
+        setattr(module, child_name, packed)
+        total += packed.nbytes()
     return total

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.errors import ModelError
 from engine.arms.registry import Sampling
-from engine.model.weights import INT4_GROUP, WEIGHTS, PackedLinear, quantize_weights
+from engine.model.weights import ATTENTION_PROJECTIONS, INT4_GROUP, WEIGHTS, PackedLinear, PackedMLP, quantize_weights
 
 # relative error of the layer's output against fp32, for gaussian weights (int4: 16 levels per group of 32)
 TOLERANCE = {"bf16": 0.01, "int8": 0.02, "int4": 0.15}
@@ -56,10 +56,33 @@ def test_a_quantized_model_stays_close_to_fp32(tiny_lm, kind):
         nbytes = quantize_weights(model, kind)
         got = torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)
     assert before > 0 and not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == before
+    mlps = [m for m in model.modules() if isinstance(m, PackedMLP)]
+    assert mlps and sum(isinstance(m, PackedLinear) for m in model.modules()) == before - len(mlps)  # gate+up: one
+    if kind == "int4":  # the attention projections stay int8 (weights.py's docstring says why)
+        assert {m.kind for n, m in model.named_modules() if n.endswith(ATTENTION_PROJECTIONS)} == {"int8"}
+        assert {m.gate_up.kind for m in mlps} == {"int4"}
     kl = float(torch.sum(want.exp() * (want - got)))
     assert kl < {"bf16": 1e-3, "int8": 1e-2, "int4": 0.2}[kind]
     assert nbytes > 0
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
+def test_a_packed_mlp_computes_its_gate_and_up_layers(tiny_lm, kind):
+    """The gate and up matrices packed as one give what the two packed layers give (the same quantized values:
+    a group never spans both), and the MLP's float output within the precision's tolerance."""
+    import copy
+
+    torch.manual_seed(2)
+    mlp = copy.deepcopy(tiny_lm.model.model.layers[0].mlp)
+    x = torch.randn(2, 3, mlp.gate_proj.in_features)
+    with torch.inference_mode():
+        want = mlp(x)
+        gate, up = PackedLinear(mlp.gate_proj, kind), PackedLinear(mlp.up_proj, kind)
+        two = PackedLinear(mlp.down_proj, kind)(mlp.act_fn(gate(x)) * up(x))
+        got = PackedMLP(mlp, kind)(x)
+    assert PackedMLP.fits(mlp) and got.shape == want.shape and got.dtype == x.dtype
+    assert torch.allclose(got, two, rtol=0.02, atol=1e-3 * float(two.abs().max()))
+    assert float((got - want).norm() / want.norm()) < 2 * TOLERANCE[kind]
 
 
 def test_fp32_leaves_the_model_and_a_bad_kind_is_named(tiny_lm):
