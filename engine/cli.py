@@ -98,7 +98,12 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> Non
                         "name, is accepted) or isolated (the paper's scheme)")
     r.add_argument("--weights", default="fp32", choices=cfg.values("weights"),
                    help="how the model's linear weights are kept: fp32 (as loaded), bf16, or int8 / int4 weight-only "
-                        "(torch's CPU kernels; activations stay in --dtype); every arm runs on the same weights")
+                        "(torch's CPU kernels; activations stay in --dtype; int4 keeps the attention in int8); every "
+                        "arm runs on the same weights")
+    r.add_argument("--decode", default="together", choices=cfg.values("decode"),
+                   help="together (default): each arm's first token from its own timed run, then the arms decode as "
+                        "one batch, the weights read once per step for all (each arm's decode_ms_per_token is then "
+                        "the batch's step; decode_batch says how many shared it); apart: each arm decodes alone")
     r.add_argument("--dtype", default=None, choices=cfg.COMPUTE_DTYPES,
                    help="compute dtype of the model (default: float32 on CPU, bfloat16 on CUDA; `info` says why)")
     r.add_argument("--storage-dtype", default=None, choices=cfg.values("storage_dtype"),
@@ -174,7 +179,7 @@ class NumberArg:
 def config_from_args(args) -> "cfg.RunConfig":
     """The RunConfig the `run` options describe (validated here, once)."""
     return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype, mode=args.mode,
-                         storage_dtype=args.storage_dtype, weights=args.weights,
+                         storage_dtype=args.storage_dtype, weights=args.weights, decode=args.decode,
                          compression=cfg.Compression(args.retention, args.compression),
                          budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
                          arms=_arms(args), warmup=not args.no_warmup, sink=args.sink, **_arm_settings(args))

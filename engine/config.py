@@ -44,7 +44,9 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
     "storage_dtype": (("float32", "fp32"), ("float16", "fp16"), ("bfloat16", "bf16"), ("int8", "int8"),
                       ("int4", "int4")),
     "method": tuple((m, m) for m in METHODS),
-    "weights": (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8 (weight-only)"), ("int4", "int4 (weight-only)")),
+    "weights": (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8 (weight-only)"),
+                ("int4", "int4 (weight-only; attention int8)")),
+    "decode": (("together", "together: the arms decode as one batch"), ("apart", "apart: each arm decodes alone")),
 }
 
 
@@ -125,15 +127,16 @@ class RunConfig:
     sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
     weights: str = "fp32"  # the model's linear weights: fp32, bf16, int8 or int4 (engine/model/weights.py)
+    decode: str = "together"  # the arms' decoding: "together" (one batch per step) or "apart" (engine/arms/runner.py)
     arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, its settings) for arms not at their defaults
 
     def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="contextual", storage_dtype=None,
                  compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
-                 weights="fp32", arm_settings=(), **keys):
+                 weights="fp32", decode="together", arm_settings=(), **keys):
         given = dict(model=model, device=device, dtype=dtype, storage=storage, mode=mode,
                      storage_dtype=storage_dtype, compression=Compression() if compression is None else compression,
                      budget_bytes=budget_bytes, persist=persist, module_dir=module_dir, arms=arms, sink=sink,
-                     warmup=warmup, weights=weights, arm_settings=_with_keys(dict(arm_settings), keys))
+                     warmup=warmup, weights=weights, decode=decode, arm_settings=_with_keys(dict(arm_settings), keys))
         for name, value in given.items():
             object.__setattr__(self, name, value)
         self.__post_init__()
@@ -149,6 +152,7 @@ class RunConfig:
             object.__setattr__(self, "dtype", default_dtype(self.device))
         _one_of("compute dtype", self.dtype, COMPUTE_DTYPES)
         _one_of("weight precision", self.weights, WEIGHTS)
+        _one_of("decode", self.decode, values("decode"))
         if self.storage_dtype is None:
             object.__setattr__(self, "storage_dtype", self.dtype)
         _one_of("storage dtype", self.storage_dtype, STORAGE_DTYPES)
@@ -231,7 +235,8 @@ class RunConfig:
                "mode": self.mode, "storage_dtype": self.storage_dtype,
                "compression": {"retention": self.compression.retention, "method": self.compression.method},
                "budget_bytes": self.budget_bytes, "persist": self.persist, "arms": list(self.arms),
-               "sink": self.sink, "warmup": self.warmup, "weights": self.weights}
+               "sink": self.sink, "warmup": self.warmup, "weights": self.weights,
+               "decode": self.decode}
         for spec in _arms_registry().values():
             if spec.settings is not None:
                 out.update(self.settings_of(spec.name).by_key())

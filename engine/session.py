@@ -187,7 +187,7 @@ class Engine:
             enc = self._fetched(plan, lay, cfg, enc, progress)
             prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) else None
             result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                 settings=dict(cfg.arm_settings))
+                                 settings=dict(cfg.arm_settings), decode=cfg.decode)
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers -----------------------------------------------------------------------

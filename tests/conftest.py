@@ -107,10 +107,14 @@ def timed(fn, *args, **kwargs):
 
 
 def arm_ms(comparison) -> float:
-    """Milliseconds every arm of ``comparison`` reports for itself: TTFT, retention, then its decode steps."""
+    """Milliseconds every arm of ``comparison`` reports for itself: TTFT, retention, then its decode steps (arms
+    decoded together share their steps: the batch took as long as its longest-generating arm)."""
     runs = [res.run for res in comparison.arms.values()]
     assert all(r.ttft_ms > 0 for r in runs)
-    return sum(r.ttft_ms + r.retention_ms + (r.decode_ms_per_token or 0) * (len(r.token_ids) - 1) for r in runs)
+    decode = {id(r): (r.decode_ms_per_token or 0) * (len(r.token_ids) - 1) for r in runs}
+    together = [decode[id(r)] for r in runs if r.decode_batch > 1]
+    return (sum(r.ttft_ms + r.retention_ms for r in runs) + sum(decode[id(r)] for r in runs if r.decode_batch == 1)
+            + max(together, default=0.0))
 
 
 def stock_figures(model, ids: list[int], n_new: int, eos: tuple[int, ...]):

@@ -11,11 +11,12 @@ logged runs are shown by the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResult, ArmSettings, Reads, RunResult,
                                   Sampling, TokenFn)
+from engine.arms.runner import decode_together
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
@@ -75,6 +76,7 @@ class Comparison:
     prompt: PromptCounts | None = None  # made from the plan when not given
     encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
     weights: str = "fp32"  # how the model's linear weights were kept (every arm ran on the same ones)
+    decode: str = "apart"  # "together": the arms decoded as one batch (runner.decode_together); "apart": alone
     repair: int = 0  # link tokens recomputed per link
     sink: int = 0  # sink tokens the isolated module entries were encoded after
 
@@ -125,7 +127,7 @@ class Comparison:
             "storage_dtype": st.dtype, "compression": st.compression, "store_stats": st.stats,
             "imported": list(p.imported), "scaffolds": list(p.scaffolds), "arms": [a.value for a in self.arms],
             "sampling": self.sampling.to_json(), "encode": self.encode, "repair": self.repair, "sink": self.sink,
-            "weights": self.weights,
+            "weights": self.weights, "decode": self.decode,
         }
         by_arm = {}
         for arm, spec in REGISTRY.items():
@@ -168,7 +170,8 @@ class Comparison:
         return cls(model=data.get("model", ""), device=data.get("device", ""), store=store,
                    sampling=Sampling.from_json(data.get("sampling")), arms=arms, mode=canonical_mode(data.get("mode", "")),
                    prompt=prompt, encode=data.get("encode"), repair=data.get("repair") or 0,
-                   sink=data.get("sink") or 0, weights=data.get("weights") or "fp32")
+                   sink=data.get("sink") or 0, weights=data.get("weights") or "fp32",
+                   decode=data.get("decode") or "apart")
 
     def _run(self, arm: Arm):
         res = self.arms.get(arm)
@@ -182,24 +185,31 @@ class Comparison:
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
             sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
             arms: Sequence[str] = ("baseline", "cached"), prefix: PrefixCache | None = None,
-            settings: dict[str, ArmSettings] | None = None) -> Comparison:
+            settings: dict[str, ArmSettings] | None = None, decode: str = "together") -> Comparison:
     """The asked-for arms of one plan, one after the other on the same buffers, in registry order, each
     with its agreement with the baseline. ``settings``: arm name -> its settings (defaults otherwise).
-    Store entries are fetched before any arm is timed."""
+    Store entries are fetched before any arm is timed. ``decode="together"``: each arm's first token comes
+    from its own timed run, then the arms decode as one batch (engine/arms/runner.py); ``"apart"``: each
+    arm decodes right after its first token."""
     wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
     reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)
     if reads_modules:
         fetch_entries(plan, encoded, store)
     keep = tuple(used_keys(plan, encoded)) if reads_modules else ()
     ctx = ArmContext(lm, plan, encoded, store, sampling, on_token, prefix, keep, dict(settings or {}))
-    results = {a: REGISTRY[a].run(ctx) for a in wanted}
+    with decode_together(lm, enabled=decode == "together") as batch:
+        results = {a: REGISTRY[a].run(ctx) for a in wanted}
+        if batch is not None:
+            batch.decode()
+            results = {a: replace(r, run=batch.finish(r.run)) for a, r in results.items()}
+    together = any(r.run.decode_batch > 1 for r in results.values())
     base = results.get(Arm.BASELINE)
     cached = ctx.settings_of("cached")
     return Comparison(
         model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=sampling,
         arms={a: r.with_agreement(base) for a, r in results.items()}, mode=encoded.mode,
         repair=getattr(cached, "repair", 0) if Arm.CACHED in wanted else 0, sink=encoded.sink,
-        weights=getattr(lm, "weights", "fp32"))
+        weights=getattr(lm, "weights", "fp32"), decode="together" if together else "apart")
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:

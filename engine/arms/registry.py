@@ -163,6 +163,7 @@ class RunResult:
     kv_store_bytes: int = 0  # store entries the run read, as stored: modules (cached), prefix nodes (prefix)
     kv_buffer_bytes_after_retention: int = 0  # what decoding ran over (= kv_buffer_used_bytes without retention)
     retention_ms: float = 0.0  # scoring + thinning the buffer (question retention), after the first token
+    decode_batch: int = 1  # runs decoded together in one batch (decode_ms_per_token is then the batch's step)
 
     @property
     def kv_held_bytes(self) -> int:
@@ -181,7 +182,7 @@ class RunResult:
                 "kv_buffer_used_bytes": self.kv_buffer_used_bytes, "kv_store_bytes": self.kv_store_bytes,
                 "kv_held_bytes": self.kv_held_bytes,
                 "kv_buffer_bytes_after_retention": self.kv_buffer_bytes_after_retention,
-                "retention_ms": round(self.retention_ms, 3)}
+                "retention_ms": round(self.retention_ms, 3), "decode_batch": self.decode_batch}
 
     @classmethod
     def from_json(cls, arm: str, d: dict) -> "RunResult":
@@ -196,7 +197,7 @@ class RunResult:
                    recomputed_positions=tuple(d.get("recomputed_positions") or ()),
                    kv_buffer_used_bytes=d.get("kv_buffer_used_bytes", 0), kv_store_bytes=d.get("kv_store_bytes", 0),
                    kv_buffer_bytes_after_retention=d.get("kv_buffer_bytes_after_retention", 0),
-                   retention_ms=d.get("retention_ms", 0.0))
+                   retention_ms=d.get("retention_ms", 0.0), decode_batch=d.get("decode_batch") or 1)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,21 @@ after the prefill, the stored entries it read, and the buffer after retention.
 
 A run's buffers come from a :class:`engine.kv.KVWorkspace` per loaded model, kept here (not on the
 model) and reused run after run, so allocation costs the same for every arm.
+
+**Decoding together.** Inside :func:`decode_together` (a comparison's arms), a run stops after its first
+token (its TTFT measured alone, as above), keeps a copy of its KV and waits; :meth:`DecodeBatch.decode` then
+decodes every waiting run as one batch (engine/kv/batched.py), reading the weights once per step for all of
+them. Each run's ``decode_ms_per_token`` is then the batch's time per step while that run was generating,
+and ``decode_batch`` says how many runs shared it. Runs whose cache the batch cannot hold decode alone,
+as before: thinned layers (question retention, compressed entries), models that track key positions
+(sliding windows, ALiBi) or use their own attention code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import os
 import threading
 import time
@@ -34,14 +44,15 @@ from engine.cache.compress import QuestionRetention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import KVBuffer, KVWorkspace
-from engine.model.attend import ATTENTION, RankMask, rank_masked
+from engine.kv import BatchedKV, KVBuffer, KVWorkspace
+from engine.model.attend import ATTENTION, RankMask, key_masked, rank_masked
 from engine.model.load import LoadedModel
 from engine.model.positions import attach, needs_positions
 from engine.schema.plan import PromptPlan
 
-__all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace"]
+__all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace", "DecodeBatch", "decode_together"]
 
+_BATCH: contextvars.ContextVar["DecodeBatch | None"] = contextvars.ContextVar("pml_decode_batch", default=None)
 _WORKSPACES: "weakref.WeakKeyDictionary[torch.nn.Module, KVWorkspace]" = weakref.WeakKeyDictionary()  # by model
 
 
@@ -82,6 +93,9 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
         recomputed_tokens=len(work.recomputed_positions), recomputed_positions=work.recomputed_positions,
         kv_buffer_used_bytes=out.used, kv_store_bytes=read, kv_buffer_bytes_after_retention=out.after,
         retention_ms=out.retention_ms)
+    if out.waiting is not None:  # decoded later, with the other runs of the batch
+        out.waiting.run = run
+        _BATCH.get().waiting.append(out.waiting)
     return run, buf
 
 
@@ -141,6 +155,7 @@ class _Decoded:
     used: int  # buffer bytes after the prefill
     after: int  # ... after retention
     retention_ms: float
+    waiting: "_Waiting | None" = None  # set when the run waits to be decoded with a batch
 
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling, arm: str,
@@ -167,6 +182,12 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
         if on_token:
             on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
         cache, used, after, retention_ms = _retain(buf, cache, retain, device)
+        batch = _BATCH.get()
+        if batch is not None and batch.takes(lm, buf, tokens, sampling, key_positions):
+            waiting = _Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
+                               gen, on_token)
+            return _Decoded(tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd, 0.0, used, after,
+                            retention_ms, waiting)
         decode_s = _decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, on_token)
     cache.sync_length()
     return _Decoded(tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd, decode_s, used, after,
@@ -191,6 +212,115 @@ def _decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: 
         if on_token:
             on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
     return spent
+
+
+@dataclass
+class _Waiting:
+    """A run stopped after its first token, waiting to be decoded with a batch."""
+
+    arm: str
+    kv: torch.Tensor  # its buffer's KV, copied: [layers, 2, kv_heads, length, head_dim]
+    tokens: list[int]
+    next_pos: int
+    sampling: Sampling
+    gen: torch.Generator | None
+    on_token: TokenFn | None
+    run: RunResult | None = None  # as timed_run made it (first token only)
+    spent: float = 0.0  # seconds of the batch's steps this run generated in
+    steps: int = 0
+
+
+class DecodeBatch:
+    """Runs of one model waiting to be decoded together (see the module docstring)."""
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+        self.waiting: list[_Waiting] = []
+        self.done: list[_Waiting] = []
+        self.size = 0  # runs in the last batch
+
+    def takes(self, lm: LoadedModel, buf: KVBuffer, tokens: list[int], sampling: Sampling,
+              key_positions) -> bool:
+        """Whether a run with this buffer, after its first token, can wait for the batch."""
+        level = all(n == buf.lengths[0] for n in buf.lengths)
+        return (lm is self.lm and lm.attention == "pml" and key_positions is None and not needs_positions(lm.model)
+                and level and len(tokens) < sampling.max_new_tokens and tokens[-1] not in set(lm.eos_ids))
+
+    def decode(self) -> None:
+        """Decode every waiting run (one batch when there are several); :meth:`finish` then gives each run."""
+        waiting, self.waiting = self.waiting, []
+        if len(waiting) == 1:
+            _decode_alone(self.lm, waiting[0])
+        elif waiting:
+            _decode_batch(self.lm, waiting)
+        self.done += waiting
+        self.size = len(waiting)
+
+    def finish(self, run: RunResult) -> RunResult:
+        """``run`` (as an arm returned it: timed_run's first-token run, perhaps renamed) with its decoded tokens
+        and decode timing; unchanged if it never waited here. A run is known by its first logits, which every
+        copy of it shares."""
+        for w in self.done:
+            if w.run.first_logits is run.first_logits:
+                return dataclasses.replace(run, text=self.lm.tokenizer.decode(w.tokens, skip_special_tokens=True),
+                                           token_ids=tuple(w.tokens), decode_tokens=len(w.tokens),
+                                           decode_ms_per_token=w.spent * 1000 / w.steps if w.steps else None,
+                                           decode_batch=self.size)
+        return run
+
+
+@contextlib.contextmanager
+def decode_together(lm: LoadedModel, enabled: bool = True):
+    """Within this block, runs on ``lm`` wait after their first token in the yielded :class:`DecodeBatch`
+    (None when not ``enabled``: runs decode as they go); call its ``decode()``, then ``finish(run)`` for each
+    run an arm returned."""
+    batch = DecodeBatch(lm) if enabled else None
+    token = _BATCH.set(batch)
+    try:
+        yield batch
+    finally:
+        _BATCH.reset(token)
+
+
+def _decode_alone(lm: LoadedModel, w: _Waiting) -> None:
+    buf = workspace(lm).buffer(w.kv.shape[3] + w.sampling.max_new_tokens + 1)
+    buf.write(w.kv)
+    with torch.inference_mode():
+        w.spent = _decode(lm, buf.cache(), w.tokens, w.next_pos, w.sampling, w.gen, w.arm, w.on_token)
+    w.steps = len(w.tokens) - 1
+
+
+def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
+    """Step every run in one forward until each has its tokens (a finished row rides along, ignored)."""
+    eos = set(lm.eos_ids)
+    kv = BatchedKV([w.kv for w in waiting], room=max(w.sampling.max_new_tokens for w in waiting) + 1)
+    cache = kv.cache()
+    live = [True] * len(waiting)
+    with torch.inference_mode():
+        while any(live):
+            s = time.perf_counter()
+            ids = torch.tensor([[w.tokens[-1]] for w in waiting], device=lm.device)
+            pos = torch.tensor([[w.next_pos] for w in waiting], device=lm.device)
+            with key_masked(kv.key_mask()):
+                out = lm.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+                               logits_to_keep=1)
+            kv.advance()
+            grew = []
+            for row, w in enumerate(waiting):
+                if live[row]:
+                    w.tokens.append(_sample(out.logits[row, -1], w.sampling, w.gen))
+                    w.next_pos += 1
+                    grew.append(w)
+            _sync(lm.device)
+            step = time.perf_counter() - s
+            for row, w in enumerate(waiting):
+                if live[row]:
+                    w.spent += step
+                    w.steps += 1
+                    live[row] = len(w.tokens) < w.sampling.max_new_tokens and w.tokens[-1] not in eos
+            for w in grew:
+                if w.on_token:
+                    w.on_token(w.arm, lm.tokenizer.decode(w.tokens, skip_special_tokens=True))
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> int:

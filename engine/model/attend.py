@@ -26,6 +26,7 @@ ATTENTION = "pml_attention"  # no "sdpa" in the name: transformers would then re
 _SCORER: contextvars.ContextVar["AttentionScorer | QueryCapture | None"] = contextvars.ContextVar("pml_scorer",
                                                                                                  default=None)
 _RANKS: contextvars.ContextVar["RankMask | None"] = contextvars.ContextVar("pml_ranks", default=None)
+_KEYS: contextvars.ContextVar["torch.Tensor | None"] = contextvars.ContextVar("pml_keys", default=None)
 
 
 class RankMask:
@@ -69,6 +70,18 @@ def rank_masked(mask: RankMask | None):
         yield mask
     finally:
         _RANKS.reset(token)
+
+
+@contextlib.contextmanager
+def key_masked(mask: torch.Tensor):
+    """Within this block, forwards through the PML attention let batch row ``b`` attend to the keys where
+    ``mask[b, 0, 0]`` is True ([rows, 1, 1, keys] bool; a batched decode step over right-padded rows,
+    engine/kv/batched.py)."""
+    token = _KEYS.set(mask)
+    try:
+        yield mask
+    finally:
+        _KEYS.reset(token)
 
 
 class AttentionScorer:
@@ -146,7 +159,8 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     * Sliding-window layers: the window is applied to position ids, not cache indices, when the
       model's positions are tracked (:mod:`engine.model.positions`), so gapped caches keep it.
     * Logit soft-capping (Gemma 2), which SDPA cannot compute: eager attention.
-    * Inside :func:`rank_masked` (repair) the :class:`RankMask`'s mask replaces the causal one.
+    * Inside :func:`rank_masked` (repair) the :class:`RankMask`'s mask replaces the causal one; inside
+      :func:`key_masked` (arms decoded together) each row's key mask does.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -154,10 +168,12 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     if scorer is not None:
         scorer.observe(module.layer_idx, query, key, kwargs.get("scaling"))
     q, kv = query.shape[-2], key.shape[-2]
-    ranks = _RANKS.get()
+    ranks, keys = _RANKS.get(), _KEYS.get()
     window, positions = kwargs.get("sliding_window"), positional.current()
     if ranks is not None:
         attention_mask = ranks.mask(module.layer_idx, q, kv, query.device)
+    elif keys is not None:
+        attention_mask = keys[..., :kv]
     elif window and positions is not None:
         attention_mask = positions.window_mask(module.layer_idx, q, kv, window, query.device)
     elif attention_mask is not None and attention_mask.shape[-1] != kv:
@@ -182,7 +198,8 @@ _SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "output_attentions", "s_
 
 def _grouped_masked_cpu(module, query, attention_mask, kwargs) -> bool:
     """True for a grouped-query, masked, multi-token CPU call that uses none of SDPA's special options."""
-    return (query.device.type == "cpu" and query.shape[-2] > 1 and attention_mask is not None
+    return (query.device.type == "cpu" and (query.shape[-2] > 1 or _KEYS.get() is not None)
+            and attention_mask is not None
             and getattr(module, "num_key_value_groups", 1) > 1 and not any(kwargs.get(k) for k in _SPECIAL_KWARGS))
 
 
