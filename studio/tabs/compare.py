@@ -9,6 +9,7 @@ page, ``logged.ok`` false in the API) and waits in memory for the next run.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Iterator
@@ -58,7 +59,9 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     inputs = [editors.schema, editors.prompt, max_new, temperature] + panel.inputs
     outputs = [summary] + columns + [tokens, result, status]
     stream = Step(partial(_stream_ui, studio, panel), inputs, outputs)
-    run = button.click(*stream, api_visibility="private")
+    # no progress overlay on the ~14 outputs: its animations, redrawn by the browser while the arms decode, took
+    # CPU from the decoding (the summary says what runs)
+    run = button.click(*stream, api_visibility="private", show_progress="hidden")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
     return CompareTab(max_new, temperature, run, stream)
@@ -110,6 +113,9 @@ class CompareUpdate:
     logged: dict | None = None  # Studio.record's report, on "done"
 
 
+UPDATE_EVERY = 0.25  # seconds between two streamed updates of the arms' texts (each one costs the browser a re-render)
+
+
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
     """Sampling from widget or API values; raises gr.Error naming the setting and its range."""
     from engine.arms.registry import Sampling
@@ -137,18 +143,23 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
                               on_token=lambda arm, text: emit(("token", arm, text)),
                               progress=lambda done, total, label: emit(("encode", done, total, label)))
 
-    try:
-        for kind, *payload in in_thread(work, "pml-compare"):
+    shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most: per token, the page's work
+    try:                                   # (diffing, sending, rendering) would slow the decoding it shows
+        for kind, *payload in in_thread(work, "pml-compare", tick=UPDATE_EVERY):
             if kind == "encode":
                 done, total, label = payload
                 yield CompareUpdate("encoding", dict(texts), cfg.arms, f"Encoding modules {done}/{total}: {label}")
             elif kind == "token":
                 arm, text = payload
-                texts[arm] = text
-                yield CompareUpdate(arm, dict(texts), cfg.arms, _progress(arm))
-            else:
+                texts[arm], held = text, arm
+            elif kind == "done":
                 res = payload[0]
+            if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
+                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held))
+                shown, held = time.monotonic(), None
     except Exception as err:
+        if held is not None:  # what had come before the failure is shown with it
+            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held))
         raise user_error(err) from None
     data = res.to_json()
     logged = studio.record(data, schema_text, prompt_text)
@@ -200,14 +211,17 @@ def _chars(studio: Studio, run, k: int) -> int:
 def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, temperature, *values):
     """compare_stream as component updates: summary, (column, text, metrics) per arm, tokens, JSON, status."""
     try:
+        sent: dict = {}  # what the page shows: an update carries only what changed (each part costs a re-render)
         for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values)):
             if upd.phase != "done":
                 cols = []
                 for view in arm_views():
                     shown = view.arm in upd.arms
-                    cols += [gr.Column(visible=shown), column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm),
-                             gr.skip()]
-                yield (summary_html(None, upd.message), *cols, gr.skip(), gr.skip(), gr.skip())
+                    html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
+                    cols += [_changed(sent, f"{view.arm}:col", shown, gr.Column(visible=shown)),
+                             _changed(sent, f"{view.arm}:text", html, html), gr.skip()]
+                summary = summary_html(None, upd.message)
+                yield (_changed(sent, "summary", summary, summary), *cols, gr.skip(), gr.skip(), gr.skip())
                 continue
             comparison = upd.comparison
             marks = divergence_offsets(studio, comparison)
@@ -222,6 +236,14 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
     except gr.Error as err:
         yield (summary_html(None, f"The run failed: {err.message}"),) + (gr.skip(),) * (3 * len(arm_views()) + 3)
         raise
+
+
+def _changed(sent: dict, key: str, value, update):
+    """``update`` when ``value`` differs from what was last sent under ``key``, else gr.skip()."""
+    if sent.get(key, _changed) == value:
+        return gr.skip()
+    sent[key] = value
+    return update
 
 
 def _progress(arm: str) -> str:

@@ -75,7 +75,7 @@ def test_serve_binds_localhost_without_share_and_loads_no_model(tmp_path, monkey
     (tmp_path / "models").symlink_to(cache_root() / "models")  # the converted default model, not a new copy
     monkeypatch.setenv("PML_STUDIO_CACHE", str(tmp_path))
     port = free_port()
-    demo = serve(port=port, block=False)
+    demo = serve(port=port, block=False, preload=False)
     try:
         assert demo.share is False or demo.share is None
         assert demo.server_name == "127.0.0.1"

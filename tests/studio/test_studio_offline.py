@@ -57,7 +57,7 @@ CHILD = textwrap.dedent("""
 
     from studio.launch import serve
     port = int(sys.argv[1])
-    demo = serve(port=port, block=False)
+    demo = serve(port=port, block=False, preload=False)  # exiting during a background load aborts the process
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as resp:
         assert resp.status == 200
     time.sleep(3)  # background threads of a launch (analytics, version checks) have had their chance
