@@ -428,6 +428,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, no files")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
                     "results go to bench/results/fidelity-MODEL.json, without plots")
+    ap.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "int8", "int4"),
+                    help="the model's linear weights (engine/model/weights.py): needle accuracy per precision")
     ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
     ap.add_argument("--out", default=None, metavar="NAME", help="write bench/results/NAME.json (and assets/frontier-"
                     "NAME.png) instead of fidelity[-MODEL].json: an experiment beside the main results")
@@ -453,9 +455,12 @@ def main() -> None:
         args.confusable, conf_modules, args.ttft_reps, samples = 2, 2, 1, ["travel"]
         args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4", "prefixed+blend 25"), \
             ("prefixed", "prefixed+repair 4")
-    arms = tuple(dict.fromkeys(["baseline", "isolated"] + list(args.arms)))
+    # isolated is the TTFT reference of the other cached arms; a baseline-only run (needle accuracy per weight
+    # precision: --arms baseline --confusable-arms baseline) needs no reference
+    arms = tuple(dict.fromkeys(["baseline"] + (["isolated"] if set(args.arms) - {"baseline"} else [])
+                               + list(args.arms)))
     confusable_arms = tuple(dict.fromkeys(["baseline"] + list(args.confusable_arms)))
-    eng = Engine(model=args.model, persist=False)
+    eng = Engine(model=args.model, weights=args.weights, persist=False)
     t0 = time.perf_counter()
     if args.ttft_probe:
         import json
@@ -494,7 +499,8 @@ def main() -> None:
     if not args.quick:
         plot_frontier(frontier_panels(frontier, confusable, conf_modules),
                       ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", eng.lm.name)
-    emit(name, {"role_tags": has_roles(eng), "benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype, "greedy": True,
+    emit(name, {"role_tags": has_roles(eng), "benchmark": "fidelity", "model": eng.lm.name, "dtype": eng.lm.dtype,
+                "weights": eng.lm.weights, "greedy": True,
                       "new_tokens": args.new_tokens, "prompts": len(rows), "confusable_prompts": len(conf_rows),
                       "confusable_modules": conf_modules, "needles": args.needles, "ttft_reps": args.ttft_reps, "arms": list(arms),
                       "confusable_arms": list(confusable_arms), "sample_arms": list(sample_arms),

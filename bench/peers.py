@@ -12,6 +12,10 @@ instead, on the same model and the same prompts, in one run:
   longest common prefix is restored for each prompt, as llama-server's prompt cache does).
   Needle accuracy per arm and peer, from each one's own answer (llama.cpp runs the GGUF's quantized
   weights; the studio runs them dequantized), with 95 % Wilson intervals.
+  **Time to the N-th token** (N = `--new-tokens`, 32 by default) per prompt: TTFT + (N − 1) × that
+  run's own decode ms/token — what a user waits for a whole short answer (an answer that stopped at
+  its end-of-text earlier is counted at its measured rate). The studio's arms decode one at a time
+  here (``decode="apart"``), like llama.cpp, on `--weights` (default int4, the studio's default).
 * **lengths** — the document-QA prompts of `bench/ttft.py` at each `--lengths`: the studio's baseline
   and cached TTFT and decode ms/token in each `--dtypes` (fp32, bf16), beside llama.cpp's full
   prefill and decode on the GGUF (its own quantized kernels: the 0.5B file mixes Q4_K, Q5_0, Q6_K and
@@ -163,12 +167,32 @@ def workload(eng: Engine, args, gguf: Path) -> dict:
             r["llama.cpp-full"] = {k: f[k] for k in ("ttft_ms", "decode_ms_per_token", "text")}
             r["llama.cpp-prefix"] = {k: x[k] for k in ("ttft_ms", "decode_ms_per_token", "text", "reused_tokens",
                                                        "restore_ms")}
-    return {"prompts": rows, "arms": arms_summary, "peers": peers, "ratios": workload_ratios(rows, arms_summary, peers),
+    nth = nth_summary(rows, arms + list(peers), args.new_tokens)
+    return {"prompts": rows, "arms": arms_summary, "peers": peers,
+            "ratios": workload_ratios(rows, arms_summary, peers, args.new_tokens),
+            f"time_to_token_{args.new_tokens}_ms": nth,
             "llama.cpp": {k: v for k, v in llama.items() if k not in ("full", "prefix")},
             "schema_tokens": lay.length, "warm_tokens": len(warm)}
 
 
-def workload_ratios(rows: list[dict], arms: dict, peers: dict) -> dict:
+def to_nth(r: dict, n: int) -> float | None:
+    """Milliseconds to the ``n``-th token: TTFT + (n - 1) decode steps at the run's own rate."""
+    if r.get("decode_ms_per_token") is None:
+        return None
+    return r["ttft_ms"] + (n - 1) * r["decode_ms_per_token"]
+
+
+def nth_summary(rows: list[dict], names: list[str], n: int) -> dict:
+    """Per arm or peer: mean / min / median / max ms to the n-th token over the prompts."""
+    out = {}
+    for name in names:
+        xs = [to_nth(r[name], n) for r in rows if name in r and to_nth(r[name], n) is not None]
+        if xs:
+            out[name] = {"mean_ms": round(statistics.mean(xs), 1), **spread(xs, digits=1, every=False)}
+    return out
+
+
+def workload_ratios(rows: list[dict], arms: dict, peers: dict, n: int = 32) -> dict:
     out = {}
     for arm in arms:
         for peer, s in peers.items():
@@ -184,6 +208,10 @@ def workload_ratios(rows: list[dict], arms: dict, peers: dict) -> dict:
                 if a:
                     out[f"{key}_{part}_mean"] = round(statistics.mean(a) / statistics.mean(b), 3)
             out[key + "_peer_faster_prompts"] = sum(r[peer]["ttft_ms"] < r[arm]["ttft_ms"] for r in rows)
+            mine = [to_nth(r[arm], n) for r in rows]
+            theirs = [to_nth(r[peer], n) for r in rows]
+            if all(x is not None for x in mine + theirs):
+                out[f"{key}_time_to_token_{n}_mean"] = round(statistics.mean(mine) / statistics.mean(theirs), 3)
     return out
 
 
@@ -281,17 +309,20 @@ def kvpress_section(eng: Engine, args) -> dict:
 
 def print_workload(w: dict) -> None:
     rows = []
+    nth_key = next((k for k in w if k.startswith("time_to_token_")), None)
+    nth = w.get(nth_key) or {}
     for name, s in list(w["arms"].items()) + list(w["peers"].items()):
         if "error" in s:
-            rows.append([name, "-", "-", "-", "-", "-", s["error"]])
+            rows.append([name, "-", "-", "-", "-", "-", "-", s["error"]])
             continue
         t = s["ttft_ms"]
         dec = s.get("decode_ms_per_token") or {}
         rows.append([name, s["mean_ttft_ms"], f"{t['min']:.0f}/{t['median']:.0f}/{t['max']:.0f}",
                      s["schema_order_mean_ttft_ms"], s["other_mean_ttft_ms"], dec.get("median", "-"),
+                     (nth.get(name) or {}).get("mean_ms", "-"),
                      f"{s['needle_found']}/{s['n']} ({s['ci95'][0]:.0%}-{s['ci95'][1]:.0%})"])
     print(table(["arm / peer", "mean TTFT ms", "min/median/max", "schema order", "other", "decode ms/tok",
-                 "needle found (95% CI)"], rows))
+                 f"mean ms to token {nth_key.rsplit('_', 2)[-2] if nth_key else 'N'}", "needle found (95% CI)"], rows))
 
 
 def print_lengths(ln: dict) -> None:
@@ -356,7 +387,10 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--modules", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=32, help="tokens per answer (the time to the last one is "
+                    "reported)")
+    ap.add_argument("--weights", default="int4", choices=("fp32", "bf16", "int8", "int4"),
+                    help="the studio's weights (default int4, the studio's default; llama.cpp runs the GGUF's own)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (torch uses its own default: the cores)")
     ap.add_argument("--blend", type=float, default=0.15, help="the blend arm's R (0 leaves the arm out)")
@@ -388,10 +422,12 @@ def main() -> None:
         args.model, args.prompts, args.new_tokens, args.chunk_tokens = None, 3, 8, 60
         args.lengths, args.reps, args.dtypes, args.kv_prompts, args.kv_modules = [128], 1, ["float32"], 1, 2
     arms = ("baseline", "prefix", "cached") + (("blend",) if args.blend > 0 else ())
-    eng = Engine(model=args.model, persist=False, arms=arms, blend=args.blend or 0.15, dtype="float32")
+    eng = Engine(model=args.model, persist=False, arms=arms, blend=args.blend or 0.15, dtype="float32",
+                 weights=args.weights, decode="apart")
     gguf = gguf_for(args.model)
     t0 = time.perf_counter()
-    result: dict = {"benchmark": "peers", "model": eng.lm.name, "gguf": gguf.name, "new_tokens": args.new_tokens,
+    result: dict = {"benchmark": "peers", "model": eng.lm.name, "weights": eng.lm.weights, "gguf": gguf.name,
+                    "new_tokens": args.new_tokens,
                     "machine": machine(), "greedy": True, "peer_status": {p: peer_status(p)[1] for p in PEER_PYTHON}}
     if not args.no_workload:
         w = workload(eng, args, gguf)

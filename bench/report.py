@@ -62,6 +62,7 @@ def section() -> str:
     out = [START, ""]
     out += lead_section(LEAD)
     out += decode_section(load(f"decode-{LEAD}"))
+    out += browser_section(load("browser-compare"))
     if len(out) > 2:
         out += ["## SmolLM2-135M-Instruct (the default model)", ""]
     ttft, scaling, memory = load("ttft"), load("scaling"), load("memory")
@@ -254,6 +255,26 @@ def decode_section(d: dict | None) -> list[str]:
             f"on every sample's example prompt, {d['new_tokens']} greedy tokens; `--weights`, "
             "engine/model/weights.py: int8 per output channel, int4 in groups of 32, both torch's CPU kernels with "
             "bf16 activations):", "", *rows, ""]
+
+
+def browser_section(d: dict | None) -> list[str]:
+    """What a user waits for in chromium, and the studio's decode against `pml-studio run`'s (bench/browser_compare.py)."""
+    if not d:
+        return []
+    later, st, cli = d["later_compare_s"] or {}, d["studio_decode_ms_per_token"], d["cli_decode_ms_per_token"]
+    return [f"**In the browser** — `{d['command']}` ({machine_line(d)}; {d['model']}, {d['weights']} weights, arms "
+            f"{', '.join(d['arms'])} decoded {d['decode']}, the `{d['sample']}` sample, {d['new_tokens']} new tokens, "
+            "chromium driven by Playwright on the same 2 cores):", "",
+            "| what | measured |", "|---|---:|",
+            f"| `python app.py` started → HTTP 200 | {d['serve_s']:.1f} s |",
+            f"| first Compare (click → run logged and shown; model loaded in the background, modules encoded) | "
+            f"{d['first_compare_s']:.1f} s |",
+            f"| later Compares, min / median / max | {later.get('min', 0):.2f} / {later.get('median', 0):.2f} / "
+            f"{later.get('max', 0):.2f} s |",
+            f"| decode ms per step, studio (median, min–max) | {st['median']:.1f} ({st['min']:.1f}–{st['max']:.1f}) |",
+            f"| decode ms per step, `pml-studio run` (median, min–max) | {cli['median']:.1f} ({cli['min']:.1f}–"
+            f"{cli['max']:.1f}) |",
+            f"| studio / run | {d['studio_over_cli']:.2f}× |", ""]
 
 
 def peak_memory_section(d: dict | None) -> list[str]:

@@ -1,0 +1,170 @@
+"""What a user waits for in the browser, and the studio's decoding against `pml-studio run`'s (issue 26).
+
+One run, on the studio's default model and weights (studio/launch.py STUDIO_MODEL / STUDIO_WEIGHTS):
+
+1. **serve** — ``python app.py`` started as ``make run`` starts it (own process, own run log); seconds
+   until ``/`` answers HTTP 200;
+2. **Compares in chromium** (Playwright, Debian's chromium) — the page opens on the default sample; the
+   Compare tab's button with the default arms and 32 new tokens, ``--compares`` times. Each Compare is
+   timed from the click until the run is in the run log and the page shows the finished texts; the
+   first one includes loading the model (if the background load has not finished) and encoding;
+3. **decode per token** — each logged Compare's ``decode_ms_per_token`` per arm (the studio's runs),
+   against ``pml-studio run --json`` on the same sample, model, weights and arms, ``--cli-runs`` times,
+   in its own process (the CLI's runs). Ratio = studio median / CLI median.
+
+Prints a table, then one JSON document last (bench/results/browser-compare.json).
+
+    python bench/browser_compare.py                  # 4 Compares, 3 CLI runs
+    python bench/browser_compare.py --compares 2 --cli-runs 1 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from common import ROOT, emit, machine, spread, table
+
+sys.path.insert(0, str(ROOT))
+from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS  # noqa: E402
+from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT  # noqa: E402
+
+SAMPLE = "travel"  # the sample the studio opens on
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def logged_runs(db: Path) -> list[dict]:
+    if not db.exists():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        try:
+            rows = con.execute("select id, result_json from runs order by id").fetchall()
+        except sqlite3.OperationalError:  # not created yet
+            return []
+    return [{"id": i, **json.loads(doc)} for i, doc in rows]
+
+
+def serve(port: int, db: Path) -> tuple[subprocess.Popen, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+                if resp.status == 200:
+                    return proc, time.perf_counter() - t0
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the studio exited: {proc.stderr.read()[-2000:]}")
+        if time.perf_counter() - t0 > 600:
+            raise SystemExit("the studio did not answer within 10 minutes")
+        time.sleep(0.2)
+
+
+def compares(url: str, db: Path, n: int, new_tokens: int) -> list[float]:
+    from playwright.sync_api import sync_playwright
+
+    times = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(url)
+            page.wait_for_selector(f"#schema-validation .pml-status.ok:has-text('{SAMPLE}')", timeout=120_000)
+            page.get_by_role("tab", name="4 · Compare").click()
+            box = page.locator("#max-new-tokens input[type=number]")
+            box.fill(str(new_tokens))
+            box.press("Enter")
+            for _ in range(n):
+                before = len(logged_runs(db))
+                t = time.perf_counter()
+                page.click("#compare-btn")
+                while len(logged_runs(db)) == before:
+                    if time.perf_counter() - t > 600:
+                        raise SystemExit("a Compare did not finish within 10 minutes")
+                    time.sleep(0.02)
+                page.wait_for_selector("#cached-text .pml-output:not(.active)", timeout=60_000)
+                times.append(time.perf_counter() - t)
+        finally:
+            browser.close()
+    return times
+
+
+def cli_runs(n: int, new_tokens: int, arms: list[str]) -> list[dict]:
+    out = []
+    schema, prompt = ROOT / "sample_schemas" / f"{SAMPLE}.xml", ROOT / "sample_schemas" / f"{SAMPLE}.prompt.xml"
+    for _ in range(n):
+        done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(schema), str(prompt), "--json",
+                               "--model", STUDIO_MODEL, "--weights", STUDIO_WEIGHTS, "--max-new-tokens",
+                               str(new_tokens), "--arms", ",".join(arms), "--no-persist"],
+                              cwd=ROOT, capture_output=True, text=True, check=True)
+        out.append(json.loads(done.stdout))
+    return out
+
+
+def decode_ms(docs: list[dict]) -> list[float]:
+    return [d[a]["decode_ms_per_token"] for d in docs for a in d["arms"] if d[a]["decode_ms_per_token"]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--compares", type=int, default=4, help="Compare clicks (the first includes load and encode)")
+    ap.add_argument("--cli-runs", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if not os.path.exists(CHROMIUM):
+        raise SystemExit(f"{CHROMIUM} is missing (apt-get install chromium)")
+    with tempfile.TemporaryDirectory() as tmp:
+        db, port = Path(tmp) / "runs.db", free_port()
+        proc, serve_s = serve(port, db)
+        try:
+            times = compares(f"http://127.0.0.1:{port}/", db, args.compares, args.new_tokens)
+            studio_docs = [{k: v for k, v in d.items() if k != "id"} for d in logged_runs(db)]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    arms = studio_docs[-1]["arms"]
+    cli_docs = cli_runs(args.cli_runs, args.new_tokens, arms)
+    studio_ms, cli_ms = decode_ms(studio_docs[1:] or studio_docs), decode_ms(cli_docs)
+    ratio = statistics.median(studio_ms) / statistics.median(cli_ms)
+    later = times[1:]
+    result = {
+        "benchmark": "browser_compare", "machine": machine(), "model": studio_docs[-1]["model"],
+        "weights": studio_docs[-1].get("weights"), "decode": studio_docs[-1].get("decode"), "sample": SAMPLE,
+        "arms": arms, "new_tokens": args.new_tokens, "serve_s": round(serve_s, 2),
+        "first_compare_s": round(times[0], 2), "later_compare_s": spread(later) if later else None,
+        "studio_decode_ms_per_token": spread(studio_ms), "cli_decode_ms_per_token": spread(cli_ms),
+        "studio_over_cli": round(ratio, 3),
+        "texts": {a: studio_docs[-1][a]["text"] for a in arms},
+        "bars": {"serve_s<=180": serve_s <= 180, "first_compare_s<=15": times[0] <= 15,
+                 "later_compare_s<=4": bool(later) and max(later) <= 4, "studio_within_10pct_of_cli": ratio <= 1.10},
+    }
+    print(table(["what", "measured"], [
+        ["HTTP 200 after start", f"{serve_s:.1f} s"], ["first Compare", f"{times[0]:.1f} s"],
+        ["later Compares (min/median/max)",
+         f"{min(later):.2f} / {statistics.median(later):.2f} / {max(later):.2f} s" if later else "-"],
+        ["decode ms/token, studio (median)", f"{statistics.median(studio_ms):.1f}"],
+        ["decode ms/token, pml-studio run (median)", f"{statistics.median(cli_ms):.1f}"],
+        ["studio / run", f"{ratio:.3f}"]]))
+    emit("browser-compare", result, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
