@@ -23,7 +23,7 @@ def serve_arguments(sp) -> None:
                          "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--weights", default=None, choices=WEIGHTS,
                     help="how the model's linear weights are kept: fp32 (as loaded), bf16, or int8 / int4 weight-only "
-                         "(faster decoding on a CPU; every arm runs on the same weights; default: int4 for the "
+                         "(faster decoding on a CPU; every arm runs on the same weights; default: int8 for the "
                          "default model, fp32 for a model given with --model)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sp.add_argument("--allow-host", action="append", default=[], metavar="NAME", dest="allow_hosts",

@@ -11,10 +11,12 @@ from __future__ import annotations
 import sys
 import threading
 
-# The studio's default: the packaged model that answers (`make setup` installs it), its MLP and output matrix in
-# int4 (the attention in int8: engine/model/weights.py), which decodes ~3x faster than fp32 on a CPU. A model
-# given with --model runs on the weights --weights names (fp32 unless told).
-STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "int4"
+# The studio's default: the packaged model that answers (`make setup` installs it), its linear weights in int8
+# (engine/model/weights.py): ~2x faster decoding than fp32 on a CPU, and on the default sample every arm gives
+# fp32's answer. int4 decodes faster still (43 vs 62 ms/token, bench/decode.py) but its baseline got the travel
+# sample's train time wrong ("1 hour and 30 minutes" for 45 minutes): one flag away, --weights int4, not the
+# default. A model given with --model runs on the weights --weights names (fp32 unless told).
+STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "int8"
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,

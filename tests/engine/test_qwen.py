@@ -114,3 +114,20 @@ def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen)
     for arm in ("baseline", "prefix", "cached"):  # every arm answers the question (issue 17), none recites Kyoto
         text = c.arm(arm).run.text
         assert "45 minutes" in text and "Nara" in text and "emperors" not in text, (arm, text)
+
+
+@pytest.mark.real_model
+@needs_qwen
+def test_the_studio_default_answers_the_default_sample_in_every_arm():
+    """The studio's default (studio/launch.py: this model on int8 weights, arms decoded together) gives the
+    travel sample's answer in every arm: the train time and the town, as fp32 does above."""
+    from engine.arms.registry import Sampling
+    from engine.session import Engine
+    from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS
+
+    eng = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS, persist=False)
+    c = eng.compare((SAMPLES / "travel.xml").read_text(), (SAMPLES / "travel.prompt.xml").read_text(), Sampling(24))
+    assert c.weights == STUDIO_WEIGHTS and c.decode == "together"
+    for arm in ("baseline", "prefix", "cached"):
+        text = c.arm(arm).run.text
+        assert "45 minutes" in text and "Nara" in text, (arm, text)
