@@ -183,7 +183,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
             on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
         cache, used, after, retention_ms = _retain(buf, cache, retain, device)
         batch = _BATCH.get()
-        if batch is not None and batch.takes(lm, buf, tokens, sampling, key_positions):
+        if batch is not None and batch.takes(lm, buf, tokens, sampling):
             waiting = _Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
                                gen, on_token)
             return _Decoded(tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd, 0.0, used, after,
@@ -239,12 +239,11 @@ class DecodeBatch:
         self.done: list[_Waiting] = []
         self.size = 0  # runs in the last batch
 
-    def takes(self, lm: LoadedModel, buf: KVBuffer, tokens: list[int], sampling: Sampling,
-              key_positions) -> bool:
-        """Whether a run with this buffer, after its first token, can wait for the batch."""
+    def takes(self, lm: LoadedModel, buf: KVBuffer, tokens: list[int], sampling: Sampling) -> bool:
+        """Whether a run with this buffer, after its first token, can wait for the batch (a model that tracks
+        key positions, the only one given ``key_positions``, never can)."""
         level = all(n == buf.lengths[0] for n in buf.lengths)
-        return (lm is self.lm and lm.attention == "pml" and key_positions is None and not needs_positions(lm.model)
-                and level and len(tokens) < sampling.max_new_tokens and tokens[-1] not in set(lm.eos_ids))
+        return (lm is self.lm and lm.attention == "pml" and not needs_positions(lm.model) and level and len(tokens) < sampling.max_new_tokens and tokens[-1] not in set(lm.eos_ids))
 
     def decode(self) -> None:
         """Decode every waiting run (one batch when there are several); :meth:`finish` then gives each run."""

@@ -15,7 +15,9 @@ stepping every arm in one forward costs little more than one arm (engine/arms/ru
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
+
+from engine.kv.buffer import PreallocatedLayer
 
 
 class BatchedKV:
@@ -53,19 +55,10 @@ class BatchedKV:
         return BatchedCache(self)
 
 
-class _BatchedLayer(CacheLayerMixin):
-    is_sliding = False
-    is_compileable = False
-
+class _BatchedLayer(PreallocatedLayer):
     def __init__(self, batch: BatchedKV, index: int):
-        super().__init__()
+        super().__init__(batch.data, index)
         self.batch = batch
-        self.k, self.v = batch.data[index, 0], batch.data[index, 1]  # [rows, kv_heads, capacity, head_dim]
-        self.dtype, self.device = batch.data.dtype, batch.data.device
-        self.is_initialized = True
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        return None
 
     def update(self, key_states, value_states, *args, **kwargs):
         if key_states.shape[-2] != 1:

@@ -117,22 +117,29 @@ class KVWorkspace:
         return 0 if self.data is None else self.data.numel() * self.data.element_size()
 
 
-class _BufferedLayer(CacheLayerMixin):
+class PreallocatedLayer(CacheLayerMixin):
+    """A transformers cache layer over layer ``index`` of a preallocated ``[layers, 2, rows, kv_heads, capacity,
+    head_dim]`` tensor (``k``, ``v``: its rows), written in place: the part every engine cache shares."""
+
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, buffer: KVBuffer, index: int):
+    def __init__(self, data: torch.Tensor, index: int):
         super().__init__()
-        self.buffer = buffer
-        self.k = buffer.data[index, 0]  # [1, kv_heads, capacity, head_dim]
-        self.v = buffer.data[index, 1]
-        self.length = buffer.lengths[index]
-        self.dtype, self.device = buffer.data.dtype, buffer.data.device
+        self.k, self.v = data[index, 0], data[index, 1]  # [rows, kv_heads, capacity, head_dim]
+        self.dtype, self.device = data.dtype, data.device
         self.is_initialized = True
-        self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
 
-    def lazy_initialization(self, key_states, value_states) -> None:  # buffer exists already
+    def lazy_initialization(self, key_states, value_states) -> None:  # the tensor exists already
         return None
+
+
+class _BufferedLayer(PreallocatedLayer):
+    def __init__(self, buffer: KVBuffer, index: int):
+        super().__init__(buffer.data, index)
+        self.buffer = buffer
+        self.length = buffer.lengths[index]
+        self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def update(self, key_states, value_states, *args, **kwargs):
         n = key_states.shape[-2]
