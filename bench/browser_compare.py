@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -37,15 +36,9 @@ from common import ROOT, emit, machine, spread, table
 
 sys.path.insert(0, str(ROOT))
 from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS  # noqa: E402
-from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT  # noqa: E402
+from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, free_port  # noqa: E402
 
 SAMPLE = "travel"  # the sample the studio opens on
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def logged_runs(db: Path) -> list[dict]:

@@ -186,7 +186,7 @@ def nth_summary(rows: list[dict], names: list[str], n: int) -> dict:
     """Per arm or peer: mean / min / median / max ms to the n-th token over the prompts."""
     out = {}
     for name in names:
-        xs = [to_nth(r[name], n) for r in rows if name in r and to_nth(r[name], n) is not None]
+        xs = [x for x in (to_nth(r[name], n) for r in rows if name in r) if x is not None]
         if xs:
             out[name] = {"mean_ms": round(statistics.mean(xs), 1), **spread(xs, digits=1, every=False)}
     return out

@@ -9,6 +9,8 @@ import tempfile
 
 import pytest
 
+from tools.screenshot import free_port  # noqa: F401  (tests import it from here: one helper for tests, bench, tools)
+
 # Persisted module files go to a throw-away folder (subprocesses inherit it), never the user's cache;
 # it is removed when the session ends (unless the caller chose the folder).
 _OWN_MODULES = None if "PML_STUDIO_MODULES" in os.environ else tempfile.mkdtemp(prefix="pml-test-modules-")
@@ -140,12 +142,4 @@ def real_stock():
     return AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()
 
-
-def free_port() -> int:
-    """A loopback port nobody listens on (for a studio served by a test)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 

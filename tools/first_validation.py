@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,15 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.screenshot import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> float:

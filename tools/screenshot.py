@@ -24,6 +24,13 @@ SAMPLE = "doc_qa"
 VIEWPORT = {"width": 1400, "height": 1000}
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on (for a studio served by a test, a benchmark or this script)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def compare_and_screenshot(url: str, out: str | Path, sample: str = SAMPLE, max_new_tokens: int = 4) -> dict:
     """Load ``url``, pick ``sample``, encode it, compare, and save a full-page screenshot of the Compare tab.
 
@@ -75,9 +82,7 @@ def serve_and_screenshot(out: str | Path, sample: str = SAMPLE) -> dict:
     from engine.session import Engine
     from studio.app import build_app, launch_options
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="pml-screenshot-") as tmp:
         engine = Engine(persist=False)
         engine.lm

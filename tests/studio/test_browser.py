@@ -7,11 +7,10 @@ steps) refreshes the README's assets/screenshot.png.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
-from tools.screenshot import CHROMIUM, README_SCREENSHOT, compare_and_screenshot
+from tools.screenshot import CHROMIUM, README_SCREENSHOT, compare_and_screenshot, free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
@@ -22,9 +21,7 @@ def served(real_engine, tmp_path):
     from engine.runlog import RunLog
     from studio.app import build_app, launch_options
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     demo = build_app(real_engine, RunLog(tmp_path / "runs.db"))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
     yield demo, f"http://127.0.0.1:{port}/"
