@@ -30,6 +30,12 @@ import torch.nn.functional as F
 from engine.errors import ModelError
 from engine.model import WEIGHTS
 INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
+# From this many tokens in one call (a prefill) a packed layer dequantizes its weight and runs fp32's GEMM: the
+# packed kernels are built for matrix-vector products and lose to it on long inputs. Measured on the 0.5B
+# model's 9728x896 gate+up matrix, 2 threads: fp32 / int8 kernel / int4 kernel 21 / 39 / 35 ms at 200 tokens,
+# 177 / 430 / 315 ms at 2,000; dequantizing it costs 15 ms (int8) and 25 ms (int4). So the break-even is
+# ~200 tokens for int8 and ~350 for int4 (bench/decode.py's TTFT column shows the effect).
+DENSE_FROM = {"int8": 256, "int4": 512}
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under int4 (see the module docstring)
 
 
@@ -40,6 +46,7 @@ class PackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, kind: str):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, linear.in_features, linear.out_features
+        self.nibbles: torch.Tensor | None = None  # int4 values outside the kernel's tiles (_pack_int4)
         w = linear.weight.detach().float()  # [out, in]
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(),
                                                                         requires_grad=False)
@@ -61,12 +68,32 @@ class PackedLinear(torch.nn.Module):
         scale = ((high - low) / 15).clamp(min=1e-12)
         q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(out, inp)
         self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
+        # dequantizing reads the kernel's tiles (_int4_values); where they are not laid out as that expects, the
+        # values are kept again, two per byte in rows (never for the 0.5B model: every int4 matrix is 64-row tiled)
+        tiled = out % 64 == 0 and torch.equal(_int4_values(self.qweight, out, inp), q)
+        self.nibbles = None if tiled else (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
         # the kernel dequantizes (q - 8) * scale + zero: zero = low + 8 * scale; [groups, out, 2]
         sz = torch.stack([scale.squeeze(-1), (low + 8 * scale).squeeze(-1)], -1).transpose(0, 1)
         self.register_buffer("scales_zeros", sz.contiguous().to(torch.bfloat16))
 
+    def dense(self) -> torch.Tensor:
+        """The weight as the kernel sees it, dequantized to fp32: [out, in]."""
+        if self.kind == "int8":
+            return self.qweight.float().mul_(self.scales.float()[:, None])
+        if self.kind == "int4":
+            out, inp = self.out_features, self.in_features
+            q = (_int4_values(self.qweight, out, inp) if self.nibbles is None
+                 else torch.stack([self.nibbles & 15, self.nibbles >> 4], -1)).reshape(out, inp // INT4_GROUP, INT4_GROUP)
+            sz = self.scales_zeros.float().transpose(0, 1)  # [out, groups, 2]
+            return q.float().sub_(8).mul_(sz[..., :1]).add_(sz[..., 1:]).reshape(out, inp)
+        return self.weight_bf16.float()
+
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        """``x2 @ W.T`` for bf16 ``x2`` ([tokens, in]), without the bias; bf16 out."""
+        """``x2 @ W.T`` for ``x2`` [tokens, in], without the bias: the packed kernel (bf16 in and out), or from
+        :data:`DENSE_FROM` tokens on, fp32's GEMM over the dequantized weight (fp32 out)."""
+        if x2.shape[0] >= DENSE_FROM.get(self.kind, 1 << 62) and x2.device.type == "cpu":
+            return F.linear(x2.float(), self.dense())
+        x2 = x2.to(torch.bfloat16)
         if self.kind == "int8":
             return torch._weight_int8pack_mm(x2, self.qweight, self.scales)
         if self.kind == "int4":
@@ -75,16 +102,25 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        y = self.matmul(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(dtype)
+        y = self.matmul(x.reshape(-1, self.in_features)).to(dtype)
         if self.bias is not None:
             y = y + self.bias.to(dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers())
+        extra = () if self.nibbles is None else (self.nibbles,)
+        return sum(b.numel() * b.element_size() for b in (*self.buffers(), *extra))
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, weights={self.kind}"
+
+
+def _int4_values(packed: torch.Tensor, out: int, inp: int) -> torch.Tensor:
+    """The 4-bit values (0..15, uint8 [out, in]) of torch's CPU int4 packing (``_convert_weight_to_int4pack_for_cpu``
+    with one inner tile) for ``out`` a multiple of 64: tiles of 64 output rows, each stored as [in, 32] bytes
+    whose low nibble is row r and high nibble row r + 32 (checked against the values at every packing)."""
+    tiles = packed.reshape(out // 64, inp, 32)
+    return torch.cat([tiles & 15, tiles >> 4], -1).transpose(1, 2).reshape(out, inp)
 
 
 class PackedMLP(torch.nn.Module):
@@ -116,7 +152,7 @@ class PackedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        gu = self.gate_up.matmul(x.reshape(-1, self.gate_up.in_features).to(torch.bfloat16)).float()
+        gu = self.gate_up.matmul(x.reshape(-1, self.gate_up.in_features)).float()
         if self.gate_up.bias is not None:
             gu = gu + self.gate_up.bias.float()
         gate, up = gu.split(self.inter, -1)

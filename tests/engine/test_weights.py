@@ -18,7 +18,7 @@ TOLERANCE = {"bf16": 0.01, "int8": 0.02, "int4": 0.15}
 @pytest.mark.parametrize("kind", ["bf16", "int8", "int4"])
 def test_a_packed_layer_computes_the_float_layer(kind):
     torch.manual_seed(0)
-    linear = torch.nn.Linear(4 * INT4_GROUP, 96, bias=True)
+    linear = torch.nn.Linear(4 * INT4_GROUP, 128, bias=True)  # 128 rows: int4 keeps only the kernel's tiles
     x = torch.randn(3, 5, 4 * INT4_GROUP)
     packed = PackedLinear(linear, kind)
     want = F.linear(x, linear.weight, linear.bias)
@@ -26,7 +26,7 @@ def test_a_packed_layer_computes_the_float_layer(kind):
     assert got.dtype == x.dtype and got.shape == want.shape
     assert float((got - want).norm() / want.norm()) < TOLERANCE[kind]
     fp32_bytes = linear.weight.numel() * 4
-    assert packed.nbytes() < fp32_bytes * {"bf16": 0.51, "int8": 0.27, "int4": 0.2}[kind] + 4 * 96 * 8
+    assert packed.nbytes() < fp32_bytes * {"bf16": 0.51, "int8": 0.27, "int4": 0.2}[kind] + 4 * 128 * 8
 
 
 def test_int4_dequantizes_exactly_what_it_packed():
@@ -118,3 +118,24 @@ def test_the_weights_setting_reaches_the_run_and_its_json():
     doc = Engine.from_loaded(lm8).compare((SAMPLES / "travel.xml").read_text(),
                                           (SAMPLES / "travel.prompt.xml").read_text(), Sampling(2)).to_json()
     assert doc["weights"] == "int8"
+
+
+@pytest.mark.parametrize("kind,out", [("int8", 96), ("int4", 128), ("int4", 80)])
+def test_a_long_input_takes_the_dequantized_weight_and_gets_the_kernels_result(kind, out, monkeypatch):
+    """From DENSE_FROM tokens on, a packed layer multiplies by its dequantized weight in fp32: the same weight the
+    kernel reads (80 rows: int4 values kept apart from the kernel's 64-row tiles), so both paths agree to bf16's
+    rounding, and both are within the precision's tolerance of the float layer."""
+    from engine.model import weights
+
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(4 * INT4_GROUP, out, bias=True)
+    packed = PackedLinear(linear, kind)
+    assert (packed.nibbles is None) == (kind == "int8" or out % 64 == 0)
+    x = torch.randn(40, 4 * INT4_GROUP)
+    monkeypatch.setitem(weights.DENSE_FROM, kind, 1 << 30)
+    kernel = packed(x)
+    monkeypatch.setitem(weights.DENSE_FROM, kind, 40)
+    dense = packed(x)
+    want = F.linear(x, linear.weight, linear.bias)
+    assert float((dense - kernel).norm() / kernel.norm()) < 0.01
+    assert float((dense - want).norm() / want.norm()) < TOLERANCE[kind]
