@@ -120,7 +120,11 @@ def test_arm_columns_follow_the_arms_that_ran():
     assert "KV copy" not in views.metrics_html(c, "baseline") and "KV copy" in views.metrics_html(c, "cached")
     two = {**data, "arms": ["baseline", "cached"], "prefix": None}
     assert "appear here after a run" in views.metrics_html(doc(two), "prefix")
-    assert [v.arm for v in views.arm_views()] == ["baseline", "prefix", "cached", "blend"]
+    from engine.arms.registry import arm_names
+
+    # one column per registered arm, in column order (an arm added as one file gets its column too)
+    assert [v.arm for v in views.arm_views()] == list(arm_names())
+    assert list(arm_names())[:4] == ["baseline", "prefix", "cached", "blend"]
 
 
 def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatch):
@@ -150,7 +154,9 @@ def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatc
     monkeypatch.setattr(cmp, "compare_stream", fake_stream)
     streaming, done = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
     columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(views.arm_views()))]  # (column, text, metrics) per arm
-    assert [c[0].visible for c in columns] == [True, True, True, False]  # no blend arm in this run
+    # the arms that ran have a column; the others (blend, and any arm registered after it) are hidden
+    assert [c[0].visible for c in columns] == [v.arm in data["arms"] for v in views.arm_views()]
+    assert [c[0].visible for c in columns][:4] == [True, True, True, False]
     assert "caret" in streaming[1 + 3 * 1 + 1] and "caret" not in streaming[1 + 1]  # the prefix arm is generating
     marks = cmp.divergence_offsets(studio, comparison)
     k = next(i for i, (x, y) in enumerate(zip(ids["baseline"], ids["cached"])) if x != y)
