@@ -1,0 +1,272 @@
+"""Question-routed reuse (``routed``, issue 27): the question picks the modules it reads.
+
+Modules encoded apart never saw each other. When several hold same-template facts about different
+subjects, the question's attention spreads over all of them and the modular arm answers from the wrong
+one (8 confusable modules on Qwen2.5-Coder-0.5B: baseline 88 %, modular 33 %). Recomputing tokens
+(blend) did not fix it; selecting *what the query reads* does in the literature (selective attention to
+the top contexts, arXiv 2412.16545; CacheFocus, arXiv 2502.11101). A routed run (:func:`run_routed`):
+
+1. **Buffer** — every imported module's stored KV, as the modular arm assembles it.
+2. **Scout** — the uncached tokens prefilled over it through the first ``max(SCOUT_LAYERS) + 1`` decoder
+   layers only; at each layer of :data:`SCOUT_LAYERS` the attention they pay every cached key is summed
+   over heads and queries, and per top-level module (:func:`scout`).
+3. **Route** — the modules that carry that mass stay visible: the ``k`` largest (``route_k`` > 0) or the
+   smallest set holding a share ``p`` of the modules' total (``route_share``; :func:`choose`). The
+   others leave the buffer. System text, scaffolds, arguments and new text are never routed out.
+4. **Prefill and decode** — the buffer rebuilt with the kept modules, the uncached tokens prefilled over
+   it, then decoding, as the modular arm does. A module left out is therefore invisible to the rest of
+   the prefill and to every decoded token.
+
+TTFT, measured by :func:`engine.arms.runner.timed_run` like every arm's, includes the scout, the routing,
+both copies and both prefills (``copy_ms`` holds everything before the second prefill). With every module
+kept the buffer and the prefill are the modular arm's, so the run is the modular run bit for bit.
+
+The settings are named in one place: :data:`SCOUT_LAYERS`, and :class:`RoutedSettings` (the CLI's
+``--route-k`` / ``--route-share``, the studio's controls), with the defaults chosen on bench/fidelity.py's
+confusable set.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
+                                  register, setting)
+from engine.arms.runner import Fill, check_recompute, timed_run
+from engine.cache.encode import EncodedSchema
+from engine.cache.store import ModuleStore
+from engine.errors import EngineError
+from engine.kv import KVBuffer, LayeredKV
+from engine.limits import Limit
+from engine.model.attend import attention_weights, scoring
+from engine.model.load import LoadedModel
+from engine.schema.layout import ANONYMOUS
+from engine.schema.plan import CACHED, PromptPlan
+
+# Decoder layers whose attention the scout sums (negative: from the end). Chosen on the confusable set,
+# bench/fidelity.py --scout: the share of prompts whose asked module carries the most mass, per layer.
+SCOUT_LAYERS = (4, 5, 6, 7)
+DEFAULT_K = 1  # modules kept by default (0: by share instead)
+DEFAULT_SHARE = 0.5  # the share of the modules' attention mass kept when route_k is 0
+
+
+@dataclass(frozen=True)
+class RoutedSettings(ArmSettings):
+    """The routed arm's settings (their one default each is here)."""
+
+    k: int = setting(DEFAULT_K, "route_k", "Routed: modules kept (top k)",
+                     "keep the k modules the question attends to most (0: keep by share instead)",
+                     limit=Limit("route_k", 0, 256, whole=True, example="2"), metavar="K")
+    share: float = setting(DEFAULT_SHARE, "route_share", "Routed: attention share kept (p, when k is 0)",
+                           "with route-k 0, keep the fewest modules that hold this share of the question's attention "
+                           "to modules", limit=Limit("route_share", 0.0, 1.0, open_lo=True,
+                                                     meaning="a share above 0 and at most 1", example="0.5"),
+                           step=0.05, metavar="P")
+
+    def check_with(self, config) -> None:
+        if config.compression.at_run:
+            raise EngineError("routing and question-aware retention cannot be combined yet (retention marks the "
+                              "tokens of a buffer routing rebuilds); leave routed out of the arms or pick another "
+                              "compression")
+
+
+@dataclass(frozen=True)
+class Scouted:
+    """What the scout saw: per scout layer, the attention mass the uncached tokens paid each module."""
+
+    modules: tuple[str, ...]  # routable (top-level) modules, in prompt order
+    layers: tuple[int, ...]
+    mass: torch.Tensor  # [len(layers), len(modules)] summed over heads and queries
+    others: torch.Tensor  # [len(layers)] mass on cached tokens that are never routed (system text, scaffolds)
+
+    def shares(self) -> dict[str, float]:
+        """Each module's share of the modules' mass, over the scout layers (sums to 1)."""
+        total = self.mass.sum(0)
+        total = total / total.sum().clamp(min=1e-30)
+        return {m: float(s) for m, s in zip(self.modules, total)}
+
+
+@dataclass(frozen=True)
+class RoutedInfo:
+    """How one routed run chose what to read."""
+
+    k: int
+    share: float
+    kept: tuple[str, ...]  # modules left visible, in prompt order
+    attention: dict[str, float] = field(default_factory=dict)  # module -> share of the question's attention
+    layers: tuple[int, ...] = ()
+    scout_ms: float = 0.0  # scout + routing (inside TTFT)
+
+    def to_json(self) -> dict:
+        return {"route_k": self.k, "route_share": self.share, "route_kept": list(self.kept),
+                "route_attention": {m: round(s, 4) for m, s in self.attention.items()},
+                "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3)}
+
+    def chips(self) -> list[str]:
+        """Short facts the studio shows under the arm's column."""
+        kept = ", ".join(f"{m} {self.attention.get(m, 0) * 100:.0f} %" for m in self.kept) or "no module"
+        return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms"]
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RoutedInfo":
+        return cls(k=data.get("route_k", DEFAULT_K), share=data.get("route_share", DEFAULT_SHARE),
+                   kept=tuple(data.get("route_kept") or ()), attention=dict(data.get("route_attention") or {}),
+                   layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+def routed_arm(ctx: ArmContext) -> ArmResult:
+    s = ctx.settings_of("routed")
+    run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k, share=s.share)
+    return ArmResult(Arm("routed"), run, detail=info)
+
+
+def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
+               share: float = DEFAULT_SHARE, layers: tuple[int, ...] = SCOUT_LAYERS,
+               keep: set[str] | None = None) -> tuple[RunResult, RoutedInfo]:
+    """The modular run reading only the modules the question routes to (module docstring).
+
+    ``keep`` forces the kept modules instead of scouting (the oracle of bench/fidelity.py); ``layers`` are the
+    scout's. Returns the run (arm ``"routed"``) and how it chose.
+    """
+    check_recompute(lm, "routing", "leave routed out of the arms")
+    ranges = _ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
+    units = [u for _, _, _, u in ranges]
+    modules = tuple(dict.fromkeys(u for u in units if u is not None))
+    ids, pos = plan.uncached()
+    layers = tuple(sorted({x % lm.n_layers for x in layers}))
+    chose: dict = {}
+
+    def fill(buf: KVBuffer) -> Fill:
+        t0 = time.perf_counter()
+        for entry, a, b, _ in ranges:
+            entry.write_into(buf, a, b)
+        if keep is None and modules:
+            seen = scout(lm, buf, ranges, ids, pos, layers)
+            kept = choose(seen, k, share)
+            chose.update(attention=seen.shares())
+        else:
+            kept = tuple(m for m in modules if keep is None or m in keep)
+        chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000)
+        buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
+        for entry, a, b, unit in ranges:
+            if unit is None or unit in kept:
+                entry.write_into(buf, a, b)
+        return Fill(ids, pos, [e for e, *_ in ranges],
+                    reused_tokens=sum(b - a for _, a, b, u in ranges if u is None or u in kept))
+
+    run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
+                       on_token)
+    info = RoutedInfo(k=k, share=share, kept=chose["kept"], attention=chose.get("attention", {}),
+                      layers=layers if keep is None else (), scout_ms=chose["ms"])
+    return run, info
+
+
+def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: list[int],
+          layers: tuple[int, ...]) -> Scouted:
+    """Prefill ``ids`` over ``buf`` (filled with ``ranges``, in order) through layers ``0..max(layers)`` and sum,
+    at each of ``layers``, the attention they pay each module's cached keys (over heads and queries)."""
+    modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
+    index = {m: i for i, m in enumerate(modules)}
+    owner = {layer: _owners(ranges, layer, index) for layer in layers}  # buffer slot -> module index (-1: never routed)
+    mass = torch.zeros(len(layers), len(modules))
+    others = torch.zeros(len(layers))
+
+    class Sum:
+        def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+            if layer not in owner:
+                return
+            att = attention_weights(query, key, scaling)  # [kv_heads, group, queries, keys]
+            cached = owner[layer]
+            per_key = att.sum(dim=(0, 1, 2))[: cached.shape[0]].cpu()
+            row = layers.index(layer)
+            routable = cached >= 0
+            mass[row].index_add_(0, cached[routable], per_key[routable].float())
+            others[row] = per_key[~routable].sum()
+
+    decoder = _decoder_layers(lm.model)
+    handle = decoder[max(layers)].register_forward_hook(_stop)
+    try:
+        with torch.inference_mode(), scoring(Sum()):
+            lm.model(input_ids=torch.tensor([list(ids)], device=lm.device),
+                     position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
+                     use_cache=True, logits_to_keep=1)
+    except _Enough:
+        pass
+    finally:
+        handle.remove()
+    return Scouted(modules, layers, mass, others)
+
+
+def choose(seen: Scouted, k: int, share: float) -> tuple[str, ...]:
+    """The modules kept, in prompt order: the ``k`` with the most mass (``k`` > 0), else the fewest holding
+    ``share`` of the modules' mass. Ties keep the earlier module."""
+    weight = seen.mass.sum(0)
+    order = torch.sort(weight, descending=True, stable=True).indices.tolist()
+    if k > 0:
+        take = order[:k]
+    else:
+        total, acc, take = float(weight.sum()), 0.0, []
+        for i in order:
+            if take and acc >= share * total:
+                break
+            take.append(i)
+            acc += float(weight[i])
+    return tuple(m for i, m in enumerate(seen.modules) if i in set(take))
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal helpers
+# ----------------------------------------------------------------------------------------------
+
+def _ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
+    """(entry, first token, end token, module or None) per cached segment, in prompt order; None marks what is
+    never routed out (the anonymous text, scaffolds)."""
+    out = []
+    for s in plan.segments:
+        if s.kind != CACHED:
+            continue
+        key, off = encoded.locate(s.piece, s.scaffold)
+        unit = None if s.scaffold or s.owner == ANONYMOUS else plan.layout.modules[s.owner].top
+        out.append((store.get(key), off + s.offset, off + s.offset + len(s), unit))
+    return out
+
+
+def _owners(ranges: list, layer: int, index: dict[str, int]) -> torch.Tensor:
+    """For each buffer slot of ``layer`` after the ranges are written, its module's index (-1: never routed)."""
+    parts = []
+    for entry, a, b, unit in ranges:
+        n = b - a
+        if isinstance(entry, LayeredKV):  # compressed: this layer holds only the kept tokens
+            kept = entry.kept[layer]
+            n = int(((kept >= a) & (kept < b)).sum())
+        parts.append(torch.full((n,), -1 if unit is None else index[unit], dtype=torch.long))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+class _Enough(Exception):
+    """Raised after the scout's last layer to end its forward."""
+
+
+def _stop(module, args, output):
+    raise _Enough
+
+
+def _decoder_layers(model) -> torch.nn.ModuleList:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise EngineError(f"routing needs the decoder layers at `model.model.layers`, which "
+                          f"'{model.config.model_type}' models do not have; leave routed out of the arms")
+    return layers
+
+
+register(ArmSpec("routed", routed_arm, title="Routed", subtitle="module KV reused, only the modules the question reads",
+                 color="#0f766e", order=40, reads=Reads.MODULES, settings=RoutedSettings, detail=RoutedInfo,
+                 progress="Routed: scouting the question's attention, then reading the modules it picked…"))

@@ -1,0 +1,166 @@
+"""The routed arm (issue 27: the question picks the modules it reads) on tiny random-weight models (seconds).
+
+The exactness end: every module kept is the modular run bit for bit. Otherwise what the scout measures and
+what a routed run computes are checked against stock transformers (eager attention weights, a DynamicCache
+holding only the kept modules), never against the engine's own numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import transformers as T
+from test_repair import TURNS
+from test_repair import TURNS_PROMPT as PROMPT  # system text, then modules d1, d2, d3 in two user turns
+from transformers.cache_utils import DynamicCache
+
+from engine.arms.modular import run_cached
+from engine.arms.registry import REGISTRY, Sampling
+from engine.arms.routed import RoutedInfo, RoutedSettings, Scouted, choose, run_routed
+from engine.config import Compression, RunConfig
+from engine.errors import EngineError
+from engine.model.load import wrap_model
+from engine.schema.layout import ANONYMOUS
+from engine.schema.plan import CACHED
+from engine.session import Engine
+
+
+class Tiny:
+    """A 4-layer random Qwen2: the engine around one copy, stock transformers (eager attention) on another."""
+
+    def __init__(self, tokenizer, mode: str = "prefixed"):
+        torch.manual_seed(0)
+        cfg = T.Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+        self.stock = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+        model = copy.deepcopy(self.stock)
+        model.set_attn_implementation("sdpa")
+        self.lm = wrap_model(model, tokenizer, "tiny-qwen2", fingerprint="routed-qwen2")
+        self.eng = Engine.from_loaded(self.lm)
+        self.lay = self.eng.layout(TURNS)
+        self.plan = self.eng.plan(self.lay, PROMPT, max_new_tokens=4)
+        self.enc = self.eng.encode(self.lay, self.eng.config.with_(mode=mode)).encoded
+        self.store = self.eng.store()
+
+    def cached_parts(self, keep=None) -> tuple[torch.Tensor, list]:
+        """The stored KV of the cached segments in prompt order, those of modules outside ``keep`` left out
+        (keep None: all), as [layers, 2, kv_heads, tokens, head_dim], and each token's owner."""
+        parts, owners = [], []
+        for s in self.plan.segments:
+            if s.kind != CACHED:
+                continue
+            owner = None if s.owner == ANONYMOUS else self.lay.modules[s.owner].top
+            if keep is not None and owner is not None and owner not in keep:
+                continue
+            key, off = self.enc.locate(s.piece, s.scaffold)
+            parts.append(self.store.get(key).kv[:, :, :, off + s.offset: off + s.offset + len(s)])
+            owners += [owner] * len(s)
+        return torch.cat(parts, dim=3), owners
+
+    def stock_prefill(self, keep=None, attentions: bool = False):
+        kv, _ = self.cached_parts(keep)
+        cache = DynamicCache(ddp_cache_data=[(kv[i, 0][None], kv[i, 1][None]) for i in range(kv.shape[0])])
+        ids, pos = self.plan.uncached()
+        with torch.inference_mode():
+            return self.stock(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), past_key_values=cache,
+                              use_cache=True, output_attentions=attentions)
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer_bundle):
+    return Tiny(tokenizer_bundle[1])
+
+
+def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
+    cached = run_cached(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4))
+    routed, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=3)
+    assert info.kept == ("d1", "d2", "d3") and sum(info.attention.values()) == pytest.approx(1.0)
+    assert torch.equal(routed.first_logits, cached.first_logits) and routed.token_ids == cached.token_ids
+    assert routed.reused_tokens == cached.reused_tokens == tiny.plan.cached_tokens
+    # share 1: the fewest modules holding all the mass are all of them
+    again, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=0, share=1.0)
+    assert torch.equal(again.first_logits, cached.first_logits)
+
+
+def test_the_scout_measures_the_questions_attention_per_module_as_eager_attention_does(tiny):
+    layers = (1, 2)
+    _, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(2), k=1, layers=layers)
+    out = tiny.stock_prefill(attentions=True)
+    _, owners = tiny.cached_parts()
+    mass = {m: 0.0 for m in ("d1", "d2", "d3")}
+    for layer in layers:
+        per_key = out.attentions[layer][0].sum(dim=(0, 1))  # over heads and queries: [keys]
+        for i, owner in enumerate(owners):
+            if owner is not None:
+                mass[owner] += float(per_key[i])
+    total = sum(mass.values())
+    assert info.layers == layers
+    for m, share in info.attention.items():
+        assert share == pytest.approx(mass[m] / total, abs=1e-5)
+    assert info.kept == (max(mass, key=mass.get),)
+
+
+@pytest.mark.parametrize("keep", [{"d2"}, {"d1", "d3"}, set()])
+def test_a_routed_out_module_is_invisible_to_the_prefill_and_the_decode(tiny, keep):
+    """Routing to ``keep`` gives what stock transformers gives over a cache holding only the system text and
+    the kept modules: the first token's logits, and every greedy token after it."""
+    run, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), keep=keep)
+    assert set(info.kept) == keep and info.attention == {}
+    out = tiny.stock_prefill(keep)
+    torch.testing.assert_close(run.first_logits, out.logits[0, -1].float(), atol=1e-5, rtol=1e-5)
+    tokens, cache, nxt = [int(out.logits[0, -1].argmax())], out.past_key_values, tiny.plan.max_position + 1
+    with torch.inference_mode():
+        while len(tokens) < 4:
+            step = tiny.stock(input_ids=torch.tensor([[tokens[-1]]]), position_ids=torch.tensor([[nxt]]),
+                              past_key_values=cache, use_cache=True)
+            tokens.append(int(step.logits[0, -1].argmax()))
+            nxt += 1
+    assert list(run.token_ids) == tokens[: len(run.token_ids)]
+    kept_tokens = tiny.cached_parts(keep)[0].shape[3]
+    assert run.reused_tokens == kept_tokens < tiny.plan.cached_tokens
+
+
+def _scouted(weights) -> Scouted:
+    mass = torch.tensor([weights], dtype=torch.float32)
+    return Scouted(tuple(f"m{i}" for i in range(len(weights))), (0,), mass, torch.zeros(1))
+
+
+def test_choose_keeps_the_top_k_or_the_fewest_modules_holding_the_share():
+    seen = _scouted([0.1, 0.5, 0.15, 0.25])
+    assert choose(seen, 1, 0.5) == ("m1",)
+    assert choose(seen, 2, 0.5) == ("m1", "m3")  # prompt order, not rank order
+    assert choose(seen, 9, 0.5) == ("m0", "m1", "m2", "m3")
+    assert choose(seen, 0, 0.5) == ("m1",)  # 0.5 holds the share already
+    assert choose(seen, 0, 0.6) == ("m1", "m3")
+    assert choose(seen, 0, 0.76) == ("m1", "m2", "m3")
+    assert choose(_scouted([0.3, 0.3, 0.4]), 2, 0.5) == ("m0", "m2")  # a tie keeps the earlier module
+
+
+def test_settings_are_checked_where_made_and_refuse_question_retention(tiny):
+    with pytest.raises(EngineError, match="route_k"):
+        RoutedSettings(k=-1)
+    with pytest.raises(EngineError, match="route_share"):
+        RoutedSettings(share=0.0)
+    with pytest.raises(EngineError, match="routing and question-aware retention"):
+        RunConfig(arms=("cached", "routed"), compression=Compression(0.5, "question"))
+    assert RunConfig(arms=("cached", "routed"), compression=Compression(0.5, "pyramid")).arms[-1] == "routed"
+
+
+def test_the_routed_arm_runs_in_a_comparison_and_its_choice_survives_the_json(tiny):
+    assert "routed" in REGISTRY and REGISTRY["routed"].detail is RoutedInfo
+    schema, prompt = TURNS, PROMPT
+    c = tiny.eng.compare(schema, prompt, Sampling(3),
+                         config=tiny.eng.config.with_(arms=("baseline", "cached", "routed"), route_k=2))
+    doc = json.loads(json.dumps(c.to_json()))
+    assert doc["arms"] == ["baseline", "cached", "routed"]
+    routed = doc["routed"]
+    assert routed["route_k"] == 2 and len(routed["route_kept"]) == 2
+    assert set(routed["route_attention"]) == {"d1", "d2", "d3"} and routed["scout_ms"] > 0
+    assert routed["ttft_ms"] >= routed["scout_ms"]
+    from engine.arms.compare import Comparison
+
+    back = Comparison.from_json(doc).arm("routed").detail
+    assert back.kept == tuple(routed["route_kept"]) and back.chips()[0].startswith("read ")
