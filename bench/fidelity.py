@@ -49,7 +49,9 @@ from common import ROOT, doc_schema, emit, essay_chunks, has_roles, machine, res
 from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
                              wilson)  # imports some of them from here)
 from bench import needles
-from engine.arms.blend import run_blend
+from engine.arms.blend import cached_ranks, run_blend
+from engine.arms.routed import run_routed
+from engine.arms.runner import run_recomputed
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline
@@ -67,21 +69,30 @@ QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+r
 
 
 def parse_arm(name: str) -> dict:
-    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule, check}; 'prefixed+blend 15
+    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule, check, ...}; 'prefixed+blend 15
     link' = 15 % of the cached tokens recomputed, chosen by the blend rule 'link' (default: deviation);
     '+check 6' = the blend selection pass checks deviation at layer 6 (default 1, CacheBlend's);
+    '+route K' = the routed arm keeping the top K modules, '+share P' keeping those holding P % of the question's
+    attention (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
+    visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
-    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1}
+    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
+            "route": None, "share": None, "layers": None, "oracle": None}
     for p in parts:
-        m = re.fullmatch(r"(sink|repair|check) (\d+)", p)
+        m = re.fullmatch(r"(sink|repair|check|route|share) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
+        lay = re.fullmatch(r"layers (\d+)-(\d+)", p)
         if m:
             spec[m.group(1)] = int(m.group(2))
         elif b:
             spec["blend"], spec["rule"] = int(b.group(1)), b.group(2) or "deviation"
+        elif lay:
+            spec["layers"] = tuple(range(int(lay.group(1)), int(lay.group(2)) + 1))
+        elif p in ("oracle", "oracle recompute"):
+            spec["oracle"] = p
         elif p == "first kept":
             spec["first"] = False
         else:
@@ -131,11 +142,22 @@ def make_cases(chunks: list[str], n_modules: list[int], per_setting: int, depths
 class Runner:
     """Runs named arms on one plan; encodings are made once per (mode, sink) and freed per prompt."""
 
-    def __init__(self, eng: Engine, lay, plan, sampling: Sampling):
+    def __init__(self, eng: Engine, lay, plan, sampling: Sampling, targets: tuple[int, ...] = ()):
         self.eng, self.lay, self.plan, self.sampling = eng, lay, plan, sampling
         self.store = eng.store()
         self.encoded: dict = {}
         self.blend_ms: dict[str, float] = {}  # blend arm -> its last selection time (inside its TTFT)
+        self.targets = targets  # the modules holding the asked facts (doc indices): the oracles keep them
+        self.routed: dict[str, dict] = {}  # routed arm -> what it kept
+
+    def _owner(self, rank: int) -> str:
+        """The top-level module the prompt token of ``rank`` belongs to ('' for the anonymous text)."""
+        start = 0
+        for s in self.plan.segments:
+            if rank < start + len(s):
+                return self.lay.modules[s.owner].top if s.owner in self.lay.modules else ""
+            start += len(s)
+        return ""
 
     def encoded_for(self, mode: str, sink: int):
         if (mode, sink) not in self.encoded:
@@ -147,6 +169,21 @@ class Runner:
         if spec.get("special") == "baseline":
             return run_baseline(self.eng.lm, self.plan, sampling)
         enc = self.encoded_for(spec["mode"], spec["sink"])
+        targets = {f"doc{j}" for j in self.targets}
+        if spec["oracle"] == "oracle":
+            return run_routed(self.eng.lm, self.plan, enc, self.store, sampling, keep=targets)[0]
+        if spec["oracle"] == "oracle recompute":
+            redo = [r for r in cached_ranks(self.plan) if self._owner(r) in targets]
+            positions = [p for s in self.plan.segments for p in s.positions]
+            return run_recomputed(self.eng.lm, self.plan, enc, self.store, set(redo),
+                                  tuple(positions[r] for r in redo), sampling)
+        if spec["route"] is not None or spec["share"] is not None:
+            kw = {"layers": spec["layers"]} if spec["layers"] else {}
+            run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
+                                   share=(spec["share"] or 50) / 100, **kw)
+            self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
+                                "scout_ms": round(info.scout_ms, 2)}
+            return run
         if spec["blend"]:
             run, info = run_blend(self.eng.lm, self.plan, enc, self.store, sampling, ratio=spec["blend"] / 100,
                                   rule=spec["rule"], check_layer=spec["check"])
@@ -167,7 +204,7 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
     roles = has_roles(eng)  # base models without a chat template get the schema without role tags
     lay = eng.layout(doc_schema(f"needle{idx}", case["docs"], system=SYSTEM, roles=roles))
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
-    runner = Runner(eng, lay, plan, sampling)
+    runner = Runner(eng, lay, plan, sampling, tuple(case.get("needle_modules") or [case["needle_module"]]))
     runs = {}
     for arm in arms:
         if arm == "scaffold":
@@ -191,6 +228,7 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
                     "ttft_ms": round(ttft.get(arm, r.ttft_ms), 2), "recomputed_tokens": r.recomputed_tokens}
         if arm in runner.blend_ms:
             out[arm]["selection_ms"] = round(runner.blend_ms[arm], 2)
+        out[arm].update(runner.routed.get(arm, {}))
         if arm != "baseline":
             agree = agreement(runs["baseline"], r)
             agree["rouge_l"] = round(rouge_l(runs["baseline"].text, r.text), 4)
@@ -388,7 +426,7 @@ def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules
     """Run the single-needle set, then the confusable set, then the sample table (saving rows as they come)."""
     import json
 
-    kept: dict = {"single": [], "confusable": [], "samples": {}}
+    kept: dict = {"single": [], "confusable": [], "two_fact": [], "samples": {}}
 
     def save(label, rows):
         kept[label] = rows
@@ -406,8 +444,11 @@ def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules
         confusable = confusable_cases(chunks, conf_modules, args.confusable, args.seed + 1)
     rows = run_set(eng, single, "single", sampling, arms, args.ttft_reps, 0, save)
     conf_rows = run_set(eng, confusable, "confusable", sampling, confusable_arms, args.ttft_reps, 10_000, save)
+    two = needles.two_fact_cases(chunks, conf_modules, args.two_fact, args.seed + 2) if args.two_fact else []
+    kept["two_fact"] = run_set(eng, two, "two_fact", Sampling(max_new_tokens=2 * args.new_tokens), confusable_arms,
+                               args.ttft_reps, 20_000, save)
     sample_rows = sample_table(eng, samples, sample_arms, save=save)
-    return rows, conf_rows, sample_rows
+    return rows, conf_rows, kept["two_fact"], sample_rows
 
 
 def main() -> None:
@@ -416,6 +457,8 @@ def main() -> None:
     ap.add_argument("--per-setting", type=int, default=24, help="single-needle prompts per number of modules")
     ap.add_argument("--confusable", type=int, default=24, help="confusable multi-needle prompts (8 modules)")
     ap.add_argument("--confusable-arms", nargs="+", default=list(CONFUSABLE_ARMS))
+    ap.add_argument("--two-fact", type=int, default=0, help="two-fact prompts (8 confusable modules, a question "
+                    "naming two subjects; run with the confusable arms and twice the new tokens)")
     ap.add_argument("--samples", nargs="*", default=None, help="sample schemas for the KL table (default: all)")
     ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     ap.add_argument("--new-tokens", type=int, default=24, help="the number ends by token ~22 of the usual answer")
@@ -475,6 +518,7 @@ def main() -> None:
 
         kept = json.loads(args.from_rows.read_text())
         rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
+        two_rows = kept.get("two_fact") or []
         probe, collected_by = kept.get("ttft_probe"), kept.get("commands")
         arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict)) if rows else ()
         confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
@@ -483,18 +527,21 @@ def main() -> None:
         args.modules = sorted({r["modules"] for r in rows})
         conf_modules = conf_rows[0]["modules"] if conf_rows else conf_modules
     else:
-        rows, conf_rows, sample_rows = collect(eng, args, arms, confusable_arms, chunk_tokens, conf_modules, samples,
-                                               sample_arms)
+        rows, conf_rows, two_rows, sample_rows = collect(eng, args, arms, confusable_arms, chunk_tokens, conf_modules,
+                                                         samples, sample_arms)
     summary = summarise(rows, arms)
     by_depth, by_modules = breakdown(rows, "depth", arms), breakdown(rows, "modules", arms)
     frontier = {str(n): summarise([r for r in rows if r["modules"] == n], arms) for n in sorted(set(args.modules))
                 if any(r["modules"] == n for r in rows)}
     confusable = summarise(conf_rows, confusable_arms) if conf_rows else {}
+    two_fact = summarise(two_rows, confusable_arms) if two_rows else {}
     print_summary("single needle, all prompts", summary)
     for n, s in frontier.items():
         print_summary(f"single needle, {n} modules", s)
     if confusable:
         print_summary(f"confusable needles, {conf_modules} modules", confusable)
+    if two_fact:
+        print_summary(f"two-fact questions, {conf_modules} confusable modules", two_fact)
     name = args.out or result_name("fidelity", args.model)
     if not args.quick:
         plot_frontier(frontier_panels(frontier, confusable, conf_modules),
@@ -507,7 +554,8 @@ def main() -> None:
                       "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
                       "by_depth": by_depth, "by_modules": by_modules, "frontier": frontier,
                       "confusable": confusable, "samples": sample_rows, "ttft_probe": probe, "collected_by": collected_by, "rows": rows,
-                      "confusable_rows": conf_rows}, write=not args.quick)
+                      "confusable_rows": conf_rows, "two_fact_prompts": len(two_rows), "two_fact": two_fact,
+                      "two_fact_rows": two_rows}, write=not args.quick)
 
 
 if __name__ == "__main__":

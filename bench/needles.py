@@ -126,10 +126,35 @@ def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
     return out
 
 
+def two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int) -> list[dict]:
+    """``count`` confusable prompts (:func:`confusable_cases`: every module a fact of one template about its own
+    subject) whose question names *two* subjects, whose facts sit in two different modules: found = both answers
+    are in the reply."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        fact = FACTS[i % len(FACTS)]
+        start = rng.randrange(0, len(chunks) - n_modules)
+        docs = list(chunks[start:start + n_modules])
+        subjects, answers = rng.sample(fact.subjects, n_modules), rng.sample(fact.answers, n_modules)
+        for j in range(n_modules):
+            docs[j] = insert(docs[j], fact.say(subjects[j], answers[j]), rng.random())
+        first, second = sorted(rng.sample(range(n_modules), 2))
+        question = (f"Question: {fact.ask.format(s=subjects[first])} And {fact.ask.format(s=subjects[second])} "
+                    "Answer both in a few words, using the documents. Answer:")
+        case = _case(n_modules, first / n_modules, first, fact, f"{subjects[first]} + {subjects[second]}",
+                     f"{answers[first]} + {answers[second]}",
+                     [a for j, a in enumerate(answers) if j not in (first, second)], docs)
+        out.append({**case, "question": question, "answers": [answers[first], answers[second]],
+                    "needle_modules": [first, second]})
+    return out
+
+
 def judge(answer: str, case: dict) -> tuple[bool, bool]:
-    """(found, confused) for a model's answer to ``case``: whole-word match, case and punctuation ignored."""
+    """(found, confused) for a model's answer to ``case``: whole-word match, case and punctuation ignored; a
+    two-fact case is found when both its answers are."""
     said = _words(answer)
-    found = _words(case["answer"]) in said
+    found = all(_words(a) in said for a in case.get("answers") or [case["answer"]])
     return found, not found and any(_words(o) in said for o in case["others"])
 
 

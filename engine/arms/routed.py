@@ -35,7 +35,7 @@ import torch
 
 from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
                                   register, setting)
-from engine.arms.runner import Fill, check_recompute, timed_run
+from engine.arms.runner import Fill, check_recompute, timed_run, workspace
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
@@ -167,6 +167,17 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     info = RoutedInfo(k=k, share=share, kept=chose["kept"], attention=chose.get("attention", {}),
                       layers=layers if keep is None else (), scout_ms=chose["ms"])
     return run, info
+
+
+def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
+               layers: tuple[int, ...]) -> Scouted:
+    """The scout of ``plan`` alone, untimed, at ``layers`` (bench/routing.py reads every layer's this way)."""
+    ranges = _ranges(plan, encoded, store)
+    buf = workspace(lm).buffer(plan.cached_tokens + plan.uncached_tokens + 1)
+    for entry, a, b, _ in ranges:
+        entry.write_into(buf, a, b)
+    ids, pos = plan.uncached()
+    return scout(lm, buf, ranges, ids, pos, tuple(sorted({x % lm.n_layers for x in layers})))
 
 
 def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: list[int],
