@@ -154,6 +154,8 @@ def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
         res = comparison.arm(arm) if comparison is not None and spec.token_class else None
         if res is not None and res.run.recomputed_positions:
             out[spec.token_class[0]] = set(res.run.recomputed_positions)
+        if res is not None and hasattr(res.detail, "token_marks") and comparison.plan is not None:
+            out.update(res.detail.token_marks(comparison.plan))  # an arm's own classes (a routed run's unread modules)
     return out
 
 
@@ -277,6 +279,7 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
         chips += f'<span class="badge good">{speedup:.1f}× faster first token</span>'
     for text in (res.detail.chips() if hasattr(res.detail, "chips") else ()):
         chips += f'<span class="badge">{html.escape(text)}</span>'
+    chips += bars_html(res.detail.bars() if hasattr(res.detail, "bars") else ())
     rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
     if arm != Arm.BASELINE:
         rows.append(("KV copy (in TTFT)", f"{run.copy_ms:.1f} ms"))
@@ -287,6 +290,17 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
               + (f" · {run.cuda_peak_bytes / MB:,.0f} MB GPU" if run.cuda_peak_bytes else ""))]
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="pml-arm-chips">{chips}</div><table class="pml-metrics">{cells}</table>'
+
+
+def bars_html(bars) -> str:
+    """An arm's small bars (its detail's ``bars()``: (label, share 0..1, highlighted) each), e.g. the share of the
+    question's attention each module got, the modules a routed run read highlighted."""
+    rows = "".join(
+        f'<div class="pml-bar{" on" if on else ""}" title="{html.escape(label)}: {share * 100:.1f} %">'
+        f'<span class="pml-bar-label">{html.escape(label)}</span>'
+        f'<span class="pml-bar-track"><span class="pml-bar-fill" style="width:{max(0.0, min(1.0, share)) * 100:.1f}%">'
+        f'</span></span><span class="pml-bar-value">{share * 100:.0f} %</span></div>' for label, share, on in bars)
+    return f'<div class="pml-bars">{rows}</div>' if rows else ""
 
 
 def kv_rows(run, arm: str) -> list[tuple[str, str]]:

@@ -110,6 +110,18 @@ class RoutedInfo:
         kept = ", ".join(f"{m} {self.attention.get(m, 0) * 100:.0f} %" for m in self.kept) or "no module"
         return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms"]
 
+    def bars(self) -> list[tuple[str, float, bool]]:
+        """(module, its share of the question's attention, read) per module, for the studio's bars."""
+        return [(m, share, m in self.kept) for m, share in self.attention.items()]
+
+    def token_marks(self, plan: PromptPlan) -> dict[str, set[int]]:
+        """{"routed-out": positions of the tokens of the modules the run did not read} for the token view."""
+        if not self.attention:
+            return {}
+        out = {p for s in plan.segments if s.kind == CACHED and not s.scaffold and s.owner != ANONYMOUS
+               and plan.layout.modules[s.owner].top not in self.kept for p in s.positions}
+        return {"routed-out": out} if out else {}
+
     @classmethod
     def from_json(cls, data: dict) -> "RoutedInfo":
         return cls(k=data.get("route_k", DEFAULT_K), share=data.get("route_share", DEFAULT_SHARE),
@@ -280,4 +292,5 @@ def _decoder_layers(model) -> torch.nn.ModuleList:
 
 register(ArmSpec("routed", routed_arm, title="Routed", subtitle="module KV reused, only the modules the question reads",
                  color="#0f766e", order=40, reads=Reads.MODULES, settings=RoutedSettings, detail=RoutedInfo,
-                 progress="Routed: scouting the question's attention, then reading the modules it picked…"))
+                 progress="Routed: scouting the question's attention, then reading the modules it picked…",
+                 token_class=("routed-out", "not read by the routed arm (the question did not pick it)")))

@@ -164,3 +164,20 @@ def test_the_routed_arm_runs_in_a_comparison_and_its_choice_survives_the_json(ti
 
     back = Comparison.from_json(doc).arm("routed").detail
     assert back.kept == tuple(routed["route_kept"]) and back.chips()[0].startswith("read ")
+
+
+def test_the_studio_greys_the_modules_routed_out_and_bars_each_modules_share(tiny):
+    from studio import views
+
+    c = tiny.eng.compare(TURNS, PROMPT, Sampling(2), config=tiny.eng.config.with_(arms=("baseline", "routed"),
+                                                                                   route_k=1))
+    info = c.arm("routed").detail
+    (kept,) = info.kept
+    marks = views.token_marks(c)
+    hidden = {p for s in c.plan.segments if s.kind == CACHED and s.owner not in (ANONYMOUS, kept) for p in s.positions}
+    assert marks == {"routed-out": hidden} and len(hidden) > 0
+    page = views.token_view_html(c.plan, tiny.lm.tokenizer.decode, marks)
+    assert page.count('class="tok tok-routed-out"') == len(hidden) + 1  # each token, and its legend entry
+    bars = views.metrics_html(c, "routed")
+    assert bars.count('<div class="pml-bar"') == 2 and bars.count('<div class="pml-bar on"') == 1
+    assert f'title="{kept}: {info.attention[kept] * 100:.1f} %"' in bars
