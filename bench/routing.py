@@ -2,11 +2,12 @@
 confusable and two-fact sets of bench/fidelity.py. No generation: this measures the routing, not the answers.
 
 For each prompt the modules are encoded (``prefixed``, the modular arm's mode there), the uncached tokens are
-run over all of them and, at every decoder layer, the attention they pay each module is summed over heads and
-queries. Reported per layer, and per window of layers (what SCOUT_LAYERS sums): the share of prompts whose
-asked module(s) rank first (top-1; both in the top 2 for two-fact prompts), with a 95 % Wilson interval, and
-the asked module's mean share of the modules' mass. Chooses SCOUT_LAYERS: the window with the best top-1 rate.
-JSON last.
+run over all of them and, at every decoder layer, two scores per module: its **pull** (the strongest attention
+any head of any uncached token pays one of its keys: what the routed arm routes by) and its attention **mass**
+(summed over heads and uncached tokens: the obvious rule, for comparison). Reported per rule, per layer and
+per window of layers (a window takes the max of the pulls, the sum of the masses): how many prompts rank the
+asked module(s) first (both in the top 2 for two-fact prompts), with a 95 % Wilson interval, and the asked
+module's mean share. SCOUT_LAYERS comes from here: the window with the best rate. JSON last.
 
     python bench/routing.py --model qwen2.5-coder-0.5b            # 24 confusable + 24 two-fact prompts, ~12 min
     python bench/routing.py --quick                               # 2 prompts each, the default model
@@ -25,7 +26,7 @@ from bench.workloads import SYSTEM
 from engine.arms.routed import SCOUT_LAYERS, scout_plan
 from engine.session import Engine
 
-WINDOWS = (1, 2, 4, 6)  # widths of the layer windows tried
+WINDOWS = (1, 2, 4, 6, 8)  # widths of the layer windows tried
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
@@ -38,8 +39,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
     return [round(max(0.0, c - h), 4), round(min(1.0, c + h), 4)]
 
 
-def scout_case(eng: Engine, case: dict, idx: int) -> torch.Tensor:
-    """[layers, modules] attention mass of the question on each module, every layer."""
+def scout_case(eng: Engine, case: dict, idx: int) -> dict[str, torch.Tensor]:
+    """{"pull": [layers, modules], "mass": [layers, modules]} of the question on each module, every layer."""
     from xml.sax.saxutils import escape
 
     n = case["modules"]
@@ -53,7 +54,7 @@ def scout_case(eng: Engine, case: dict, idx: int) -> torch.Tensor:
     for key in list(store.keys()):
         store.evict(key)
     assert seen.modules == tuple(f"doc{i}" for i in range(n))
-    return seen.mass
+    return {"pull": seen.pull, "mass": seen.mass}
 
 
 def hits(mass: torch.Tensor, targets: list[int]) -> tuple[bool, float]:
@@ -62,7 +63,7 @@ def hits(mass: torch.Tensor, targets: list[int]) -> tuple[bool, float]:
     return top == set(targets), float(mass[targets].sum() / mass.sum())
 
 
-def summarise(masses: list[torch.Tensor], cases: list[dict]) -> dict:
+def summarise(masses: list[torch.Tensor], cases: list[dict], window=lambda x: x.sum(0)) -> dict:
     layers = masses[0].shape[0]
     per_layer, windows = [], []
     for layer in range(layers):
@@ -72,7 +73,7 @@ def summarise(masses: list[torch.Tensor], cases: list[dict]) -> dict:
                           "ci95": wilson(k, len(got)), "asked_share": round(sum(s for _, s in got) / len(got), 4)})
     for width in WINDOWS:
         for start in range(0, layers - width + 1):
-            got = [hits(m[start:start + width].sum(0), c.get("needle_modules") or [c["needle_module"]])
+            got = [hits(window(m[start:start + width]), c.get("needle_modules") or [c["needle_module"]])
                    for m, c in zip(masses, cases)]
             k = sum(h for h, _ in got)
             windows.append({"layers": [start, start + width - 1], "top": k, "n": len(got), "rate": round(k / len(got), 4),
@@ -103,11 +104,18 @@ def main() -> None:
         for i, case in enumerate(cases):
             masses.append(scout_case(eng, case, i))
             print(f"[{label} {i + 1}/{len(cases)}]", flush=True)
-        out[label] = summarise(masses, cases) if cases else {}
-        if cases:
-            rows = [[r["layer"], f"{r['top']}/{r['n']}", r["ci95"], r["asked_share"]] for r in out[label]["per_layer"]]
+        if not cases:
+            continue
+        out[label] = {"pull": summarise([m["pull"] for m in masses], cases, lambda x: x.amax(0)),
+                      "mass": summarise([m["mass"] for m in masses], cases)}
+        for rule in ("pull", "mass"):
+            got = out[label][rule]
+            rows = [[r["layer"], f"{r['top']}/{r['n']}", r["ci95"], r["asked_share"]] for r in got["per_layer"]]
+            print(f"{label}, by {rule}")
             print(table(["layer", "asked module(s) on top", "95 % CI", "asked share"], rows))
-            print(label, "best window:", out[label]["best_window"])
+            now = next(w for w in got["windows"] if w["layers"] == [SCOUT_LAYERS[0], SCOUT_LAYERS[-1]]) \
+                if len(SCOUT_LAYERS) in WINDOWS else None
+            print(f"{label}, by {rule}: best window {got['best_window']}; SCOUT_LAYERS {now}")
     emit(result_name("routing", args.model), {
         "benchmark": "routing", "model": eng.lm.name, "weights": args.weights, "modules": modules,
         "scout_layers_now": list(SCOUT_LAYERS), "machine": machine(), **out}, write=not args.quick)

@@ -8,11 +8,17 @@ the top contexts, arXiv 2412.16545; CacheFocus, arXiv 2502.11101). A routed run 
 
 1. **Buffer** — every imported module's stored KV, as the modular arm assembles it.
 2. **Scout** — the uncached tokens prefilled over it through the first ``max(SCOUT_LAYERS) + 1`` decoder
-   layers only; at each layer of :data:`SCOUT_LAYERS` the attention they pay every cached key is summed
-   over heads and queries, and per top-level module (:func:`scout`).
-3. **Route** — the modules that carry that mass stay visible: the ``k`` largest (``route_k`` > 0) or the
-   smallest set holding a share ``p`` of the modules' total (``route_share``; :func:`choose`). The
+   layers only; at each layer of :data:`SCOUT_LAYERS`, each module's **pull**: the strongest attention
+   any head of any uncached token pays any one of its keys (:func:`scout`).
+3. **Route** — the modules with the strongest pull stay visible: the ``k`` strongest (``route_k`` > 0) or
+   the fewest holding a share ``p`` of the modules' summed pull (``route_share``; :func:`choose`). The
    others leave the buffer. System text, scaffolds, arguments and new text are never routed out.
+
+Why the peak and not the attention mass: measured on the confusable set (bench/routing.py, 24 prompts of
+8 same-template modules, Qwen2.5-Coder-0.5B), the mass summed over heads and queries put the asked module
+first in at most 8/24 prompts at any layer (chance: 3/24) — template words and sinks attend everywhere —
+while the peak over layers 6–11 put it first in 24/24: some head of the question's subject name attends
+sharply to that name in the one module that holds it.
 4. **Prefill and decode** — the buffer rebuilt with the kept modules, the uncached tokens prefilled over
    it, then decoding, as the modular arm does. A module left out is therefore invisible to the rest of
    the prefill and to every decoded token.
@@ -46,11 +52,12 @@ from engine.model.load import LoadedModel
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
-# Decoder layers whose attention the scout sums (negative: from the end). Chosen on the confusable set,
-# bench/fidelity.py --scout: the share of prompts whose asked module carries the most mass, per layer.
-SCOUT_LAYERS = (4, 5, 6, 7)
+# Decoder layers the scout reads (negative: from the end); it stops after the last. Chosen on the confusable
+# set by bench/routing.py: the asked module has the strongest pull in 24/24 prompts over layers 6-11 of the
+# 0.5B model's 24 (2-12 and 8-11 too; 0-23: 15/24), so the scout costs half a prefill of the new tokens.
+SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
 DEFAULT_K = 1  # modules kept by default (0: by share instead)
-DEFAULT_SHARE = 0.5  # the share of the modules' attention mass kept when route_k is 0
+DEFAULT_SHARE = 0.5  # the share of the modules' summed pull kept when route_k is 0
 
 
 @dataclass(frozen=True)
@@ -75,16 +82,22 @@ class RoutedSettings(ArmSettings):
 
 @dataclass(frozen=True)
 class Scouted:
-    """What the scout saw: per scout layer, the attention mass the uncached tokens paid each module."""
+    """What the scout saw: per scout layer, each module's pull (the strongest attention of any head of any
+    uncached token on one of its keys)."""
 
     modules: tuple[str, ...]  # routable (top-level) modules, in prompt order
     layers: tuple[int, ...]
-    mass: torch.Tensor  # [len(layers), len(modules)] summed over heads and queries
-    others: torch.Tensor  # [len(layers)] mass on cached tokens that are never routed (system text, scaffolds)
+    pull: torch.Tensor  # [len(layers), len(modules)]: max over heads, uncached tokens and the module's keys
+    mass: torch.Tensor  # [len(layers), len(modules)]: attention summed over heads and uncached tokens (reported only)
+    others: torch.Tensor  # [len(layers)]: the same over cached tokens that are never routed (system text, scaffolds)
+
+    def strength(self) -> torch.Tensor:
+        """[len(modules)]: each module's pull over all the scout layers (the strongest)."""
+        return self.pull.amax(0)
 
     def shares(self) -> dict[str, float]:
-        """Each module's share of the modules' mass, over the scout layers (sums to 1)."""
-        total = self.mass.sum(0)
+        """Each module's share of the modules' summed pull (sums to 1): what the studio's bars show."""
+        total = self.strength()
         total = total / total.sum().clamp(min=1e-30)
         return {m: float(s) for m, s in zip(self.modules, total)}
 
@@ -96,7 +109,7 @@ class RoutedInfo:
     k: int
     share: float
     kept: tuple[str, ...]  # modules left visible, in prompt order
-    attention: dict[str, float] = field(default_factory=dict)  # module -> share of the question's attention
+    attention: dict[str, float] = field(default_factory=dict)  # module -> its share of the question's pull
     layers: tuple[int, ...] = ()
     scout_ms: float = 0.0  # scout + routing (inside TTFT)
 
@@ -111,7 +124,7 @@ class RoutedInfo:
         return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms"]
 
     def bars(self) -> list[tuple[str, float, bool]]:
-        """(module, its share of the question's attention, read) per module, for the studio's bars."""
+        """(module, its share of the question's pull, read) per module, for the studio's bars."""
         return [(m, share, m in self.kept) for m, share in self.attention.items()]
 
     def token_marks(self, plan: PromptPlan) -> dict[str, set[int]]:
@@ -194,30 +207,31 @@ def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
 
 def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: list[int],
           layers: tuple[int, ...]) -> Scouted:
-    """Prefill ``ids`` over ``buf`` (filled with ``ranges``, in order) through layers ``0..max(layers)`` and sum,
-    at each of ``layers``, the attention they pay each module's cached keys (over heads and queries)."""
+    """Prefill ``ids`` over ``buf`` (filled with ``ranges``, in order) through layers ``0..max(layers)`` and take,
+    at each of ``layers``, each module's pull: the strongest attention any head of any of them pays one of its keys."""
     modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
     index = {m: i for i, m in enumerate(modules)}
     owner = {layer: _owners(ranges, layer, index) for layer in layers}  # buffer slot -> module index (-1: never routed)
-    mass = torch.zeros(len(layers), len(modules))
+    pull, mass = torch.zeros(len(layers), len(modules)), torch.zeros(len(layers), len(modules))
     others = torch.zeros(len(layers))
 
-    class Sum:
+    class Pull:
         def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
             if layer not in owner:
                 return
             att = attention_weights(query, key, scaling)  # [kv_heads, group, queries, keys]
             cached = owner[layer]
-            per_key = att.sum(dim=(0, 1, 2))[: cached.shape[0]].cpu()
+            peak = att.amax(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()  # each key's strongest pull
             row = layers.index(layer)
             routable = cached >= 0
-            mass[row].index_add_(0, cached[routable], per_key[routable].float())
-            others[row] = per_key[~routable].sum()
+            pull[row].scatter_reduce_(0, cached[routable], peak[routable], reduce="amax")
+            mass[row].index_add_(0, cached[routable], att.sum(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()[routable])
+            others[row] = peak[~routable].max() if bool((~routable).any()) else 0.0
 
     decoder = _decoder_layers(lm.model)
     handle = decoder[max(layers)].register_forward_hook(_stop)
     try:
-        with torch.inference_mode(), scoring(Sum()):
+        with torch.inference_mode(), scoring(Pull()):
             lm.model(input_ids=torch.tensor([list(ids)], device=lm.device),
                      position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
                      use_cache=True, logits_to_keep=1)
@@ -225,13 +239,13 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
         pass
     finally:
         handle.remove()
-    return Scouted(modules, layers, mass, others)
+    return Scouted(modules, layers, pull, mass, others)
 
 
 def choose(seen: Scouted, k: int, share: float) -> tuple[str, ...]:
-    """The modules kept, in prompt order: the ``k`` with the most mass (``k`` > 0), else the fewest holding
-    ``share`` of the modules' mass. Ties keep the earlier module."""
-    weight = seen.mass.sum(0)
+    """The modules kept, in prompt order: the ``k`` with the strongest pull (``k`` > 0), else the fewest holding
+    ``share`` of the modules' summed pull. Ties keep the earlier module."""
+    weight = seen.strength()
     order = torch.sort(weight, descending=True, stable=True).indices.tolist()
     if k > 0:
         take = order[:k]

@@ -85,22 +85,24 @@ def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
     assert torch.equal(again.first_logits, cached.first_logits)
 
 
-def test_the_scout_measures_the_questions_attention_per_module_as_eager_attention_does(tiny):
+def test_the_scout_measures_each_modules_pull_as_eager_attention_does(tiny):
+    """A module's pull is the strongest attention any head of any uncached token pays one of its keys, at the
+    scout layers; computed here from stock transformers' eager attention weights."""
     layers = (1, 2)
     _, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(2), k=1, layers=layers)
     out = tiny.stock_prefill(attentions=True)
     _, owners = tiny.cached_parts()
-    mass = {m: 0.0 for m in ("d1", "d2", "d3")}
+    pull = {m: 0.0 for m in ("d1", "d2", "d3")}
     for layer in layers:
-        per_key = out.attentions[layer][0].sum(dim=(0, 1))  # over heads and queries: [keys]
+        per_key = out.attentions[layer][0].amax(dim=(0, 1))  # over heads and queries: [keys]
         for i, owner in enumerate(owners):
             if owner is not None:
-                mass[owner] += float(per_key[i])
-    total = sum(mass.values())
+                pull[owner] = max(pull[owner], float(per_key[i]))
+    total = sum(pull.values())
     assert info.layers == layers
     for m, share in info.attention.items():
-        assert share == pytest.approx(mass[m] / total, abs=1e-5)
-    assert info.kept == (max(mass, key=mass.get),)
+        assert share == pytest.approx(pull[m] / total, abs=1e-5)
+    assert info.kept == (max(pull, key=pull.get),)
 
 
 @pytest.mark.parametrize("keep", [{"d2"}, {"d1", "d3"}, set()])
@@ -124,8 +126,8 @@ def test_a_routed_out_module_is_invisible_to_the_prefill_and_the_decode(tiny, ke
 
 
 def _scouted(weights) -> Scouted:
-    mass = torch.tensor([weights], dtype=torch.float32)
-    return Scouted(tuple(f"m{i}" for i in range(len(weights))), (0,), mass, torch.zeros(1))
+    pull = torch.tensor([weights], dtype=torch.float32)
+    return Scouted(tuple(f"m{i}" for i in range(len(weights))), (0,), pull, pull, torch.zeros(1))
 
 
 def test_choose_keeps_the_top_k_or_the_fewest_modules_holding_the_share():
