@@ -178,6 +178,9 @@ def lead_section(slug: str) -> list[str]:
                 "question's attention) is read at layer L, so the selection pass runs layers 0..L over the whole "
                 "prompt; without it, layer 1 as in CacheBlend.", ""] + confusable_table(exp)
         out += [f"![Blend variants: accuracy against TTFT]({ASSETS}/frontier-blend-{slug}.png)", ""]
+    routed = load(f"fidelity-routed-{slug}")
+    if routed:
+        out += routed_section(routed, load(f"routing-{slug}"), load(f"routed-greetings-{slug}"))
     out += beside(BESIDE)
     if work:
         out += workload_section(work, f"workload-{slug}")
@@ -210,6 +213,44 @@ def lead_section(slug: str) -> list[str]:
                           f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in ttft["results"])
         out += [f"**Time to first token** — `{ttft['command']}` ({machine_line(ttft)}; {ttft['dtype']}, median of "
                 f"{ttft['reps']} after a warm-up, cached TTFT includes the KV copy): {lines}.", ""]
+    return out
+
+
+def routed_section(f: dict, routing: dict | None, greetings: dict | None) -> list[str]:
+    """The routed arm (issue 27): its ceilings and accuracy per set, where the question's pull points, greetings."""
+    out = [f"**Question-routed reuse** — `{f['command']}` ({machine_line(f)}; {f['model']}, {f.get('weights', 'fp32')} "
+           f"weights, greedy, up to {f['new_tokens']} new tokens, twice that for two facts). `+route K`: the routed "
+           "arm keeping the K modules with the strongest pull (engine/arms/routed.py); `+oracle`: only the asked "
+           "module(s) visible, the ceiling of routing; `+oracle recompute`: the asked module(s) recomputed in "
+           "context, the ceiling of recomputing them.", ""]
+    for size, summary in f["frontier"].items():
+        n = next(iter(summary.values()))["n"]
+        out += [f"*Single facts, {size} modules ({n} prompts):*", ""] + _arm_rows(summary) + [""]
+    if f.get("confusable"):
+        out += [f"*Confusable facts, {f['confusable_modules']} modules ({f['confusable_prompts']} prompts):*", ""]
+        out += confusable_table(f)
+    if f.get("two_fact"):
+        out += [f"*Two facts, one question naming two subjects whose facts sit in two of {f['confusable_modules']} "
+                f"confusable modules ({f['two_fact_prompts']} prompts; found = both answers):*", ""]
+        out += confusable_table({"confusable": f["two_fact"], "confusable_rows": f["two_fact_rows"]})
+    if routing:
+        lines = []
+        for label, name in (("confusable", "confusable"), ("two_fact", "two-fact")):
+            got = routing.get(label) or {}
+            if got:
+                pull, mass = got["pull"]["best_window"], got["mass"]["best_window"]
+                now = [w for w in got["pull"]["windows"] if w["layers"] == [routing["scout_layers_now"][0],
+                                                                            routing["scout_layers_now"][-1]]]
+                lines.append(f"{name}: by pull, layers {now[0]['layers'][0]}–{now[0]['layers'][1]} (the scout's) "
+                             f"{now[0]['top']}/{now[0]['n']}, best window {pull['layers'][0]}–{pull['layers'][1]} "
+                             f"{pull['top']}/{pull['n']}; by summed attention mass, best window "
+                             f"{mass['layers'][0]}–{mass['layers'][1]} {mass['top']}/{mass['n']}" if now else name)
+        out += [f"Where the question points — `{routing['command']}` ({machine_line(routing)}): how many prompts rank "
+                "the asked module(s) first (both in the top 2 for two facts) — " + "; ".join(lines) + ".", ""]
+    if greetings:
+        out += [f"A question that needs no module — `{greetings['command']}`: {greetings['prompts']} greetings over 8 "
+                "modules, the routed arm's answer the same text as the modular arm's: " + ", ".join(
+                    f"`{k}` {v}/{greetings['prompts']}" for k, v in greetings["same_text"].items()) + ".", ""]
     return out
 
 

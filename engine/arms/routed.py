@@ -56,7 +56,10 @@ from engine.schema.plan import CACHED, PromptPlan
 # set by bench/routing.py: the asked module has the strongest pull in 24/24 prompts over layers 6-11 of the
 # 0.5B model's 24 (2-12 and 8-11 too; 0-23: 15/24), so the scout costs half a prefill of the new tokens.
 SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
-DEFAULT_K = 1  # modules kept by default (0: by share instead)
+# Modules kept by default (0: by share instead). 2: a question naming two subjects needs both (bench/routing.py:
+# the two asked modules are the top 2 by pull in 24/24 two-fact prompts), and a single-fact question keeps its
+# module and one more (the asked one is the top 1 in 24/24 confusable prompts).
+DEFAULT_K = 2
 DEFAULT_SHARE = 0.5  # the share of the modules' summed pull kept when route_k is 0
 
 
@@ -112,11 +115,13 @@ class RoutedInfo:
     attention: dict[str, float] = field(default_factory=dict)  # module -> its share of the question's pull
     layers: tuple[int, ...] = ()
     scout_ms: float = 0.0  # scout + routing (inside TTFT)
+    pull: dict[str, float] = field(default_factory=dict)  # module -> its pull (an attention weight, 0..1)
 
     def to_json(self) -> dict:
         return {"route_k": self.k, "route_share": self.share, "route_kept": list(self.kept),
                 "route_attention": {m: round(s, 4) for m, s in self.attention.items()},
-                "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3)}
+                "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3),
+                "route_pull": {m: round(v, 4) for m, v in self.pull.items()}}
 
     def chips(self) -> list[str]:
         """Short facts the studio shows under the arm's column."""
@@ -139,7 +144,8 @@ class RoutedInfo:
     def from_json(cls, data: dict) -> "RoutedInfo":
         return cls(k=data.get("route_k", DEFAULT_K), share=data.get("route_share", DEFAULT_SHARE),
                    kept=tuple(data.get("route_kept") or ()), attention=dict(data.get("route_attention") or {}),
-                   layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0))
+                   layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0),
+                   pull=dict(data.get("route_pull") or {}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +182,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         if keep is None and modules:
             seen = scout(lm, buf, ranges, ids, pos, layers)
             kept = choose(seen, k, share)
-            chose.update(attention=seen.shares())
+            chose.update(attention=seen.shares(), pull=dict(zip(seen.modules, seen.strength().tolist())))
         else:
             kept = tuple(m for m in modules if keep is None or m in keep)
         chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000)
@@ -190,7 +196,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
                        on_token)
     info = RoutedInfo(k=k, share=share, kept=chose["kept"], attention=chose.get("attention", {}),
-                      layers=layers if keep is None else (), scout_ms=chose["ms"])
+                      layers=layers if keep is None else (), scout_ms=chose["ms"], pull=chose.get("pull", {}))
     return run, info
 
 
