@@ -74,6 +74,15 @@ def tiny(tokenizer_bundle):
     return Tiny(tokenizer_bundle[1])
 
 
+@pytest.fixture(autouse=True)
+def route_any_pull(monkeypatch):
+    """A random model's attention is flat: no pull reaches MIN_PULL, so these tests of the routing itself route at
+    any pull (the threshold has its own test)."""
+    from engine.arms import routed
+
+    monkeypatch.setattr(routed, "MIN_PULL", 0.0)
+
+
 def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
     cached = run_cached(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4))
     routed, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=3)
@@ -83,6 +92,20 @@ def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
     # share 1: the fewest modules holding all the mass are all of them
     again, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=0, share=1.0)
     assert torch.equal(again.first_logits, cached.first_logits)
+
+
+def test_a_question_that_points_at_no_module_keeps_them_all(tiny, monkeypatch):
+    """Under MIN_PULL (a greeting on the real model) nothing is routed out: the modular run bit for bit; with the
+    threshold at 0 the same prompt is routed."""
+    from engine.arms import routed
+
+    cached = run_cached(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(3))
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # above any attention weight
+    run, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(3), k=1)
+    assert info.kept == ("d1", "d2", "d3") and max(info.pull.values()) < 1.01
+    assert torch.equal(run.first_logits, cached.first_logits) and run.token_ids == cached.token_ids
+    monkeypatch.setattr(routed, "MIN_PULL", 0.0)
+    assert len(run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(3), k=1)[1].kept) == 1
 
 
 def test_the_scout_measures_each_modules_pull_as_eager_attention_does(tiny):
