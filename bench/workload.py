@@ -302,6 +302,7 @@ def variant(config) -> list[str]:
     parts += [f"sink{config.sink}"] if config.sink else []
     parts += [f"repair{config.repair}"] if config.repair else []
     parts += [config.storage_dtype] if config.storage_dtype != "float32" else []
+    parts += [config.weights] if config.weights != "fp32" else []
     comp = config.compression
     parts += [f"{comp.method}{round(comp.retention * 100)}"] if comp.retention < 1 else []
     return parts
