@@ -72,17 +72,17 @@ def parse_arm(name: str) -> dict:
     """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule, check, ...}; 'prefixed+blend 15
     link' = 15 % of the cached tokens recomputed, chosen by the blend rule 'link' (default: deviation);
     '+check 6' = the blend selection pass checks deviation at layer 6 (default 1, CacheBlend's);
-    '+route K' = the routed arm keeping the top K modules, '+share P' keeping those holding P % of the question's
-    attention (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
+    '+route K' = the routed arm keeping the top K modules (0: every module whose pull reaches the threshold, the
+    default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
     visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
     spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
-            "route": None, "share": None, "layers": None, "oracle": None}
+            "route": None, "pull": None, "layers": None, "oracle": None}
     for p in parts:
-        m = re.fullmatch(r"(sink|repair|check|route|share) (\d+)", p)
+        m = re.fullmatch(r"(sink|repair|check|route|pull) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
         lay = re.fullmatch(r"layers (\d+)-(\d+)", p)
         if m:
@@ -177,10 +177,10 @@ class Runner:
             positions = [p for s in self.plan.segments for p in s.positions]
             return run_recomputed(self.eng.lm, self.plan, enc, self.store, set(redo),
                                   tuple(positions[r] for r in redo), sampling)
-        if spec["route"] is not None or spec["share"] is not None:
+        if spec["route"] is not None or spec["pull"] is not None:
             kw = {"layers": spec["layers"]} if spec["layers"] else {}
             run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
-                                   share=(spec["share"] or 50) / 100, **kw)
+                                   min_pull=None if spec["pull"] is None else spec["pull"] / 100, **kw)
             self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
                                 "scout_ms": round(info.scout_ms, 2)}
             return run

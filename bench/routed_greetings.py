@@ -24,7 +24,7 @@ from engine.session import Engine
 
 GREETINGS = ("Hello! How are you today?", "Thanks, that is all for now.", "Good morning!", "Hi there, who are you?",
              "Can you help me?", "Goodbye and have a nice day.")
-SETTINGS = {"route 1": {"k": 1}, "route 2": {"k": 2}, "share 30": {"k": 0, "share": 0.3}}
+SETTINGS = {"routed (default)": {}, "route 1": {"k": 1}, "route 2": {"k": 2}}
 
 
 def main() -> None:

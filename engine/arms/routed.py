@@ -10,10 +10,10 @@ the top contexts, arXiv 2412.16545; CacheFocus, arXiv 2502.11101). A routed run 
 2. **Scout** — the uncached tokens prefilled over it through the first ``max(SCOUT_LAYERS) + 1`` decoder
    layers only; at each layer of :data:`SCOUT_LAYERS`, each module's **pull**: the strongest attention
    any head of any uncached token pays any one of its keys (:func:`scout`).
-3. **Route** — the modules with the strongest pull stay visible: the ``k`` strongest (``route_k`` > 0) or
-   the fewest holding a share ``p`` of the modules' summed pull (``route_share``; :func:`choose`). The
-   others leave the buffer. System text, scaffolds, arguments and new text are never routed out. A
-   question that points at no module (the strongest pull under :data:`MIN_PULL`: a greeting) keeps them all.
+3. **Route** — every module whose pull reaches ``route_min_pull`` (:data:`MIN_PULL`) stays visible, or with
+   ``route_k`` > 0 the ``k`` strongest (:func:`choose`); the others leave the buffer. System text, scaffolds,
+   arguments and new text are never routed out. A question that points at no module (no pull reaches the
+   threshold: a greeting) keeps them all, which is the modular run.
 
 Why the peak and not the attention mass: measured on the confusable set (bench/routing.py, 24 prompts of
 8 same-template modules, Qwen2.5-Coder-0.5B), the mass summed over heads and queries put the asked module
@@ -29,7 +29,7 @@ both copies and both prefills (``copy_ms`` holds everything before the second pr
 kept the buffer and the prefill are the modular arm's, so the run is the modular run bit for bit.
 
 The settings are named in one place: :data:`SCOUT_LAYERS`, and :class:`RoutedSettings` (the CLI's
-``--route-k`` / ``--route-share``, the studio's controls), with the defaults chosen on bench/fidelity.py's
+``--route-k`` / ``--route-min-pull``, the studio's controls), with the defaults chosen on bench/fidelity.py's
 confusable set.
 """
 
@@ -57,16 +57,13 @@ from engine.schema.plan import CACHED, PromptPlan
 # set by bench/routing.py: the asked module has the strongest pull in 24/24 prompts over layers 6-11 of the
 # 0.5B model's 24 (2-12 and 8-11 too; 0-23: 15/24), so the scout costs half a prefill of the new tokens.
 SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
-# Modules kept by default (0: by share instead). 2: a question naming two subjects needs both (bench/routing.py:
-# the two asked modules are the top 2 by pull in 24/24 two-fact prompts), and a single-fact question keeps its
-# module and one more (the asked one is the top 1 in 24/24 confusable prompts).
-DEFAULT_K = 2
-# Route only when the question points: the strongest pull is at least this (one head of one new token puts this
-# much attention on one key of the module). Below it every module stays, which is the modular run. Measured on
-# Qwen2.5-Coder-0.5B (int8) over 8 confusable modules: a question naming a subject 0.967-0.998 (30 prompts), a
-# greeting or small talk 0.75-0.94 (6 prompts: bench/routed_greetings.py records each run's pulls).
+# The pull a module needs to stay (one head of one new token putting this much attention on one of its keys).
+# Measured on Qwen2.5-Coder-0.5B over 8 confusable modules (bench/routing.py): the asked module 0.967-1.0 and
+# every other module 0.32-0.944 in 24 single-fact prompts; both asked modules 0.985-1.0 and the others under
+# 0.95 in 23 of 24 two-fact prompts (one kept a third); a greeting's strongest pull 0.75-0.94
+# (bench/routed_greetings.py). So the threshold keeps the asked modules, one or two, and nothing for a greeting.
 MIN_PULL = 0.95
-DEFAULT_SHARE = 0.5  # the share of the modules' summed pull kept when route_k is 0
+DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any module reaches the threshold)
 
 
 @dataclass(frozen=True)
@@ -74,13 +71,14 @@ class RoutedSettings(ArmSettings):
     """The routed arm's settings (their one default each is here)."""
 
     k: int = setting(DEFAULT_K, "route_k", "Routed: modules kept (top k)",
-                     "keep the k modules the question attends to most (0: keep by share instead)",
+                     "keep the k modules the question pulls hardest (0: every module whose pull reaches "
+                     "route-min-pull)",
                      limit=Limit("route_k", 0, 256, whole=True, example="2"), metavar="K")
-    share: float = setting(DEFAULT_SHARE, "route_share", "Routed: attention share kept (p, when k is 0)",
-                           "with route-k 0, keep the fewest modules that hold this share of the question's attention "
-                           "to modules", limit=Limit("route_share", 0.0, 1.0, open_lo=True,
-                                                     meaning="a share above 0 and at most 1", example="0.5"),
-                           step=0.05, metavar="P")
+    min_pull: float = setting(MIN_PULL, "route_min_pull", "Routed: pull a module needs (0-1)",
+                              "keep the modules some head of the question attends to this strongly (the attention on "
+                              "one of their keys); when none does, keep them all", limit=Limit(
+                                  "route_min_pull", 0.0, 1.0, meaning="an attention weight from 0 to 1", example="0.95"),
+                              step=0.01, metavar="P")
 
     def check_with(self, config) -> None:
         if config.compression.at_run:
@@ -116,7 +114,7 @@ class RoutedInfo:
     """How one routed run chose what to read."""
 
     k: int
-    share: float
+    min_pull: float
     kept: tuple[str, ...]  # modules left visible, in prompt order
     attention: dict[str, float] = field(default_factory=dict)  # module -> its share of the question's pull
     layers: tuple[int, ...] = ()
@@ -124,7 +122,7 @@ class RoutedInfo:
     pull: dict[str, float] = field(default_factory=dict)  # module -> its pull (an attention weight, 0..1)
 
     def to_json(self) -> dict:
-        return {"route_k": self.k, "route_share": self.share, "route_kept": list(self.kept),
+        return {"route_k": self.k, "route_min_pull": self.min_pull, "route_kept": list(self.kept),
                 "route_attention": {m: round(s, 4) for m, s in self.attention.items()},
                 "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3),
                 "route_pull": {m: round(v, 4) for m, v in self.pull.items()}}
@@ -148,7 +146,7 @@ class RoutedInfo:
 
     @classmethod
     def from_json(cls, data: dict) -> "RoutedInfo":
-        return cls(k=data.get("route_k", DEFAULT_K), share=data.get("route_share", DEFAULT_SHARE),
+        return cls(k=data.get("route_k", DEFAULT_K), min_pull=data.get("route_min_pull", MIN_PULL),
                    kept=tuple(data.get("route_kept") or ()), attention=dict(data.get("route_attention") or {}),
                    layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0),
                    pull=dict(data.get("route_pull") or {}))
@@ -160,13 +158,14 @@ class RoutedInfo:
 
 def routed_arm(ctx: ArmContext) -> ArmResult:
     s = ctx.settings_of("routed")
-    run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k, share=s.share)
+    run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
+                           min_pull=s.min_pull)
     return ArmResult(Arm("routed"), run, detail=info)
 
 
 def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
-               share: float = DEFAULT_SHARE, layers: tuple[int, ...] = SCOUT_LAYERS,
+               min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
                keep: set[str] | None = None) -> tuple[RunResult, RoutedInfo]:
     """The modular run reading only the modules the question routes to (module docstring).
 
@@ -174,6 +173,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     scout's. Returns the run (arm ``"routed"``) and how it chose.
     """
     check_recompute(lm, "routing", "leave routed out of the arms")
+    min_pull = MIN_PULL if min_pull is None else min_pull
     ranges = _ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
     units = [u for _, _, _, u in ranges]
     modules = tuple(dict.fromkeys(u for u in units if u is not None))
@@ -187,7 +187,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             entry.write_into(buf, a, b)
         if keep is None and modules:
             seen = scout(lm, buf, ranges, ids, pos, layers)
-            kept = choose(seen, k, share) if float(seen.strength().max()) >= MIN_PULL else modules
+            kept = choose(seen, k, min_pull)
             chose.update(attention=seen.shares(), pull=dict(zip(seen.modules, seen.strength().tolist())))
         else:
             kept = tuple(m for m in modules if keep is None or m in keep)
@@ -201,7 +201,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
 
     run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
                        on_token)
-    info = RoutedInfo(k=k, share=share, kept=chose["kept"], attention=chose.get("attention", {}),
+    info = RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=chose.get("attention", {}),
                       layers=layers if keep is None else (), scout_ms=chose["ms"], pull=chose.get("pull", {}))
     return run, info
 
@@ -254,21 +254,17 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
     return Scouted(modules, layers, pull, mass, others)
 
 
-def choose(seen: Scouted, k: int, share: float) -> tuple[str, ...]:
-    """The modules kept, in prompt order: the ``k`` with the strongest pull (``k`` > 0), else the fewest holding
-    ``share`` of the modules' summed pull. Ties keep the earlier module."""
+def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
+    """The modules kept, in prompt order: none reaching ``min_pull`` keeps them all; else the ``k`` strongest
+    (``k`` > 0; ties keep the earlier module), or every module whose pull reaches ``min_pull``."""
     weight = seen.strength()
-    order = torch.sort(weight, descending=True, stable=True).indices.tolist()
+    if not len(weight) or float(weight.max()) < min_pull:
+        return seen.modules
     if k > 0:
-        take = order[:k]
+        take = set(torch.sort(weight, descending=True, stable=True).indices[:k].tolist())
     else:
-        total, acc, take = float(weight.sum()), 0.0, []
-        for i in order:
-            if take and acc >= share * total:
-                break
-            take.append(i)
-            acc += float(weight[i])
-    return tuple(m for i, m in enumerate(seen.modules) if i in set(take))
+        take = {i for i, w in enumerate(weight.tolist()) if w >= min_pull}
+    return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
 # ----------------------------------------------------------------------------------------------

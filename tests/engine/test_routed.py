@@ -89,9 +89,9 @@ def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
     assert info.kept == ("d1", "d2", "d3") and sum(info.attention.values()) == pytest.approx(1.0)
     assert torch.equal(routed.first_logits, cached.first_logits) and routed.token_ids == cached.token_ids
     assert routed.reused_tokens == cached.reused_tokens == tiny.plan.cached_tokens
-    # share 1: the fewest modules holding all the mass are all of them
-    again, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=0, share=1.0)
-    assert torch.equal(again.first_logits, cached.first_logits)
+    # a threshold above every pull: the question points nowhere, every module stays
+    again, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), min_pull=1.0)
+    assert info.kept == ("d1", "d2", "d3") and torch.equal(again.first_logits, cached.first_logits)
 
 
 def test_a_question_that_points_at_no_module_keeps_them_all(tiny, monkeypatch):
@@ -153,22 +153,22 @@ def _scouted(weights) -> Scouted:
     return Scouted(tuple(f"m{i}" for i in range(len(weights))), (0,), pull, pull, torch.zeros(1))
 
 
-def test_choose_keeps_the_top_k_or_the_fewest_modules_holding_the_share():
-    seen = _scouted([0.1, 0.5, 0.15, 0.25])
-    assert choose(seen, 1, 0.5) == ("m1",)
-    assert choose(seen, 2, 0.5) == ("m1", "m3")  # prompt order, not rank order
-    assert choose(seen, 9, 0.5) == ("m0", "m1", "m2", "m3")
-    assert choose(seen, 0, 0.5) == ("m1",)  # 0.5 holds the share already
-    assert choose(seen, 0, 0.6) == ("m1", "m3")
-    assert choose(seen, 0, 0.76) == ("m1", "m2", "m3")
-    assert choose(_scouted([0.3, 0.3, 0.4]), 2, 0.5) == ("m0", "m2")  # a tie keeps the earlier module
+def test_choose_keeps_the_modules_the_question_pulls_or_the_top_k_or_all():
+    seen = _scouted([0.1, 0.97, 0.5, 0.99])
+    assert choose(seen, 0, 0.95) == ("m1", "m3")  # every module reaching the threshold, in prompt order
+    assert choose(seen, 0, 0.98) == ("m3",)
+    assert choose(seen, 1, 0.95) == ("m3",)
+    assert choose(seen, 3, 0.95) == ("m1", "m2", "m3")
+    assert choose(seen, 0, 0.995) == ("m0", "m1", "m2", "m3")  # the question points nowhere: all stay
+    assert choose(seen, 2, 0.995) == ("m0", "m1", "m2", "m3")
+    assert choose(_scouted([0.96, 0.96, 0.4]), 1, 0.95) == ("m0",)  # a tie keeps the earlier module
 
 
 def test_settings_are_checked_where_made_and_refuse_question_retention(tiny):
     with pytest.raises(EngineError, match="route_k"):
         RoutedSettings(k=-1)
-    with pytest.raises(EngineError, match="route_share"):
-        RoutedSettings(share=0.0)
+    with pytest.raises(EngineError, match="route_min_pull"):
+        RoutedSettings(min_pull=1.5)
     with pytest.raises(EngineError, match="routing and question-aware retention"):
         RunConfig(arms=("cached", "routed"), compression=Compression(0.5, "question"))
     assert RunConfig(arms=("cached", "routed"), compression=Compression(0.5, "pyramid")).arms[-1] == "routed"
@@ -178,7 +178,8 @@ def test_the_routed_arm_runs_in_a_comparison_and_its_choice_survives_the_json(ti
     assert "routed" in REGISTRY and REGISTRY["routed"].detail is RoutedInfo
     schema, prompt = TURNS, PROMPT
     c = tiny.eng.compare(schema, prompt, Sampling(3),
-                         config=tiny.eng.config.with_(arms=("baseline", "cached", "routed"), route_k=2))
+                         config=tiny.eng.config.with_(arms=("baseline", "cached", "routed"), route_k=2,
+                                                      route_min_pull=0.0))
     doc = json.loads(json.dumps(c.to_json()))
     assert doc["arms"] == ["baseline", "cached", "routed"]
     routed = doc["routed"]
@@ -195,7 +196,7 @@ def test_the_studio_greys_the_modules_routed_out_and_bars_each_modules_share(tin
     from studio import views
 
     c = tiny.eng.compare(TURNS, PROMPT, Sampling(2), config=tiny.eng.config.with_(arms=("baseline", "routed"),
-                                                                                   route_k=1))
+                                                                                   route_k=1, route_min_pull=0.0))
     info = c.arm("routed").detail
     (kept,) = info.kept
     marks = views.token_marks(c)
