@@ -295,7 +295,22 @@ def decode_section(d: dict | None) -> list[str]:
     return [f"**Decode per weight precision** — `{d['command']}` ({machine_line(d)}; {d['model']}, the modular arm "
             f"on every sample's example prompt, {d['new_tokens']} greedy tokens; `--weights`, "
             "engine/model/weights.py: int8 per output channel, int4 in groups of 32, both torch's CPU kernels with "
-            "bf16 activations):", "", *rows, ""]
+            "bf16 activations):", "", *rows, ""] + needles_per_precision()
+
+
+def needles_per_precision() -> list[str]:
+    """The baseline's needle accuracy per weight precision (bench/fidelity.py --weights W, baseline only)."""
+    runs = [(w, load(f"fidelity-{LEAD}" + ("" if w == "fp32" else f"-{w}"))) for w in ("fp32", "int8", "int4")]
+    runs = [(w, f) for w, f in runs if f and f.get("confusable", {}).get("baseline")]
+    if len(runs) < 2:
+        return []
+    rows = ["| weights | single facts found (95 % CI) | confusable facts found (95 % CI) | command |", "|---|---:|---:|---|"]
+    for w, f in runs:
+        a, c = f["summary"]["baseline"], f["confusable"]["baseline"]
+        rows.append(f"| `{w}` | {a['found']}/{a['n']} ({a['ci95'][0]:.0%}–{a['ci95'][1]:.0%}) | {c['found']}/{c['n']} "
+                    f"({c['ci95'][0]:.0%}–{c['ci95'][1]:.0%}) | `{f['command']}` |")
+    return ["**Needle accuracy per weight precision** — the baseline arm (whole prompt prefilled) on the same "
+            "prompts of bench/fidelity.py (8 modules of ~250 tokens, greedy):", "", *rows, ""]
 
 
 def browser_section(d: dict | None) -> list[str]:
