@@ -114,11 +114,7 @@ def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
     out = []
     for i in range(count):
         fact = FACTS[i % len(FACTS)]
-        start = rng.randrange(0, len(chunks) - n_modules)
-        docs = list(chunks[start:start + n_modules])
-        subjects, answers = rng.sample(fact.subjects, n_modules), rng.sample(fact.answers, n_modules)
-        for j in range(n_modules):
-            docs[j] = insert(docs[j], fact.say(subjects[j], answers[j]), rng.random())
+        docs, subjects, answers = _confusable_docs(rng, chunks, n_modules, fact)
         depth = depths[i % len(depths)]
         target = min(n_modules - 1, int(depth * n_modules))
         out.append(_case(n_modules, depth, target, fact, subjects[target], answers[target],
@@ -134,11 +130,7 @@ def two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int) -> 
     out = []
     for i in range(count):
         fact = FACTS[i % len(FACTS)]
-        start = rng.randrange(0, len(chunks) - n_modules)
-        docs = list(chunks[start:start + n_modules])
-        subjects, answers = rng.sample(fact.subjects, n_modules), rng.sample(fact.answers, n_modules)
-        for j in range(n_modules):
-            docs[j] = insert(docs[j], fact.say(subjects[j], answers[j]), rng.random())
+        docs, subjects, answers = _confusable_docs(rng, chunks, n_modules, fact)
         first, second = sorted(rng.sample(range(n_modules), 2))
         question = (f"Question: {fact.ask.format(s=subjects[first])} And {fact.ask.format(s=subjects[second])} "
                     "Answer both in a few words, using the documents. Answer:")
@@ -148,6 +140,16 @@ def two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int) -> 
         out.append({**case, "question": question, "answers": [answers[first], answers[second]],
                     "needle_modules": [first, second]})
     return out
+
+
+def _confusable_docs(rng: random.Random, chunks: list[str], n_modules: int, fact: Fact) -> tuple[list, list, list]:
+    """(docs, subjects, answers): ``n_modules`` consecutive essay chunks, module j holding ``fact`` about subject j."""
+    start = rng.randrange(0, len(chunks) - n_modules)
+    docs = list(chunks[start:start + n_modules])
+    subjects, answers = rng.sample(fact.subjects, n_modules), rng.sample(fact.answers, n_modules)
+    for j in range(n_modules):
+        docs[j] = insert(docs[j], fact.say(subjects[j], answers[j]), rng.random())
+    return docs, subjects, answers
 
 
 def judge(answer: str, case: dict) -> tuple[bool, bool]:
