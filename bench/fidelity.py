@@ -75,20 +75,24 @@ def parse_arm(name: str) -> dict:
     '+route K' = the routed arm keeping the top K modules (0: every module whose pull reaches the threshold, the
     default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
     visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
+    '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms);
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
     spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
-            "route": None, "pull": None, "layers": None, "oracle": None}
+            "route": None, "pull": None, "layers": None, "oracle": None, "ape": None}
     for p in parts:
         m = re.fullmatch(r"(sink|repair|check|route|pull) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
         lay = re.fullmatch(r"layers (\d+)-(\d+)", p)
+        ape = re.fullmatch(r"ape (\d+) (\d+)", p)
         if m:
             spec[m.group(1)] = int(m.group(2))
         elif b:
             spec["blend"], spec["rule"] = int(b.group(1)), b.group(2) or "deviation"
+        elif ape:
+            spec["ape"] = (int(ape.group(1)) / 100, int(ape.group(2)) / 100)
         elif lay:
             spec["layers"] = tuple(range(int(lay.group(1)), int(lay.group(2)) + 1))
         elif p in ("oracle", "oracle recompute"):
@@ -180,7 +184,8 @@ class Runner:
         if spec["route"] is not None or spec["pull"] is not None:
             kw = {"layers": spec["layers"]} if spec["layers"] else {}
             run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
-                                   min_pull=None if spec["pull"] is None else spec["pull"] / 100, **kw)
+                                   min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
+                                   **kw)
             self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
                                 "scout_ms": round(info.scout_ms, 2)}
             return run
@@ -192,7 +197,7 @@ class Runner:
         if spec["repair"] or spec["first"] is not None:
             return run_repaired(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["repair"],
                                 first=spec["first"])
-        return run_cached(self.eng.lm, self.plan, enc, self.store, sampling)
+        return run_cached(self.eng.lm, self.plan, enc, self.store, sampling, ape=spec["ape"])
 
 
 def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[str, ...], ttft_reps: int) -> dict:

@@ -155,6 +155,28 @@ def add_arm_options(r) -> None:
         extra = "; a value above 0 adds the arm to --arms" if s.enables else ""
         group.add_argument("--" + s.key.replace("_", "-"), dest=s.key, default=None, metavar=s.metavar,
                        help=f"{spec.name} arm: {s.help} (default {default}{extra})", **kw)
+    group.add_argument("--ape", type=ApePair(), default=None, metavar="T,S",
+                       help="APE at query time on the modular and routed arms: --ape-t T and --ape-s S at once "
+                            "(the APE paper's default is 0.9,0.9)")
+
+
+class ApePair:
+    """argparse ``type=`` of ``--ape T,S``: two numbers, each checked by its setting's Limit."""
+
+    __name__ = "T,S"
+
+    def __call__(self, text: str) -> tuple[float, float]:
+        from engine.arms.modular import ModularSettings
+
+        limits = {s.key: s.limit for _, s in ModularSettings.declared()}
+        parts = text.split(",")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"APE takes two numbers, the temperature and the scale, as T,S "
+                                             f"(e.g. 0.9,0.9); got '{text}'")
+        try:
+            return limits["ape_t"].check(parts[0].strip()), limits["ape_s"].check(parts[1].strip())
+        except EngineError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class NumberArg:
@@ -189,7 +211,10 @@ def _arm_settings(args) -> dict:
     """{setting key: value} of the arm options given on the command line."""
     from engine.arms.registry import settings_specs
 
-    return {s.key: getattr(args, s.key) for _, _, s in settings_specs() if getattr(args, s.key, None) is not None}
+    given = {s.key: getattr(args, s.key) for _, _, s in settings_specs() if getattr(args, s.key, None) is not None}
+    if getattr(args, "ape", None) is not None:  # --ape T,S; --ape-t / --ape-s given as well win
+        given = {"ape_t": args.ape[0], "ape_s": args.ape[1], **given}
+    return given
 
 
 def _arms(args) -> tuple[str, ...]:

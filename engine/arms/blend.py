@@ -51,7 +51,7 @@ from engine.arms.modular import run_cached
 from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
                                   register, setting)
 from engine.arms.repair import select_repair
-from engine.arms.runner import Fill, check_recompute, timed_run
+from engine.arms.runner import Fill, check_recompute, decoder_layers, run_until, timed_run
 from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
@@ -163,7 +163,7 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
     if n == 0:
         return replace(run_cached(lm, plan, encoded, store, sampling, on_token), arm="blend"), info
     check_recompute(lm, "blend", "set blend to 0")
-    _decoder_layers(lm.model)
+    decoder_layers(lm.model, "blend", "set blend to 0")
     ranges = _cached_ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
     positions = [p for s in plan.segments for p in s.positions]
     chose: dict = {}
@@ -202,25 +202,16 @@ def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question
     ids = plan.token_ids
     pos = [p for s in plan.segments for p in s.positions]
     model = lm.model
-    layers = _decoder_layers(model)
     # [check_layer + 1, 2, 1, kv_heads, prompt, head_dim]: a buffer for the layers that run
     data = torch.empty(check_layer + 1, 2, 1, lm.kv_heads, len(ids), lm.head_dim, dtype=model.dtype,
                        device=lm.device)
     cache = KVBuffer(data).cache()
     scorer = _QuestionAttention(check_layer, _uncached_ranks(plan)) if question else None
-    handle = layers[check_layer].register_forward_hook(_stop)
-    try:
-        with torch.inference_mode(), scoring(scorer) if scorer else contextlib.nullcontext():
-            # use_cache=True: with gapped positions and no cache, transformers would assume packed sequences
-            model(input_ids=torch.tensor([ids], device=lm.device), position_ids=torch.tensor([pos], device=lm.device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
-    except _Enough:
-        pass
-    else:
-        raise EngineError(f"the blend selection pass ran past layer {check_layer}: the model's decoder layers are "
-                          "not called in order; set blend to 0")
-    finally:
-        handle.remove()
+    with torch.inference_mode(), scoring(scorer) if scorer else contextlib.nullcontext():
+        # use_cache=True: with gapped positions and no cache, transformers would assume packed sequences
+        run_until(lm, check_layer, "the blend selection pass", "set blend to 0",
+                  input_ids=torch.tensor([ids], device=lm.device), position_ids=torch.tensor([pos], device=lm.device), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
     return Probe(fresh=[data[i, :, 0] for i in range(check_layer + 1)],
                  question=None if scorer is None else scorer.total)
 
@@ -309,14 +300,6 @@ def cached_ranks(plan: PromptPlan) -> list[int]:
 # Internal helpers
 # ----------------------------------------------------------------------------------------------
 
-class _Enough(Exception):
-    """Raised after the check layer to end the selection pass's forward."""
-
-
-def _stop(module, args, output):
-    raise _Enough
-
-
 class _QuestionAttention:
     """At one layer, the attention the uncached tokens pay every key, summed over heads and queries.
 
@@ -353,15 +336,6 @@ def _check_args(lm: LoadedModel, ratio: float, rule: str, check_layer: int) -> N
         # layer 0's K and V are functions of each token alone: stored and fresh agree there everywhere
         raise EngineError(f"blend check layer must be a layer index from 1 to {lm.n_layers - 1} (got {check_layer!r}); "
                           "1 is CacheBlend's choice")
-
-
-def _decoder_layers(model) -> torch.nn.ModuleList:
-    """The model's decoder layers, in the order its forward calls them."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise EngineError(f"blend needs the decoder layers at `model.model.layers`, which "
-                          f"'{model.config.model_type}' models do not have; set blend to 0")
-    return layers
 
 
 def _cached_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:

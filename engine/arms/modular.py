@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
                                   register, setting)
 from engine.arms.repair import select_repair
-from engine.arms.runner import Fill, check_recompute, run_recomputed, timed_run
-from engine.cache.assemble import copy_list, question_retention
+from engine.arms.runner import Fill, ape_scale, check_recompute, run_recomputed, timed_run
+from engine.cache.assemble import copy_list, module_ranges, question_retention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
@@ -30,27 +30,51 @@ class ModularSettings(ArmSettings):
                           "precedes it, and after each argument, with the question (EPIC's LegoLink; 0 = off)",
                           limit=Limit("repair", 0, MAX_REPAIR, whole=True, example="4"), metavar="K")
 
+    ape_t: float = setting(1.0, "ape_t", "APE: temperature T inside the modules",
+                           "APE at query time (arXiv 2502.05431), with ape-s, on the modular and routed arms: the "
+                           "attention inside the modules at temperature T (below 1 sharpens it); T = S = 1 is off",
+                           limit=Limit("ape_t", 0.1, 1.0, example="0.9"), step=0.05, metavar="T")
+    ape_s: float = setting(1.0, "ape_s", "APE: scale S on the modules' attention",
+                           "APE at query time, with ape-t: the modules' share of the attention scaled by S against "
+                           "the system text and the question (log-sum-exp times S·T); T = S = 1 is off",
+                           limit=Limit("ape_s", 0.1, 1.0, example="0.9"), step=0.05, metavar="S")
+
+    @property
+    def ape(self) -> tuple[float, float] | None:
+        """(T, S) when APE is on, else None."""
+        return None if (self.ape_t, self.ape_s) == (1.0, 1.0) else (self.ape_t, self.ape_s)
+
     def check_with(self, config) -> None:
+        if self.ape and (self.repair or config.compression.at_run):
+            raise EngineError("APE cannot be combined with repair or question-aware retention yet (both change the "
+                              "buffer whose modules APE scales); set ape-t and ape-s to 1, or repair to 0 and pick "
+                              "another compression")
         if self.repair and config.compression.at_run:
             raise EngineError("repair and question-aware retention cannot be combined yet (repair reorders the run's "
                               "buffer that question retention thins); set repair to 0 or pick another compression")
 
 
 def cached_arm(ctx: ArmContext) -> ArmResult:
-    repair = ctx.settings_of("cached").repair
+    s = ctx.settings_of("cached")
     return ArmResult(Arm.CACHED, run_cached(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token,
-                                            repair))
+                                            s.repair, ape=s.ape))
 
 
 def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, repair: int = 0) -> RunResult:
+               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, repair: int = 0,
+               ape: tuple[float, float] | None = None) -> RunResult:
     """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode.
 
     ``repair`` K > 0 recomputes K link tokens per link (:func:`run_repaired`); 0 is this path, unchanged.
+    ``ape`` (T, S): the prefill and every decode step attend to the modules as APE does
+    (:class:`engine.model.attend.ApeScale`); None or (1, 1) is plain attention.
     """
     if repair:
+        if ape:
+            raise EngineError("APE cannot be combined with repair yet; set ape-t and ape-s to 1, or repair to 0")
         return run_repaired(lm, plan, encoded, store, sampling, on_token, repair)
     copies = copy_list(plan, encoded, store)
+    scale = ape_scale(lm, module_ranges(plan, encoded, store), ape)
     ids, pos = plan.uncached()
     # sliding windows and ALiBi need the cached keys' position ids (gapped), not their cache indices
     key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
@@ -58,7 +82,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     def fill(buf: KVBuffer) -> Fill:
         for entry, a, b in copies:
             entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens)
+        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, ape=scale)
 
     run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
                        on_token, retain=question_retention(plan, encoded), key_positions=key_pos)

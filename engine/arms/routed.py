@@ -42,11 +42,12 @@ import torch
 
 from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
                                   register, setting)
-from engine.arms.runner import Fill, check_recompute, timed_run, workspace
+from engine.arms.runner import Fill, ape_scale, check_recompute, run_until, timed_run, workspace
+from engine.cache.assemble import module_ranges, slot_owners
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import KVBuffer, LayeredKV
+from engine.kv import KVBuffer
 from engine.limits import Limit
 from engine.model.attend import attention_weights, scoring
 from engine.model.load import LoadedModel
@@ -159,22 +160,23 @@ class RoutedInfo:
 def routed_arm(ctx: ArmContext) -> ArmResult:
     s = ctx.settings_of("routed")
     run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
-                           min_pull=s.min_pull)
+                           min_pull=s.min_pull, ape=ctx.settings_of("cached").ape)  # APE is the modular arm's setting
     return ArmResult(Arm("routed"), run, detail=info)
 
 
 def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
                min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
-               keep: set[str] | None = None) -> tuple[RunResult, RoutedInfo]:
+               keep: set[str] | None = None, ape: tuple[float, float] | None = None) -> tuple[RunResult, RoutedInfo]:
     """The modular run reading only the modules the question routes to (module docstring).
 
     ``keep`` forces the kept modules instead of scouting (the oracle of bench/fidelity.py); ``layers`` are the
-    scout's. Returns the run (arm ``"routed"``) and how it chose.
+    scout's; ``ape`` (T, S) scales the attention over the kept modules as APE does (:class:`engine.model.attend.ApeScale`;
+    the scout reads the plain attention). Returns the run (arm ``"routed"``) and how it chose.
     """
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
-    ranges = _ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
+    ranges = module_ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
     units = [u for _, _, _, u in ranges]
     modules = tuple(dict.fromkeys(u for u in units if u is not None))
     ids, pos = plan.uncached()
@@ -193,11 +195,11 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             kept = tuple(m for m in modules if keep is None or m in keep)
         chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
-        for entry, a, b, unit in ranges:
-            if unit is None or unit in kept:
-                entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in ranges],
-                    reused_tokens=sum(b - a for _, a, b, u in ranges if u is None or u in kept))
+        read = [r for r in ranges if r[3] is None or r[3] in kept]
+        for entry, a, b, _ in read:
+            entry.write_into(buf, a, b)
+        return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
+                    ape=ape_scale(lm, read, ape))
 
     run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
                        on_token)
@@ -209,7 +211,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
 def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                layers: tuple[int, ...]) -> Scouted:
     """The scout of ``plan`` alone, untimed, at ``layers`` (bench/routing.py reads every layer's this way)."""
-    ranges = _ranges(plan, encoded, store)
+    ranges = module_ranges(plan, encoded, store)
     buf = workspace(lm).buffer(plan.cached_tokens + plan.uncached_tokens + 1)
     for entry, a, b, _ in ranges:
         entry.write_into(buf, a, b)
@@ -223,7 +225,7 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
     at each of ``layers``, each module's pull: the strongest attention any head of any of them pays one of its keys."""
     modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
     index = {m: i for i, m in enumerate(modules)}
-    owner = {layer: _owners(ranges, layer, index) for layer in layers}  # buffer slot -> module index (-1: never routed)
+    owner = {layer: slot_owners(ranges, layer, index) for layer in layers}  # buffer slot -> module index (-1: never routed)
     pull, mass = torch.zeros(len(layers), len(modules)), torch.zeros(len(layers), len(modules))
     others = torch.zeros(len(layers))
 
@@ -240,17 +242,11 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
             mass[row].index_add_(0, cached[routable], att.sum(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()[routable])
             others[row] = peak[~routable].max() if bool((~routable).any()) else 0.0
 
-    decoder = _decoder_layers(lm.model)
-    handle = decoder[max(layers)].register_forward_hook(_stop)
-    try:
-        with torch.inference_mode(), scoring(Pull()):
-            lm.model(input_ids=torch.tensor([list(ids)], device=lm.device),
-                     position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
-                     use_cache=True, logits_to_keep=1)
-    except _Enough:
-        pass
-    finally:
-        handle.remove()
+    with torch.inference_mode(), scoring(Pull()):
+        run_until(lm, max(layers), "routing", "leave routed out of the arms",
+                  input_ids=torch.tensor([list(ids)], device=lm.device),
+                  position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
+                  use_cache=True, logits_to_keep=1)
     return Scouted(modules, layers, pull, mass, others)
 
 
@@ -265,51 +261,6 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     else:
         take = {i for i, w in enumerate(weight.tolist()) if w >= min_pull}
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
-
-
-# ----------------------------------------------------------------------------------------------
-# Internal helpers
-# ----------------------------------------------------------------------------------------------
-
-def _ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """(entry, first token, end token, module or None) per cached segment, in prompt order; None marks what is
-    never routed out (the anonymous text, scaffolds)."""
-    out = []
-    for s in plan.segments:
-        if s.kind != CACHED:
-            continue
-        key, off = encoded.locate(s.piece, s.scaffold)
-        unit = None if s.scaffold or s.owner == ANONYMOUS else plan.layout.modules[s.owner].top
-        out.append((store.get(key), off + s.offset, off + s.offset + len(s), unit))
-    return out
-
-
-def _owners(ranges: list, layer: int, index: dict[str, int]) -> torch.Tensor:
-    """For each buffer slot of ``layer`` after the ranges are written, its module's index (-1: never routed)."""
-    parts = []
-    for entry, a, b, unit in ranges:
-        n = b - a
-        if isinstance(entry, LayeredKV):  # compressed: this layer holds only the kept tokens
-            kept = entry.kept[layer]
-            n = int(((kept >= a) & (kept < b)).sum())
-        parts.append(torch.full((n,), -1 if unit is None else index[unit], dtype=torch.long))
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-
-
-class _Enough(Exception):
-    """Raised after the scout's last layer to end its forward."""
-
-
-def _stop(module, args, output):
-    raise _Enough
-
-
-def _decoder_layers(model) -> torch.nn.ModuleList:
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
-        raise EngineError(f"routing needs the decoder layers at `model.model.layers`, which "
-                          f"'{model.config.model_type}' models do not have; leave routed out of the arms")
-    return layers
 
 
 register(ArmSpec("routed", routed_arm, title="Routed", subtitle="module KV reused, only the modules the question reads",

@@ -39,18 +39,19 @@ from typing import Callable, Sequence
 import torch
 
 from engine.arms.registry import RunResult, Sampling, TokenFn
-from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
+from engine.cache.assemble import buffer_ranks, copy_list_ranked, module_slots, prefilled
 from engine.cache.compress import QuestionRetention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import BatchedKV, KVBuffer, KVWorkspace
-from engine.model.attend import ATTENTION, RankMask, key_masked, rank_masked
+from engine.model.attend import ATTENTION, ApeScale, RankMask, ape_scaled, key_masked, rank_masked
 from engine.model.load import LoadedModel
 from engine.model.positions import attach, needs_positions
 from engine.schema.plan import PromptPlan
 
-__all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace", "DecodeBatch", "decode_together"]
+__all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace", "DecodeBatch", "decode_together",
+           "decoder_layers", "run_until", "ape_scale"]
 
 _BATCH: contextvars.ContextVar["DecodeBatch | None"] = contextvars.ContextVar("pml_decode_batch", default=None)
 _WORKSPACES: "weakref.WeakKeyDictionary[torch.nn.Module, KVWorkspace]" = weakref.WeakKeyDictionary()  # by model
@@ -66,6 +67,7 @@ class Fill:
     reused_tokens: int = 0
     recomputed_positions: tuple[int, ...] = ()
     mask: RankMask | None = None  # prompt-order mask for the prefill (recompute), else the causal one
+    ape: ApeScale | None = None  # APE's attention over the modules, for the prefill and every decode step
 
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
@@ -133,6 +135,48 @@ def check_recompute(lm: LoadedModel, what: str, fix: str) -> None:
                           f"(its prompt-order mask would replace their position-aware one); {fix}")
 
 
+def ape_scale(lm: LoadedModel, ranges: list, ape: tuple[float, float] | None) -> ApeScale | None:
+    """APE's attention (T, S) over the modules of ``ranges`` ((entry, first, end, module or None), in buffer order:
+    :func:`engine.cache.assemble.module_ranges`); None when ``ape`` is None or (1, 1), plain attention."""
+    if ape is None or tuple(ape) == (1.0, 1.0):
+        return None
+    check_ape(lm)
+    return ApeScale(module_slots(ranges, lm.n_layers), *ape)
+
+
+def check_ape(lm: LoadedModel) -> None:
+    """Refuse APE on a model whose attention the engine's APE path cannot compute."""
+    fix = "set ape-t and ape-s to 1"
+    if getattr(lm.model.config, "_attn_implementation", "") != ATTENTION:
+        raise EngineError(f"APE needs the model to run with SDPA attention (the loaded model uses "
+                          f"'{lm.model.config._attn_implementation}'); {fix}")
+    if needs_positions(lm.model) or getattr(lm.model.config, "attn_logit_softcapping", None):
+        raise EngineError(f"APE is not available for models with sliding-window, ALiBi or soft-capped attention "
+                          f"yet ('{lm.model.config.model_type}'); {fix}")
+
+
+def decoder_layers(model, what: str, fix: str) -> torch.nn.ModuleList:
+    """The model's decoder layers, in the order its forward calls them; EngineError naming ``what`` needs them."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise EngineError(f"{what} needs the decoder layers at `model.model.layers`, which "
+                          f"'{model.config.model_type}' models do not have; {fix}")
+    return layers
+
+
+def run_until(lm: LoadedModel, last: int, what: str, fix: str, **inputs) -> None:
+    """``lm.model(**inputs)`` through decoder layers ``0..last`` only (a hook ends the forward there): a partial
+    prefill whose observers (scorers, the cache) saw those layers. Run it inside ``torch.inference_mode()``."""
+    handle = decoder_layers(lm.model, what, fix)[last].register_forward_hook(_stop)
+    try:
+        lm.model(**inputs)
+    except _Enough:
+        return
+    finally:
+        handle.remove()
+    raise EngineError(f"{what} ran past layer {last}: the model's decoder layers are not called in order; {fix}")
+
+
 def workspace(lm: LoadedModel) -> KVWorkspace:
     """The reusable KV workspace of runs on ``lm`` (created on first use, dropped with the model)."""
     space = _WORKSPACES.get(lm.model)
@@ -144,6 +188,14 @@ def workspace(lm: LoadedModel) -> KVWorkspace:
 # ----------------------------------------------------------------------------------------------
 # Internal helpers
 # ----------------------------------------------------------------------------------------------
+
+class _Enough(Exception):
+    """Raised after :func:`run_until`'s last layer to end its forward."""
+
+
+def _stop(module, args, output):
+    raise _Enough
+
 
 @dataclass
 class _Decoded:
@@ -166,7 +218,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
     attach(cache, key_positions)
-    with torch.inference_mode():
+    with torch.inference_mode(), ape_scaled(work.ape):
         t1 = time.perf_counter()
         with rank_masked(work.mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
             # the rank mask acts on the prefill only: decode steps see the whole buffer
@@ -183,7 +235,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
             on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
         cache, used, after, retention_ms = _retain(buf, cache, retain, device)
         batch = _BATCH.get()
-        if batch is not None and batch.takes(lm, buf, tokens, sampling):
+        if batch is not None and work.ape is None and batch.takes(lm, buf, tokens, sampling):  # APE decodes alone
             waiting = _Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
                                gen, on_token)
             return _Decoded(tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd, 0.0, used, after,

@@ -5,6 +5,9 @@
 * :func:`copy_list_ranked` / :func:`prefilled` / :func:`buffer_ranks` — the same with some cached
   tokens left out (recomputed instead: link-token repair, blending), each range tagged with the
   prompt rank of its first token, so the prompt-order mask (:class:`engine.kv.RankMask`) can be built.
+* :func:`module_ranges` / :func:`slot_owners` / :func:`module_slots` — the same ranges unmerged, each
+  tagged with its top-level module (None for what is never a module's: the anonymous text, scaffolds),
+  and which buffer slots each module's tokens land in (routing, APE).
 * :func:`fetch_entries` — every entry a plan's cached run reads, got from the store once before any
   timing starts; a :class:`engine.errors.MissingEntry` surfaces here, never inside a timed run.
 """
@@ -126,3 +129,38 @@ def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
     return out
 
 
+
+
+def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
+    """(entry, first token, end token, top-level module or None) per cached segment, in prompt order; None marks
+    the text that belongs to no module (the anonymous text, scaffolds)."""
+    out = []
+    for s in plan.segments:
+        if s.kind != CACHED:
+            continue
+        key, off = encoded.locate(s.piece, s.scaffold)
+        unit = None if s.scaffold or s.owner == ANONYMOUS else plan.layout.modules[s.owner].top
+        out.append((store.get(key), off + s.offset, off + s.offset + len(s), unit))
+    return out
+
+
+def slot_owners(ranges: list, layer: int, index: dict[str, int]) -> torch.Tensor:
+    """For each buffer slot of ``layer`` once ``ranges`` are written in order, the index of its module in
+    ``index`` (-1: no module's)."""
+    parts = []
+    for entry, a, b, unit in ranges:
+        n = b - a
+        if isinstance(entry, LayeredKV):  # compressed: this layer holds only the kept tokens
+            kept = entry.kept[layer]
+            n = int(((kept >= a) & (kept < b)).sum())
+        parts.append(torch.full((n,), -1 if unit is None else index[unit], dtype=torch.long))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+def module_slots(ranges: list, n_layers: int) -> list[torch.Tensor]:
+    """Per layer, bool over the buffer slots once ``ranges`` are written: True where a module's token lies."""
+    index = {u: 0 for *_, u in ranges if u is not None}
+    if not any(isinstance(e, LayeredKV) for e, *_ in ranges):
+        shared = slot_owners(ranges, 0, index) >= 0
+        return [shared] * n_layers
+    return [slot_owners(ranges, layer, index) >= 0 for layer in range(n_layers)]

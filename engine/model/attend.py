@@ -6,6 +6,8 @@
   prompt instead of its index in the buffer, for the one prefill forward (:func:`rank_masked`).
 * :class:`AttentionScorer` / :class:`QueryCapture` — attention scoring for compression, fed
   within :func:`scoring`.
+* :class:`ApeScale` — APE's attention over parallel-encoded contexts (arXiv 2502.05431), for the
+  forwards inside :func:`ape_scaled`.
 * :func:`forward_kv` — run the model over tokens at explicit positions with an optional
   past and return the new tokens' KV as a ModuleKV.
 """
@@ -27,6 +29,7 @@ _SCORER: contextvars.ContextVar["AttentionScorer | QueryCapture | None"] = conte
                                                                                                  default=None)
 _RANKS: contextvars.ContextVar["RankMask | None"] = contextvars.ContextVar("pml_ranks", default=None)
 _KEYS: contextvars.ContextVar["torch.Tensor | None"] = contextvars.ContextVar("pml_keys", default=None)
+_APE: contextvars.ContextVar["ApeScale | None"] = contextvars.ContextVar("pml_ape", default=None)
 
 
 class RankMask:
@@ -82,6 +85,64 @@ def key_masked(mask: torch.Tensor):
         yield mask
     finally:
         _KEYS.reset(token)
+
+
+class ApeScale:
+    """APE at query time (Adaptive Parallel Encoding, arXiv 2502.05431; github.com/Infini-AI-Lab/APE).
+
+    Modules encoded apart sit side by side in the buffer; APE rescales the attention queries pay them. Per
+    layer, head and query, with x = q·k·scaling, C the visible keys of the parallel modules and O every other
+    visible key (system text, scaffolds, arguments, the new tokens)::
+
+        out = w_C · Σ_C softmax(x / T) v  +  w_O · Σ_O softmax(x) v,   [w_C, w_O] = softmax([S·T·LSE_C(x / T), LSE_O(x)])
+
+    a temperature T sharpening the attention inside the modules and a scale S on their total mass (APE's
+    ``ape_llama.py``, whose README sets T = S = 0.9). It is one softmax over the logits x / T + (S·T − 1)·LSE_C(x / T)
+    on C and x on O, which is how :meth:`attend` computes it. T = S = 1 is plain attention.
+
+    ``context[layer]`` marks the buffer slots of the parallel modules in that layer (compressed entries keep
+    different tokens per layer); keys past it (the prefilled and decoded tokens) are never context.
+    """
+
+    def __init__(self, context: list[torch.Tensor], temperature: float, scale: float):
+        self.context = context  # [layers] x bool [cached slots of that layer]
+        self.t, self.s = float(temperature), float(scale)
+
+    def attend(self, layer: int, query, key, value, attention_mask, scaling: float | None) -> torch.Tensor:
+        """Attention output [batch, queries, heads, dim] (as transformers' attention functions return it)."""
+        b, h, q, d = query.shape
+        kv, g = key.shape[-2], h // key.shape[1]
+        k = key.repeat_interleave(g, dim=1) if g > 1 else key
+        v = value.repeat_interleave(g, dim=1) if g > 1 else value
+        x = torch.matmul(query.float(), k.float().transpose(-1, -2)) * (scaling or d ** -0.5)  # [b, h, q, kv]
+        if attention_mask is None:
+            visible = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)
+        elif attention_mask.dtype == torch.bool:
+            visible = attention_mask[..., -q:, :kv]
+        else:
+            visible = attention_mask[..., -q:, :kv] > float("-inf")
+        ctx = torch.zeros(kv, dtype=torch.bool, device=query.device)
+        mark = self.context[layer]
+        ctx[: min(kv, mark.shape[0])] = mark[:kv].to(query.device)
+        inside = x / self.t
+        lse = inside.masked_fill(~(ctx & visible), float("-inf")).logsumexp(-1, keepdim=True)
+        shift = torch.where(torch.isfinite(lse), (self.s * self.t - 1.0) * lse, torch.zeros_like(lse))
+        logits = torch.where(ctx, inside + shift, x).masked_fill(~visible, float("-inf"))
+        out = torch.matmul(logits.softmax(-1).to(v.dtype), v)
+        return out.transpose(1, 2).contiguous()
+
+
+@contextlib.contextmanager
+def ape_scaled(ape: "ApeScale | None"):
+    """Within this block, forwards through the PML attention use APE's scaled attention (None: unchanged)."""
+    if ape is None:
+        yield None
+        return
+    token = _APE.set(ape)
+    try:
+        yield ape
+    finally:
+        _APE.reset(token)
 
 
 class AttentionScorer:
@@ -160,7 +221,8 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
       model's positions are tracked (:mod:`engine.model.positions`), so gapped caches keep it.
     * Logit soft-capping (Gemma 2), which SDPA cannot compute: eager attention.
     * Inside :func:`rank_masked` (repair) the :class:`RankMask`'s mask replaces the causal one; inside
-      :func:`key_masked` (arms decoded together) each row's key mask does.
+      :func:`key_masked` (arms decoded together) each row's key mask does. Inside :func:`ape_scaled` the
+      attention over the resolved mask is APE's (:class:`ApeScale`).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -178,6 +240,9 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
         attention_mask = positions.window_mask(module.layer_idx, q, kv, window, query.device)
     elif attention_mask is not None and attention_mask.shape[-1] != kv:
         attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
+    ape = _APE.get()
+    if ape is not None:
+        return ape.attend(module.layer_idx, query, key, value, attention_mask, kwargs.get("scaling")), None
     softcap = kwargs.get("softcap")
     if softcap:
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
