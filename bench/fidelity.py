@@ -75,13 +75,13 @@ def parse_arm(name: str) -> dict:
     '+route K' = the routed arm keeping the top K modules (0: every module whose pull reaches the threshold, the
     default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
     visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
-    '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms);
+    '+focus off' = the routed arm without its decode-time focus; '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms);
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
     spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
-            "route": None, "pull": None, "layers": None, "oracle": None, "ape": None}
+            "route": None, "pull": None, "layers": None, "oracle": None, "ape": None, "focus": "on"}
     for p in parts:
         m = re.fullmatch(r"(sink|repair|check|route|pull) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
@@ -97,6 +97,8 @@ def parse_arm(name: str) -> dict:
             spec["layers"] = tuple(range(int(lay.group(1)), int(lay.group(2)) + 1))
         elif p in ("oracle", "oracle recompute"):
             spec["oracle"] = p
+        elif p == "focus off":
+            spec["focus"] = "off"
         elif p == "first kept":
             spec["first"] = False
         else:
@@ -175,7 +177,7 @@ class Runner:
         enc = self.encoded_for(spec["mode"], spec["sink"])
         targets = {f"doc{j}" for j in self.targets}
         if spec["oracle"] == "oracle":
-            return run_routed(self.eng.lm, self.plan, enc, self.store, sampling, keep=targets)[0]
+            return run_routed(self.eng.lm, self.plan, enc, self.store, sampling, keep=targets, focus=spec["focus"])[0]
         if spec["oracle"] == "oracle recompute":
             redo = [r for r in cached_ranks(self.plan) if self._owner(r) in targets]
             positions = [p for s in self.plan.segments for p in s.positions]
@@ -185,9 +187,9 @@ class Runner:
             kw = {"layers": spec["layers"]} if spec["layers"] else {}
             run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
                                    min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
-                                   **kw)
+                                   focus=spec["focus"], **kw)
             self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
-                                "scout_ms": round(info.scout_ms, 2)}
+                                "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves]}
             return run
         if spec["blend"]:
             run, info = run_blend(self.eng.lm, self.plan, enc, self.store, sampling, ratio=spec["blend"] / 100,
@@ -252,6 +254,17 @@ def judge(text: str, case: dict) -> tuple[bool, bool]:
     text = text.replace(",", "")
     found = case["number"] in text
     return found, not found and any(o in text for o in case["others"])
+
+
+def rejudge_two_fact(row: dict) -> dict:
+    """A saved two-fact row judged again by bench/needles.py's judge, its texts kept (a row written before the
+    judge asked each answer to go with its own subject)."""
+    case = {"answers": row["number"].split(" + "), "subjects": row["subject"].split(" + "), "others": []}
+    for v in row.values():
+        if isinstance(v, dict) and "text" in v:
+            found, confused = needles.judge(v["text"], case)
+            v["found"], v["confused"] = found, confused or (v["confused"] and not found)
+    return row
 
 
 def measure_ttft(runner: Runner, arms: list[str], reps: int) -> dict[str, float]:
@@ -523,10 +536,11 @@ def main() -> None:
 
         kept = json.loads(args.from_rows.read_text())
         rows, conf_rows, sample_rows = kept["single"], kept["confusable"], kept["samples"]
-        two_rows = kept.get("two_fact") or []
+        two_rows = [rejudge_two_fact(r) for r in kept.get("two_fact") or []]  # the judge may be stricter now
         probe, collected_by = kept.get("ttft_probe"), kept.get("commands")
         arms = tuple(k for k, v in rows[0].items() if isinstance(v, dict)) if rows else ()
-        confusable_arms = tuple(k for k, v in conf_rows[0].items() if isinstance(v, dict)) if conf_rows else ()
+        first = (conf_rows or two_rows or [{}])[0]
+        confusable_arms = tuple(k for k, v in first.items() if isinstance(v, dict))
         if sample_rows:
             sample_arms = tuple(k for k, v in next(iter(sample_rows.values())).items() if isinstance(v, dict))
         args.modules = sorted({r["modules"] for r in rows})

@@ -125,7 +125,7 @@ def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
 def two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int) -> list[dict]:
     """``count`` confusable prompts (:func:`confusable_cases`: every module a fact of one template about its own
     subject) whose question names *two* subjects, whose facts sit in two different modules: found = both answers
-    are in the reply."""
+    are in the reply, each with its own subject (:func:`judge`)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
@@ -138,7 +138,7 @@ def two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int) -> 
                      f"{answers[first]} + {answers[second]}",
                      [a for j, a in enumerate(answers) if j not in (first, second)], docs)
         out.append({**case, "question": question, "answers": [answers[first], answers[second]],
-                    "needle_modules": [first, second]})
+                    "subjects": [subjects[first], subjects[second]], "needle_modules": [first, second]})
     return out
 
 
@@ -153,11 +153,24 @@ def _confusable_docs(rng: random.Random, chunks: list[str], n_modules: int, fact
 
 
 def judge(answer: str, case: dict) -> tuple[bool, bool]:
-    """(found, confused) for a model's answer to ``case``: whole-word match, case and punctuation ignored; a
-    two-fact case is found when both its answers are."""
+    """(found, confused) for a model's answer to ``case``: whole-word match, case and punctuation ignored. A
+    two-fact case is found when both its answers are *and each goes with its own subject* (:func:`bound`); both
+    answers given to the wrong subjects counts as confused."""
     said = _words(answer)
-    found = all(_words(a) in said for a in case.get("answers") or [case["answer"]])
-    return found, not found and any(_words(o) in said for o in case["others"])
+    answers = case.get("answers") or [case["answer"]]
+    present = all(_words(a) in said for a in answers)
+    found = present and (len(answers) < 2 or bound(said, answers, case.get("subjects") or []))
+    return found, not found and (present or any(_words(o) in said for o in case["others"]))
+
+
+def bound(said: str, answers: list[str], subjects: list[str]) -> bool:
+    """True when two answers, both in ``said`` (:func:`_words` form), come in the order of their subjects there:
+    "A's parrot is X. B's parrot is Y" and "In Y, B was born; in X, A was born" bind each answer to its own
+    subject, "A's parrot is Y. B's parrot is X" does not. Subjects not both named: the question's order."""
+    at = [said.find(_words(a)) for a in answers]
+    named = [said.find(_words(x)) for x in subjects]
+    same_order = named[0] < named[1] if len(named) == 2 and min(named) >= 0 and named[0] != named[1] else True
+    return (at[0] < at[1]) == same_order
 
 
 def _words(text: str) -> str:

@@ -47,9 +47,9 @@ from engine.cache.assemble import module_ranges, slot_owners
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import KVBuffer
+from engine.kv import KVBuffer, LayeredKV
 from engine.limits import Limit
-from engine.model.attend import attention_weights, scoring
+from engine.model.attend import Focus, attention_weights, scoring
 from engine.model.load import LoadedModel
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
@@ -65,6 +65,13 @@ SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
 # (bench/routed_greetings.py). So the threshold keeps the asked modules, one or two, and nothing for a greeting.
 MIN_PULL = 0.95
 DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any module reaches the threshold)
+# With two or more modules kept, focus the decode steps on the module the newest token points at
+# (engine.model.attend.Focus): a token points at a module when its pull there reaches FOCUS_PULL and leads every other
+# kept module's by FOCUS_MARGIN. Read off the pulls of two prompts of the two-fact set (the subject names in the answer:
+# 0.77-0.97 on their module, the other 0.07-0.71; template words under 0.75 or within 0.2 of each other), then
+# measured on all 24 and on a second set of 24 (docs/arms.md).
+DEFAULT_FOCUS = "on"
+FOCUS_PULL, FOCUS_MARGIN = 0.75, 0.2
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,11 @@ class RoutedSettings(ArmSettings):
                               "one of their keys); when none does, keep them all", limit=Limit(
                                   "route_min_pull", 0.0, 1.0, meaning="an attention weight from 0 to 1", example="0.95"),
                               step=0.01, metavar="P")
+
+    focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
+                         "with two or more modules kept, each decode step reads only the module its newest token "
+                         "points at, in the layers after the scout's (on), or every kept module (off)",
+                         choices=("on", "off"))
 
     def check_with(self, config) -> None:
         if config.compression.at_run:
@@ -121,17 +133,21 @@ class RoutedInfo:
     layers: tuple[int, ...] = ()
     scout_ms: float = 0.0  # scout + routing (inside TTFT)
     pull: dict[str, float] = field(default_factory=dict)  # module -> its pull (an attention weight, 0..1)
+    focus: str = DEFAULT_FOCUS
+    moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved
 
     def to_json(self) -> dict:
         return {"route_k": self.k, "route_min_pull": self.min_pull, "route_kept": list(self.kept),
                 "route_attention": {m: round(s, 4) for m, s in self.attention.items()},
                 "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3),
-                "route_pull": {m: round(v, 4) for m, v in self.pull.items()}}
+                "route_pull": {m: round(v, 4) for m, v in self.pull.items()}, "route_focus": self.focus,
+                "route_focus_moves": [list(m) for m in self.moves]}
 
     def chips(self) -> list[str]:
         """Short facts the studio shows under the arm's column."""
         kept = ", ".join(f"{m} {self.attention.get(m, 0) * 100:.0f} %" for m in self.kept) or "no module"
-        return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms"]
+        moves = f"; focus {' → '.join(m for _, m in self.moves)}" if self.moves else ""
+        return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms{moves}"]
 
     def bars(self) -> list[tuple[str, float, bool]]:
         """(module, its share of the question's pull, read) per module, for the studio's bars."""
@@ -150,7 +166,8 @@ class RoutedInfo:
         return cls(k=data.get("route_k", DEFAULT_K), min_pull=data.get("route_min_pull", MIN_PULL),
                    kept=tuple(data.get("route_kept") or ()), attention=dict(data.get("route_attention") or {}),
                    layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0),
-                   pull=dict(data.get("route_pull") or {}))
+                   pull=dict(data.get("route_pull") or {}), focus=data.get("route_focus", "off"),
+                   moves=tuple((int(a), str(b)) for a, b in data.get("route_focus_moves") or ()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,19 +177,23 @@ class RoutedInfo:
 def routed_arm(ctx: ArmContext) -> ArmResult:
     s = ctx.settings_of("routed")
     run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
-                           min_pull=s.min_pull, ape=ctx.settings_of("cached").ape)  # APE is the modular arm's setting
+                           min_pull=s.min_pull, ape=ctx.settings_of("cached").ape,  # APE is the modular arm's setting
+                           focus=s.focus)
     return ArmResult(Arm("routed"), run, detail=info)
 
 
 def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
                min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
-               keep: set[str] | None = None, ape: tuple[float, float] | None = None) -> tuple[RunResult, RoutedInfo]:
+               keep: set[str] | None = None, ape: tuple[float, float] | None = None,
+               focus: str = DEFAULT_FOCUS) -> tuple[RunResult, RoutedInfo]:
     """The modular run reading only the modules the question routes to (module docstring).
 
     ``keep`` forces the kept modules instead of scouting (the oracle of bench/fidelity.py); ``layers`` are the
     scout's; ``ape`` (T, S) scales the attention over the kept modules as APE does (:class:`engine.model.attend.ApeScale`;
-    the scout reads the plain attention). Returns the run (arm ``"routed"``) and how it chose.
+    the scout reads the plain attention); ``focus`` "on": with two or more modules kept, decode steps read the one
+    their newest token points at (:class:`engine.model.attend.Focus`). Returns the run (arm ``"routed"``) and how
+    it chose.
     """
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
@@ -198,13 +219,16 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         read = [r for r in ranges if r[3] is None or r[3] in kept]
         for entry, a, b, _ in read:
             entry.write_into(buf, a, b)
+        chose["focus"] = _focus(read, kept, modules, layers) if focus == "on" else None
         return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
-                    ape=ape_scale(lm, read, ape))
+                    ape=ape_scale(lm, read, ape), focus=chose["focus"])
 
     run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
                        on_token)
+    moves = tuple((step, chose["kept"][m]) for step, m in chose["focus"].changes) if chose["focus"] else ()
     info = RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=chose.get("attention", {}),
-                      layers=layers if keep is None else (), scout_ms=chose["ms"], pull=chose.get("pull", {}))
+                      layers=layers if keep is None else (), scout_ms=chose["ms"], pull=chose.get("pull", {}),
+                      focus=focus, moves=moves)
     return run, info
 
 
@@ -261,6 +285,15 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     else:
         take = {i for i, w in enumerate(weight.tolist()) if w >= min_pull}
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
+
+
+def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], layers: tuple[int, ...]) -> Focus | None:
+    """The decode-time focus over the rebuilt buffer (``read``), when it holds two or more modules but not all (a
+    question that pointed nowhere keeps the modular run's decoding), and no compressed entry (per-layer slots)."""
+    if not 2 <= len(kept) < len(modules) or any(isinstance(e, LayeredKV) for e, *_ in read):
+        return None
+    return Focus(slot_owners(read, 0, {m: i for i, m in enumerate(kept)}), len(kept), layers, FOCUS_PULL,
+                 FOCUS_MARGIN)
 
 
 register(ArmSpec("routed", routed_arm, title="Routed", subtitle="module KV reused, only the modules the question reads",

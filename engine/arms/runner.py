@@ -45,7 +45,8 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import BatchedKV, KVBuffer, KVWorkspace
-from engine.model.attend import ATTENTION, ApeScale, RankMask, ape_scaled, key_masked, rank_masked
+from engine.model.attend import (ATTENTION, ApeScale, Focus, RankMask, ape_scaled, focused, key_masked,
+                                 rank_masked)
 from engine.model.load import LoadedModel
 from engine.model.positions import attach, needs_positions
 from engine.schema.plan import PromptPlan
@@ -68,6 +69,7 @@ class Fill:
     recomputed_positions: tuple[int, ...] = ()
     mask: RankMask | None = None  # prompt-order mask for the prefill (recompute), else the causal one
     ape: ApeScale | None = None  # APE's attention over the modules, for the prefill and every decode step
+    focus: Focus | None = None  # decode-time focus among the kept modules (the routed arm)
 
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
@@ -218,7 +220,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
     attach(cache, key_positions)
-    with torch.inference_mode(), ape_scaled(work.ape):
+    with torch.inference_mode(), ape_scaled(work.ape), focused(work.focus):
         t1 = time.perf_counter()
         with rank_masked(work.mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
             # the rank mask acts on the prefill only: decode steps see the whole buffer
@@ -235,7 +237,8 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
             on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
         cache, used, after, retention_ms = _retain(buf, cache, retain, device)
         batch = _BATCH.get()
-        if batch is not None and work.ape is None and batch.takes(lm, buf, tokens, sampling):  # APE decodes alone
+        alone = work.ape is not None or work.focus is not None  # their attention is the run's own: decoded alone
+        if batch is not None and not alone and batch.takes(lm, buf, tokens, sampling):
             waiting = _Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
                                gen, on_token)
             return _Decoded(tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd, 0.0, used, after,

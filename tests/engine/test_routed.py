@@ -81,6 +81,8 @@ def route_any_pull(monkeypatch):
     from engine.arms import routed
 
     monkeypatch.setattr(routed, "MIN_PULL", 0.0)
+    monkeypatch.setattr(routed, "FOCUS_PULL", 0.0)  # the same for the decode-time focus
+    monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.0)
 
 
 def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
@@ -207,3 +209,53 @@ def test_the_studio_greys_the_modules_routed_out_and_bars_each_modules_share(tin
     bars = views.metrics_html(c, "routed")
     assert bars.count('<div class="pml-bar"') == 2 and bars.count('<div class="pml-bar on"') == 1
     assert f'title="{kept}: {info.attention[kept] * 100:.1f} %"' in bars
+
+
+def test_focus_masks_the_other_kept_modules_after_the_scout_layers():
+    """A decode step whose query pulls module 1 hardest (above the threshold) focuses it: from the layer after the
+    last scout layer on, module 0's keys are masked; text of no module and the new keys stay visible."""
+    from engine.model.attend import Focus
+
+    owners = torch.tensor([-1, 0, 0, 1, 1])
+    focus = Focus(owners, 2, scout=(1, 2), min_pull=0.9, margin=0.2)
+    key = torch.zeros(1, 1, 6, 4)
+    key[0, 0, 3, 0] = 50.0  # slot 3 (module 1) is what the query matches
+    query = torch.zeros(1, 2, 1, 4)
+    query[0, :, 0, 0] = 1.0
+    for layer in range(4):
+        focus.observe(layer, query, key, 1.0)
+        mask = focus.restrict(layer, 1, 6, None, "cpu")
+        if layer <= 2:
+            assert mask is None  # the scout layers see every kept module
+    assert focus.focus == 1 and focus.changes == [(1, 1)]
+    assert mask[0, 0, 0].tolist() == [True, False, False, True, True, True]
+    prefill = focus.restrict(3, 4, 6, None, "cpu")
+    assert prefill is None  # several queries: the question's prefill is never focused
+    weak = Focus(owners, 2, scout=(1,), min_pull=1.01, margin=0.0)
+    weak.observe(0, query, key, 1.0)
+    weak.observe(1, query, key, 1.0)
+    assert weak.focus is None and weak.restrict(2, 1, 6, None, "cpu") is None
+    key[0, 0, 1, 0] = 50.0  # module 0 matched as strongly: no lead, no focus
+    even = Focus(owners, 2, scout=(1,), min_pull=0.1, margin=0.2)
+    even.observe(0, query, key, 1.0)
+    even.observe(1, query, key, 1.0)
+    assert even.focus is None
+
+
+def test_focus_changes_nothing_when_one_module_or_every_module_is_kept(tiny):
+    for keep in ({"d2"}, {"d1", "d2", "d3"}):
+        on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(5), keep=keep, focus="on")
+        off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(5), keep=keep, focus="off")
+        assert on.token_ids == off.token_ids and torch.equal(on.first_logits, off.first_logits) and not info.moves
+
+
+def test_focus_with_two_modules_kept_reads_one_at_a_time(tiny):
+    """Two kept modules (the threshold at 0: every step focuses the module it pulls hardest): the first token is
+    the unfocused run's, the moves are recorded and survive the JSON."""
+    on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(6), keep={"d1", "d3"}, focus="on")
+    off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(6), keep={"d1", "d3"}, focus="off")
+    assert torch.equal(on.first_logits, off.first_logits)
+    if len(on.token_ids) > 1:
+        assert info.moves and info.moves[0][0] == 1 and {m for _, m in info.moves} <= {"d1", "d3"}
+    back = RoutedInfo.from_json(json.loads(json.dumps(info.to_json())))
+    assert back.moves == info.moves and back.focus == "on"
