@@ -181,6 +181,13 @@ def lead_section(slug: str) -> list[str]:
     routed = load(f"fidelity-routed-{slug}")
     if routed:
         out += routed_section(routed, load(f"routing-{slug}"), load(f"routed-greetings-{slug}"))
+    for name in ("single", "two"):
+        more = load(f"fidelity-routed-{name}-{slug}")
+        if more:
+            out += routed_section(more, None, None, further=True)
+    ape = load(f"fidelity-ape-{slug}")
+    if ape and ape.get("confusable"):
+        out += ape_section(ape)
     out += beside(BESIDE)
     if work:
         out += workload_section(work, f"workload-{slug}")
@@ -216,16 +223,24 @@ def lead_section(slug: str) -> list[str]:
     return out
 
 
-def routed_section(f: dict, routing: dict | None, greetings: dict | None) -> list[str]:
-    """The routed arm (issue 27): its ceilings and accuracy per set, where the question's pull points, greetings."""
-    out = [f"**Question-routed reuse** — `{f['command']}` ({machine_line(f)}; {f['model']}, {f.get('weights', 'fp32')} "
-           f"weights, greedy, up to {f['new_tokens']} new tokens, twice that for two facts). `+route K`: the routed "
-           "arm keeping the K modules with the strongest pull (engine/arms/routed.py); `+oracle`: only the asked "
-           "module(s) visible, the ceiling of routing; `+oracle recompute`: the asked module(s) recomputed in "
-           "context, the ceiling of recomputing them.", ""]
+def routed_section(f: dict, routing: dict | None, greetings: dict | None, further: bool = False) -> list[str]:
+    """The routed arm (issue 27): its ceilings and accuracy per set, where the question's pull points, greetings.
+    ``further``: a later run of other sets, introduced by its command only."""
+    if further:
+        out = [f"**Question-routed reuse, further sets** — `{f['command']}` ({machine_line(f)}; {f['model']}, "
+               f"{f.get('weights', 'fp32')} weights, greedy, up to {f['new_tokens']} new tokens, twice that for two "
+               "facts).", ""]
+    else:
+        out = [f"**Question-routed reuse** — `{f['command']}` ({machine_line(f)}; {f['model']}, "
+               f"{f.get('weights', 'fp32')} weights, greedy, up to {f['new_tokens']} new tokens, twice that for two "
+               "facts). `+route K`: the routed arm keeping the K modules with the strongest pull (0: every module "
+               "whose pull reaches 0.95, the default; engine/arms/routed.py); `+oracle`: only the asked module(s) "
+               "visible, the ceiling of routing; `+oracle recompute`: the asked module(s) recomputed in context, the "
+               "ceiling of recomputing them.", ""]
     for size, summary in f["frontier"].items():
         n = next(iter(summary.values()))["n"]
-        out += [f"*Single facts, {size} modules ({n} prompts):*", ""] + _arm_rows(summary) + [""]
+        if n > 1 or not further:
+            out += [f"*Single facts, {size} modules ({n} prompts):*", ""] + _arm_rows(summary) + [""]
     if f.get("confusable"):
         out += [f"*Confusable facts, {f['confusable_modules']} modules ({f['confusable_prompts']} prompts):*", ""]
         out += confusable_table(f)
@@ -252,6 +267,36 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None) -> lis
                 "modules, the routed arm's answer the same text as the modular arm's: " + ", ".join(
                     f"`{k}` {v}/{greetings['prompts']}" for k, v in greetings["same_text"].items()) + ".", ""]
     return out
+
+
+def ape_section(f: dict) -> list[str]:
+    """APE at query time (issue 27): the confusable set's accuracy per temperature T and scale S."""
+    c, grid = f["confusable"], {}
+    for arm, v in c.items():
+        m = re.fullmatch(r"prefixed\+ape (\d+) (\d+)", arm)
+        if m:
+            grid[(int(m.group(1)), int(m.group(2)))] = v
+    if "prefixed" in c:
+        grid[(100, 100)] = c["prefixed"]
+    ts, ss = sorted({t for t, _ in grid}), sorted({s for _, s in grid})
+    rows = ["| T \\ S | " + " | ".join(f"S = {s / 100:.1f}" for s in ss) + " |", "|---|" + "---:|" * len(ss)]
+    for t in ts:
+        rows.append(f"| T = {t / 100:.1f} | " + " | ".join(
+            f"{grid[(t, s)]['found']}/{grid[(t, s)]['n']}" + (" (off)" if (t, s) == (100, 100) else "")
+            if (t, s) in grid else "—" for s in ss) + " |")
+    best = max(grid.items(), key=lambda kv: (kv[1]["found"], kv[0] == (100, 100)))
+    base = c.get("baseline")
+    out = [f"**APE at query time** — `{f['command']}` ({machine_line(f)}; {f['model']}, {f.get('weights', 'fp32')} "
+           f"weights, greedy, up to {f['new_tokens']} new tokens): the confusable set's {next(iter(c.values()))['n']} "
+           "prompts of 8 modules; each cell is the modular arm with APE's temperature T inside the modules and "
+           "scale S on their attention mass (`--ape T,S`; engine/model/attend.py), answers found:", "", *rows, ""]
+    line = (f"Best: T = {best[0][0] / 100:.1f}, S = {best[0][1] / 100:.1f}, {best[1]['accuracy']:.0%} "
+            f"({best[1]['found']}/{best[1]['n']}, 95 % CI {best[1]['ci95'][0]:.0%}–{best[1]['ci95'][1]:.0%})")
+    if base:
+        line += f"; the baseline {base['accuracy']:.0%} ({base['found']}/{base['n']})"
+    routed = {a: v for a, v in c.items() if "+route" in a}
+    line += "".join(f"; `{a}` {v['accuracy']:.0%} ({v['found']}/{v['n']})" for a, v in routed.items())
+    return out + [line + ".", ""]
 
 
 def lead_fidelity(f: dict, slug: str) -> list[str]:
