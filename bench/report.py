@@ -269,6 +269,10 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None, furthe
     return out
 
 
+def cell_of(v: dict) -> str:
+    return f"{v['accuracy']:.0%} ({v['found']}/{v['n']}, {v['ci95'][0]:.0%}–{v['ci95'][1]:.0%})"
+
+
 def ape_section(f: dict) -> list[str]:
     """APE at query time (issue 27): the confusable set's accuracy per temperature T and scale S."""
     c, grid = f["confusable"], {}
@@ -284,18 +288,31 @@ def ape_section(f: dict) -> list[str]:
         rows.append(f"| T = {t / 100:.1f} | " + " | ".join(
             f"{grid[(t, s)]['found']}/{grid[(t, s)]['n']}" + (" (off)" if (t, s) == (100, 100) else "")
             if (t, s) in grid else "—" for s in ss) + " |")
-    best = max(grid.items(), key=lambda kv: (kv[1]["found"], kv[0] == (100, 100)))
     base = c.get("baseline")
+    on = {k: v for k, v in grid.items() if k != (100, 100)}
+    top = max(v["found"] for v in on.values())
+    best = [k for k, v in on.items() if v["found"] == top]
+
+    def cell(k):
+        return cell_of(grid[k])
+
     out = [f"**APE at query time** — `{f['command']}` ({machine_line(f)}; {f['model']}, {f.get('weights', 'fp32')} "
            f"weights, greedy, up to {f['new_tokens']} new tokens): the confusable set's {next(iter(c.values()))['n']} "
            "prompts of 8 modules; each cell is the modular arm with APE's temperature T inside the modules and "
            "scale S on their attention mass (`--ape T,S`; engine/model/attend.py), answers found:", "", *rows, ""]
-    line = (f"Best: T = {best[0][0] / 100:.1f}, S = {best[0][1] / 100:.1f}, {best[1]['accuracy']:.0%} "
-            f"({best[1]['found']}/{best[1]['n']}, 95 % CI {best[1]['ci95'][0]:.0%}–{best[1]['ci95'][1]:.0%})")
+    line = ("Best with APE on: " + " and ".join(f"T = {t / 100:.1f}, S = {s_ / 100:.1f}" for t, s_ in best)
+            + f", {cell(best[0])}")
+    if (90, 90) in grid:
+        line += f"; APE's own default (T = S = 0.9) {cell((90, 90))}"
+    if (100, 100) in grid:
+        line += f"; off (the modular arm) {cell((100, 100))}"
     if base:
-        line += f"; the baseline {base['accuracy']:.0%} ({base['found']}/{base['n']})"
+        line += f"; the baseline {cell_of(base)}"
     routed = {a: v for a, v in c.items() if "+route" in a}
-    line += "".join(f"; `{a}` {v['accuracy']:.0%} ({v['found']}/{v['n']})" for a, v in routed.items())
+    line += "".join(f"; `{a}` {cell_of(v)}" for a, v in routed.items())
+    if (100, 100) in grid and top <= grid[(100, 100)]["found"]:
+        line += (". No setting finds more answers than the modular arm without APE, so APE is off by default "
+                 "(`ape_t` = `ape_s` = 1)")
     return out + [line + ".", ""]
 
 
@@ -889,6 +906,30 @@ def _blend_rule(arm: str) -> str:
     return rest[1] if len(rest) > 1 else "deviation"
 
 
+def routed_headline() -> list[str]:
+    """The routed arm's bullet: confusable and two-fact accuracy beside the baseline's, its workload TTFT."""
+    conf, two = load(f"fidelity-routed-{LEAD}"), load(f"fidelity-routed-two-{LEAD}")
+    work = load(f"workload-int8-{LEAD}")
+    parts = []
+    for f, label in ((conf, "confusable facts"), (two, "two facts in one question")):
+        c = (f or {}).get("confusable") or (f or {}).get("two_fact")
+        if c and "prefixed+route 0" in c:
+            parts.append(f"{label}: routed {_found(c['prefixed+route 0'])}, baseline {_found(c['baseline'])}, "
+                         f"modular {_found(c['prefixed'])}")
+    if work and "routed" in work["arms"]:
+        a = work["arms"]
+        parts.append(f"workload ({work.get('variant', '')} weights): routed {a['routed']['needle_found']}/{a['routed']['n']} "
+                     f"found at a mean TTFT of {a['routed']['mean_ttft_ms'] / 1000:.2f} s, baseline "
+                     f"{a['baseline']['needle_found']}/{a['baseline']['n']} at {a['baseline']['mean_ttft_ms'] / 1000:.2f} s, "
+                     f"prefix cache {a['prefix']['mean_ttft_ms'] / 1000:.2f} s, modular "
+                     f"{a['cached']['needle_found']}/{a['cached']['n']} at {a['cached']['mean_ttft_ms'] / 1000:.2f} s")
+    if not parts:
+        return []
+    model = (conf or two or work)["model"]
+    return [f"- **Question-routed reuse** (the `routed` arm, {model}, int8 weights; 24 prompts of 8 confusable "
+            "modules each; 95 % Wilson intervals): " + "; ".join(parts) + "."]
+
+
 def headline() -> str:
     """The README's headline block: TTFT at ~1K and ~4K tokens, confusable-facts accuracy per arm, storage, one plot."""
     out = [HEAD_START, ""]
@@ -954,6 +995,7 @@ def headline() -> str:
                    + (f". The prefix cache is exact (the baseline's answer in {a['prefix']['same_answers_as_baseline']}"
                       f" of {a['prefix']['n']})" if a["prefix"].get("same_answers_as_baseline") is not None else "")
                    + ".")
+    out += routed_headline()
     mem, same = [], True
     for comp in comps:
         s = comp["summary"]
