@@ -65,13 +65,12 @@ SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
 # (bench/routed_greetings.py). So the threshold keeps the asked modules, one or two, and nothing for a greeting.
 MIN_PULL = 0.95
 DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any module reaches the threshold)
-# With two or more modules kept, focus the decode steps on the module the newest token points at
-# (engine.model.attend.Focus): a token points at a module when its pull there reaches FOCUS_PULL and leads every other
-# kept module's by FOCUS_MARGIN. Read off the pulls of two prompts of the two-fact set (the subject names in the answer:
-# 0.77-0.97 on their module, the other 0.07-0.71; template words under 0.75 or within 0.2 of each other), then
-# measured on all 24 and on a second set of 24 (docs/arms.md).
+# With two or more modules kept, focus the decode steps on the module whose subject the answer last named
+# (engine.model.attend.Focus). A question token names a module when its pull there reaches the routing threshold and
+# leads every other kept module's by FOCUS_MARGIN (its scout row: a subject's name pulls its own module at 0.95-1.0,
+# the others far less). Measured on bench/fidelity.py's two-fact set (docs/arms.md).
 DEFAULT_FOCUS = "on"
-FOCUS_PULL, FOCUS_MARGIN = 0.75, 0.2
+FOCUS_MARGIN = 0.2
 
 
 @dataclass(frozen=True)
@@ -110,6 +109,7 @@ class Scouted:
     pull: torch.Tensor  # [len(layers), len(modules)]: max over heads, uncached tokens and the module's keys
     mass: torch.Tensor  # [len(layers), len(modules)]: attention summed over heads and uncached tokens (reported only)
     others: torch.Tensor  # [len(layers)]: the same over cached tokens that are never routed (system text, scaffolds)
+    by_token: torch.Tensor | None = None  # [uncached tokens, len(modules)]: each token's pull, over the scout layers
 
     def strength(self) -> torch.Tensor:
         """[len(modules)]: each module's pull over all the scout layers (the strongest)."""
@@ -208,6 +208,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         t0 = time.perf_counter()
         for entry, a, b, _ in ranges:
             entry.write_into(buf, a, b)
+        seen = None
         if keep is None and modules:
             seen = scout(lm, buf, ranges, ids, pos, layers)
             kept = choose(seen, k, min_pull)
@@ -219,7 +220,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         read = [r for r in ranges if r[3] is None or r[3] in kept]
         for entry, a, b, _ in read:
             entry.write_into(buf, a, b)
-        chose["focus"] = _focus(read, kept, modules, layers) if focus == "on" else None
+        chose["focus"] = _focus(read, kept, modules, seen, ids, min_pull) if focus == "on" else None
         return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
                     ape=ape_scale(lm, read, ape), focus=chose["focus"])
 
@@ -252,6 +253,7 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
     owner = {layer: slot_owners(ranges, layer, index) for layer in layers}  # buffer slot -> module index (-1: never routed)
     pull, mass = torch.zeros(len(layers), len(modules)), torch.zeros(len(layers), len(modules))
     others = torch.zeros(len(layers))
+    by_token = torch.zeros(len(ids), len(modules))
 
     class Pull:
         def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
@@ -265,13 +267,16 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
             pull[row].scatter_reduce_(0, cached[routable], peak[routable], reduce="amax")
             mass[row].index_add_(0, cached[routable], att.sum(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()[routable])
             others[row] = peak[~routable].max() if bool((~routable).any()) else 0.0
+            per_token = att.amax(dim=(0, 1))[:, : cached.shape[0]].float().cpu()  # [queries, cached slots]
+            into = cached[routable].expand(per_token.shape[0], -1)
+            by_token.scatter_reduce_(1, into, per_token[:, routable], reduce="amax")
 
     with torch.inference_mode(), scoring(Pull()):
         run_until(lm, max(layers), "routing", "leave routed out of the arms",
                   input_ids=torch.tensor([list(ids)], device=lm.device),
                   position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
                   use_cache=True, logits_to_keep=1)
-    return Scouted(modules, layers, pull, mass, others)
+    return Scouted(modules, layers, pull, mass, others, by_token)
 
 
 def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
@@ -287,13 +292,33 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
-def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], layers: tuple[int, ...]) -> Focus | None:
+def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], seen: "Scouted | None", ids,
+           min_pull: float) -> Focus | None:
     """The decode-time focus over the rebuilt buffer (``read``), when it holds two or more modules but not all (a
-    question that pointed nowhere keeps the modular run's decoding), and no compressed entry (per-layer slots)."""
-    if not 2 <= len(kept) < len(modules) or any(isinstance(e, LayeredKV) for e, *_ in read):
+    question that pointed nowhere keeps the modular run's decoding), the scout saw the question and no entry is
+    compressed (its slots differ per layer)."""
+    if seen is None or seen.by_token is None or not 2 <= len(kept) < len(modules) \
+            or any(isinstance(e, LayeredKV) for e, *_ in read):
         return None
-    return Focus(slot_owners(read, 0, {m: i for i, m in enumerate(kept)}), len(kept), layers, FOCUS_PULL,
-                 FOCUS_MARGIN)
+    return Focus(slot_owners(read, 0, {m: i for i, m in enumerate(kept)}), triggers(seen, ids, kept, min_pull))
+
+
+def triggers(seen: Scouted, ids, kept: tuple[str, ...], min_pull: float) -> dict[int, int]:
+    """{token id: index in ``kept``} of the question tokens that name one kept module: their pull there reaches
+    ``min_pull`` and leads every other kept module's by :data:`FOCUS_MARGIN`. A token id naming two modules names none."""
+    cols = [seen.modules.index(m) for m in kept]
+    pulls = seen.by_token[:, cols]  # [question tokens, kept]
+    out: dict[int, int] = {}
+    clash: set[int] = set()
+    for tok, row in zip(ids, pulls):
+        top = torch.topk(row, min(2, len(kept)))
+        lead = float(top.values[0] - top.values[1]) if len(kept) > 1 else float(top.values[0])
+        if float(top.values[0]) >= min_pull and lead >= FOCUS_MARGIN:
+            best = int(top.indices[0])
+            if out.get(int(tok), best) != best:
+                clash.add(int(tok))
+            out[int(tok)] = best
+    return {t: m for t, m in out.items() if t not in clash}
 
 
 register(ArmSpec("routed", routed_arm, title="Routed", subtitle="module KV reused, only the modules the question reads",

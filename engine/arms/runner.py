@@ -220,7 +220,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
     attach(cache, key_positions)
-    with torch.inference_mode(), ape_scaled(work.ape), focused(work.focus):
+    with torch.inference_mode(), ape_scaled(work.ape), focused(work.focus, model):
         t1 = time.perf_counter()
         with rank_masked(work.mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
             # the rank mask acts on the prefill only: decode steps see the whole buffer

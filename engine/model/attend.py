@@ -8,8 +8,8 @@
   within :func:`scoring`.
 * :class:`ApeScale` — APE's attention over parallel-encoded contexts (arXiv 2502.05431), for the
   forwards inside :func:`ape_scaled`.
-* :class:`Focus` — while decoding, the one module of several the newest token points at, read alone in the
-  later layers (the routed arm's focus), for the forwards inside :func:`focused`.
+* :class:`Focus` — while decoding, the one module of several whose subject the answer last named, read alone
+  (the routed arm's focus), for the forwards inside :func:`focused`.
 * :func:`forward_kv` — run the model over tokens at explicit positions with an optional
   past and return the new tokens' KV as a ModuleKV.
 """
@@ -152,48 +152,36 @@ class Focus:
     """Decode-time focus among the modules a routed run kept (engine/arms/routed.py).
 
     With two or more modules kept (a question about two subjects), the answer still mixes them up: each is
-    visible while the model writes about the other. So in every decode step the newest token's **pull** on each
-    kept module (the strongest attention any head pays one of its keys) is read at the ``scout`` layers, as the
-    routed arm's scout reads the question's; when one module's reaches ``min_pull`` and leads every other kept
-    module's by ``margin`` (the token names that module's subject) it becomes the focus, and from the layer after the last scout layer on, in this step and
-    the next ones, the other kept modules are masked out until another module takes the focus. Layers up to
-    the scout layers always see every kept module, so a later token can still point at another one. The
-    prefill (the question) and the first token are not focused.
+    visible while the model writes about the other. The routed arm's scout knows which of the question's tokens
+    point at which kept module (``triggers``: token id -> module index; a subject's name). While decoding, each
+    time the model writes one of those tokens (:meth:`saw`, fed the step's input ids) that module becomes the
+    focus, and the other kept modules are masked out in every layer, in this step and the next ones, until a
+    token of another module's subject takes the focus. The prefill (the question) and the first token are not
+    focused; text of no module is never masked.
 
-    ``owners`` [cached slots]: each buffer slot's kept-module index (-1: text of no module, never masked).
+    ``owners`` [cached slots]: each buffer slot's kept-module index (-1: text of no module).
     """
 
-    def __init__(self, owners: torch.Tensor, modules: int, scout: tuple[int, ...], min_pull: float, margin: float):
-        self.owners, self.modules = owners, modules
-        self.scout, self.after, self.min_pull, self.margin = frozenset(scout), max(scout), min_pull, margin
-        self.pull = torch.zeros(modules)
+    def __init__(self, owners: torch.Tensor, triggers: dict[int, int]):
+        self.owners, self.triggers = owners, dict(triggers)
         self.focus: int | None = None
         self.step = 0  # decode steps seen
         self.changes: list[tuple[int, int]] = []  # (decode step, module index) each time the focus moved
         self._mask: torch.Tensor | None = None
 
-    def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
-        if query.shape[-2] != 1:
+    def saw(self, input_ids: torch.Tensor) -> None:
+        """A forward's input ids: a decode step (one token) whose token is a trigger moves the focus."""
+        if input_ids.shape[-1] != 1:
             return
-        if layer == 0:
-            self.step += 1
-            self.pull.zero_()
-        if layer not in self.scout:
-            return
-        n = self.owners.shape[0]
-        peak = attention_weights(query, key, scaling).amax(dim=(0, 1, 2))[:n].float().cpu()
-        routable = self.owners >= 0
-        self.pull.scatter_reduce_(0, self.owners[routable], peak[routable], reduce="amax")
-        if layer == self.after:
-            top = torch.topk(self.pull, min(2, self.modules))
-            best, lead = int(top.indices[0]), float(top.values[0] - (top.values[1] if self.modules > 1 else 0.0))
-            if float(top.values[0]) >= self.min_pull and lead >= self.margin and best != self.focus:
-                self.focus, self._mask = best, None
-                self.changes.append((self.step, best))
+        self.step += 1
+        module = self.triggers.get(int(input_ids.reshape(-1)[-1]))
+        if module is not None and module != self.focus:
+            self.focus, self._mask = module, None
+            self.changes.append((self.step, module))
 
     def restrict(self, layer: int, q: int, kv: int, attention_mask, device):
-        """``attention_mask`` with the unfocused kept modules masked out, past the scout layers of a decode step."""
-        if self.focus is None or q != 1 or layer <= self.after:
+        """``attention_mask`` with the unfocused kept modules masked out, in a focused decode step."""
+        if self.focus is None or q != 1:
             return attention_mask
         if self._mask is None or self._mask.device != torch.device(device):
             self._mask = ((self.owners < 0) | (self.owners == self.focus)).to(device)
@@ -209,15 +197,18 @@ class Focus:
 
 
 @contextlib.contextmanager
-def focused(focus: "Focus | None"):
-    """Within this block, decode steps through the PML attention are focused by ``focus`` (None: unchanged)."""
+def focused(focus: "Focus | None", model=None):
+    """Within this block, decode steps through the PML attention are focused by ``focus`` (None: unchanged), which
+    sees each forward's input ids through a hook on ``model``'s input embeddings."""
     if focus is None:
         yield None
         return
     token = _FOCUS.set(focus)
+    handle = model.get_input_embeddings().register_forward_pre_hook(lambda mod, args: focus.saw(args[0]))
     try:
         yield focus
     finally:
+        handle.remove()
         _FOCUS.reset(token)
 
 
@@ -318,7 +309,6 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
         attention_mask = torch.ones(q, kv, dtype=torch.bool, device=query.device).tril_(kv - q)[None, None]
     focus = _FOCUS.get()
     if focus is not None:
-        focus.observe(module.layer_idx, query, key, kwargs.get("scaling"))
         attention_mask = focus.restrict(module.layer_idx, q, kv, attention_mask, query.device)
     ape = _APE.get()
     if ape is not None:

@@ -81,8 +81,7 @@ def route_any_pull(monkeypatch):
     from engine.arms import routed
 
     monkeypatch.setattr(routed, "MIN_PULL", 0.0)
-    monkeypatch.setattr(routed, "FOCUS_PULL", 0.0)  # the same for the decode-time focus
-    monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.0)
+    monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.0)  # the same for the decode-time focus
 
 
 def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
@@ -211,35 +210,41 @@ def test_the_studio_greys_the_modules_routed_out_and_bars_each_modules_share(tin
     assert f'title="{kept}: {info.attention[kept] * 100:.1f} %"' in bars
 
 
-def test_focus_masks_the_other_kept_modules_after_the_scout_layers():
-    """A decode step whose query pulls module 1 hardest (above the threshold) focuses it: from the layer after the
-    last scout layer on, module 0's keys are masked; text of no module and the new keys stay visible."""
+def test_focus_masks_the_other_kept_modules_once_the_answer_names_one():
+    """A decode step whose token is a trigger of module 1 focuses it: module 0's keys are masked in every layer
+    from then on; text of no module and the new keys stay visible; the prefill is never focused."""
     from engine.model.attend import Focus
 
-    owners = torch.tensor([-1, 0, 0, 1, 1])
-    focus = Focus(owners, 2, scout=(1, 2), min_pull=0.9, margin=0.2)
-    key = torch.zeros(1, 1, 6, 4)
-    key[0, 0, 3, 0] = 50.0  # slot 3 (module 1) is what the query matches
-    query = torch.zeros(1, 2, 1, 4)
-    query[0, :, 0, 0] = 1.0
-    for layer in range(4):
-        focus.observe(layer, query, key, 1.0)
-        mask = focus.restrict(layer, 1, 6, None, "cpu")
-        if layer <= 2:
-            assert mask is None  # the scout layers see every kept module
-    assert focus.focus == 1 and focus.changes == [(1, 1)]
-    assert mask[0, 0, 0].tolist() == [True, False, False, True, True, True]
-    prefill = focus.restrict(3, 4, 6, None, "cpu")
-    assert prefill is None  # several queries: the question's prefill is never focused
-    weak = Focus(owners, 2, scout=(1,), min_pull=1.01, margin=0.0)
-    weak.observe(0, query, key, 1.0)
-    weak.observe(1, query, key, 1.0)
-    assert weak.focus is None and weak.restrict(2, 1, 6, None, "cpu") is None
-    key[0, 0, 1, 0] = 50.0  # module 0 matched as strongly: no lead, no focus
-    even = Focus(owners, 2, scout=(1,), min_pull=0.1, margin=0.2)
-    even.observe(0, query, key, 1.0)
-    even.observe(1, query, key, 1.0)
-    assert even.focus is None
+    focus = Focus(torch.tensor([-1, 0, 0, 1, 1]), {7: 1, 9: 0})
+    focus.saw(torch.tensor([[3, 7, 5]]))  # the prefill: not a step
+    assert focus.focus is None and focus.restrict(0, 3, 6, None, "cpu") is None
+    focus.saw(torch.tensor([[5]]))
+    assert focus.focus is None and focus.restrict(0, 1, 6, None, "cpu") is None
+    focus.saw(torch.tensor([[7]]))
+    assert focus.focus == 1 and focus.changes == [(2, 1)]
+    assert focus.restrict(0, 1, 6, None, "cpu")[0, 0, 0].tolist() == [True, False, False, True, True, True]
+    causal = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    causal[..., 0] = False
+    assert focus.restrict(5, 1, 6, causal, "cpu")[0, 0, 0].tolist() == [False, False, False, True, True, True]
+    focus.saw(torch.tensor([[9]]))
+    assert focus.changes == [(2, 1), (3, 0)]
+
+
+def test_triggers_are_the_question_tokens_that_name_one_kept_module(monkeypatch):
+    from engine.arms import routed
+
+    monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.2)
+    by_token = torch.tensor([[0.99, 0.10, 0.0],   # token 11 names m0
+                             [0.97, 0.96, 0.0],   # token 12 pulls m0 and m1 alike: names none
+                             [0.20, 0.98, 0.5],   # token 13 names m1
+                             [0.50, 0.60, 0.99],  # token 14 names m2, which was not kept
+                             [0.10, 0.99, 0.0],   # token 11 again, now naming m1: a clash, dropped
+                             [0.80, 0.10, 0.0]])  # under the threshold
+    seen = Scouted(("m0", "m1", "m2"), (0,), torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1), by_token)
+    from engine.arms.routed import triggers
+
+    got = triggers(seen, [11, 12, 13, 14, 11, 16], ("m0", "m1"), 0.95)
+    assert got == {13: 1}
 
 
 def test_focus_changes_nothing_when_one_module_or_every_module_is_kept(tiny):
@@ -250,12 +255,12 @@ def test_focus_changes_nothing_when_one_module_or_every_module_is_kept(tiny):
 
 
 def test_focus_with_two_modules_kept_reads_one_at_a_time(tiny):
-    """Two kept modules (the threshold at 0: every step focuses the module it pulls hardest): the first token is
-    the unfocused run's, the moves are recorded and survive the JSON."""
-    on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(6), keep={"d1", "d3"}, focus="on")
-    off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(6), keep={"d1", "d3"}, focus="off")
-    assert torch.equal(on.first_logits, off.first_logits)
-    if len(on.token_ids) > 1:
-        assert info.moves and info.moves[0][0] == 1 and {m for _, m in info.moves} <= {"d1", "d3"}
+    """Two modules kept by scouting (top 2; every question token a trigger of the module it pulls hardest, at a
+    threshold of 0): the first token is the unfocused run's; each move is to a kept module; the moves survive
+    the JSON."""
+    on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(8), k=2, focus="on")
+    off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(8), k=2, focus="off")
+    assert len(info.kept) == 2 and torch.equal(on.first_logits, off.first_logits)
+    assert {m for _, m in info.moves} <= set(info.kept)
     back = RoutedInfo.from_json(json.loads(json.dumps(info.to_json())))
     assert back.moves == info.moves and back.focus == "on"
