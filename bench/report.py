@@ -188,6 +188,9 @@ def lead_section(slug: str) -> list[str]:
     ape = load(f"fidelity-ape-{slug}")
     if ape and ape.get("confusable"):
         out += ape_section(ape)
+    routed_work = load(f"workload-int8-{slug}")
+    if routed_work and "routed" in routed_work["arms"]:
+        out += workload_section(routed_work, f"workload-int8-{slug}")
     out += beside(BESIDE)
     if work:
         out += workload_section(work, f"workload-{slug}")
@@ -911,14 +914,15 @@ def routed_headline() -> list[str]:
     conf, two = load(f"fidelity-routed-{LEAD}"), load(f"fidelity-routed-two-{LEAD}")
     work = load(f"workload-int8-{LEAD}")
     parts = []
-    for f, label in ((conf, "confusable facts"), (two, "two facts in one question")):
+    for f, label in ((conf, "confusable facts (24 prompts × 8 modules)"),
+                     (two, "two facts in one question (24 prompts × 8 modules, each answer with its own subject)")):
         c = (f or {}).get("confusable") or (f or {}).get("two_fact")
         if c and "prefixed+route 0" in c:
             parts.append(f"{label}: routed {_found(c['prefixed+route 0'])}, baseline {_found(c['baseline'])}, "
                          f"modular {_found(c['prefixed'])}")
     if work and "routed" in work["arms"]:
         a = work["arms"]
-        parts.append(f"workload ({work.get('variant', '')} weights): routed {a['routed']['needle_found']}/{a['routed']['n']} "
+        parts.append(f"mixed workload ({len(work['prompts'])} prompts of 2–4 of {work['modules']} modules): routed {a['routed']['needle_found']}/{a['routed']['n']} "
                      f"found at a mean TTFT of {a['routed']['mean_ttft_ms'] / 1000:.2f} s, baseline "
                      f"{a['baseline']['needle_found']}/{a['baseline']['n']} at {a['baseline']['mean_ttft_ms'] / 1000:.2f} s, "
                      f"prefix cache {a['prefix']['mean_ttft_ms'] / 1000:.2f} s, modular "
@@ -926,8 +930,8 @@ def routed_headline() -> list[str]:
     if not parts:
         return []
     model = (conf or two or work)["model"]
-    return [f"- **Question-routed reuse** (the `routed` arm, {model}, int8 weights; 24 prompts of 8 confusable "
-            "modules each; 95 % Wilson intervals): " + "; ".join(parts) + "."]
+    return [f"- **Question-routed reuse** (the `routed` arm, {model}, int8 weights; answer found, 95 % Wilson "
+            "interval): " + "; ".join(parts) + "."]
 
 
 def headline() -> str:

@@ -298,7 +298,7 @@ def main() -> None:
 def variant(config) -> list[str]:
     """How a run's settings differ from the default, as name parts: results of a variant go to
     bench/results/workload-PARTS.json (the README shows its modular arm beside the default's)."""
-    parts = [config.mode] if config.mode != "prefixed" else []
+    parts = [config.mode] if config.mode != "contextual" else []  # the default mode (its old name: prefixed)
     parts += [f"sink{config.sink}"] if config.sink else []
     parts += [f"repair{config.repair}"] if config.repair else []
     parts += [config.storage_dtype] if config.storage_dtype != "float32" else []
