@@ -181,7 +181,7 @@ def lead_section(slug: str) -> list[str]:
     routed = load(f"fidelity-routed-{slug}")
     if routed:
         out += routed_section(routed, load(f"routing-{slug}"), load(f"routed-greetings-{slug}"))
-    for name in ("single", "two"):
+    for name in ("single", "two", "two-heldout"):
         more = load(f"fidelity-routed-{name}-{slug}")
         if more:
             out += routed_section(more, None, None, further=True)
