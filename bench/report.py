@@ -249,7 +249,7 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None, furthe
         out += confusable_table(f)
     if f.get("two_fact"):
         out += [f"*Two facts, one question naming two subjects whose facts sit in two of {f['confusable_modules']} "
-                f"confusable modules ({f['two_fact_prompts']} prompts; found = both answers):*", ""]
+                f"confusable modules ({next(iter(f['two_fact'].values()))['n']} prompts; found = both answers, each with its own subject):*", ""]
         out += confusable_table({"confusable": f["two_fact"], "confusable_rows": f["two_fact_rows"]})
     if routing:
         lines = []
