@@ -210,8 +210,8 @@ def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question
     with torch.inference_mode(), scoring(scorer) if scorer else contextlib.nullcontext():
         # use_cache=True: with gapped positions and no cache, transformers would assume packed sequences
         run_until(lm, check_layer, "the blend selection pass", "set blend to 0",
-                  input_ids=torch.tensor([ids], device=lm.device), position_ids=torch.tensor([pos], device=lm.device), past_key_values=cache, use_cache=True,
-                  logits_to_keep=1)
+                  input_ids=torch.tensor([ids], device=lm.device), position_ids=torch.tensor([pos], device=lm.device),
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
     return Probe(fresh=[data[i, :, 0] for i in range(check_layer + 1)],
                  question=None if scorer is None else scorer.total)
 

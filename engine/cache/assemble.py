@@ -129,8 +129,6 @@ def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
     return out
 
 
-
-
 def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
     """(entry, first token, end token, top-level module or None) per cached segment, in prompt order; None marks
     the text that belongs to no module (the anonymous text, scaffolds)."""
