@@ -18,6 +18,14 @@ what attending over the cache costs. Prints a table, then one JSON document last
     python bench/ttft.py --model gemma3-270m   # another model: results go to bench/results/ttft-gemma3-270m.json
     python bench/ttft.py --device cuda --storage cuda   # on a GPU, modules in GPU memory: gpu-ttft-cuda.json
     python bench/ttft.py --device cuda --storage cpu    # on a GPU, modules in CPU memory: gpu-ttft-cpu.json
+    python bench/ttft.py --device cuda --storage cuda --random-shape llama-2-7b   # gpu-ttft-cuda-llama-2-7b-random.json
+
+``--random-shape llama-2-7b`` measures the paper's GPU setting without the weights: a Llama model of Llama-2-7B's
+shape (32 layers, hidden 4096, MLP 11008, 32 heads, context 4096) built from its config with random weights,
+bf16, directly on the device. TTFT does not depend on the weights' values, only on the shapes of the work. Its
+text is tokenized by ``--model``'s tokenizer (the default model's unless named), and its vocabulary is that
+tokenizer's (49,152 for SmolLM2's, against Llama-2's 32,000): that changes only the embedding and output
+matrices, not the attention or MLP work. Lengths are cut to fit its context less the new tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +36,36 @@ from common import emit, essay_chunks, machine, result_name, table, ttft_point
 
 from engine.config import COMPUTE_DTYPES, DEVICES, STORAGES
 from engine.session import Engine
+
+# Llama shapes for --random-shape (LlamaConfig fields); the vocabulary is the tokenizer's
+SHAPES = {
+    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
+    # the same code path at a size a CPU runs in seconds (tests, smoke runs)
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
+}
+
+
+def random_model(shape: str, spec: str | None, device: str, dtype: str):
+    """A LoadedModel of Llama shape ``shape`` with random weights (seed 0), built in ``dtype`` on ``device``
+    (no full-precision copy on the CPU first), tokenizing with model ``spec``'s tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from engine.devices import check_device
+    from engine.model.load import load_tokenizer, wrap_model
+
+    check_device(device)
+    tok_name, tok, _ = load_tokenizer(spec)
+    cfg = LlamaConfig(**SHAPES[shape], vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    model.eval()
+    return wrap_model(model, tok, f"{shape}-random", device=device, dtype=dtype,
+                      max_positions=cfg.max_position_embeddings), tok_name, cfg
 
 
 def main() -> None:
@@ -42,11 +80,26 @@ def main() -> None:
     ap.add_argument("--storage", default="cpu", choices=STORAGES,
                     help="where module KV is kept: the paper's two GPU settings are --device cuda with --storage "
                     "cuda and with --storage cpu (Fig. 4); GPU results go to bench/results/gpu-ttft-STORAGE.json")
-    ap.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES, help="compute dtype (default: the device's)")
+    ap.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES,
+                    help="compute dtype (default: the device's; bfloat16 with --random-shape)")
+    ap.add_argument("--random-shape", default=None, choices=sorted(SHAPES),
+                    help="a random-weight Llama model of this shape instead of --model's weights (--model then "
+                    "gives the tokenizer); results go to ...-SHAPE-random.json")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
-    eng = Engine(model=args.model, persist=False, device=args.device, storage=args.storage, dtype=args.dtype)
+    extra = {}
+    if args.random_shape:
+        device = args.device or ("cuda" if args.storage == "cuda" else "cpu")
+        lm, tok_name, cfg = random_model(args.random_shape, args.model, device, args.dtype or "bfloat16")
+        eng = Engine.from_loaded(lm, storage=args.storage)
+        # room for the new tokens (and the chunk cut's slack) inside the shape's context
+        args.lengths = [min(n, cfg.max_position_embeddings - args.new_tokens - 16) for n in args.lengths]
+        extra = {"random_weights": True, "shape": {"name": args.random_shape, "architecture": "LlamaForCausalLM",
+                                                   **SHAPES[args.random_shape], "vocab_size": cfg.vocab_size},
+                 "params": lm.n_params, "tokenizer": tok_name}
+    else:
+        eng = Engine(model=args.model, persist=False, device=args.device, storage=args.storage, dtype=args.dtype)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks, floor=True) for n in args.lengths]
     print(table(["prompt", "cached", "uncached", "baseline ms", "cached ms", "copy ms", "speedup", "range",
@@ -57,9 +110,10 @@ def main() -> None:
                   r["floor_over_nocache"], r["baseline_decode_ms_per_token"], r["cached_decode_ms_per_token"]]
                  for r in rows]))
     gpu = str(eng.lm.device).startswith("cuda")
-    emit(result_name(f"gpu-ttft-{args.storage}" if gpu else "ttft", args.model),
+    emit(result_name(f"gpu-ttft-{args.storage}" if gpu else "ttft",
+                     f"{args.random_shape}-random" if args.random_shape else args.model),
          {"benchmark": "ttft", "model": eng.lm.name, "device": str(eng.lm.device), "storage": args.storage,
-          "mode": eng.config.mode, "dtype": eng.lm.dtype,
+          "mode": eng.config.mode, "dtype": eng.lm.dtype, **extra,
           "ttft_includes_copy": True, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
           "results": rows}, write=not args.quick)
 
