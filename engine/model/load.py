@@ -125,6 +125,7 @@ class LoadedModel:
     sliding_layers: int = 0
     weights: str = "fp32"  # how the linear layers' weights are kept (engine/model/weights.py)
     weight_bytes: int = 0  # bytes of the linear layers' weights as kept
+    weight_kernels: str = "torch's dense matrix products"  # what multiplies them (weights.kernel_label)
 
     @property
     def family_tested(self) -> bool:
@@ -139,7 +140,7 @@ class LoadedModel:
                 "attention": self.attention, "attention_path": attention_label(self),
                 "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
                 "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
-                "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
+                "weight_kernels": self.weight_kernels, "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
 
 
 def attention_label(lm: LoadedModel) -> str:
@@ -305,19 +306,22 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {short(err)}") from None
     model.to(device).eval()
-    from engine.model.weights import quantize_weights  # torch's packed kernels: imported when a model loads
+    from engine.model.weights import kernel_label, quantize_weights  # imported (with torch) when a model loads
 
     weight_bytes = quantize_weights(model, weights)
-    precision = dtype if weights == "fp32" else f"{dtype}+{weights}"  # module KV depends on the weights too
+    kernels = kernel_label(model)
+    # module KV depends on the weights and on the kernels that multiply them (their roundings differ)
+    precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}"
     return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
-                      weights=weights, weight_bytes=weight_bytes,
+                      weights=weights, weight_bytes=weight_bytes, weight_kernels=kernels,
                       max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
                       codec=codec if tokenizer is not None else None)
 
 
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
                max_positions: int | None = None, codec_fingerprint: str | None = None,
-               codec: TextCodec | None = None, weights: str = "fp32", weight_bytes: int = 0) -> LoadedModel:
+               codec: TextCodec | None = None, weights: str = "fp32", weight_bytes: int = 0,
+               weight_kernels: str = "torch's dense matrix products") -> LoadedModel:
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 
@@ -344,7 +348,7 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
                      max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp,
                      architecture=type(model).__name__, model_type=config.model_type, attention=attention,
                      sliding_window=sliding_window(config), sliding_layers=sliding_layers(config),
-                     weights=weights, weight_bytes=weight_bytes)
+                     weights=weights, weight_bytes=weight_bytes, weight_kernels=weight_kernels)
     _warm_up(lm)
     return lm
 

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import ModelError
-from engine.model import WEIGHTS
+from engine.model import WEIGHTS, kernels
+
 INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
 # From this many tokens in one call (a prefill) a packed layer dequantizes its weight and runs fp32's GEMM: the
 # packed kernels are built for matrix-vector products and lose to it on long inputs. Measured on the 0.5B
@@ -46,7 +47,9 @@ class PackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, kind: str):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, linear.in_features, linear.out_features
-        self.nibbles: torch.Tensor | None = None  # int4 values outside the kernel's tiles (_pack_int4)
+        self.nibbles: torch.Tensor | None = None  # int4 values outside torch's kernel's tiles (_pack_int4)
+        # the engine's kernels (engine/model/kernels.py) where built and the shape tiles; else torch's
+        self.own = kernels.fits(kind, self.out_features, self.in_features)
         w = linear.weight.detach().float()  # [out, in]
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(),
                                                                         requires_grad=False)
@@ -54,8 +57,9 @@ class PackedLinear(torch.nn.Module):
             self.register_buffer("weight_bf16", w.to(torch.bfloat16))
         elif kind == "int8":
             scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [out]
-            self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-            self.register_buffer("scales", scale.to(torch.bfloat16))
+            q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            self.register_buffer("qweight", kernels.pack_int8(q) if self.own else q)
+            self.register_buffer("scales", scale if self.own else scale.to(torch.bfloat16))
         elif kind == "int4":
             self._pack_int4(w)
         else:
@@ -67,6 +71,11 @@ class PackedLinear(torch.nn.Module):
         low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
         scale = ((high - low) / 15).clamp(min=1e-12)
         q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(out, inp)
+        if self.own:
+            nibbles, sz = kernels.pack_int4(q, scale.squeeze(-1), low.squeeze(-1))
+            self.register_buffer("qweight", nibbles)
+            self.register_buffer("scales_zeros", sz)
+            return
         self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
         # dequantizing reads the kernel's tiles (_int4_values); where they are not laid out as that expects, the
         # values are kept again, two per byte in rows (never for the 0.5B model: every int4 matrix is 64-row tiled)
@@ -78,6 +87,12 @@ class PackedLinear(torch.nn.Module):
 
     def dense(self) -> torch.Tensor:
         """The weight as the kernel sees it, dequantized to fp32: [out, in]."""
+        if self.own and self.kind == "int8":
+            return kernels.unpack_int8(self.qweight, self.in_features).float().mul_(self.scales[:, None])
+        if self.own:
+            q, scale, zero = kernels.unpack_int4(self.qweight, self.scales_zeros)
+            groups = q.reshape(self.out_features, -1, INT4_GROUP).float()
+            return groups.mul_(scale[..., None]).add_(zero[..., None]).reshape(self.out_features, self.in_features)
         if self.kind == "int8":
             return self.qweight.float().mul_(self.scales.float()[:, None])
         if self.kind == "int4":
@@ -88,23 +103,30 @@ class PackedLinear(torch.nn.Module):
             return q.float().sub_(8).mul_(sz[..., :1]).add_(sz[..., 1:]).reshape(out, inp)
         return self.weight_bf16.float()
 
-    def matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        """``x2 @ W.T`` for ``x2`` [tokens, in], without the bias: the packed kernel (bf16 in and out), or from
-        :data:`DENSE_FROM` tokens on, fp32's GEMM over the dequantized weight (fp32 out)."""
+    def matmul(self, x2: torch.Tensor, bias: bool = False) -> torch.Tensor:
+        """``x2 @ W.T`` (plus the bias when ``bias``) for ``x2`` [tokens, in]: the engine's kernel (fp32 in and
+        out), torch's packed kernel (bf16 in and out), or from :data:`DENSE_FROM` tokens on, fp32's GEMM over the
+        dequantized weight (fp32 out)."""
+        b = self.bias if bias else None
         if x2.shape[0] >= DENSE_FROM.get(self.kind, 1 << 62) and x2.device.type == "cpu":
-            return F.linear(x2.float(), self.dense())
+            return F.linear(x2.float(), self.dense(), None if b is None else b.float())
+        if self.own:
+            x2 = x2.float().contiguous()
+            kernel = kernels.ops().int8_matmul if self.kind == "int8" else kernels.ops().int4_matmul
+            return kernel(x2, self.qweight, self.scales if self.kind == "int8" else self.scales_zeros,
+                          None if b is None else b.float())
         x2 = x2.to(torch.bfloat16)
         if self.kind == "int8":
-            return torch._weight_int8pack_mm(x2, self.qweight, self.scales)
-        if self.kind == "int4":
-            return torch._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_zeros)
-        return F.linear(x2, self.weight_bf16)
+            y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        elif self.kind == "int4":
+            y = torch._weight_int4pack_mm_for_cpu(x2, self.qweight, INT4_GROUP, self.scales_zeros)
+        else:
+            y = F.linear(x2, self.weight_bf16)
+        return y if b is None else y.float() + b.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        y = self.matmul(x.reshape(-1, self.in_features)).to(dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(dtype)
+        y = self.matmul(x.reshape(-1, self.in_features), bias=True).to(dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def nbytes(self) -> int:
@@ -152,15 +174,28 @@ class PackedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
-        gu = self.gate_up.matmul(x.reshape(-1, self.gate_up.in_features)).float()
-        if self.gate_up.bias is not None:
-            gu = gu + self.gate_up.bias.float()
+        gu = self.gate_up.matmul(x.reshape(-1, self.gate_up.in_features), bias=True).float()
         gate, up = gu.split(self.inter, -1)
         y = self.down_proj(self.act_fn(gate) * up)
         return y.to(dtype).reshape(*shape[:-1], self.down_proj.out_features)
 
     def nbytes(self) -> int:
         return self.gate_up.nbytes() + self.down_proj.nbytes()
+
+
+def kernel_label(model: torch.nn.Module) -> str:
+    """Which kernels multiply ``model``'s packed weights (one line for the Model tab and ``run --json``)."""
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear) and m.kind in ("int8", "int4")]
+    own = sum(m.own for m in packed)
+    if not packed:
+        return "torch's dense matrix products"
+    if own == len(packed):
+        return kernels.status()
+    if own == 0:
+        return kernels.status() if kernels.ops() is None else \
+            f"torch's kernels (no layer has a multiple of {kernels.ROW_TILE} rows, as the engine's need)"
+    return f"{kernels.status()} for {own} of {len(packed)} layers, torch's for the rest (rows not a multiple of " \
+           f"{kernels.ROW_TILE})"
 
 
 def layer_kind(name: str, kind: str) -> str:

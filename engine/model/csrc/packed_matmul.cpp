@@ -1,0 +1,209 @@
+// Weight-only int8 / int4 matrix products for decode on x86 CPUs with AVX-512 VNNI (engine/model/kernels.py).
+//
+// y = x @ W.T (+ bias) for float32 x [M, K] and a weight stored in blocks of 16 output rows: for each block and
+// each pair of input columns (k, k+1), the 16 rows' two weights, row-major — so one 512-bit register holds
+// 16 rows x 2 columns as int16 pairs and one VPDPWSSD multiplies them by the pair (x_k, x_k+1) and adds into
+// the 16 rows' int32 sums. The activations are quantized per token to int16 (scale max|x| / 32767: relative
+// error ~1.5e-5, far under the weights' own); the weights' bytes are what a decode step waits for, so the
+// loop reads each weight byte once for up to 4 tokens.
+//
+// int8: [N/16, K/2, 16, 2] int8, one float scale per row; sums flushed to float every 256 columns, so
+//   |sum| <= 256 * 127 * 32767 < 2^31 (no overflow).
+// int4: [N/16, K/2, 16] uint8, byte r = q[r, k] | q[r, k+1] << 4 with q in 0..15; per group of 32 columns and
+//   row a bf16 scale and zero point ([N/16, K/32, 2, 16]): w = q * scale + zero, so
+//   y = sum_g scale_g * (q . x)_g + zero_g * (sum of x over g).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+constexpr int64_t ROWS = 16;  // output rows per block (one register of int32 sums)
+constexpr int BLOCKS = 4;     // blocks per tile: 64 rows, 4 independent sums per token
+constexpr int TOKENS8 = 4;    // tokens per pass over a tile's weights: int8 (4 x 4 sums in registers)
+constexpr int TOKENS4 = 2;    // ... int4 (two sums per block and token: 4 x 2 x 2)
+constexpr int64_t INT8_FLUSH = 128;  // column pairs summed in int32 before adding to the float sums
+constexpr int64_t GROUP_QUADS = 8;   // column quads per int4 group (32 columns)
+
+inline __m512 bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+template <int TM>
+void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const float* scale,
+               const float* sx, float* y, int64_t ystride) {
+  __m512 f[BLOCKS][TM];
+  for (int b = 0; b < BLOCKS; ++b)
+    for (int m = 0; m < TM; ++m) f[b][m] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k2; c += INT8_FLUSH) {
+    const int64_t end = std::min(k2, c + INT8_FLUSH);
+    __m512i acc[BLOCKS][TM];
+    for (int b = 0; b < BLOCKS; ++b)
+      for (int m = 0; m < TM; ++m) acc[b][m] = _mm512_setzero_si512();
+    for (int64_t p = c; p < end; ++p) {
+      __m512i wv[BLOCKS];
+      for (int b = 0; b < BLOCKS; ++b)
+        wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + (b * k2 + p) * 32)));
+      for (int m = 0; m < TM; ++m) {
+        const __m512i xb = _mm512_set1_epi32(x[m * xstride + p]);
+        for (int b = 0; b < BLOCKS; ++b) acc[b][m] = _mm512_dpwssd_epi32(acc[b][m], wv[b], xb);
+      }
+    }
+    for (int b = 0; b < BLOCKS; ++b)
+      for (int m = 0; m < TM; ++m) f[b][m] = _mm512_add_ps(f[b][m], _mm512_cvtepi32_ps(acc[b][m]));
+  }
+  for (int b = 0; b < BLOCKS; ++b) {
+    const __m512 s = _mm512_loadu_ps(scale + b * ROWS);
+    for (int m = 0; m < TM; ++m)
+      _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_mul_ps(_mm512_mul_ps(f[b][m], s), _mm512_set1_ps(sx[m])));
+  }
+}
+
+template <int TM>
+void tile_int4(const uint8_t* w, int64_t k4, const uint16_t* sz, const int32_t* xl, const int32_t* xh,
+               int64_t xstride, const float* xsum, int64_t groups, const float* sx, float* y, int64_t ystride) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m512 f[BLOCKS][TM], z[BLOCKS][TM];
+  for (int b = 0; b < BLOCKS; ++b)
+    for (int m = 0; m < TM; ++m) f[b][m] = z[b][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i lo[BLOCKS][TM], hi[BLOCKS][TM];
+    for (int b = 0; b < BLOCKS; ++b)
+      for (int m = 0; m < TM; ++m) lo[b][m] = hi[b][m] = _mm512_setzero_si512();
+    const int64_t p0 = g * GROUP_QUADS;
+    for (int64_t p = p0; p < p0 + GROUP_QUADS; ++p) {
+      __m512i wv[BLOCKS];
+      for (int b = 0; b < BLOCKS; ++b) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(w + (b * k4 + p) * 32));
+        const __m256i a = _mm256_and_si256(v, low), c = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        wv[b] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
+      }
+      for (int m = 0; m < TM; ++m) {
+        const __m512i l = _mm512_set1_epi32(xl[m * xstride + p]), h = _mm512_set1_epi32(xh[m * xstride + p]);
+        for (int b = 0; b < BLOCKS; ++b) {
+          lo[b][m] = _mm512_dpbusd_epi32(lo[b][m], wv[b], l);
+          hi[b][m] = _mm512_dpbusd_epi32(hi[b][m], wv[b], h);
+        }
+      }
+    }
+    for (int b = 0; b < BLOCKS; ++b) {
+      const uint16_t* s = sz + ((b * groups + g) * 2) * ROWS;
+      const __m512 scale = bf16x16(s), zero = bf16x16(s + ROWS);
+      for (int m = 0; m < TM; ++m) {
+        const __m512i sum = _mm512_add_epi32(lo[b][m], _mm512_slli_epi32(hi[b][m], 7));
+        f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, f[b][m]);
+        z[b][m] = _mm512_fmadd_ps(zero, _mm512_set1_ps(xsum[m * groups + g]), z[b][m]);
+      }
+    }
+  }
+  for (int b = 0; b < BLOCKS; ++b)
+    for (int m = 0; m < TM; ++m)
+      _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_fmadd_ps(f[b][m], _mm512_set1_ps(sx[m]), z[b][m]));
+}
+
+// x [M, K] float32 -> int16 [M, padded K] per token (|q| <= limit; the scale |x|max / limit in sx [M])
+void quantize(const torch::Tensor& x, int64_t padded, float limit, torch::Tensor& xq, torch::Tensor& sx) {
+  const int64_t M = x.size(0), K = x.size(1);
+  xq = torch::zeros({M, padded}, torch::kInt16);
+  sx = torch::empty({M}, torch::kFloat32);
+  const float* xp = x.data_ptr<float>();
+  int16_t* qp = xq.data_ptr<int16_t>();
+  float* sp = sx.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = xp + m * K;
+    float mx = 0.f;
+    for (int64_t k = 0; k < K; ++k) mx = std::max(mx, std::fabs(row[k]));
+    const float s = mx > 0 ? mx / limit : 1.f, inv = 1.f / s;
+    sp[m] = s;
+    for (int64_t k = 0; k < K; ++k) qp[m * padded + k] = (int16_t)std::nearbyint(row[k] * inv);
+  }
+}
+
+// tile(t, m, tm): rows of tile t (64) for tokens m .. m + tm - 1, tm <= tokens
+template <typename Tile>
+void for_tiles(int64_t M, int64_t N, int64_t tokens, Tile&& tile) {
+  at::parallel_for(0, N / (ROWS * BLOCKS), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m = 0; m < M; m += tokens) tile(t, m, std::min<int64_t>(tokens, M - m));
+  });
+}
+
+void add_bias(torch::Tensor& y, const c10::optional<torch::Tensor>& bias) {
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+}
+
+void check(const torch::Tensor& x, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.device().is_cpu(),
+              "packed matmul: x must be a contiguous float32 CPU matrix");
+  TORCH_CHECK(N % (ROWS * BLOCKS) == 0, "packed matmul: rows must be a multiple of 64");
+}
+
+}  // namespace
+
+torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale, c10::optional<torch::Tensor> bias) {
+  const int64_t M = x.size(0), k2 = w.size(1), N = w.size(0) * ROWS;
+  check(x, N);
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(2) == ROWS && w.size(3) == 2 && (x.size(1) + 1) / 2 == k2 &&
+              scale.numel() == N && scale.scalar_type() == torch::kFloat32, "int8 matmul: packed weight's shape");
+  torch::Tensor xq, sx;
+  quantize(x, k2 * 2, 32767.f, xq, sx);
+  auto y = torch::empty({M, N}, torch::kFloat32);
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const int32_t* xp = (const int32_t*)xq.data_ptr<int16_t>();
+  const float *sc = scale.data_ptr<float>(), *sp = sx.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for_tiles(M, N, TOKENS8, [&](int64_t t, int64_t m, int64_t tm) {
+    const int8_t* wt = wp + t * BLOCKS * k2 * 32;
+    const int64_t r = t * BLOCKS * ROWS;
+    switch (tm) {
+      case 1: tile_int8<1>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
+      case 2: tile_int8<2>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
+      case 3: tile_int8<3>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
+      default: tile_int8<4>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
+    }
+  });
+  add_bias(y, bias);
+  return y;
+}
+
+torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_zero, c10::optional<torch::Tensor> bias) {
+  const int64_t M = x.size(0), K = x.size(1), k4 = w.size(1), N = w.size(0) * ROWS, groups = K / 32;
+  check(x, N);
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.size(2) == 32 && K % 32 == 0 && k4 * 4 == K &&
+              scale_zero.scalar_type() == torch::kBFloat16 && scale_zero.numel() == N * groups * 2,
+              "int4 matmul: packed weight's shape");
+  // 15-bit activations split as x = 128 * high + low, low in 0..127 and high in -128..127 (both signed bytes)
+  torch::Tensor xq, sx;
+  quantize(x, K, 16383.f, xq, sx);
+  auto low = torch::bitwise_and(xq, 127).to(torch::kInt8), high = torch::bitwise_right_shift(xq, 7).to(torch::kInt8);
+  auto xsum = x.view({M, groups, 32}).sum(-1).contiguous();
+  auto y = torch::empty({M, N}, torch::kFloat32);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* szp = (const uint16_t*)scale_zero.data_ptr<at::BFloat16>();
+  const int32_t *xl = (const int32_t*)low.data_ptr<int8_t>(), *xh = (const int32_t*)high.data_ptr<int8_t>();
+  const float *sp = sx.data_ptr<float>(), *xs = xsum.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for_tiles(M, N, TOKENS4, [&](int64_t t, int64_t m, int64_t tm) {
+    const uint8_t* wt = wp + t * BLOCKS * k4 * 32;
+    const uint16_t* st = szp + t * BLOCKS * groups * 2 * ROWS;
+    const int64_t r = t * BLOCKS * ROWS;
+    const int32_t *l = xl + m * k4, *h = xh + m * k4;
+    const float *xsm = xs + m * groups, *sm = sp + m;
+    float* ym = yp + m * N + r;
+    switch (tm) {
+      case 1: tile_int4<1>(wt, k4, st, l, h, k4, xsm, groups, sm, ym, N); break;
+      default: tile_int4<2>(wt, k4, st, l, h, k4, xsm, groups, sm, ym, N); break;
+    }
+  });
+  add_bias(y, bias);
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_matmul", &int8_matmul, "y = x @ W.T (+ bias), W int8 per row (packed)");
+  m.def("int4_matmul", &int4_matmul, "y = x @ W.T (+ bias), W int4 per group of 32 (packed)");
+}

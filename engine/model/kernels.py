@@ -1,0 +1,134 @@
+"""The engine's own weight-only int8 / int4 matrix products for CPU decode (csrc/packed_matmul.cpp).
+
+Why: torch's CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) take bf16 activations and
+dequantize every weight to float before multiplying; on this project's CPU the int8 one is compute-bound (about
+half the memory's speed) and both need a cast of the input and the output around every call. These kernels
+quantize the activations per token to 15–16-bit integers (relative error ~3e-5) and multiply with AVX-512 VNNI
+(``VPDPWSSD`` for int8 weights, ``VPDPBUSD`` for int4), reading each weight byte once for several tokens;
+float32 in, float32 out, bias included. Measured per decode step of Qwen2.5-Coder-0.5B (bench/decode.py).
+
+They need an x86-64 CPU with AVX-512 BW and VNNI, a C++ compiler and ninja; they are compiled once (~35 s, with
+torch's ``cpp_extension``) into ``$PML_STUDIO_CACHE/kernels``. Where any of that is missing — or
+``PML_STUDIO_KERNELS=0`` — :func:`ops` is None, :func:`status` says why, and the packed layers use torch's
+kernels (engine/model/weights.py).
+
+Layouts (:func:`pack_int8`, :func:`pack_int4`): output rows in blocks of 16 (a multiple of 64 rows in all);
+int8 ``[rows/16, cols/2, 16, 2]`` with a float32 scale per row; int4 ``[rows/16, cols/4, 32]`` bytes, byte
+``4i + c`` of a column quad holding rows i and i + 8 of column c (low and high nibble), with a bf16 scale and
+zero point per row and group of 32 columns ``[rows/16, cols/32, 2, 16]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.devices import cache_root
+
+SOURCE = Path(__file__).parent / "csrc" / "packed_matmul.cpp"
+FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+# -fopenmp: at::parallel_for splits the rows over torch's own OpenMP threads (libgomp.so.1, already loaded by torch)
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+ROW_TILE = 64  # output rows per tile of the kernels
+GROUP = 32  # int4 columns per scale and zero point
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def status() -> str:
+    """One line: whether the engine's kernels are in use, and why not when they are not."""
+    ops()
+    return _state["status"]
+
+
+def ops():
+    """The compiled kernels (``int8_matmul``, ``int4_matmul``), or None where they cannot run (see :func:`status`)."""
+    with _lock:
+        if "ops" not in _state:
+            _state["ops"], _state["status"] = _build()
+        return _state["ops"]
+
+
+def fits(kind: str, rows: int, cols: int) -> bool:
+    """Whether a ``rows`` x ``cols`` weight of ``kind`` can use the kernels (they are built and the shape tiles)."""
+    if kind not in ("int8", "int4") or rows % ROW_TILE or (kind == "int4" and cols % GROUP):
+        return False
+    return ops() is not None
+
+
+def _build():
+    if os.environ.get("PML_STUDIO_KERNELS", "1") == "0":
+        return None, "torch's kernels (PML_STUDIO_KERNELS=0)"
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None, f"torch's kernels (the engine's need x86-64 with AVX-512 VNNI; this CPU is {platform.machine()})"
+    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return None, f"torch's kernels (this CPU lacks {', '.join(missing)})"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return None, "torch's kernels (no C++ compiler to build the engine's: install g++)"
+    from torch.utils.cpp_extension import load, verify_ninja_availability
+    try:
+        verify_ninja_availability()
+    except RuntimeError:
+        return None, "torch's kernels (ninja is missing: pip install ninja)"
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    build = cache_root() / "kernels" / key
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        module = load(name=f"pml_packed_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                      verbose=False)
+    except Exception as e:  # a compiler error: the engine still runs, on torch's kernels
+        return None, f"torch's kernels (building the engine's failed: {str(e).strip().splitlines()[-1][:200]})"
+    return module, "the engine's AVX-512 VNNI kernels"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """int8 ``q`` [rows, cols] -> the int8 kernel's layout (an odd column count gets a zero column)."""
+    rows, cols = q.shape
+    if cols % 2:
+        q = torch.nn.functional.pad(q, (0, 1))
+    return q.reshape(rows // 16, 16, -1, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_int8(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """The inverse of :func:`pack_int8`: int8 [rows, cols]."""
+    blocks, pairs = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)[:, :cols]
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values ``q`` [rows, cols] in 0..15 with ``scale``, ``zero`` [rows, cols / 32] (w = q * scale + zero) ->
+    (uint8 nibbles, bf16 scales and zero points) in the int4 kernel's layout."""
+    rows, cols = q.shape
+    q = q.to(torch.uint8).reshape(rows // 16, 2, 8, cols // 4, 4)  # [block, half, row i, quad, column c]
+    nibbles = (q[:, 0] | (q[:, 1] << 4)).permute(0, 2, 1, 3).reshape(rows // 16, cols // 4, 32).contiguous()
+    sz = torch.stack([scale, zero], 1).reshape(rows // 16, 16, 2, cols // GROUP).permute(0, 3, 2, 1)
+    return nibbles, sz.contiguous().to(torch.bfloat16)
+
+
+def unpack_int4(nibbles: torch.Tensor, sz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack_int4`: (values uint8 [rows, cols], scale, zero float32 [rows, cols / 32])."""
+    blocks, quads = nibbles.shape[:2]
+    b = nibbles.reshape(blocks, quads, 8, 4)
+    q = torch.stack([b & 15, b >> 4], 1)  # [block, half, quad, row i, column c]
+    q = q.permute(0, 1, 3, 2, 4).reshape(blocks * 16, quads * 4)
+    s = sz.float().permute(0, 3, 2, 1).reshape(blocks * 16, 2, -1)
+    return q, s[:, 0], s[:, 1]
