@@ -420,6 +420,31 @@ def gpu_runs() -> list[dict]:
     return [d for d in (load("gpu-ttft-cuda"), load("gpu-ttft-cpu")) if d]
 
 
+SHAPE = "llama-2-7b"  # bench/ttft.py --random-shape: the paper's model size, random weights
+
+
+def shape_runs() -> list[dict]:
+    """bench/ttft.py --random-shape llama-2-7b on a lent GPU, modules in GPU and in CPU memory."""
+    return [d for d in (load(f"gpu-ttft-cuda-{SHAPE}-random"), load(f"gpu-ttft-cpu-{SHAPE}-random")) if d]
+
+
+def gpu_table(runs: list[dict], commands: bool = True) -> list[str]:
+    """One row per length and storage: the paper's two GPU settings side by side (each row's command with
+    ``commands``; else the text names them)."""
+    out = ["| prompt tokens | modules in | baseline TTFT | cached TTFT | of which copy | speedup (min–max) | "
+           "floor (stock transformers) | question tokens alone, no cache | decode ms/token |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for d in runs:
+        for r in d["results"]:
+            where = f"{d['storage'].upper()} memory (`{d['command']}`)" if commands else \
+                f"{'GPU' if d['storage'] == 'cuda' else d['storage'].upper()} memory"
+            out.append(f"| {r['prompt_tokens']:,} | {where} | "
+                       f"{r['baseline_ttft_ms']:.1f} ms | {r['cached_ttft_ms']:.1f} ms | {r['cached_copy_ms']:.1f} ms | "
+                       f"{r['speedup']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['floor_ms']:.1f} ms | "
+                       f"{r['nocache_ms']:.1f} ms | {r['baseline_decode_ms_per_token']:.0f} |")
+    return out
+
+
 def gpu_section() -> list[str]:
     """bench/ttft.py on a lent GPU: the paper's two GPU settings (Fig. 4), modules in GPU and in CPU memory."""
     runs = gpu_runs()
@@ -429,16 +454,7 @@ def gpu_section() -> list[str]:
     out = [f"**On a GPU** ({m.get('gpu', 'a CUDA GPU')}, torch {m['torch']}, {m['date']}; lent to one session, "
            "not the reference machine): the paper's two GPU settings, `bench/ttft.py` with the model on the GPU and "
            f"the modules' KV kept in GPU memory or in CPU memory ({runs[0]['model']}, {runs[0]['dtype']}, median of "
-           f"{runs[0]['reps']} after a warm-up, TTFT includes the copy):", "",
-           "| prompt tokens | modules in | baseline TTFT | cached TTFT | of which copy | speedup (min–max) | "
-           "floor (stock transformers) | question tokens alone, no cache | decode ms/token |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for d in runs:
-        for r in d["results"]:
-            out.append(f"| {r['prompt_tokens']:,} | {d['storage'].upper()} memory (`{d['command']}`) | "
-                       f"{r['baseline_ttft_ms']:.1f} ms | {r['cached_ttft_ms']:.1f} ms | {r['cached_copy_ms']:.1f} ms | "
-                       f"{r['speedup']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {r['floor_ms']:.1f} ms | "
-                       f"{r['nocache_ms']:.1f} ms | {r['baseline_decode_ms_per_token']:.0f} |")
+           f"{runs[0]['reps']} after a warm-up, TTFT includes the copy):", ""] + gpu_table(runs)
     rows = [r for d in runs for r in d["results"]]
     flat, alone = [r["baseline_ttft_ms"] for r in rows], [r["nocache_ms"] for r in rows]
     copies = [r["cached_copy_ms"] for d in runs if d["storage"] == "cpu" for r in d["results"]]
@@ -449,14 +465,76 @@ def gpu_section() -> list[str]:
             "and its own work (assembling the buffer"
             + (f"; copying from CPU memory, {min(copies):.0f}–{max(copies):.0f} ms" if copies else "")
             + ") makes it slower than a full prefill. Prompt Cache's GPU gains come from prefills that are "
-            "compute-bound (7B+ models, long prompts); this model is too small to show them, and no such model is "
-            "at hand here (models come from PyPI packages; the largest is 0.5B)."]
+            "compute-bound (7B+ models, long prompts); this model is too small to show them"
+            + ("; Llama-2-7B's shape is measured below." if shape_runs() else
+               ", and no such model is at hand here (models come from PyPI packages; the largest is 0.5B).")]
     log = RESULTS / "gpu-tests.log"
     if log.exists():
         lines = log.read_text().strip().splitlines()
         out.append(f"The engine's real-model tests ran there with the model and module store on CUDA (fp32): "
                    f"`{lines[0].lstrip('$ ')}` — {lines[-1].strip()}.")
-    return out + [""]
+    return out + [""] + shape_section(shape_runs())
+
+
+def shape_section(runs: list[dict]) -> list[str]:
+    """The paper's GPU settings at Llama-2-7B's shape with random weights (bench/ttft.py --random-shape)."""
+    if not runs:
+        return []
+    d0, m = runs[0], runs[0]["machine"]
+    sh = d0["shape"]
+    rows = [r for d in runs for r in d["results"]]
+    room = sh["max_position_embeddings"] - d0["new_tokens"] - 16  # where bench/ttft.py cuts the lengths
+    words = d0["command"].split()
+    tok_arg = words[words.index("--model") + 1] if "--model" in words[:-1] else None
+    cut = [r for r in rows if r["target_tokens"] == room]
+    out = [f"**Llama-2-7B's shape on a GPU, random weights** ({m.get('gpu', 'a CUDA GPU')}, torch {m['torch']}, "
+           f"{m['date']}; lent to one session, not the reference machine). No 7B model's weights are at hand here, "
+           "but TTFT does not depend on the weights' values, only on the shapes of the work, so "
+           f"`bench/ttft.py --random-shape {sh['name']}` builds a {sh['architecture']} of Llama-2-7B's shape from its "
+           f"config ({sh['num_hidden_layers']} layers, hidden {sh['hidden_size']:,}, MLP {sh['intermediate_size']:,}, "
+           f"{sh['num_attention_heads']} attention and {sh['num_key_value_heads']} KV heads, context "
+           f"{sh['max_position_embeddings']:,}; {d0['params'] / 1e9:.2f} B parameters) with **random weights** "
+           f"(seed 0), in {d0['dtype']} directly on the GPU. The weights are random, so the answers are noise and "
+           f"only the timings mean anything. The text is tokenized by {d0['tokenizer']}'s tokenizer, and the "
+           f"vocabulary is that tokenizer's {sh['vocab_size']:,} tokens instead of Llama-2's 32,000: that changes "
+           "only the embedding and output matrices, not the attention or MLP work of any layer."
+           + (f" The longest prompt is cut to {max(r['prompt_tokens'] for r in cut):,} tokens, leaving room for "
+              f"the {d0['new_tokens']} new tokens in the {sh['max_position_embeddings']:,}-token context." if cut
+              else "")
+           + " Commands: " + " and ".join(f"`{d['command']}`" for d in runs)
+           + (f" (`--model` names only the tokenizer: `{tok_arg}` was a folder holding the default model's "
+              "tokenizer and config files, the lent GPU having none of the model packages)" if tok_arg else "")
+           + f"; median of {d0['reps']} after a warm-up, TTFT includes the copy:", ""]
+    out += gpu_table(runs, commands=False)
+    on_gpu = [r for d in runs if d["storage"] == "cuda" for r in d["results"]]
+    on_cpu = [r for d in runs if d["storage"] == "cpu" for r in d["results"]]
+    said = []
+    if on_gpu:
+        said.append(f"With the modules in GPU memory the full prefill takes "
+                    f"{on_gpu[0]['baseline_ttft_ms']:.0f} ms at {on_gpu[0]['prompt_tokens']:,} tokens and "
+                    f"{on_gpu[-1]['baseline_ttft_ms']:.0f} ms at {on_gpu[-1]['prompt_tokens']:,}, while the cached "
+                    f"TTFT stays at {min(r['cached_ttft_ms'] for r in on_gpu):.0f}–"
+                    f"{max(r['cached_ttft_ms'] for r in on_gpu):.0f} ms, "
+                    f"{min(r['cached_over_floor'] for r in on_gpu):.2f}–{max(r['cached_over_floor'] for r in on_gpu):.2f}× "
+                    "the floor (a stock forward of the same question tokens over the same KV): speedup "
+                    + ", ".join(f"{r['speedup']:.2f}× at {r['prompt_tokens']:,}" for r in on_gpu) + " tokens.")
+        alone = [r for r in on_gpu if r["baseline_ttft_ms"] <= 1.1 * r["nocache_ms"]]
+        if alone:
+            at = ", ".join(f"{r['prompt_tokens']:,}" for r in alone)
+            ms = ", ".join(f"{r['baseline_ttft_ms']:.1f} against {r['nocache_ms']:.1f} ms" for r in alone)
+            said.append(f"At {at} tokens a full prefill costs no more than a forward of the "
+                        f"{alone[0]['uncached_tokens']} question tokens alone ({ms}): there the forward's cost is per "
+                        "call, not per token, and there is nothing to save.")
+    if on_cpu:
+        rate = [r["store_bytes"] / r["cached_copy_ms"] / 1e6 for r in on_cpu if r["cached_copy_ms"]]
+        over = all(r["cached_copy_ms"] > r["baseline_ttft_ms"] for r in on_cpu)
+        said.append(f"With the modules in CPU memory the copy of their KV to the GPU takes "
+                    f"{min(r['cached_copy_ms'] for r in on_cpu):.0f}–{max(r['cached_copy_ms'] for r in on_cpu):.0f} ms "
+                    f"({min(rate):.0f}–{max(rate):.0f} GB/s for {on_cpu[0]['store_bytes'] / 1e9:.2f}–"
+                    f"{on_cpu[-1]['store_bytes'] / 1e9:.2f} GB)"
+                    + (", longer than the full prefill it replaces" if over else "")
+                    + f": speedup {min(r['speedup'] for r in on_cpu):.2f}–{max(r['speedup'] for r in on_cpu):.2f}×.")
+    return out + ["", " ".join(said), ""] if said else out + [""]
 
 
 def confusable_table(f: dict) -> list[str]:
@@ -964,6 +1042,18 @@ def headline() -> str:
                      f"{max(r['prompt_tokens'] for r in rows):,} tokens and the modular arm is "
                      + ("slower" if max(sp) < 1 else "no faster") + f" (speedup {min(sp):.2f}–{max(sp):.2f}×): "
                      "a model this small has no prefill to save there.")
+        shaped = {d["storage"]: d for d in shape_runs()}
+        if "cuda" in shaped:
+            picks = [r for r in (_near(shaped["cuda"]["results"], t) for t in (1024, 4096)) if r]
+            line += (f" At Llama-2-7B's shape ({shaped['cuda']['dtype']}, **random weights**: TTFT does not depend on "
+                     "their values) with the modules in GPU memory: "
+                     + ", ".join(f"{r['prompt_tokens']:,} tokens {r['baseline_ttft_ms']:.0f} ms → "
+                                 f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in picks))
+            if "cpu" in shaped:
+                sp = [r["speedup"] for r in shaped["cpu"]["results"]]
+                line += (f"; in CPU memory {min(sp):.2f}–{max(sp):.2f}×, the copy from CPU memory costing more than "
+                         "the prefill it saves" if max(sp) < 1 else f"; in CPU memory {min(sp):.2f}–{max(sp):.2f}×")
+            line += "."
         out.append(line)
     if fid and fid.get("confusable"):
         c = fid["confusable"]
