@@ -51,8 +51,9 @@ def check_rate(s: dict, found: int, n: int, rate: str = "accuracy") -> None:
     assert s["ci95"] == pytest.approx(wilson_roots(found, n), abs=1e-4)
 
 
-def check_ttft_row(r: dict, reps: int) -> None:
-    """Medians and speedups of one length, from each arm's own repetitions (not the summary fields)."""
+def check_ttft_row(r: dict, reps: int, kv_bytes: int = 46_080) -> None:
+    """Medians and speedups of one length, from each arm's own repetitions (not the summary fields);
+    ``kv_bytes`` per cached token (the default model's, fp32)."""
     b, c = r["baseline_ttft_ms_all"], r["cached_ttft_ms_all"]
     assert len(b) == len(c) == reps
     assert r["baseline_ttft_ms"] == pytest.approx(statistics.median(b), abs=0.011)
@@ -62,7 +63,7 @@ def check_ttft_row(r: dict, reps: int) -> None:
     assert r["speedup_min"] == pytest.approx(min(pairs), abs=0.01)
     assert r["speedup_max"] == pytest.approx(max(pairs), abs=0.01)
     assert r["cached_tokens"] + r["uncached_tokens"] == r["prompt_tokens"]
-    assert r["store_bytes"] >= r["cached_tokens"] * 46_080  # the copied KV: every cached token, fp32
+    assert r["store_bytes"] >= r["cached_tokens"] * kv_bytes  # the copied KV: every cached token
 
 
 def timed_ms(rows: list[dict]) -> float:
@@ -112,6 +113,27 @@ def test_ttft_quick():
         check_floor(r, data["reps"])
     assert rows[1]["prompt_tokens"] > rows[0]["prompt_tokens"]
     assert 0 < timed_ms(rows) < wall_ms  # the reported milliseconds were spent inside this run
+
+
+def shape_kv_bytes(d: dict) -> int:
+    """KV bytes per token of a --random-shape run: K and V x layers x KV heads x head dim x element bytes."""
+    sh = d["shape"]
+    head_dim = sh["hidden_size"] // sh["num_attention_heads"]
+    return 2 * sh["num_hidden_layers"] * sh["num_key_value_heads"] * head_dim * (4 if d["dtype"] == "float32" else 2)
+
+
+def test_ttft_random_shape_quick():
+    """--random-shape: a random-weight Llama of a named shape, the default model's tokenizer, bf16, recorded."""
+    out, data, wall_ms = run_bench("ttft.py", "--random-shape", "tiny")
+    assert data["random_weights"] is True and data["model"] == "tiny-random" and data["dtype"] == "bfloat16"
+    sh = data["shape"]
+    assert (sh["name"], sh["architecture"], sh["num_hidden_layers"], sh["hidden_size"]) == ("tiny", "LlamaForCausalLM",
+                                                                                           2, 64)
+    assert sh["vocab_size"] > 32_000 and data["tokenizer"] == "SmolLM2-135M-Instruct" and data["params"] > 0
+    for r in data["results"]:
+        check_ttft_row(r, data["reps"], shape_kv_bytes(data))
+        check_floor(r, data["reps"])
+    assert 0 < timed_ms(data["results"]) < wall_ms
 
 
 def check_floor(r: dict, reps: int) -> None:
@@ -300,6 +322,14 @@ def test_committed_results_pass_the_same_checks():
             check_ttft_row(r, d["reps"])
             check_floor(r, d["reps"])
     check_fits(data["scaling"]["results"], data["scaling"]["fits"])
+    for path in sorted(RESULTS.glob("gpu-ttft-*.json")):  # the lent GPU's runs, the random-weight shape's too
+        d = json.loads(path.read_text())
+        assert d["machine"]["cuda"] and d["machine"]["gpu"] and d["device"] == "cuda", path.name
+        assert d.get("random_weights", False) == path.stem.endswith("-random"), path.name
+        kv = shape_kv_bytes(d) if "shape" in d else 46_080 // (1 if d["dtype"] == "float32" else 2)
+        for r in d["results"]:
+            check_ttft_row(r, d["reps"], kv)
+            check_floor(r, d["reps"])
     check_fidelity(data["fidelity"])
     check_compression(data["compression"])
     check_workload(data["workload"])
