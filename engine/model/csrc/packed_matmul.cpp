@@ -105,21 +105,17 @@ void tile_int4(const uint8_t* w, int64_t k4, const uint16_t* sz, const int32_t* 
       _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_fmadd_ps(f[b][m], _mm512_set1_ps(sx[m]), z[b][m]));
 }
 
-// x [M, K] float32 -> int16 [M, padded K] per token (|q| <= limit; the scale |x|max / limit in sx [M])
-void quantize(const torch::Tensor& x, int64_t padded, float limit, torch::Tensor& xq, torch::Tensor& sx) {
-  const int64_t M = x.size(0), K = x.size(1);
-  xq = torch::zeros({M, padded}, torch::kInt16);
-  sx = torch::empty({M}, torch::kFloat32);
-  const float* xp = x.data_ptr<float>();
-  int16_t* qp = xq.data_ptr<int16_t>();
-  float* sp = sx.data_ptr<float>();
+// Per token: the scale max|x| / limit (sx [M]) and the rounded values x / scale, handed to put(m, k, value) for
+// k < K; the caller's buffers are zeroed past K.
+template <typename Put>
+void quantize(const float* xp, int64_t M, int64_t K, float limit, float* sx, Put&& put) {
   for (int64_t m = 0; m < M; ++m) {
     const float* row = xp + m * K;
     float mx = 0.f;
     for (int64_t k = 0; k < K; ++k) mx = std::max(mx, std::fabs(row[k]));
     const float s = mx > 0 ? mx / limit : 1.f, inv = 1.f / s;
-    sp[m] = s;
-    for (int64_t k = 0; k < K; ++k) qp[m * padded + k] = (int16_t)std::nearbyint(row[k] * inv);
+    sx[m] = s;
+    for (int64_t k = 0; k < K; ++k) put(m, k, (int32_t)std::nearbyint(row[k] * inv));
   }
 }
 
@@ -149,11 +145,17 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
   check(x, N);
   TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(2) == ROWS && w.size(3) == 2 && (x.size(1) + 1) / 2 == k2 &&
               scale.numel() == N && scale.scalar_type() == torch::kFloat32, "int8 matmul: packed weight's shape");
-  torch::Tensor xq, sx;
-  quantize(x, k2 * 2, 32767.f, xq, sx);
+  auto xq = torch::empty({M, k2 * 2}, torch::kInt16);
+  auto sx = torch::empty({M}, torch::kFloat32);
+  int16_t* q = xq.data_ptr<int16_t>();
+  const int64_t K = x.size(1);
+  if (K % 2)
+    for (int64_t m = 0; m < M; ++m) q[m * k2 * 2 + K] = 0;
+  quantize(x.data_ptr<float>(), M, K, 32767.f, sx.data_ptr<float>(),
+           [&](int64_t m, int64_t k, int32_t v) { q[m * k2 * 2 + k] = (int16_t)v; });
   auto y = torch::empty({M, N}, torch::kFloat32);
   const int8_t* wp = w.data_ptr<int8_t>();
-  const int32_t* xp = (const int32_t*)xq.data_ptr<int16_t>();
+  const int32_t* xp = (const int32_t*)q;
   const float *sc = scale.data_ptr<float>(), *sp = sx.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   for_tiles(M, N, TOKENS8, [&](int64_t t, int64_t m, int64_t tm) {
@@ -177,15 +179,25 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
               scale_zero.scalar_type() == torch::kBFloat16 && scale_zero.numel() == N * groups * 2,
               "int4 matmul: packed weight's shape");
   // 15-bit activations split as x = 128 * high + low, low in 0..127 and high in -128..127 (both signed bytes)
-  torch::Tensor xq, sx;
-  quantize(x, K, 16383.f, xq, sx);
-  auto low = torch::bitwise_and(xq, 127).to(torch::kInt8), high = torch::bitwise_right_shift(xq, 7).to(torch::kInt8);
-  auto xsum = x.view({M, groups, 32}).sum(-1).contiguous();
+  auto parts = torch::empty({2, M, K}, torch::kInt8);
+  auto sums = torch::empty({M * groups + M}, torch::kFloat32);  // per token and group: the sum of x; then sx
+  int8_t *low = parts.data_ptr<int8_t>(), *high = low + M * K;
+  float* xs_ = sums.data_ptr<float>();
+  const float* xf = x.data_ptr<float>();
+  for (int64_t i = 0; i < M * groups; ++i) {
+    float t = 0.f;
+    for (int64_t j = 0; j < 32; ++j) t += xf[i * 32 + j];
+    xs_[i] = t;
+  }
+  quantize(xf, M, K, 16383.f, xs_ + M * groups, [&](int64_t m, int64_t k, int32_t v) {
+    low[m * K + k] = (int8_t)(v & 127);
+    high[m * K + k] = (int8_t)(v >> 7);
+  });
   auto y = torch::empty({M, N}, torch::kFloat32);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* szp = (const uint16_t*)scale_zero.data_ptr<at::BFloat16>();
-  const int32_t *xl = (const int32_t*)low.data_ptr<int8_t>(), *xh = (const int32_t*)high.data_ptr<int8_t>();
-  const float *sp = sx.data_ptr<float>(), *xs = xsum.data_ptr<float>();
+  const int32_t *xl = (const int32_t*)low, *xh = (const int32_t*)high;
+  const float *sp = xs_ + M * groups, *xs = xs_;
   float* yp = y.data_ptr<float>();
   for_tiles(M, N, TOKENS4, [&](int64_t t, int64_t m, int64_t tm) {
     const uint8_t* wt = wp + t * BLOCKS * k4 * 32;
