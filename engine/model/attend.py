@@ -317,6 +317,8 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     if softcap:
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
         return positional.eager(query, key, value, attention_mask, scaling, softcap)
+    if query.shape[-2] == 1 and query.device.type == "cpu" and not any(kwargs.get(k) for k in _SPECIAL_KWARGS):
+        return _decode_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
     if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs, keys is not None):
         # Several new tokens over a cache (the cached prefill): transformers repeats K/V for every query
         # head here (it keeps enable_gqa for unmasked calls, as CUDA's masked GQA falls back to slow
@@ -325,6 +327,22 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
             query, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"), enable_gqa=True)
         return out.transpose(1, 2).contiguous(), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _decode_attention(query, key, value, attention_mask, scaling: float | None) -> torch.Tensor:
+    """One query token per row over its keys, as three small ops: a decode step on CPU, where SDPA's flash kernel
+    costs ~80 µs a layer in set-up for a few µs of work (query heads grouped over their KV head, no K/V copies).
+    ``attention_mask`` None (every key), bool (True = attend) or additive, its last query row taken. Returns
+    [batch, 1, heads, dim], as transformers' attention functions do."""
+    b, h, _, d = query.shape
+    kvh, n = key.shape[1], key.shape[2]
+    q = query.reshape(b, kvh, h // kvh, d)
+    scores = torch.matmul(q, key.transpose(-1, -2)).mul_(scaling or d ** -0.5)  # [b, kv heads, group, keys]
+    if attention_mask is not None:
+        mask = attention_mask[..., -1, :n].reshape(attention_mask.shape[0], 1, 1, n)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = scores.softmax(-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(probs, value).reshape(b, 1, h, d)
 
 
 _GQA_WITH_MASK = True  # False: always transformers' own SDPA path (for before/after measurements)
