@@ -390,3 +390,40 @@ def _remember_digest(path: Path, digest: str) -> None:
     os.replace(tmp, book_path)
 
 
+
+
+# llama.cpp's tensor names -> transformers' module names (Llama / Qwen2 / Mistral layouts); a name that maps wrongly
+# (llama.cpp permutes Llama's q/k rows) never passes file_codes' check that the codes give the loaded weight
+_GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+
+
+def q5_codes(path: Path) -> dict:
+    """The Q5_0 tensors of GGUF file ``path`` as the file holds them: transformers module name -> (values uint8
+    [out, in] in 0..31, scale float32 [out, in / 32]); weight = (value - 16) * scale (ggml's dequantize_row_q5_0).
+    A Q5_0 block is 22 bytes: the fp16 scale, 32 fifth bits, then 16 bytes of nibbles (value j low, j + 16 high)."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    out = {}
+    for t in GGUFReader(str(path)).tensors:
+        if t.tensor_type != GGMLQuantizationType.Q5_0:
+            continue
+        parts = t.name.split(".")
+        if t.name == "output.weight":
+            name = "lm_head"
+        elif parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_LINEAR:
+            name = f"model.layers.{parts[1]}.{_GGUF_LINEAR[parts[2]]}"
+        else:
+            continue
+        rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 22)
+        scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        fifth = blocks[..., 2:6].copy().view("<u4")[..., 0]
+        nibbles = blocks[..., 6:]
+        bits = (fifth[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+        values = np.concatenate([nibbles & 15, nibbles >> 4], -1) | (bits.astype(np.uint8) << 4)
+        out[name] = (torch.from_numpy(values.reshape(rows, -1)), torch.from_numpy(scale))
+    return out

@@ -86,7 +86,9 @@ def _build():
         module = load(name=f"pml_packed_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
                       verbose=False)
     except Exception as e:  # a compiler error: the engine still runs, on torch's kernels
-        return None, f"torch's kernels (building the engine's failed: {str(e).strip().splitlines()[-1][:200]})"
+        lines = str(e).strip().splitlines() or ["?"]
+        said = next((line for line in lines if "error" in line), lines[-1])
+        return None, f"torch's kernels (building the engine's failed: {said.strip()[:300]})"
     return module, "the engine's AVX-512 VNNI kernels"
 
 
@@ -114,21 +116,31 @@ def unpack_int8(packed: torch.Tensor, cols: int) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)[:, :cols]
 
 
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Values ``q`` [rows, cols] in 0..15 with ``scale``, ``zero`` [rows, cols / 32] (w = q * scale + zero) ->
-    (uint8 nibbles, bf16 scales and zero points) in the int4 kernel's layout."""
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Values ``q`` [rows, cols] in 0..15 (or 0..31: a fifth bit) with ``scale``, ``zero`` [rows, cols / 32]
+    (w = q * scale + zero) -> (uint8 nibbles, fp16 scales and zero points, the fifth bits as int64 or None) in the
+    int4 kernel's layout."""
     rows, cols = q.shape
     q = q.to(torch.uint8).reshape(rows // 16, 2, 8, cols // 4, 4)  # [block, half, row i, quad, column c]
-    nibbles = (q[:, 0] | (q[:, 1] << 4)).permute(0, 2, 1, 3).reshape(rows // 16, cols // 4, 32).contiguous()
+    nibbles = ((q[:, 0] & 15) | ((q[:, 1] & 15) << 4)).permute(0, 2, 1, 3).reshape(rows // 16, cols // 4, 32)
+    high = None
+    if bool((q > 15).any()):
+        bits = (q >> 4).permute(0, 3, 1, 2, 4).reshape(rows // 16, cols // 4, 64).long()  # byte j of the unpacked 64
+        high = (bits << torch.arange(64)).sum(-1)  # bit 63 wraps to the sign bit: int64 holds the same 64 bits
     sz = torch.stack([scale, zero], 1).reshape(rows // 16, 16, 2, cols // GROUP).permute(0, 3, 2, 1)
-    return nibbles, sz.contiguous().to(torch.bfloat16)
+    return nibbles.contiguous(), sz.contiguous().to(torch.float16), high
 
 
-def unpack_int4(nibbles: torch.Tensor, sz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_int4(nibbles: torch.Tensor, sz: torch.Tensor, high: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inverse of :func:`pack_int4`: (values uint8 [rows, cols], scale, zero float32 [rows, cols / 32])."""
     blocks, quads = nibbles.shape[:2]
     b = nibbles.reshape(blocks, quads, 8, 4)
     q = torch.stack([b & 15, b >> 4], 1)  # [block, half, quad, row i, column c]
+    if high is not None:
+        bits = (high[..., None] >> torch.arange(64)) & 1  # [block, quad, 64]: half, row i, column c
+        q = q + (bits.reshape(blocks, quads, 2, 8, 4).permute(0, 2, 1, 3, 4) << 4).to(torch.uint8)
     q = q.permute(0, 1, 3, 2, 4).reshape(blocks * 16, quads * 4)
     s = sz.float().permute(0, 3, 2, 1).reshape(blocks * 16, 2, -1)
     return q, s[:, 0], s[:, 1]

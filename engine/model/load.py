@@ -223,6 +223,22 @@ def ensure_packaged(key: str) -> Path:
     return target
 
 
+def _file_codes(spec: str | None, name: str) -> dict:
+    """The quantized blocks of the GGUF file model ``spec`` was converted from (gguf.q5_codes), for ``gguf``
+    weights; ModelError when it came from none."""
+    from engine.model.gguf import q5_codes
+
+    spec = DEFAULT_MODEL if spec in (None, "") else spec
+    packaged = next((p for p in PACKAGED.values() if spec in (p.key, p.name)), None)
+    path = Path(spec).expanduser()
+    if packaged is not None:
+        return q5_codes(packaged_gguf(packaged.key))
+    if path.is_file():
+        return q5_codes(path)
+    raise ModelError(f"--weights gguf multiplies the blocks of the model's GGUF file, and {name} was not loaded from "
+                     "one (a packaged model or --model file.gguf): use --weights int8")
+
+
 def packaged_gguf(key: str) -> Path:
     """The GGUF file of packaged model ``key`` for programs that run GGUF files themselves (llama.cpp in
     ``bench/peers.py``): the file inside its package, or the parts assembled once into the model cache."""
@@ -308,7 +324,7 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     model.to(device).eval()
     from engine.model.weights import kernel_label, quantize_weights  # imported (with torch) when a model loads
 
-    weight_bytes = quantize_weights(model, weights)
+    weight_bytes = quantize_weights(model, weights, _file_codes(spec, name) if weights == "gguf" else None)
     kernels = kernel_label(model)
     # module KV depends on the weights and on the kernels that multiply them (their roundings differ)
     precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}"

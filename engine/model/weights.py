@@ -36,7 +36,7 @@ INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
 # model's 9728x896 gate+up matrix, 2 threads: fp32 / int8 kernel / int4 kernel 21 / 39 / 35 ms at 200 tokens,
 # 177 / 430 / 315 ms at 2,000; dequantizing it costs 15 ms (int8) and 25 ms (int4). So the break-even is
 # ~200 tokens for int8 and ~350 for int4 (bench/decode.py's TTFT column shows the effect).
-DENSE_FROM = {"int8": 256, "int4": 512}
+DENSE_FROM = {"int8": 256, "int4": 512, "q5": 512}
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under int4 (see the module docstring)
 
 
@@ -44,15 +44,24 @@ class PackedLinear(torch.nn.Module):
     """A linear layer whose weight is stored as ``kind`` (bf16, int8 per output channel, int4 per group of
     :data:`INT4_GROUP`); ``forward`` takes and returns the caller's dtype."""
 
-    def __init__(self, linear: torch.nn.Linear, kind: str):
+    def __init__(self, linear: torch.nn.Linear, kind: str, codes: tuple | None = None):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, linear.in_features, linear.out_features
         self.nibbles: torch.Tensor | None = None  # int4 values outside torch's kernel's tiles (_pack_int4)
         # the engine's kernels (engine/model/kernels.py) where built and the shape tiles; else torch's
-        self.own = kernels.fits(kind, self.out_features, self.in_features)
-        w = linear.weight.detach().float()  # [out, in]
+        self.own = kernels.fits("int4" if kind == "q5" else kind, self.out_features, self.in_features)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(),
                                                                         requires_grad=False)
+        self.register_buffer("fifth", None)  # q5: the values' fifth bits (kernels.pack_int4)
+        if kind == "q5":  # a GGUF's Q5_0 blocks as the file holds them: codes = (values 0..31, scale, zero)
+            if not self.own or codes is None:
+                raise ModelError("q5 weights are a GGUF file's 5-bit blocks, multiplied by the engine's kernels: "
+                                 f"{kernels.status()}; use --weights int8")
+            nibbles, sz, self.fifth = kernels.pack_int4(*codes)
+            self.register_buffer("qweight", nibbles)
+            self.register_buffer("scales_zeros", sz)
+            return
+        w = linear.weight.detach().float()  # [out, in]
         if kind == "bf16":
             self.register_buffer("weight_bf16", w.to(torch.bfloat16))
         elif kind == "int8":
@@ -72,7 +81,7 @@ class PackedLinear(torch.nn.Module):
         scale = ((high - low) / 15).clamp(min=1e-12)
         q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(out, inp)
         if self.own:
-            nibbles, sz = kernels.pack_int4(q, scale.squeeze(-1), low.squeeze(-1))
+            nibbles, sz, _ = kernels.pack_int4(q, scale.squeeze(-1), low.squeeze(-1))
             self.register_buffer("qweight", nibbles)
             self.register_buffer("scales_zeros", sz)
             return
@@ -90,7 +99,7 @@ class PackedLinear(torch.nn.Module):
         if self.own and self.kind == "int8":
             return kernels.unpack_int8(self.qweight, self.in_features).float().mul_(self.scales[:, None])
         if self.own:
-            q, scale, zero = kernels.unpack_int4(self.qweight, self.scales_zeros)
+            q, scale, zero = kernels.unpack_int4(self.qweight, self.scales_zeros, self.fifth)
             groups = q.reshape(self.out_features, -1, INT4_GROUP).float()
             return groups.mul_(scale[..., None]).add_(zero[..., None]).reshape(self.out_features, self.in_features)
         if self.kind == "int8":
@@ -112,9 +121,10 @@ class PackedLinear(torch.nn.Module):
             return F.linear(x2.float(), self.dense(), None if b is None else b.float())
         if self.own:
             x2 = x2.float().contiguous()
-            kernel = kernels.ops().int8_matmul if self.kind == "int8" else kernels.ops().int4_matmul
-            return kernel(x2, self.qweight, self.scales if self.kind == "int8" else self.scales_zeros,
-                          None if b is None else b.float())
+            b = None if b is None else b.float()
+            if self.kind == "int8":
+                return kernels.ops().int8_matmul(x2, self.qweight, self.scales, b)
+            return kernels.ops().int4_matmul(x2, self.qweight, self.scales_zeros, self.fifth, b)
         x2 = x2.to(torch.bfloat16)
         if self.kind == "int8":
             y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
@@ -152,7 +162,7 @@ class PackedMLP(torch.nn.Module):
     GATED = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP", "OlmoMLP",
              "Olmo2MLP", "GraniteMLP", "SmolLM3MLP")  # classes whose forward is exactly the formula above
 
-    def __init__(self, mlp: torch.nn.Module, kind: str):
+    def __init__(self, mlp: torch.nn.Module, kind: str, codes: dict | None = None, name: str = ""):
         super().__init__()
         gate, up = mlp.gate_proj, mlp.up_proj
         self.inter = gate.out_features
@@ -161,8 +171,12 @@ class PackedMLP(torch.nn.Module):
             both.weight.copy_(torch.cat([gate.weight, up.weight]))
             if gate.bias is not None:
                 both.bias.copy_(torch.cat([gate.bias, up.bias]))
-        self.gate_up = PackedLinear(both, kind)
-        self.down_proj = PackedLinear(mlp.down_proj, kind)
+        pair = [file_codes(codes, f"{name}.{n}", getattr(mlp, n)) for n in ("gate_proj", "up_proj")]
+        if kind == "gguf" and None not in pair:  # both as the file holds them: one matrix of their codes
+            self.gate_up = PackedLinear(both, "q5", tuple(torch.cat(part) for part in zip(*pair)))
+        else:
+            self.gate_up = PackedLinear(both, "int8" if kind == "gguf" else kind)
+        self.down_proj = _packed(mlp.down_proj, f"{name}.down_proj", kind, codes)
         self.act_fn = mlp.act_fn
 
     @classmethod
@@ -203,10 +217,36 @@ def layer_kind(name: str, kind: str) -> str:
     return "int8" if kind == "int4" and name in ATTENTION_PROJECTIONS else kind
 
 
-def quantize_weights(model: torch.nn.Module, kind: str) -> int:
+def file_codes(codes: dict | None, name: str, linear: torch.nn.Linear) -> tuple | None:
+    """Linear layer ``name``'s codes from its GGUF file (gguf.q5_codes: values 0..31 and scales) as
+    (values, scale, zero point), when the engine's kernels take them and they give exactly the layer's loaded
+    weight (the file's dequantized values); else None."""
+    found = (codes or {}).get(name)
+    if found is None or not kernels.fits("int4", linear.out_features, linear.in_features):
+        return None
+    values, scale = found
+    if values.shape != linear.weight.shape:
+        return None
+    zero = -16 * scale
+    weight = (values.float().reshape(*scale.shape, INT4_GROUP) * scale[..., None] + zero[..., None])
+    return (values, scale, zero) if torch.equal(weight.reshape(values.shape), linear.weight.float()) else None
+
+
+def _packed(linear: torch.nn.Linear, name: str, kind: str, codes: dict | None) -> PackedLinear:
+    """Linear layer ``name`` (its qualified name) packed for weights ``kind``."""
+    if kind != "gguf":
+        return PackedLinear(linear, layer_kind(name.rsplit(".", 1)[-1], kind))
+    taken = file_codes(codes, name, linear)
+    return PackedLinear(linear, "int8") if taken is None else PackedLinear(linear, "q5", taken)
+
+
+def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = None) -> int:
     """Replace every linear layer of ``model`` by a :class:`PackedLinear` of ``kind`` and every gated MLP by a
     :class:`PackedMLP` (in place); return the bytes its linear weights take now. ``fp32`` changes nothing. CPU
-    only: the packed kernels are torch's CPU ones (a CUDA model keeps its weights, ModelError says so)."""
+    only: the packed kernels are torch's CPU ones (a CUDA model keeps its weights, ModelError says so).
+
+    ``gguf``: each layer as its GGUF file holds it where the engine's kernels take that (``codes``, by module name,
+    from gguf.q5_codes: the file's Q5_0 blocks, values and scales exact), int8 elsewhere."""
     if kind not in WEIGHTS:
         raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
     if kind == "fp32":
@@ -221,18 +261,19 @@ def quantize_weights(model: torch.nn.Module, kind: str) -> int:
         if bad:
             raise ModelError(f"int4 weights need every linear layer's input size to be a multiple of {INT4_GROUP} and "
                              f"its output size a multiple of 16 (torch's CPU kernel); {bad[0]} is not: use int8")
-    return _pack_children(model, kind)
+    return _pack_children(model, kind, codes)
 
 
-def _pack_children(module: torch.nn.Module, kind: str) -> int:
+def _pack_children(module: torch.nn.Module, kind: str, codes: dict | None, prefix: str = "") -> int:
     total = 0
     for child_name, child in list(module.named_children()):
+        name = f"{prefix}{child_name}"
         if PackedMLP.fits(child):
-            packed = PackedMLP(child, kind)
+            packed = PackedMLP(child, kind, codes, name)
         elif isinstance(child, torch.nn.Linear):
-            packed = PackedLinear(child, layer_kind(child_name, kind))  # a tied output matrix gets its own copy
+            packed = _packed(child, name, kind, codes)  # a tied output matrix gets its own copy
         else:
-            total += _pack_children(child, kind)
+            total += _pack_children(child, kind, codes, f"{name}.")
             continue
         setattr(module, child_name, packed)
         total += packed.nbytes()

@@ -34,15 +34,17 @@ def test_int8_kernel_is_the_float_product_of_its_integers(rows, cols, m):
 @needs_kernels
 @pytest.mark.parametrize("rows,cols", [(64, 32), (128, 96), (64, 4864)])
 @pytest.mark.parametrize("m", TOKENS)
-def test_int4_kernel_is_the_float_product_of_its_groups(rows, cols, m):
-    torch.manual_seed(rows + cols + m)
-    q = torch.randint(0, 16, (rows, cols))
+@pytest.mark.parametrize("levels", [16, 32])  # int4, and a GGUF's 5-bit blocks (a fifth bit per value)
+def test_int4_kernel_is_the_float_product_of_its_groups(rows, cols, m, levels):
+    torch.manual_seed(rows + cols + m + levels)
+    q = torch.randint(0, levels, (rows, cols))
     scale, zero = torch.rand(rows, cols // 32) * 0.02, torch.randn(rows, cols // 32) * 0.1
-    nibbles, sz = kernels.pack_int4(q, scale, zero)
-    s, z = sz.float().permute(0, 3, 2, 1).reshape(rows, 2, -1).unbind(1)  # as stored: bf16
+    nibbles, sz, fifth = kernels.pack_int4(q, scale, zero)
+    assert (fifth is not None) == (levels == 32)
+    s, z = sz.float().permute(0, 3, 2, 1).reshape(rows, 2, -1).unbind(1)  # as stored: fp16
     w = (q.double().reshape(rows, -1, 32) * s.double()[..., None] + z.double()[..., None]).reshape(rows, cols)
     x = torch.randn(m, cols)
-    got = kernels.ops().int4_matmul(x, nibbles, sz, None)
+    got = kernels.ops().int4_matmul(x, nibbles, sz, fifth, None)
     assert got.shape == (m, rows)
     assert rel(got.double(), x.double() @ w.T) < 3e-4  # activations in 15 bits
 
@@ -63,11 +65,12 @@ def test_packings_invert():
     torch.manual_seed(2)
     q8 = torch.randint(-127, 128, (128, 65), dtype=torch.int8)
     assert torch.equal(kernels.unpack_int8(kernels.pack_int8(q8), 65), q8)
-    q4 = torch.randint(0, 16, (64, 96))
     scale, zero = torch.rand(64, 3), torch.randn(64, 3)
-    back, s, z = kernels.unpack_int4(*kernels.pack_int4(q4, scale, zero))
-    assert torch.equal(back.long(), q4)
-    assert torch.equal(s, scale.bfloat16().float()) and torch.equal(z, zero.bfloat16().float())
+    for levels in (16, 32):
+        q4 = torch.randint(0, levels, (64, 96))
+        back, s, z = kernels.unpack_int4(*kernels.pack_int4(q4, scale, zero))
+        assert torch.equal(back.long(), q4)
+        assert torch.equal(s, scale.half().float()) and torch.equal(z, zero.half().float())
 
 
 @needs_kernels

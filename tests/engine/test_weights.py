@@ -90,7 +90,7 @@ def test_fp32_leaves_the_model_and_a_bad_kind_is_named(tiny_lm):
         isinstance(m, torch.nn.Linear) for m in tiny_lm.model.modules())
     with pytest.raises(ModelError, match="unknown weight precision 'int3'"):
         quantize_weights(tiny_lm.model, "int3")
-    assert WEIGHTS == ("fp32", "bf16", "int8", "int4")
+    assert WEIGHTS == ("fp32", "bf16", "int8", "int4", "gguf")
 
 
 @pytest.mark.real_model

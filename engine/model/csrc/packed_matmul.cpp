@@ -9,9 +9,11 @@
 //
 // int8: [N/16, K/2, 16, 2] int8, one float scale per row; sums flushed to float every 256 columns, so
 //   |sum| <= 256 * 127 * 32767 < 2^31 (no overflow).
-// int4: [N/16, K/2, 16] uint8, byte r = q[r, k] | q[r, k+1] << 4 with q in 0..15; per group of 32 columns and
-//   row a bf16 scale and zero point ([N/16, K/32, 2, 16]): w = q * scale + zero, so
-//   y = sum_g scale_g * (q . x)_g + zero_g * (sum of x over g).
+// int4: [N/16, K/4, 32] uint8 per block and column quad, byte 4i + c = q[i, c] | q[i + 8, c] << 4 with q in
+//   0..15; per group of 32 columns and row an fp16 scale and zero point ([N/16, K/32, 2, 16]): w = q * scale +
+//   zero, so y = sum_g scale_g * (q . x)_g + zero_g * (sum of x over g). With a fifth bit (a GGUF's Q5_0
+//   blocks, q in 0..31, zero = -16 * scale): one uint64 per block and quad, bit j set adds 16 to byte j of the
+//   unpacked 64 (bytes 0..31: the low nibbles, rows 0..7; 32..63: the high nibbles, rows 8..15).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -29,9 +31,7 @@ constexpr int TOKENS4 = 2;    // ... int4 (two sums per block and token: 4 x 2 x
 constexpr int64_t INT8_FLUSH = 128;  // column pairs summed in int32 before adding to the float sums
 constexpr int64_t GROUP_QUADS = 8;   // column quads per int4 group (32 columns)
 
-inline __m512 bf16x16(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
+inline __m512 fp16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 
 template <int TM>
 void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const float* scale,
@@ -63,10 +63,12 @@ void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, c
   }
 }
 
-template <int TM>
-void tile_int4(const uint8_t* w, int64_t k4, const uint16_t* sz, const int32_t* xl, const int32_t* xh,
-               int64_t xstride, const float* xsum, int64_t groups, const float* sx, float* y, int64_t ystride) {
+template <int TM, bool HIGH>
+void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const uint16_t* sz, const int32_t* xl,
+               const int32_t* xh, int64_t xstride, const float* xsum, int64_t groups, const float* sx, float* y,
+               int64_t ystride) {
   const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m512i sixteen = _mm512_set1_epi8(16);
   __m512 f[BLOCKS][TM], z[BLOCKS][TM];
   for (int b = 0; b < BLOCKS; ++b)
     for (int m = 0; m < TM; ++m) f[b][m] = z[b][m] = _mm512_setzero_ps();
@@ -81,6 +83,7 @@ void tile_int4(const uint8_t* w, int64_t k4, const uint16_t* sz, const int32_t* 
         const __m256i v = _mm256_loadu_si256((const __m256i*)(w + (b * k4 + p) * 32));
         const __m256i a = _mm256_and_si256(v, low), c = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         wv[b] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
+        if (HIGH) wv[b] = _mm512_add_epi8(wv[b], _mm512_maskz_mov_epi8(hb[b * k4 + p], sixteen));
       }
       for (int m = 0; m < TM; ++m) {
         const __m512i l = _mm512_set1_epi32(xl[m * xstride + p]), h = _mm512_set1_epi32(xh[m * xstride + p]);
@@ -92,7 +95,7 @@ void tile_int4(const uint8_t* w, int64_t k4, const uint16_t* sz, const int32_t* 
     }
     for (int b = 0; b < BLOCKS; ++b) {
       const uint16_t* s = sz + ((b * groups + g) * 2) * ROWS;
-      const __m512 scale = bf16x16(s), zero = bf16x16(s + ROWS);
+      const __m512 scale = fp16x16(s), zero = fp16x16(s + ROWS);
       for (int m = 0; m < TM; ++m) {
         const __m512i sum = _mm512_add_epi32(lo[b][m], _mm512_slli_epi32(hi[b][m], 7));
         f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, f[b][m]);
@@ -172,12 +175,17 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
   return y;
 }
 
-torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_zero, c10::optional<torch::Tensor> bias) {
+torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_zero, c10::optional<torch::Tensor> fifth,
+                          c10::optional<torch::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), k4 = w.size(1), N = w.size(0) * ROWS, groups = K / 32;
   check(x, N);
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.size(2) == 32 && K % 32 == 0 && k4 * 4 == K &&
-              scale_zero.scalar_type() == torch::kBFloat16 && scale_zero.numel() == N * groups * 2,
+              scale_zero.scalar_type() == torch::kFloat16 && scale_zero.numel() == N * groups * 2,
               "int4 matmul: packed weight's shape");
+  const bool five = fifth.has_value() && fifth->defined();
+  TORCH_CHECK(!five || (fifth->scalar_type() == torch::kInt64 && fifth->numel() == (N / ROWS) * k4),
+              "int4 matmul: the fifth bits' shape");
+  const uint64_t* hp = five ? (const uint64_t*)fifth->data_ptr<int64_t>() : nullptr;
   // 15-bit activations split as x = 128 * high + low, low in 0..127 and high in -128..127 (both signed bytes)
   auto parts = torch::empty({2, M, K}, torch::kInt8);
   auto sums = torch::empty({M * groups + M}, torch::kFloat32);  // per token and group: the sum of x; then sx
@@ -195,21 +203,22 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
   });
   auto y = torch::empty({M, N}, torch::kFloat32);
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* szp = (const uint16_t*)scale_zero.data_ptr<at::BFloat16>();
+  const uint16_t* szp = (const uint16_t*)scale_zero.data_ptr<at::Half>();
   const int32_t *xl = (const int32_t*)low, *xh = (const int32_t*)high;
   const float *sp = xs_ + M * groups, *xs = xs_;
   float* yp = y.data_ptr<float>();
   for_tiles(M, N, TOKENS4, [&](int64_t t, int64_t m, int64_t tm) {
     const uint8_t* wt = wp + t * BLOCKS * k4 * 32;
+    const uint64_t* ht = five ? hp + t * BLOCKS * k4 : nullptr;
     const uint16_t* st = szp + t * BLOCKS * groups * 2 * ROWS;
     const int64_t r = t * BLOCKS * ROWS;
     const int32_t *l = xl + m * k4, *h = xh + m * k4;
     const float *xsm = xs + m * groups, *sm = sp + m;
     float* ym = yp + m * N + r;
-    switch (tm) {
-      case 1: tile_int4<1>(wt, k4, st, l, h, k4, xsm, groups, sm, ym, N); break;
-      default: tile_int4<2>(wt, k4, st, l, h, k4, xsm, groups, sm, ym, N); break;
-    }
+    if (five && tm == 1) tile_int4<1, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+    else if (five) tile_int4<2, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+    else if (tm == 1) tile_int4<1, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+    else tile_int4<2, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
   });
   add_bias(y, bias);
   return y;
@@ -217,5 +226,5 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_matmul", &int8_matmul, "y = x @ W.T (+ bias), W int8 per row (packed)");
-  m.def("int4_matmul", &int4_matmul, "y = x @ W.T (+ bias), W int4 per group of 32 (packed)");
+  m.def("int4_matmul", &int4_matmul, "y = x @ W.T (+ bias), W int4 or int5 per group of 32 (packed)");
 }
