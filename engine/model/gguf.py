@@ -247,6 +247,19 @@ class _HeaderReader:
                 found[key] = value
         return found
 
+    def tensors(self) -> tuple[list[tuple[str, tuple[int, ...], int, int]], int]:
+        """After :meth:`metadata`: the tensor table, (name, dims (innermost first), ggml type, offset) each, and
+        where the tensor data starts (aligned to general.alignment)."""
+        (count,) = self._take("Q", at=8)
+        table = []
+        for _ in range(count):
+            name = self._string(True)
+            (dims,) = self._take("I")
+            shape = self._take(f"{dims}Q")
+            kind, offset = self._take("IQ")
+            table.append((name, shape, kind, offset))
+        return table, self.pos
+
     def _take(self, fmt: str, at: int | None = None) -> tuple:
         fmt = self.order + fmt
         pos = self.pos if at is None else at
@@ -394,6 +407,7 @@ def _remember_digest(path: Path, digest: str) -> None:
 
 # llama.cpp's tensor names -> transformers' module names (Llama / Qwen2 / Mistral layouts); a name that maps wrongly
 # (llama.cpp permutes Llama's q/k rows) never passes file_codes' check that the codes give the loaded weight
+Q5_0 = 6  # ggml's type id of Q5_0 blocks
 _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
@@ -402,28 +416,36 @@ _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 def q5_codes(path: Path) -> dict:
     """The Q5_0 tensors of GGUF file ``path`` as the file holds them: transformers module name -> (values uint8
     [out, in] in 0..31, scale float32 [out, in / 32]); weight = (value - 16) * scale (ggml's dequantize_row_q5_0).
-    A Q5_0 block is 22 bytes: the fp16 scale, 32 fifth bits, then 16 bytes of nibbles (value j low, j + 16 high)."""
+    A Q5_0 block is 22 bytes: the fp16 scale, 32 fifth bits, then 16 bytes of nibbles (value j low, j + 16 high).
+    The header is read by :class:`_HeaderReader` (gguf-py's reader parses the whole vocabulary: ~12 s here)."""
+    import mmap
+
     import numpy as np
     import torch
-    from gguf import GGMLQuantizationType, GGUFReader
 
     out = {}
-    for t in GGUFReader(str(path)).tensors:
-        if t.tensor_type != GGMLQuantizationType.Q5_0:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        reader = _HeaderReader(blob)
+        alignment = reader.metadata(lambda key: key == "general.alignment").get("general.alignment", 32)
+        table, start = reader.tensors()
+    start += -start % alignment
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    for name, shape, kind, offset in table:
+        parts = name.split(".")
+        if kind != Q5_0 or len(shape) != 2 or shape[0] % 32:
             continue
-        parts = t.name.split(".")
-        if t.name == "output.weight":
-            name = "lm_head"
+        if name == "output.weight":
+            module = "lm_head"
         elif parts[0] == "blk" and len(parts) == 4 and parts[2] in _GGUF_LINEAR:
-            name = f"model.layers.{parts[1]}.{_GGUF_LINEAR[parts[2]]}"
+            module = f"model.layers.{parts[1]}.{_GGUF_LINEAR[parts[2]]}"
         else:
             continue
-        rows = int(t.shape[-1]) if len(t.shape) > 1 else 1
-        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, -1, 22)
+        cols, rows = shape
+        size = rows * cols // 32 * 22
+        blocks = data[start + offset:start + offset + size].reshape(rows, cols // 32, 22)
         scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-        fifth = blocks[..., 2:6].copy().view("<u4")[..., 0]
+        bits = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # value j's fifth bit: bit j of qh
         nibbles = blocks[..., 6:]
-        bits = (fifth[..., None] >> np.arange(32, dtype=np.uint32)) & 1
-        values = np.concatenate([nibbles & 15, nibbles >> 4], -1) | (bits.astype(np.uint8) << 4)
-        out[name] = (torch.from_numpy(values.reshape(rows, -1)), torch.from_numpy(scale))
+        values = np.concatenate([nibbles & 15, nibbles >> 4], -1) | (bits << 4)
+        out[module] = (torch.from_numpy(values.reshape(rows, cols)), torch.from_numpy(scale))
     return out

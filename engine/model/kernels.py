@@ -126,8 +126,11 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     nibbles = ((q[:, 0] & 15) | ((q[:, 1] & 15) << 4)).permute(0, 2, 1, 3).reshape(rows // 16, cols // 4, 32)
     high = None
     if bool((q > 15).any()):
-        bits = (q >> 4).permute(0, 3, 1, 2, 4).reshape(rows // 16, cols // 4, 64).long()  # byte j of the unpacked 64
-        high = (bits << torch.arange(64)).sum(-1)  # bit 63 wraps to the sign bit: int64 holds the same 64 bits
+        import numpy as np
+
+        bits = (q >> 4).permute(0, 3, 1, 2, 4).reshape(rows // 16, cols // 4, 64)  # byte j of the unpacked 64
+        packed = np.packbits(bits.contiguous().numpy(), axis=-1, bitorder="little")  # 8 bytes: bit j = byte j's
+        high = torch.from_numpy(np.ascontiguousarray(packed).view(np.int64)[..., 0])
     sz = torch.stack([scale, zero], 1).reshape(rows // 16, 16, 2, cols // GROUP).permute(0, 3, 2, 1)
     return nibbles.contiguous(), sz.contiguous().to(torch.float16), high
 

@@ -21,7 +21,7 @@ from engine.arms.registry import REGISTRY
 from ..errors import as_gr_error, user_error
 from ..settings import Panel
 from ..state import Studio
-from ..streaming import in_thread
+from ..streaming import in_thread, on_engine_thread
 from ..views import (arm_views, column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
                      token_marks, token_view_html)
 from .editors import Editors, Step
@@ -113,7 +113,7 @@ class CompareUpdate:
     logged: dict | None = None  # Studio.record's report, on "done"
 
 
-UPDATE_EVERY = 0.25  # seconds between two streamed updates of the arms' texts (each one costs the browser a re-render)
+UPDATE_EVERY = 0.5  # seconds between two streamed updates of the arms' texts (each one costs the browser a re-render)
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
@@ -174,7 +174,7 @@ def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tok
     sampling = sampling_of(max_new_tokens, temperature)
     cfg = studio.run_config(settings or {})
     with as_gr_error():
-        res = studio.engine.compare(schema_text, prompt_text, sampling, config=cfg)
+        res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg)
     data = res.to_json()
     logged = studio.record(data, schema_text, prompt_text)  # the log keeps the document as `run --json` writes it
     return {**data, "logged": logged}

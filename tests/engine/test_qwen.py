@@ -119,7 +119,7 @@ def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen)
 @pytest.mark.real_model
 @needs_qwen
 def test_the_studio_default_answers_the_default_sample_in_every_arm():
-    """The studio's default (studio/launch.py: this model on int8 weights, arms decoded together) gives the
+    """The studio's default (studio/launch.py: this model on its GGUF file's own blocks, arms decoded together) gives the
     travel sample's answer in every arm: the train time and the town, as fp32 does above."""
     from engine.arms.registry import Sampling
     from engine.session import Engine
