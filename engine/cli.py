@@ -97,9 +97,9 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> Non
                    help="encoding mode: contextual (modules see the system text before them; 'prefixed', its old "
                         "name, is accepted) or isolated (the paper's scheme)")
     r.add_argument("--weights", default="fp32", choices=cfg.values("weights"),
-                   help="how the model's linear weights are kept: fp32 (as loaded), bf16, or int8 / int4 weight-only "
-                        "(torch's CPU kernels; activations stay in --dtype; int4 keeps the attention in int8); every "
-                        "arm runs on the same weights")
+                   help="how the model's linear weights are kept: fp32 (as loaded), bf16, int8 / int4 weight-only "
+                        "(activations stay in --dtype; int4 keeps the attention in int8), or gguf (a GGUF model's own "
+                        "Q5_0 blocks, exactly fp32's values, int8 elsewhere); every arm runs on the same weights")
     r.add_argument("--decode", default="together", choices=cfg.values("decode"),
                    help="together (default): each arm's first token from its own timed run, then the arms decode as "
                         "one batch, the weights read once per step for all (each arm's decode_ms_per_token is then "

@@ -45,7 +45,8 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
                       ("int4", "int4")),
     "method": tuple((m, m) for m in METHODS),
     "weights": (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8 (weight-only)"),
-                ("int4", "int4 (weight-only; attention int8)")),
+                ("int4", "int4 (weight-only; attention int8)"),
+                ("gguf", "gguf (the GGUF file's own 5-bit blocks; int8 elsewhere)")),
     "decode": (("together", "together: the arms decode as one batch"), ("apart", "apart: each arm decodes alone")),
 }
 
