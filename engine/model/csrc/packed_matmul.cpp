@@ -122,13 +122,17 @@ void quantize(const float* xp, int64_t M, int64_t K, float limit, float* sx, Put
   }
 }
 
-// tile(t, m, tm): rows of tile t (64) for tokens m .. m + tm - 1, tm <= tokens
+// tile(t, m, tm): rows of tile t (64) for tokens m .. m + tm - 1, tm <= tokens. The tiles are handed out a few at a
+// time to whichever of torch's threads is free (OpenMP's dynamic schedule, torch's own team): with a static split
+// (at::parallel_for) a thread the OS preempts — a browser on the same two cores, a busy host — holds up the whole
+// product, and a decode step is ~100 of them.
 template <typename Tile>
 void for_tiles(int64_t M, int64_t N, int64_t tokens, Tile&& tile) {
-  at::parallel_for(0, N / (ROWS * BLOCKS), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t m = 0; m < M; m += tokens) tile(t, m, std::min<int64_t>(tokens, M - m));
-  });
+  const int64_t tiles = N / (ROWS * BLOCKS);
+  const int threads = tiles >= 8 ? at::get_num_threads() : 1;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t m = 0; m < M; m += tokens) tile(t, m, std::min<int64_t>(tokens, M - m));
 }
 
 void add_bias(torch::Tensor& y, const c10::optional<torch::Tensor>& bias) {
