@@ -15,7 +15,7 @@ instead, on the same model and the same prompts, in one run:
   **Time to the N-th token** (N = `--new-tokens`, 32 by default) per prompt: TTFT + (N − 1) × that
   run's own decode ms/token — what a user waits for a whole short answer (an answer that stopped at
   its end-of-text earlier is counted at its measured rate). The studio's arms decode one at a time
-  here (``decode="apart"``), like llama.cpp, on `--weights` (default int4, the studio's default).
+  here (``decode="apart"``), like llama.cpp, on `--weights` (default: the studio's, studio/launch.py).
 * **lengths** — the document-QA prompts of `bench/ttft.py` at each `--lengths`: the studio's baseline
   and cached TTFT and decode ms/token in each `--dtypes` (fp32, bf16), beside llama.cpp's full
   prefill and decode on the GGUF (its own quantized kernels: the 0.5B file mixes Q4_K, Q5_0, Q6_K and
@@ -56,6 +56,8 @@ from engine.model.load import PACKAGED, packaged_gguf, resolve_model_path
 from engine.cache.prefix import schema_order_prompt
 from engine.arms.registry import Sampling
 from engine.session import Engine
+from engine.model import WEIGHTS
+from studio.launch import STUDIO_WEIGHTS
 
 PEERS = ROOT / ".peers"
 PEER_PYTHON = {"llama.cpp": PEERS / "llama" / "bin" / "python", "kvpress": PEERS / "kvpress" / "bin" / "python"}
@@ -389,8 +391,9 @@ def main() -> None:
     ap.add_argument("--modules", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens per answer (the time to the last one is "
                     "reported)")
-    ap.add_argument("--weights", default="int4", choices=("fp32", "bf16", "int8", "int4"),
-                    help="the studio's weights (default int4, the studio's default; llama.cpp runs the GGUF's own)")
+    ap.add_argument("--weights", default=STUDIO_WEIGHTS, choices=WEIGHTS,
+                    help=f"the studio's weights (default {STUDIO_WEIGHTS}, the studio's default; llama.cpp runs the "
+                    "GGUF's own)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (torch uses its own default: the cores)")
     ap.add_argument("--blend", type=float, default=0.15, help="the blend arm's R (0 leaves the arm out)")
