@@ -56,6 +56,7 @@ from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached, run_repaired
+from engine.model import WEIGHTS
 from engine.session import Engine
 
 ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 2", "isolated+repair 4",
@@ -489,7 +490,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, no files")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
                     "results go to bench/results/fidelity-MODEL.json, without plots")
-    ap.add_argument("--weights", default="fp32", choices=("fp32", "bf16", "int8", "int4"),
+    ap.add_argument("--weights", default="fp32", choices=WEIGHTS,
                     help="the model's linear weights (engine/model/weights.py): needle accuracy per precision")
     ap.add_argument("--replot", action="store_true", help="redraw the plots from bench/results/fidelity.json")
     ap.add_argument("--out", default=None, metavar="NAME", help="write bench/results/NAME.json (and assets/frontier-"

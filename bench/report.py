@@ -197,7 +197,8 @@ def lead_section(slug: str) -> list[str]:
     small = load(f"workload-{BESIDE}")
     if small:
         out += workload_section(small, f"workload-{BESIDE}")
-    out += peers_section(load(f"peers-{slug}"), load(f"peers-kvpress-{slug}"), f"peers-{slug}")
+    out += peers_section(load(f"peers-{slug}"), load(f"peers-kvpress-{slug}"), f"peers-{slug}",
+                         load(f"peers-lengths-{slug}"))
     comp = load(f"compression-{slug}")
     if comp:
         out += compression_section(comp, f"memory-{slug}")
@@ -359,13 +360,14 @@ def decode_section(d: dict | None) -> list[str]:
                     + (f"{sum(kl['all']) / len(kl['all']):.4f} | {r['same_text']}/{r['prompts']} |" if kl else "— | — |"))
     return [f"**Decode per weight precision** — `{d['command']}` ({machine_line(d)}; {d['model']}, the modular arm "
             f"on every sample's example prompt, {d['new_tokens']} greedy tokens; `--weights`, "
-            "engine/model/weights.py: int8 per output channel, int4 in groups of 32, both torch's CPU kernels with "
-            "bf16 activations):", "", *rows, ""] + needles_per_precision()
+            "engine/model/weights.py: int8 per output channel, int4 in groups of 32, gguf the GGUF file's own 5-bit "
+            "blocks and int8 elsewhere, all through the engine's kernels, [weights and kernels](models.md#weights-and-"
+            "kernels)):", "", *rows, ""] + needles_per_precision()
 
 
 def needles_per_precision() -> list[str]:
     """The baseline's needle accuracy per weight precision (bench/fidelity.py --weights W, baseline only)."""
-    runs = [(w, load(f"fidelity-{LEAD}" + ("" if w == "fp32" else f"-{w}"))) for w in ("fp32", "int8", "int4")]
+    runs = [(w, load(f"fidelity-{LEAD}" + ("" if w == "fp32" else f"-{w}"))) for w in ("fp32", "int8", "int4", "gguf")]
     runs = [(w, f) for w, f in runs if f and f.get("confusable", {}).get("baseline")]
     if len(runs) < 2:
         return []
@@ -375,7 +377,8 @@ def needles_per_precision() -> list[str]:
         rows.append(f"| `{w}` | {a['found']}/{a['n']} ({a['ci95'][0]:.0%}–{a['ci95'][1]:.0%}) | {c['found']}/{c['n']} "
                     f"({c['ci95'][0]:.0%}–{c['ci95'][1]:.0%}) | `{f['command']}` |")
     return ["**Needle accuracy per weight precision** — the baseline arm (whole prompt prefilled) on the same "
-            "prompts of bench/fidelity.py (8 modules of ~250 tokens, greedy):", "", *rows, ""]
+            "prompts of bench/fidelity.py (8 modules of ~250 tokens, greedy; each row from its own command and date: "
+            "the int8 and int4 rows ran on torch's kernels, before the engine's):", "", *rows, ""]
 
 
 def browser_section(d: dict | None) -> list[str]:
@@ -663,8 +666,9 @@ PEER_NAMES = {"baseline": "studio baseline (full prefill, fp32)", "prefix": "stu
 ENGINE_NAMES = {"float32": "studio fp32", "bfloat16": "studio bf16"}
 
 
-def peers_section(p: dict | None, kv: dict | None, image: str) -> list[str]:
-    """bench/peers.py: llama.cpp on the same GGUF and token ids, kvpress's presses, beside the studio's arms."""
+def peers_section(p: dict | None, kv: dict | None, image: str, older: dict | None = None) -> list[str]:
+    """bench/peers.py: llama.cpp on the same GGUF and token ids, kvpress's presses, beside the studio's arms.
+    ``older``: the lengths section of an earlier run, shown (with its own command) when the latest has none."""
     out = [] if p is not None else [
         "**Peers** — not measured yet: `make peers`, then `python bench/peers.py --model qwen2.5-coder-0.5b`.", ""]
     p = p or {}
@@ -713,12 +717,14 @@ def peers_section(p: dict | None, kv: dict | None, image: str) -> list[str]:
                 facts.append(f"blend / llama.cpp prefix {r['blend_over_llamacpp_prefix_mean']:.2f}")
             out += ["", "Ratios: " + "; ".join(facts) + ".", ""]
         out += [f"![studio arms against llama.cpp]({ASSETS}/{image}.png)", ""]
-    if "lengths" in p:
-        ln = p["lengths"]
+    source = p if "lengths" in p else older
+    if source and "lengths" in source:
+        ln = source["lengths"]
         pts = ln["points"]
         engines = list(dict.fromkeys(x["dtype"] for x in pts))
         targets = sorted({x["target_tokens"] for x in pts})
-        out += ["**Full prefill and decode by engine** (same command; the document-QA prompts of `bench/ttft.py`, "
+        said = "same command" if source is p else f"`{source['command']}`, {machine_line(source)}"
+        out += [f"**Full prefill and decode by engine** ({said}; the document-QA prompts of `bench/ttft.py`, "
                 f"same token ids; TTFT median (min–max) of {len(pts[0]['baseline_ttft_ms_all'])} "
                 "repetitions after a warm-up, decode ms/token median; the studio's cached TTFT beside):", "",
                 "| prompt tokens | " + " | ".join(f"{ENGINE_NAMES.get(e, e)} TTFT" for e in engines)

@@ -9,7 +9,12 @@ kernel (``torch._weight_int4pack_mm_for_cpu``, groups of 32 with scale and zero 
 GGUF's Q4 blocks) reads half of that again. Both kernels take bf16 activations (int8 with fp32 ones was
 4x slower than fp32 itself here), so a quantized layer casts its input to bf16 and its output back.
 
-* :data:`WEIGHTS` — the settings; ``fp32`` leaves the model as loaded (the exactness tests run there).
+Where the engine's own kernels are built (engine/model/kernels.py: AVX-512 VNNI, fp32 in and out, activations
+quantized per token to 15-16 bits) int8 and int4 layers use them instead of torch's; ``gguf`` needs them.
+
+* :data:`WEIGHTS` — the settings; ``fp32`` leaves the model as loaded (the exactness tests run there); ``gguf``
+  keeps a GGUF model's Q5_0 tensors as the file holds them (layer kind ``q5``: 5-bit values, the file's scales)
+  and the rest in int8.
 * :func:`quantize_weights` — replace every ``nn.Linear`` by a :class:`PackedLinear` of that precision
   (a tied output matrix gets its own packed copy; the embedding lookup keeps the float table), and
   every gated MLP (``down(act(gate(x)) * up(x))``, Llama / Qwen2 / Mistral ...) by a :class:`PackedMLP`
@@ -42,7 +47,7 @@ ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under i
 
 class PackedLinear(torch.nn.Module):
     """A linear layer whose weight is stored as ``kind`` (bf16, int8 per output channel, int4 per group of
-    :data:`INT4_GROUP`); ``forward`` takes and returns the caller's dtype."""
+    :data:`INT4_GROUP`, or q5: a GGUF file's Q5_0 ``codes``); ``forward`` takes and returns the caller's dtype."""
 
     def __init__(self, linear: torch.nn.Linear, kind: str, codes: tuple | None = None):
         super().__init__()
