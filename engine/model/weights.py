@@ -258,7 +258,11 @@ def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = Non
         return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                    if isinstance(m, torch.nn.Linear))
     if next(model.parameters()).device.type != "cpu":
-        raise ModelError(f"{kind} weights use torch's CPU kernels; on a GPU use --dtype bfloat16 instead")
+        raise ModelError(f"{kind} weights use CPU kernels (the engine's or torch's); on a GPU use --dtype bfloat16 "
+                         "instead")
+    if kind == "gguf" and codes is None:
+        raise ModelError("gguf weights need the blocks of the model's GGUF file (engine.model.gguf.q5_codes); "
+                         "load the model from a GGUF file, or use --weights int8")
     if kind == "int4":
         bad = [n for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and layer_kind(n.rsplit(".", 1)[-1], kind) == "int4"

@@ -63,3 +63,13 @@ def test_a_layer_from_the_files_codes_is_the_loaded_layer(tmp_path):
     assert layer.nbytes() < linear.weight.numel() * 0.8  # 5 bits, fp16 scale and zero per 32: ~0.75 bytes
     linear.weight.data[0, 0] += 1e-3  # another weight than the file's: its codes are not used
     assert file_codes(codes, "model.layers.3.self_attn.q_proj", linear) is None
+
+
+def test_gguf_weights_without_the_files_blocks_are_refused(tiny_lm):
+    import copy
+
+    from engine.errors import ModelError
+    from engine.model.weights import quantize_weights
+
+    with pytest.raises(ModelError, match="GGUF file"):
+        quantize_weights(copy.deepcopy(tiny_lm.model), "gguf")
