@@ -317,9 +317,10 @@ def _pml_attention(module, query, key, value, attention_mask, **kwargs):
     if softcap:
         scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
         return positional.eager(query, key, value, attention_mask, scaling, softcap)
-    if query.shape[-2] == 1 and query.device.type == "cpu" and not any(kwargs.get(k) for k in _SPECIAL_KWARGS):
+    if _GQA_WITH_MASK and query.shape[-2] == 1 and query.device.type == "cpu" \
+            and not any(kwargs.get(k) for k in _SPECIAL_KWARGS):
         return _decode_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
-    if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs, keys is not None):
+    if _GQA_WITH_MASK and _grouped_masked_cpu(module, query, attention_mask, kwargs):
         # Several new tokens over a cache (the cached prefill): transformers repeats K/V for every query
         # head here (it keeps enable_gqa for unmasked calls, as CUDA's masked GQA falls back to slow
         # kernels); on CPU, SDPA handles grouped heads with a mask directly and skips that copy.
@@ -345,14 +346,14 @@ def _decode_attention(query, key, value, attention_mask, scaling: float | None) 
     return torch.matmul(probs, value).reshape(b, 1, h, d)
 
 
-_GQA_WITH_MASK = True  # False: always transformers' own SDPA path (for before/after measurements)
+_GQA_WITH_MASK = True  # False: always transformers' own SDPA path, no shortcut (for before/after measurements)
 _SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "output_attentions", "s_aux", "sinks", "dropout")
 
 
-def _grouped_masked_cpu(module, query, attention_mask, kwargs, batched: bool = False) -> bool:
-    """True for a grouped-query, masked, multi-token (or ``batched`` decode) CPU call that uses none of SDPA's
-    special options."""
-    return (query.device.type == "cpu" and (query.shape[-2] > 1 or batched)
+def _grouped_masked_cpu(module, query, attention_mask, kwargs) -> bool:
+    """True for a grouped-query, masked, multi-token CPU call that uses none of SDPA's special options (one token,
+    a decode step, takes :func:`_decode_attention` before this is asked)."""
+    return (query.device.type == "cpu" and query.shape[-2] > 1
             and attention_mask is not None
             and getattr(module, "num_key_value_groups", 1) > 1 and not any(kwargs.get(k) for k in _SPECIAL_KWARGS))
 
