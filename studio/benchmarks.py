@@ -345,33 +345,29 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
     from engine.session import Engine
 
     from .docqa import doc_qa, essay_chunks, ttft_point
-    from .streaming import in_thread
+    from .streaming import with_progress
 
-    def work(emit) -> tuple:  # on the engine thread (studio/streaming.py); progress is reported from this one
-        emit(("progress", 0, 1, "loading the model" if not engine.loaded else "preparing"))
+    def work(report) -> tuple:  # on the engine thread (studio/streaming.py)
+        report(0, 1, "loading the model" if not engine.loaded else "preparing")
         lm = engine.lm
         targets = parse_lengths(lengths, getattr(lm, "max_positions", None))
         codec = engine.codec
         key = getattr(codec, "fingerprint", None) or str(id(codec))
         if key not in _CHUNKS:
-            emit(("progress", 0, len(targets), "cutting the essays into chunks"))
+            report(0, len(targets), "cutting the essays into chunks")
             _CHUNKS[key] = essay_chunks(codec.encode, 250)
         chunks = _CHUNKS[key]
         bench = Engine.from_loaded(lm, storage="cpu", mode=engine.config.mode)  # persist=False: nothing kept
         rows = []
         with engine.run_lock:
             for i, n in enumerate(targets):
-                emit(("progress", i, len(targets), f"{n} tokens: warm-up, baseline and cached"))
+                report(i, len(targets), f"{n} tokens: warm-up, baseline and cached")
                 rows.append(ttft_point(bench, doc_qa(bench, n, SMALL_NEW_TOKENS, chunks), reps))
-        emit(("progress", len(targets), len(targets), "done"))
+        report(len(targets), len(targets), "done")
         return lm, rows
 
     try:
-        for kind, *payload in in_thread(work):
-            if kind == "done":
-                lm, rows = payload[0]
-            elif kind == "progress" and progress:
-                progress(*payload)
+        lm, rows = with_progress(work, progress)
     except gr.Error:
         raise
     except EngineError as err:

@@ -40,10 +40,9 @@ def on_engine_thread_soon(fn: Callable, *args) -> None:
     _engine.submit(fn, *args)
 
 
-def in_thread(work: Callable[[Emit], Any], name: str = "pml-work", tick: float | None = None) -> Iterator[tuple]:
+def in_thread(work: Callable[[Emit], Any], tick: float | None = None) -> Iterator[tuple]:
     """Run ``work(emit)`` on the engine thread (after the work queued before it); yield every emitted event (and
-    ``("tick",)`` after ``tick`` quiet seconds), then ``("done", result)``. (``name`` is not used: the thread is
-    shared.)"""
+    ``("tick",)`` after ``tick`` quiet seconds), then ``("done", result)``."""
     events: queue.Queue = queue.Queue()
 
     def run() -> None:
@@ -64,3 +63,14 @@ def in_thread(work: Callable[[Emit], Any], name: str = "pml-work", tick: float |
         yield event
         if event[0] == "done":
             return
+
+
+def with_progress(work: Callable[[Callable[[int, int, str], None]], Any],
+                  progress: Callable[[int, int, str], None] | None) -> Any:
+    """``work(report)`` on the engine thread; each ``report(done, total, label)`` reaches ``progress`` on this
+    thread (where Gradio tracks it). Returns work's result; its exception is raised here."""
+    for kind, *payload in in_thread(lambda emit: work(lambda *step: emit(("progress", *step)))):
+        if kind == "progress" and progress is not None:
+            progress(*payload)
+        elif kind == "done":
+            return payload[0]

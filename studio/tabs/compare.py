@@ -145,7 +145,7 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
 
     shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most: per token, the page's work
     try:                                   # (diffing, sending, rendering) would slow the decoding it shows
-        for kind, *payload in in_thread(work, "pml-compare", tick=UPDATE_EVERY):
+        for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
             if kind == "encode":
                 done, total, label = payload
                 yield CompareUpdate("encoding", dict(texts), cfg.arms, f"Encoding modules {done}/{total}: {label}")

@@ -19,7 +19,7 @@ from engine.config import MAX_SINK, RunConfig, labelled, short_dtype
 from ..errors import as_gr_error
 from ..settings import Panel
 from ..state import Studio
-from ..streaming import in_thread
+from ..streaming import with_progress
 from ..views import MB, MIB, cards_html, memory_html, note_html, retention_text
 from .editors import Editors
 
@@ -157,14 +157,7 @@ def encode(studio: Studio, schema_text: str, settings: dict | None = None,
         lay = studio.layout(schema_text)
         store = studio.engine.store(cfg.storage)
         before = store.stats()
-        res = None
-        # on the engine thread (studio/streaming.py); progress is reported from this one, where Gradio tracks it
-        for kind, *payload in in_thread(lambda emit: studio.engine.encode(
-                lay, cfg, lambda *step: emit(("encode", *step)))):
-            if kind == "encode" and progress is not None:
-                progress(*payload)
-            elif kind == "done":
-                res = payload[0]
+        res = with_progress(lambda report: studio.engine.encode(lay, cfg, report), progress)  # on the engine thread
     tokens = lay.entry_tokens()
     entries = []
     for name, nbytes in res.bytes_by_module.items():
