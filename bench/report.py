@@ -367,7 +367,8 @@ def decode_section(d: dict | None) -> list[str]:
 
 def needles_per_precision() -> list[str]:
     """The baseline's needle accuracy per weight precision (bench/fidelity.py --weights W, baseline only)."""
-    runs = [(w, load(f"fidelity-{LEAD}" + ("" if w == "fp32" else f"-{w}"))) for w in ("fp32", "bf16", "int8", "int4", "gguf")]
+    runs = [(w, load(f"fidelity-{LEAD}" + ("" if w == "fp32" else f"-{w}")))
+            for w in ("fp32", "bf16", "int8", "int4", "gguf")]
     runs = [(w, f) for w, f in runs if f and f.get("confusable", {}).get("baseline")]
     if len(runs) < 2:
         return []

@@ -403,11 +403,9 @@ def _remember_digest(path: Path, digest: str) -> None:
     os.replace(tmp, book_path)
 
 
-
-
-# llama.cpp's tensor names -> transformers' module names (Llama / Qwen2 / Mistral layouts); a name that maps wrongly
-# (llama.cpp permutes Llama's q/k rows) never passes file_codes' check that the codes give the loaded weight
 Q5_0 = 6  # ggml's type id of Q5_0 blocks
+# llama.cpp's tensor names -> transformers' module names (Llama / Qwen2 / Mistral layouts); a name that maps wrongly
+# (llama.cpp permutes Llama's q/k rows) never passes weights.file_codes' check that the codes give the loaded weight
 _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}

@@ -153,11 +153,16 @@ def attention_label(lm: LoadedModel) -> str:
     return f"registered PML attention{window}"
 
 
+def _packaged(spec: str) -> Packaged | None:
+    """The packaged model ``spec`` names (by key or name), if any."""
+    return next((p for p in PACKAGED.values() if spec in (p.key, p.name)), None)
+
+
 def resolve_model_path(spec: str | None) -> tuple[str, str]:
     """(display name, local folder or hub id) for a model spec; converts the default model once."""
     if spec in (None, ""):
         spec = DEFAULT_MODEL
-    packaged = next((p for p in PACKAGED.values() if spec in (p.key, p.name)), None)
+    packaged = _packaged(spec)
     if packaged is not None:
         return packaged.name, str(ensure_packaged(packaged.key))
     path = Path(spec).expanduser()
@@ -229,8 +234,7 @@ def _file_codes(spec: str | None, name: str) -> dict:
     from engine.model.gguf import q5_codes
 
     spec = DEFAULT_MODEL if spec in (None, "") else spec
-    packaged = next((p for p in PACKAGED.values() if spec in (p.key, p.name)), None)
-    path = Path(spec).expanduser()
+    packaged, path = _packaged(spec), Path(spec).expanduser()
     if packaged is not None:
         return q5_codes(packaged_gguf(packaged.key))
     if path.is_file():

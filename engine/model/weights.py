@@ -176,8 +176,9 @@ class PackedMLP(torch.nn.Module):
             both.weight.copy_(torch.cat([gate.weight, up.weight]))
             if gate.bias is not None:
                 both.bias.copy_(torch.cat([gate.bias, up.bias]))
-        pair = [file_codes(codes, f"{name}.{n}", getattr(mlp, n)) for n in ("gate_proj", "up_proj")]
-        if kind == "gguf" and None not in pair:  # both as the file holds them: one matrix of their codes
+        pair = [file_codes(codes, f"{name}.{n}", getattr(mlp, n)) for n in ("gate_proj", "up_proj")] \
+            if kind == "gguf" else [None]
+        if None not in pair:  # both as the file holds them (gguf): one matrix of their codes
             self.gate_up = PackedLinear(both, "q5", tuple(torch.cat(part) for part in zip(*pair)))
         else:
             self.gate_up = PackedLinear(both, "int8" if kind == "gguf" else kind)
