@@ -360,9 +360,9 @@ def decode_section(d: dict | None) -> list[str]:
                     + (f"{sum(kl['all']) / len(kl['all']):.4f} | {r['same_text']}/{r['prompts']} |" if kl else "— | — |"))
     return [f"**Decode per weight precision** — `{d['command']}` ({machine_line(d)}; {d['model']}, the modular arm "
             f"on every sample's example prompt, {d['new_tokens']} greedy tokens; `--weights`, "
-            "engine/model/weights.py: int8 per output channel, int4 in groups of 32, gguf the GGUF file's own 5-bit "
-            "blocks and int8 elsewhere, all through the engine's kernels, [weights and kernels](models.md#weights-and-"
-            "kernels)):", "", *rows, ""] + needles_per_precision()
+            "engine/model/weights.py: int8 per output channel, int4 in groups of 32, gguf the GGUF file's own "
+            "blocks (Q5_0, Q4_K, Q8_0, Q6_K: fp32's values), all through the engine's kernels, [weights and "
+            "kernels](models.md#weights-and-kernels)):", "", *rows, ""] + needles_per_precision()
 
 
 def needles_per_precision() -> list[str]:

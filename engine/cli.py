@@ -99,7 +99,8 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> Non
     r.add_argument("--weights", default="fp32", choices=cfg.values("weights"),
                    help="how the model's linear weights are kept: fp32 (as loaded), bf16, int8 / int4 weight-only "
                         "(activations stay in --dtype; int4 keeps the attention in int8), or gguf (a GGUF model's own "
-                        "Q5_0 blocks, exactly fp32's values, int8 elsewhere); every arm runs on the same weights")
+                        "Q5_0 / Q4_K / Q8_0 / Q6_K blocks, exactly fp32's values, int8 elsewhere); every arm runs on "
+                        "the same weights")
     r.add_argument("--decode", default="together", choices=cfg.values("decode"),
                    help="together (default): each arm's first token from its own timed run, then the arms decode as "
                         "one batch, the weights read once per step for all (each arm's decode_ms_per_token is then "

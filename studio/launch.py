@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 
 # The studio's default: the packaged model that answers (`make setup` installs it), its linear weights as its GGUF
-# file holds them (--weights gguf, engine/model/weights.py): the Q5_0 layers as 5-bit blocks, exactly the values
-# fp32 runs, the rest in int8, all through the engine's kernels (engine/model/kernels.py). It decodes faster than
+# file holds them (--weights gguf, engine/model/weights.py): its Q5_0, Q4_K, Q8_0 and Q6_K blocks, exactly the
+# values fp32 runs, all through the engine's kernels (engine/model/kernels.py). It decodes faster than
 # int8 (fewer bytes a token, bench/decode.py) and on the default sample every arm gives fp32's answer. int4 is
 # faster still but its baseline got the travel sample's train time wrong ("1 hour and 30 minutes" for 45
 # minutes): one flag away, --weights int4, not the default. A model given with --model runs on the weights

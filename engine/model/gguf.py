@@ -26,10 +26,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.devices import available_bytes, cache_root
 from engine.errors import ModelError
 from engine.model.sanity import check_config, check_shape, short
+
+if TYPE_CHECKING:
+    import torch
 
 GGUF_MAGIC = b"GGUF"
 convert_lock = threading.Lock()  # one conversion at a time in this process (packaged models and GGUF files)
@@ -403,7 +407,9 @@ def _remember_digest(path: Path, digest: str) -> None:
     os.replace(tmp, book_path)
 
 
-Q5_0 = 6  # ggml's type id of Q5_0 blocks
+# ggml's type ids of the blocks whose codes the engine's kernels take as the file holds them (weights.FILE_KINDS)
+Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14
+_BLOCK = {Q5_0: (32, 22), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}  # type -> (weights, bytes) a block
 # llama.cpp's tensor names -> transformers' module names (Llama / Qwen2 / Mistral layouts); a name that maps wrongly
 # (llama.cpp permutes Llama's q/k rows) never passes weights.file_codes' check that the codes give the loaded weight
 _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -411,26 +417,36 @@ _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
                 "ffn_down": "mlp.down_proj"}
 
 
-def q5_codes(path: Path) -> dict:
-    """The Q5_0 tensors of GGUF file ``path`` as the file holds them: transformers module name -> (values uint8
-    [out, in] in 0..31, scale float32 [out, in / 32]); weight = (value - 16) * scale (ggml's dequantize_row_q5_0).
-    A Q5_0 block is 22 bytes: the fp16 scale, 32 fifth bits, then 16 bytes of nibbles (value j low, j + 16 high).
-    The header is read by :class:`_HeaderReader` (gguf-py's reader parses the whole vocabulary: ~12 s here)."""
+@dataclass(frozen=True)
+class FileBlocks:
+    """One tensor's blocks as codes: weight = values * scale + zero, per row and group of ``values.shape[1] /
+    scale.shape[1]`` columns (16 or 32). ``kind`` is ggml's name of the blocks (Q5_0, Q8_0, Q4_K, Q6_K)."""
+
+    kind: str
+    values: "torch.Tensor"  # [out, in]: uint8 0..31 (Q5_0) or 0..15 (Q4_K), int8 (Q8_0, Q6_K)
+    scale: "torch.Tensor"  # float32 [out, groups]
+    zero: "torch.Tensor | None"  # float32 [out, groups], or None for none
+
+
+def file_blocks(path: Path) -> dict[str, FileBlocks]:
+    """The Q5_0, Q8_0, Q4_K and Q6_K matrices of GGUF file ``path`` as the file holds them, by transformers module
+    name. Each block format is unpacked as ggml's dequantize_row_* reads it (gguf-py's quants, whose products the
+    loaded fp32 weights are); the header is read by :class:`_HeaderReader` (gguf-py's reader parses the whole
+    vocabulary: ~12 s here)."""
     import mmap
 
     import numpy as np
-    import torch
 
-    out = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
         reader = _HeaderReader(blob)
         alignment = reader.metadata(lambda key: key == "general.alignment").get("general.alignment", 32)
         table, start = reader.tensors()
     start += -start % alignment
     data = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
     for name, shape, kind, offset in table:
         parts = name.split(".")
-        if kind != Q5_0 or len(shape) != 2 or shape[0] % 32:
+        if kind not in _BLOCK or len(shape) != 2 or shape[0] % _BLOCK[kind][0]:
             continue
         if name == "output.weight":
             module = "lm_head"
@@ -439,11 +455,47 @@ def q5_codes(path: Path) -> dict:
         else:
             continue
         cols, rows = shape
-        size = rows * cols // 32 * 22
-        blocks = data[start + offset:start + offset + size].reshape(rows, cols // 32, 22)
-        scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-        bits = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # value j's fifth bit: bit j of qh
-        nibbles = blocks[..., 6:]
-        values = np.concatenate([nibbles & 15, nibbles >> 4], -1) | (bits << 4)
-        out[module] = (torch.from_numpy(values.reshape(rows, cols)), torch.from_numpy(scale))
+        per, size = _BLOCK[kind]
+        blocks = np.asarray(data[start + offset:start + offset + rows * cols // per * size]).reshape(-1, size)
+        out[module] = _unpack(kind, blocks, rows, cols)
     return out
+
+
+def _unpack(kind: int, blocks, rows: int, cols: int) -> FileBlocks:
+    """Codes of ``blocks`` ([n, bytes] uint8, row-major) as ggml's dequantize_row_q5_0 / q8_0 / q4_K / q6_K read
+    them (gguf-py's quants.Q*.dequantize_blocks, step for step)."""
+    import numpy as np
+    import torch
+    from gguf.quants import Q4_K as GQ4K
+
+    def f16(b):
+        return b.copy().view(np.float16).astype(np.float32)
+
+    zero = None
+    if kind == Q5_0:  # fp16 scale, 32 fifth bits, 16 bytes of nibbles (value j low, j + 16 high); w = (q - 16) d
+        scale = f16(blocks[:, :2])
+        bits = np.unpackbits(blocks[:, 2:6], axis=-1, bitorder="little")
+        values = np.concatenate([blocks[:, 6:] & 15, blocks[:, 6:] >> 4], -1) | (bits << 4)
+        zero, name = -16 * scale, "Q5_0"
+    elif kind == Q8_0:  # fp16 scale, 32 int8 values
+        scale, values, name = f16(blocks[:, :2]), blocks[:, 2:].copy().view(np.int8), "Q8_0"
+    elif kind == Q4_K:  # fp16 d and dmin, 12 bytes of 6-bit sub-scales and mins, 128 bytes of nibbles
+        n = len(blocks)
+        sc, mn = GQ4K.get_scale_min(blocks[:, 4:16])
+        scale = (f16(blocks[:, :2]) * sc.astype(np.float32)).reshape(n, 8)
+        zero = -(f16(blocks[:, 2:4]) * mn.astype(np.float32)).reshape(n, 8)
+        qs = blocks[:, 16:].reshape(n, -1, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+        values, name = (qs & 15).reshape(n, 256), "Q4_K"
+    else:  # Q6_K: 128 bytes of low nibbles, 64 of high pairs, 16 int8 sub-scales, fp16 d; w = (q - 32) d sc
+        n = len(blocks)
+        ql, qh = blocks[:, :128], blocks[:, 128:192]
+        scale = (f16(blocks[:, 208:210]) * blocks[:, 192:208].copy().view(np.int8).astype(np.float32))
+        ql = (ql.reshape(n, -1, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 15
+        qh = (qh.reshape(n, -1, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+        values = (ql.reshape(n, -1, 32) | (qh.reshape(n, -1, 32) << 4)).astype(np.int8) - np.int8(32)
+        name = "Q6_K"
+    values = torch.from_numpy(np.ascontiguousarray(values).reshape(rows, cols))
+    scale = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32).reshape(rows, -1))
+    if zero is not None:
+        zero = torch.from_numpy(np.ascontiguousarray(zero, dtype=np.float32).reshape(rows, -1))
+    return FileBlocks(name, values, scale, zero)

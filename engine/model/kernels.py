@@ -13,9 +13,10 @@ torch's ``cpp_extension``) into ``$PML_STUDIO_CACHE/kernels``. Where any of that
 kernels (engine/model/weights.py).
 
 Layouts (:func:`pack_int8`, :func:`pack_int4`): output rows in blocks of 16 (a multiple of 64 rows in all);
-int8 ``[rows/16, cols/2, 16, 2]`` with a float32 scale per row; int4 ``[rows/16, cols/4, 32]`` bytes, byte
-``4i + c`` of a column quad holding rows i and i + 8 of column c (low and high nibble), with a bf16 scale and
-zero point per row and group of 32 columns ``[rows/16, cols/32, 2, 16]``.
+int8 ``[rows/16, cols/2, 16, 2]`` with a float32 scale per row, or per row and group of 16 or 32 columns
+(:func:`pack_group_scales`: a GGUF's Q8_0 and Q6_K blocks); int4 ``[rows/16, cols/4, 32]`` bytes, byte
+``4i + c`` of a column quad holding rows i and i + 8 of column c (low and high nibble), with an fp16 (or float32) scale
+and zero point per row and group of 32 columns ``[rows/16, cols/32, 2, 16]``.
 """
 
 from __future__ import annotations
@@ -116,11 +117,24 @@ def unpack_int8(packed: torch.Tensor, cols: int) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)[:, :cols]
 
 
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+def pack_group_scales(scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Per row and group scales [rows, groups] -> the grouped int8 kernel's layout [rows/16, groups, 16] of ``dtype``
+    (fp16 where the scales are fp16 values, as a GGUF's Q8_0 blocks'; else float32)."""
+    rows, groups = scale.shape
+    return scale.reshape(rows // 16, 16, groups).transpose(1, 2).contiguous().to(dtype)
+
+
+def unpack_group_scales(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_group_scales`: float32 [rows, groups]."""
+    blocks, groups, _ = packed.shape
+    return packed.float().transpose(1, 2).reshape(blocks * 16, groups)
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.float16
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Values ``q`` [rows, cols] in 0..15 (or 0..31: a fifth bit) with ``scale``, ``zero`` [rows, cols / 32]
-    (w = q * scale + zero) -> (uint8 nibbles, fp16 scales and zero points, the fifth bits as int64 or None) in the
-    int4 kernel's layout."""
+    (w = q * scale + zero) -> (uint8 nibbles, scales and zero points of ``dtype``: fp16, or float32 where fp16
+    would round them, the fifth bits as int64 or None) in the int4 kernel's layout."""
     rows, cols = q.shape
     q = q.to(torch.uint8).reshape(rows // 16, 2, 8, cols // 4, 4)  # [block, half, row i, quad, column c]
     nibbles = ((q[:, 0] & 15) | ((q[:, 1] & 15) << 4)).permute(0, 2, 1, 3).reshape(rows // 16, cols // 4, 32)
@@ -132,7 +146,7 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
         packed = np.packbits(bits.contiguous().numpy(), axis=-1, bitorder="little")  # 8 bytes: bit j = byte j's
         high = torch.from_numpy(np.ascontiguousarray(packed).view(np.int64)[..., 0])
     sz = torch.stack([scale, zero], 1).reshape(rows // 16, 16, 2, cols // GROUP).permute(0, 3, 2, 1)
-    return nibbles.contiguous(), sz.contiguous().to(torch.float16), high
+    return nibbles.contiguous(), sz.contiguous().to(dtype), high
 
 
 def unpack_int4(nibbles: torch.Tensor, sz: torch.Tensor, high: torch.Tensor | None = None

@@ -229,16 +229,16 @@ def ensure_packaged(key: str) -> Path:
 
 
 def _file_codes(spec: str | None, name: str) -> dict:
-    """The quantized blocks of the GGUF file model ``spec`` was converted from (gguf.q5_codes), for ``gguf``
+    """The quantized blocks of the GGUF file model ``spec`` was converted from (gguf.file_blocks), for ``gguf``
     weights; ModelError when it came from none."""
-    from engine.model.gguf import q5_codes
+    from engine.model.gguf import file_blocks
 
     spec = DEFAULT_MODEL if spec in (None, "") else spec
     packaged, path = _packaged(spec), Path(spec).expanduser()
     if packaged is not None:
-        return q5_codes(packaged_gguf(packaged.key))
+        return file_blocks(packaged_gguf(packaged.key))
     if path.is_file():
-        return q5_codes(path)
+        return file_blocks(path)
     raise ModelError(f"--weights gguf multiplies the blocks of the model's GGUF file, and {name} was not loaded from "
                      "one (a packaged model or --model file.gguf): use --weights int8")
 

@@ -13,8 +13,9 @@ Where the engine's own kernels are built (engine/model/kernels.py: AVX-512 VNNI,
 quantized per token to 15-16 bits) int8 and int4 layers use them instead of torch's; ``gguf`` needs them.
 
 * :data:`WEIGHTS` — the settings; ``fp32`` leaves the model as loaded (the exactness tests run there); ``gguf``
-  keeps a GGUF model's Q5_0 tensors as the file holds them (layer kind ``q5``: 5-bit values, the file's scales)
-  and the rest in int8.
+  keeps a GGUF model's matrices as the file holds them (:data:`FILE_KINDS`: Q5_0, Q4_K, Q8_0 and Q6_K blocks'
+  values and scales, so the weights are exactly fp32's, which the loader dequantized from them) and any other
+  layer in int8.
 * :func:`quantize_weights` — replace every ``nn.Linear`` by a :class:`PackedLinear` of that precision
   (a tied output matrix gets its own packed copy; the embedding lookup keeps the float table), and
   every gated MLP (``down(act(gate(x)) * up(x))``, Llama / Qwen2 / Mistral ...) by a :class:`PackedMLP`
@@ -41,30 +42,44 @@ INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
 # model's 9728x896 gate+up matrix, 2 threads: fp32 / int8 kernel / int4 kernel 21 / 39 / 35 ms at 200 tokens,
 # 177 / 430 / 315 ms at 2,000; dequantizing it costs 15 ms (int8) and 25 ms (int4). So the break-even is
 # ~200 tokens for int8 and ~350 for int4 (bench/decode.py's TTFT column shows the effect).
-DENSE_FROM = {"int8": 256, "int4": 512, "q5": 512}
+DENSE_FROM = {"int8": 256, "int4": 512, "Q5_0": 512, "Q4_K": 512, "Q8_0": 256, "Q6_K": 256}
+# a GGUF file's blocks as the engine's kernels take them: ggml's name -> (the kernel, the dtype of its scales).
+# Q5_0 and Q4_K are 5- and 4-bit values with a scale and zero point per 32 (the int4 kernel); Q8_0 and Q6_K are
+# int8 (Q6_K's 6-bit values less 32) with a scale per 32 and 16 (the int8 kernel's grouped scales). fp16 holds
+# Q5_0's and Q8_0's scales exactly (the file's own fp16); Q4_K's and Q6_K's are fp16 x a 6- or 8-bit sub-scale,
+# which only float32 holds.
+FILE_KINDS = {"Q5_0": ("int4", torch.float16), "Q4_K": ("int4", torch.float32), "Q8_0": ("int8", torch.float16),
+              "Q6_K": ("int8", torch.float32)}
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under int4 (see the module docstring)
 
 
 class PackedLinear(torch.nn.Module):
     """A linear layer whose weight is stored as ``kind`` (bf16, int8 per output channel, int4 per group of
-    :data:`INT4_GROUP`, or q5: a GGUF file's Q5_0 ``codes``); ``forward`` takes and returns the caller's dtype."""
+    :data:`INT4_GROUP`, or one of :data:`FILE_KINDS`: a GGUF file's blocks, ``codes``); ``forward`` takes and
+    returns the caller's dtype."""
 
-    def __init__(self, linear: torch.nn.Linear, kind: str, codes: tuple | None = None):
+    def __init__(self, linear: torch.nn.Linear, kind: str, codes=None):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, linear.in_features, linear.out_features
         self.nibbles: torch.Tensor | None = None  # int4 values outside torch's kernel's tiles (_pack_int4)
         # the engine's kernels (engine/model/kernels.py) where built and the shape tiles; else torch's
-        self.own = kernels.fits("int4" if kind == "q5" else kind, self.out_features, self.in_features)
+        self.kernel = FILE_KINDS[kind][0] if kind in FILE_KINDS else kind  # int8 or int4 (else unused)
+        self.own = kernels.fits(self.kernel, self.out_features, self.in_features)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(),
                                                                         requires_grad=False)
-        self.register_buffer("fifth", None)  # q5: the values' fifth bits (kernels.pack_int4)
-        if kind == "q5":  # a GGUF's Q5_0 blocks as the file holds them: codes = (values 0..31, scale, zero)
+        self.register_buffer("fifth", None)  # Q5_0: the values' fifth bits (kernels.pack_int4)
+        if kind in FILE_KINDS:  # a GGUF's blocks as the file holds them: codes = gguf.FileBlocks
             if not self.own or codes is None:
-                raise ModelError("q5 weights are a GGUF file's 5-bit blocks, multiplied by the engine's kernels: "
+                raise ModelError(f"{kind} weights are a GGUF file's blocks, multiplied by the engine's kernels: "
                                  f"{kernels.status()}; use --weights int8")
-            nibbles, sz, self.fifth = kernels.pack_int4(*codes)
-            self.register_buffer("qweight", nibbles)
-            self.register_buffer("scales_zeros", sz)
+            dtype = FILE_KINDS[kind][1]
+            if self.kernel == "int4":
+                nibbles, sz, self.fifth = kernels.pack_int4(codes.values, codes.scale, codes.zero, dtype)
+                self.register_buffer("qweight", nibbles)
+                self.register_buffer("scales_zeros", sz)
+            else:
+                self.register_buffer("qweight", kernels.pack_int8(codes.values.to(torch.int8)))
+                self.register_buffer("scales", kernels.pack_group_scales(codes.scale, dtype))
             return
         w = linear.weight.detach().float()  # [out, in]
         if kind == "bf16":
@@ -101,8 +116,12 @@ class PackedLinear(torch.nn.Module):
 
     def dense(self) -> torch.Tensor:
         """The weight as the kernel sees it, dequantized to fp32: [out, in]."""
-        if self.own and self.kind == "int8":
-            return kernels.unpack_int8(self.qweight, self.in_features).float().mul_(self.scales[:, None])
+        if self.own and self.kernel == "int8":
+            q = kernels.unpack_int8(self.qweight, self.in_features).float()
+            if self.scales.dim() == 1:
+                return q.mul_(self.scales[:, None])
+            scale = kernels.unpack_group_scales(self.scales)  # [out, groups]
+            return q.reshape(*scale.shape, -1).mul_(scale[..., None]).reshape(q.shape)
         if self.own:
             q, scale, zero = kernels.unpack_int4(self.qweight, self.scales_zeros, self.fifth)
             groups = q.reshape(self.out_features, -1, INT4_GROUP).float()
@@ -127,7 +146,7 @@ class PackedLinear(torch.nn.Module):
         if self.own:
             x2 = x2.float().contiguous()
             b = None if b is None else b.float()
-            if self.kind == "int8":
+            if self.kernel == "int8":
                 return kernels.ops().int8_matmul(x2, self.qweight, self.scales, b)
             return kernels.ops().int4_matmul(x2, self.qweight, self.scales_zeros, self.fifth, b)
         x2 = x2.to(torch.bfloat16)
@@ -178,8 +197,8 @@ class PackedMLP(torch.nn.Module):
                 both.bias.copy_(torch.cat([gate.bias, up.bias]))
         pair = [file_codes(codes, f"{name}.{n}", getattr(mlp, n)) for n in ("gate_proj", "up_proj")] \
             if kind == "gguf" else [None]
-        if None not in pair:  # both as the file holds them (gguf): one matrix of their codes
-            self.gate_up = PackedLinear(both, "q5", tuple(torch.cat(part) for part in zip(*pair)))
+        if None not in pair and pair[0].kind == pair[1].kind:  # both as the file holds them: one matrix of codes
+            self.gate_up = PackedLinear(both, pair[0].kind, _stacked(*pair))
         else:
             self.gate_up = PackedLinear(both, "int8" if kind == "gguf" else kind)
         self.down_proj = _packed(mlp.down_proj, f"{name}.down_proj", kind, codes)
@@ -203,9 +222,15 @@ class PackedMLP(torch.nn.Module):
         return self.gate_up.nbytes() + self.down_proj.nbytes()
 
 
+def _stacked(a, b):
+    """Two layers' file blocks of one kind as one matrix's (gate over up)."""
+    zero = None if a.zero is None else torch.cat([a.zero, b.zero])
+    return type(a)(a.kind, torch.cat([a.values, b.values]), torch.cat([a.scale, b.scale]), zero)
+
+
 def kernel_label(model: torch.nn.Module) -> str:
     """Which kernels multiply ``model``'s packed weights (one line for the Model tab and ``run --json``)."""
-    packed = [m for m in model.modules() if isinstance(m, PackedLinear) and m.kind in ("int8", "int4")]
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear) and m.kind != "bf16"]
     own = sum(m.own for m in packed)
     if not packed:
         return "torch's dense matrix products"
@@ -223,19 +248,17 @@ def layer_kind(name: str, kind: str) -> str:
     return "int8" if kind == "int4" and name in ATTENTION_PROJECTIONS else kind
 
 
-def file_codes(codes: dict | None, name: str, linear: torch.nn.Linear) -> tuple | None:
-    """Linear layer ``name``'s codes from its GGUF file (gguf.q5_codes: values 0..31 and scales) as
-    (values, scale, zero point), when the engine's kernels take them and they give exactly the layer's loaded
-    weight (the file's dequantized values); else None."""
+def file_codes(codes: dict | None, name: str, linear: torch.nn.Linear):
+    """Linear layer ``name``'s blocks from its GGUF file (a gguf.FileBlocks), when the engine's kernels take them
+    and they give exactly the layer's loaded weight (the file's dequantized values); else None."""
     found = (codes or {}).get(name)
-    if found is None or not kernels.fits("int4", linear.out_features, linear.in_features):
+    if (found is None or found.kind not in FILE_KINDS or found.values.shape != linear.weight.shape
+            or not kernels.fits(FILE_KINDS[found.kind][0], linear.out_features, linear.in_features)):
         return None
-    values, scale = found
-    if values.shape != linear.weight.shape:
-        return None
-    zero = -16 * scale
-    weight = (values.float().reshape(*scale.shape, INT4_GROUP) * scale[..., None] + zero[..., None])
-    return (values, scale, zero) if torch.equal(weight.reshape(values.shape), linear.weight.float()) else None
+    weight = found.values.float().reshape(*found.scale.shape, -1) * found.scale[..., None]  # as gguf-py computes
+    if found.zero is not None:
+        weight = weight + found.zero[..., None]
+    return found if torch.equal(weight.reshape(found.values.shape), linear.weight.float()) else None
 
 
 def _packed(linear: torch.nn.Linear, name: str, kind: str, codes: dict | None) -> PackedLinear:
@@ -243,7 +266,7 @@ def _packed(linear: torch.nn.Linear, name: str, kind: str, codes: dict | None) -
     if kind != "gguf":
         return PackedLinear(linear, layer_kind(name.rsplit(".", 1)[-1], kind))
     taken = file_codes(codes, name, linear)
-    return PackedLinear(linear, "int8") if taken is None else PackedLinear(linear, "q5", taken)
+    return PackedLinear(linear, "int8") if taken is None else PackedLinear(linear, taken.kind, taken)
 
 
 def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = None) -> int:
@@ -252,7 +275,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = Non
     only: the packed kernels are torch's CPU ones (a CUDA model keeps its weights, ModelError says so).
 
     ``gguf``: each layer as its GGUF file holds it where the engine's kernels take that (``codes``, by module name,
-    from gguf.q5_codes: the file's Q5_0 blocks, values and scales exact), int8 elsewhere."""
+    from gguf.file_blocks: the file's blocks, values and scales exact), int8 elsewhere."""
     if kind not in WEIGHTS:
         raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
     if kind == "fp32":
@@ -262,7 +285,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = Non
         raise ModelError(f"{kind} weights use CPU kernels (the engine's or torch's); on a GPU use --dtype bfloat16 "
                          "instead")
     if kind == "gguf" and codes is None:
-        raise ModelError("gguf weights need the blocks of the model's GGUF file (engine.model.gguf.q5_codes); "
+        raise ModelError("gguf weights need the blocks of the model's GGUF file (engine.model.gguf.file_blocks); "
                          "load the model from a GGUF file, or use --weights int8")
     if kind == "int4":
         bad = [n for n, m in model.named_modules()

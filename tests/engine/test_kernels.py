@@ -32,16 +32,40 @@ def test_int8_kernel_is_the_float_product_of_its_integers(rows, cols, m):
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows,cols", [(64, 64), (128, 96), (64, 4864)])
+@pytest.mark.parametrize("m", TOKENS)
+@pytest.mark.parametrize("group,dtype", [(16, torch.float32), (32, torch.float16), (32, torch.float32)])
+def test_grouped_int8_kernel_is_the_float_product_of_its_groups(rows, cols, m, group, dtype):
+    """A scale per row and group of 16 or 32 columns (a GGUF's Q6_K and Q8_0 blocks), fp16 or float32."""
+    torch.manual_seed(rows + cols + m + group)
+    q = torch.randint(-128, 128, (rows, cols), dtype=torch.int8)
+    scale, bias, x = (torch.rand(rows, cols // group) * 0.01).to(dtype).float(), torch.randn(rows), torch.randn(m, cols)
+    w = (q.double().reshape(rows, -1, group) * scale.double()[..., None]).reshape(rows, cols)
+    packed = kernels.pack_group_scales(scale, dtype)
+    assert torch.equal(kernels.unpack_group_scales(packed), scale)
+    got = kernels.ops().int8_matmul(x, kernels.pack_int8(q), packed, bias)
+    assert rel(got.double(), x.double() @ w.T + bias.double()) < 1e-4
+
+
+@needs_kernels
+def test_int8_kernel_refuses_scales_of_no_group():
+    q, x = torch.zeros(64, 96, dtype=torch.int8), torch.randn(1, 96)
+    with pytest.raises(RuntimeError, match="scales' shape"):
+        kernels.ops().int8_matmul(x, kernels.pack_int8(q), torch.ones(64 * 4), None)  # 24 columns a group
+
+
+@needs_kernels
 @pytest.mark.parametrize("rows,cols", [(64, 32), (128, 96), (64, 4864)])
 @pytest.mark.parametrize("m", TOKENS)
 @pytest.mark.parametrize("levels", [16, 32])  # int4, and a GGUF's 5-bit blocks (a fifth bit per value)
-def test_int4_kernel_is_the_float_product_of_its_groups(rows, cols, m, levels):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # float32: a GGUF's Q4_K scales
+def test_int4_kernel_is_the_float_product_of_its_groups(rows, cols, m, levels, dtype):
     torch.manual_seed(rows + cols + m + levels)
     q = torch.randint(0, levels, (rows, cols))
     scale, zero = torch.rand(rows, cols // 32) * 0.02, torch.randn(rows, cols // 32) * 0.1
-    nibbles, sz, fifth = kernels.pack_int4(q, scale, zero)
-    assert (fifth is not None) == (levels == 32)
-    s, z = sz.float().permute(0, 3, 2, 1).reshape(rows, 2, -1).unbind(1)  # as stored: fp16
+    nibbles, sz, fifth = kernels.pack_int4(q, scale, zero, dtype)
+    assert (fifth is not None) == (levels == 32) and sz.dtype == dtype
+    s, z = sz.float().permute(0, 3, 2, 1).reshape(rows, 2, -1).unbind(1)  # as stored
     w = (q.double().reshape(rows, -1, 32) * s.double()[..., None] + z.double()[..., None]).reshape(rows, cols)
     x = torch.randn(m, cols)
     got = kernels.ops().int4_matmul(x, nibbles, sz, fifth, None)

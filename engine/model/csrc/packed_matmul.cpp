@@ -13,7 +13,11 @@
 //   0..15; per group of 32 columns and row an fp16 scale and zero point ([N/16, K/32, 2, 16]): w = q * scale +
 //   zero, so y = sum_g scale_g * (q . x)_g + zero_g * (sum of x over g). With a fifth bit (a GGUF's Q5_0
 //   blocks, q in 0..31, zero = -16 * scale): one uint64 per block and quad, bit j set adds 16 to byte j of the
-//   unpacked 64 (bytes 0..31: the low nibbles, rows 0..7; 32..63: the high nibbles, rows 8..15).
+//   unpacked 64 (bytes 0..31: the low nibbles, rows 0..7; 32..63: the high nibbles, rows 8..15). The scales and
+//   zero points may be float32 instead (a GGUF's Q4_K blocks: fp16 x 6-bit sub-scale, more than fp16 holds).
+// int8 in groups (a GGUF's Q8_0 and Q6_K blocks): the int8 layout, with a scale per row and group of 16 or 32
+//   columns ([N/16, K/group, 16], fp16 or float32) instead of per row: each group's int32 sums are scaled into
+//   the float sums as the group ends.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -31,7 +35,9 @@ constexpr int TOKENS4 = 2;    // ... int4 (two sums per block and token: 4 x 2 x
 constexpr int64_t INT8_FLUSH = 128;  // column pairs summed in int32 before adding to the float sums
 constexpr int64_t GROUP_QUADS = 8;   // column quads per int4 group (32 columns)
 
-inline __m512 fp16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+// 16 scales as floats, from fp16 (uint16_t bits) or float32
+inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
 template <int TM>
 void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const float* scale,
@@ -63,8 +69,39 @@ void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, c
   }
 }
 
-template <int TM, bool HIGH>
-void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const uint16_t* sz, const int32_t* xl,
+// As tile_int8, with a scale per row and group of GP column pairs (scale: [BLOCKS][groups][16]).
+template <int TM, int GP, typename S>
+void tile_int8g(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const S* scale, const float* sx,
+                float* y, int64_t ystride) {
+  const int64_t groups = k2 / GP;
+  __m512 f[BLOCKS][TM];
+  for (int b = 0; b < BLOCKS; ++b)
+    for (int m = 0; m < TM; ++m) f[b][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i acc[BLOCKS][TM];
+    for (int b = 0; b < BLOCKS; ++b)
+      for (int m = 0; m < TM; ++m) acc[b][m] = _mm512_setzero_si512();
+    for (int64_t p = g * GP; p < (g + 1) * GP; ++p) {
+      __m512i wv[BLOCKS];
+      for (int b = 0; b < BLOCKS; ++b)
+        wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + (b * k2 + p) * 32)));
+      for (int m = 0; m < TM; ++m) {
+        const __m512i xb = _mm512_set1_epi32(x[m * xstride + p]);
+        for (int b = 0; b < BLOCKS; ++b) acc[b][m] = _mm512_dpwssd_epi32(acc[b][m], wv[b], xb);
+      }
+    }
+    for (int b = 0; b < BLOCKS; ++b) {
+      const __m512 s = load16(scale + (b * groups + g) * ROWS);
+      for (int m = 0; m < TM; ++m) f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[b][m]), s, f[b][m]);
+    }
+  }
+  for (int b = 0; b < BLOCKS; ++b)
+    for (int m = 0; m < TM; ++m)
+      _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_mul_ps(f[b][m], _mm512_set1_ps(sx[m])));
+}
+
+template <int TM, bool HIGH, typename S>
+void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const S* sz, const int32_t* xl,
                const int32_t* xh, int64_t xstride, const float* xsum, int64_t groups, const float* sx, float* y,
                int64_t ystride) {
   const __m256i low = _mm256_set1_epi8(0x0F);
@@ -94,8 +131,8 @@ void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const uint16_t*
       }
     }
     for (int b = 0; b < BLOCKS; ++b) {
-      const uint16_t* s = sz + ((b * groups + g) * 2) * ROWS;
-      const __m512 scale = fp16x16(s), zero = fp16x16(s + ROWS);
+      const S* s = sz + ((b * groups + g) * 2) * ROWS;
+      const __m512 scale = load16(s), zero = load16(s + ROWS);
       for (int m = 0; m < TM; ++m) {
         const __m512i sum = _mm512_add_epi32(lo[b][m], _mm512_slli_epi32(hi[b][m], 7));
         f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, f[b][m]);
@@ -147,15 +184,48 @@ void check(const torch::Tensor& x, int64_t N) {
 
 }  // namespace
 
+// The int8 kernel's tile for a scale per row (scale: [N] float32) or per row and group of GP pairs.
+template <int GP, typename S>
+void int8_tiles(int64_t M, int64_t N, int64_t k2, const int8_t* wp, const int32_t* xp, const S* sc, const float* sp,
+                float* yp) {
+  const int64_t per_block = GP ? k2 / GP * ROWS : ROWS;  // scales per block of 16 rows
+  for_tiles(M, N, TOKENS8, [&](int64_t t, int64_t m, int64_t tm) {
+    const int8_t* wt = wp + t * BLOCKS * k2 * 32;
+    const S* st = sc + t * BLOCKS * per_block;
+    const int32_t* xm = xp + m * k2;
+    float* ym = yp + m * N + t * BLOCKS * ROWS;
+    if constexpr (GP == 0) {
+      switch (tm) {
+        case 1: tile_int8<1>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+        case 2: tile_int8<2>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+        case 3: tile_int8<3>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+        default: tile_int8<4>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+      }
+    } else {
+      switch (tm) {
+        case 1: tile_int8g<1, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+        case 2: tile_int8g<2, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+        case 3: tile_int8g<3, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+        default: tile_int8g<4, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+      }
+    }
+  });
+}
+
 torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale, c10::optional<torch::Tensor> bias) {
-  const int64_t M = x.size(0), k2 = w.size(1), N = w.size(0) * ROWS;
+  const int64_t M = x.size(0), k2 = w.size(1), N = w.size(0) * ROWS, K = x.size(1);
   check(x, N);
-  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(2) == ROWS && w.size(3) == 2 && (x.size(1) + 1) / 2 == k2 &&
-              scale.numel() == N && scale.scalar_type() == torch::kFloat32, "int8 matmul: packed weight's shape");
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.size(2) == ROWS && w.size(3) == 2 && (K + 1) / 2 == k2 &&
+              scale.is_contiguous(), "int8 matmul: packed weight's shape");
+  // a scale per row (float32 [N]), or per row and group of 16 or 32 columns (fp16 or float32 [N/16, K/group, 16])
+  const int64_t group = scale.numel() == N ? 0 : K * N / std::max<int64_t>(scale.numel(), 1);
+  TORCH_CHECK(group == 0 ? scale.scalar_type() == torch::kFloat32
+                         : (group == 16 || group == 32) && K % group == 0 && scale.numel() * group == N * K &&
+                           (scale.scalar_type() == torch::kFloat32 || scale.scalar_type() == torch::kFloat16),
+              "int8 matmul: the scales' shape (one per row, or per row and group of 16 or 32 columns)");
   auto xq = torch::empty({M, k2 * 2}, torch::kInt16);
   auto sx = torch::empty({M}, torch::kFloat32);
   int16_t* q = xq.data_ptr<int16_t>();
-  const int64_t K = x.size(1);
   if (K % 2)
     for (int64_t m = 0; m < M; ++m) q[m * k2 * 2 + K] = 0;
   quantize(x.data_ptr<float>(), M, K, 32767.f, sx.data_ptr<float>(),
@@ -163,18 +233,16 @@ torch::Tensor int8_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale,
   auto y = torch::empty({M, N}, torch::kFloat32);
   const int8_t* wp = w.data_ptr<int8_t>();
   const int32_t* xp = (const int32_t*)q;
-  const float *sc = scale.data_ptr<float>(), *sp = sx.data_ptr<float>();
+  const float* sp = sx.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for_tiles(M, N, TOKENS8, [&](int64_t t, int64_t m, int64_t tm) {
-    const int8_t* wt = wp + t * BLOCKS * k2 * 32;
-    const int64_t r = t * BLOCKS * ROWS;
-    switch (tm) {
-      case 1: tile_int8<1>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
-      case 2: tile_int8<2>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
-      case 3: tile_int8<3>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
-      default: tile_int8<4>(wt, k2, xp + m * k2, k2, sc + r, sp + m, yp + m * N + r, N); break;
-    }
-  });
+  const bool half = scale.scalar_type() == torch::kFloat16;
+  const float* sf = half ? nullptr : scale.data_ptr<float>();
+  const uint16_t* sh = half ? (const uint16_t*)scale.data_ptr<at::Half>() : nullptr;
+  if (group == 0) int8_tiles<0>(M, N, k2, wp, xp, sf, sp, yp);
+  else if (group == 16 && half) int8_tiles<8>(M, N, k2, wp, xp, sh, sp, yp);
+  else if (group == 16) int8_tiles<8>(M, N, k2, wp, xp, sf, sp, yp);
+  else if (half) int8_tiles<16>(M, N, k2, wp, xp, sh, sp, yp);
+  else int8_tiles<16>(M, N, k2, wp, xp, sf, sp, yp);
   add_bias(y, bias);
   return y;
 }
@@ -184,7 +252,8 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
   const int64_t M = x.size(0), K = x.size(1), k4 = w.size(1), N = w.size(0) * ROWS, groups = K / 32;
   check(x, N);
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.size(2) == 32 && K % 32 == 0 && k4 * 4 == K &&
-              scale_zero.scalar_type() == torch::kFloat16 && scale_zero.numel() == N * groups * 2,
+              (scale_zero.scalar_type() == torch::kFloat16 || scale_zero.scalar_type() == torch::kFloat32) &&
+              scale_zero.numel() == N * groups * 2 && scale_zero.is_contiguous(),
               "int4 matmul: packed weight's shape");
   const bool five = fifth.has_value() && fifth->defined();
   TORCH_CHECK(!five || (fifth->scalar_type() == torch::kInt64 && fifth->numel() == (N / ROWS) * k4),
@@ -207,28 +276,31 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
   });
   auto y = torch::empty({M, N}, torch::kFloat32);
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* szp = (const uint16_t*)scale_zero.data_ptr<at::Half>();
   const int32_t *xl = (const int32_t*)low, *xh = (const int32_t*)high;
   const float *sp = xs_ + M * groups, *xs = xs_;
   float* yp = y.data_ptr<float>();
-  for_tiles(M, N, TOKENS4, [&](int64_t t, int64_t m, int64_t tm) {
-    const uint8_t* wt = wp + t * BLOCKS * k4 * 32;
-    const uint64_t* ht = five ? hp + t * BLOCKS * k4 : nullptr;
-    const uint16_t* st = szp + t * BLOCKS * groups * 2 * ROWS;
-    const int64_t r = t * BLOCKS * ROWS;
-    const int32_t *l = xl + m * k4, *h = xh + m * k4;
-    const float *xsm = xs + m * groups, *sm = sp + m;
-    float* ym = yp + m * N + r;
-    if (five && tm == 1) tile_int4<1, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-    else if (five) tile_int4<2, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-    else if (tm == 1) tile_int4<1, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-    else tile_int4<2, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-  });
+  auto tiles = [&](auto* szp) {
+    for_tiles(M, N, TOKENS4, [&](int64_t t, int64_t m, int64_t tm) {
+      const uint8_t* wt = wp + t * BLOCKS * k4 * 32;
+      const uint64_t* ht = five ? hp + t * BLOCKS * k4 : nullptr;
+      const auto* st = szp + t * BLOCKS * groups * 2 * ROWS;
+      const int64_t r = t * BLOCKS * ROWS;
+      const int32_t *l = xl + m * k4, *h = xh + m * k4;
+      const float *xsm = xs + m * groups, *sm = sp + m;
+      float* ym = yp + m * N + r;
+      if (five && tm == 1) tile_int4<1, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+      else if (five) tile_int4<2, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+      else if (tm == 1) tile_int4<1, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+      else tile_int4<2, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+    });
+  };
+  if (scale_zero.scalar_type() == torch::kFloat16) tiles((const uint16_t*)scale_zero.data_ptr<at::Half>());
+  else tiles(scale_zero.data_ptr<float>());
   add_bias(y, bias);
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_matmul", &int8_matmul, "y = x @ W.T (+ bias), W int8 per row (packed)");
+  m.def("int8_matmul", &int8_matmul, "y = x @ W.T (+ bias), W int8 per row or per group of 16 / 32 (packed)");
   m.def("int4_matmul", &int4_matmul, "y = x @ W.T (+ bias), W int4 or int5 per group of 32 (packed)");
 }
