@@ -31,6 +31,8 @@ from .tabs import benchmarks, compare, editors, encode, history, model, prompt, 
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "studio.css"
+JS_PATH = ASSETS / "studio.js"  # first in the page's <head> (studio/pagescript.py): Gradio's status tracker 4 frames a
+# second, not 60
 DEFAULT_SAMPLE = "travel"
 TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
@@ -45,14 +47,16 @@ def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[
     from starlette.middleware import Middleware
 
     from .guard import LocalGuard, allowed_hosts
+    from .pagescript import FirstScript
 
     system = ["ui-sans-serif", "system-ui", "sans-serif"]
     mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
     theme = gr.themes.Default(primary_hue="indigo", secondary_hue="emerald", neutral_hue="slate",
                               radius_size="md", font=system, font_mono=mono)
     guard = Middleware(LocalGuard, blocks=demo, hosts=allowed_hosts(host), proxied=tuple(allow_hosts))
+    middleware = [guard] + ([Middleware(FirstScript, script=JS_PATH.read_text())] if JS_PATH.exists() else [])
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
-            "app_kwargs": {"middleware": [guard]}, "max_file_size": MAX_FILE_BYTES}
+            "app_kwargs": {"middleware": middleware}, "max_file_size": MAX_FILE_BYTES}
 
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,

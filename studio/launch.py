@@ -18,6 +18,11 @@ import sys
 # minutes): one flag away, --weights int4, not the default. A model given with --model runs on the weights
 # --weights names (fp32 unless told).
 STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "gguf"
+# How often Gradio's queue looks for a new event (s). Gradio polls every 1 ms off Windows (queueing.Queue
+# sleep_when_free) and sends progress every 10 ms: an event loop waking ~1,100 times a second, ~7 % of a core with
+# no page open, and during a Compare each wake-up takes the GIL and a core from the decoding (on 2 cores torch's two
+# threads then wait for each other). 20 ms between looks costs an event at most 20 ms before it starts.
+QUEUE_POLL_S, PROGRESS_EVERY_S = 0.02, 0.1
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
@@ -56,6 +61,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
         print(f"pml-studio: warning: {runlog.read_only}; History lists its runs, new runs are not logged",
               file=sys.stderr, flush=True)
     demo.queue(default_concurrency_limit=1)
+    calm_queue(demo)
     if preload:
         on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
     try:
@@ -65,6 +71,16 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2
     return 0 if block else demo
+
+
+def calm_queue(demo) -> None:
+    """Gradio's queue polls at :data:`QUEUE_POLL_S` and sends progress every :data:`PROGRESS_EVERY_S` (its own
+    values: 1 and 10 ms); a Gradio without those attributes is left as it is."""
+    queue = getattr(demo, "_queue", None)
+    if hasattr(queue, "sleep_when_free"):
+        queue.sleep_when_free = QUEUE_POLL_S
+    if hasattr(queue, "progress_update_sleep_when_free"):
+        queue.progress_update_sleep_when_free = PROGRESS_EVERY_S
 
 
 def _preload(engine) -> None:
