@@ -39,65 +39,53 @@ constexpr int64_t GROUP_QUADS = 8;   // column quads per int4 group (32 columns)
 inline __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
+// acc[b][m] = the int32 sums of column pairs p0 .. p1 - 1: each pair's 16 rows x 2 int8 weights widened to int16 and
+// multiplied by the token's two int16 activations (one VPDPWSSD per block and token).
 template <int TM>
-void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const float* scale,
-               const float* sx, float* y, int64_t ystride) {
-  __m512 f[BLOCKS][TM];
+inline __attribute__((always_inline)) void dot_pairs(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride,
+                                                     int64_t p0, int64_t p1, __m512i (&acc)[BLOCKS][TM]) {
   for (int b = 0; b < BLOCKS; ++b)
-    for (int m = 0; m < TM; ++m) f[b][m] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k2; c += INT8_FLUSH) {
-    const int64_t end = std::min(k2, c + INT8_FLUSH);
-    __m512i acc[BLOCKS][TM];
+    for (int m = 0; m < TM; ++m) acc[b][m] = _mm512_setzero_si512();
+  for (int64_t p = p0; p < p1; ++p) {
+    __m512i wv[BLOCKS];
     for (int b = 0; b < BLOCKS; ++b)
-      for (int m = 0; m < TM; ++m) acc[b][m] = _mm512_setzero_si512();
-    for (int64_t p = c; p < end; ++p) {
-      __m512i wv[BLOCKS];
-      for (int b = 0; b < BLOCKS; ++b)
-        wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + (b * k2 + p) * 32)));
-      for (int m = 0; m < TM; ++m) {
-        const __m512i xb = _mm512_set1_epi32(x[m * xstride + p]);
-        for (int b = 0; b < BLOCKS; ++b) acc[b][m] = _mm512_dpwssd_epi32(acc[b][m], wv[b], xb);
-      }
+      wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + (b * k2 + p) * 32)));
+    for (int m = 0; m < TM; ++m) {
+      const __m512i xb = _mm512_set1_epi32(x[m * xstride + p]);
+      for (int b = 0; b < BLOCKS; ++b) acc[b][m] = _mm512_dpwssd_epi32(acc[b][m], wv[b], xb);
     }
-    for (int b = 0; b < BLOCKS; ++b)
-      for (int m = 0; m < TM; ++m) f[b][m] = _mm512_add_ps(f[b][m], _mm512_cvtepi32_ps(acc[b][m]));
-  }
-  for (int b = 0; b < BLOCKS; ++b) {
-    const __m512 s = _mm512_loadu_ps(scale + b * ROWS);
-    for (int m = 0; m < TM; ++m)
-      _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_mul_ps(_mm512_mul_ps(f[b][m], s), _mm512_set1_ps(sx[m])));
   }
 }
 
-// As tile_int8, with a scale per row and group of GP column pairs (scale: [BLOCKS][groups][16]).
+// GP == 0: a scale per row (scale: [BLOCKS * 16] float), applied at the end, the int32 sums added to the float ones
+// every INT8_FLUSH pairs. GP > 0: a scale per row and group of GP column pairs (scale: [BLOCKS][groups][16]), each
+// group's sums scaled into the float ones as it ends.
 template <int TM, int GP, typename S>
-void tile_int8g(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const S* scale, const float* sx,
-                float* y, int64_t ystride) {
-  const int64_t groups = k2 / GP;
+void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, const S* scale, const float* sx,
+               float* y, int64_t ystride) {
+  constexpr int64_t SPAN = GP ? GP : INT8_FLUSH;
+  const int64_t groups = GP ? k2 / GP : 0;
   __m512 f[BLOCKS][TM];
   for (int b = 0; b < BLOCKS; ++b)
     for (int m = 0; m < TM; ++m) f[b][m] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t c = 0, g = 0; c < k2; c += SPAN, ++g) {
     __m512i acc[BLOCKS][TM];
-    for (int b = 0; b < BLOCKS; ++b)
-      for (int m = 0; m < TM; ++m) acc[b][m] = _mm512_setzero_si512();
-    for (int64_t p = g * GP; p < (g + 1) * GP; ++p) {
-      __m512i wv[BLOCKS];
-      for (int b = 0; b < BLOCKS; ++b)
-        wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(w + (b * k2 + p) * 32)));
-      for (int m = 0; m < TM; ++m) {
-        const __m512i xb = _mm512_set1_epi32(x[m * xstride + p]);
-        for (int b = 0; b < BLOCKS; ++b) acc[b][m] = _mm512_dpwssd_epi32(acc[b][m], wv[b], xb);
-      }
-    }
+    dot_pairs<TM>(w, k2, x, xstride, c, std::min(k2, c + SPAN), acc);
     for (int b = 0; b < BLOCKS; ++b) {
-      const __m512 s = load16(scale + (b * groups + g) * ROWS);
-      for (int m = 0; m < TM; ++m) f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[b][m]), s, f[b][m]);
+      if constexpr (GP > 0) {
+        const __m512 s = load16(scale + (b * groups + g) * ROWS);
+        for (int m = 0; m < TM; ++m) f[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[b][m]), s, f[b][m]);
+      } else {
+        for (int m = 0; m < TM; ++m) f[b][m] = _mm512_add_ps(f[b][m], _mm512_cvtepi32_ps(acc[b][m]));
+      }
     }
   }
   for (int b = 0; b < BLOCKS; ++b)
-    for (int m = 0; m < TM; ++m)
-      _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_mul_ps(f[b][m], _mm512_set1_ps(sx[m])));
+    for (int m = 0; m < TM; ++m) {
+      __m512 v = f[b][m];
+      if constexpr (GP == 0) v = _mm512_mul_ps(v, load16(scale + b * ROWS));
+      _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_mul_ps(v, _mm512_set1_ps(sx[m])));
+    }
 }
 
 template <int TM, bool HIGH, typename S>
@@ -194,20 +182,11 @@ void int8_tiles(int64_t M, int64_t N, int64_t k2, const int8_t* wp, const int32_
     const S* st = sc + t * BLOCKS * per_block;
     const int32_t* xm = xp + m * k2;
     float* ym = yp + m * N + t * BLOCKS * ROWS;
-    if constexpr (GP == 0) {
-      switch (tm) {
-        case 1: tile_int8<1>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-        case 2: tile_int8<2>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-        case 3: tile_int8<3>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-        default: tile_int8<4>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-      }
-    } else {
-      switch (tm) {
-        case 1: tile_int8g<1, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-        case 2: tile_int8g<2, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-        case 3: tile_int8g<3, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-        default: tile_int8g<4, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
-      }
+    switch (tm) {
+      case 1: tile_int8<1, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+      case 2: tile_int8<2, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+      case 3: tile_int8<3, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
+      default: tile_int8<4, GP>(wt, k2, xm, k2, st, sp + m, ym, N); break;
     }
   });
 }
