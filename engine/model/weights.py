@@ -42,7 +42,7 @@ INT4_GROUP = 32  # weights per scale and zero point (a GGUF Q4_K block's group)
 # model's 9728x896 gate+up matrix, 2 threads: fp32 / int8 kernel / int4 kernel 21 / 39 / 35 ms at 200 tokens,
 # 177 / 430 / 315 ms at 2,000; dequantizing it costs 15 ms (int8) and 25 ms (int4). So the break-even is
 # ~200 tokens for int8 and ~350 for int4 (bench/decode.py's TTFT column shows the effect).
-DENSE_FROM = {"int8": 256, "int4": 512, "Q5_0": 512, "Q4_K": 512, "Q8_0": 256, "Q6_K": 256}
+DENSE_FROM = {"int8": 256, "int4": 512}  # by kernel: a GGUF's blocks by the kernel that multiplies them (FILE_KINDS)
 # a GGUF file's blocks as the engine's kernels take them: ggml's name -> (the kernel, the dtype of its scales).
 # Q5_0 and Q4_K are 5- and 4-bit values with a scale and zero point per 32 (the int4 kernel); Q8_0 and Q6_K are
 # int8 (Q6_K's 6-bit values less 32) with a scale per 32 and 16 (the int8 kernel's grouped scales). fp16 holds
@@ -141,7 +141,7 @@ class PackedLinear(torch.nn.Module):
         out), torch's packed kernel (bf16 in and out), or from :data:`DENSE_FROM` tokens on, fp32's GEMM over the
         dequantized weight (fp32 out)."""
         b = self.bias if bias else None
-        if x2.shape[0] >= DENSE_FROM.get(self.kind, 1 << 62) and x2.device.type == "cpu":
+        if x2.shape[0] >= DENSE_FROM.get(self.kernel, 1 << 62) and x2.device.type == "cpu":
             return F.linear(x2.float(), self.dense(), None if b is None else b.float())
         if self.own:
             x2 = x2.float().contiguous()
