@@ -45,7 +45,8 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import BatchedKV, KVBuffer, KVWorkspace
-from engine.model.attend import (ATTENTION, ApeScale, Focus, RankMask, ape_scaled, focused, key_masked,
+from engine.model import step
+from engine.model.attend import (ATTENTION, ApeScale, Focus, RankMask, ape_scaled, focused, key_masked, plain,
                                  rank_masked)
 from engine.model.load import LoadedModel
 from engine.model.positions import attach, needs_positions
@@ -256,10 +257,7 @@ def _decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: 
     spent = 0.0
     while len(tokens) < sampling.max_new_tokens and tokens[-1] not in eos:
         s = time.perf_counter()
-        out = lm.model(input_ids=torch.tensor([[tokens[-1]]], device=lm.device),
-                       position_ids=torch.tensor([[next_pos]], device=lm.device), past_key_values=cache,
-                       use_cache=True, logits_to_keep=1)
-        tok = _sample(out.logits[0, -1], sampling, gen)
+        tok = _sample(_step(lm, cache, [tokens[-1]], [next_pos])[0], sampling, gen)
         _sync(lm.device)
         spent += time.perf_counter() - s
         tokens.append(tok)
@@ -353,16 +351,12 @@ def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
     with torch.inference_mode():
         while any(live):
             s = time.perf_counter()
-            ids = torch.tensor([[w.tokens[-1]] for w in waiting], device=lm.device)
-            pos = torch.tensor([[w.next_pos] for w in waiting], device=lm.device)
-            with key_masked(kv.key_mask()):
-                out = lm.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
-                               logits_to_keep=1)
+            logits = _step(lm, cache, [w.tokens[-1] for w in waiting], [w.next_pos for w in waiting], kv.key_mask)
             kv.advance()
             grew = []
             for row, w in enumerate(waiting):
                 if live[row]:
-                    w.tokens.append(_sample(out.logits[row, -1], w.sampling, w.gen))
+                    w.tokens.append(_sample(logits[row], w.sampling, w.gen))
                     w.next_pos += 1
                     grew.append(w)
             _sync(lm.device)
@@ -375,6 +369,23 @@ def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
             for w in grew:
                 if w.on_token:
                     w.on_token(w.arm, lm.tokenizer.decode(w.tokens, skip_special_tokens=True))
+
+
+def _step(lm: LoadedModel, cache, ids: list[int], positions: list[int], key_mask=None) -> torch.Tensor:
+    """Logits [rows, vocab] of one decode step (token ``ids[row]`` at ``positions[row]`` per row) over ``cache``:
+    the C++ decoder where it applies (engine/model/step.py) and no engine context changes attention, else the
+    model's forward (``key_mask()``: the batched rows' key mask it then needs)."""
+    fast = step.decoder(lm.model, lm.weights) if plain() else None
+    view = cache.step_view() if fast is not None and hasattr(cache, "step_view") else None
+    if view is not None:
+        logits = fast(ids, positions, *view)
+        cache.advance()
+        return logits
+    with key_masked(key_mask()) if key_mask is not None else contextlib.nullcontext():
+        out = lm.model(input_ids=torch.tensor([[i] for i in ids], device=lm.device),
+                       position_ids=torch.tensor([[p] for p in positions], device=lm.device), past_key_values=cache,
+                       use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1]
 
 
 def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> int:

@@ -85,3 +85,13 @@ class BatchedCache(Cache):
     def __init__(self, batch: BatchedKV):
         super().__init__(layers=[_BatchedLayer(batch, i) for i in range(batch.data.shape[0])])
         self.batch = batch
+
+    def step_view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows' KV, each row's length: where its next token goes) for the C++ decode step; the caller then
+        calls :meth:`BatchedKV.advance`, as after a forward."""
+        if self.batch.longest + 1 > self.batch.capacity:
+            raise ValueError(f"batched KV overflow: {self.batch.longest + 1} > {self.batch.capacity}")
+        return self.batch.data, self.batch.lengths
+
+    def advance(self) -> None:  # the rows' lengths live in the BatchedKV (BatchedKV.advance counts the step)
+        return None

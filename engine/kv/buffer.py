@@ -152,6 +152,11 @@ class _BufferedLayer(PreallocatedLayer):
         self.keys, self.values = self.k[:, :, :end], self.v[:, :, :end]
         return self.keys, self.values
 
+    def advance(self) -> None:
+        """Count one token written into the buffer directly (the C++ decode step)."""
+        self.length += 1
+        self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 
@@ -168,6 +173,19 @@ class BufferedCache(Cache):
     def __init__(self, buffer: KVBuffer):
         super().__init__(layers=[_BufferedLayer(buffer, i) for i in range(buffer.data.shape[0])])
         self.buffer = buffer
+
+    def step_view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(the buffer ``[layers, 2, 1, kv_heads, capacity, head_dim]``, the length where the next token goes, as a
+        [1] tensor) for one token written in place by the C++ decode step — then :meth:`advance`; None when the
+        layers' lengths differ (thinned entries: transformers' path handles them)."""
+        n = self.layers[0].length
+        if any(layer.length != n for layer in self.layers) or n >= self.buffer.capacity:
+            return None
+        return self.buffer.data, torch.tensor([n], dtype=torch.long)
+
+    def advance(self) -> None:
+        for layer in self.layers:
+            layer.advance()
 
     def sync_length(self) -> None:
         """Record in the buffer how far the layers have written."""

@@ -78,6 +78,12 @@ def rank_masked(mask: RankMask | None):
         _RANKS.reset(token)
 
 
+def plain() -> bool:
+    """True when no engine context changes attention now (no scorer, rank or key mask, APE, focus, tracked
+    positions): what the C++ decode step (engine/model/step.py) computes is then exactly this module's attention."""
+    return all(v.get() is None for v in (_SCORER, _RANKS, _KEYS, _APE, _FOCUS)) and positional.current() is None
+
+
 @contextlib.contextmanager
 def key_masked(mask: torch.Tensor):
     """Within this block, forwards through the PML attention let batch row ``b`` attend to the keys where

@@ -32,7 +32,7 @@ import torch
 
 from engine.devices import cache_root
 
-SOURCE = Path(__file__).parent / "csrc" / "packed_matmul.cpp"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("packed_matmul.cpp", "decode_step.cpp")]
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 # -fopenmp: at::parallel_for splits the rows over torch's own OpenMP threads (libgomp.so.1, already loaded by torch)
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
@@ -79,12 +79,12 @@ def _build():
         verify_ninja_availability()
     except RuntimeError:
         return None, "torch's kernels (ninja is missing: pip install ninja)"
-    source = SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:12]
     build = cache_root() / "kernels" / key
     build.mkdir(parents=True, exist_ok=True)
     try:
-        module = load(name=f"pml_packed_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+        module = load(name=f"pml_packed_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
                       verbose=False)
     except Exception as e:  # a compiler error: the engine still runs, on torch's kernels
         lines = str(e).strip().splitlines() or ["?"]

@@ -140,7 +140,8 @@ class LoadedModel:
                 "attention": self.attention, "attention_path": attention_label(self),
                 "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
                 "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
-                "weight_kernels": self.weight_kernels, "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
+                "weight_kernels": self.weight_kernels, "decode_step": decode_label(self),
+                "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
 
 
 def attention_label(lm: LoadedModel) -> str:
@@ -151,6 +152,15 @@ def attention_label(lm: LoadedModel) -> str:
         return f"the model's own ({how})"
     window = f"; {lm.sliding_layers} sliding-window layers masked by position ids" if lm.sliding_window else ""
     return f"registered PML attention{window}"
+
+
+def decode_label(lm: LoadedModel) -> str:
+    """One line saying what runs a decode step: the engine's C++ decoder (engine/model/step.py) or transformers'
+    modules, and why."""
+    from engine.model import step
+
+    why = step.why_not(lm.model, lm.weights)
+    return "the engine's C++ decode step (one call per token)" if not why else f"transformers' modules: {why}"
 
 
 def _packaged(spec: str) -> Packaged | None:

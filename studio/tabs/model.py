@@ -64,6 +64,7 @@ def model_info(studio: Studio) -> list[list]:
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
                  ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights)"],
                  ["weight kernels", info.get("weight_kernels", "")],
+                 ["decode step", info.get("decode_step", "")],
                  ["why this dtype", dtype_reason(info["device"], info["dtype"], read_result(PRECISION_RESULT).data)],
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],

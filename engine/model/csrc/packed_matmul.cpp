@@ -279,7 +279,10 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
   return y;
 }
 
+void bind_decoder(pybind11::module& m);  // decode_step.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_matmul", &int8_matmul, "y = x @ W.T (+ bias), W int8 per row or per group of 16 / 32 (packed)");
   m.def("int4_matmul", &int4_matmul, "y = x @ W.T (+ bias), W int4 or int5 per group of 32 (packed)");
+  bind_decoder(m);
 }

@@ -1,0 +1,156 @@
+"""The C++ decode step (engine/model/step.py, csrc/decode_step.cpp) against transformers' forward of the same model
+over the same KV buffer: logits and the keys and values it writes, alone and for rows decoded together; where it
+does not apply, the reason, and the arms' decode loops fall back to the model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine.kv import BatchedKV, KVBuffer
+from engine.model import kernels, step
+from engine.model.attend import key_masked, plain, rank_masked, RankMask
+from engine.model.weights import quantize_weights
+
+pytestmark = pytest.mark.skipif(kernels.ops() is None, reason=f"the engine's kernels are not built: {kernels.status()}")
+
+
+def _model(family: str, kind: str, vocab: int):
+    """A 2-layer random model whose every matrix tiles the engine's kernels (64-row multiples), packed as ``kind``."""
+    import transformers as T
+
+    sizes = dict(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                 tie_word_embeddings=False, attn_implementation="sdpa")
+    cfg = T.LlamaConfig(**sizes) if family == "llama" else T.Qwen2Config(**sizes)  # Qwen2: q, k, v with biases
+    torch.manual_seed(0)
+    model = (T.LlamaForCausalLM if family == "llama" else T.Qwen2ForCausalLM)(cfg).eval()
+    with torch.no_grad():  # biases and norms away from their initial zeros and ones, so a wrong use shows
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    from engine.model.attend import use_pml_attention
+
+    use_pml_attention(model)
+    quantize_weights(model, kind)
+    return model
+
+
+@pytest.fixture(scope="module", params=[("llama", "int8"), ("qwen2", "int8"), ("qwen2", "int4"), ("llama", "int4")])
+def packed(request, tokenizer_bundle):
+    family, kind = request.param
+    return _model(family, kind, len(tokenizer_bundle[1]) // 64 * 64), kind
+
+
+def _prefilled(model, n: int, first: int, seed: int, capacity: int = 64) -> KVBuffer:
+    """A KV buffer holding ``n`` random tokens at positions ``first ..``, written by the model's own forward."""
+    torch.manual_seed(seed)
+    data = torch.zeros(model.config.num_hidden_layers, 2, 1, 2, capacity, 32)
+    buf = KVBuffer(data)
+    ids = torch.randint(5, 400, (1, n))
+    with torch.inference_mode():
+        cache = buf.cache()
+        model(input_ids=ids, position_ids=torch.arange(first, first + n)[None], past_key_values=cache, use_cache=True)
+        cache.sync_length()
+    return buf
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to the kernels' activation rounding: a last-bit difference before a product can move a 15-bit
+    activation code by one step (~6e-5 of the row's largest value); a wrong formula is off by whole percents."""
+    return float((got - want).abs().max()) <= 1e-3 * float(want.abs().max())
+
+
+def _forward(model, cache, ids, pos):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([[i] for i in ids]), position_ids=torch.tensor([[p] for p in pos]),
+                     past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+
+
+def test_a_step_computes_the_models_forward(packed):
+    model, kind = packed
+    fast = step.decoder(model, kind)
+    assert fast is not None, step.why_not(model, kind)
+    a = _prefilled(model, 9, first=3, seed=1)
+    b = KVBuffer(a.data.clone())
+    b.lengths = list(a.lengths)
+    ca, cb = a.cache(), b.cache()
+    for i, tok in enumerate([17, 250, 3, 99]):
+        pos = 12 + 2 * i  # gapped positions, as modules leave them
+        with torch.inference_mode():
+            view = ca.step_view()
+            got = fast([tok], [pos], *view)
+            ca.advance()
+        want = _forward(model, cb, [tok], [pos])
+        assert got.shape == want.shape
+        assert _close(got, want), i
+        assert int(got.argmax()) == int(want.argmax())
+    ca.sync_length(), cb.sync_length()
+    assert a.lengths == b.lengths == [13, 13]
+    assert _close(a.data, b.data)  # the keys (rotated) and values written
+
+
+def test_rows_decoded_together_compute_each_row_alone(packed):
+    """Three runs of different lengths, right-padded in one BatchedKV: the C++ step's rows against transformers'
+    forward of each run alone."""
+    model, kind = packed
+    fast = step.decoder(model, kind)
+    runs = [_prefilled(model, n, first, seed) for n, first, seed in [(5, 0, 2), (11, 7, 3), (8, 30, 4)]]
+    batch = BatchedKV([r.data[:, :, 0, :, : r.length] for r in runs], room=4)
+    alone = [r.cache() for r in runs]
+    cache = batch.cache()
+    for s in range(3):
+        ids = [40 + s, 41 + s, 42 + s]
+        pos = [5 + s, 18 + s, 38 + s]
+        with torch.inference_mode():
+            got = fast(ids, pos, *cache.step_view())
+        batch.advance()
+        for row, c in enumerate(alone):
+            want = _forward(model, c, ids[row:row + 1], pos[row:row + 1])
+            assert _close(got[row], want[0]), (s, row)
+
+
+def test_where_it_does_not_apply_it_says_why(tiny_lm, monkeypatch):
+    model = copy.deepcopy(tiny_lm.model)
+    assert step.decoder(model, "fp32") is None
+    assert "exactness reference" in step.why_not(model, "fp32")
+    quantize_weights(model, "int8")  # the tiny Llama's 32-row K and V do not tile the kernels: torch's int8
+    assert "not on the engine's kernels" in step.why_not(model, "int8")
+    other = _model("llama", "int8", 4096)
+    monkeypatch.setenv("PML_STUDIO_STEP", "0")
+    assert step.why_not(other, "int8") == "turned off (PML_STUDIO_STEP=0)"
+
+
+def test_contexts_that_change_attention_send_the_step_to_the_model():
+    assert plain()
+    with key_masked(torch.ones(1, 1, 1, 3, dtype=torch.bool)):
+        assert not plain()
+    with rank_masked(RankMask([torch.arange(2)], torch.tensor([2]))):
+        assert not plain()
+    assert plain()
+
+
+def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch):
+    """runner._step: the same greedy tokens through the C++ step as through the model (PML_STUDIO_STEP=0)."""
+    from engine.arms import runner
+
+    model, kind = packed
+    lm = type("LM", (), {"model": model, "weights": kind, "device": "cpu"})()
+    calls = []
+    real = step.StepDecoder.__call__
+    monkeypatch.setattr(step.StepDecoder, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    tokens = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PML_STUDIO_STEP", flag)
+        step._made.pop(model, None)
+        buf = _prefilled(model, 6, first=0, seed=5)
+        cache, out = buf.cache(), [7]
+        with torch.inference_mode():
+            for i in range(6):
+                out.append(int(runner._step(lm, cache, [out[-1]], [6 + i]).argmax()))
+        tokens[flag] = out
+    step._made.pop(model, None)
+    assert len(calls) == 6  # every step of the first loop, none of the second
+    assert tokens["1"] == tokens["0"]
