@@ -9,13 +9,15 @@ One run, on the studio's default model and weights (studio/launch.py STUDIO_MODE
    timed from the click until the run is in the run log and the page shows the finished texts; the
    first one includes loading the model (if the background load has not finished) and encoding;
 3. **decode per token** — each logged Compare's ``decode_ms_per_token`` per arm (the studio's runs),
-   against ``pml-studio run --json`` on the same sample, model, weights and arms, ``--cli-runs`` times,
-   in its own process (the CLI's runs). Ratio = studio median / CLI median.
+   against ``pml-studio run --json`` on the same sample, model, weights and arms in its own process (the
+   CLI's runs), one CLI run after each later Compare while the studio and its page stay open and idle, so
+   that both sides see the same machine (this CPU's speed drifts by ±10 % over minutes).
+   Ratio = studio median / CLI median.
 
 Prints a table, then one JSON document last (bench/results/browser-compare.json).
 
-    python bench/browser_compare.py                  # 4 Compares, 3 CLI runs
-    python bench/browser_compare.py --compares 2 --cli-runs 1 --no-write
+    python bench/browser_compare.py                  # 6 Compares, 5 CLI runs between them
+    python bench/browser_compare.py --compares 2 --no-write
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS  # noqa: E402
 from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, free_port  # noqa: E402
 
 SAMPLE = "travel"  # the sample the studio opens on
+SETTLE_S = 5.0  # after a CLI run, before the next Compare: the exit of a process that held ~3 GB keeps the kernel
+# busy freeing it for a few seconds, and the Compare after it decoded ~10 % slower without this pause
 
 
 def logged_runs(db: Path) -> list[dict]:
@@ -82,7 +86,8 @@ def serve(port: int, db: Path) -> tuple[subprocess.Popen, float]:
         time.sleep(0.2)
 
 
-def compares(url: str, db: Path, n: int, new_tokens: int) -> list[float]:
+def compares(url: str, db: Path, n: int, new_tokens: int, between=lambda: None) -> list[float]:
+    """Seconds of each of ``n`` Compares in chromium; ``between()`` runs after each one but the first."""
     from playwright.sync_api import sync_playwright
 
     times = []
@@ -104,23 +109,24 @@ def compares(url: str, db: Path, n: int, new_tokens: int) -> list[float]:
                     if time.perf_counter() - t > 600:
                         raise SystemExit("a Compare did not finish within 10 minutes")
                     time.sleep(0.05)
+                # the final update: it replaces the summary that named the running Compare (studio/live.py)
+                page.wait_for_function("!document.querySelector('.pml-live')", timeout=60_000)
                 page.wait_for_selector("#cached-text .pml-output:not(.active)", timeout=60_000)
                 times.append(time.perf_counter() - t)
+                if len(times) > 1:
+                    between()
         finally:
             browser.close()
     return times
 
 
-def cli_runs(n: int, new_tokens: int, arms: list[str]) -> list[dict]:
-    out = []
+def cli_run(new_tokens: int, arms: list[str]) -> dict:
     schema, prompt = ROOT / "sample_schemas" / f"{SAMPLE}.xml", ROOT / "sample_schemas" / f"{SAMPLE}.prompt.xml"
-    for _ in range(n):
-        done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(schema), str(prompt), "--json",
-                               "--model", STUDIO_MODEL, "--weights", STUDIO_WEIGHTS, "--max-new-tokens",
-                               str(new_tokens), "--arms", ",".join(arms), "--no-persist"],
-                              cwd=ROOT, capture_output=True, text=True, check=True)
-        out.append(json.loads(done.stdout))
-    return out
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(schema), str(prompt), "--json",
+                           "--model", STUDIO_MODEL, "--weights", STUDIO_WEIGHTS, "--max-new-tokens",
+                           str(new_tokens), "--arms", ",".join(arms), "--no-persist"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def decode_ms(docs: list[dict]) -> list[float]:
@@ -129,8 +135,8 @@ def decode_ms(docs: list[dict]) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compares", type=int, default=4, help="Compare clicks (the first includes load and encode)")
-    ap.add_argument("--cli-runs", type=int, default=3)
+    ap.add_argument("--compares", type=int, default=6, help="Compare clicks (the first includes load and encode; "
+                    "a CLI run follows each later one)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -139,14 +145,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db, port = Path(tmp) / "runs.db", free_port()
         proc, serve_s = serve(port, db)
+        cli_docs: list[dict] = []
+
+        def run_cli():  # the arms the studio just ran
+            cli_docs.append(cli_run(args.new_tokens, logged_runs(db)[-1]["arms"]))
+            time.sleep(SETTLE_S)
         try:
-            times = compares(f"http://127.0.0.1:{port}/", db, args.compares, args.new_tokens)
+            times = compares(f"http://127.0.0.1:{port}/", db, args.compares, args.new_tokens, run_cli)
             studio_docs = [{k: v for k, v in d.items() if k != "id"} for d in logged_runs(db)]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     arms = studio_docs[-1]["arms"]
-    cli_docs = cli_runs(args.cli_runs, args.new_tokens, arms)
+    if not cli_docs:
+        cli_docs.append(cli_run(args.new_tokens, arms))
     studio_ms, cli_ms = decode_ms(studio_docs[1:] or studio_docs), decode_ms(cli_docs)
     ratio = statistics.median(studio_ms) / statistics.median(cli_ms)
     later = times[1:]

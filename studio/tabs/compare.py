@@ -19,6 +19,7 @@ import gradio as gr
 from engine.arms.registry import REGISTRY
 
 from ..errors import as_gr_error, user_error
+from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread, on_engine_thread
@@ -111,9 +112,12 @@ class CompareUpdate:
     run_id: int | None = None  # None when the run could not be logged (see `logged`)
     comparison: object = field(default=None, repr=False)
     logged: dict | None = None  # Studio.record's report, on "done"
+    live: object = field(default=None, repr=False)  # the run's studio.live.LiveRun (the page fetches its texts)
 
 
-UPDATE_EVERY = 0.5  # seconds between two streamed updates of the arms' texts (each one costs the browser a re-render)
+# seconds between two streamed updates of the arms' texts through Gradio, for a Compare no page is fetching
+# (studio/live.py: the page fetches them itself, because each Gradio message costs the browser ~25-40 ms of CPU)
+UPDATE_EVERY = 0.5
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
@@ -136,35 +140,42 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     cfg = studio.run_config(settings or {})
     engine = studio.engine
     texts = {arm: "" for arm in cfg.arms}
-    yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…")
+    live = RUNS.open(cfg.arms)
+    yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
     def work(emit):
         return engine.compare(schema_text, prompt_text, sampling, config=cfg,
                               on_token=lambda arm, text: emit(("token", arm, text)),
                               progress=lambda done, total, label: emit(("encode", done, total, label)))
 
-    shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most: per token, the page's work
-    try:                                   # (diffing, sending, rendering) would slow the decoding it shows
+    shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
+    try:                                   # the texts itself: each one costs the page CPU the decoding needs
         for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
             if kind == "encode":
                 done, total, label = payload
-                yield CompareUpdate("encoding", dict(texts), cfg.arms, f"Encoding modules {done}/{total}: {label}")
+                yield CompareUpdate("encoding", dict(texts), cfg.arms, f"Encoding modules {done}/{total}: {label}",
+                                    live=live)
             elif kind == "token":
                 arm, text = payload
                 texts[arm], held = text, arm
+                live.show(arm, text, _progress(arm))
             elif kind == "done":
                 res = payload[0]
+            if held is not None and live.watched:
+                held = None  # the page has it
             if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
-                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held))
+                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
                 shown, held = time.monotonic(), None
     except Exception as err:
         if held is not None:  # what had come before the failure is shown with it
-            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held))
+            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
         raise user_error(err) from None
+    finally:
+        live.finish()
     data = res.to_json()
     logged = studio.record(data, schema_text, prompt_text)
     final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
-    yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged)
+    yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged, live)
 
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
@@ -220,7 +231,7 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                     html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
                     cols += [_changed(sent, f"{view.arm}:col", shown, gr.Column(visible=shown)),
                              _changed(sent, f"{view.arm}:text", html, html), gr.skip()]
-                summary = summary_html(None, upd.message)
+                summary = summary_html(None, upd.message, upd.live.marker() if upd.live is not None else "")
                 yield (_changed(sent, "summary", summary, summary), *cols, gr.skip(), gr.skip(), gr.skip())
                 continue
             comparison = upd.comparison

@@ -1,0 +1,96 @@
+"""A running Compare's texts fetched by the page (studio/live.py) instead of streamed through Gradio: the route, the
+guard in front of it, and compare_stream sending no per-token Gradio update while a page fetches."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from studio import live
+from studio.tabs import compare as cmp
+from tests.conftest import free_port
+from tests.studio_fixtures import CPU, settings, studio, travel  # noqa: F401 (fixtures)
+
+
+@pytest.fixture
+def served(tiny_engine, tmp_path):
+    from engine.runlog import RunLog
+    from studio.app import build_app, launch_options
+
+    demo = build_app(tiny_engine, RunLog(tmp_path / "runs.db"))
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
+                **launch_options(demo))
+    try:
+        yield port
+    finally:
+        demo.close()
+
+
+def test_a_run_is_fetched_by_its_id_and_only_on_the_studios_own_host(served):
+    run = live.RUNS.open(("baseline", "cached"))
+    run.show("cached", "Nara is", "cached: decoding…")
+    with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10) as client:
+        got = client.get(f"/pml-live/{run.id}")
+        assert got.status_code == 200 and got.headers["cache-control"] == "no-store"
+        assert "access-control-allow-origin" not in got.headers  # another site's page cannot read it
+        assert got.json() == {"texts": {"baseline": "", "cached": "Nara is"}, "active": ["cached"],
+                              "message": "cached: decoding…", "done": False}
+        assert run.watched
+        assert client.get("/pml-live/not-a-run").status_code == 404
+        # a rebinding page (its own name for 127.0.0.1) is refused before the route sees it
+        foreign = client.get(f"/pml-live/{run.id}", headers={"host": "attacker.example"})
+        assert foreign.status_code == 403 and "Nara" not in foreign.text
+        run.finish()
+        assert client.get(f"/pml-live/{run.id}").json()["done"] is True
+        assert client.get(f"/pml-live/{run.id}").json()["active"] == []
+
+
+def test_ids_are_unguessable_and_old_runs_are_dropped():
+    runs = live.LiveRuns()
+    opened = [runs.open(("cached",)) for _ in range(live.KEEP + 3)]
+    assert len({r.id for r in opened}) == len(opened) and all(len(r.id) >= 22 for r in opened)  # 128 bits
+    assert runs.get(opened[0].id) is None and runs.get(opened[-1].id) is opened[-1]
+
+
+def test_while_a_page_fetches_the_texts_gradio_streams_none_of_them(studio, travel, monkeypatch):
+    """A poller standing in for the page: only the start, the encoding progress and the end go through Gradio, and
+    what the poller saw was each arm's final text growing."""
+    schema, prompt, _ = travel
+    monkeypatch.setattr(cmp, "UPDATE_EVERY", 0.02)  # without the poller this streams many updates (see below)
+    seen, stop = [], threading.Event()
+
+    def page(run):
+        while not stop.is_set():
+            reply = run.reply()
+            seen.append(reply)
+            if reply["done"]:
+                return
+            time.sleep(0.005)
+
+    updates, poller = [], None
+    for upd in cmp.compare_stream(studio, schema, prompt, 12, settings=settings()):
+        updates.append(upd)
+        if poller is None:
+            assert upd.live is not None and upd.live.id in upd.live.marker()
+            seen.append(upd.live.reply())  # watched from the start, as the page is within a poll period
+            poller = threading.Thread(target=page, args=(upd.live,))
+            poller.start()
+    stop.set()
+    poller.join(10)
+    assert {u.phase for u in updates} <= {"encoding", "done"}, [u.phase for u in updates]
+    final = updates[-1].result
+    grown = [r["texts"]["cached"] for r in seen if r["texts"]["cached"]]
+    assert grown and all(final["cached"]["text"].startswith(t) for t in grown)
+    assert updates[-1].live.done
+
+
+def test_with_nobody_fetching_gradio_streams_the_texts(studio, travel, monkeypatch):
+    schema, prompt, _ = travel
+    monkeypatch.setattr(cmp, "UPDATE_EVERY", 0.02)
+    updates = list(cmp.compare_stream(studio, schema, prompt, 12, settings=settings()))
+    assert any(u.phase in ("baseline", "prefix", "cached") for u in updates)
+    assert not updates[-1].live.watched and updates[-1].live.done
