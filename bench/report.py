@@ -389,7 +389,9 @@ def browser_section(d: dict | None) -> list[str]:
     later, st, cli = d["later_compare_s"] or {}, d["studio_decode_ms_per_token"], d["cli_decode_ms_per_token"]
     return [f"**In the browser** — `{d['command']}` ({machine_line(d)}; {d['model']}, {d['weights']} weights, arms "
             f"{', '.join(d['arms'])} decoded {d['decode']}, the `{d['sample']}` sample, {d['new_tokens']} new tokens, "
-            "chromium driven by Playwright on the same 2 cores):", "",
+            "chromium driven by Playwright on the same 2 cores; a `pml-studio run --json` of the same arms after each "
+            "later Compare, the studio and its page open and idle, so both sides see the same machine; the page fetches "
+            "a running Compare's texts itself, studio/live.py):", "",
             "| what | measured |", "|---|---:|",
             f"| `python app.py` started → HTTP 200 | {d['serve_s']:.1f} s |",
             f"| first Compare (click → run logged and shown; model loaded in the background, modules encoded) | "

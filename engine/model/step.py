@@ -43,7 +43,7 @@ class StepDecoder:
         ops = kernels.ops()
         inner, cfg = model.model, model.config
         attn = inner.layers[0].self_attn
-        self.model = model
+        self.rotary = inner.rotary_emb  # not the model: _made's weak key must be able to die
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = attn.head_dim
         norm = inner.norm
@@ -66,7 +66,7 @@ class StepDecoder:
         ([layers, 2, rows, kv_heads, capacity, head_dim]) at ``lengths[row]`` and attending to keys
         ``0 .. lengths[row]``."""
         pos = torch.tensor(positions, dtype=torch.long)[:, None]
-        cos, sin = self.model.model.rotary_emb(self._probe, pos)  # [rows, 1, head_dim]
+        cos, sin = self.rotary(self._probe, pos)  # [rows, 1, head_dim]
         return self.native.step(torch.tensor(ids, dtype=torch.long), cos[:, 0].contiguous(), sin[:, 0].contiguous(),
                                 kv, lengths)
 

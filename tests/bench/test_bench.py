@@ -84,6 +84,24 @@ def test_decode_quick():
     assert int8["prompts"] == 2 and 0 <= int8["same_text"] <= 2 and int8["first_token_kl"]["min"] >= 0
 
 
+def test_step_parts_quick():
+    """The C++ step of the default model (SmolLM2: q, k and v all int8 per row, so stacked into one product per
+    layer), its products alone and transformers' path, each timed."""
+    from transformers import AutoConfig
+
+    from engine.model import kernels
+    from engine.model.load import default_model_dir
+
+    if kernels.ops() is None:
+        pytest.skip(f"the C++ step needs the engine's kernels: {kernels.status()}")
+    out, data, _ = run_bench("step_parts.py")
+    layers = AutoConfig.from_pretrained(default_model_dir()).num_hidden_layers
+    assert data["weights"] == "int8" and data["products_per_step"] == 4 * layers + 1  # qkv, o, gate+up, down; head
+    for d in data["ms"].values():
+        assert 0 < d["min"] <= d["median"] <= d["max"] and len(d["all"]) == 3
+    assert data["not_products_ms"] == round(data["ms"]["step"]["median"] - data["ms"]["products"]["median"], 2)
+
+
 def test_peak_memory_quick():
     out, data, wall_ms = run_bench("peak_memory.py")
     (row,) = data["results"]

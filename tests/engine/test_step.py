@@ -154,3 +154,15 @@ def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch
     step._made.pop(model, None)
     assert len(calls) == 6  # every step of the first loop, none of the second
     assert tokens["1"] == tokens["0"]
+
+
+def test_the_decoder_does_not_keep_its_model_alive():
+    import gc
+    import weakref
+
+    model = _model("llama", "int8", 4096)
+    assert step.decoder(model, "int8") is not None
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
