@@ -41,8 +41,8 @@ from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS  # noqa: E402
 from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, free_port  # noqa: E402
 
 SAMPLE = "travel"  # the sample the studio opens on
-SETTLE_S = 5.0  # after a CLI run, before the next Compare: the exit of a process that held ~3 GB keeps the kernel
-# busy freeing it for a few seconds, and the Compare after it decoded ~10 % slower without this pause
+SETTLE_S = 5.0  # after a CLI run, before the next Compare: without this pause the Compares right after a CLI run
+# decoded ~10 % slower than the one that followed none (observed on 2 cores; the CLI process exits holding ~3 GB)
 
 
 def logged_runs(db: Path) -> list[dict]:
