@@ -80,11 +80,23 @@ def _build():
     except RuntimeError:
         return None, "torch's kernels (ninja is missing: pip install ninja)"
     source = b"".join(p.read_bytes() for p in SOURCES)
-    key = hashlib.sha256(source + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    # one build per source text, torch and environment: the build names torch's headers by their path, so two
+    # environments sharing the cache folder would otherwise rebuild each other's (~35 s) at every switch
+    torch_home = str(Path(torch.__file__).resolve().parent)
+    key = hashlib.sha256(source + torch.__version__.encode() + torch_home.encode() + " ".join(FLAGS).encode()
+                         ).hexdigest()[:12]
     build = cache_root() / "kernels" / key
     build.mkdir(parents=True, exist_ok=True)
+    # built from copies in the build folder: ninja rebuilds whenever the sources' paths change (two checkouts
+    # installed in one environment)
+    sources = [build / p.name for p in SOURCES]
+    for src, copy in zip(SOURCES, sources):
+        if not copy.exists() or copy.read_bytes() != src.read_bytes():
+            part = copy.with_name(f".{copy.name}.{os.getpid()}")
+            part.write_bytes(src.read_bytes())
+            os.replace(part, copy)  # whole, even with another process building beside this one
     try:
-        module = load(name=f"pml_packed_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+        module = load(name=f"pml_packed_{key}", sources=[str(p) for p in sources], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
                       verbose=False)
     except Exception as e:  # a compiler error: the engine still runs, on torch's kernels
         lines = str(e).strip().splitlines() or ["?"]
