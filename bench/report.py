@@ -401,7 +401,10 @@ def browser_section(d: dict | None) -> list[str]:
             f"| decode ms per step, studio (median, min–max) | {st['median']:.1f} ({st['min']:.1f}–{st['max']:.1f}) |",
             f"| decode ms per step, `pml-studio run` (median, min–max) | {cli['median']:.1f} ({cli['min']:.1f}–"
             f"{cli['max']:.1f}) |",
-            f"| studio / run | {d['studio_over_cli']:.2f}× |", ""]
+            f"| studio / run | {d['studio_over_cli']:.2f}× |"] + (
+        [f"| studio / run, each Compare over the CLI run after it (min / median / max) | "
+         f"{d['studio_over_cli_paired']['min']:.2f} / {d['studio_over_cli_paired']['median']:.2f} / "
+         f"{d['studio_over_cli_paired']['max']:.2f} |"] if d.get("studio_over_cli_paired") else []) + [""]
 
 
 def peak_memory_section(d: dict | None) -> list[str]:

@@ -144,8 +144,12 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
     def work(emit):
-        return engine.compare(schema_text, prompt_text, sampling, config=cfg,
-                              on_token=lambda arm, text: emit(("token", arm, text)),
+        def on_token(arm, text):  # on the engine thread, for every token of every arm
+            live.show(arm, text, _progress(arm))
+            if not live.watched:  # nobody fetches the texts: hand them to the reader below. Each hand-over wakes
+                emit(("token", arm, text))  # it, and on two busy cores a woken thread takes one from the decoding
+
+        return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
                               progress=lambda done, total, label: emit(("encode", done, total, label)))
 
     shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
@@ -158,7 +162,6 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
             elif kind == "token":
                 arm, text = payload
                 texts[arm], held = text, arm
-                live.show(arm, text, _progress(arm))
             elif kind == "done":
                 res = payload[0]
             if held is not None and live.watched:
