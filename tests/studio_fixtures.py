@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
 from engine.arms.compare import Comparison
@@ -27,6 +29,22 @@ def studio(tiny_engine, tmp_path):
 def travel(studio):
     schema, prompt = files.load_sample("travel")
     return schema, prompt, sch.validate(studio, schema).spec
+
+
+@contextmanager
+def served_studio(engine, runlog: RunLog):
+    """The studio around ``engine`` served as `make run` serves it (guard, page script, live route: launch_options)
+    on a free port of 127.0.0.1; yields (demo, port) and closes it after."""
+    from studio.app import build_app, launch_options
+    from tools.screenshot import free_port
+
+    demo = build_app(engine, runlog)
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
+    try:
+        yield demo, port
+    finally:
+        demo.close()
 
 
 def settings(**kw) -> dict:

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from tools.screenshot import CHROMIUM, README_SCREENSHOT, compare_and_screenshot, free_port
+from tests.studio_fixtures import served_studio
+from tools.screenshot import CHROMIUM, README_SCREENSHOT, compare_and_screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
@@ -19,13 +20,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 def served(real_engine, tmp_path):
     """The studio, styled as `python app.py` serves it, on a free port of 127.0.0.1."""
     from engine.runlog import RunLog
-    from studio.app import build_app, launch_options
 
-    port = free_port()
-    demo = build_app(real_engine, RunLog(tmp_path / "runs.db"))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
-    yield demo, f"http://127.0.0.1:{port}/"
-    demo.close()
+    with served_studio(real_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
+        yield demo, f"http://127.0.0.1:{port}/"
 
 
 def test_pick_encode_compare_and_screenshot(served, tmp_path):

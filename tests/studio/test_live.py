@@ -11,23 +11,14 @@ import pytest
 
 from studio import live
 from studio.tabs import compare as cmp
-from tests.conftest import free_port
-from tests.studio_fixtures import CPU, settings, studio, travel  # noqa: F401 (fixtures)
+from engine.runlog import RunLog
+from tests.studio_fixtures import served_studio, settings, studio, travel  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
 def served(tiny_engine, tmp_path):
-    from engine.runlog import RunLog
-    from studio.app import build_app, launch_options
-
-    demo = build_app(tiny_engine, RunLog(tmp_path / "runs.db"))
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
-                **launch_options(demo))
-    try:
+    with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as (_, port):
         yield port
-    finally:
-        demo.close()
 
 
 def test_a_run_is_fetched_by_its_id_and_only_on_the_studios_own_host(served):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 from tests.conftest import SAMPLES, free_port
+from tests.studio_fixtures import served_studio
 
 
 def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
@@ -15,16 +16,11 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
     from engine.cache.encode import count_units
     from engine.runlog import RunLog
     from engine.arms.registry import Sampling
-    from studio.app import build_app, launch_options
-
     runlog = RunLog(tmp_path / "runs.db", timeout=0.5)
-    demo = build_app(tiny_engine, runlog)
-    port = free_port()
-    # behind the same guard as `make run`: gradio_client reaches the public /compare API without the page token
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
     schema = (SAMPLES / "travel.xml").read_text()
     prompt = (SAMPLES / "travel.prompt.xml").read_text()
-    try:
+    # behind the same guard as `make run`: gradio_client reaches the public /compare API without the page token
+    with served_studio(tiny_engine, runlog) as (demo, port):
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         data = client.predict(schema, prompt, 4, "cpu", "prefixed", 0.0, api_name="/compare")  # the 6-argument call
         half = client.predict(schema, prompt, 4, "cpu", "isolated", 0.0, "float16", 0.5, "recent", api_name="/compare")
@@ -34,8 +30,6 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
         other.rollback()
         other.close()
         api = client.view_api(print_info=False, return_format="dict")
-    finally:
-        demo.close()
 
     params = {p["parameter_name"]: p for p in api["named_endpoints"]["/compare"]["parameters"]}
     for name, default in (("storage_dtype", "float32"), ("retention", 1.0), ("compression", "pyramid")):

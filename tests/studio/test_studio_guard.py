@@ -16,24 +16,16 @@ import uuid
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from engine.runlog import RunLog
+from tests.studio_fixtures import served_studio
 
 EVIL = "attacker.example"
 
 
 @pytest.fixture
 def served(tiny_engine, tmp_path):
-    from engine.runlog import RunLog
-    from studio.app import build_app, launch_options
-
-    demo = build_app(tiny_engine, RunLog(tmp_path / "runs.db"))
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
-                **launch_options(demo))
-    try:
-        yield demo, port
-    finally:
-        demo.close()
+    with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as served:
+        yield served
 
 
 def import_event(demo) -> int:
