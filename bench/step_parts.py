@@ -23,7 +23,6 @@ from common import emit, machine, result_name, spread, table
 
 from engine.kv import KVBuffer
 from engine.model import kernels, step
-from engine.model.weights import PackedMLP
 from engine.session import Engine
 
 
@@ -32,12 +31,11 @@ def products(model) -> list:
     ops = kernels.ops()
     out = []
     for layer in model.model.layers:
-        a, mlp = layer.self_attn, layer.mlp
-        gate_up = mlp.gate_up if isinstance(mlp, PackedMLP) else step._stacked([mlp.gate_proj, mlp.up_proj])[0]
-        out += [(step._linear(ops, p), a.q_proj.in_features) for p in step._stacked([a.q_proj, a.k_proj, a.v_proj])]
-        out += [(step._linear(ops, a.o_proj), a.o_proj.in_features),
-                (step._linear(ops, gate_up), a.q_proj.in_features),
-                (step._linear(ops, mlp.down_proj), mlp.down_proj.in_features)]
+        qkv, o, gate_up, down = step.layer_products(layer)
+        hidden = layer.self_attn.q_proj.in_features
+        out += [(step._linear(ops, p), hidden) for p in qkv]
+        out += [(step._linear(ops, o), layer.self_attn.o_proj.in_features), (step._linear(ops, gate_up), hidden),
+                (step._linear(ops, down), layer.mlp.down_proj.in_features)]
     return out + [(step._linear(ops, model.lm_head), model.lm_head.in_features)]
 
 

@@ -5,7 +5,7 @@ handling one message; measured with chromium's tracing), and on a two-core machi
 decoding the page shows, about twice over (a decode step's two threads wait for the one the browser preempted):
 a streamed update every 0.1 s made the studio's decode ~45 % slower than `pml-studio run`'s. So while the page
 watches, a Compare sends through Gradio only its start, the encoding progress and its end; the growing texts go
-into a :class:`LiveRun`, which assets/studio.js fetches every :data:`POLL_MS` (a few hundred bytes of JSON written
+into a :class:`LiveRun`, which assets/studio.js fetches every 250 ms (a few hundred bytes of JSON written
 into the columns with ``textContent``: about a millisecond of the browser's time).
 
 A run is named by an unguessable id (128 bits) that the page learns from the Compare's first update; the answers
@@ -23,7 +23,6 @@ import time
 from collections import OrderedDict
 
 PATH = "/pml-live/"
-POLL_MS = 250  # how often the page fetches a running Compare's texts (assets/studio.js's period)
 ACTIVE_S = 0.5  # an arm that grew this recently is generating (arms decoded together all are)
 WATCHED_S = 2.0  # a run polled this recently is being watched (a background tab polls about once a second)
 KEEP = 32  # runs remembered (a finished run answers `done` until it is pushed out)

@@ -51,14 +51,10 @@ class StepDecoder:
                                   float(attn.scaling), float(norm.variance_epsilon), norm.weight.detach(),
                                   _linear(ops, model.lm_head))
         for layer in inner.layers:
-            a, mlp = layer.self_attn, layer.mlp
-            qkv = [_linear(ops, m) for m in _stacked([a.q_proj, a.k_proj, a.v_proj])]
-            if isinstance(mlp, PackedMLP):
-                gate_up, down = mlp.gate_up, mlp.down_proj
-            else:
-                gate_up, down = _stacked([mlp.gate_proj, mlp.up_proj])[0], mlp.down_proj
+            qkv, o, gate_up, down = layer_products(layer)
             self.native.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                                  qkv, _linear(ops, a.o_proj), _linear(ops, gate_up), _linear(ops, down))
+                                  [_linear(ops, p) for p in qkv], _linear(ops, o), _linear(ops, gate_up),
+                                  _linear(ops, down))
         self._probe = torch.zeros(1, dtype=torch.float32)
 
     def __call__(self, ids: list[int], positions: list[int], kv: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -69,6 +65,14 @@ class StepDecoder:
         cos, sin = self.rotary(self._probe, pos)  # [rows, 1, head_dim]
         return self.native.step(torch.tensor(ids, dtype=torch.long), cos[:, 0].contiguous(), sin[:, 0].contiguous(),
                                 kv, lengths)
+
+
+def layer_products(layer) -> tuple[list[dict], dict, dict, dict]:
+    """A decoder layer's weight products as the C++ decoder runs them, as its linear layers' parts: (q / k / v,
+    stacked where their packings agree; o; gate and up as one matrix; down)."""
+    a, mlp = layer.self_attn, layer.mlp
+    gate_up = _parts(mlp.gate_up) if isinstance(mlp, PackedMLP) else _stacked([mlp.gate_proj, mlp.up_proj])[0]
+    return _stacked([a.q_proj, a.k_proj, a.v_proj]), _parts(a.o_proj), gate_up, _parts(mlp.down_proj)
 
 
 def decoder(model: torch.nn.Module, weights: str) -> StepDecoder | None:
