@@ -126,6 +126,7 @@ class LoadedModel:
     weights: str = "fp32"  # how the linear layers' weights are kept (engine/model/weights.py)
     weight_bytes: int = 0  # bytes of the linear layers' weights as kept
     weight_kernels: str = "torch's dense matrix products"  # what multiplies them (weights.kernel_label)
+    weights_from: str = "loaded"  # "packed" at this load, "saved" (read back: packed_cache.py), "loaded" as they are
 
     @property
     def family_tested(self) -> bool:
@@ -140,8 +141,8 @@ class LoadedModel:
                 "attention": self.attention, "attention_path": attention_label(self),
                 "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
                 "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
-                "weight_kernels": self.weight_kernels, "decode_step": decode_label(self),
-                "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
+                "weight_kernels": self.weight_kernels, "weights_from": self.weights_from,
+                "decode_step": decode_label(self), "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
 
 
 def attention_label(lm: LoadedModel) -> str:
@@ -336,16 +337,20 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {short(err)}") from None
     model.to(device).eval()
-    from engine.model.weights import kernel_label, quantize_weights  # imported (with torch) when a model loads
+    from engine.model.packed_cache import pack  # imported (with torch) when a model loads
+    from engine.model.weights import kernel_label
 
-    weight_bytes = quantize_weights(model, weights, _file_codes(spec, name) if weights == "gguf" else None)
+    weight_bytes, weights_from = pack(model, weights, name, _fingerprint(name, where, dtype),
+                                     lambda: _file_codes(spec, name))
     kernels = kernel_label(model)
     # module KV depends on the weights and on the kernels that multiply them (their roundings differ)
     precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}"
-    return wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
-                      weights=weights, weight_bytes=weight_bytes, weight_kernels=kernels,
-                      max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
-                      codec=codec if tokenizer is not None else None)
+    lm = wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
+                    weights=weights, weight_bytes=weight_bytes, weight_kernels=kernels,
+                    max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
+                    codec=codec if tokenizer is not None else None)
+    lm.weights_from = weights_from
+    return lm
 
 
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",

@@ -51,6 +51,7 @@ DENSE_FROM = {"int8": 256, "int4": 512}  # by kernel: a GGUF's blocks by the ker
 FILE_KINDS = {"Q5_0": ("int4", torch.float16), "Q4_K": ("int4", torch.float32), "Q8_0": ("int8", torch.float16),
               "Q6_K": ("int8", torch.float32)}
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under int4 (see the module docstring)
+SAVED_BUFFERS = ("qweight", "scales", "scales_zeros", "fifth", "weight_bf16")  # a PackedLinear's, by kind
 
 
 class PackedLinear(torch.nn.Module):
@@ -58,7 +59,7 @@ class PackedLinear(torch.nn.Module):
     :data:`INT4_GROUP`, or one of :data:`FILE_KINDS`: a GGUF file's blocks, ``codes``); ``forward`` takes and
     returns the caller's dtype."""
 
-    def __init__(self, linear: torch.nn.Linear, kind: str, codes=None):
+    def __init__(self, linear: torch.nn.Linear, kind: str, codes=None, saved: dict | None = None):
         super().__init__()
         self.kind, self.in_features, self.out_features = kind, linear.in_features, linear.out_features
         self.nibbles: torch.Tensor | None = None  # int4 values outside torch's kernel's tiles (_pack_int4)
@@ -68,6 +69,9 @@ class PackedLinear(torch.nn.Module):
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().clone(),
                                                                         requires_grad=False)
         self.register_buffer("fifth", None)  # Q5_0: the values' fifth bits (kernels.pack_int4)
+        if saved is not None:  # this layer's buffers as an earlier load packed them (engine/model/packed_cache.py)
+            self._restore(saved)
+            return
         if kind in FILE_KINDS:  # a GGUF's blocks as the file holds them: codes = gguf.FileBlocks
             if not self.own or codes is None:
                 raise ModelError(f"{kind} weights are a GGUF file's blocks, multiplied by the engine's kernels: "
@@ -93,6 +97,21 @@ class PackedLinear(torch.nn.Module):
             self._pack_int4(w)
         else:
             raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
+
+    def _restore(self, saved: dict) -> None:
+        need = {"bf16": ("weight_bf16",), "int8": ("qweight", "scales")}.get(self.kernel, ("qweight", "scales_zeros"))
+        missing = [n for n in need if n not in saved]
+        if missing:
+            raise KeyError(f"saved {self.kind} layer without {', '.join(missing)}")
+        for name in SAVED_BUFFERS:
+            if name in saved:
+                self.register_buffer(name, saved[name])
+        self.nibbles = saved.get("nibbles")
+
+    def saved(self) -> dict:
+        """The tensors :meth:`_restore` takes back (the bias comes from the model's own layer)."""
+        found = {n: b for n, b in self.named_buffers(recurse=False) if n in SAVED_BUFFERS}
+        return found if self.nibbles is None else {**found, "nibbles": self.nibbles}
 
     def _pack_int4(self, w: torch.Tensor) -> None:
         out, inp = w.shape
@@ -186,10 +205,19 @@ class PackedMLP(torch.nn.Module):
     GATED = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP", "GemmaMLP", "Gemma2MLP", "Gemma3MLP", "OlmoMLP",
              "Olmo2MLP", "GraniteMLP", "SmolLM3MLP")  # classes whose forward is exactly the formula above
 
-    def __init__(self, mlp: torch.nn.Module, kind: str, codes: dict | None = None, name: str = ""):
+    def __init__(self, mlp: torch.nn.Module, kind: str, codes: dict | None = None, name: str = "",
+                 saved: dict | None = None):
         super().__init__()
         gate, up = mlp.gate_proj, mlp.up_proj
         self.inter = gate.out_features
+        self.act_fn = mlp.act_fn
+        self.down_proj = _packed(mlp.down_proj, f"{name}.down_proj", kind, codes, saved)
+        if saved is not None:  # as an earlier load packed it: the matrix's shape and bias, not its weights
+            both = torch.nn.Linear(gate.in_features, 2 * self.inter, bias=gate.bias is not None, device="meta")
+            both.bias = None if gate.bias is None else torch.nn.Parameter(torch.cat([gate.bias, up.bias]))
+            saved_kind, tensors = saved[f"{name}.gate_up"]
+            self.gate_up = PackedLinear(both, saved_kind, saved=tensors)
+            return
         both = torch.nn.Linear(gate.in_features, 2 * self.inter, bias=gate.bias is not None)
         with torch.no_grad():
             both.weight.copy_(torch.cat([gate.weight, up.weight]))
@@ -201,8 +229,6 @@ class PackedMLP(torch.nn.Module):
             self.gate_up = PackedLinear(both, pair[0].kind, _stacked(*pair))
         else:
             self.gate_up = PackedLinear(both, "int8" if kind == "gguf" else kind)
-        self.down_proj = _packed(mlp.down_proj, f"{name}.down_proj", kind, codes)
-        self.act_fn = mlp.act_fn
 
     @classmethod
     def fits(cls, module: torch.nn.Module) -> bool:
@@ -261,21 +287,29 @@ def file_codes(codes: dict | None, name: str, linear: torch.nn.Linear):
     return found if torch.equal(weight.reshape(found.values.shape), linear.weight.float()) else None
 
 
-def _packed(linear: torch.nn.Linear, name: str, kind: str, codes: dict | None) -> PackedLinear:
-    """Linear layer ``name`` (its qualified name) packed for weights ``kind``."""
+def _packed(linear: torch.nn.Linear, name: str, kind: str, codes: dict | None, saved: dict | None = None
+            ) -> PackedLinear:
+    """Linear layer ``name`` (its qualified name) packed for weights ``kind``, or as ``saved`` holds it."""
+    if saved is not None:
+        saved_kind, tensors = saved[name]
+        return PackedLinear(linear, saved_kind, saved=tensors)
     if kind != "gguf":
         return PackedLinear(linear, layer_kind(name.rsplit(".", 1)[-1], kind))
     taken = file_codes(codes, name, linear)
     return PackedLinear(linear, "int8") if taken is None else PackedLinear(linear, taken.kind, taken)
 
 
-def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = None) -> int:
+def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = None, saved: dict | None = None) -> int:
     """Replace every linear layer of ``model`` by a :class:`PackedLinear` of ``kind`` and every gated MLP by a
     :class:`PackedMLP` (in place); return the bytes its linear weights take now. ``fp32`` changes nothing. CPU
     only: the packed kernels are torch's CPU ones (a CUDA model keeps its weights, ModelError says so).
 
     ``gguf``: each layer as its GGUF file holds it where the engine's kernels take that (``codes``, by module name,
-    from gguf.file_blocks: the file's blocks, values and scales exact), int8 elsewhere."""
+    from gguf.file_blocks: the file's blocks, values and scales exact), int8 elsewhere.
+
+    ``saved`` (:func:`saved_layers` of an earlier load of the same model and weights, engine/model/packed_cache.py):
+    each layer's packed tensors taken as they are, nothing computed; KeyError, the model unchanged, when a layer
+    is missing from it."""
     if kind not in WEIGHTS:
         raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
     if kind == "fp32":
@@ -284,7 +318,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = Non
     if next(model.parameters()).device.type != "cpu":
         raise ModelError(f"{kind} weights use CPU kernels (the engine's or torch's); on a GPU use --dtype bfloat16 "
                          "instead")
-    if kind == "gguf" and codes is None:
+    if kind == "gguf" and codes is None and saved is None:
         raise ModelError("gguf weights need the blocks of the model's GGUF file (engine.model.gguf.file_blocks); "
                          "load the model from a GGUF file, or use --weights int8")
     if kind == "int4":
@@ -294,20 +328,33 @@ def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = Non
         if bad:
             raise ModelError(f"int4 weights need every linear layer's input size to be a multiple of {INT4_GROUP} and "
                              f"its output size a multiple of 16 (torch's CPU kernel); {bad[0]} is not: use int8")
-    return _pack_children(model, kind, codes)
+    # packed now: each layer replaced as it is packed (its float weight freed at once); from ``saved``: all at the
+    # end, so that a layer missing there leaves the model as it was
+    swaps = _packed_children(model, kind, codes, saved, swap=saved is None)
+    for parent, child_name, packed in swaps:
+        setattr(parent, child_name, packed)
+    return sum(packed.nbytes() for _, _, packed in swaps)
 
 
-def _pack_children(module: torch.nn.Module, kind: str, codes: dict | None, prefix: str = "") -> int:
-    total = 0
+def _packed_children(module: torch.nn.Module, kind: str, codes: dict | None, saved: dict | None, swap: bool,
+                     prefix: str = "") -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    swaps = []
     for child_name, child in list(module.named_children()):
         name = f"{prefix}{child_name}"
         if PackedMLP.fits(child):
-            packed = PackedMLP(child, kind, codes, name)
-        elif isinstance(child, torch.nn.Linear):
-            packed = _packed(child, name, kind, codes)  # a tied output matrix gets its own copy
+            packed = PackedMLP(child, kind, codes, name, saved)
+        elif isinstance(child, torch.nn.Linear):  # a tied output matrix gets its own copy
+            packed = _packed(child, name, kind, codes, saved)
         else:
-            total += _pack_children(child, kind, codes, f"{name}.")
+            swaps += _packed_children(child, kind, codes, saved, swap, f"{name}.")
             continue
-        setattr(module, child_name, packed)
-        total += packed.nbytes()
-    return total
+        if swap:
+            setattr(module, child_name, packed)
+        swaps.append((module, child_name, packed))
+    return swaps
+
+
+def saved_layers(model: torch.nn.Module) -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
+    """Every packed layer of ``model`` by qualified name: (its kind, its tensors), what ``quantize_weights(...,
+    saved=)`` takes back."""
+    return {name: (m.kind, m.saved()) for name, m in model.named_modules() if isinstance(m, PackedLinear)}

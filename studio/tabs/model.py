@@ -48,6 +48,10 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
 # Handlers
 # ----------------------------------------------------------------------------------------------
 
+# where the packed weights came from at this load (LoadedModel.weights_from)
+WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an earlier load packed them"}
+
+
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (the model is not loaded by this call)."""
     from engine.config import PRECISION_RESULT, dtype_reason
@@ -62,7 +66,8 @@ def model_info(studio: Studio) -> list[list]:
     if engine.loaded:
         info = engine.info()
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
-                 ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights)"],
+                 ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights"
+                  + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],
                  ["weight kernels", info.get("weight_kernels", "")],
                  ["decode step", info.get("decode_step", "")],
                  ["why this dtype", dtype_reason(info["device"], info["dtype"], read_result(PRECISION_RESULT).data)],
