@@ -1,21 +1,25 @@
-"""The arms' texts while a Compare runs, fetched by the page outside Gradio's event stream.
+"""The arms' texts while a Compare runs, streamed to the page outside Gradio's event stream.
 
 Why: every message Gradio streams to the page costs the browser ~25-40 ms of CPU whatever it changes (its client
 handling one message; measured with chromium's tracing), and on a two-core machine that CPU comes out of the
 decoding the page shows, about twice over (a decode step's two threads wait for the one the browser preempted):
 a streamed update every 0.1 s made the studio's decode ~45 % slower than `pml-studio run`'s. So while the page
 watches, a Compare sends through Gradio only its start, the encoding progress and its end; the growing texts go
-into a :class:`LiveRun`, which assets/studio.js fetches every 250 ms (a few hundred bytes of JSON written
-into the columns with ``textContent``: about a millisecond of the browser's time).
+into a :class:`LiveRun`, which the page reads (assets/studio.js) as one response per run: a line of JSON every
+:data:`EVERY_S` while something changed, the last one saying ``done``. One request per run, not one per update:
+measured in headless chromium, a fetch every 250 ms cost the browser ~42 ms of CPU a second and a streamed line
+every 250 ms ~11 (each page update written with ``textContent`` costs a frame, ~9 ms, on top).
 
 A run is named by an unguessable id (128 bits) that the page learns from the Compare's first update; the answers
-are plain JSON without CORS headers (only the studio's own page can read them), and the guard (studio/guard.py)
-refuses foreign Hosts before this middleware sees a request. A Compare nobody polls (the API, a test, a page
-without JavaScript) streams its texts through Gradio as before (studio/tabs/compare.py, ``UPDATE_EVERY``).
+are plain JSON lines without CORS headers (only the studio's own page can read them), and the guard
+(studio/guard.py) refuses foreign Hosts before this middleware sees a request. A Compare nobody reads (the API,
+a test, a page without JavaScript) streams its texts through Gradio as before (studio/tabs/compare.py,
+``UPDATE_EVERY``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import threading
@@ -24,7 +28,8 @@ from collections import OrderedDict
 
 PATH = "/pml-live/"
 ACTIVE_S = 0.5  # an arm that grew this recently is generating (arms decoded together all are)
-WATCHED_S = 2.0  # a run polled this recently is being watched (a background tab polls about once a second)
+WATCHED_S = 2.0  # a run read this recently is being watched (besides while its stream is open)
+EVERY_S = 0.25  # between two lines of a run's stream (a line only when something changed)
 KEEP = 32  # runs remembered (a finished run answers `done` until it is pushed out)
 
 
@@ -37,25 +42,29 @@ class LiveRun:
         self.grew: dict[str, float] = {}  # arm -> time.monotonic() of its last token
         self.message = ""
         self.done = False
-        self.polled = float("-inf")  # time.monotonic() of the last fetch
+        self.polled = float("-inf")  # time.monotonic() of the last reply read
+        self.version = 0  # counts changes: a stream sends a line when it moved
+        self.streams = 0  # streams open on this run
         self._lock = threading.Lock()
 
     def show(self, arm: str, text: str, message: str) -> None:
         with self._lock:
             self.texts[arm], self.message = text, message
             self.grew[arm] = time.monotonic()
+            self.version += 1
 
     def finish(self) -> None:
         with self._lock:
             self.done = True
+            self.version += 1
 
     @property
     def watched(self) -> bool:
-        """Whether a page fetched this run within :data:`WATCHED_S`."""
-        return time.monotonic() - self.polled < WATCHED_S
+        """Whether a page reads this run: a stream is open, or a reply went out within :data:`WATCHED_S`."""
+        return self.streams > 0 or time.monotonic() - self.polled < WATCHED_S
 
     def reply(self) -> dict:
-        """What a fetch gets (and the fetch is counted)."""
+        """The run as the page gets it (and the read is counted)."""
         with self._lock:
             self.polled = now = time.monotonic()
             active = [] if self.done else [arm for arm, t in self.grew.items() if now - t < ACTIVE_S]
@@ -90,19 +99,45 @@ RUNS = LiveRuns()
 
 
 class LiveRoute:
-    """ASGI middleware answering ``GET /pml-live/<id>`` with the run's :meth:`LiveRun.reply` (404 when unknown)."""
+    """ASGI middleware answering ``GET /pml-live/<id>`` with the run's stream: one line of JSON
+    (:meth:`LiveRun.reply`) at once, then one every :data:`EVERY_S` while something changed, until the line that
+    says ``done`` or the page goes away; an unknown id gets 404 and one ``done`` line."""
 
-    def __init__(self, app, runs: LiveRuns = RUNS):
-        self.app, self.runs = app, runs
+    def __init__(self, app, runs: LiveRuns = RUNS, every_s: float | None = None):
+        self.app, self.runs, self.every_s = app, runs, every_s
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if not path.startswith(PATH) or scope.get("method") != "GET":
             return await self.app(scope, receive, send)
         run = self.runs.get(path[len(PATH):])
-        status, doc = (200, run.reply()) if run is not None else (404, {"done": True, "error": "no such run"})
-        body = json.dumps(doc).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.start", "status": 200 if run is not None else 404,
+                    "headers": [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-store"),
+                                (b"x-content-type-options", b"nosniff")]})
+        if run is None:
+            await send({"type": "http.response.body", "body": b'{"done": true, "error": "no such run"}\n'})
+            return
+        gone = asyncio.ensure_future(_disconnect(receive))
+        run.streams += 1
+        try:
+            sent = -1
+            while True:
+                version, doc = run.version, run.reply()
+                if version != sent:
+                    sent = version
+                    await send({"type": "http.response.body", "body": json.dumps(doc).encode() + b"\n",
+                                "more_body": not doc["done"]})
+                if doc["done"]:
+                    return
+                await asyncio.wait([gone], timeout=EVERY_S if self.every_s is None else self.every_s)
+                if gone.done():
+                    return
+        finally:
+            run.streams -= 1
+            gone.cancel()
+
+
+async def _disconnect(receive) -> None:
+    """Return when the client has gone (the request has no body to read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,8 +1,9 @@
-"""A running Compare's texts fetched by the page (studio/live.py) instead of streamed through Gradio: the route, the
-guard in front of it, and compare_stream sending no per-token Gradio update while a page fetches."""
+"""A running Compare's texts read by the page (studio/live.py) instead of streamed through Gradio: the route's stream,
+the guard in front of it, and compare_stream sending no per-token Gradio update while a page reads."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -21,23 +22,47 @@ def served(tiny_engine, tmp_path):
         yield port
 
 
-def test_a_run_is_fetched_by_its_id_and_only_on_the_studios_own_host(served):
+def test_a_run_streams_by_its_id_and_only_on_the_studios_own_host(served):
     run = live.RUNS.open(("baseline", "cached"))
     run.show("cached", "Nara is", "cached: decoding…")
     with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10) as client:
-        got = client.get(f"/pml-live/{run.id}")
-        assert got.status_code == 200 and got.headers["cache-control"] == "no-store"
-        assert "access-control-allow-origin" not in got.headers  # another site's page cannot read it
-        assert got.json() == {"texts": {"baseline": "", "cached": "Nara is"}, "active": ["cached"],
-                              "message": "cached: decoding…", "done": False}
-        assert run.watched
-        assert client.get("/pml-live/not-a-run").status_code == 404
+        with client.stream("GET", f"/pml-live/{run.id}") as got:
+            assert got.status_code == 200 and got.headers["cache-control"] == "no-store"
+            assert got.headers["content-type"] == "application/x-ndjson"
+            assert "access-control-allow-origin" not in got.headers  # another site's page cannot read it
+            lines = got.iter_lines()
+            assert json.loads(next(lines)) == {"texts": {"baseline": "", "cached": "Nara is"}, "active": ["cached"],
+                                               "message": "cached: decoding…", "done": False}
+            assert run.watched and run.streams == 1
+            run.show("cached", "Nara is known", "cached: decoding…")  # the next line, within a period
+            assert json.loads(next(lines))["texts"]["cached"] == "Nara is known"
+            run.finish()
+            last = json.loads(next(lines))
+            assert last["done"] is True and last["active"] == [] and last["texts"]["cached"] == "Nara is known"
+            assert list(lines) == []  # the line that says done ends the response
+        assert run.streams == 0
+        missing = client.get("/pml-live/not-a-run")
+        assert missing.status_code == 404 and missing.json()["done"] is True
         # a rebinding page (its own name for 127.0.0.1) is refused before the route sees it
         foreign = client.get(f"/pml-live/{run.id}", headers={"host": "attacker.example"})
         assert foreign.status_code == 403 and "Nara" not in foreign.text
-        run.finish()
-        assert client.get(f"/pml-live/{run.id}").json()["done"] is True
-        assert client.get(f"/pml-live/{run.id}").json()["active"] == []
+        assert [json.loads(line)["done"] for line in client.get(f"/pml-live/{run.id}").text.splitlines()] == [True]
+
+
+def test_a_stream_sends_a_line_only_when_the_run_moved_and_ends_when_the_page_goes(served):
+    run = live.RUNS.open(("cached",))
+    with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10) as client:
+        with client.stream("GET", f"/pml-live/{run.id}") as got:
+            lines = got.iter_lines()
+            next(lines)
+            t = time.monotonic()
+            time.sleep(3 * live.EVERY_S)  # nothing changed: nothing sent
+            run.show("cached", "Nara", "cached: decoding…")
+            assert json.loads(next(lines))["texts"]["cached"] == "Nara" and time.monotonic() - t >= 3 * live.EVERY_S
+        deadline = time.monotonic() + 5
+        while run.streams and time.monotonic() < deadline:  # the page went: the stream stops with it
+            time.sleep(0.05)
+        assert run.streams == 0 and not run.done
 
 
 def test_ids_are_unguessable_and_old_runs_are_dropped():
