@@ -387,24 +387,32 @@ def browser_section(d: dict | None) -> list[str]:
     if not d:
         return []
     later, st, cli = d["later_compare_s"] or {}, d["studio_decode_ms_per_token"], d["cli_decode_ms_per_token"]
+    paired, steal = d.get("studio_over_cli_paired"), d.get("steal_pct") or {}
+    tokens = d.get("ratio_new_tokens", d["new_tokens"])
+    how = (f"then {d['pairs']} Compares of {tokens} new tokens, each paired with a `pml-studio run --json` of the "
+           "same arms and tokens beside it (alternating order: Compare, CLI, CLI, Compare, ...), the studio and its "
+           "page open and idle during the CLI's runs" if d.get("pairs") else
+           "a `pml-studio run --json` of the same arms after each later Compare, the studio and its page open and "
+           "idle")
     return [f"**In the browser** — `{d['command']}` ({machine_line(d)}; {d['model']}, {d['weights']} weights, arms "
             f"{', '.join(d['arms'])} decoded {d['decode']}, the `{d['sample']}` sample, {d['new_tokens']} new tokens, "
-            "chromium driven by Playwright on the same 2 cores; a `pml-studio run --json` of the same arms after each "
-            "later Compare, the studio and its page open and idle, so both sides see the same machine; the page fetches "
-            "a running Compare's texts itself, studio/live.py):", "",
+            f"chromium driven by Playwright on the same 2 cores; {how}; the page reads a running Compare's texts "
+            "as one streamed response, studio/live.py):", "",
             "| what | measured |", "|---|---:|",
             f"| `python app.py` started → HTTP 200 | {d['serve_s']:.1f} s |",
             f"| first Compare (click → run logged and shown; model loaded in the background, modules encoded) | "
             f"{d['first_compare_s']:.1f} s |",
             f"| later Compares, min / median / max | {later.get('min', 0):.2f} / {later.get('median', 0):.2f} / "
             f"{later.get('max', 0):.2f} s |",
-            f"| decode ms per step, studio (median, min–max) | {st['median']:.1f} ({st['min']:.1f}–{st['max']:.1f}) |",
-            f"| decode ms per step, `pml-studio run` (median, min–max) | {cli['median']:.1f} ({cli['min']:.1f}–"
-            f"{cli['max']:.1f}) |",
-            f"| studio / run | {d['studio_over_cli']:.2f}× |"] + (
-        [f"| studio / run, each Compare over the CLI run after it (min / median / max) | "
-         f"{d['studio_over_cli_paired']['min']:.2f} / {d['studio_over_cli_paired']['median']:.2f} / "
-         f"{d['studio_over_cli_paired']['max']:.2f} |"] if d.get("studio_over_cli_paired") else []) + [""]
+            f"| decode ms per step at {tokens} tokens, studio (median, min–max) | {st['median']:.1f} "
+            f"({st['min']:.1f}–{st['max']:.1f}) |",
+            f"| decode ms per step at {tokens} tokens, `pml-studio run` (median, min–max) | {cli['median']:.1f} "
+            f"({cli['min']:.1f}–{cli['max']:.1f}) |",
+            f"| studio / run (medians) | {d['studio_over_cli']:.2f}× |"] + (
+        [f"| studio / run, pair by pair (min / median / max) | {paired['min']:.2f} / {paired['median']:.2f} / "
+         f"{paired['max']:.2f} |"] if paired else []) + (
+        [f"| CPU time the host took (steal), min / median / max | {steal['min']} / {steal['median']} / "
+         f"{steal['max']} % |"] if steal.get("median") is not None else []) + [""]
 
 
 def peak_memory_section(d: dict | None) -> list[str]:

@@ -32,7 +32,7 @@ from .tabs import benchmarks, compare, editors, encode, history, model, prompt, 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "studio.css"
 JS_PATH = ASSETS / "studio.js"  # first in the page's <head> (studio/pagescript.py): Gradio's status tracker 4 frames a
-# second, not 60; a running Compare's texts fetched from studio/live.py
+# second, not 60; a running Compare's texts read from studio/live.py (one streamed response per run)
 DEFAULT_SAMPLE = "travel"
 TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
@@ -56,7 +56,7 @@ def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[
                               radius_size="md", font=system, font_mono=mono)
     guard = Middleware(LocalGuard, blocks=demo, hosts=allowed_hosts(host), proxied=tuple(allow_hosts))
     middleware = [guard] + ([Middleware(FirstScript, script=JS_PATH.read_text())] if JS_PATH.exists() else [])
-    middleware.append(Middleware(LiveRoute))  # a running Compare's texts, fetched by the page (studio/live.py)
+    middleware.append(Middleware(LiveRoute))  # a running Compare's texts, streamed to the page (studio/live.py)
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
             "app_kwargs": {"middleware": middleware}, "max_file_size": MAX_FILE_BYTES}
 

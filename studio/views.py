@@ -322,7 +322,7 @@ def kv_rows(run, arm: str) -> list[tuple[str, str]]:
 
 def summary_html(comparison: Comparison | None, message: str = "", live: str = "") -> str:
     """The line above the columns: speedup of the modular cache and how it agrees with the baseline (while a
-    run goes, its ``message`` and the ``live`` marker by which the page fetches its texts: studio/live.py)."""
+    run goes, its ``message`` and the ``live`` marker by which the page reads its texts: studio/live.py)."""
     if comparison is None:
         text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
         return f'<div class="pml-summary idle"><span class="pml-live-message">{text}</span>{live}</div>'
