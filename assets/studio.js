@@ -18,9 +18,9 @@
 // A running Compare's texts, read from the studio (studio/live.py) rather than streamed through Gradio: each
 // Gradio message costs chromium ~25-40 ms of CPU whatever it changes, taken from the decoding it shows on a
 // 2-core machine. The Compare's summary carries a hidden marker naming the run while it goes; the page opens one
-// response for it, a line of JSON every 250 ms while something changed (a fetch per update cost the browser ~4x
-// the CPU of a streamed line), and writes the texts with textContent. The final update replaces the summary, the
-// columns and all.
+// response for it, a line of JSON twice a second while something changed (studio/live.py EVERY_S; a fetch per
+// update cost the browser ~4x the CPU of a streamed line), and writes the texts with textContent. The final
+// update replaces the summary, the columns and all.
 (() => {
   let reading = null;  // the run whose stream is open
   const show = (mark, run) => {

@@ -8,7 +8,8 @@ watches, a Compare sends through Gradio only its start, the encoding progress an
 into a :class:`LiveRun`, which the page reads (assets/studio.js) as one response per run: a line of JSON every
 :data:`EVERY_S` while something changed, the last one saying ``done``. One request per run, not one per update:
 measured in headless chromium, a fetch every 250 ms cost the browser ~42 ms of CPU a second and a streamed line
-every 250 ms ~11 (each page update written with ``textContent`` costs a frame, ~9 ms, on top).
+every 250 ms ~11; each page update written with ``textContent`` costs a frame on top, ~9 ms on the studio's page
+whatever the size of the change (a fixed-height box or its own layer changed nothing measurable).
 
 A run is named by an unguessable id (128 bits) that the page learns from the Compare's first update; the answers
 are plain JSON lines without CORS headers (only the studio's own page can read them), and the guard
@@ -29,7 +30,11 @@ from collections import OrderedDict
 PATH = "/pml-live/"
 ACTIVE_S = 0.5  # an arm that grew this recently is generating (arms decoded together all are)
 WATCHED_S = 2.0  # a run read this recently is being watched (besides while its stream is open)
-EVERY_S = 0.25  # between two lines of a run's stream (a line only when something changed)
+# between two lines of a run's stream (a line only when something changed). Each line costs headless chromium ~12 ms
+# of CPU (~3 ms to read it, ~9 ms for the frame that shows it, whatever its size: bench notes in the module
+# docstring), taken from the decoding on 2 cores: at 4 lines a second the studio decoded ~7 % slower than
+# `pml-studio run` (bench/browser_compare.py, 8 pairs), so 2 a second (~12 tokens of a batched decode each)
+EVERY_S = 0.5
 KEEP = 32  # runs remembered (a finished run answers `done` until it is pushed out)
 
 
