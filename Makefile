@@ -26,7 +26,7 @@ $(STAMP):
 	$(call install-model,qwen2.5-coder-0.5b)
 	# Its weights packed as the studio runs them, saved once (~10 s; engine/model/packed_cache.py): every later
 	# start reads them back in ~2 s, so the first Compare does not wait for the packing.
-	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL as M, STUDIO_WEIGHTS as W; lm = Engine(model=M, weights=W).lm; print('studio weights:', lm.weights, lm.weights_from)"
+	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS; lm = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS).lm; print('studio weights:', lm.weights, lm.weights_from)"
 	touch $@
 
 run: setup
