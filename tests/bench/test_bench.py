@@ -99,7 +99,9 @@ def test_step_parts_quick():
     assert data["weights"] == "int8" and data["products_per_step"] == 4 * layers + 1  # qkv, o, gate+up, down; head
     for d in data["ms"].values():
         assert 0 < d["min"] <= d["median"] <= d["max"] and len(d["all"]) == 3
-    assert data["not_products_ms"] == round(data["ms"]["step"]["median"] - data["ms"]["products"]["median"], 2)
+    # from the unrounded medians: the rounded ones may differ by a rounding step
+    gap = data["ms"]["step"]["median"] - data["ms"]["products"]["median"]
+    assert data["not_products_ms"] == pytest.approx(gap, abs=0.0101)
 
 
 def test_peak_memory_quick():
