@@ -108,8 +108,8 @@ class LiveRoute:
     (:meth:`LiveRun.reply`) at once, then one every :data:`EVERY_S` while something changed, until the line that
     says ``done`` or the page goes away; an unknown id gets 404 and one ``done`` line."""
 
-    def __init__(self, app, runs: LiveRuns = RUNS, every_s: float | None = None):
-        self.app, self.runs, self.every_s = app, runs, every_s
+    def __init__(self, app, runs: LiveRuns = RUNS):
+        self.app, self.runs = app, runs
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -134,7 +134,7 @@ class LiveRoute:
                                 "more_body": not doc["done"]})
                 if doc["done"]:
                     return
-                await asyncio.wait([gone], timeout=EVERY_S if self.every_s is None else self.every_s)
+                await asyncio.wait([gone], timeout=EVERY_S)
                 if gone.done():
                     return
         finally:

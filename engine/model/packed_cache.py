@@ -58,9 +58,9 @@ def pack(model, weights: str, name: str, fingerprint: str, codes: Callable[[], d
 
     from engine.model.weights import quantize_weights
 
-    big = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) >= SAVE_FROM
     if weights == "fp32":
         return quantize_weights(model, weights), "loaded"
+    big = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) >= SAVE_FROM
     if not big or next(model.parameters()).device.type != "cpu":
         return quantize_weights(model, weights, codes() if weights == "gguf" else None), "packed"
     path = path_for(name, weights, fingerprint)

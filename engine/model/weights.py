@@ -331,8 +331,9 @@ def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = Non
     # packed now: each layer replaced as it is packed (its float weight freed at once); from ``saved``: all at the
     # end, so that a layer missing there leaves the model as it was
     swaps = _packed_children(model, kind, codes, saved, swap=saved is None)
-    for parent, child_name, packed in swaps:
-        setattr(parent, child_name, packed)
+    if saved is not None:
+        for parent, child_name, packed in swaps:
+            setattr(parent, child_name, packed)
     return sum(packed.nbytes() for _, _, packed in swaps)
 
 
