@@ -71,6 +71,8 @@ def test_layers_read_back_are_the_layers_packed(cache, tiny, weights):
     assert _pack(second, weights) == (size, "saved")
     _same_layers(second, first)
     assert torch.equal(_logits(second), _logits(first))
+    # aligned as torch allocates: the kernels' AVX-512 loads across cache lines decoded ~30 % slower
+    assert all(t.data_ptr() % 64 == 0 for _, found in saved_layers(second).values() for t in found.values())
 
 
 def test_a_gguf_files_blocks_are_read_back_without_unpacking_the_file(cache, tiny, tmp_path):
