@@ -672,7 +672,7 @@ def workload_section(w: dict, result: str = "workload") -> list[str]:
     return out
 
 
-PEER_NAMES = {"baseline": "studio baseline (full prefill, fp32)", "prefix": "studio prefix cache (exact)",
+PEER_NAMES = {"baseline": "studio baseline (full prefill)", "prefix": "studio prefix cache (exact)",
               "cached": "studio modular cache", "llama.cpp-full": "llama.cpp, full prefill",
               "llama.cpp-prefix": "llama.cpp, prefix reuse (saved states)"}
 
@@ -693,8 +693,10 @@ def peers_section(p: dict | None, kv: dict | None, image: str, older: dict | Non
         lc = w.get("llama.cpp", {})
         out += [f"**Peers: llama.cpp on the same GGUF** — `{p['command']}` ({machine_line(p)}; {p['model']}; "
                 f"llama-cpp-python {lc.get('llama_cpp_python', '?')} built here, {lc.get('threads', '?')} threads, "
-                f"`{p['gguf']}` run with its own quantized kernels; the studio runs the same file dequantized to "
-                f"fp32). The workload above, {n} prompts ({n_order} in schema order), re-run in this one command: "
+                f"`{p['gguf']}` run with its own quantized kernels; the studio runs "
+                + (f"the same file's own blocks (`--weights gguf`, the engine's kernels)" if p.get("weights") == "gguf"
+                   else f"the same file dequantized, on `{p.get('weights', 'fp32')}` weights")
+                + f"). The workload above, {n} prompts ({n_order} in schema order), re-run in this one command: "
                 "llama.cpp prefills the studio baseline's token ids (the schema rendered with the model's chat "
                 "template). `llama.cpp, prefix reuse`: warmed with the schema-order prompt, then every earlier "
                 "prompt kept as a saved KV state (`llama_state_get_data`); each prompt restores the state with the "
@@ -702,26 +704,35 @@ def peers_section(p: dict | None, kv: dict | None, image: str, older: dict | Non
                 "cache does (llama-cpp-python's `LlamaRAMCache` would also copy a 311 MB logits array per state). "
                 "Each answer judged on its own; greedy; TTFT includes restoring or copying KV.", "",
                 "| arm / peer | mean TTFT | min / median / max | schema-order prompts | other prompts | "
-                "decode ms/token (median) | needle found | 95 % CI |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                f"decode ms/token (median) | time to token {p.get('new_tokens', 32)}: mean (min / median / max) | "
+                "needle found | 95 % CI |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        nth = next((v for k, v in w.items() if k.startswith("time_to_token_")), {})
         blend = p["workload"]["arms"].get("blend")
         for name, s in list(w["arms"].items()) + list(w["peers"].items()):
             label = PEER_NAMES.get(name, name) if name != "blend" else "studio blend (`deviation`)"
             if "error" in s:
-                out.append(f"| {label} | could not run: {s['error']} | | | | | | |")
+                out.append(f"| {label} | could not run: {s['error']} | | | | | | | |")
                 continue
-            t, dec = s["ttft_ms"], s.get("decode_ms_per_token") or {}
+            t, dec, to_n = s["ttft_ms"], s.get("decode_ms_per_token") or {}, nth.get(name)
             out.append(f"| {label} | **{s['mean_ttft_ms']:.0f} ms** | {t['min']:.0f} / {t['median']:.0f} / "
                        f"{t['max']:.0f} ms | {_ms(s['schema_order_mean_ttft_ms'])} | {_ms(s['other_mean_ttft_ms'])} | "
-                       f"{dec.get('median', 0):.0f} | {s['needle_found']}/{s['n']} | "
+                       f"{dec.get('median', 0):.0f} | "
+                       + (f"**{to_n['mean_ms']:.0f} ms** ({to_n['min']:.0f} / {to_n['median']:.0f} / "
+                          f"{to_n['max']:.0f})" if to_n else "—")
+                       + f" | {s['needle_found']}/{s['n']} | "
                        f"{s['ci95'][0]:.0%}–{s['ci95'][1]:.0%} |")
         r = p["ratios"]
         if "cached_over_llamacpp_prefix_mean" in r:
             pp = r["cached_over_llamacpp_prefix_per_prompt"]
+            to_n = next((k for k in r if k.startswith("cached_over_llamacpp_prefix_time_to_token_")), None)
             facts = [f"modular / llama.cpp with prefix reuse, mean TTFT **{r['cached_over_llamacpp_prefix_mean']:.2f}**"
                      f" (per prompt {pp['min']:.2f}–{pp['max']:.2f}, median {pp['median']:.2f}); modular / llama.cpp "
                      f"full prefill **{r['cached_over_llamacpp_full_mean']:.2f}**",
                      f"studio prefix / llama.cpp prefix {r['prefix_over_llamacpp_prefix_mean']:.2f}, studio baseline "
                      f"/ llama.cpp full {r['baseline_over_llamacpp_full_mean']:.2f}"]
+            if to_n:
+                facts.append(f"modular / llama.cpp with prefix reuse, mean time to token "
+                             f"{to_n.split('_')[-2]} (TTFT and decode) **{r[to_n]:.2f}**")
             wins = r["cached_over_llamacpp_prefix_peer_faster_prompts"]
             facts.append(f"llama.cpp with prefix reuse beat the modular arm on {wins} of {n} prompts"
                          + (f" (on the schema-order prompts modular / llama.cpp is "
