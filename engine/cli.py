@@ -21,6 +21,7 @@ from pathlib import Path
 from engine import config as cfg
 from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
+from engine.files import read_text
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -305,8 +306,9 @@ def cmd_layout(args) -> int:
     from engine.schema.layout import layout as make_layout
     from engine.schema.pml import parse_schema
 
+    text = _read(args.schema, "schema")  # before the model: a file that cannot be read stops at once
     codec = load_tokenizer(args.model)[2]
-    lay = make_layout(parse_schema(_read(args.schema), args.schema), codec)
+    lay = make_layout(parse_schema(text, args.schema), codec)
     rows = lay.rows()
     if args.json:
         print(json.dumps({"schema": lay.name, "positions": lay.length, "anonymous_tokens": lay.anonymous_tokens(),
@@ -323,11 +325,11 @@ def cmd_run(args) -> int:
     from engine.arms.registry import Sampling
     from engine.session import Engine
 
+    schema, prompt = _read(args.schema, "schema"), _read(args.prompt, "prompt")  # before the model loads
     eng = Engine(config_from_args(args))
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
-    result = eng.compare(_read(args.schema), _read(args.prompt), sampling, schema_source=args.schema,
-                         prompt_source=args.prompt)
+    result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt)
     data = result.to_json()
     if args.json:
         print(json.dumps(data))
@@ -439,16 +441,9 @@ def cmd_compile(args) -> int:
 # Helpers
 # ----------------------------------------------------------------------------------------------
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise EngineError(f"{path}: no such file") from None
-    except UnicodeDecodeError as err:
-        raise EngineError(f"{path}:1:1: error: the file is not UTF-8 text ({err.reason}); save it as UTF-8") from None
-    except OSError as err:
-        raise EngineError(f"{path}: cannot read: {err.strerror}") from None
+def _read(path: str, what: str = "schema or prompt") -> str:
+    """The text of a schema or prompt file, read within the document limit (engine.files)."""
+    return read_text(path, what)
 
 
 def _fmt(x) -> str:

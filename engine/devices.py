@@ -1,4 +1,4 @@
-"""Where things live and what the machine has: the cache folder, CUDA's presence, memory available.
+"""Where things live and what the machine has: the cache folder, CUDA's presence, memory available, running processes.
 
 The base layer: no torch at import (``torch`` is imported by the functions that need it), nothing of the
 engine but its errors.
@@ -15,6 +15,19 @@ from engine.errors import StorageError
 def cache_root() -> Path:
     """Folder for converted models, module files and the default run log (``PML_STUDIO_CACHE``)."""
     return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a zombie or another user's process counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it runs, as another user
+        return True
+    return True
 
 
 def cuda_available() -> bool:

@@ -64,3 +64,7 @@ class MissingEntry(StorageError):
 
 class ContextLengthError(EngineError):
     """A schema or prompt needs more positions than the model has."""
+
+
+class InputFileError(EngineError):
+    """A file given by path cannot be read as one: missing, a folder or a device, over its size limit, not UTF-8."""

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.errors import EngineError
+from engine.errors import EngineError, InputFileError
+from engine.files import DOCUMENT_BYTES, read_text
 
 from .errors import problem_lines
 from .views import problems_html
@@ -22,7 +23,7 @@ from .views import problems_html
 log = logging.getLogger("pml-studio")
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_FILE_BYTES = 5 << 20  # schema, prompt and prompt-program files; Gradio refuses larger uploads too (app.py)
+MAX_FILE_BYTES = DOCUMENT_BYTES  # schema, prompt and prompt-program files; Gradio refuses larger uploads too (app.py)
 SAMPLES = ROOT / "sample_schemas"
 
 
@@ -49,9 +50,9 @@ def read_upload(path: str | None) -> tuple[str, str]:
     if (too_big := _too_big(Path(path))) is not None:
         raise gr.Error(too_big)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise gr.Error(f"{Path(path).name} is not UTF-8 text; save it as UTF-8 and upload it again") from None
+        text = read_text(path, "schema or prompt")
+    except InputFileError as err:
+        raise gr.Error(_named(err, Path(path))) from None
     kind = document_kind(text)
     if kind is None:
         raise gr.Error(f"{Path(path).name} is neither a PML schema (<schema name=...>) nor a prompt "
@@ -89,9 +90,9 @@ def import_program(path: str | None, program: str | None = None) -> ProgramImpor
     if (too_big := _too_big(p)) is not None:
         return _problem([too_big])
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        return _problem([f"cannot read {p.name}: {err}"])
+        text = read_text(p, "program")
+    except InputFileError as err:
+        return _problem([_named(err, p)])
     with _PROGRAM_LOCK:
         try:
             return _compile(p, program)
@@ -134,6 +135,11 @@ def _too_big(p: Path) -> str | None:
         return None
     return (f"{p.name} is {size / 2**20:.1f} MB; schema and program files are limited to {MAX_FILE_BYTES >> 20} MB. "
             "Split it into smaller modules or files")
+
+
+def _named(err: InputFileError, p: Path) -> str:
+    """The error with the upload's name for its path (Gradio's temporary folder means nothing to the user)."""
+    return str(err).replace(str(p), p.name)
 
 
 def _problem(problems: list[str]) -> ProgramImport:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.devices import available_bytes, cache_root
+from engine.devices import available_bytes, cache_root, process_alive
 from engine.errors import ModelError
 from engine.model.sanity import check_config, check_shape, short
 
@@ -219,7 +219,7 @@ def _header_sizes(path: Path) -> tuple[str, dict]:
     wanted = lambda key: key == "general.architecture" or key.split(".", 1)[-1] in _GGUF_SHAPE  # noqa: E731
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
-            found = _HeaderReader(blob).metadata(wanted)
+            found = _HeaderReader(blob, str(path)).metadata(wanted)
     except (ValueError, OverflowError, struct.error) as err:  # UnicodeDecodeError is a ValueError
         raise _damaged(path, err) from None
     arch = found.get("general.architecture")
@@ -230,23 +230,31 @@ def _header_sizes(path: Path) -> tuple[str, dict]:
 
 class _HeaderReader:
     """A GGUF header's metadata from a memory map: numbers, strings and short arrays of numbers of the keys
-    wanted; every other value is stepped over, an array of strings (the vocabulary) without reading it."""
+    wanted; every other value is stepped over, an array of strings (the vocabulary) without reading it.
+
+    Every count is checked against the bytes left before it is acted on, and arrays nest at most
+    :attr:`DEPTH` deep (models nest 2: an array of token lists), so a crafted header fails quickly with
+    ValueError (damaged) or ModelError (nested too deep), never with a RecursionError or a long loop."""
 
     _NUMBER = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
     _STRING, _ARRAY, _LONGEST = 8, 9, 1 << 16
+    DEPTH = 8
+    DIMS = 8  # ggml tensors have at most 4 dimensions
 
-    def __init__(self, blob):
+    def __init__(self, blob, source: str = "the GGUF file"):
         self.blob = blob
+        self.source = source
         self.order = "<" if struct.unpack_from("<I", blob, 4)[0] in (2, 3) else ">"  # llama.cpp writes either
         self.pos = 24  # magic, version, tensor count, metadata count
 
     def metadata(self, wanted) -> dict:
         (count,) = self._take("Q", at=16)
+        self._fits(count, 12, "the metadata count")  # each entry: a key's length and a value type at least
         found = {}
         for _ in range(count):
             key = self._string(True)
             (kind,) = self._take("I")
-            value = self._value(kind, wanted(key))
+            value = self._value(kind, wanted(key), key)
             if wanted(key):
                 found[key] = value
         return found
@@ -255,10 +263,13 @@ class _HeaderReader:
         """After :meth:`metadata`: the tensor table, (name, dims (innermost first), ggml type, offset) each, and
         where the tensor data starts (aligned to general.alignment)."""
         (count,) = self._take("Q", at=8)
+        self._fits(count, 24, "the tensor count")  # a name's length, a dimension count, a type and an offset
         table = []
         for _ in range(count):
             name = self._string(True)
             (dims,) = self._take("I")
+            if dims > self.DIMS:
+                raise ValueError(f"tensor {name[:80]!r} has {dims} dimensions")
             shape = self._take(f"{dims}Q")
             kind, offset = self._take("IQ")
             table.append((name, shape, kind, offset))
@@ -274,6 +285,11 @@ class _HeaderReader:
             self.pos += struct.calcsize(fmt)
         return values
 
+    def _fits(self, count: int, size: int, what: str) -> None:
+        """ValueError unless ``count`` items of at least ``size`` bytes fit in the rest of the file."""
+        if count * size > len(self.blob) - self.pos:
+            raise ValueError(f"{what} ({count:,}) runs past the end of the file")
+
     def _string(self, keep: bool) -> str | None:
         (n,) = self._take("Q")
         start, self.pos = self.pos, self.pos + n
@@ -281,13 +297,16 @@ class _HeaderReader:
             raise ValueError("a string of the metadata runs past the end of the file")
         return bytes(self.blob[start:self.pos]).decode() if keep else None
 
-    def _value(self, kind: int, keep: bool):
+    def _value(self, kind: int, keep: bool, key: str, depth: int = 0):
         if kind in self._NUMBER:
             return self._take(self._NUMBER[kind])[0]
         if kind == self._STRING:
             return self._string(keep)
         if kind != self._ARRAY:
             raise ValueError(f"metadata of unknown type {kind}")
+        if depth == self.DEPTH:
+            raise ModelError(f"GGUF file {self.source}: metadata key {key[:80]!r} nests arrays deeper than "
+                             f"{self.DEPTH}; the file is not a model GGUF (models nest 2 at most). {GGUF_FIX}")
         item, n = self._take("IQ")
         if item in self._NUMBER and keep and n <= self._LONGEST:
             return list(self._take(f"{n}{self._NUMBER[item]}"))
@@ -296,8 +315,9 @@ class _HeaderReader:
             if self.pos > len(self.blob):
                 raise ValueError("an array of the metadata runs past the end of the file")
             return f"an array of {n:,} numbers"
+        self._fits(n, 8, f"an array of metadata key {key[:80]!r}")  # a string's or an array's length at least
         for _ in range(n):
-            self._value(item, False)
+            self._value(item, False, key, depth + 1)
         return f"an array of {n:,} values"
 
 
@@ -335,7 +355,7 @@ def remove_stale_conversions(folder: Path, names: tuple[str, ...] = ()) -> list[
 def _stale(folder: Path, names: tuple[str, ...] = ()) -> bool:
     owned = _OWNED.fullmatch(folder.name)
     if owned and owned.group(1) == _HOST:
-        return not _alive(int(owned.group(2)))
+        return not process_alive(int(owned.group(2)))
     names = "|".join(re.escape(n) for n in names) or "(?!)"  # packaged models' folders (engine.model.load)
     if not (owned or re.fullmatch(rf"\.(gguf-[0-9a-f]{{16}}|{names})\.[a-z0-9_]{{8}}", folder.name)):
         return False  # no conversion's
@@ -343,19 +363,6 @@ def _stale(folder: Path, names: tuple[str, ...] = ()) -> bool:
         return time.time() - folder.stat().st_mtime > STALE_AFTER_S
     except OSError:
         return False
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (a zombie or another user's process counts)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it runs, as another user
-        return True
-    return True
 
 
 def _gguf_folder(digest: str) -> Path:
@@ -438,7 +445,7 @@ def file_blocks(path: Path) -> dict[str, FileBlocks]:
     import numpy as np
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
-        reader = _HeaderReader(blob)
+        reader = _HeaderReader(blob, str(path))
         alignment = reader.metadata(lambda key: key == "general.alignment").get("general.alignment", 32)
         table, start = reader.tensors()
     start += -start % alignment

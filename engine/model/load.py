@@ -24,6 +24,7 @@ from pathlib import Path
 
 from engine.devices import cache_root, check_device
 from engine.errors import ModelError
+from engine.files import check_model_folder
 from engine.model.gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, convert_lock,
                                ensure_gguf_file, remove_stale_conversions)
 from engine.model.positions import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
@@ -183,6 +184,7 @@ def resolve_model_path(spec: str | None) -> tuple[str, str]:
         if not (path / "config.json").exists():
             raise ModelError(f"model folder {path} has no config.json; point --model at a transformers model folder "
                              "(config.json + weights + tokenizer files)")
+        check_model_folder(path)  # transformers reads its configs and tokenizer files whole
         return path.name, str(path)
     if spec.startswith((".", "/", "~")) or spec.lower().endswith(".gguf"):
         raise ModelError(f"model {spec} does not exist; check the path, or omit --model to use the default")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import Problem
+from engine.files import DOCUMENT_BYTES, check_file
 from engine.programs.model import ProgramCall, ProgramError
 from engine.programs.nodes import walk_calls
 from engine.programs.program import PromptProgram
@@ -37,11 +38,11 @@ class ProgramFile:
 
 def load_program_file(path: str) -> ProgramFile:
     """Import the Python file at ``path`` (its top-level code runs, as with any import) and collect its
-    programs. Every failure — syntax, an exception while importing, a ProgramError — is raised as a
-    ProgramError located in that file."""
+    programs. A path that is no file, or a file over the document limit, is an InputFileError; every other
+    failure — syntax, an exception while importing, a ProgramError — is raised as a ProgramError located in
+    that file."""
     p = Path(path)
-    if not p.is_file():
-        raise ProgramError(Problem(str(path), 1, 1, "no such file", "give the path of a .py file"))
+    check_file(p, "program", DOCUMENT_BYTES, "give the path of a .py file")  # the import reads it whole
     digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10]
     name = f"_pml_program_{re.sub(r'[^0-9A-Za-z_]', '_', p.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(name, p)

@@ -1,0 +1,117 @@
+"""Files read from paths a user gives: schemas, prompts, prompt programs, a model folder's configs and tokenizer.
+
+:func:`read_text` reads one whole, within a size limit: a regular file or a pipe (``<(...)``, ``/dev/stdin``)
+is read up to ``limit + 1`` bytes, so a huge or endless one stops at the limit; a folder, a device or a
+socket is refused before anything is read. Where another library reads the file (transformers reads a
+model folder), :func:`check_model_folder` checks each file it will read by ``stat`` first. Every refusal is
+an :class:`InputFileError` naming the file, what was wrong and the fix. The base layer: it imports nothing
+of the engine but its errors.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from engine.errors import InputFileError
+
+MiB = 1 << 20
+DOCUMENT_BYTES = 5 * MiB  # a schema, prompt or prompt program (the studio's uploads share it)
+# files transformers reads from a model folder, and the most each may hold: configs are a few KiB; the largest
+# tokenizer files of public models are tens of MiB (Gemma 3's tokenizer.json 33 MiB, its tokenizer_config 1.2 MiB)
+MODEL_FILE_BYTES = {
+    "config.json": 1 * MiB, "generation_config.json": 1 * MiB, "chat_template.jinja": 1 * MiB,
+    "chat_template.json": 1 * MiB, "special_tokens_map.json": 16 * MiB, "added_tokens.json": 16 * MiB,
+    "tokenizer_config.json": 16 * MiB, "tokenizer.json": 64 * MiB, "vocab.json": 64 * MiB, "vocab.txt": 64 * MiB,
+    "merges.txt": 64 * MiB, "tokenizer.model": 64 * MiB, "spiece.model": 64 * MiB,
+}
+
+
+def read_text(path: str | Path, what: str, limit: int = DOCUMENT_BYTES, fix: str = "") -> str:
+    """The UTF-8 text of the file at ``path`` (a ``what``: 'schema', 'prompt', 'program'...); InputFileError
+    when it is missing, not a file, larger than ``limit`` bytes or not UTF-8."""
+    data = read_bytes(path, what, limit, fix)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputFileError(f"{path}:{line}:1: error: the {what} file is not UTF-8 text ({err.reason} at byte "
+                             f"{err.start}); save it as UTF-8") from None
+
+
+def read_bytes(path: str | Path, what: str, limit: int, fix: str = "") -> bytes:
+    """At most ``limit`` bytes of the regular file or pipe at ``path``; InputFileError otherwise (see module)."""
+    try:
+        _check_kind(path, what, os.stat(path).st_mode, fix, pipes=True)  # a device is never opened
+        f = open(path, "rb")  # a FIFO waits for its writer here, as with `cat`
+    except OSError as err:
+        raise _unreadable(path, what, err) from None
+    with f:
+        _check_kind(path, what, os.fstat(f.fileno()).st_mode, fix, pipes=True)  # the path may have changed since
+        try:
+            data = f.read(limit + 1)
+        except OSError as err:
+            raise _unreadable(path, what, err) from None
+    if len(data) > limit:
+        raise _too_large(path, what, limit, fix)
+    return data
+
+
+def check_file(path: str | Path, what: str, limit: int, fix: str = "") -> None:
+    """InputFileError unless ``path`` is a regular file of at most ``limit`` bytes (for files another library
+    reads whole: it must not meet a device, a pipe or a file of gigabytes)."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise _unreadable(path, what, err) from None
+    _check_kind(path, what, st.st_mode, fix, pipes=False)
+    if st.st_size > limit:
+        raise _too_large(path, what, limit, fix)
+
+
+def check_model_folder(folder: str | Path) -> None:
+    """Check each file of :data:`MODEL_FILE_BYTES` that the model folder holds (transformers reads them whole)."""
+    fix = "a model folder holds config.json, the weights and the tokenizer's files; check the folder's files"
+    for name, limit in MODEL_FILE_BYTES.items():
+        path = Path(folder) / name
+        if os.path.lexists(path):
+            check_file(path, name, limit, fix)
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in words: '5 MiB', '512 KiB', '100 bytes'."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} bytes"
+
+
+# ----------------------------------------------------------------------------------------------
+# Internal helpers
+# ----------------------------------------------------------------------------------------------
+
+def _check_kind(path, what: str, mode: int, fix: str, pipes: bool) -> None:
+    if stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode)):
+        return
+    kind = "a folder" if stat.S_ISDIR(mode) else _special(mode)
+    raise InputFileError(f"{path}: is {kind}, not a {what} file; {fix or 'give the path of a file'}")
+
+
+def _special(mode: int) -> str:
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+
+
+def _too_large(path, what: str, limit: int, fix: str) -> InputFileError:
+    return InputFileError(f"{path}: larger than {size_text(limit)}, the limit for a {what} file; "
+                          f"{fix or 'is it the right file? Split a large one into smaller files'}")
+
+
+def _unreadable(path, what: str, err: OSError) -> InputFileError:
+    if isinstance(err, FileNotFoundError):
+        return InputFileError(f"{path}: no such file")
+    if isinstance(err, IsADirectoryError):
+        return InputFileError(f"{path}: is a folder, not a {what} file; give the path of a file")
+    return InputFileError(f"{path}: cannot read the {what} file: {err.strerror or err}")
