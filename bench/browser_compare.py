@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sqlite3
 import statistics
 import subprocess
@@ -40,6 +41,7 @@ from pathlib import Path
 from common import ROOT, emit, machine, spread, table
 
 sys.path.insert(0, str(ROOT))
+from studio.guard import TOKEN_ENV  # noqa: E402
 from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS  # noqa: E402
 from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, free_port  # noqa: E402
 
@@ -71,13 +73,18 @@ def logged_count(db: Path) -> int:
             return 0
 
 
+TOKEN = secrets.token_urlsafe(32)  # the studio's launch token, given to it in its environment
+
+
 def serve(port: int, db: Path) -> tuple[subprocess.Popen, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", str(db)], cwd=ROOT,
+                            env={**os.environ, TOKEN_ENV: TOKEN},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    page = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Authorization": f"Bearer {TOKEN}"})
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+            with urllib.request.urlopen(page, timeout=5) as resp:
                 if resp.status == 200:
                     return proc, time.perf_counter() - t0
         except OSError:
@@ -185,7 +192,7 @@ def main() -> None:
                     cli_docs.append(cli_run(args.ratio_tokens, logged_runs(db)[-1]["arms"]))
                     time.sleep(SETTLE_S)
         try:
-            times = compares(f"http://127.0.0.1:{port}/", db, rounds, run_cli)
+            times = compares(f"http://127.0.0.1:{port}/?token={TOKEN}", db, rounds, run_cli)
             studio_docs = [{k: v for k, v in d.items() if k != "id"} for d in logged_runs(db)]
         finally:
             proc.terminate()

@@ -6,13 +6,14 @@ one command that needs the UI. ``python app.py`` takes the same options as ``ser
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def serve_arguments(sp) -> None:
     """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
     from engine.cli import NumberArg
-    from engine.config import COMPUTE_DTYPES, Limit
+    from engine.config import COMPUTE_DTYPES, MAX_NEW_TOKENS, Limit
     from engine.model import WEIGHTS
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
@@ -29,9 +30,18 @@ def serve_arguments(sp) -> None:
     sp.add_argument("--allow-host", action="append", default=[], metavar="NAME", dest="allow_hosts",
                     help="also answer requests for this host name, on any port (a reverse proxy's name; repeatable). "
                          "Requests naming any other host are refused, so other web pages cannot drive the studio")
+    sp.add_argument("--token", default=None, help="the launch token that lets a browser or program drive the studio "
+                    "(default: $PML_STUDIO_TOKEN, else a random one printed in the URL to open; a token given here "
+                    "shows in the process list, the environment variable does not)")
+    sp.add_argument("--no-token", action="store_true", help="let every local request in without the token (loopback "
+                    "--host only): any account on this machine can then drive the studio and run code as you")
     sp.add_argument("--port", type=NumberArg(Limit("port", 1, 65535, whole=True, example="7860")), default=7860,
                     help="port, 1 to 65535 (default 7860)")
     sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
+    sp.add_argument("--max-new-tokens-cap", default=os.environ.get("PML_STUDIO_MAX_NEW_TOKENS_CAP"), metavar="N",
+                    type=NumberArg(Limit("max new tokens cap", 1, MAX_NEW_TOKENS, whole=True, example="2048")),
+                    help="the most new tokens one Compare (page or /compare API) may ask for, per arm (default: "
+                         "$PML_STUDIO_MAX_NEW_TOKENS_CAP, else 2048); the model's context caps it too"),
     sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
     sp.add_argument("--results", default=None, help="folder of benchmark results the Benchmarks tab shows "
                     "(default: $PML_STUDIO_RESULTS, else bench/results, else the copy installed with the package)")
@@ -42,7 +52,8 @@ def serve(args) -> int:
     from .launch import serve as launch
 
     return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
-                  results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts))
+                  results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
+                  token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap)
 
 
 EXTRA = {"serve": ("launch the studio (same as `python app.py`)", serve_arguments, serve)}

@@ -18,6 +18,8 @@ TRAVEL_PROMPT = """<prompt schema="travel">
 </prompt>
 """
 CPU = {"storage": "cpu", "mode": "prefixed"}
+TOKEN = "tests-launch-token-0123456789"  # the launch token of a studio served by served_studio
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # what a program sends with each request (gradio_client: headers=AUTH)
 
 
 @pytest.fixture
@@ -32,15 +34,17 @@ def travel(studio):
 
 
 @contextmanager
-def served_studio(engine, runlog: RunLog):
+def served_studio(engine, runlog: RunLog, token: str | None = TOKEN):
     """The studio around ``engine`` served as `make run` serves it (guard, page script, live route: launch_options)
-    on a free port of 127.0.0.1; yields (demo, port) and closes it after."""
+    on a free port of 127.0.0.1 with the launch ``token`` (:data:`AUTH` carries it); yields (demo, port) and closes
+    it after."""
     from studio.app import build_app, launch_options
     from tools.screenshot import free_port
 
     demo = build_app(engine, runlog)
     port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options(demo))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
+                **launch_options(demo, token=token))
     try:
         yield demo, port
     finally:

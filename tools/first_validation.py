@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
+TOKEN = "first-validation-token-0123456789"  # the launch token the studio is given
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,7 +39,8 @@ def wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> f
         if proc.poll() is not None:
             raise RuntimeError(f"the studio exited with code {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
+            page = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(page, timeout=2) as resp:
                 if resp.status == 200:
                     return time.perf_counter() - t0
         except OSError:
@@ -51,7 +54,7 @@ def one_trial(root: Path, python: str) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     with tempfile.TemporaryDirectory(prefix="pml-first-validation-") as tmp:
-        env = dict(os.environ, PML_STUDIO_MODULES=str(Path(tmp) / "modules"))
+        env = dict(os.environ, PML_STUDIO_MODULES=str(Path(tmp) / "modules"), PML_STUDIO_TOKEN=TOKEN)
         proc = subprocess.Popen([python, "app.py", "--port", str(port), "--db", str(Path(tmp) / "runs.db")],
                                 cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -62,7 +65,7 @@ def one_trial(root: Path, python: str) -> dict:
                     page = browser.new_page(viewport={"width": 1400, "height": 1000})
                     joins: list[float] = []  # when the page sends its events (the first is the validation)
                     page.on("request", lambda r: joins.append(time.perf_counter()) if "/queue/join" in r.url else None)
-                    page.goto(url, wait_until="load")
+                    page.goto(f"{url}?token={TOKEN}", wait_until="load")
                     t_load = time.perf_counter()
                     page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
                     t_valid = time.perf_counter()

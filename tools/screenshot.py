@@ -81,16 +81,18 @@ def serve_and_screenshot(out: str | Path, sample: str = SAMPLE) -> dict:
     from engine.runlog import RunLog
     from engine.session import Engine
     from studio.app import build_app, launch_options
+    from studio.guard import make_token, page_url
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="pml-screenshot-") as tmp:
         engine = Engine(persist=False)
         engine.lm
         demo = build_app(engine, RunLog(Path(tmp) / "runs.db"))
+        token = make_token()
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
-                    **launch_options(demo))
+                    **launch_options(demo, token=token))
         try:
-            return compare_and_screenshot(f"http://127.0.0.1:{port}/", out, sample)
+            return compare_and_screenshot(page_url("127.0.0.1", port, token), out, sample)
         finally:
             demo.close()
 

@@ -13,7 +13,7 @@ import pytest
 from studio import live
 from studio.tabs import compare as cmp
 from engine.runlog import RunLog
-from tests.studio_fixtures import served_studio, settings, studio, travel  # noqa: F401 (fixtures)
+from tests.studio_fixtures import AUTH, served_studio, settings, studio, travel  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def served(tiny_engine, tmp_path):
 def test_a_run_streams_by_its_id_and_only_on_the_studios_own_host(served):
     run = live.RUNS.open(("baseline", "cached"))
     run.show("cached", "Nara is", "cached: decoding…")
-    with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10) as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10, headers=AUTH) as client:
         with client.stream("GET", f"/pml-live/{run.id}") as got:
             assert got.status_code == 200 and got.headers["cache-control"] == "no-store"
             assert got.headers["content-type"] == "application/x-ndjson"
@@ -51,7 +51,7 @@ def test_a_run_streams_by_its_id_and_only_on_the_studios_own_host(served):
 
 def test_a_stream_sends_a_line_only_when_the_run_moved_and_ends_when_the_page_goes(served):
     run = live.RUNS.open(("cached",))
-    with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10) as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10, headers=AUTH) as client:
         with client.stream("GET", f"/pml-live/{run.id}") as got:
             lines = got.iter_lines()
             next(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 from tests.conftest import SAMPLES, free_port
-from tests.studio_fixtures import served_studio
+from tests.studio_fixtures import AUTH, TOKEN, served_studio
 
 
 def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
@@ -19,9 +19,9 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
     runlog = RunLog(tmp_path / "runs.db", timeout=0.5)
     schema = (SAMPLES / "travel.xml").read_text()
     prompt = (SAMPLES / "travel.prompt.xml").read_text()
-    # behind the same guard as `make run`: gradio_client reaches the public /compare API without the page token
+    # behind the same guard as `make run`: gradio_client reaches the /compare API with the launch token
     with served_studio(tiny_engine, runlog) as (demo, port):
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False, headers=AUTH)
         data = client.predict(schema, prompt, 4, "cpu", "prefixed", 0.0, api_name="/compare")  # the 6-argument call
         half = client.predict(schema, prompt, 4, "cpu", "isolated", 0.0, "float16", 0.5, "recent", api_name="/compare")
         other = sqlite3.connect(runlog.path)
@@ -69,11 +69,12 @@ def test_serve_binds_localhost_without_share_and_loads_no_model(tmp_path, monkey
     (tmp_path / "models").symlink_to(cache_root() / "models")  # the converted default model, not a new copy
     monkeypatch.setenv("PML_STUDIO_CACHE", str(tmp_path))
     port = free_port()
-    demo = serve(port=port, block=False, preload=False)
+    demo = serve(port=port, block=False, preload=False, token=TOKEN)
     try:
         assert demo.share is False or demo.share is None
         assert demo.server_name == "127.0.0.1"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+        page = urllib.request.Request(f"http://127.0.0.1:{port}/", headers=AUTH)
+        with urllib.request.urlopen(page, timeout=10) as resp:
             assert resp.status == 200
         assert not demo.studio.engine.loaded
         assert demo.studio.engine._codec is not None  # the tokenizer is loaded before the page is served

@@ -57,8 +57,9 @@ CHILD = textwrap.dedent("""
 
     from studio.launch import serve
     port = int(sys.argv[1])
-    demo = serve(port=port, block=False, preload=False)  # exiting during a background load aborts the process
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as resp:
+    demo = serve(port=port, block=False, preload=False, token="offline-test-token-0123")  # exiting during a background load aborts the process
+    page = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Authorization": "Bearer offline-test-token-0123"})
+    with urllib.request.urlopen(page, timeout=30) as resp:
         assert resp.status == 200
     time.sleep(3)  # background threads of a launch (analytics, version checks) have had their chance
     demo.close()
