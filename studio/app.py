@@ -82,6 +82,7 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
 
     with gr.Blocks(title="PML Studio") as demo:
         demo.studio = studio  # tests and launch reach the run log and engine through this
+        demo.downloads = downloads  # studio/shutdown.py removes it at SIGTERM and SIGHUP too
         weakref.finalize(demo, shutil.rmtree, downloads, True)  # schema downloads and CSV exports go with the app
         with gr.Row(elem_classes=["pml-header"]):
             gr.HTML(TITLE_HTML)

@@ -44,6 +44,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
 
     from .app import build_app, launch_options
     from .streaming import on_engine_thread_soon
+    from .shutdown import install as on_stop
 
     if model is None:
         model, weights = STUDIO_MODEL, weights or STUDIO_WEIGHTS
@@ -64,12 +65,15 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     calm_queue(demo)
     if preload:
         on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
+    stop = on_stop(demo) if block else None  # SIGTERM, SIGHUP, exit: runs saved, downloads removed
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
                     show_error=False, **launch_options(demo, host, allow_hosts))
     except OSError as err:  # port in use, address not available
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2
+    if stop:
+        stop()  # Ctrl-C closed the server
     return 0 if block else demo
 
 

@@ -8,13 +8,18 @@ A finished run the run log cannot take (locked by another writer past its timeou
 is not lost: it waits in memory (at most :data:`PENDING_MAX` runs, the oldest dropped first, which
 the report says) and is written, oldest first, before the next run. :meth:`Studio.record` returns the
 ``logged`` report the Compare tab shows and the ``/compare`` API returns.
+
+At stop (studio/shutdown.py) :meth:`Studio.save_pending` tries the waiting runs once more and saves the rest to
+the recovery file (studio/recovery.py); a Studio built over the same run log writes them back, oldest first with
+their own times, and removes the file once all are written (:meth:`Studio.recover_pending`).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import gradio as gr
 
@@ -24,6 +29,7 @@ from engine.schema.layout import Layout
 from engine.config import short_dtype
 from engine.runlog import RunLog, RunLogError, utc_now
 
+from . import recovery
 from . import settings as run_settings
 from .errors import as_gr_error
 from .views import chips_html
@@ -45,7 +51,8 @@ class PendingRun:
 class Studio:
     """The engine, the run log, and the layouts of recently seen schema texts."""
 
-    def __init__(self, engine, runlog: RunLog):
+    def __init__(self, engine, runlog: RunLog, recover: bool = True):
+        """``recover``: write the runs a stop saved for this run log (:meth:`recover_pending`), saying so on stderr."""
         self.engine = engine
         self.runlog = runlog
         self.lock = threading.Lock()  # model loads
@@ -54,6 +61,9 @@ class Studio:
         self.pending: deque[PendingRun] = deque()  # runs not logged yet, oldest first
         self.dropped = 0  # runs dropped from a full pending queue since the studio started
         self.log_error: str | None = None  # why the last write failed (None: it succeeded)
+        self._saved: list = []  # recovery files holding runs that wait in self.pending (recover_pending)
+        for line in self.recover_pending() if recover else ():
+            print(line, file=sys.stderr, flush=True)
 
     # -- documents --------------------------------------------------------------------------------
 
@@ -103,11 +113,88 @@ class Studio:
             self.pending.append(run)
             written, err = self._flush()
             self.log_error = None if err is None else str(err)
+            for line in self._resave_or_warn(written):
+                print(line, file=sys.stderr, flush=True)
             if err is None:
                 return self._report(written[run], len(written) - 1, None)
             lost = self._trim()
             kept = f"kept in memory ({len(self.pending)} waiting, at most {PENDING_MAX}), retried with the next run"
             return self._report(None, len(written), f"not logged: {err}; {kept}{lost}")
+
+    def save_pending(self) -> list[str]:
+        """At stop: write the waiting runs, and save those the run log still refuses to the recovery file.
+
+        Returns the console lines saying what happened to them (none when no run was waiting)."""
+        with self._log_lock:
+            if not self.pending:
+                return []
+            written, err = self._flush()
+            if err is None:  # recovered runs among them: their file goes
+                return [f"PML Studio: {_runs(len(written))} waiting in memory written to the run log "
+                        f"{self.runlog.path}"] + self._resave_or_warn(written)
+            n = len(self.pending)
+            try:
+                self._resave()
+            except OSError as saving:
+                return [f"pml-studio: error: {_runs(n)} not in the run log are lost: {err}; and no recovery file "
+                        f"could be written ({saving})"]
+            where, self._saved = self._saved[0], []  # the next start's to read, no longer this studio's
+            self.pending.clear()
+            return [f"pml-studio: warning: {_runs(n)} the run log could not take saved in {where} ({err}); "
+                    "written to the run log at the next start"]
+
+    def recover_pending(self) -> list[str]:
+        """At start: write the runs a stop saved for this run log (oldest first, with their own times) and remove
+        their files once all are written; the console lines saying so.
+
+        A damaged file is renamed aside (``.corrupt``) with a warning. Runs the log refuses now wait in memory as
+        any unlogged run does, and stay in their file until written. A read-only log leaves the files as they are."""
+        notes, runs, files = [], [], []
+        for path in recovery.existing(self.runlog.path):
+            try:
+                runs += recovery.read(path)
+                files.append(path)
+            except recovery.RecoveryFileError as err:
+                aside = recovery.set_aside(path)
+                kept = f"moved to {aside}" if aside else "left in place"
+                notes.append(f"pml-studio: warning: saved runs not recovered: {err}; the file is {kept}, "
+                             "the run log is unchanged")
+        if not runs:
+            return notes
+        if self.runlog.read_only:
+            return notes + [f"pml-studio: warning: {_runs(len(runs))} saved in {', '.join(map(str, files))} wait "
+                            f"for a writable run log: {self.runlog.read_only}"]
+        with self._log_lock:
+            self.pending.extendleft(reversed(sorted((PendingRun(**r) for r in runs), key=lambda r: r.created_at)))
+            self._saved = files
+            written, err = self._flush()
+            self.log_error = None if err is None else str(err)
+            notes += self._resave_or_warn(written)
+        if err is None:
+            return notes + [f"PML Studio: {_runs(len(written))} saved at the last stop written to the run log "
+                            f"{self.runlog.path}"]
+        return notes + [f"pml-studio: warning: {len(written)} of {_runs(len(runs))} saved at the last stop written; "
+                        f"{len(self.pending)} wait in memory and in {self._saved[0]} ({err})"]
+
+    def _resave(self) -> None:
+        """Make the recovery files hold exactly the waiting runs: saved anew (a file another stop left elsewhere
+        removed), or every file removed when none waits. Raises OSError when the runs cannot be saved."""
+        keep = recovery.save([asdict(r) for r in self.pending], self.runlog.path) if self.pending else None
+        for path in self._saved:
+            if path != keep:
+                path.unlink(missing_ok=True)
+        self._saved = [keep] if keep else []
+
+    def _resave_or_warn(self, written: dict) -> list[str]:
+        """:meth:`_resave` when runs of a recovery file were just written; a warning, or []."""
+        if not (written and self._saved):
+            return []
+        try:
+            self._resave()
+        except OSError as err:
+            return [f"pml-studio: warning: cannot update the recovery file ({err}); remove "
+                    f"{', '.join(map(str, self._saved))} once the run log holds its runs"]
+        return []
 
     def _trim(self) -> str:
         """Drop the oldest pending runs beyond PENDING_MAX; '' or the sentence saying so."""
@@ -162,7 +249,8 @@ class Studio:
 
     def status_html(self) -> str:
         name = self.engine.lm.name if self.engine.loaded else (self.engine.config.model or DEFAULT_MODEL)
-        state = "loaded" if self.engine.loaded else "loads on first run"
+        state = ("loaded" if self.engine.loaded else "loading…" if getattr(self.engine, "loading", False)
+                 else "loads on first run")
         cfg = self.engine.config
         if getattr(cfg, "dtype", None):
             state += f" · {short_dtype(cfg.dtype)} · {getattr(cfg, 'weights', 'fp32')} weights"
@@ -171,3 +259,7 @@ class Studio:
         else:
             warning = f"{len(self.pending)} not logged" if self.pending else ""
         return chips_html(str(name), state, str(self.runlog.path), warning, self.log_problem() or "")
+
+
+def _runs(n: int) -> str:
+    return f"{n} finished run{'s' if n != 1 else ''}"

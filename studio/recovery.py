@@ -1,0 +1,127 @@
+"""The recovery file: finished runs the run log could not take when the studio stopped, read back at the next start.
+
+    where = save(runs, log_path)     # JSON lines, one run each, oldest first; temp file + os.replace
+    for path in existing(log_path):  # the files a stop left for this run log, in the order they are read
+        runs = read(path)            # raises RecoveryFileError for a file that is not one of ours
+
+A run is a dict of :data:`FIELDS` (what :class:`studio.state.PendingRun` holds). The file lives beside the run
+log (``runs.db`` → ``runs.db.pending.jsonl``); where that folder cannot be written, in ``$PML_STUDIO_CACHE``
+under a name that holds a hash of the run log's full path, so two run logs never share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from engine.errors import EngineError
+
+FIELDS = ("created_at", "schema_text", "prompt_text", "data")
+SUFFIX = ".pending.jsonl"
+# At most 100 waiting runs (studio.state.PENDING_MAX), each under a few MB (schema and prompt files are capped at
+# 5 MB): a larger file is not one the studio wrote.
+MAX_BYTES = 1 << 30
+
+
+class RecoveryFileError(EngineError):
+    """A recovery file that cannot be read back as runs (damaged, edited, or not written by the studio)."""
+
+
+def places(log_path: Path) -> list[Path]:
+    """Where the runs of the run log at ``log_path`` are saved, in the order tried: beside it, then the cache."""
+    from engine.devices import cache_root
+
+    log_path = Path(log_path).expanduser().absolute()
+    tag = hashlib.sha256(str(log_path).encode("utf-8")).hexdigest()[:12]
+    return [log_path.with_name(log_path.name + SUFFIX), cache_root() / f"{log_path.name}.{tag}{SUFFIX}"]
+
+
+def existing(log_path: Path) -> list[Path]:
+    """The recovery files of the run log at ``log_path`` that exist now."""
+    return [p for p in places(log_path) if p.is_file()]
+
+
+def save(runs: list[dict], log_path: Path) -> Path:
+    """Write ``runs`` (oldest first) to the first of :func:`places` that takes them; its path.
+
+    Raises the last OSError when no place could be written (a full disk everywhere)."""
+    text = "".join(json.dumps({k: run[k] for k in FIELDS}) + "\n" for run in runs)
+    error: OSError | None = None
+    for path in places(log_path):
+        try:
+            write_atomically(path, text)
+            return path
+        except OSError as err:
+            error = err
+    raise error
+
+
+def read(path: Path) -> list[dict]:
+    """The runs of the recovery file at ``path``, oldest first; RecoveryFileError naming the line that is wrong."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise RecoveryFileError(f"{path}: {path.stat().st_size} bytes, more than the {MAX_BYTES} a stop writes")
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecoveryFileError(f"{path}: cannot be read ({err})") from None
+    runs = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            runs.append(_run(line, f"{path}:{n}"))
+    return runs
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a damaged recovery file to ``NAME.corrupt`` (``NAME.corrupt.2``... when taken); the new path, or
+    None when it could not be renamed (it then stays where it is)."""
+    for n in range(1, 100):
+        aside = path.with_name(path.name + ".corrupt" + (f".{n}" if n > 1 else ""))
+        if aside.exists():
+            continue
+        try:
+            os.replace(path, aside)
+            return aside
+        except OSError:
+            return None
+    return None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` in ``path``, whole or not at all: written to a temp file in the same folder, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- internal helpers -----------------------------------------------------------------------------
+
+
+def _run(line: str, where: str) -> dict:
+    """One line's run, checked as the run log will read it (so that a bad line fails before any run is written)."""
+    from engine.runlog import arm_rows, row_from_comparison
+
+    try:
+        run = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise RecoveryFileError(f"{where}: not JSON ({err.msg})") from None
+    if not isinstance(run, dict) or not all(k in run for k in FIELDS):
+        raise RecoveryFileError(f"{where}: not a saved run (it needs {', '.join(FIELDS)})")
+    if not all(isinstance(run[k], str) for k in FIELDS[:3]) or not isinstance(run["data"], dict):
+        raise RecoveryFileError(f"{where}: a saved run's texts must be strings and its data an object")
+    try:
+        row_from_comparison(run["data"], run["schema_text"], run["prompt_text"], created_at=run["created_at"])
+        arm_rows(run["data"], 0)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise RecoveryFileError(f"{where}: not a run --json document ({type(err).__name__}: {err})") from None
+    return {k: run[k] for k in FIELDS}

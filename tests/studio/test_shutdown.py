@@ -1,0 +1,263 @@
+"""Nothing lost or left behind when the studio stops (issue 37, items 3 and 4).
+
+Runs the run log could not take are written at stop, or saved to the recovery file and written at the next start;
+the temporary download folder (it holds the CSV export of the whole run log) is removed on SIGTERM and SIGHUP as
+on Ctrl-C. The signal tests serve the studio in a child process the way `make run` does (studio.launch.serve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
+
+import pytest
+
+from engine.runlog import RunLog
+from tests.conftest import ROOT, free_port
+from tests.engine.test_runlog import fake_comparison
+
+FIRST, SECOND = "2026-01-01T00:00:01+00:00", "2026-01-01T00:00:02+00:00"
+
+
+def bare_studio(path, timeout: float = 0.2):
+    """A studio on the run log at ``path`` whose engine is never used (its runs are written as given)."""
+    from studio.state import Studio
+
+    engine = SimpleNamespace(loaded=False, config=SimpleNamespace(model="tiny"))
+    return Studio(engine, RunLog(path, timeout=timeout))
+
+
+@contextmanager
+def write_lock_held(path):
+    """Another program holding the run log's write lock (a write transaction left open)."""
+    other = sqlite3.connect(path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+def stored(path) -> list[tuple]:
+    """(created_at, schema_text, prompt_text, baseline text) of every run in id order, read with plain sqlite3."""
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("select r.created_at, r.schema_text, r.prompt_text, a.text from runs r join arm_runs a "
+                            "on a.run_id = r.id and a.arm = 'baseline' order by r.id").fetchall()
+    finally:
+        conn.close()
+
+
+def record_at(studio, monkeypatch, created_at: str, name: str) -> dict:
+    from studio import state
+
+    monkeypatch.setattr(state, "utc_now", lambda: created_at)  # the time the run finished
+    data = fake_comparison(name)
+    data["baseline"]["text"] = f"answer of {name}"
+    return studio.record(data, f"<schema name='{name}'/>", f"prompt of {name}")
+
+
+def test_runs_waiting_at_stop_are_saved_and_written_by_the_next_start(tmp_path, monkeypatch, capsys):
+    from studio.shutdown import stop
+
+    path = tmp_path / "runs.db"
+    studio = bare_studio(path)
+    downloads = tmp_path / "pml-studio-downloads"
+    (downloads / "sub").mkdir(parents=True)
+    (downloads / "pml-runs.csv").write_text("id\n")
+    with write_lock_held(path):
+        assert record_at(studio, monkeypatch, FIRST, "a")["pending"] == 1
+        assert record_at(studio, monkeypatch, SECOND, "b")["pending"] == 2
+        capsys.readouterr()
+        stop(studio, downloads)  # what a stop runs: the log is still locked
+    saved = tmp_path / "runs.db.pending.jsonl"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"2 finished runs the run log could not take saved in {saved}" in err[0], err
+    assert "locked by another writer" in err[0] and "next start" in err[0]
+    assert not downloads.exists() and stored(path) == [] and not studio.pending
+    assert [json.loads(line)["created_at"] for line in saved.read_text().splitlines()] == [FIRST, SECOND]
+
+    fresh = bare_studio(path)  # the next start
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"PML Studio: 2 finished runs saved at the last stop written to the run log {path}"]
+    assert stored(path) == [(FIRST, "<schema name='a'/>", "prompt of a", "answer of a"),
+                            (SECOND, "<schema name='b'/>", "prompt of b", "answer of b")]
+    assert not saved.exists() and not fresh.pending and fresh.log_problem() is None
+    bare_studio(path)  # a third start finds nothing to write again
+    assert len(stored(path)) == 2 and capsys.readouterr().err == ""
+
+
+def test_a_stop_writes_the_waiting_runs_when_the_log_takes_them_again(tmp_path, monkeypatch, capsys):
+    from studio.shutdown import stop
+
+    path = tmp_path / "runs.db"
+    studio = bare_studio(path)
+    with write_lock_held(path):
+        record_at(studio, monkeypatch, FIRST, "a")
+    capsys.readouterr()
+    stop(studio, None)
+    assert capsys.readouterr().err.splitlines() == [
+        f"PML Studio: 1 finished run waiting in memory written to the run log {path}"]
+    assert [r[0] for r in stored(path)] == [FIRST]
+    assert not (tmp_path / "runs.db.pending.jsonl").exists()
+
+
+def test_runs_go_to_the_cache_folder_when_the_log_folder_cannot_take_the_file(tmp_path, monkeypatch, capsys):
+    from studio.shutdown import stop
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PML_STUDIO_CACHE", str(cache))
+    path = tmp_path / "logs" / "runs.db"
+    path.parent.mkdir()
+    studio = bare_studio(path)
+    (path.parent / "runs.db.pending.jsonl").mkdir()  # nothing can be written under that name (root writes anyway)
+    with write_lock_held(path):
+        record_at(studio, monkeypatch, FIRST, "a")
+        stop(studio, None)
+    saved = list(cache.glob("runs.db.*.pending.jsonl"))
+    assert len(saved) == 1 and f"saved in {saved[0]}" in capsys.readouterr().err
+    assert list(path.parent.glob("*.tmp")) == [] and list(cache.glob("*.tmp")) == []  # no half-written file left
+
+    other = tmp_path / "elsewhere" / "runs.db"  # another run log of the same name: not its runs
+    other.parent.mkdir()
+    bare_studio(other)
+    assert stored(other) == [] and saved[0].exists()
+    bare_studio(path)
+    assert [r[0] for r in stored(path)] == [FIRST] and not saved[0].exists()
+
+
+def test_saved_runs_the_log_refuses_at_start_wait_in_memory_and_in_their_file(tmp_path, monkeypatch, capsys):
+    from studio.shutdown import stop
+
+    path = tmp_path / "runs.db"
+    saved = tmp_path / "runs.db.pending.jsonl"
+    first = bare_studio(path)
+    with write_lock_held(path):
+        record_at(first, monkeypatch, FIRST, "a")
+        stop(first, None)
+        capsys.readouterr()
+        second = bare_studio(path)  # starts while the log is still locked
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "0 of 1 finished run saved at the last stop written" in err[0], err
+        assert len(second.pending) == 1 and saved.exists()
+    logged = record_at(second, monkeypatch, SECOND, "b")  # the next run writes it first, then its file goes
+    assert logged["ok"] and logged["flushed"] == 1
+    assert [r[0] for r in stored(path)] == [FIRST, SECOND] and not saved.exists()
+    bare_studio(path)
+    assert len(stored(path)) == 2  # not written twice
+
+
+@pytest.mark.parametrize("content", ['{"created_at": "2026-01-01T00:00:01+00:00"', '{"created_at": 1}\n',
+                                     b"\xff\xfe not text", '{"created_at": "x", "schema_text": "s", '
+                                     '"prompt_text": "p", "data": {"model": "tiny"}}\n'])
+def test_a_damaged_recovery_file_is_set_aside_with_one_warning(tmp_path, capsys, content):
+    path = tmp_path / "runs.db"
+    saved = tmp_path / "runs.db.pending.jsonl"
+    if isinstance(content, bytes):
+        saved.write_bytes(content)
+    else:
+        saved.write_text(content)
+    studio = bare_studio(path)
+    err = capsys.readouterr().err.splitlines()
+    aside = tmp_path / "runs.db.pending.jsonl.corrupt"
+    assert len(err) == 1 and err[0].startswith("pml-studio: warning: saved runs not recovered: ") and \
+        f"{saved}" in err[0] and f"moved to {aside}" in err[0], err
+    assert "Traceback" not in err[0] and aside.exists() and not saved.exists()
+    assert stored(path) == [] and not studio.pending
+
+
+# -- signals: a served studio in a child process ----------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import json, pathlib, sys
+    import gradio as gr
+    from studio import app, launch
+    from studio.state import PendingRun
+
+    wait = gr.Blocks.block_thread
+    def block_thread(self):  # serving, and waiting for Ctrl-C: the parent may signal now
+        pathlib.Path(sys.argv[5]).touch()
+        return wait(self)
+    gr.Blocks.block_thread = block_thread
+    build = app.build_app
+    def build_app(*args, **kwargs):  # a finished run the run log could not take, waiting as a Compare leaves it
+        demo = build(*args, **kwargs)
+        demo.studio.pending.append(PendingRun(json.loads(sys.argv[3]), "<schema/>", "the prompt", sys.argv[4]))
+        demo.studio.runlog.timeout = 0.5  # a locked log refuses within half a second, not the default 30
+        return demo
+    app.build_app = build_app
+    sys.exit(launch.serve(port=int(sys.argv[1]), db=sys.argv[2], preload=False))
+""")
+
+
+def serve_and_signal(tmp_path, signum: int, locked: bool) -> tuple[subprocess.CompletedProcess, list]:
+    """Serve the studio in a child (its temp folder under tmp_path), send ``signum`` once it answers; (the child's
+    outcome, the ``pml-studio-*`` folders it made that are still there)."""
+    from engine.devices import cache_root
+
+    cache, tmp = tmp_path / "cache", tmp_path / "tmp"
+    cache.mkdir()
+    tmp.mkdir()
+    (cache / "models").symlink_to(cache_root() / "models")  # the converted default model, not a new copy
+    db, port = tmp_path / "runs.db", free_port()
+    RunLog(db)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADIO_", "HF_HUB", "DO_NOT_TRACK"))}
+    env.update(PML_STUDIO_CACHE=str(cache), TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
+    serving = tmp_path / "serving"
+    args = [sys.executable, "-c", CHILD, str(port), str(db), json.dumps(fake_comparison("kept")), FIRST, str(serving)]
+    child = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_serving(child, serving)
+        assert list(tmp.glob("pml-studio-*")), "the studio made its download folder"
+        with write_lock_held(db) if locked else nullcontext():
+            child.send_signal(signum)
+            out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    return subprocess.CompletedProcess(args, child.returncode, out, err), list(tmp.glob("pml-studio-*"))
+
+
+def wait_until_serving(child: subprocess.Popen, flag, limit_s: float = 180.0) -> None:
+    """Return once the child has made ``flag`` (it serves); fail with its stderr if it exits first or never does."""
+    deadline = time.monotonic() + limit_s
+    while not flag.exists():
+        if child.poll() is not None:
+            pytest.fail(f"the studio exited ({child.returncode}) before serving: {child.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the studio did not serve within {limit_s:g} s")
+        time.sleep(0.1)
+
+
+def test_sigterm_removes_the_download_folder_and_saves_the_waiting_run(tmp_path):
+    out, left = serve_and_signal(tmp_path, signal.SIGTERM, locked=True)
+    saved = tmp_path / "runs.db.pending.jsonl"
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr[-3000:]
+    assert left == []
+    assert f"1 finished run the run log could not take saved in {saved}" in out.stderr and "Traceback" not in out.stderr
+    assert [json.loads(line)["created_at"] for line in saved.read_text().splitlines()] == [FIRST]
+    bare_studio(tmp_path / "runs.db")  # the next start
+    assert [(r[0], r[2]) for r in stored(tmp_path / "runs.db")] == [(FIRST, "the prompt")] and not saved.exists()
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGINT"])
+def test_sighup_and_ctrl_c_remove_the_download_folder_and_write_the_waiting_run(tmp_path, name):
+    if not hasattr(signal, name):
+        pytest.skip(f"no {name} on this platform")
+    signum = getattr(signal, name)
+    out, left = serve_and_signal(tmp_path, signum, locked=False)
+    assert out.returncode == (0 if name == "SIGINT" else 128 + signum), out.stderr[-3000:]  # Ctrl-C: serve returns
+    assert left == []
+    assert "1 finished run waiting in memory written to the run log" in out.stderr and "Traceback" not in out.stderr
+    assert [(r[0], r[2]) for r in stored(tmp_path / "runs.db")] == [(FIRST, "the prompt")]
+    assert not (tmp_path / "runs.db.pending.jsonl").exists()
