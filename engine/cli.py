@@ -331,6 +331,8 @@ def cmd_run(args) -> int:
                         seed=args.seed)
     result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt)
     data = result.to_json()
+    if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
+        print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
     if args.json:
         print(json.dumps(data))
         return EXIT_OK

@@ -10,11 +10,14 @@ ever held twice, and an entry on disk is reused only when all of that matches.
   An entry larger than the whole budget is refused with a StorageError.
 * **Persistence** (:class:`DiskStore`): every entry is written once, atomically (temp file +
   rename), as safetensors whose header carries the manifest (format, storage precision and
-  scheme, bytes, CRC-32 of the tensors; quantized entries add their bits and group sizes).
-  Files of the previous format (``pml-kv/1``: float entries, no scheme) load unchanged. A
-  truncated or corrupted file, or one of an unknown format, is detected on load, deleted and
-  reported as missing with the reason, so the engine re-encodes it; a failed write (full disk)
-  is counted and the entry stays in memory only.
+  scheme, bytes, CRC-32 of the tensors; quantized entries add their bits and group sizes) and
+  the SHA-256 of the whole manifest (``header_sha256``). Files of the previous format
+  (``pml-kv/1``: float entries, no scheme) and entries written before the header's checksum load
+  unchanged, their tensors checked by the CRC and a quantized entry's bits and groups against its
+  tensors' shapes. A file that cannot be used (truncated, edited, of an unknown format, unreadable)
+  is deleted and reported as missing with the reason (``note``), so the engine re-encodes it; a
+  failed write (full disk) is counted and the entry stays in memory only. Temporary files of saves
+  that were killed are removed when the store opens (:func:`remove_stale_temps`).
 * **Prefix entries** (keys starting with :data:`PREFIX`): the nodes of the prefix cache
   (engine/cache/prefix.py). They share the budget and the LRU order with the modules but are never
   written to disk; ``stats()`` counts them apart (``prefix_entries``, ``prefix_bytes``). When the
@@ -24,7 +27,10 @@ ever held twice, and an entry on disk is reused only when all of that matches.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import threading
 import time
 import zlib
@@ -33,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from engine.devices import check_device
+from engine.devices import check_device, process_alive
 from engine.errors import EngineError, MissingEntry, StorageError
 from engine.kv import entry_from_tensors
 from engine.limits import LIMITS
@@ -41,6 +47,9 @@ from engine.limits import LIMITS
 FORMAT = "pml-kv/2"  # adds "scheme" and quantized entries (bits, key_group, value_group) to pml-kv/1
 READABLE = ("pml-kv/1", FORMAT)
 PREFIX = "prefix:"  # key namespace of prefix-cache nodes: memory only, never persisted
+HEADER_SUM = "header_sha256"  # of every other manifest field; absent from entries written before it
+_TEMP = re.compile(r"\..+\.safetensors\.(\d+)\.\d+\.tmp")  # DiskStore.save's temporary files: .NAME.PID.THREAD.tmp
+STALE_TEMP_S = 3600  # a temporary file this old is a killed save's, even if its process id is in use again
 
 
 class DiskStore:
@@ -53,6 +62,8 @@ class DiskStore:
         self.corrupt = 0
         self.unreadable = 0  # files of a format this version does not read (re-encoded)
         self.last_error = ""
+        self.note = ""  # why the last file that could not be used is re-encoded (the CLI and the studio say it)
+        self.removed_temps = remove_stale_temps(self.root)
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.safetensors"
@@ -72,6 +83,7 @@ class DiskStore:
                     "dtype": entry.precision, "scheme": entry.scheme, "created": str(int(time.time())),
                     **entry.manifest()}
         manifest.update({k: str(v) for k, v in (meta or {}).items()})
+        manifest[HEADER_SUM] = _header_sum(manifest)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -89,32 +101,19 @@ class DiskStore:
         return True
 
     def load(self, key: str):
-        """The entry stored under ``key``; None when absent or corrupted (a corrupted file is deleted)."""
-        from safetensors import safe_open
-
+        """The entry stored under ``key``; None when absent or unusable (such a file is deleted, ``note`` says why)."""
         path = self.path(key)
         if not path.exists():
             return None
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-            if meta.get("format") not in READABLE:
-                raise _Unreadable(f"{path.name} has format {meta.get('format')!r}, which this version does not "
-                                  f"read ({', '.join(READABLE)}); it will be re-encoded")
-            if meta.get("crc32") != str(_crc(tensors)):
-                raise ValueError("checksum mismatch")
-            return entry_from_tensors(tensors, meta)
+            return _read_entry(path)
         except _Unreadable as err:
             self.unreadable += 1
-            self.last_error = str(err)
-            self.delete(key)
-            return None
+            self._forget(key, str(err))
         except Exception as err:  # safetensors raises several types for truncated or garbled files
             self.corrupt += 1
-            self.last_error = f"{path.name} was corrupted ({type(err).__name__}); it will be re-encoded"
-            self.delete(key)
-            return None
+            self._forget(key, f"module file {path.name} could not be used ({_why(err)}); it will be re-encoded")
+        return None
 
     def delete(self, key: str) -> None:
         try:
@@ -127,6 +126,55 @@ class DiskStore:
 
         with safe_open(str(self.path(key)), framework="pt") as f:
             return dict(f.metadata() or {})
+
+    def _forget(self, key: str, why: str) -> None:
+        self.last_error = self.note = why
+        self.delete(key)
+
+
+def remove_stale_temps(root: Path) -> list[Path]:
+    """Remove the temporary files of saves that were killed from ``root``; those removed. A file whose process
+    still runs is kept (a save under way in another process), unless it is older than :data:`STALE_TEMP_S`."""
+    try:
+        found = [(p, _TEMP.fullmatch(p.name)) for p in root.iterdir() if p.name.startswith(".")]
+    except OSError:
+        return []
+    removed = []
+    for path, match in found:
+        if match is None or not path.is_file() or not _stale_temp(path, int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _stale_temp(path: Path, pid: int) -> bool:
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return False
+    return age > STALE_TEMP_S or not process_alive(pid)
+
+
+def _read_entry(path: Path):
+    """The entry in the file at ``path``; _Unreadable for an unknown format, ValueError (or safetensors' own
+    errors) for a file whose header or tensors do not check."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("format") not in READABLE:
+        raise _Unreadable(f"{path.name} has format {meta.get('format')!r}, which this version does not "
+                          f"read ({', '.join(READABLE)}); it will be re-encoded")
+    if HEADER_SUM in meta and meta[HEADER_SUM] != _header_sum(meta):
+        raise _Damaged("its header's checksum does not match: a field was changed")
+    if meta.get("crc32") != str(_crc(tensors)):
+        raise _Damaged("its tensors' checksum does not match")
+    return entry_from_tensors(tensors, meta)  # ValueError when a quantized entry's bits or groups misfit
 
 
 class ModuleStore:
@@ -284,7 +332,7 @@ class ModuleStore:
                 "persist": d is not None, "disk_writes": d.writes if d else 0,
                 "disk_write_errors": d.write_errors if d else 0, "disk_corrupt": d.corrupt if d else 0,
                 "disk_unreadable": d.unreadable if d else 0,
-                "disk_error": d.last_error if d else ""}
+                "disk_error": d.last_error if d else "", "disk_note": d.note if d else ""}
 
     def __repr__(self) -> str:
         budget = "none" if self.budget_bytes is None else _mb(self.budget_bytes)
@@ -346,6 +394,24 @@ def default_budget(device: str = "cpu") -> int:
 
 class _Unreadable(ValueError):
     """A well-formed file of a format this version does not read."""
+
+
+class _Damaged(ValueError):
+    """A file whose header or tensors do not match their checksums."""
+
+
+def _header_sum(manifest: dict) -> str:
+    """SHA-256 of every manifest field but :data:`HEADER_SUM`, as canonical JSON."""
+    fields = {k: v for k, v in manifest.items() if k != HEADER_SUM}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _why(err: Exception) -> str:
+    """One short clause for why a file could not be used."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    if isinstance(err, ValueError) and text:
+        return text[:160]
+    return f"{type(err).__name__}: {text[:120]}" if text else type(err).__name__
 
 
 def _crc(tensors: dict) -> int:

@@ -133,8 +133,21 @@ class QuantKV(StoredKV):
 
     @staticmethod
     def from_tensors(t: dict[str, torch.Tensor], meta: dict) -> "QuantKV":
-        return QuantKV(int(meta["bits"]), int(meta["key_group"]), int(meta["value_group"]), t["kq"], t["kscale"],
-                       t["kmin"], t["vq"], t["vscale"], t["vmin"], t["positions"], t["token_ids"])
+        """The entry a file holds; ValueError when the manifest's bits or groups do not fit its tensors' shapes."""
+        q = QuantKV(int(meta["bits"]), int(meta["key_group"]), int(meta["value_group"]), t["kq"], t["kscale"],
+                    t["kmin"], t["vq"], t["vscale"], t["vmin"], t["positions"], t["token_ids"])
+        layers, heads, n, dim = q.kscale.shape[:2] + q.kq.shape[2:3] + q.kscale.shape[3:]
+        if q.bits not in QUANT_BITS.values() or q.key_group < 1 or q.value_group < 1 or dim % q.value_group:
+            raise ValueError(f"bits {q.bits}, key_group {q.key_group} or value_group {q.value_group} is not possible")
+        codes, keys = (layers, heads, n, dim * q.bits // 8), (layers, heads, -(-n // q.key_group), dim)
+        values = (layers, heads, n, dim // q.value_group)
+        want = {"kq": codes, "vq": codes, "kscale": keys, "kmin": keys, "vscale": values, "vmin": values,
+                "positions": (n,), "token_ids": (n,)}
+        wrong = [name for name, shape in want.items() if tuple(t[name].shape) != shape]
+        if wrong:
+            raise ValueError(f"the shapes of {', '.join(wrong)} do not fit bits {q.bits}, key_group {q.key_group} "
+                             f"and value_group {q.value_group}")
+        return q
 
     def __repr__(self) -> str:
         return (f"QuantKV(tokens={len(self)}, positions={short_positions(self.positions)}, int{self.bits} "
