@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -334,7 +335,7 @@ def cmd_run(args) -> int:
     if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
         print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
     if args.json:
-        print(json.dumps(data))
+        print(strict_json(data))
         return EXIT_OK
     print(run_text(data))
     return EXIT_OK
@@ -404,7 +405,7 @@ def cmd_info(args) -> int:
     info["dtype_reason"] = cfg.dtype_reason(info["device"], info["dtype"])
     info["cuda_available"] = cuda_available()
     if args.json:
-        print(json.dumps(info))
+        print(strict_json(info))
     else:
         for k, v in info.items():
             print(f"{k:20} {v}")
@@ -446,6 +447,22 @@ def cmd_compile(args) -> int:
 def _read(path: str, what: str = "schema or prompt") -> str:
     """The text of a schema or prompt file, read within the document limit (engine.files)."""
     return read_text(path, what)
+
+
+def strict_json(data) -> str:
+    """``data`` as JSON that strict parsers read: a NaN or infinite number is written null (json.dumps would write
+    bare ``NaN``), and ``allow_nan=False`` guards the rule."""
+    return json.dumps(_finite(data), allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _fmt(x) -> str:

@@ -68,3 +68,11 @@ class ContextLengthError(EngineError):
 
 class InputFileError(EngineError):
     """A file given by path cannot be read as one: missing, a folder or a device, over its size limit, not UTF-8."""
+
+
+class RunStopped(EngineError):
+    """A run stopped on request (the studio's Stop button) before its end; its partial result is not kept."""
+
+
+class NonFiniteLogits(ModelError):
+    """The model computed NaN or infinite logits: its weights or its settings (rope) are broken."""

@@ -11,6 +11,10 @@ run, the prompt importing every module in schema order (``RunConfig.warmup``) â€
     result = eng.compare(schema_xml, prompt_xml, Sampling(max_new_tokens=16))
     print(result.to_json())
     eng.compare(schema_xml, prompt_xml, config=eng.config.with_(mode="isolated"))
+
+A run given ``should_stop`` (a plain callable, e.g. ``threading.Event().is_set``) asks it between encoded units,
+before each arm and once per decode step, and raises :class:`engine.errors.RunStopped` when it says True: nothing
+of a stopped run is returned, and the next run starts from a clean state.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from engine.arms.compare import Comparison
 from engine.arms.compare import compare as run_compare
 from engine.arms.prefix import warm_prefix
 from engine.arms.registry import REGISTRY, Reads, Sampling, TokenFn
+from engine.arms.runner import check_stop, stoppable
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema, ProgressFn, count_units, encode_schema
 from engine.cache.prefix import PrefixCache, schema_order_prompt
@@ -95,6 +101,11 @@ class Engine:
     @property
     def loaded(self) -> bool:
         return self._lm is not None
+
+    @property
+    def loading(self) -> bool:
+        """Whether the model's weights are being loaded now (by another thread: the studio's preload)."""
+        return self._lm is None and self._load_lock.locked()
 
     @property
     def codec(self) -> TextCodec:
@@ -173,15 +184,18 @@ class Engine:
     def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
                 config: RunConfig | None = None, on_token: TokenFn | None = None,
                 progress: ProgressFn | None = None, schema_source: str = "<schema>",
-                prompt_source: str = "<prompt>") -> Comparison:
-        """Encode (if needed), then run the configured arms on the prompt and compare them."""
+                prompt_source: str = "<prompt>", should_stop: Callable[[], bool] | None = None) -> Comparison:
+        """Encode (if needed), then run the configured arms on the prompt and compare them; ``should_stop``: see
+        the module docstring (RunStopped)."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay = self.layout(schema_text, schema_source)
         plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
         store = self.store(cfg.storage)
         self._check_budget(plan, cfg, store, prompt_source)  # before any model work
-        with self.run_lock:
+        progress = _stopping(progress) if should_stop is not None else progress
+        with self.run_lock, stoppable(should_stop):
+            check_stop()
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             enc = self._fetched(plan, lay, cfg, enc, progress)
@@ -268,6 +282,16 @@ def encode_summary(enc: EncodedSchema) -> dict:
     return {"ms": round(enc.encode_ms, 3), "units": len(enc.units), **by_source,
             "detail": [{"unit": u.name, "kind": u.kind, "tokens": u.tokens, "ms": round(u.ms, 3), "source": u.source}
                        for u in enc.units]}
+
+
+def _stopping(progress: ProgressFn | None) -> ProgressFn:
+    """``progress`` that first asks the run's ``should_stop`` (runner.check_stop): a long encoding stops between
+    units (each unit encoded so far stays in the store)."""
+    def report(done: int, total: int, label: str) -> None:
+        check_stop()
+        if progress is not None:
+            progress(done, total, label)
+    return report
 
 
 def gpu_status() -> tuple[bool, str]:

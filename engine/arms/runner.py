@@ -22,6 +22,10 @@ them. Each run's ``decode_ms_per_token`` is then the batch's time per step while
 and ``decode_batch`` says how many runs shared it. Runs whose cache the batch cannot hold decode alone,
 as before: thinned layers (question retention, compressed entries), models that track key positions
 (sliding windows, ALiBi) or use their own attention code.
+
+**Stopping.** Inside :func:`stoppable`, ``should_stop()`` is asked before each run's prefill and once per decode
+step; when it answers True the run raises :class:`engine.errors.RunStopped` within one token.
+Every sampled token's logit is checked: a NaN or infinite one raises :class:`engine.errors.NonFiniteLogits`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -43,7 +48,7 @@ from engine.cache.assemble import buffer_ranks, copy_list_ranked, module_slots, 
 from engine.cache.compress import QuestionRetention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
-from engine.errors import EngineError
+from engine.errors import EngineError, NonFiniteLogits, RunStopped
 from engine.kv import BatchedKV, KVBuffer, KVWorkspace
 from engine.model import step
 from engine.model.attend import (ATTENTION, ApeScale, Focus, RankMask, ape_scaled, focused, key_masked, plain,
@@ -53,9 +58,10 @@ from engine.model.positions import attach, needs_positions
 from engine.schema.plan import PromptPlan
 
 __all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace", "DecodeBatch", "decode_together",
-           "decoder_layers", "run_until", "ape_scale"]
+           "decoder_layers", "run_until", "ape_scale", "stoppable", "check_stop"]
 
 _BATCH: contextvars.ContextVar["DecodeBatch | None"] = contextvars.ContextVar("pml_decode_batch", default=None)
+_STOP: contextvars.ContextVar["Callable[[], bool] | None"] = contextvars.ContextVar("pml_should_stop", default=None)
 _WORKSPACES: "weakref.WeakKeyDictionary[torch.nn.Module, KVWorkspace]" = weakref.WeakKeyDictionary()  # by model
 
 
@@ -78,6 +84,7 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
               key_positions: list[torch.Tensor] | None = None) -> tuple[RunResult, KVBuffer]:
     """Allocate a buffer of ``capacity`` tokens, ``fill`` it, prefill, sample, decode: the one timed block
     every arm shares. Returns the run and its buffer (valid until the model's next run)."""
+    check_stop()
     with PEAK_MEMORY(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
@@ -231,7 +238,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
         logits = out.logits[0, -1]
         _sync(device)
         t_fwd = time.perf_counter()
-        tokens = [_sample(logits, sampling, gen)]
+        tokens = [_sample(logits, sampling, gen, arm, 0)]
         _sync(device)
         t2 = time.perf_counter()
         if on_token:
@@ -256,8 +263,9 @@ def _decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: 
     eos = set(lm.eos_ids)
     spent = 0.0
     while len(tokens) < sampling.max_new_tokens and tokens[-1] not in eos:
+        check_stop(len(tokens))
         s = time.perf_counter()
-        tok = _sample(_step(lm, cache, [tokens[-1]], [next_pos])[0], sampling, gen)
+        tok = _sample(_step(lm, cache, [tokens[-1]], [next_pos])[0], sampling, gen, arm, len(tokens))
         _sync(lm.device)
         spent += time.perf_counter() - s
         tokens.append(tok)
@@ -334,6 +342,24 @@ def decode_together(lm: LoadedModel, enabled: bool = True):
         _BATCH.reset(token)
 
 
+@contextlib.contextmanager
+def stoppable(should_stop: Callable[[], bool] | None):
+    """Within this block, runs ask ``should_stop()`` before their prefill and once per decode step, and raise
+    RunStopped when it says True (None: never stopped)."""
+    token = _STOP.set(should_stop)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def check_stop(tokens: int = 0) -> None:
+    """RunStopped when the :func:`stoppable` block's ``should_stop()`` says True (``tokens``: generated so far)."""
+    should_stop = _STOP.get()
+    if should_stop is not None and should_stop():
+        raise RunStopped(f"the run was stopped on request after {tokens} generated token{'s' if tokens != 1 else ''}")
+
+
 def _decode_alone(lm: LoadedModel, w: _Waiting) -> None:
     buf = workspace(lm).buffer(w.kv.shape[3] + w.sampling.max_new_tokens + 1)
     buf.write(w.kv)
@@ -350,13 +376,14 @@ def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
     live = [True] * len(waiting)
     with torch.inference_mode():
         while any(live):
+            check_stop(max(len(w.tokens) for w in waiting))
             s = time.perf_counter()
             logits = _step(lm, cache, [w.tokens[-1] for w in waiting], [w.next_pos for w in waiting], kv.key_mask)
             kv.advance()
             grew = []
             for row, w in enumerate(waiting):
                 if live[row]:
-                    w.tokens.append(_sample(logits[row], w.sampling, w.gen))
+                    w.tokens.append(_sample(logits[row], w.sampling, w.gen, w.arm, len(w.tokens)))
                     w.next_pos += 1
                     grew.append(w)
             _sync(lm.device)
@@ -388,12 +415,14 @@ def _step(lm: LoadedModel, cache, ids: list[int], positions: list[int], key_mask
     return out.logits[:, -1]
 
 
-def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None) -> int:
+def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None, arm: str = "", at: int = 0) -> int:
+    """The next token from ``logits`` [vocab]; NonFiniteLogits when the logits hold NaN or +inf (``arm``, ``at``:
+    the run and the token's index, for the message)."""
     if sampling.temperature <= 0:
-        return int(torch.argmax(logits))
+        return _finite(logits, int(torch.argmax(logits)), arm, at)
     probs = torch.softmax(logits.float() / sampling.temperature, -1)
     if not bool(torch.isfinite(probs).all()):  # so small a temperature that the logits overflowed: its limit
-        return int(torch.argmax(logits))
+        return _finite(logits, int(torch.argmax(logits)), arm, at)
     if sampling.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, -1) - sorted_p < sampling.top_p
@@ -401,6 +430,17 @@ def _sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | Non
         sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
         return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _finite(logits: torch.Tensor, tok: int, arm: str, at: int) -> int:
+    """``tok``, the argmax of ``logits``, after checking its logit: argmax picks a NaN or +inf when there is one,
+    so one number read tells whether the logits are broken."""
+    if not math.isfinite(float(logits[tok])):
+        where = "the first token" if at == 0 else f"token {at + 1}"
+        raise NonFiniteLogits(f"the model produced non-finite logits (NaN or inf) at {where} of the {arm or 'run'} "
+                              "arm: its weights or rope settings are broken (a NaN in the checkpoint, a rope_theta "
+                              "or rope_scaling that overflows); check the model's config.json and weights")
+    return tok
 
 
 def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:

@@ -7,8 +7,9 @@ and sha256 when assembled). The first use converts one (dequantised) into
 ``$PML_STUDIO_CACHE/models/NAME`` (default ``~/.cache/pml-studio``); later loads read that
 folder (~2 s). A GGUF file given as the model (``--model path/to/file.gguf``) is converted the
 same way, once, into a folder named by the file's sha256. Any other transformers causal LM
-loads from a local folder or a hub id (hub ids only work where a hub is reachable or already
-cached). The families in :data:`TESTED_FAMILIES` are checked on tiny random models by
+loads from a local folder. The studio runs offline: a name that is none of these (a hub id such as
+``org/name``) is refused at once with :class:`ModelError`, never looked up on a hub, and every
+transformers load reads local files only. The families in :data:`TESTED_FAMILIES` are checked on tiny random models by
 tests/engine/test_families.py; models whose cache the engine cannot hold are refused with the reason
 (:func:`engine.model.positions.check_supported`).
 """
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.devices import cache_root, check_device
-from engine.errors import ModelError
+from engine.errors import ModelError, NonFiniteLogits
 from engine.files import check_model_folder
 from engine.model.gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, convert_lock,
                                ensure_gguf_file, remove_stale_conversions)
@@ -171,7 +172,8 @@ def _packaged(spec: str) -> Packaged | None:
 
 
 def resolve_model_path(spec: str | None) -> tuple[str, str]:
-    """(display name, local folder or hub id) for a model spec; converts the default model once."""
+    """(display name, local folder) for a model spec; converts the default model once. A spec that names no
+    packaged model, folder or file is a ModelError (nothing is asked of a hub)."""
     if spec in (None, ""):
         spec = DEFAULT_MODEL
     packaged = _packaged(spec)
@@ -188,7 +190,9 @@ def resolve_model_path(spec: str | None) -> tuple[str, str]:
         return path.name, str(path)
     if spec.startswith((".", "/", "~")) or spec.lower().endswith(".gguf"):
         raise ModelError(f"model {spec} does not exist; check the path, or omit --model to use the default")
-    return spec, spec
+    raise ModelError(f"no model '{spec}': not a packaged model ({', '.join(PACKAGED)}), a model folder or a .gguf "
+                     "file; the studio runs offline and never downloads from a hub: download the model folder "
+                     "(config.json, weights, tokenizer) and give its path, or omit --model to use the default")
 
 
 def ensure_default_model() -> Path:
@@ -281,10 +285,10 @@ def load_tokenizer(spec: str | None = None):
     name, where = resolve_model_path(spec)
     try:
         config = _read_config(where)
-        tok = AutoTokenizer.from_pretrained(where)
+        tok = AutoTokenizer.from_pretrained(where, local_files_only=True)
     except ModelError:
         raise
-    except Exception as err:  # transformers raises many kinds for a bad folder or an unreachable hub
+    except Exception as err:  # transformers raises many kinds for a bad folder
         raise ModelError(f"cannot load the tokenizer of '{spec}': {short(err)}") from None
     return name, tok, make_codec(tok, _max_positions(config, tok), fingerprint=_fingerprint(name, where))
 
@@ -301,16 +305,16 @@ def load_config(spec: str | None = None):
 
 
 def _read_config(where: str):
-    """The config at ``where`` (folder or hub id); its sizes are checked before transformers builds it, which
+    """The config in folder ``where``; its sizes are checked before transformers builds it, which
     sizes things by them (some configs make one list entry per layer)."""
     from transformers import AutoConfig, PreTrainedConfig
 
-    raw, _ = PreTrainedConfig.get_config_dict(where)
+    raw, _ = PreTrainedConfig.get_config_dict(where, local_files_only=True)
     source = f"{Path(where) / 'config.json'}" if Path(where).is_dir() else f"config.json of '{where}'"
     for part in (raw, raw.get("text_config")):
         if isinstance(part, dict):
             check_shape(part, source, CONFIG_FIX)
-    return AutoConfig.from_pretrained(where)
+    return AutoConfig.from_pretrained(where, local_files_only=True)
 
 
 def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float32", tokenizer=None,
@@ -332,7 +336,7 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     config = load_config(spec)
     check_config(config, where, torch_dtype, device)
     try:
-        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where)
+        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(where, local_files_only=True)
         model = _from_pretrained(where, torch_dtype)
     except ModelError:
         raise
@@ -380,7 +384,7 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
     codec = codec or make_codec(tokenizer, max_positions or _max_positions(config, tokenizer),
                                 fingerprint=codec_fingerprint or fp)
     lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, codec=codec, device=device, dtype=dtype,
-                     n_params=sum(p.numel() for p in model.parameters()), n_layers=n_layers, kv_heads=kv_heads,
+                     n_params=parameter_count(model), n_layers=n_layers, kv_heads=kv_heads,
                      head_dim=head_dim, kv_bytes_per_token=kv_bytes_per_token(config, elt),
                      max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp,
                      architecture=type(model).__name__, model_type=config.model_type, attention=attention,
@@ -388,6 +392,20 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
                      weights=weights, weight_bytes=weight_bytes, weight_kernels=weight_kernels)
     _warm_up(lm)
     return lm
+
+
+def parameter_count(model) -> int:
+    """The model's parameters as its checkpoint counts them: its torch parameters (a shared tensor once) plus the
+    logical ``out x in`` weights of its packed linear layers (engine/model/weights.py keeps those as buffers),
+    less a packed output matrix tied to the input embeddings (packing gave it its own copy)."""
+    from engine.model.weights import PackedLinear
+
+    total = sum(p.numel() for p in model.parameters())
+    packed = {id(m): m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear)}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if id(head) in packed and getattr(_text_config(model.config), "tie_word_embeddings", False):
+        packed.pop(id(head))
+    return total + sum(packed.values())
 
 
 def kv_shape(config) -> tuple[int, int, int]:
@@ -478,11 +496,13 @@ def _from_pretrained(where: str, torch_dtype):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="sdpa",
+                                                    local_files_only=True)
     except ValueError as err:
         if "scaled_dot_product_attention" not in str(err):
             raise
-        return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="eager")
+        return AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, attn_implementation="eager",
+                                                    local_files_only=True)
 
 
 def _find_gguf(packaged: Packaged, scratch: Path) -> Path:
@@ -529,11 +549,16 @@ def _fingerprint(name: str, where: str, dtype: str = "") -> str:
 
 
 def _warm_up(lm: LoadedModel) -> None:
-    """One tiny forward so the first measured run does not pay one-time allocation costs."""
+    """One tiny forward so the first measured run does not pay one-time allocation costs; its logits must be
+    finite (NonFiniteLogits: a model that computes NaN is refused at load, not run into empty answers)."""
     import torch
 
     with torch.inference_mode():
         ids = torch.tensor([[lm.codec.placeholder] * 4], device=lm.device)
-        lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        logits = lm.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(f"the model {lm.name} produced non-finite logits (NaN or inf) on a 4-token test "
+                                  "input at load: its weights or rope settings are broken (a NaN in the checkpoint, "
+                                  "a rope_theta or rope_scaling that overflows); check its config.json and weights")
 
 

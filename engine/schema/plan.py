@@ -110,11 +110,13 @@ def plan_prompt(layout: Layout, prompt: Prompt, max_new_tokens: int = 0) -> Prom
     need_pos = plan.max_position + 1 + max_new_tokens
     need_len = plan.prompt_tokens + max_new_tokens
     if max(need_pos, need_len) > limit:
+        room = limit - max(plan.max_position + 1, plan.prompt_tokens)  # new tokens that fit after this prompt
+        fix = (f"at most {room} new tokens fit after this prompt: lower max new tokens to {room} or less, or import "
+               "fewer modules" if room >= 1 else "import fewer modules, shorten the text or lower max new tokens")
         raise ContextLengthError(
             f"{prompt.source}:{prompt.line}:1: error: the prompt needs {max(need_pos, need_len)} positions "
             f"({plan.prompt_tokens} prompt tokens, last position {plan.max_position}, {max_new_tokens} new tokens) "
-            f"but the model's context is {limit}; hint: import fewer modules, shorten the text or lower "
-            "max new tokens")
+            f"but the model's context is {limit}; hint: {fix}")
     return plan
 
 
