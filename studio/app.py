@@ -62,7 +62,7 @@ def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[
 
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
-              assets_dir: str | Path | None = None) -> gr.Blocks:
+              assets_dir: str | Path | None = None, max_new_tokens_cap: int | None = None) -> gr.Blocks:
     """The studio around ``engine`` (an ``engine.session.Engine``) and ``runlog``.
 
     The compare action is also an API endpoint, ``api_name="compare"``::
@@ -75,7 +75,7 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
     bench/results, else the results installed with the package) and the plots in ``assets_dir``
     (default assets/).
     """
-    studio = Studio(engine, runlog)
+    studio = Studio(engine, runlog, max_new_tokens_cap=max_new_tokens_cap)  # None: state.MAX_NEW_TOKENS_CAP
     downloads = Path(tempfile.mkdtemp(prefix="pml-studio-"))
     names = sample_names()
     first = DEFAULT_SAMPLE if DEFAULT_SAMPLE in names else (names[0] if names else None)
@@ -107,6 +107,7 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
 
         # First paint: validate the preloaded sample, fill the builder, preview the prompt, list runs.
         demo.load(*schema_tab.validate).then(*docs.sync).then(*prompt_tab.preview).then(*refresh)
+        demo.load(studio.status_html, None, status, show_progress="hidden")  # the model's state now, not at build
 
         # Only /compare is an API; the page's own events stay callable by the page alone.
         for fn in demo.fns.values():

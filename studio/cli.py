@@ -41,7 +41,7 @@ def serve_arguments(sp) -> None:
     sp.add_argument("--max-new-tokens-cap", default=os.environ.get("PML_STUDIO_MAX_NEW_TOKENS_CAP"), metavar="N",
                     type=NumberArg(Limit("max new tokens cap", 1, MAX_NEW_TOKENS, whole=True, example="2048")),
                     help="the most new tokens one Compare (page or /compare API) may ask for, per arm (default: "
-                         "$PML_STUDIO_MAX_NEW_TOKENS_CAP, else 2048); the model's context caps it too"),
+                         "$PML_STUDIO_MAX_NEW_TOKENS_CAP, else 2048); the model's context caps it too")
     sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
     sp.add_argument("--results", default=None, help="folder of benchmark results the Benchmarks tab shows "
                     "(default: $PML_STUDIO_RESULTS, else bench/results, else the copy installed with the package)")

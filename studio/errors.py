@@ -3,7 +3,9 @@
 Validation shows problems inline (:func:`problem_lines`); actions (encode, compare, load a
 model) raise ``gr.Error`` with the engine's message (:func:`user_error`, :func:`as_gr_error`).
 An exception the engine did not anticipate (a torch failure...) is logged with its traceback
-and shown as one line: no traceback reaches the page.
+and shown as one line: no traceback reaches the page. A user's error prints nothing to the console
+(Gradio prints a traceback for every exception a handler raises, unless it is a ``gr.Error`` made
+with ``print_exception=False``: :func:`refusal`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ def user_error(err: BaseException, what: str = "the run") -> gr.Error:
     if isinstance(err, gr.Error):
         return err
     if isinstance(err, PMLError):
-        return gr.Error("\n".join(_plain(str(p)) for p in err.problems))
+        return refusal("\n".join(_plain(str(p)) for p in err.problems))
     if isinstance(err, EngineError):
-        return gr.Error(_plain(str(err)))
-    log.error("%s failed", what, exc_info=err)
-    return gr.Error(f"{what} failed: {type(err).__name__}: {err}")
+        return refusal(_plain(str(err)))
+    log.error("%s failed", what, exc_info=err)  # the one traceback, for a failure nobody anticipated
+    return refusal(f"{what} failed: {type(err).__name__}: {err}")
+
+
+def refusal(message: str) -> gr.Error:
+    """The ``gr.Error`` of a user's error: shown in the page, nothing printed to the console."""
+    return gr.Error(message, print_exception=False)
 
 
 @contextmanager

@@ -27,7 +27,8 @@ QUEUE_POLL_S, PROGRESS_EVERY_S = 0.02, 0.1
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
           share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
-          weights: str | None = None, allow_hosts: tuple[str, ...] = (), preload: bool = True):
+          weights: str | None = None, allow_hosts: tuple[str, ...] = (), preload: bool = True,
+          max_new_tokens_cap: int | None = None):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
     ``share`` creates a public Gradio link and is off unless asked for. Requests must name ``host`` (or
@@ -55,7 +56,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     except EngineError as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
-    demo = build_app(engine, runlog, results_dir=results)
+    demo = build_app(engine, runlog, results_dir=results, max_new_tokens_cap=max_new_tokens_cap)
     print(f"PML Studio: run log {runlog.path}; the model ({engine.config.model}, {engine.config.weights} weights) "
           + ("loads in the background" if preload else "loads on the first encode or compare"), flush=True)
     if runlog.read_only:

@@ -16,6 +16,9 @@ are plain JSON lines without CORS headers (only the studio's own page can read t
 (studio/guard.py) refuses foreign Hosts before this middleware sees a request. A Compare nobody reads (the API,
 a test, a page without JavaScript) streams its texts through Gradio as before (studio/tabs/compare.py,
 ``UPDATE_EVERY``).
+
+Each run also carries its ``stop`` event, which the engine asks once per token (``Engine.compare(should_stop=)``):
+:meth:`LiveRuns.stop` sets it for the runs of one page session (the Compare tab's Stop button).
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ KEEP = 32  # runs remembered (a finished run answers `done` until it is pushed o
 class LiveRun:
     """One Compare's texts so far, the arms generating and the line the page shows above the columns."""
 
-    def __init__(self, arms):
+    def __init__(self, arms, owner: str = ""):
         self.id = secrets.token_urlsafe(16)
+        self.owner = owner  # the Gradio session that started the run ('' for the API and tests)
+        self.stop = threading.Event()  # set: the engine stops the run within a token (RunStopped)
         self.texts = {arm: "" for arm in arms}
         self.grew: dict[str, float] = {}  # arm -> time.monotonic() of its last token
         self.message = ""
@@ -87,8 +92,8 @@ class LiveRuns:
         self._runs: OrderedDict[str, LiveRun] = OrderedDict()
         self._lock = threading.Lock()
 
-    def open(self, arms) -> LiveRun:
-        run = LiveRun(arms)
+    def open(self, arms, owner: str = "") -> LiveRun:
+        run = LiveRun(arms, owner)
         with self._lock:
             self._runs[run.id] = run
             while len(self._runs) > KEEP:
@@ -98,6 +103,16 @@ class LiveRuns:
     def get(self, run_id: str) -> LiveRun | None:
         with self._lock:
             return self._runs.get(run_id)
+
+    def stop(self, owner: str) -> int:
+        """Ask every unfinished run of session ``owner`` to stop; the number asked (none for '': no session)."""
+        if not owner:
+            return 0
+        with self._lock:
+            runs = [r for r in self._runs.values() if r.owner == owner and not r.done]
+        for run in runs:
+            run.stop.set()
+        return len(runs)
 
 
 RUNS = LiveRuns()

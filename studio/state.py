@@ -36,6 +36,9 @@ from .views import chips_html
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 PENDING_MAX = 100  # finished runs kept in memory while the run log cannot take them
+# the most new tokens one Compare may ask for (each arm; `serve --max-new-tokens-cap N` changes it): one /compare
+# call holds the studio's single run queue, and 30,000 tokens held it for hours while its KV grew by gigabytes
+MAX_NEW_TOKENS_CAP = 2048
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: each run is itself (hashed by identity)
@@ -51,10 +54,12 @@ class PendingRun:
 class Studio:
     """The engine, the run log, and the layouts of recently seen schema texts."""
 
-    def __init__(self, engine, runlog: RunLog, recover: bool = True):
-        """``recover``: write the runs a stop saved for this run log (:meth:`recover_pending`), saying so on stderr."""
+    def __init__(self, engine, runlog: RunLog, recover: bool = True, max_new_tokens_cap: int | None = None):
+        """``recover``: write the runs a stop saved for this run log (:meth:`recover_pending`), saying so on stderr.
+        ``max_new_tokens_cap``: the most new tokens a Compare may ask for (None: :data:`MAX_NEW_TOKENS_CAP`)."""
         self.engine = engine
         self.runlog = runlog
+        self.max_new_tokens_cap = max_new_tokens_cap or MAX_NEW_TOKENS_CAP
         self.lock = threading.Lock()  # model loads
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._log_lock = threading.Lock()  # the pending runs and their writing

@@ -5,6 +5,12 @@ whose arm did not run is hidden. The same comparison is the ``/compare`` API end
 returns the ``pml-studio run --json`` document plus a ``logged`` key (:meth:`Studio.record`'s report).
 Every finished run is written to the run log; one the log cannot take says so (a warning chip in the
 page, ``logged.ok`` false in the API) and waits in memory for the next run.
+
+``max_new_tokens`` is capped twice: by the studio's ceiling (:attr:`Studio.max_new_tokens_cap`, ``pml-studio serve
+--max-new-tokens-cap N``), and by the model's context less the prompt (the engine's ContextLengthError says how
+many fit). The Stop button asks the running Compare of its page session to stop (studio/live.py: the run's
+``stop`` event, which the engine asks once per token) and cancels the event; a stopped run shows its partial
+texts marked stopped and is **not** written to the run log (its timings and agreement would be a partial run's).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from typing import Iterator
 import gradio as gr
 
 from engine.arms.registry import REGISTRY
+from engine.errors import RunStopped
 
-from ..errors import as_gr_error, user_error
+from ..errors import as_gr_error, refusal, user_error
 from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
@@ -38,11 +45,14 @@ class CompareTab:
 
 def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> CompareTab:
     arms = studio.engine.config.arms
+    most = min(256, studio.max_new_tokens_cap)
     with gr.Row(equal_height=True, elem_classes=["pml-toolbar"]):
-        max_new = gr.Slider(1, 256, value=32, step=1, label="Max new tokens", scale=3, elem_id="max-new-tokens")
+        max_new = gr.Slider(1, most, value=min(32, most), step=1, label="Max new tokens", scale=3,
+                            elem_id="max-new-tokens")
         temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature", scale=3,
                                 info="0 = greedy (default); applies to every arm")
         button = gr.Button("Compare", variant="primary", scale=1, elem_id="compare-btn", interactive=False)
+        stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="compare-stop")
     summary = gr.HTML(summary_html(None), elem_id="compare-summary")
     columns = []
     with gr.Row(equal_height=False):
@@ -59,10 +69,12 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
 
     inputs = [editors.schema, editors.prompt, max_new, temperature] + panel.inputs
     outputs = [summary] + columns + [tokens, result, status]
-    stream = Step(partial(_stream_ui, studio, panel), inputs, outputs)
+    stream = Step(_streamer(studio, panel), inputs, outputs)
     # no progress overlay on the ~14 outputs: its animations, redrawn by the browser while the arms decode, took
     # CPU from the decoding (the summary says what runs)
     run = button.click(*stream, api_visibility="private", show_progress="hidden")
+    # outside the queue (the Compare holds it); cancels=[run] also drops a Compare still waiting in the queue
+    stop.click(stop_ui, None, summary, queue=False, cancels=[run], api_visibility="private", show_progress="hidden")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
     return CompareTab(max_new, temperature, run, stream)
@@ -115,32 +127,41 @@ class CompareUpdate:
     live: object = field(default=None, repr=False)  # the run's studio.live.LiveRun (the page fetches its texts)
 
 
+STOPPED = "Stopped: the partial run is not in the run log."
+
 # seconds between two streamed updates of the arms' texts through Gradio, for a Compare no page is fetching
 # (studio/live.py: the page fetches them itself, because each Gradio message costs the browser ~25-40 ms of CPU)
 UPDATE_EVERY = 0.5
 
 
-def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0):
-    """Sampling from widget or API values; raises gr.Error naming the setting and its range."""
+def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0, cap: int | None = None):
+    """Sampling from widget or API values; raises gr.Error naming the setting and its range (``cap``: the studio's
+    ceiling on max new tokens, :attr:`Studio.max_new_tokens_cap`)."""
     from engine.arms.registry import Sampling
 
     with as_gr_error("reading the sampling settings"):
-        return Sampling(max_new_tokens=max_new_tokens, temperature=0.0 if temperature in (None, "") else temperature,
-                        top_p=top_p, seed=seed)
+        sampling = Sampling(max_new_tokens=max_new_tokens,
+                            temperature=0.0 if temperature in (None, "") else temperature, top_p=top_p, seed=seed)
+    if cap is not None and sampling.max_new_tokens > cap:
+        raise refusal(f"max new tokens is {sampling.max_new_tokens}, above this studio's cap of {cap}: ask for at most "
+                      f"{cap}, or start the studio with --max-new-tokens-cap N (or PML_STUDIO_MAX_NEW_TOKENS_CAP=N)")
+    return sampling
 
 
 def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens, temperature=0.0,
-                   settings: dict | None = None) -> Iterator[CompareUpdate]:
+                   settings: dict | None = None, owner: str = "") -> Iterator[CompareUpdate]:
     """Run the arms in a worker thread, yielding each arm's text as it grows.
 
     The last update (phase "done") carries the `run --json` document, the run-log id and the ``logged``
-    report. A failure raises gr.Error with the engine's message and writes nothing to the run log.
+    report. A failure raises gr.Error with the engine's message and writes nothing to the run log. A run
+    stopped (``RUNS.stop(owner)``, or this generator closed before its end) ends the engine's work within a
+    token; its last update has phase "stopped" and the partial texts, and nothing is logged.
     """
-    sampling = sampling_of(max_new_tokens, temperature)
+    sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     engine = studio.engine
     texts = {arm: "" for arm in cfg.arms}
-    live = RUNS.open(cfg.arms)
+    live = RUNS.open(cfg.arms, owner)
     yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
     def work(emit):
@@ -150,10 +171,12 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
                 emit(("token", arm, text))  # it, and on two busy cores a woken thread takes one from the decoding
 
         return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
-                              progress=lambda done, total, label: emit(("encode", done, total, label)))
+                              progress=lambda done, total, label: emit(("encode", done, total, label)),
+                              should_stop=live.stop.is_set)
 
     shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
-    try:                                   # the texts itself: each one costs the page CPU the decoding needs
+    stopped = False                        # the texts itself: each one costs the page CPU the decoding needs
+    try:
         for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
             if kind == "encode":
                 done, total, label = payload
@@ -169,12 +192,18 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
             if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
                 yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
                 shown, held = time.monotonic(), None
+    except RunStopped:
+        stopped = True
     except Exception as err:
         if held is not None:  # what had come before the failure is shown with it
             yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
         raise user_error(err) from None
     finally:
+        live.stop.set()  # a reader gone before the end (Gradio's cancel closes this generator) stops the engine too
         live.finish()
+    if stopped:
+        yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live)
+        return
     data = res.to_json()
     logged = studio.record(data, schema_text, prompt_text)
     final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
@@ -185,7 +214,7 @@ def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tok
                  settings: dict | None = None) -> dict:
     """One comparison, recorded in the run log; returns the `pml-studio run --json` document with one more key,
     ``logged`` (:meth:`Studio.record`'s report: whether the run is in the run log, and if not why)."""
-    sampling = sampling_of(max_new_tokens, temperature)
+    sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     with as_gr_error():
         res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg)
@@ -222,11 +251,28 @@ def _chars(studio: Studio, run, k: int) -> int:
     return len(prefix) if run.text.startswith(prefix) else min(len(prefix), len(run.text))
 
 
-def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, temperature, *values):
+def stop_ui(request: gr.Request):
+    """The Stop button: ask this page session's running Compare to stop (the summary says so; nothing running:
+    the page is left as it is)."""
+    asked = RUNS.stop(getattr(request, "session_hash", None) or "")
+    return summary_html(None, STOPPED) if asked else gr.skip()
+
+
+def _streamer(studio: Studio, panel: Panel):
+    """:func:`_stream_ui` as the Compare button's handler: Gradio hands it the request, whose session owns the run
+    (the Stop button stops that session's run only)."""
+    def stream(request: gr.Request, schema_text, prompt_text, max_new, temperature, *values):
+        owner = getattr(request, "session_hash", None) or ""
+        yield from _stream_ui(studio, panel, schema_text, prompt_text, max_new, temperature, *values, owner=owner)
+    return stream
+
+
+def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, temperature, *values, owner: str = ""):
     """compare_stream as component updates: summary, (column, text, metrics) per arm, tokens, JSON, status."""
     try:
         sent: dict = {}  # what the page shows: an update carries only what changed (each part costs a re-render)
-        for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values)):
+        for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values),
+                                  owner):
             if upd.phase != "done":
                 cols = []
                 for view in arm_views():
@@ -234,7 +280,8 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                     html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
                     cols += [_changed(sent, f"{view.arm}:col", shown, gr.Column(visible=shown)),
                              _changed(sent, f"{view.arm}:text", html, html), gr.skip()]
-                summary = summary_html(None, upd.message, upd.live.marker() if upd.live is not None else "")
+                live = upd.live.marker() if upd.live is not None and upd.phase != "stopped" else ""
+                summary = summary_html(None, upd.message, live)
                 yield (_changed(sent, "summary", summary, summary), *cols, gr.skip(), gr.skip(), gr.skip())
                 continue
             comparison = upd.comparison

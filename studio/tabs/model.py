@@ -42,11 +42,23 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
         .then(*schema.validate).then(*prompt.preview)
     load_folder_btn.click(load, folder, [table, status]).then(*schema.validate).then(*prompt.preview)
     tab.select(partial(model_html, studio), None, table, show_progress="hidden")
+    # the header follows the background load (studio/launch.py preload): it says "loaded" once it is, without
+    # waiting for a run to refresh it; the timer stops when no load is under way
+    watch = gr.Timer(STATUS_EVERY_S, active=not studio.engine.loaded)
+    watch.tick(partial(status_tick, studio), None, [status, watch], show_progress="hidden")
 
 
 # ----------------------------------------------------------------------------------------------
 # Handlers
 # ----------------------------------------------------------------------------------------------
+
+STATUS_EVERY_S = 2.0  # between two looks at a model load under way (each costs the page one Gradio message)
+
+
+def status_tick(studio: Studio):
+    """The header's chips now, and the timer kept on only while the model is loading."""
+    return studio.status_html(), gr.Timer(active=studio.engine.loading)
+
 
 # where the packed weights came from at this load (LoadedModel.weights_from)
 WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an earlier load packed them"}

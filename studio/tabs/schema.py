@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import html
+import logging
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -18,7 +20,11 @@ from ..state import Studio
 from ..views import highlight_html, ok_html, problems_html
 from .editors import Editors, Step
 
+log = logging.getLogger("pml-studio")
 LAYOUT_HEADERS = ["module", "positions", "tokens", "params", "cached"]
+# characters of a schema's name kept in its download's file name: file systems refuse names over 255 bytes, and a
+# schema name may be longer (identifiers are ASCII: one byte a character)
+DOWNLOAD_NAME_CHARS = 100
 PY_NOTE = ('<div class="pml-note">Import from Python compiles a prompt program (@prompt_program) into the editor '
            "and its example call into the prompt; the file is imported, so its top-level code runs on this "
            "machine. Schema and program files up to 5 MB.</div>")
@@ -115,12 +121,30 @@ def on_python(path: str | None, program: str | None = None):
             imp.status, path)
 
 
+def download_name(schema_name: str) -> str:
+    """The download's file name for a schema: its name, shortened past :data:`DOWNLOAD_NAME_CHARS` characters (a
+    hash of the whole name keeps two long names apart), with anything but an identifier's characters replaced."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in schema_name) or "schema"
+    if len(name) > DOWNLOAD_NAME_CHARS:
+        digest = hashlib.sha256(schema_name.encode()).hexdigest()[:10]
+        name = f"{name[:DOWNLOAD_NAME_CHARS - 11]}-{digest}"
+    return f"{name.lstrip('.') or 'schema'}.xml"
+
+
+def _download(downloads: Path, schema_name: str, schema_text: str) -> Path | None:
+    """The schema written for the Download button; None (no download) when it cannot be written."""
+    file = downloads / download_name(schema_name)
+    try:
+        file.write_text(schema_text, encoding="utf-8")
+    except OSError as err:  # the folder gone or full: validation still answers
+        log.warning("the schema download could not be written (%s): %s", file, err)
+        return None
+    return file
+
+
 def _validate_ui(studio: Studio, downloads: Path, schema_text: str, prev_spec):
     v = validate(studio, schema_text)
-    file = gr.skip()
-    if v.ok:
-        file = downloads / f"{v.name}.xml"
-        file.write_text(schema_text, encoding="utf-8")
+    file = _download(downloads, v.name, schema_text) if v.ok else gr.skip()
     return (v.status_html(), [list(r) for r in v.rows] if v.ok else gr.skip(), highlight_html(schema_text, v.lines),
             v.spec if v.ok and v.spec != prev_spec else gr.skip(), v.ok, file,
             gr.skip() if v.ok else gr.Accordion(open=True))
