@@ -125,17 +125,24 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    stop: tuple[str, ...] = ()  # the generation ends once its text holds one of these (the text keeps it)
 
     def __post_init__(self):
         check_fields(self, "max_new_tokens", "temperature", "top_p", "seed")  # EngineError naming the setting
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) and s for s in stop):
+            raise EngineError(f"stop must be a list of non-empty strings, got {self.stop!r}; e.g. [\"\\n\\n\"]")
+        object.__setattr__(self, "stop", tuple(stop))
 
     @classmethod
     def from_json(cls, data: dict | None) -> "Sampling":
-        return cls(**{k: v for k, v in (data or {}).items() if k in ("max_new_tokens", "temperature", "top_p", "seed")})
+        keys = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
+        return cls(**{k: v for k, v in (data or {}).items() if k in keys})
 
     def to_json(self) -> dict:
-        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "seed": self.seed}
+        out = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+               "seed": self.seed}
+        return {**out, "stop": list(self.stop)} if self.stop else out  # the key only when set: documents unchanged
 
 
 @dataclass(frozen=True)

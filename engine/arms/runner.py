@@ -24,7 +24,8 @@ as before: thinned layers (question retention, compressed entries), models that 
 (sliding windows, ALiBi) or use their own attention code.
 
 **Stopping.** Inside :func:`stoppable`, ``should_stop()`` is asked before each run's prefill and once per decode
-step; when it answers True the run raises :class:`engine.errors.RunStopped` within one token.
+step; when it answers True the run raises :class:`engine.errors.RunStopped` within one token. A run whose text
+comes to hold one of ``Sampling.stop`` ends there normally (its text keeps the stop string; front ends cut it).
 Every sampled token's logit is checked: a NaN or infinite one raises :class:`engine.errors.NonFiniteLogits`.
 """
 
@@ -260,9 +261,8 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
 def _decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: Sampling, gen,
             arm: str, on_token: TokenFn | None) -> float:
     """Greedy / sampled decoding after the first token, appending to ``tokens``; returns seconds spent."""
-    eos = set(lm.eos_ids)
     spent = 0.0
-    while len(tokens) < sampling.max_new_tokens and tokens[-1] not in eos:
+    while not _ended(lm, tokens, sampling):
         check_stop(len(tokens))
         s = time.perf_counter()
         tok = _sample(_step(lm, cache, [tokens[-1]], [next_pos])[0], sampling, gen, arm, len(tokens))
@@ -304,7 +304,7 @@ class DecodeBatch:
         """Whether a run with this buffer, after its first token, can wait for the batch (a model that tracks
         key positions, the only one given ``key_positions``, never can)."""
         level = all(n == buf.lengths[0] for n in buf.lengths)
-        return (lm is self.lm and lm.attention == "pml" and not needs_positions(lm.model) and level and len(tokens) < sampling.max_new_tokens and tokens[-1] not in set(lm.eos_ids))
+        return (lm is self.lm and lm.attention == "pml" and not needs_positions(lm.model) and level and not _ended(lm, tokens, sampling))
 
     def decode(self) -> None:
         """Decode every waiting run (one batch when there are several); :meth:`finish` then gives each run."""
@@ -370,7 +370,6 @@ def _decode_alone(lm: LoadedModel, w: _Waiting) -> None:
 
 def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
     """Step every run in one forward until each has its tokens (a finished row rides along, ignored)."""
-    eos = set(lm.eos_ids)
     kv = BatchedKV([w.kv for w in waiting], room=max(w.sampling.max_new_tokens for w in waiting) + 1)
     cache = kv.cache()
     live = [True] * len(waiting)
@@ -392,10 +391,22 @@ def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
                 if live[row]:
                     w.spent += step
                     w.steps += 1
-                    live[row] = len(w.tokens) < w.sampling.max_new_tokens and w.tokens[-1] not in eos
+                    live[row] = not _ended(lm, w.tokens, w.sampling)
             for w in grew:
                 if w.on_token:
                     w.on_token(w.arm, lm.tokenizer.decode(w.tokens, skip_special_tokens=True))
+
+
+def _ended(lm: LoadedModel, tokens: list[int], sampling: Sampling) -> bool:
+    """Whether a run's generation is over: ``max_new_tokens`` reached, an end-of-sequence token, or one of
+    ``sampling.stop`` in its text (asked after every token, so only the last few tokens can hold a new one)."""
+    if len(tokens) >= sampling.max_new_tokens or tokens[-1] in lm.eos_ids:
+        return True
+    if not sampling.stop:
+        return False
+    longest = max(len(s.encode()) for s in sampling.stop)  # a token holds at least one byte of the text
+    tail = lm.tokenizer.decode(tokens[-(longest + 2):], skip_special_tokens=True)
+    return any(s in tail for s in sampling.stop)
 
 
 def _step(lm: LoadedModel, cache, ids: list[int], positions: list[int], key_mask=None) -> torch.Tensor:
