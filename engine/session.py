@@ -44,6 +44,11 @@ from engine.schema.plan import PromptPlan, plan_prompt
 from engine.schema.pml import parse_prompt, parse_schema
 
 
+# Encoded schemas remembered (their entries stay in the store either way; a forgotten one is looked up there again,
+# unit by unit, at its next run). A server compiles a schema per request (studio/api/): without a bound, each stays.
+ENCODED_KEPT = 256
+
+
 @dataclass(frozen=True)
 class EncodeResult:
     encoded: EncodedSchema
@@ -230,6 +235,8 @@ class Engine:
                                encode_ms=0.0)
             enc = encode_schema(self.lm.model, layout, store, cfg, self.lm.fingerprint, progress)
             self._encoded[key] = enc
+            while len(self._encoded) > ENCODED_KEPT:  # the oldest first (dicts keep insertion order)
+                self._encoded.pop(next(iter(self._encoded)))
             return enc
 
     def _fetched(self, plan: PromptPlan, layout: Layout, cfg: RunConfig, enc: EncodedSchema,
