@@ -46,8 +46,8 @@ def build_parser(extra: dict | None = None, arm_options: bool = True) -> argpars
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_opts(sp):
-        sp.add_argument("--model", default=None, help="packaged model name, model folder, FILE.gguf (converted once) "
-                        "or hub id (default: the packaged SmolLM2-135M)")
+        sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted "
+                        "once); never a hub id: nothing is downloaded (default: the packaged SmolLM2-135M)")
 
     c = sub.add_parser("check", help="validate schema and prompt files; exit 2 with one line per problem")
     c.add_argument("files", nargs="+", metavar="FILE")

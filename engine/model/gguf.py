@@ -134,7 +134,7 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
-                             "a transformers model folder, a packaged model name or a hub id")
+                             "a transformers model folder or a packaged model name")
     digest = _known_digest(path) or _file_sha256(path)
     target = _gguf_folder(digest)
     if not _is_converted(target):
