@@ -70,6 +70,7 @@ COLUMNS: dict[str, type] = {
     "budget_bytes": int,  # module memory budget of the store
     "evictions": int,  # store evictions so far (after the run)
     "prefix_bytes": int,  # bytes the prefix cache held after the run (NULL without the prefix arm)
+    "source": str,  # what asked for the run: "api" (the OpenAI-compatible API); NULL: the studio's page or /compare
 }
 
 # Column → type of one arm's row. New columns may be added; none renamed.
@@ -159,13 +160,15 @@ class RunLog:
     # -- public API -------------------------------------------------------------------------------
 
     def record(self, comparison: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
-               created_at: str | None = None) -> int:
+               created_at: str | None = None, source: str | None = None) -> int:
         """Insert one finished comparison (``Comparison.to_json()``) and its arms in one transaction; return its id.
+        ``source``: what asked for the run (the ``source`` column; None: the studio).
 
         Raises RunLogError (nothing written) when the log is read-only, locked past ``timeout`` or unwritable."""
         if self.read_only:
             raise RunLogError(self.read_only, retry=False)
         row = row_from_comparison(comparison, schema_text, prompt_text, schema_hash_, created_at)
+        row["source"] = source
         try:
             with self._db() as db:
                 # IMMEDIATE takes the write lock up front (waiting up to `timeout`); a deferred

@@ -38,14 +38,19 @@ TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
 
 
-def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[str, ...] = ()) -> dict:
+def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[str, ...] = (),
+                   api: dict | None = None) -> dict:
     """Keyword arguments of ``demo.launch``: the guard that lets only this machine's user drive the studio
-    (studio/guard.py), the upload cap, and theme and CSS (Gradio 6 takes them at launch).
+    (studio/guard.py), the upload cap, and theme and CSS (Gradio 6 takes them at launch). Behind the guard, the
+    OpenAI-compatible API (studio/api/) answers ``/v1/`` and ``/metrics`` on the same port; ``api``: its options
+    (:func:`studio.api.serve.studio_api`).
 
     The theme's fonts are the system's: the page asks no font server for anything.
     """
     from starlette.middleware import Middleware
 
+    from .api.routes import ApiRoute
+    from .api.serve import studio_api
     from .guard import LocalGuard, allowed_hosts
     from .live import LiveRoute
     from .pagescript import FirstScript
@@ -55,7 +60,8 @@ def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[
     theme = gr.themes.Default(primary_hue="indigo", secondary_hue="emerald", neutral_hue="slate",
                               radius_size="md", font=system, font_mono=mono)
     guard = Middleware(LocalGuard, blocks=demo, hosts=allowed_hosts(host), proxied=tuple(allow_hosts))
-    middleware = [guard] + ([Middleware(FirstScript, script=JS_PATH.read_text())] if JS_PATH.exists() else [])
+    middleware = [guard, Middleware(ApiRoute, api=studio_api(demo.studio, **(api or {})))]
+    middleware += [Middleware(FirstScript, script=JS_PATH.read_text())] if JS_PATH.exists() else []
     middleware.append(Middleware(LiveRoute))  # a running Compare's texts, streamed to the page (studio/live.py)
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
             "app_kwargs": {"middleware": middleware}, "max_file_size": MAX_FILE_BYTES}

@@ -10,8 +10,11 @@ import os
 import sys
 
 
-def serve_arguments(sp) -> None:
-    """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp``."""
+def serve_arguments(sp, page: bool = True) -> None:
+    """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp`` (``page`` False: those
+    of ``pml-studio api``, without the page's own)."""
+    from .api.serve import api_arguments
+
     from engine.cli import NumberArg
     from engine.config import COMPUTE_DTYPES, MAX_NEW_TOKENS, Limit
     from engine.model import WEIGHTS
@@ -36,12 +39,15 @@ def serve_arguments(sp) -> None:
     sp.add_argument("--no-token", action="store_true", help="let every local request in without the token (loopback "
                     "--host only): any account on this machine can then drive the studio and run code as you")
     sp.add_argument("--port", type=NumberArg(Limit("port", 1, 65535, whole=True, example="7860")), default=7860,
-                    help="port, 1 to 65535 (default 7860)")
+                    help="port, 1 to 65535 (default 7860; `pml-studio api`: 8000)")
     sp.add_argument("--db", default=None, help="SQLite run log (default: $PML_STUDIO_CACHE/runs.db)")
     sp.add_argument("--max-new-tokens-cap", default=os.environ.get("PML_STUDIO_MAX_NEW_TOKENS_CAP"), metavar="N",
                     type=NumberArg(Limit("max new tokens cap", 1, MAX_NEW_TOKENS, whole=True, example="2048")),
                     help="the most new tokens one Compare (page or /compare API) may ask for, per arm (default: "
                          "$PML_STUDIO_MAX_NEW_TOKENS_CAP, else 2048); the model's context caps it too")
+    api_arguments(sp)
+    if not page:
+        return
     sp.add_argument("--share", action="store_true", help="also create a public Gradio link (off by default)")
     sp.add_argument("--results", default=None, help="folder of benchmark results the Benchmarks tab shows "
                     "(default: $PML_STUDIO_RESULTS, else bench/results, else the copy installed with the package)")
@@ -53,10 +59,28 @@ def serve(args) -> int:
 
     return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
                   results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
-                  token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap)
+                  token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap,
+                  api={"default_arm": args.default_arm, "max_queue": args.max_queue})
 
 
-EXTRA = {"serve": ("launch the studio (same as `python app.py`)", serve_arguments, serve)}
+def api(args) -> int:
+    """``pml-studio api``: the OpenAI-compatible API without the studio's page (studio/api/serve.py)."""
+    from .api.serve import command
+
+    return command(args)
+
+
+def api_arguments(sp) -> None:
+    from .api.serve import DEFAULT_PORT
+
+    serve_arguments(sp, page=False)
+    sp.set_defaults(port=DEFAULT_PORT)
+
+
+EXTRA = {"serve": ("launch the studio (same as `python app.py`); the OpenAI-compatible API answers on its port too",
+                   serve_arguments, serve),
+         "api": ("serve the OpenAI-compatible API alone, without the studio's page (docs/api.md)", api_arguments,
+                 api)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ the user's browser opens. Every request passes three checks here, before Gradio 
    ``token=None`` (``--no-token``, loopback only) skips this check.
 
 Gradio's monitoring routes are not served (they print a key to the console). Refusals are plain-text answers
-that say what was refused and how to reach the studio instead.
+that say what was refused and how to reach the studio instead; under ``/v1/`` (the OpenAI-compatible API, whose
+key is the launch token) they are OpenAI's JSON error bodies, 401 ``invalid_api_key`` and 403 ``forbidden``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9._~-]+")  # safe in a URL, a cookie and a header
 # Gradio's launch calls this itself, without the token: it starts the queue once and returns False ever after
 OPEN_PATHS = ("/gradio_api/startup-events",)
 _MONITORING = re.compile(r"^(?:/gradio_api)?/monitoring(?:/.*)?$")
+API_PREFIX = "/v1/"  # the OpenAI-compatible API (studio/api/): refusals there are OpenAI-shaped JSON
 
 
 class TokenError(ValueError):
@@ -204,6 +206,10 @@ async def _answer(scope, send, status: int, text: str, kind: str = "text/plain")
         await send({"type": "websocket.close", "code": 1008})
         return
     body = text.encode()
+    if scope.get("path", "").startswith(API_PREFIX):  # the OpenAI-compatible API: its clients read OpenAI's shape
+        from .api.errors import refusal_body
+
+        body, kind = refusal_body(status, text), "application/json"
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", f"{kind}; charset=utf-8".encode()),
                             (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store")]})

@@ -28,7 +28,7 @@ QUEUE_POLL_S, PROGRESS_EVERY_S = 0.02, 0.1
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
           share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
           weights: str | None = None, allow_hosts: tuple[str, ...] = (), preload: bool = True,
-          max_new_tokens_cap: int | None = None):
+          max_new_tokens_cap: int | None = None, api: dict | None = None):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
     ``share`` creates a public Gradio link and is off unless asked for. Requests must name ``host`` (or
@@ -38,6 +38,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     :data:`STUDIO_WEIGHTS` unless ``weights`` says otherwise; another model's ``weights`` None is fp32.
     ``preload``: load the model's weights in a background thread as soon as the page is served, so the first
     Compare does not wait for them (a Compare clicked earlier waits for that load, not for a second one).
+    ``api``: options of the OpenAI-compatible API served on the same port (:func:`studio.api.serve.studio_api`).
     """
     from engine.errors import EngineError
     from engine.runlog import RunLog
@@ -69,7 +70,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     stop = on_stop(demo) if block else None  # SIGTERM, SIGHUP, exit: runs saved, downloads removed
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
-                    show_error=False, **launch_options(demo, host, allow_hosts))
+                    show_error=False, **launch_options(demo, host, allow_hosts, api=api))
     except OSError as err:  # port in use, address not available
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2

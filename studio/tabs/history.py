@@ -78,7 +78,8 @@ def rows(studio: Studio, schema: str | None = None) -> list[list]:
     """Rows of the history table, newest first: the run, then each registered arm's cell."""
     out = []
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
-        cells = [r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), r["schema_name"],
+        schema = r["schema_name"] + (f" · {r['source']}" if r.get("source") else "")  # "· api": an API request
+        cells = [r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), schema,
                  r["model"], storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})"]
         out.append(cells + [arm_cell(r["arms"].get(v.arm)) for v in arm_views()])
     return out

@@ -1,0 +1,375 @@
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, and
+``GET /metrics`` (Prometheus), as one FastAPI app (:func:`create_api`).
+
+Each POST is validated here (types by pydantic: 422; values, unsupported parameters, unknown model: 400 / 404),
+becomes a :class:`~.service.Work` and waits for its job on the engine thread. A streamed request answers once its
+first token (or its error) is there, so a request that fails still gets its status and OpenAI error body, then
+server-sent events (sse-starlette) ending with ``data: [DONE]``, the usage last when
+``stream_options.include_usage`` asks. While a request waits or streams, a client that goes away stops its run
+within a token. :class:`ApiRoute` serves the app beside the studio (an ASGI middleware, as studio/live.py's route)
+with the request body bounded (413).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException
+
+from engine.arms.registry import REGISTRY
+
+from . import modes
+from .errors import ApiError, from_engine
+from .metrics import Metrics
+from .service import ApiService, Job, Outcome, Work, random_seed
+from .types import (ChatChoice, ChatChunk, ChatCompletion, ChatMessage, ChatRequest, ChunkChoice, Completion,
+                    CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, unsupported)
+from .usage import visible
+
+API_PATHS = ("/v1/", "/metrics")  # what ApiRoute hands to the API app
+MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413) before it is read whole
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's, when a request gives none (temperature 0 is greedy)
+MAX_STOP = 4  # stop strings per request, as OpenAI
+
+
+def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
+    """The API app around ``service``."""
+    metrics = metrics or service.metrics or Metrics()
+    app = FastAPI(title="PML Studio API", docs_url=None, redoc_url=None, openapi_url=None)
+    _handlers(app, metrics)
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[_card(service, name, created) for name in service.model_ids()[:1]])
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> ModelCard:
+        return _card(service, _model(service, model, "model"), created)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        model = _model(service, req.model)
+        work = _work(service, req, "chat", turns=_turns(req.messages))
+        return await _respond(service, metrics, request, work, model, req.stream_options)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        model = _model(service, req.model)
+        work = _work(service, req, "completion", prompt=_prompt(req.prompt))
+        return await _respond(service, metrics, request, work, model, req.stream_options)
+
+    @app.get("/metrics")
+    async def scrape() -> Response:
+        body, kind = metrics.exposition()
+        return Response(body, media_type=kind)
+
+    return app
+
+
+class ApiRoute:
+    """ASGI middleware: ``/v1/...`` and ``/metrics`` go to ``api`` (a body over :data:`MAX_BODY_BYTES` is a 413,
+    read no further; every body is read as JSON, whatever its Content-Type), everything else to the studio."""
+
+    def __init__(self, app, api):
+        self.app, self.api = app, api
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope.get("path", "").startswith(API_PATHS):
+            return await self.app(scope, receive, send)
+        body = await _bounded_body(scope, receive)
+        if body is None:
+            error = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes, the most this server "
+                             "reads; send fewer or shorter documents", code="request_too_large")
+            return await JSONResponse(error.body(), 413)(scope, receive, send)
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+        scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}  # curl -d says form data
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
+
+        await self.api(scope, replay, send)
+
+
+# ----------------------------------------------------------------------------------------------
+# Requests
+# ----------------------------------------------------------------------------------------------
+
+def _model(service: ApiService, name: str, param: str = "model") -> str:
+    """The served model's id for ``name``; 404 model_not_found when this server does not serve it."""
+    ids = service.model_ids()
+    if name.lower() not in {i.lower() for i in ids}:
+        raise ApiError(404, f"the model '{name}' does not exist here; this server serves '{ids[0]}' "
+                       "(GET /v1/models)", param=param, code="model_not_found")
+    return ids[0]
+
+
+def _work(service: ApiService, req, endpoint: str, **given) -> Work:
+    """The request's Work, its values checked (400 naming the parameter)."""
+    refused = unsupported(req)
+    if refused is not None:
+        raise ApiError(400, f"{refused[1]} by this server", param=refused[0], code="unsupported_parameter")
+    opts = req.pml
+    arm = (opts.arm if opts and opts.arm else service.default_arm)
+    if arm not in REGISTRY:
+        raise ApiError(400, f"unknown arm '{arm}'; arms: {', '.join(REGISTRY)}", param="pml.arm", code="unknown_arm")
+    explicit = bool(opts and (opts.schema_ or opts.prompt))
+    if explicit and not (opts.schema_ and opts.prompt):
+        missing = "pml.prompt" if opts.schema_ else "pml.schema"
+        raise ApiError(400, "explicit PML needs both pml.schema (a name or PML text) and pml.prompt",
+                       param=missing, code="missing_parameter")
+    temperature = DEFAULT_TEMPERATURE if req.temperature is None else _number(req.temperature, "temperature", 0, 2)
+    top_p = 1.0 if req.top_p is None else _number(req.top_p, "top_p", 0, 1, open_lo=True)
+    seed = (random_seed() if temperature > 0 else 0) if req.seed is None else req.seed % 2**63
+    return Work(endpoint=endpoint, arm=arm, how="explicit" if explicit else opts.mode if opts else "auto",
+                max_tokens=_max_tokens(service, req), temperature=temperature, top_p=top_p, seed=seed,
+                stop=_stop(req.stop), schema=opts.schema_ if explicit else "",
+                pml_prompt=opts.prompt if explicit else "", stream=bool(req.stream), **given)
+
+
+def _max_tokens(service: ApiService, req) -> int | None:
+    given = [(n, v) for n, v in (("max_completion_tokens", getattr(req, "max_completion_tokens", None)),
+                                 ("max_tokens", req.max_tokens)) if v is not None]
+    if not given:
+        return None
+    name, value = given[0]
+    if not 1 <= value <= service.max_tokens_cap:
+        raise ApiError(400, f"{name} must be from 1 to {service.max_tokens_cap} (this server's cap), got {value}",
+                       param=name, code="invalid_value")
+    return value
+
+
+def _number(value, name: str, lo: float, hi: float, open_lo: bool = False) -> float:
+    if not (lo < value if open_lo else lo <= value) or value > hi:
+        raise ApiError(400, f"{name} must be in {'(' if open_lo else '['}{lo:g}, {hi:g}], got {value}",
+                       param=name, code="invalid_value")
+    return float(value)
+
+
+def _stop(stop) -> tuple[str, ...]:
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOP or any(not s for s in stops):
+        raise ApiError(400, f"stop takes at most {MAX_STOP} non-empty strings", param="stop", code="invalid_value")
+    return tuple(stops)
+
+
+def _turns(messages) -> tuple[modes.Turn, ...]:
+    """The chat messages as turns of text parts (400 naming the message for what this server cannot read)."""
+    if not messages:
+        raise ApiError(400, "messages must hold at least one message", param="messages", code="invalid_value")
+    turns = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m.role in ("tool", "function") or m.tool_calls or m.function_call or m.tool_call_id:
+            raise ApiError(400, f"{where}: tool and function messages are not supported by this server",
+                           param=where, code="unsupported_parameter")
+        if m.content is None:
+            raise ApiError(400, f"{where} has no content", param=f"{where}.content", code="invalid_value")
+        parts = [modes.Part(m.content)] if isinstance(m.content, str) else [_part(p, f"{where}.content[{j}]")
+                                                                           for j, p in enumerate(m.content)]
+        turns.append(modes.Turn("system" if m.role == "developer" else m.role, tuple(parts)))
+    return tuple(turns)
+
+
+def _part(part, where: str) -> modes.Part:
+    if part.type not in ("text", "input_text") or part.text is None:
+        raise ApiError(400, f"{where}: only text content parts are supported by this server, not '{part.type}'",
+                       param=f"{where}.type", code="unsupported_content")
+    return modes.Part(part.text, marked=part.cache_control is not None)
+
+
+def _prompt(prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    raise ApiError(400, "prompt must be one string (a list of prompts or of token ids is not supported)",
+                   param="prompt", code="unsupported_parameter")
+
+
+def _card(service: ApiService, name: str, created: int) -> ModelCard:
+    engine = service.engine_of()
+    return ModelCard(id=name, created=created, pml={"weights": engine.config.weights, "default_arm": service.default_arm,
+                                                    "arms": list(REGISTRY), "separator": modes.SEPARATOR,
+                                                    "min_module_chars": modes.MIN_MODULE_CHARS})
+
+
+# ----------------------------------------------------------------------------------------------
+# Responses
+# ----------------------------------------------------------------------------------------------
+
+async def _respond(service: ApiService, metrics: Metrics, request: Request, work: Work, model: str, options):
+    endpoint = request.url.path
+    job = service.submit(work, asyncio.get_running_loop())
+    watch = asyncio.ensure_future(_stop_when_gone(request, job))
+    try:
+        event = await job.next()
+        while event[0] == "token" and not work.stream:
+            event = await job.next()
+    finally:
+        watch.cancel()
+    if event[0] == "error":
+        job.stop.set()
+        raise event[1]
+    if not work.stream:
+        _answered(metrics, endpoint, work, event[1])
+        return _whole(work, model, event[1])
+    include_usage = bool(options and options.include_usage)
+    return EventSourceResponse(_events(metrics, endpoint, work, job, event, model, include_usage), ping=15)
+
+
+def _whole(work: Work, model: str, out: Outcome):
+    created = int(time.time())
+    if work.endpoint == "chat":
+        return ChatCompletion(id=_id("chatcmpl"), created=created, model=model, usage=out.usage, pml=out.pml,
+                              choices=[ChatChoice(message=ChatMessage(content=out.text),
+                                                  finish_reason=out.finish_reason)])
+    return Completion(id=_id("cmpl"), created=created, model=model, usage=out.usage, pml=out.pml,
+                      choices=[CompletionChoice(text=out.text, finish_reason=out.finish_reason)])
+
+
+async def _events(metrics: Metrics, endpoint: str, work: Work, job: Job, event: tuple, model: str,
+                  include_usage: bool):
+    """The stream's events: the deltas of the text as it grows, the finish, the usage (if asked), [DONE]."""
+    chunk = _Chunks(work, model, include_usage)
+    sent = ""
+    try:
+        if work.endpoint == "chat":
+            yield chunk.delta("", role=True)
+        while True:
+            if event[0] == "error":  # the run failed after its first token: OpenAI's error object, then the end
+                yield json.dumps(event[1].body())
+                break
+            text = visible(event[1], work.stop) if event[0] == "token" else event[1].text
+            if text.startswith(sent) and len(text) > len(sent):
+                yield chunk.delta(text[len(sent):])
+                sent = text
+            if event[0] == "done":
+                _answered(metrics, endpoint, work, event[1])
+                for line in chunk.finish(event[1]):
+                    yield line
+                break
+            event = await job.next()
+        yield "[DONE]"
+    finally:
+        job.stop.set()  # the client went away (or the stream ended): a run still going stops within a token
+
+
+class _Chunks:
+    """The stream's chunks, OpenAI's shapes for chat and for completions."""
+
+    def __init__(self, work: Work, model: str, include_usage: bool):
+        self.chat, self.model, self.include_usage = work.endpoint == "chat", model, include_usage
+        self.id, self.created = _id("chatcmpl" if self.chat else "cmpl"), int(time.time())
+
+    def delta(self, text: str, role: bool = False) -> str:
+        if self.chat:
+            choice = ChunkChoice(delta=Delta(role="assistant" if role else None, content=text))
+            return ChatChunk(id=self.id, created=self.created, model=self.model, choices=[choice]).model_dump_json(
+                exclude_none=True)
+        return Completion(id=self.id, created=self.created, model=self.model,
+                          choices=[CompletionChoice(text=text)]).model_dump_json(exclude_none=True)
+
+    def finish(self, out: Outcome) -> list[str]:
+        """The chunk with the finish reason (and the ``pml`` object unless a usage chunk follows), then the usage."""
+        pml = None if self.include_usage else out.pml
+        if self.chat:
+            last = ChatChunk(id=self.id, created=self.created, model=self.model, pml=pml,
+                             choices=[ChunkChoice(delta=Delta(), finish_reason=out.finish_reason)])
+        else:
+            last = Completion(id=self.id, created=self.created, model=self.model, pml=pml,
+                              choices=[CompletionChoice(text="", finish_reason=out.finish_reason)])
+        lines = [last.model_dump_json(exclude_none=True)]
+        if self.include_usage:
+            kind = ChatChunk if self.chat else Completion
+            lines.append(kind(id=self.id, created=self.created, model=self.model, choices=[], usage=out.usage,
+                              pml=out.pml).model_dump_json(exclude_none=True))
+        return lines
+
+
+def _answered(metrics: Metrics, endpoint: str, work: Work, out: Outcome) -> None:
+    metrics.answered(endpoint, work.arm, out.pml.mode, out.usage, out.pml)
+
+
+async def _stop_when_gone(request: Request, job: Job) -> None:
+    """Set the job's stop flag when the client disconnects (the body is read: the next message is the end)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.stop.set()
+
+
+async def _bounded_body(scope, receive) -> bytes | None:
+    """The request's body, or None once it is longer than :data:`MAX_BODY_BYTES` (the rest is not read)."""
+    headers = dict(scope.get("headers") or [])
+    declared = headers.get(b"content-length", b"").decode("latin-1")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_BODY_BYTES:
+            return None
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+
+def _handlers(app: FastAPI, metrics: Metrics) -> None:
+    """Every refusal as OpenAI's error body: ApiError, pydantic's validation (422; bad JSON and unknown
+    parameters 400), unknown routes and methods, and anything unanticipated (500, logged once)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        metrics.refused(request.url.path, err.status)
+        return JSONResponse(err.body(), err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        return await api_error(request, _validation(err.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
+        return await api_error(request, ApiError(err.status_code, f"{request.method} {request.url.path}: "
+                                                 f"{err.detail}", code=code))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception):
+        return await api_error(request, from_engine(err))
+
+
+def _validation(errors: list) -> ApiError:
+    """The first of pydantic's errors as an ApiError: bad JSON and unknown parameters 400, the rest 422."""
+    first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    if first["type"] == "json_invalid":
+        return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
+    return ApiError(422, f"{param or 'the body'}: {first.get('msg')}", param=param, code="invalid_type")

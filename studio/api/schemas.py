@@ -1,0 +1,72 @@
+"""The schemas an explicit-PML request may name (``pml.schema``): its PML text, or the name of a saved schema.
+
+A name is looked up, in order, among the schemas sent inline to this server before (the last :data:`KEPT`, by
+their ``name``), the run log's runs (the newest run of a schema of that name: what the studio's History holds)
+and the sample schemas shipped in ``sample_schemas/``. An unknown name is a 400 naming where it was looked for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from engine.errors import EngineError
+from engine.schema.pml import IDENT, parse_schema
+
+from .errors import ApiError
+
+KEPT = 64  # inline schemas remembered by name
+SAMPLES = Path(__file__).resolve().parent.parent.parent / "sample_schemas"
+
+
+class SchemaBook:
+    def __init__(self, runlog=None, samples: Path = SAMPLES):
+        self.runlog, self.samples = runlog, samples
+        self._inline: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def text(self, given: str) -> str:
+        """The schema's PML text: ``given`` itself when it is PML (remembered by its name), else the saved
+        schema named ``given``."""
+        if given.lstrip().startswith("<"):
+            self._remember(given)
+            return given
+        name = given.strip()
+        if not IDENT.match(name):
+            raise ApiError(400, f"pml.schema is neither PML text (starting with '<') nor a schema name: '{name[:40]}'",
+                           param="pml.schema", code="schema_not_found")
+        found = self._inline_named(name) or self._logged(name) or self._sample(name)
+        if found is None:
+            raise ApiError(400, f"no schema named '{name}': not sent to this server before, not in the run log "
+                           f"{getattr(self.runlog, 'path', '(none)')}, not a sample in {self.samples}; send its PML "
+                           "text as pml.schema", param="pml.schema", code="schema_not_found")
+        return found
+
+    def _remember(self, text: str) -> None:
+        try:
+            name = parse_schema(text, "request schema").name
+        except EngineError:
+            return  # the run reports the problem, with its line
+        with self._lock:
+            self._inline[name] = text
+            self._inline.move_to_end(name)
+            while len(self._inline) > KEPT:
+                self._inline.popitem(last=False)
+
+    def _inline_named(self, name: str) -> str | None:
+        with self._lock:
+            return self._inline.get(name)
+
+    def _logged(self, name: str) -> str | None:
+        if self.runlog is None:
+            return None
+        try:
+            rows = self.runlog.runs(schema=name, limit=1)
+        except EngineError:
+            return None
+        return rows[0]["schema_text"] if rows else None
+
+    def _sample(self, name: str) -> str | None:
+        path = self.samples / f"{name}.xml"
+        return path.read_text(encoding="utf-8") if path.is_file() else None

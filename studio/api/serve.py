@@ -1,0 +1,115 @@
+"""Serving the API: beside the studio (:func:`studio_api`, which studio/app.py's ``launch_options`` puts behind the
+guard), or alone (``pml-studio api``: :func:`serve`, uvicorn on the same guard and launch token, no page).
+
+The launch token is the API key: OpenAI clients send ``Authorization: Bearer KEY``, which the guard checks
+(studio/guard.py). ``pml-studio api`` prints the base URL and the key to its own console only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .metrics import Metrics
+from .routes import ApiRoute, create_api
+from .service import DEFAULT_ARM, MAX_QUEUE, MAX_TOKENS_CAP, ApiService
+
+DEFAULT_PORT = 8000  # vLLM's and llama-cpp-python's
+
+
+def studio_api(studio, default_arm: str = DEFAULT_ARM, max_queue: int = MAX_QUEUE):
+    """The API app over a studio's engine (read at each request: the Model tab may load another) and run log."""
+    return api_app(lambda: studio.engine, studio.runlog, default_arm=default_arm, max_queue=max_queue,
+                   max_tokens_cap=studio.max_new_tokens_cap)
+
+
+def api_app(engine_of, runlog, **options):
+    """The FastAPI app around an :class:`~.service.ApiService` made with ``options``, with its metrics."""
+    metrics = Metrics(store_bytes=lambda: engine_of().store().nbytes(), waiting=lambda: service.waiting)
+    service = ApiService(engine_of, runlog, metrics=metrics, **options)
+    return create_api(service, metrics)
+
+
+def api_arguments(sp) -> None:
+    """The API's options, for ``pml-studio serve`` and ``pml-studio api``."""
+    from engine.cli import NumberArg
+    from engine.config import Limit, values
+
+    sp.add_argument("--default-arm", default=DEFAULT_ARM, choices=values("arms"),
+                    help=f"the arm that answers an API request that names none in pml.arm (default: {DEFAULT_ARM}, "
+                         "the exact prefix cache; docs/api.md says why)")
+    sp.add_argument("--max-queue", type=NumberArg(Limit("max queue", 1, 4096, whole=True, example="16")),
+                    default=MAX_QUEUE, help=f"API requests that may wait for the engine; more are answered 429 "
+                    f"(default {MAX_QUEUE})")
+
+
+def command(args) -> int:
+    """``pml-studio api``: the API alone, served by uvicorn until Ctrl-C."""
+    return serve(model=args.model, host=args.host, port=args.port, db=args.db, dtype=args.dtype,
+                 weights=args.weights, allow_hosts=tuple(args.allow_hosts), token=args.token, no_token=args.no_token,
+                 default_arm=args.default_arm, max_queue=args.max_queue,
+                 max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP)
+
+
+def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, weights=None, allow_hosts=(),
+          token=None, no_token=False, **options) -> int:
+    """Serve the API alone on ``host:port`` behind the launch-token guard; 0 after Ctrl-C, 2 on a start error."""
+    import uvicorn
+
+    from engine.errors import EngineError
+    from engine.runlog import RunLog
+    from engine.session import Engine
+
+    from ..guard import TOKEN_ENV, TokenError, is_loopback, make_token
+    from ..launch import STUDIO_MODEL, STUDIO_WEIGHTS, check_address
+    from ..streaming import on_engine_thread_soon
+
+    try:
+        check_address(host)
+        token = None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
+        if no_token and not is_loopback(host):
+            raise TokenError(f"--no-token serves only a loopback address, not {host}; drop --no-token")
+        if model is None:
+            model, weights = STUDIO_MODEL, weights or STUDIO_WEIGHTS
+        engine = Engine(model=model, dtype=dtype, weights=weights or "fp32")
+        runlog = RunLog(db)
+        engine.codec  # the tokenizer, before the first request
+    except (OSError, TokenError, EngineError) as err:
+        print(f"pml-studio: error: {err}", file=sys.stderr)
+        return 2
+    app = headless_app(engine, runlog, token, host, allow_hosts, **options)
+    on_engine_thread_soon(_preload, engine)
+    print(f"PML Studio API: base URL http://{host}:{port}/v1, model {engine.config.model} "
+          f"({engine.config.weights} weights), run log {runlog.path}", flush=True)
+    print("PML Studio API: " + (f"API key (the launch token): {token}" if token else
+                                "--no-token: every account on this machine can use the API"), flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+    return 0
+
+
+def headless_app(engine, runlog, token: str | None, host: str = "127.0.0.1", allow_hosts=(), **options):
+    """The ASGI app ``pml-studio api`` serves: the launch-token guard, then the API, then OpenAI's 404."""
+    from ..guard import LocalGuard, allowed_hosts
+    from .errors import ApiError
+
+    api = api_app(lambda: engine, runlog, **options)
+    return LocalGuard(ApiRoute(_not_found(ApiError), api), hosts=allowed_hosts(host), proxied=tuple(allow_hosts),
+                      token=token)
+
+
+def _not_found(error):
+    """The ASGI app answering every path the API does not serve with OpenAI's 404."""
+    async def app(scope, receive, send):
+        from fastapi.responses import JSONResponse
+
+        err = error(404, f"{scope.get('path')}: not found; this server answers /v1/models, /v1/chat/completions, "
+                    "/v1/completions and /metrics", code="not_found")
+        await JSONResponse(err.body(), 404)(scope, receive, send)
+    return app
+
+
+def _preload(engine) -> None:
+    try:
+        engine.lm
+    except Exception as err:  # noqa: BLE001 (every request then says why, as a 503)
+        print(f"pml-studio: the model did not load: {err}", file=sys.stderr, flush=True)

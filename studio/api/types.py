@@ -1,0 +1,260 @@
+"""The API's request and response shapes: OpenAI's, as pydantic models (vLLM's ``protocol.py``, llama-cpp-python's
+``types.py``), plus the ``pml`` extension object.
+
+Requests refuse fields OpenAI does not define (``extra="forbid"``: a misspelt parameter is a named 400, as OpenAI
+answers it, never silently ignored). OpenAI parameters this server does not implement are declared so that
+:func:`unsupported` can name them in a 400 when they would change the answer (``n`` > 1, ``logprobs``, tools,
+``response_format`` other than text, penalties, ``logit_bias``, ...); the ones that cannot change it (``user``,
+``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``, ``parallel_tool_calls`` without tools, ...) are
+accepted and ignored. Ranges are checked by the routes (a 400 naming the parameter); pydantic checks only types
+(a 422).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+Number = Union[StrictInt, StrictFloat]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CacheControl(BaseModel):
+    model_config = ConfigDict(extra="allow")  # Anthropic adds "ttl"; only the presence of the mark matters
+
+    type: StrictStr = "ephemeral"
+
+
+class ContentPart(BaseModel):
+    """One content part; only ``text`` parts are supported (others get a named 400 from the routes)."""
+
+    model_config = ConfigDict(extra="allow")  # image_url, input_audio, file: refused by type, not by field
+
+    type: StrictStr
+    text: StrictStr | None = None
+    cache_control: CacheControl | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None  # accepted and ignored (it never reaches the model)
+    tool_calls: list[Any] | None = None
+    tool_call_id: StrictStr | None = None
+    function_call: Any = None
+    refusal: StrictStr | None = None
+    audio: Any = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = None  # accepted and ignored
+
+
+class PmlOptions(BaseModel):
+    """The ``pml`` extension of a request (``extra_body={"pml": {...}}`` in the openai client)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_: StrictStr | None = Field(None, alias="schema")  # a schema's name, or its PML text (starts with "<")
+    prompt: StrictStr | None = None  # a PML prompt written against that schema
+    arm: StrictStr | None = None  # the arm that answers (GET /v1/models lists them); the server's default else
+    mode: Literal["auto", "marked", "transparent", "plain"] = "auto"  # how messages become modules (no PML given)
+
+
+class _Sampling(_Request):
+    model: StrictStr
+    max_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    n: StrictInt | None = None
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    user: StrictStr | None = None
+    pml: PmlOptions | None = None
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message]
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    audio: Any = None
+    modalities: list[StrictStr] | None = None
+    prediction: Any = None
+    reasoning_effort: StrictStr | None = None
+    web_search_options: Any = None
+    metadata: dict[str, Any] | None = None
+    store: StrictBool | None = None
+    service_tier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: StrictStr | None = None
+    safety_identifier: StrictStr | None = None
+    verbosity: StrictStr | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: StrictStr | list[Any]
+    logprobs: StrictInt | None = None
+    echo: StrictBool | None = None
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = None
+
+
+def unsupported(req: _Sampling) -> tuple[str, str] | None:
+    """(parameter, why) of the first parameter whose value this server cannot honour, or None."""
+    checks = [
+        ("n", req.n not in (None, 1), "only n=1 is supported (one choice per request)"),
+        ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
+        ("presence_penalty", req.presence_penalty not in (None, 0), "presence_penalty is not supported (use 0)"),
+        ("frequency_penalty", req.frequency_penalty not in (None, 0), "frequency_penalty is not supported (use 0)"),
+    ]
+    if isinstance(req, ChatRequest):
+        fmt = (req.response_format or {}).get("type", "text")
+        checks += [
+            ("logprobs", bool(req.logprobs) or req.top_logprobs not in (None, 0), "logprobs are not supported"),
+            ("tools", bool(req.tools) or bool(req.functions), "tools and functions are not supported"),
+            ("tool_choice", req.tool_choice not in (None, "none") or req.function_call not in (None, "none"),
+             "tool_choice is not supported (no tools)"),
+            ("response_format", fmt != "text", f"response_format '{fmt}' is not supported (only text)"),
+            ("audio", req.audio is not None or (req.modalities or ["text"]) != ["text"], "only text output is supported"),
+            ("prediction", req.prediction is not None, "predicted outputs are not supported"),
+            ("web_search_options", req.web_search_options is not None, "web search is not supported"),
+        ]
+    else:
+        checks += [
+            ("logprobs", req.logprobs not in (None, 0), "logprobs are not supported"),
+            ("echo", bool(req.echo), "echo is not supported"),
+            ("suffix", bool(req.suffix), "suffix (insertion) is not supported"),
+            ("best_of", req.best_of not in (None, 1), "only best_of=1 is supported"),
+        ]
+    return next(((param, why) for param, bad, why in checks if bad), None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Responses
+# ----------------------------------------------------------------------------------------------
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV was reused and not recomputed
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class PmlInfo(BaseModel):
+    """What the server did for the request: its ``pml`` extension object."""
+
+    arm: str
+    mode: str  # explicit | marked | transparent | plain
+    schema_name: str
+    modules_reused: int  # the request's modules whose KV came from the store (memory or disk)
+    modules_encoded: int  # ... encoded by this request, at their first sight
+    routed_kept: list[str] | None = None  # modules the routed arm read (None for other arms)
+    cached_tokens: int  # as usage.prompt_tokens_details.cached_tokens
+    ttft_ms: float  # from the start of the request's work on the engine to its first token (encoding included)
+    arm_ttft_ms: float  # the arm's own TTFT, as `pml-studio run` reports it (encoding not included)
+    decode_ms_per_token: float | None
+    queue_ms: float  # waiting for the engine (other requests, the studio's runs)
+    run_id: int | None = None  # its row in the run log (None when the log could not take it)
+    note: str = ""
+
+
+class ChatMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+    pml: PmlInfo
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class ChatChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    pml: PmlInfo | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    pml: PmlInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pml-studio"
+    pml: dict[str, Any] | None = None  # weights, the default arm, the arms a request may ask for
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

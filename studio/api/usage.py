@@ -1,0 +1,65 @@
+"""What a finished run reports to the client: its text cut at a stop string, why it ended, and honest usage.
+
+``cached_tokens`` counts the prompt tokens whose KV the answering arm **reused and did not recompute**, read from
+the comparison: the arm's ``reused_tokens`` (already without recomputed tokens: repair, blend; and without the
+modules the routed arm left out) less the tokens of units this very request encoded (a module seen for the first
+time was computed now, not reused). The prefix arm's reuse comes from earlier requests' prompts (the API runs it
+without the schema-order warm-up, as a server holds only what it served). The baseline reuses nothing.
+"""
+
+from __future__ import annotations
+
+from engine.arms.registry import REGISTRY, Reads
+from engine.schema.layout import ANONYMOUS, EntryName
+from engine.schema.plan import CACHED
+
+
+def cached_tokens(comparison, arm: str) -> int:
+    """Prompt tokens of ``arm``'s run whose KV was reused, not computed by this request nor recomputed."""
+    run = comparison.arm(arm).run
+    if REGISTRY[arm].reads != Reads.MODULES or comparison.plan is None:
+        return run.reused_tokens
+    fresh = {u["unit"].split(" [")[0] for u in (comparison.encode or {}).get("detail", ()) if u["source"] == "encoded"}
+    kept = getattr(comparison.arm(arm).detail, "kept", None)  # the routed arm's modules read
+    redo = set(run.recomputed_positions)
+    layout, new = comparison.plan.layout, 0
+    for s in comparison.plan.segments:
+        if s.kind != CACHED:
+            continue
+        top = ANONYMOUS if s.owner == ANONYMOUS else layout.modules[s.owner].top
+        unit = f"scaffold:{s.scaffold}" if s.scaffold else str(EntryName.module(top))
+        if unit not in fresh or (kept is not None and top != ANONYMOUS and not s.scaffold and top not in kept):
+            continue
+        new += sum(p not in redo for p in s.positions)
+    return max(0, run.reused_tokens - new)
+
+
+def module_sources(comparison) -> tuple[int, int]:
+    """(modules whose KV came from the store, modules encoded by this request) of the run's schema."""
+    units = [u for u in (comparison.encode or {}).get("detail", ()) if u["kind"] == "module"]
+    encoded = sum(u["source"] == "encoded" for u in units)
+    return len(units) - encoded, encoded
+
+
+def cut(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """(``text`` up to the first stop string, whether one was found)."""
+    at = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return (text, False) if at < 0 else (text[:at], True)
+
+
+def visible(text: str, stop: tuple[str, ...]) -> str:
+    """What may be streamed of a growing ``text``: up to a stop string, less a tail that may still become one or
+    a character the next token completes (the tokenizer shows a partial one as U+FFFD)."""
+    text, found = cut(text, stop)
+    if found:
+        return text
+    hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    text = text[: len(text) - hold]
+    return text.rstrip("\ufffd")
+
+
+def finish_reason(token_ids: tuple[int, ...], stopped: bool, eos: tuple[int, ...], max_new: int) -> str:
+    """OpenAI's ``finish_reason``: "stop" (end of sequence, a stop string) or "length" (``max_new`` reached)."""
+    if stopped or (token_ids and token_ids[-1] in eos) or len(token_ids) < max_new:
+        return "stop"
+    return "length"

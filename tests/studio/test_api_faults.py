@@ -1,0 +1,241 @@
+"""The OpenAI-compatible API under bad input and load: hostile requests get named errors and the server keeps
+serving; concurrent streams each get their own answer; a client that leaves stops its run; a full queue is a 429;
+``pml-studio api`` serves the same routes without the page. Clients: the official openai client, and httpx where a
+request must be malformed on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from engine.errors import RunStopped
+from engine.runlog import RunLog
+from engine.session import Engine
+from studio.streaming import on_engine_thread_soon
+from tests.conftest import free_port
+from tests.studio_fixtures import AUTH, TOKEN, served_studio
+
+MODEL = "tiny-llama"
+DOC = "The harbour of Vell keeps three ferries, each named after a wind: " + "north, south and east. " * 12
+USER = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_lm, tmp_path_factory):
+    """(port, engine, run log) of one studio served for this module's tests."""
+    log = RunLog(tmp_path_factory.mktemp("api-faults") / "runs.db")
+    engine = Engine.from_loaded(tiny_lm)
+    with served_studio(engine, log) as (_, port):
+        yield port, engine, log
+
+
+def client_for(port: int, key: str = TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def body(**kw) -> dict:
+    return {"model": MODEL, "messages": USER, "max_tokens": 2, **kw}
+
+
+# (what, request, status, error code): each a request a careless or hostile program could send
+HOSTILE = [
+    ("bad JSON", {"content": b'{"model": "tiny-llama", "messages": ['}, 400, "invalid_json"),
+    ("a JSON list", {"json": [1, 2]}, 422, "invalid_type"),
+    ("an empty body", {"content": b""}, 422, "invalid_type"),
+    ("messages not a list", {"json": body(messages="hi")}, 422, "invalid_type"),
+    ("no messages", {"json": body(messages=[])}, 400, "invalid_value"),
+    ("max_tokens as text", {"json": body(max_tokens="many")}, 422, "invalid_type"),
+    ("huge max_tokens", {"json": body(max_tokens=10**12)}, 400, "invalid_value"),
+    ("max_tokens 0", {"json": body(max_tokens=0)}, 400, "invalid_value"),
+    ("temperature 5", {"json": body(temperature=5)}, 400, "invalid_value"),
+    ("temperature as text", {"json": body(temperature="hot")}, 422, "invalid_type"),
+    ("top_p 0", {"json": body(top_p=0)}, 400, "invalid_value"),
+    ("seed as text", {"json": body(seed="x")}, 422, "invalid_type"),
+    ("n=2", {"json": body(n=2)}, 400, "unsupported_parameter"),
+    ("logprobs", {"json": body(logprobs=True)}, 400, "unsupported_parameter"),
+    ("tools", {"json": body(tools=[{"type": "function", "function": {"name": "f"}}])}, 400, "unsupported_parameter"),
+    ("json mode", {"json": body(response_format={"type": "json_object"})}, 400, "unsupported_parameter"),
+    ("an unknown parameter", {"json": body(top_k=5)}, 400, "unknown_parameter"),
+    ("an unknown model", {"json": body(model="gpt-9")}, 404, "model_not_found"),
+    ("no model", {"json": {"messages": USER}}, 422, "invalid_type"),
+    ("a tool message", {"json": body(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])}, 400,
+     "unsupported_parameter"),
+    ("an image part", {"json": body(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])}, 400, "unsupported_content"),
+    ("five stop strings", {"json": body(stop=["a", "b", "c", "d", "e"])}, 400, "invalid_value"),
+    ("an unknown arm", {"json": body(pml={"arm": "fastest"})}, 400, "unknown_arm"),
+    ("a schema without its prompt", {"json": body(pml={"schema": "travel"})}, 400, "missing_parameter"),
+    ("an unknown schema", {"json": body(pml={"schema": "nowhere", "prompt": '<prompt schema="nowhere"/>'})}, 400,
+     "schema_not_found"),
+    ("broken PML", {"json": body(pml={"schema": "<schema name='x'><module>", "prompt": "<prompt schema='x'/>"})},
+     400, "invalid_pml"),
+    ("a prompt over the context", {"json": body(messages=[{"role": "user", "content": "word " * 3000}])}, 400,
+     "context_length_exceeded"),
+    ("an answer over the context", {"json": body(max_tokens=2048)}, 400, "context_length_exceeded"),
+    ("token ids as a prompt", {"json": {"model": MODEL, "prompt": [[1, 2, 3]]}, "path": "/v1/completions"}, 400,
+     "unsupported_parameter"),
+    ("a 10 MB body", {"content": b"x" * (10 << 20)}, 413, "request_too_large"),
+    ("a foreign Host", {"json": body(), "headers": {**AUTH, "Host": "attacker.example"}}, 403, "forbidden"),
+    ("no key", {"json": body(), "headers": {}}, 401, "invalid_api_key"),
+    ("a wrong key", {"json": body(), "headers": {"Authorization": "Bearer not-the-token-0123456789"}}, 401,
+     "invalid_api_key"),
+    ("GET on a POST route", {"method": "GET"}, 405, "method_not_allowed"),
+    ("an unknown route", {"json": body(), "path": "/v1/embeddings"}, 404, "not_found"),
+]
+
+
+def test_hostile_requests_each_get_a_named_error_and_the_server_keeps_serving(served, capfd):
+    port, _, _ = served
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client(timeout=120) as http:
+        for what, req, status, code in HOSTILE:
+            method = req.get("method", "POST")
+            got = http.request(method, url + req.get("path", "/v1/chat/completions"), json=req.get("json"),
+                               content=req.get("content"), headers=req.get("headers", AUTH))
+            error = got.json()["error"]
+            assert (got.status_code, error["code"]) == (status, code), (what, got.text[:300])
+            assert error["message"] and error["type"] and "Traceback" not in got.text, what
+        alive = client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0)
+    assert alive.choices[0].message.content is not None
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
+def test_the_openai_client_raises_its_own_error_classes(served):
+    port, _, _ = served
+    with pytest.raises(openai.NotFoundError):
+        client_for(port).chat.completions.create(model="gpt-9", messages=USER)
+    with pytest.raises(openai.AuthenticationError):
+        client_for(port, "not-the-token-0123456789").models.list()
+    with pytest.raises(openai.BadRequestError) as err:
+        client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2048, stream=True)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_eight_concurrent_streaming_clients_each_get_the_answer_they_get_alone(served):
+    port, _, _ = served
+    client = client_for(port)
+
+    def ask(i: int) -> str:
+        arm = ("cached", "baseline")[i % 2]
+        stream = client.chat.completions.create(
+            model=MODEL, max_tokens=6, temperature=0, stream=True, extra_body={"pml": {"arm": arm}},
+            messages=[{"role": "user", "content": [{"type": "text", "text": DOC}, {"type": "text",
+                                                                                      "text": f"Question {i}?"}]}])
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    alone = [ask(i) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, range(8)))
+    assert together == alone
+
+
+def test_a_client_that_disconnects_stops_the_decoding(served, monkeypatch):
+    """The stream is closed after its first chunks: the run ends with RunStopped long before max_tokens, at most
+    one token after its stop flag first said stop."""
+    port, engine, log = served
+    seen: dict = {"tokens": 0, "at_stop": None, "ended": threading.Event()}
+    compare = engine.compare
+
+    def watched(*args, should_stop, on_token, **kw):
+        def count(arm, text):
+            seen["tokens"] += 1
+            on_token(arm, text)
+
+        def asked():
+            if should_stop() and seen["at_stop"] is None:
+                seen["at_stop"] = seen["tokens"]
+            return should_stop()
+        try:
+            return compare(*args, should_stop=asked, on_token=count, **kw)
+        except RunStopped as err:
+            seen["stopped"] = err
+            raise
+        finally:
+            seen["ended"].set()
+
+    monkeypatch.setattr(engine, "compare", watched)
+    runs_before = log.count()
+    stream = client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=1500, temperature=0,
+                                                      stream=True)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    assert seen["ended"].wait(120)
+    assert "stopped" in seen and seen["tokens"] < 1500
+    assert seen["tokens"] - seen["at_stop"] <= 1
+    assert log.count() == runs_before  # a stopped run is not logged
+
+
+def test_a_full_queue_answers_429_and_the_queued_request_is_answered(tiny_lm, tmp_path):
+    """With the engine thread held, one request waits (max_queue 1) and the next is refused with 429."""
+    engine = Engine.from_loaded(tiny_lm)
+    with served_studio(engine, RunLog(tmp_path / "runs.db"), api={"max_queue": 1}) as (_, port):
+        gate = threading.Event()
+        on_engine_thread_soon(gate.wait)  # the engine thread is busy until the gate opens
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                first = pool.submit(client_for(port).chat.completions.create, model=MODEL, messages=USER,
+                                    max_tokens=2, temperature=0)
+                _wait_for(lambda: _waiting(port) == 1)
+                with pytest.raises(openai.RateLimitError) as err:
+                    client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
+                assert err.value.code == "queue_full"
+                gate.set()
+                assert first.result(timeout=120).choices[0].finish_reason in ("stop", "length")
+        finally:
+            gate.set()
+
+
+def test_pml_studio_api_serves_the_same_routes_without_the_page(tiny_lm, tmp_path):
+    """The headless app (what `pml-studio api` serves with uvicorn): the guard, the API, OpenAI's 404 elsewhere."""
+    import uvicorn
+
+    from studio.api.serve import headless_app
+
+    port = free_port()
+    app = headless_app(Engine.from_loaded(tiny_lm), RunLog(tmp_path / "runs.db"), TOKEN)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: server.started)
+        client = client_for(port)
+        assert [m.id for m in client.models.list().data] == [MODEL]
+        got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0)
+        assert got.usage.completion_tokens >= 1 and got.model_extra["pml"]["run_id"] is not None
+        page = httpx.get(f"http://127.0.0.1:{port}/", headers=AUTH)
+        assert page.status_code == 404 and page.json()["error"]["code"] == "not_found"
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_the_api_command_exists_with_its_options():
+    from engine.cli import build_parser
+    from studio.cli import EXTRA
+
+    args = build_parser(EXTRA).parse_args(["api", "--default-arm", "cached", "--max-queue", "4"])
+    assert (args.command, args.default_arm, args.max_queue, args.port) == ("api", "cached", 4, 8000)
+    assert not hasattr(args, "share")
+
+
+def _waiting(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=AUTH).text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pml_api_waiting "))
+
+
+def _wait_for(ready, timeout: float = 60.0) -> None:
+    """Poll ``ready()`` until it holds (a readiness wait, not a timing assertion)."""
+    end = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.02)
