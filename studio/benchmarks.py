@@ -24,6 +24,8 @@ import pandas as pd
 
 from engine.errors import EngineError
 
+from .errors import refusal
+
 log = logging.getLogger("pml-studio")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -316,7 +318,7 @@ _CHUNKS: dict[str, list[str]] = {}  # essay chunks per tokenizer (cutting them t
 def parse_lengths(lengths, max_positions: int | None = None) -> list[int]:
     """Sorted distinct prompt lengths in [MIN_LENGTH, MAX_LENGTH]; raises gr.Error otherwise."""
     if lengths in (None, "", []):
-        raise gr.Error("pick at least one prompt length")
+        raise refusal("pick at least one prompt length")
     if isinstance(lengths, (int, str)):
         lengths = [lengths]
     out = set()
@@ -324,12 +326,12 @@ def parse_lengths(lengths, max_positions: int | None = None) -> list[int]:
         try:
             n = int(x)
         except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-            raise gr.Error(f"'{x}' is not a prompt length in tokens") from None
+            raise refusal(f"'{x}' is not a prompt length in tokens") from None
         if not MIN_LENGTH <= n <= MAX_LENGTH:
-            raise gr.Error(f"{n} tokens is outside what the studio runs ({MIN_LENGTH}–{MAX_LENGTH}); longer prompts "
+            raise refusal(f"{n} tokens is outside what the studio runs ({MIN_LENGTH}–{MAX_LENGTH}); longer prompts "
                            "are for `python bench/scaling.py`")
         if max_positions and n + SMALL_NEW_TOKENS + 1 > max_positions:
-            raise gr.Error(f"{n} tokens does not fit the model's context of {max_positions} positions")
+            raise refusal(f"{n} tokens does not fit the model's context of {max_positions} positions")
         out.add(n)
     return sorted(out)
 
@@ -371,10 +373,10 @@ def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None]
     except gr.Error:
         raise
     except EngineError as err:
-        raise gr.Error(str(err)) from None
+        raise refusal(str(err)) from None
     except Exception as err:
         log.exception("small scaling run failed")
-        raise gr.Error(f"the scaling run failed: {type(err).__name__}: {err}") from None
+        raise refusal(f"the scaling run failed: {type(err).__name__}: {err}") from None
     note = (f"{len(rows)} length(s), {reps} rep after a warm-up pair, {SMALL_NEW_TOKENS} new tokens, model "
             f"{lm.name}, CPU storage, {engine.config.mode} mode. Not saved: `python bench/scaling.py` writes "
             "bench/results/scaling.json.")

@@ -17,7 +17,7 @@ import gradio as gr
 from engine.errors import EngineError, InputFileError
 from engine.files import DOCUMENT_BYTES, read_text
 
-from .errors import problem_lines
+from .errors import problem_lines, refusal
 from .views import problems_html
 
 log = logging.getLogger("pml-studio")
@@ -35,7 +35,7 @@ def sample_names() -> list[str]:
 def load_sample(name: str) -> tuple[str, str]:
     """(schema text, example prompt text) of a sample; the prompt is '' when it has none."""
     if name not in sample_names():
-        raise gr.Error(f"no sample schema named '{name}'; pick one of {', '.join(sample_names())}")
+        raise refusal(f"no sample schema named '{name}'; pick one of {', '.join(sample_names())}")
     schema = (SAMPLES / f"{name}.xml").read_text(encoding="utf-8")
     prompt_file = SAMPLES / f"{name}.prompt.xml"
     return schema, prompt_file.read_text(encoding="utf-8") if prompt_file.exists() else ""
@@ -46,16 +46,16 @@ def read_upload(path: str | None) -> tuple[str, str]:
     from engine.schema.pml import document_kind
 
     if not path:
-        raise gr.Error("no file was uploaded")
+        raise refusal("no file was uploaded")
     if (too_big := _too_big(Path(path))) is not None:
-        raise gr.Error(too_big)
+        raise refusal(too_big)
     try:
         text = read_text(path, "schema or prompt")
     except InputFileError as err:
-        raise gr.Error(_named(err, Path(path))) from None
+        raise refusal(_named(err, Path(path))) from None
     kind = document_kind(text)
     if kind is None:
-        raise gr.Error(f"{Path(path).name} is neither a PML schema (<schema name=...>) nor a prompt "
+        raise refusal(f"{Path(path).name} is neither a PML schema (<schema name=...>) nor a prompt "
                        "(<prompt schema=...>)")
     return kind, text
 

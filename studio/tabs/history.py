@@ -13,6 +13,7 @@ from engine.config import short_dtype
 from engine.runlog import RunLogError
 
 from .. import views
+from ..errors import refusal
 
 from ..settings import Panel
 from ..state import Studio
@@ -136,14 +137,14 @@ def open_run(studio: Studio, run_id) -> dict:
     """The stored run (schema text, prompt, settings) to load into the editors; raises gr.Error."""
     text = str(run_id if run_id is not None else "").strip()
     if not text:
-        raise gr.Error("select a run in the table first")
+        raise refusal("select a run in the table first")
     shown = text if len(text) <= 30 else text[:27] + "..."
     if not (text.isascii() and text.isdigit()):
-        raise gr.Error(f"'{shown}' is not a run id (the whole number in the table's id column); click a row in "
+        raise refusal(f"'{shown}' is not a run id (the whole number in the table's id column); click a row in "
                        "the table")
     row = studio.runlog.get(int(text)) if len(text) <= 19 else None  # more digits: beyond any SQLite row id
     if row is None:
-        raise gr.Error(f"there is no run {shown} in {studio.runlog.path}; click a row in the table")
+        raise refusal(f"there is no run {shown} in {studio.runlog.path}; click a row in the table")
     return row
 
 
