@@ -47,7 +47,8 @@ def build_parser(extra: dict | None = None, arm_options: bool = True) -> argpars
 
     def model_opts(sp):
         sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted "
-                        "once); never a hub id: nothing is downloaded (default: the packaged SmolLM2-135M)")
+                        "once); never a hub id: nothing is downloaded (default: the packaged Qwen2.5-Coder-0.5B, "
+                        "qwen2.5-coder-0.5b, or $PML_STUDIO_MODEL; SmolLM2-135M-Instruct is the small one)")
 
     c = sub.add_parser("check", help="validate schema and prompt files; exit 2 with one line per problem")
     c.add_argument("files", nargs="+", metavar="FILE")
@@ -98,11 +99,11 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> Non
     r.add_argument("--mode", default="contextual", type=canonical_mode, choices=cfg.values("mode"),
                    help="encoding mode: contextual (modules see the system text before them; 'prefixed', its old "
                         "name, is accepted) or isolated (the paper's scheme)")
-    r.add_argument("--weights", default="fp32", choices=cfg.values("weights"),
+    r.add_argument("--weights", default=None, choices=cfg.values("weights"),
                    help="how the model's linear weights are kept: fp32 (as loaded), bf16, int8 / int4 weight-only "
                         "(activations stay in --dtype; int4 keeps the attention in int8), or gguf (a GGUF model's own "
                         "Q5_0 / Q4_K / Q8_0 / Q6_K blocks, exactly fp32's values, int8 elsewhere); every arm runs on "
-                        "the same weights")
+                        "the same weights (default: gguf for the default model qwen2.5-coder-0.5b, fp32 for others)")
     r.add_argument("--decode", default="together", choices=cfg.values("decode"),
                    help="together (default): each arm's first token from its own timed run, then the arms decode as "
                         "one batch, the weights read once per step for all (each arm's decode_ms_per_token is then "

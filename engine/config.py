@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from engine.cache.settings import METHODS, MODES, Compression, canonical_mode
 from engine.errors import EngineError
-from engine.model import WEIGHTS
+from engine.model import WEIGHTS, default_model, default_weights
 from engine.limits import (LIMITS, MAX_BUDGET_MIB, MAX_NEW_TOKENS, MAX_REPAIR, MAX_SEED, MAX_SINK,  # noqa: F401
                            MAX_TEMPERATURE, Limit, check_fields)
 
@@ -106,7 +106,9 @@ class RunConfig:
     :func:`default_dtype` of the device; ``storage_dtype`` None means the compute dtype (module KV
     is stored in the precision the run computes in). ``budget_bytes`` None means half the memory
     available on the storage device. ``module_dir`` None means ``$PML_STUDIO_MODULES``, else
-    ``$PML_STUDIO_CACHE/modules``. ``arms`` None means the registered arms marked default.
+    ``$PML_STUDIO_CACHE/modules``. ``arms`` None means the registered arms marked default. ``model`` None means
+    :func:`engine.model.default_model` (the studio's Qwen2.5-Coder-0.5B), ``weights`` None the model's
+    :func:`engine.model.default_weights` (that model's own GGUF blocks; fp32 for any other).
 
     Each arm's own settings (``engine.arms``: e.g. the modular arm's ``repair``, the blend arm's
     ``blend`` and ``blend_rule``) are given by their keys — ``RunConfig(repair=4)``,
@@ -127,13 +129,13 @@ class RunConfig:
     arms: tuple[str, ...] | None = None
     sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
-    weights: str = "fp32"  # the model's linear weights: fp32, bf16, int8 or int4 (engine/model/weights.py)
+    weights: str | None = None  # the model's linear weights: fp32, bf16, int8, int4 or gguf (engine/model/weights.py)
     decode: str = "together"  # the arms' decoding: "together" (one batch per step) or "apart" (engine/arms/runner.py)
     arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, its settings) for arms not at their defaults
 
     def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="contextual", storage_dtype=None,
                  compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
-                 weights="fp32", decode="together", arm_settings=(), **keys):
+                 weights=None, decode="together", arm_settings=(), **keys):
         given = dict(model=model, device=device, dtype=dtype, storage=storage, mode=mode,
                      storage_dtype=storage_dtype, compression=Compression() if compression is None else compression,
                      budget_bytes=budget_bytes, persist=persist, module_dir=module_dir, arms=arms, sink=sink,
@@ -143,6 +145,8 @@ class RunConfig:
         self.__post_init__()
 
     def __post_init__(self):
+        object.__setattr__(self, "model", self.model or default_model())
+        object.__setattr__(self, "weights", self.weights or default_weights(self.model))
         object.__setattr__(self, "mode", canonical_mode(self.mode))
         _one_of("encoding mode", self.mode, MODES)
         _one_of("storage", self.storage, STORAGES)
@@ -228,6 +232,8 @@ class RunConfig:
             changes["dtype"] = None  # the default of the new device
         if "storage_dtype" not in changes and self.storage_dtype == self.dtype:
             changes["storage_dtype"] = None  # follows the (new) compute dtype
+        if "weights" not in changes and self.weights == default_weights(self.model):
+            changes["weights"] = None  # the (new) model's default
         current = {f.name: getattr(self, f.name) for f in fields(self)}
         return RunConfig(**{**current, **changes}, **keys)
 

@@ -21,14 +21,14 @@ def serve_arguments(sp, page: bool = True) -> None:
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
                     "(default: the packaged Qwen2.5-Coder-0.5B-Instruct, qwen2.5-coder-0.5b, which `make setup` "
-                    "installs; --model SmolLM2-135M-Instruct is the small one)")
+                    "installs, or $PML_STUDIO_MODEL; --model SmolLM2-135M-Instruct is the small one)")
     sp.add_argument("--dtype", default=None, choices=COMPUTE_DTYPES,
                     help="compute precision (default per device: float32 on CPU, bfloat16 on CUDA; bfloat16 is about "
                          "1.8x faster on a CPU with avx512_bf16, see the README's Measured section)")
     sp.add_argument("--weights", default=None, choices=WEIGHTS,
-                    help="how the model's linear weights are kept: fp32 (as loaded), bf16, or int8 / int4 weight-only "
-                         "(faster decoding on a CPU; every arm runs on the same weights; default: int8 for the "
-                         "default model, fp32 for a model given with --model)")
+                    help="how the model's linear weights are kept: fp32 (as loaded), bf16, int8 / int4 weight-only, "
+                         "or gguf, the GGUF file's own blocks (faster decoding on a CPU; every arm runs on the same "
+                         "weights; default: gguf for the default model, fp32 for any other, as pml-studio run)")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sp.add_argument("--allow-host", action="append", default=[], metavar="NAME", dest="allow_hosts",
                     help="also answer requests for this host name, on any port (a reverse proxy's name; repeatable). "

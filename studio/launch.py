@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from engine.model import START_MODEL, START_WEIGHTS
+
 # The studio's default: the packaged model that answers (`make setup` installs it), its linear weights as its GGUF
 # file holds them (--weights gguf, engine/model/weights.py): its Q5_0, Q4_K, Q8_0 and Q6_K blocks, exactly the
 # values fp32 runs, all through the engine's kernels (engine/model/kernels.py). It decodes faster than
@@ -17,7 +19,7 @@ import sys
 # faster still but its baseline got the travel sample's train time wrong ("1 hour and 30 minutes" for 45
 # minutes): one flag away, --weights int4, not the default. A model given with --model runs on the weights
 # --weights names (fp32 unless told).
-STUDIO_MODEL, STUDIO_WEIGHTS = "qwen2.5-coder-0.5b", "gguf"
+STUDIO_MODEL, STUDIO_WEIGHTS = START_MODEL, START_WEIGHTS  # the engine's own default (engine/model/__init__.py)
 # How often Gradio's queue looks for a new event (s). Gradio polls every 1 ms off Windows (queueing.Queue
 # sleep_when_free) and sends progress every 10 ms: an event loop waking ~1,100 times a second, ~7 % of a core with
 # no page open, and during a Compare each wake-up takes the GIL and a core from the decoding (on 2 cores torch's two
@@ -34,8 +36,9 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     ``share`` creates a public Gradio link and is off unless asked for. Requests must name ``host`` (or
     loopback, or one of ``allow_hosts``) and come from the studio's own page (studio/guard.py). ``results`` is the folder of
     benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`); ``dtype`` the
-    compute precision (None: the device's default). ``model`` None is :data:`STUDIO_MODEL`, on
-    :data:`STUDIO_WEIGHTS` unless ``weights`` says otherwise; another model's ``weights`` None is fp32.
+    compute precision (None: the device's default). ``model`` None is the engine's default model (:data:`STUDIO_MODEL`
+    unless ``$PML_STUDIO_MODEL`` names another), on its default weights (:data:`STUDIO_WEIGHTS` for it, fp32 for any
+    other) unless ``weights`` says otherwise: what ``pml-studio run`` and ``Engine()`` start on.
     ``preload``: load the model's weights in a background thread as soon as the page is served, so the first
     Compare does not wait for them (a Compare clicked earlier waits for that load, not for a second one).
     ``api``: options of the OpenAI-compatible API served on the same port (:func:`studio.api.serve.studio_api`).
@@ -48,10 +51,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from .streaming import on_engine_thread_soon
     from .shutdown import install as on_stop
 
-    if model is None:
-        model, weights = STUDIO_MODEL, weights or STUDIO_WEIGHTS
     try:
-        engine = Engine(model=model, dtype=dtype, weights=weights or "fp32")
+        engine = Engine(model=model, dtype=dtype, weights=weights)  # None: the engine's defaults, as pml-studio run
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:

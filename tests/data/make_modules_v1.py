@@ -16,7 +16,7 @@ from test_module_memory import SCHEMA, PROMPT
 
 out = pathlib.Path(sys.argv[1])
 shutil.rmtree(out, ignore_errors=True)
-_, tok, _ = load_tokenizer(None)
+_, tok, _ = load_tokenizer("SmolLM2-135M-Instruct")  # the small model the tests run
 cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                   tie_word_embeddings=True, attn_implementation="sdpa")

@@ -8,7 +8,7 @@ from engine.session import Engine
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-_, tok, _ = load_tokenizer(None)
+_, tok, _ = load_tokenizer("SmolLM2-135M-Instruct")  # the small model the tests run
 lm = make_tiny_llama(tok)
 eng = Engine.from_loaded(lm)
 from engine.arms.registry import Sampling

@@ -12,7 +12,7 @@ from engine.model.load import load_tokenizer  # noqa: E402
 from engine.runlog import RunLog  # noqa: E402
 from engine.session import Engine  # noqa: E402
 
-_, tok, _ = load_tokenizer(None)
+_, tok, _ = load_tokenizer("SmolLM2-135M-Instruct")  # the small model the tests run
 eng = Engine.from_loaded(make_tiny_llama(tok))
 s, p = (SAMPLES / "travel.xml").read_text(), (SAMPLES / "travel.prompt.xml").read_text()
 out = pathlib.Path("tests/data/runs-v2.db")
