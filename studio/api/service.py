@@ -97,7 +97,7 @@ class ApiService:
             raise EngineError(f"unknown arm '{default_arm}' as the API's default; arms: {', '.join(REGISTRY)}")
         self.engine_of, self.runlog, self.metrics = engine_of, runlog, metrics
         self.default_arm, self.max_queue, self.max_tokens_cap = default_arm, max_queue, max_tokens_cap
-        self.positions = PositionRegistry()
+        self.positions: dict[str, PositionRegistry] = {}  # by tokenizer + template (the studio may load another model)
         self.schemas = SchemaBook(runlog)
         self.waiting = 0
         self._lock = threading.Lock()
@@ -181,11 +181,10 @@ class ApiService:
         if work.how == "explicit":
             return modes.Compiled(self.schemas.text(work.schema), work.pml_prompt, "explicit")
         how = work.how if REGISTRY[work.arm].reads == Reads.MODULES else "plain"  # the others read no modules
+        positions = self.positions.setdefault(engine.codec.fingerprint, PositionRegistry())
         if work.endpoint == "completion":
-            return modes.completion_pml(work.prompt, how, engine.layout, self.positions, engine.codec.max_positions,
-                                        compact)
-        return modes.chat_pml(list(work.turns), how, engine.layout, self.positions, engine.codec.max_positions,
-                              compact)
+            return modes.completion_pml(work.prompt, how, engine.layout, positions, engine.codec.max_positions, compact)
+        return modes.chat_pml(list(work.turns), how, engine.layout, positions, engine.codec.max_positions, compact)
 
     def _outcome(self, engine, work: Work, compiled: modes.Compiled, sampling: Sampling, res, ttft_ms: float,
                  queue_ms: float) -> Outcome:
