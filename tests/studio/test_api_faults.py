@@ -6,10 +6,10 @@ request must be malformed on purpose.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -194,19 +194,39 @@ def test_a_full_queue_answers_429_and_the_queued_request_is_answered(tiny_lm, tm
             gate.set()
 
 
-def test_pml_studio_api_serves_the_same_routes_without_the_page(tiny_lm, tmp_path):
-    """The headless app (what `pml-studio api` serves with uvicorn): the guard, the API, OpenAI's 404 elsewhere."""
+@contextmanager
+def headless(engine, runlog: RunLog):
+    """What `pml-studio api` serves (studio/api/serve.py's app under uvicorn), on a free port; yields the port."""
     import uvicorn
 
     from studio.api.serve import headless_app
 
     port = free_port()
-    app = headless_app(Engine.from_loaded(tiny_lm), RunLog(tmp_path / "runs.db"), TOKEN)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(headless_app(engine, runlog, TOKEN), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         _wait_for(lambda: server.started)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_a_model_that_cannot_load_answers_503_and_the_server_stays_up(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    with headless(Engine(model=missing, persist=False), RunLog(tmp_path / "runs.db")) as port:
+        for _ in range(2):
+            with pytest.raises(openai.InternalServerError) as err:
+                client_for(port).chat.completions.create(model=missing, messages=USER, max_tokens=2)
+            assert err.value.status_code == 503 and err.value.code == "model_unavailable"
+            assert "does not exist" in err.value.message
+
+
+def test_pml_studio_api_serves_the_same_routes_without_the_page(tiny_lm, tmp_path):
+    """The headless app (what `pml-studio api` serves with uvicorn): the guard, the API, OpenAI's 404 elsewhere."""
+    with headless(Engine.from_loaded(tiny_lm), RunLog(tmp_path / "runs.db")) as port:
         client = client_for(port)
         assert [m.id for m in client.models.list().data] == [MODEL]
         got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0)
@@ -214,9 +234,6 @@ def test_pml_studio_api_serves_the_same_routes_without_the_page(tiny_lm, tmp_pat
         page = httpx.get(f"http://127.0.0.1:{port}/", headers=AUTH)
         assert page.status_code == 404 and page.json()["error"]["code"] == "not_found"
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def test_the_api_command_exists_with_its_options():
