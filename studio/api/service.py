@@ -107,7 +107,7 @@ class ApiService:
     def model_ids(self) -> tuple[str, ...]:
         """The names a request may give as ``model``: the engine's model as configured (first), and as loaded."""
         engine = self.engine_of()
-        names = [engine.config.model or _default_name()]
+        names = [engine.config.model]  # never None: RunConfig names the default model
         if engine.loaded and engine.lm.name not in names:
             names.append(engine.lm.name)
         return tuple(names)
@@ -222,9 +222,3 @@ class ApiService:
 def random_seed() -> int:
     """A seed for a sampled request that gives none (OpenAI's: each such request samples anew)."""
     return secrets.randbits(63)
-
-
-def _default_name() -> str:
-    from engine.model.load import DEFAULT_MODEL_NAME
-
-    return DEFAULT_MODEL_NAME
