@@ -8,7 +8,7 @@ first encode or compare, or from the Model tab (``studio.launch`` loads the toke
 API: the compare action is the endpoint ``/compare``::
 
     from gradio_client import Client
-    client = Client("http://127.0.0.1:7860/")
+    client = Client("http://127.0.0.1:7860/", headers={"Authorization": f"Bearer {token}"})  # the launch token
     result = client.predict(schema_text, prompt_text, 32, "cpu", "contextual", 0.0, api_name="/compare")
     # result is the `pml-studio run --json` document (dict); the run is also recorded in the run log
 """
@@ -38,33 +38,40 @@ TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
 
 
-def launch_options(demo: gr.Blocks, host: str = "127.0.0.1", allow_hosts: tuple[str, ...] = (),
-                   api: dict | None = None) -> dict:
-    """Keyword arguments of ``demo.launch``: the guard that lets only this machine's user drive the studio
-    (studio/guard.py), the upload cap, and theme and CSS (Gradio 6 takes them at launch). Behind the guard, the
-    OpenAI-compatible API (studio/api/) answers ``/v1/`` and ``/metrics`` on the same port; ``api``: its options
-    (:func:`studio.api.serve.studio_api`).
+def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1",
+                   allow_hosts: tuple[str, ...] = (), api: dict | None = None) -> dict:
+    """Keyword arguments of ``demo.launch``: the guard that lets only the user holding the launch ``token`` drive
+    the studio (studio/guard.py; None: any local request, ``--no-token``), no CORS, the upload cap, and theme
+    and CSS (Gradio 6 takes them at launch). Behind the guard, the OpenAI-compatible API (studio/api/) answers
+    ``/v1/`` and ``/metrics`` on the same port; ``api``: its options (:func:`studio.api.serve.studio_api`).
 
     The theme's fonts are the system's: the page asks no font server for anything.
     """
+    from contextlib import asynccontextmanager
+
     from starlette.middleware import Middleware
 
     from .api.routes import ApiRoute
     from .api.serve import studio_api
-    from .guard import LocalGuard, allowed_hosts
+    from .guard import LocalGuard, allowed_hosts, no_cors
     from .live import LiveRoute
     from .pagescript import FirstScript
+
+    @asynccontextmanager
+    async def lifespan(app):
+        no_cors(app)  # before the first request: Gradio adds its CORS middleware after ours, outside the guard
+        yield
 
     system = ["ui-sans-serif", "system-ui", "sans-serif"]
     mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
     theme = gr.themes.Default(primary_hue="indigo", secondary_hue="emerald", neutral_hue="slate",
                               radius_size="md", font=system, font_mono=mono)
-    guard = Middleware(LocalGuard, blocks=demo, hosts=allowed_hosts(host), proxied=tuple(allow_hosts))
+    guard = Middleware(LocalGuard, hosts=allowed_hosts(host), proxied=tuple(allow_hosts), token=token)
     middleware = [guard, Middleware(ApiRoute, api=studio_api(demo.studio, **(api or {})))]
     middleware += [Middleware(FirstScript, script=JS_PATH.read_text())] if JS_PATH.exists() else []
     middleware.append(Middleware(LiveRoute))  # a running Compare's texts, streamed to the page (studio/live.py)
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
-            "app_kwargs": {"middleware": middleware}, "max_file_size": MAX_FILE_BYTES}
+            "app_kwargs": {"middleware": middleware, "lifespan": lifespan}, "max_file_size": MAX_FILE_BYTES}
 
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,

