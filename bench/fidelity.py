@@ -76,13 +76,15 @@ def parse_arm(name: str) -> dict:
     '+route K' = the routed arm keeping the top K modules (0: every module whose pull reaches the threshold, the
     default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
     visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
-    '+focus off' = the routed arm without its decode-time focus; '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms);
+    '+focus off' = the routed arm without its decode-time focus; '+joint off' = without its joint recompute;
+    '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms);
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
     spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
-            "route": None, "pull": None, "layers": None, "oracle": None, "ape": None, "focus": "on"}
+            "route": None, "pull": None, "layers": None, "oracle": None, "ape": None, "focus": "on",
+            "joint": "on"}
     for p in parts:
         m = re.fullmatch(r"(sink|repair|check|route|pull) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
@@ -100,6 +102,8 @@ def parse_arm(name: str) -> dict:
             spec["oracle"] = p
         elif p == "focus off":
             spec["focus"] = "off"
+        elif p == "joint off":
+            spec["joint"] = "off"
         elif p == "first kept":
             spec["first"] = False
         else:
@@ -188,8 +192,9 @@ class Runner:
             kw = {"layers": spec["layers"]} if spec["layers"] else {}
             run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
                                    min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
-                                   focus=spec["focus"], **kw)
+                                   focus=spec["focus"], joint=spec["joint"], **kw)
             self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
+                                "joint": list(info.joint),
                                 "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves]}
             return run
         if spec["blend"]:

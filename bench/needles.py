@@ -34,6 +34,8 @@ class Fact:
     ask: str  # the question, "{s}" subject
     subjects: tuple[str, ...]
     answers: tuple[str, ...]
+    ask_two: str = ""  # the natural question about two subjects, "{a}" and "{b}"
+    ask_all: str = ""  # the question about every subject in the documents
 
     def say(self, subject: str, answer: str) -> str:
         return self.sentence.format(s=subject, v=answer)
@@ -48,36 +50,50 @@ FACTS = (
          ("Porthleven", "Kilbrannan", "Saltcombe", "Dunmarrow", "Westhaven", "Eastmere", "Tollbridge", "Fenwick Bay",
           "Ardmore", "Caldbeck"),
          ("Biscuit", "Admiral Crumb", "Marzipan", "Captain Fig", "Toffee", "Sergeant Plum", "Whistler", "Pumpernickel",
-          "Lady Gumdrop", "Nutmeg")),
+          "Lady Gumdrop", "Nutmeg"),
+         ask_two='What are the names of the parrots kept by the harbour masters of {a} and of {b}?',
+         ask_all='What are the names of all the parrots kept by the harbour masters in these documents?'),
     Fact("lighthouse", "The lighthouse on {s} is painted {v}.", "What colour is the lighthouse on {s} painted?",
          ("Skerrow Isle", "Barra Rock", "Holm Island", "Gull Point", "Raven Skerry", "Fair Holm", "Sula Rock",
           "Mingay", "Copeland Isle", "Oxna"),
          ("pale green", "crimson", "mustard yellow", "sky blue", "charcoal grey", "burnt orange", "lilac", "teal",
-          "salmon pink", "violet")),
+          "salmon pink", "violet"),
+         ask_two='What colours are the lighthouses on {a} and on {b} painted?',
+         ask_all='What colours are all the lighthouses in these documents painted?'),
     Fact("tea", "The librarian of {s} drinks nothing but {v} tea.", "Which tea does the librarian of {s} drink?",
          ("Ashby Parva", "Thornfield", "Marlow Green", "Penrith Cross", "Oldcastle", "Brackenwood", "Fairhope",
           "Millbrook", "Haddon Vale", "Stourton"),
          ("jasmine", "rooibos", "oolong", "hibiscus", "peppermint", "chamomile", "lapsang souchong", "genmaicha",
-          "lemon verbena", "darjeeling")),
+          "lemon verbena", "darjeeling"),
+         ask_two='Which teas do the librarians of {a} and of {b} drink?',
+         ask_all='Which teas do all the librarians in these documents drink?'),
     Fact("password", "The password for the {s} archive is {v}.", "What is the password for the {s} archive?",
          ("Harlow", "Quenby", "Ostwick", "Pellham", "Varrow", "Linstead", "Colbury", "Dranmore", "Ettrick", "Sowerby"),
          ("silver kettle", "quiet orchard", "paper lantern", "copper fox", "velvet anchor", "winter plum",
-          "glass heron", "amber tide", "rusty compass", "midnight tulip")),
+          "glass heron", "amber tide", "rusty compass", "midnight tulip"),
+         ask_two='What are the passwords for the {a} archive and for the {b} archive?',
+         ask_all='What are the passwords of all the archives in these documents?'),
     Fact("painter", "The painter {s} was born in the village of {v}.", "In which village was the painter {s} born?",
          ("Ilse Marrow", "Tomas Brindle", "Odile Vane", "Rafe Cotter", "Maren Holt", "Silas Quint", "Agathe Lune",
           "Bram Ketter", "Nell Dorrit", "Jory Penhale"),
          ("Little Dunsop", "Hessle Ford", "Brackwater", "Oxney Cross", "Pennock", "Yarrowby", "Stillwell",
-          "Cobham Vale", "Wetherden", "Ludgvan")),
+          "Cobham Vale", "Wetherden", "Ludgvan"),
+         ask_two='In which villages were the painters {a} and {b} born?',
+         ask_all='In which villages were all the painters in these documents born?'),
     Fact("ferry", "The ferry captain of {s} named her boat the {v}.",
          "What did the ferry captain of {s} name her boat?",
          ("Lismore", "Colonsay", "Rathlin", "Eigg", "Muck", "Kerrera", "Gigha", "Ulva", "Luing", "Shuna"),
          ("Morning Star", "Blue Heron", "Saucy Meg", "Northern Lass", "Kittiwake", "Silver Darling", "Good Hope",
-          "Marigold", "Sea Swallow", "Brave Otter")),
+          "Marigold", "Sea Swallow", "Brave Otter"),
+         ask_two='What did the ferry captains of {a} and of {b} name their boats?',
+         ask_all='What did all the ferry captains in these documents name their boats?'),
     Fact("inn", "The cook at the {s} inn is famous for {v}.", "What is the cook at the {s} inn famous for?",
          ("Three Owls", "Golden Pike", "Crooked Billet", "Lamb and Flag", "White Hart", "Drowsy Swan", "Old Bell",
           "Wheatsheaf", "Fox and Hounds", "Green Man"),
          ("plum dumplings", "smoked eel soup", "nettle pie", "saffron buns", "rabbit stew", "treacle tart",
-          "crab cakes", "barley bread", "damson jam", "cider pork")),
+          "crab cakes", "barley bread", "damson jam", "cider pork"),
+         ask_two='What are the cooks at the {a} inn and at the {b} inn famous for?',
+         ask_all='What are the cooks at all the inns in these documents famous for?'),
 )
 
 
@@ -140,6 +156,52 @@ def two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int) -> 
         out.append({**case, "question": question, "answers": [answers[first], answers[second]],
                     "subjects": [subjects[first], subjects[second]], "needle_modules": [first, second]})
     return out
+
+
+# How a question about two subjects, or about every subject, is put (bench/spanning.py): the thresholds and rules of
+# the routed arm are chosen on one split of these and reported on another, in every phrasing.
+TWO_PHRASINGS = {
+    "both": lambda f, a, b: f"Question: {f.ask.format(s=a)} And {f.ask.format(s=b)} Answer both in a few words, "
+                            "using the documents. Answer:",
+    "natural": lambda f, a, b: f"{f.ask_two.format(a=a, b=b)} Answer in a few words.",
+    "value-first": lambda f, a, b: f"{f.ask_two.format(a=a, b=b)} Give each answer first, then whom or what it "
+                                   "belongs to.",
+}
+ALL_PHRASINGS = {
+    "list": lambda f: f"Question: {f.ask_all} List every one, using the documents. Answer:",
+    "natural": lambda f: f"{f.ask_all} Answer in a few words.",
+    "value-first": lambda f: f"{f.ask_all} Give each answer first, then whom or what it belongs to.",
+}
+
+
+def phrased_two_fact_cases(chunks: list[str], n_modules: int, count: int, seed: int, phrasing: str) -> list[dict]:
+    """:func:`two_fact_cases` with the question put as :data:`TWO_PHRASINGS` ``[phrasing]`` says."""
+    ask = TWO_PHRASINGS[phrasing]
+    out = []
+    for case in two_fact_cases(chunks, n_modules, count, seed):
+        fact = next(f for f in FACTS if f.kind == case["kind"])
+        out.append({**case, "question": ask(fact, *case["subjects"]), "phrasing": phrasing})
+    return out
+
+
+def aggregate_cases(chunks: list[str], n_modules: int, count: int, seed: int, phrasing: str) -> list[dict]:
+    """``count`` confusable prompts whose question needs every module: every subject's answer (the reply's recall,
+    :func:`recall`), put as :data:`ALL_PHRASINGS` ``[phrasing]`` says."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        fact = FACTS[i % len(FACTS)]
+        docs, subjects, answers = _confusable_docs(rng, chunks, n_modules, fact)
+        case = _case(n_modules, 0.0, 0, fact, " + ".join(subjects), " + ".join(answers), [], docs)
+        out.append({**case, "question": ALL_PHRASINGS[phrasing](fact), "answers": answers, "subjects": subjects,
+                    "needle_modules": list(range(n_modules)), "phrasing": phrasing})
+    return out
+
+
+def recall(answer: str, case: dict) -> float:
+    """The share of the case's answers the reply gives (whole words, case and punctuation ignored)."""
+    said = _words(answer)
+    return sum(_words(a) in said for a in case["answers"]) / len(case["answers"])
 
 
 def _confusable_docs(rng: random.Random, chunks: list[str], n_modules: int, fact: Fact) -> tuple[list, list, list]:

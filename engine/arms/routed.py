@@ -43,13 +43,13 @@ import torch
 from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
                                   register, setting)
 from engine.arms.runner import Fill, ape_scale, check_recompute, run_until, timed_run, workspace
-from engine.cache.assemble import module_ranges, slot_owners
+from engine.cache.assemble import buffer_ranks, copy_list_ranked, module_ranges, prefilled, slot_owners
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import KVBuffer, LayeredKV
 from engine.limits import Limit
-from engine.model.attend import Focus, attention_weights, scoring
+from engine.model.attend import Focus, RankMask, attention_weights, scoring
 from engine.model.load import LoadedModel
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
@@ -71,6 +71,9 @@ DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any modu
 # the others far less). Measured on bench/fidelity.py's two-fact set (docs/arms.md).
 DEFAULT_FOCUS = "on"
 FOCUS_MARGIN = 0.2
+# Two or more modules reaching the threshold are prefilled together (:func:`joint_fill`): modules encoded apart
+# never saw each other, and with two same-template modules visible the answer mixes them up.
+DEFAULT_JOINT = "on"
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class RoutedSettings(ArmSettings):
                                   "route_min_pull", 0.0, 1.0, meaning="an attention weight from 0 to 1", example="0.95"),
                               step=0.01, metavar="P")
 
+    joint: str = setting(DEFAULT_JOINT, "route_joint", "Routed: recompute kept modules together",
+                         "when two or more modules reach the pull threshold, prefill their tokens together in prompt "
+                         "order (they see each other, as in a full prefill) instead of reading their stored KV (on), or "
+                         "read them as stored (off)", choices=("on", "off"))
     focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
                          "with two or more modules kept, each decode step reads only the module its newest token "
                          "points at, in the layers after the scout's (on), or every kept module (off)",
@@ -135,19 +142,22 @@ class RoutedInfo:
     pull: dict[str, float] = field(default_factory=dict)  # module -> its pull (an attention weight, 0..1)
     focus: str = DEFAULT_FOCUS
     moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved
+    joint: tuple[str, ...] = ()  # modules prefilled together (two or more reached the threshold), in prompt order
 
     def to_json(self) -> dict:
         return {"route_k": self.k, "route_min_pull": self.min_pull, "route_kept": list(self.kept),
                 "route_attention": {m: round(s, 4) for m, s in self.attention.items()},
                 "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3),
                 "route_pull": {m: round(v, 4) for m, v in self.pull.items()}, "route_focus": self.focus,
-                "route_focus_moves": [list(m) for m in self.moves]}
+                "route_focus_moves": [list(m) for m in self.moves], "route_joint": list(self.joint)}
 
     def chips(self) -> list[str]:
         """Short facts the studio shows under the arm's column."""
         kept = ", ".join(f"{m} {self.attention.get(m, 0) * 100:.0f} %" for m in self.kept) or "no module"
         moves = f"; focus {' → '.join(m for _, m in self.moves)}" if self.moves else ""
-        return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms{moves}"]
+        joint = (f"; {', '.join(self.joint)} recomputed together: each reached pull {self.min_pull:g}, so they see "
+                 "each other as in a full prefill") if self.joint else ""
+        return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms{moves}{joint}"]
 
     def bars(self) -> list[tuple[str, float, bool]]:
         """(module, its share of the question's pull, read) per module, for the studio's bars."""
@@ -167,7 +177,8 @@ class RoutedInfo:
                    kept=tuple(data.get("route_kept") or ()), attention=dict(data.get("route_attention") or {}),
                    layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0),
                    pull=dict(data.get("route_pull") or {}), focus=data.get("route_focus", "off"),
-                   moves=tuple((int(a), str(b)) for a, b in data.get("route_focus_moves") or ()))
+                   moves=tuple((int(a), str(b)) for a, b in data.get("route_focus_moves") or ()),
+                   joint=tuple(data.get("route_joint") or ()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,7 +189,7 @@ def routed_arm(ctx: ArmContext) -> ArmResult:
     s = ctx.settings_of("routed")
     run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
                            min_pull=s.min_pull, ape=ctx.settings_of("cached").ape,  # APE is the modular arm's setting
-                           focus=s.focus)
+                           focus=s.focus, joint=s.joint)
     return ArmResult(Arm("routed"), run, detail=info)
 
 
@@ -186,13 +197,14 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
                min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
                keep: set[str] | None = None, ape: tuple[float, float] | None = None,
-               focus: str = DEFAULT_FOCUS) -> tuple[RunResult, RoutedInfo]:
+               focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT) -> tuple[RunResult, RoutedInfo]:
     """The modular run reading only the modules the question routes to (module docstring).
 
     ``keep`` forces the kept modules instead of scouting (the oracle of bench/fidelity.py); ``layers`` are the
     scout's; ``ape`` (T, S) scales the attention over the kept modules as APE does (:class:`engine.model.attend.ApeScale`;
     the scout reads the plain attention); ``focus`` "on": with two or more modules kept, decode steps read the one
-    their newest token points at (:class:`engine.model.attend.Focus`). Returns the run (arm ``"routed"``) and how
+    their newest token points at (:class:`engine.model.attend.Focus`); ``joint`` "on": two or more modules that
+    reached the threshold are prefilled together (:func:`joint_fill`). Returns the run (arm ``"routed"``) and how
     it chose.
     """
     check_recompute(lm, "routing", "leave routed out of the arms")
@@ -215,8 +227,11 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             chose.update(attention=seen.shares(), pull=dict(zip(seen.modules, seen.strength().tolist())))
         else:
             kept = tuple(m for m in modules if keep is None or m in keep)
-        chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000)
+        together = kept if joint == "on" and seen is not None and len(kept) >= 2 and reached(seen, min_pull) else ()
+        chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
+        if together:
+            return joint_fill(lm, plan, encoded, store, buf, set(together), set(modules))
         read = [r for r in ranges if r[3] is None or r[3] in kept]
         for entry, a, b, _ in read:
             entry.write_into(buf, a, b)
@@ -229,8 +244,35 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     moves = tuple((step, chose["kept"][m]) for step, m in chose["focus"].changes) if chose["focus"] else ()
     info = RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=chose.get("attention", {}),
                       layers=layers if keep is None else (), scout_ms=chose["ms"], pull=chose.get("pull", {}),
-                      focus=focus, moves=moves)
+                      focus=focus, moves=moves, joint=chose["joint"])
     return run, info
+
+
+def joint_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
+               together: set[str], routable: set[str]) -> Fill:
+    """Fill ``buf`` (emptied) for a prefill of the modules ``together`` and the uncached tokens under the prompt-order
+    mask: system text and scaffolds from the store, the other routable modules left out. The modules then see each
+    other and the text before them, as in a full prefill, at their own positions."""
+    redo, drop = set(), set()
+    rank = 0
+    for s in plan.segments:
+        top = plan.layout.modules[s.owner].top if s.kind == CACHED and not s.scaffold and s.owner != ANONYMOUS else None
+        if top in routable:
+            (redo if top in together else drop).update(range(rank, rank + len(s)))
+        rank += len(s)
+    copies = copy_list_ranked(plan, encoded, store, redo | drop)
+    for entry, a, b, _ in copies:
+        entry.write_into(buf, a, b)
+    ids, pos, ranks = prefilled(plan, redo)
+    positions = [p for s in plan.segments for p in s.positions]
+    mask = RankMask(buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
+    return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
+                recomputed_positions=tuple(positions[r] for r in sorted(redo)), mask=mask)
+
+
+def reached(seen: Scouted, min_pull: float) -> bool:
+    """Some module's pull reached ``min_pull`` (the question pointed somewhere)."""
+    return len(seen.modules) > 0 and float(seen.strength().max()) >= min_pull
 
 
 def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,

@@ -86,7 +86,7 @@ def route_any_pull(monkeypatch):
 
 def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
     cached = run_cached(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4))
-    routed, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=3)
+    routed, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), k=3, joint="off")
     assert info.kept == ("d1", "d2", "d3") and sum(info.attention.values()) == pytest.approx(1.0)
     assert torch.equal(routed.first_logits, cached.first_logits) and routed.token_ids == cached.token_ids
     assert routed.reused_tokens == cached.reused_tokens == tiny.plan.cached_tokens
@@ -249,8 +249,8 @@ def test_triggers_are_the_question_tokens_that_name_one_kept_module(monkeypatch)
 
 def test_focus_changes_nothing_when_one_module_or_every_module_is_kept(tiny):
     for keep in ({"d2"}, {"d1", "d2", "d3"}):
-        on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(5), keep=keep, focus="on")
-        off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(5), keep=keep, focus="off")
+        on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(5), keep=keep, focus="on", joint="off")
+        off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(5), keep=keep, focus="off", joint="off")
         assert on.token_ids == off.token_ids and torch.equal(on.first_logits, off.first_logits) and not info.moves
 
 
@@ -258,9 +258,87 @@ def test_focus_with_two_modules_kept_reads_one_at_a_time(tiny):
     """Two modules kept by scouting (top 2; every question token a trigger of the module it pulls hardest, at a
     threshold of 0): the first token is the unfocused run's; each move is to a kept module; the moves survive
     the JSON."""
-    on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(8), k=2, focus="on")
-    off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(8), k=2, focus="off")
+    on, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(8), k=2, focus="on", joint="off")
+    off, _ = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(8), k=2, focus="off", joint="off")
     assert len(info.kept) == 2 and torch.equal(on.first_logits, off.first_logits)
     assert {m for _, m in info.moves} <= set(info.kept)
     back = RoutedInfo.from_json(json.loads(json.dumps(info.to_json())))
     assert back.moves == info.moves and back.focus == "on"
+
+
+# One user turn of three modules with no text between them: every module's tokens follow the system text and
+# each other, so a joint prefill of some of them is stock transformers' causal prefill over the system text's KV.
+FLAT = """<schema name="flat">
+  <system>You answer questions about the documents.</system>
+  <user><module name="d1">{0}</module><module name="d2">{1}</module><module name="d3">{2}</module></user>
+</schema>""".format(*__import__("test_repair").DOCS)
+FLAT_PROMPT = "<prompt schema='flat'><d1/><d2/><d3/> Which animal jumps?</prompt>"
+
+
+@pytest.fixture(scope="module")
+def flat(tokenizer_bundle):
+    t = Tiny(tokenizer_bundle[1])
+    t.lay = t.eng.layout(FLAT)
+    t.plan = t.eng.plan(t.lay, FLAT_PROMPT, max_new_tokens=4)
+    t.enc = t.eng.encode(t.lay, t.eng.config.with_(mode="prefixed")).encoded
+    owners = [s.owner for s in t.plan.segments if s.kind == CACHED]
+    first = next(i for i, o in enumerate(owners) if o != ANONYMOUS)
+    assert first > 0 and ANONYMOUS not in owners[first:]  # system text, then modules only
+    return t
+
+
+def stock_joint(t: Tiny, together: set[str]):
+    """Stock transformers: the system text's stored KV as the cache, then the tokens of the modules ``together``
+    and the uncached tokens prefilled in prompt order at their own positions (the others left out)."""
+    kv, _ = t.cached_parts(keep=set())  # the anonymous text only
+    cache = DynamicCache(ddp_cache_data=[(kv[i, 0][None], kv[i, 1][None]) for i in range(kv.shape[0])])
+    ids, pos = [], []
+    for s in t.plan.segments:
+        module = t.lay.modules[s.owner].top if s.owner != ANONYMOUS else None
+        if s.kind != CACHED or module in together:
+            ids += list(s.token_ids)
+            pos += list(s.positions)
+    with torch.inference_mode():
+        return t.stock(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), past_key_values=cache,
+                       use_cache=True)
+
+
+@pytest.mark.parametrize("k", [2, 0])  # the 2 strongest; every module (all reach a threshold of 0)
+def test_modules_that_reach_the_threshold_are_prefilled_together(flat, k):
+    run, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4), k=k)
+    assert len(info.kept) == (k or 3) and info.joint == info.kept and not info.moves
+    out = stock_joint(flat, set(info.kept))
+    torch.testing.assert_close(run.first_logits, out.logits[0, -1].float(), atol=1e-4, rtol=1e-4)
+    module_tokens = sum(len(s) for s in flat.plan.segments if s.kind == CACHED and s.owner != ANONYMOUS
+                        and flat.lay.modules[s.owner].top in info.kept)
+    assert run.recomputed_tokens == module_tokens and run.prefill_tokens == module_tokens + flat.plan.uncached_tokens
+    assert run.reused_tokens == flat.cached_parts(keep=set())[0].shape[3]  # the system text alone
+    if k == 0:  # every module prefilled together after the exact system prefix: the full prefill
+        from engine.arms.baseline import run_baseline
+
+        base = run_baseline(flat.lm, flat.plan, Sampling(4))
+        torch.testing.assert_close(run.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
+        assert run.token_ids == base.token_ids
+
+
+def test_one_module_or_a_question_that_points_nowhere_is_read_as_stored(flat, monkeypatch):
+    from engine.arms import routed
+
+    one, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), k=1)
+    assert info.joint == () and one.recomputed_tokens == 0
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # nothing reaches it: every module kept, none recomputed
+    cached = run_cached(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
+    nowhere, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
+    assert info.kept == ("d1", "d2", "d3") and info.joint == () and torch.equal(nowhere.first_logits, cached.first_logits)
+
+
+def test_the_joint_recompute_is_said_and_survives_the_json(flat):
+    c = flat.eng.compare(FLAT, FLAT_PROMPT, Sampling(3), config=flat.eng.config.with_(
+        arms=("baseline", "routed"), route_k=2, route_min_pull=0.0, route_joint="on"))
+    doc = json.loads(json.dumps(c.to_json()))
+    assert len(doc["routed"]["route_joint"]) == 2 and doc["routed"]["recomputed_tokens"] > 0
+    back = RoutedInfo.from_json(doc["routed"])
+    assert back.joint == tuple(doc["routed"]["route_joint"]) and "recomputed together" in back.chips()[0]
+    off = flat.eng.compare(FLAT, FLAT_PROMPT, Sampling(3), config=flat.eng.config.with_(
+        arms=("baseline", "routed"), route_k=2, route_min_pull=0.0, route_joint="off"))
+    assert off.to_json()["routed"]["route_joint"] == [] and off.to_json()["routed"]["recomputed_tokens"] == 0

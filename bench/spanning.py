@@ -1,0 +1,193 @@
+"""Questions that span modules, with held-out discipline (issue 38): two facts from two modules, and every
+module's fact, asked in three phrasings each, on two splits drawn with different seeds.
+
+Sets (bench/needles.py; 8 or 4 essay modules of ~250 tokens, each holding a fact of one template about its own
+subject):
+
+* **two** — the question names two subjects whose facts sit in two modules; found = both answers, each with its
+  own subject. Phrasings (``TWO_PHRASINGS``): ``both`` ("… And … Answer both in a few words"), ``natural``
+  ("What are the names of the parrots kept by the harbour masters of A and of B?"), ``value-first`` (each answer
+  first, then whom it belongs to).
+* **all** — the question names no subject and needs every module ("What are the names of all the parrots …");
+  recall = the share of the answers given. Phrasings (``ALL_PHRASINGS``): ``list``, ``natural``, ``value-first``.
+* **single** / **confusable** (bench/fidelity.py's sets): one fact asked; the routed arm must lose nothing there.
+
+The ``tune`` split (seed ``--seed``) is where a rule or threshold is chosen; the ``heldout`` split (another seed)
+is only reported. Arms (bench/fidelity.py's names): ``baseline``; ``prefixed`` (the modular arm); ``prefixed+route
+0`` (routed, its defaults: joint recompute on); ``+joint off`` (routed as before issue 38, with its decode-time
+focus) and ``+joint off+focus off``; ``prefixed+blend 15``; ``only asked`` (the ceiling: the full prefill of a
+prompt importing only the asked modules). TTFT is each answer's own run; ratios to the baseline are per prompt.
+
+    python bench/spanning.py --model qwen2.5-coder-0.5b          # both splits, every set (long on 2 cores)
+    python bench/spanning.py --quick                             # 1 tiny prompt per set and phrasing, no file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from common import doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
+from bench import needles
+from bench.fidelity import Runner
+from bench.workloads import SYSTEM, wilson
+from engine.arms.baseline import run_baseline
+from engine.arms.registry import Sampling
+from engine.model import WEIGHTS
+from engine.session import Engine
+
+ROUTED = "prefixed+route 0"
+# The held-out split runs the arms the tune split chose between, less the variants it ruled out.
+TUNE_ONLY = (f"{ROUTED}+joint off+focus off",)
+ARMS = {
+    "two": ("baseline", "prefixed", ROUTED, f"{ROUTED}+joint off", f"{ROUTED}+joint off+focus off", "only asked"),
+    "all": ("baseline", "prefixed", ROUTED, f"{ROUTED}+joint off", "prefixed+blend 15"),
+    "single": ("prefixed", ROUTED),
+    "confusable": ("prefixed", ROUTED),
+}
+NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
+
+
+def cases(chunks: list[str], split_seed: int, counts: dict) -> list[dict]:
+    """Every case of one split: (set, modules, phrasing) blocks, each drawn with its own seed."""
+    out = []
+    for i, phrasing in enumerate(needles.TWO_PHRASINGS):
+        out += [{**c, "set": "two"} for c in needles.phrased_two_fact_cases(
+            chunks, 8, counts["two"], split_seed * 100 + i, phrasing)]
+    for n in (4, 8):
+        for i, phrasing in enumerate(needles.ALL_PHRASINGS):
+            out += [{**c, "set": "all"} for c in needles.aggregate_cases(
+                chunks, n, counts[f"all{n}"], split_seed * 100 + 10 * n + i, phrasing)]
+    out += [{**c, "set": "single", "phrasing": "one"} for c in needles.varied_cases(
+        chunks, 8, counts["single"], split_seed * 100 + 50)]
+    out += [{**c, "set": "confusable", "phrasing": "one"} for c in needles.confusable_cases(
+        chunks, 8, counts["confusable"], split_seed * 100 + 60)]
+    return out
+
+
+def run_case(eng: Engine, case: dict, idx: int, heldout: bool) -> dict:
+    """Every arm of the case's set on one prompt: its text, found (or recall), TTFT and what routing kept."""
+    n = case["modules"]
+    arms = [a for a in ARMS[case["set"]] if not (heldout and a in TUNE_ONLY)]
+    sampling = Sampling(max_new_tokens=NEW_TOKENS[case["set"]])
+    question = escape(case["question"])
+    prompt = f'<prompt schema="span{idx}">' + "".join(f"<doc{i}/>" for i in range(n)) + f" {question}</prompt>"
+    lay = eng.layout(doc_schema(f"span{idx}", case["docs"], system=SYSTEM, roles=has_roles(eng)))
+    plan = eng.plan(lay, prompt, sampling.max_new_tokens)
+    asked = tuple(case.get("needle_modules") or [case["needle_module"]])
+    runner = Runner(eng, lay, plan, sampling, asked)
+    row = {k: case[k] for k in ("set", "phrasing", "modules", "kind", "subject", "answer")}
+    row.update(prompt_tokens=plan.prompt_tokens, cached_tokens=plan.cached_tokens, asked=list(asked))
+    for arm in arms:
+        if arm == "only asked":  # the ceiling: a prompt holding only the asked modules, prefilled whole
+            only = f'<prompt schema="span{idx}">' + "".join(f"<doc{i}/>" for i in asked) + f" {question}</prompt>"
+            run = run_baseline(eng.lm, eng.plan(lay, only, sampling.max_new_tokens), sampling)
+        else:
+            run = runner.run(arm)
+        found, _ = needles.judge(run.text, case)
+        row[arm] = {"text": run.text, "found": found, "ttft_ms": round(run.ttft_ms, 1),
+                    "recomputed_tokens": run.recomputed_tokens, **runner.routed.get(arm, {})}
+        if case["set"] == "all":
+            row[arm]["recall"] = round(needles.recall(run.text, case), 4)
+    for key in list(runner.store.keys()):  # modules are not shared between prompts
+        runner.store.evict(key)
+    return row
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per set, modules and phrasing (and over the phrasings): each arm's found with its Wilson interval, recall,
+    TTFT and TTFT over the baseline's (min/median/max)."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        for key in (f"{r['set']}/{r['modules']}/{r['phrasing']}", f"{r['set']}/{r['modules']}/every phrasing"):
+            groups.setdefault(key, []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        arms = [a for a in ARMS[rs[0]["set"]] if a in rs[0]]
+        out[key] = {}
+        for arm in arms:
+            found = sum(r[arm]["found"] for r in rs)
+            ttft = [r[arm]["ttft_ms"] for r in rs]
+            s = {"found": found, "n": len(rs), "accuracy": round(found / len(rs), 4), "ci95": wilson(found, len(rs)),
+                 "ttft_ms": spread3(ttft)}
+            for ref in ("baseline", "prefixed"):
+                if ref in rs[0]:  # per prompt, and of the means (the issue's TTFT lines)
+                    s[f"ttft_vs_{ref}"] = spread3([r[arm]["ttft_ms"] / r[ref]["ttft_ms"] for r in rs], 3)
+                    s[f"mean_ttft_vs_{ref}"] = round(statistics.mean(ttft) / statistics.mean(
+                        r[ref]["ttft_ms"] for r in rs), 3)
+            if "recall" in rs[0][arm]:
+                s["recall"] = round(statistics.mean(r[arm]["recall"] for r in rs), 4)
+            if "joint" in rs[0][arm]:
+                s["joint_recomputed"] = sum(bool(r[arm]["joint"]) for r in rs)
+                s["asked_kept"] = sum(r[arm]["asked_kept"] for r in rs)
+            out[key][arm] = s
+    return out
+
+
+def spread3(xs: list[float], digits: int = 1) -> dict:
+    return {"min": round(min(xs), digits), "median": round(statistics.median(xs), digits),
+            "mean": round(statistics.mean(xs), digits), "max": round(max(xs), digits)}
+
+
+def print_split(name: str, summary: dict) -> None:
+    for key, arms in summary.items():
+        if "every phrasing" not in key and not key.startswith(("single", "confusable")):
+            continue
+        print(f"\n{name}: {key}")
+        print(table(["arm", "found", "recall", "TTFT median ms", "× baseline"],
+                    [[a, f"{s['found']}/{s['n']}", s.get("recall", "-"), s["ttft_ms"]["median"],
+                      s.get("ttft_vs_baseline", {}).get("median", "-")] for a, s in arms.items()]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
+    ap.add_argument("--weights", default="gguf", choices=WEIGHTS, help="the studio's default: gguf")
+    ap.add_argument("--seed", type=int, default=38, help="the tune split's seed; the held-out split's is seed + 1")
+    ap.add_argument("--splits", nargs="+", default=["tune", "heldout"], choices=("tune", "heldout"))
+    ap.add_argument("--tune", type=int, nargs=5, default=[6, 4, 3, 8, 8], metavar=("TWO", "ALL4", "ALL8", "SINGLE",
+                    "CONFUSABLE"), help="tune-split prompts per phrasing (two, all of 4, all of 8) and per set")
+    ap.add_argument("--heldout", type=int, nargs=5, default=[12, 8, 6, 24, 24], metavar=("TWO", "ALL4", "ALL8",
+                    "SINGLE", "CONFUSABLE"), help="held-out prompts per phrasing and per set")
+    ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")
+    ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
+    ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running")
+    ap.add_argument("--quick", action="store_true", help="1 prompt per set and phrasing, tune split only, no file")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    if args.quick:
+        args.splits, args.tune, args.chunk_tokens = ["tune"], [1, 1, 1, 1, 1], 40
+    eng = Engine(model=args.model, weights=args.weights, persist=False)
+    rows: dict[str, list[dict]] = json.loads(args.from_rows.read_text()) if args.from_rows else {}
+    if not args.from_rows:
+        chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
+        for split in args.splits:
+            counts = dict(zip(("two", "all4", "all8", "single", "confusable"), getattr(args, split)))
+            seed = args.seed + (split == "heldout")
+            rows[split] = []
+            for i, case in enumerate(cases(chunks, seed, counts)):
+                rows[split].append(run_case(eng, case, i, split == "heldout"))
+                r = rows[split][-1]
+                print(f"{split} {i} {r['set']}/{r['modules']}/{r['phrasing']}: " + ", ".join(
+                    f"{a} {'+' if v['found'] else '-'}{v.get('recall', '')}" for a, v in r.items()
+                    if isinstance(v, dict)), flush=True)
+                if args.rows_out:
+                    args.rows_out.write_text(json.dumps(rows))
+    summary = {split: summarise(rs) for split, rs in rows.items()}
+    for split, s in summary.items():
+        print_split(split, s)
+    emit(result_name("spanning", eng.config.model), {
+        "benchmark": "spanning", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
+        "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "chunk_tokens": args.chunk_tokens, "seeds": {"tune": args.seed, "heldout": args.seed + 1},
+        "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
+                      "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
+        "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary, "rows": rows},
+        write=not args.quick)
+
+
+if __name__ == "__main__":
+    main()
