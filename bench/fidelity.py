@@ -194,7 +194,7 @@ class Runner:
                                    min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
                                    focus=spec["focus"], joint=spec["joint"], **kw)
             self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
-                                "joint": list(info.joint),
+                                "joint": list(info.joint), "pull": {m: round(v, 4) for m, v in info.pull.items()},
                                 "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves]}
             return run
         if spec["blend"]:

@@ -13,7 +13,7 @@ the top contexts, arXiv 2412.16545; CacheFocus, arXiv 2502.11101). A routed run 
 3. **Route** — every module whose pull reaches ``route_min_pull`` (:data:`MIN_PULL`) stays visible, or with
    ``route_k`` > 0 the ``k`` strongest (:func:`choose`); the others leave the buffer. System text, scaffolds,
    arguments and new text are never routed out. A question that points at no module (no pull reaches the
-   threshold: a greeting) keeps them all, which is the modular run.
+   threshold: a greeting, or a question about every module) keeps them all.
 
 Why the peak and not the attention mass: measured on the confusable set (bench/routing.py, 24 prompts of
 8 same-template modules, Qwen2.5-Coder-0.5B), the mass summed over heads and queries put the asked module
@@ -22,11 +22,14 @@ while the peak over layers 6–11 put it first in 24/24: some head of the questi
 sharply to that name in the one module that holds it.
 4. **Prefill and decode** — the buffer rebuilt with the kept modules, the uncached tokens prefilled over
    it, then decoding, as the modular arm does. A module left out is therefore invisible to the rest of
-   the prefill and to every decoded token.
+   the prefill and to every decoded token. With ``joint`` on, two or more kept modules are not read as
+   stored but prefilled together with the new text (:func:`joint_fill`): modules encoded apart never saw
+   each other, and two of one template, both visible, get their facts swapped or merged. Every module kept
+   and recomputed is the full prefill after the system text.
 
 TTFT, measured by :func:`engine.arms.runner.timed_run` like every arm's, includes the scout, the routing,
 both copies and both prefills (``copy_ms`` holds everything before the second prefill). With every module
-kept the buffer and the prefill are the modular arm's, so the run is the modular run bit for bit.
+kept and ``joint`` off the buffer and the prefill are the modular arm's, so the run is the modular run bit for bit.
 
 The settings are named in one place: :data:`SCOUT_LAYERS`, and :class:`RoutedSettings` (the CLI's
 ``--route-k`` / ``--route-min-pull``, the studio's controls), with the defaults chosen on bench/fidelity.py's
@@ -71,8 +74,7 @@ DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any modu
 # the others far less). Measured on bench/fidelity.py's two-fact set (docs/arms.md).
 DEFAULT_FOCUS = "on"
 FOCUS_MARGIN = 0.2
-# Two or more modules reaching the threshold are prefilled together (:func:`joint_fill`): modules encoded apart
-# never saw each other, and with two same-template modules visible the answer mixes them up.
+# Two or more modules kept are prefilled together (:func:`joint_fill`), chosen on bench/spanning.py's tune split.
 DEFAULT_JOINT = "on"
 
 
@@ -91,9 +93,9 @@ class RoutedSettings(ArmSettings):
                               step=0.01, metavar="P")
 
     joint: str = setting(DEFAULT_JOINT, "route_joint", "Routed: recompute kept modules together",
-                         "when two or more modules reach the pull threshold, prefill their tokens together in prompt "
-                         "order (they see each other, as in a full prefill) instead of reading their stored KV (on), or "
-                         "read them as stored (off)", choices=("on", "off"))
+                         "when routing keeps two or more modules (two reached the pull threshold, or none did and all "
+                         "stay), prefill their tokens together in prompt order, as a full prefill does (on), or read "
+                         "their stored KV (off)", choices=("on", "off"))
     focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
                          "with two or more modules kept, each decode step reads only the module its newest token "
                          "points at, in the layers after the scout's (on), or every kept module (off)",
@@ -142,7 +144,7 @@ class RoutedInfo:
     pull: dict[str, float] = field(default_factory=dict)  # module -> its pull (an attention weight, 0..1)
     focus: str = DEFAULT_FOCUS
     moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved
-    joint: tuple[str, ...] = ()  # modules prefilled together (two or more reached the threshold), in prompt order
+    joint: tuple[str, ...] = ()  # modules prefilled together (two or more kept), in prompt order
 
     def to_json(self) -> dict:
         return {"route_k": self.k, "route_min_pull": self.min_pull, "route_kept": list(self.kept),
@@ -155,8 +157,9 @@ class RoutedInfo:
         """Short facts the studio shows under the arm's column."""
         kept = ", ".join(f"{m} {self.attention.get(m, 0) * 100:.0f} %" for m in self.kept) or "no module"
         moves = f"; focus {' → '.join(m for _, m in self.moves)}" if self.moves else ""
-        joint = (f"; {', '.join(self.joint)} recomputed together: each reached pull {self.min_pull:g}, so they see "
-                 "each other as in a full prefill") if self.joint else ""
+        why = (f"each reached pull {self.min_pull:g}" if all(self.pull.get(m, 0) >= self.min_pull for m in self.joint)
+               else f"no module reached pull {self.min_pull:g}, so the question may need them all")
+        joint = f"; {', '.join(self.joint)} recomputed together ({why})" if self.joint else ""
         return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms{moves}{joint}"]
 
     def bars(self) -> list[tuple[str, float, bool]]:
@@ -227,7 +230,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             chose.update(attention=seen.shares(), pull=dict(zip(seen.modules, seen.strength().tolist())))
         else:
             kept = tuple(m for m in modules if keep is None or m in keep)
-        together = kept if joint == "on" and seen is not None and len(kept) >= 2 and reached(seen, min_pull) else ()
+        together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
         chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
@@ -268,11 +271,6 @@ def joint_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     mask = RankMask(buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
     return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
                 recomputed_positions=tuple(positions[r] for r in sorted(redo)), mask=mask)
-
-
-def reached(seen: Scouted, min_pull: float) -> bool:
-    """Some module's pull reached ``min_pull`` (the question pointed somewhere)."""
-    return len(seen.modules) > 0 and float(seen.strength().max()) >= min_pull
 
 
 def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,

@@ -91,18 +91,18 @@ def test_every_module_kept_is_the_modular_run_bit_for_bit(tiny):
     assert torch.equal(routed.first_logits, cached.first_logits) and routed.token_ids == cached.token_ids
     assert routed.reused_tokens == cached.reused_tokens == tiny.plan.cached_tokens
     # a threshold above every pull: the question points nowhere, every module stays
-    again, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), min_pull=1.0)
+    again, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(4), min_pull=1.0, joint="off")
     assert info.kept == ("d1", "d2", "d3") and torch.equal(again.first_logits, cached.first_logits)
 
 
 def test_a_question_that_points_at_no_module_keeps_them_all(tiny, monkeypatch):
-    """Under MIN_PULL (a greeting on the real model) nothing is routed out: the modular run bit for bit; with the
-    threshold at 0 the same prompt is routed."""
+    """Under MIN_PULL (a greeting on the real model) nothing is routed out: read as stored (joint off), the modular
+    run bit for bit; with the threshold at 0 the same prompt is routed."""
     from engine.arms import routed
 
     cached = run_cached(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(3))
     monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # above any attention weight
-    run, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(3), k=1)
+    run, info = run_routed(tiny.lm, tiny.plan, tiny.enc, tiny.store, Sampling(3), k=1, joint="off")
     assert info.kept == ("d1", "d2", "d3") and max(info.pull.values()) < 1.01
     assert torch.equal(run.first_logits, cached.first_logits) and run.token_ids == cached.token_ids
     monkeypatch.setattr(routed, "MIN_PULL", 0.0)
@@ -321,15 +321,20 @@ def test_modules_that_reach_the_threshold_are_prefilled_together(flat, k):
         assert run.token_ids == base.token_ids
 
 
-def test_one_module_or_a_question_that_points_nowhere_is_read_as_stored(flat, monkeypatch):
+def test_one_module_is_read_as_stored_and_a_question_that_points_nowhere_is_the_full_prefill(flat, monkeypatch):
     from engine.arms import routed
+    from engine.arms.baseline import run_baseline
 
     one, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), k=1)
     assert info.joint == () and one.recomputed_tokens == 0
-    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # nothing reaches it: every module kept, none recomputed
-    cached = run_cached(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # nothing reaches it: every module kept, all recomputed together
     nowhere, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
-    assert info.kept == ("d1", "d2", "d3") and info.joint == () and torch.equal(nowhere.first_logits, cached.first_logits)
+    assert info.kept == info.joint == ("d1", "d2", "d3") and "no module reached" in info.chips()[0]
+    base = run_baseline(flat.lm, flat.plan, Sampling(3))
+    torch.testing.assert_close(nowhere.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
+    cached = run_cached(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
+    stored, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), joint="off")
+    assert info.joint == () and torch.equal(stored.first_logits, cached.first_logits)  # joint off: the modular run
 
 
 def test_the_joint_recompute_is_said_and_survives_the_json(flat):
