@@ -185,6 +185,9 @@ def lead_section(slug: str) -> list[str]:
         more = load(f"fidelity-routed-{name}-{slug}")
         if more:
             out += routed_section(more, None, None, further=True)
+    span = load(f"spanning-{slug}")
+    if span:
+        out += spanning_section(span)
     ape = load(f"fidelity-ape-{slug}")
     if ape and ape.get("confusable"):
         out += ape_section(ape)
@@ -270,6 +273,31 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None, furthe
         out += [f"A question that needs no module — `{greetings['command']}`: {greetings['prompts']} greetings over 8 "
                 "modules, the routed arm's answer the same text as the modular arm's: " + ", ".join(
                     f"`{k}` {v}/{greetings['prompts']}" for k, v in greetings["same_text"].items()) + ".", ""]
+    return out
+
+
+def spanning_section(f: dict) -> list[str]:
+    """Questions that span modules (issue 38): per split, set and phrasing, each arm's found (two facts) or recall
+    (every module) and its mean TTFT over the baseline's."""
+    out = ["### Questions that span modules", "",
+           f"`{f['command']}` ({machine_line(f)}; {f['model']}, {f['weights']} weights). Two facts from two of 8 "
+           "modules (found = both answers, each with its own subject) and every module's fact (recall = the share of "
+           "the answers given), in three phrasings each; the routed arm's rules were chosen on the `tune` split "
+           f"(seed {f['seeds']['tune']}) and are only reported on `heldout` (seed {f['seeds']['heldout']}). `only asked`: "
+           "the full prefill of a prompt holding only the asked modules (the ceiling). TTFT × baseline: the arm's mean "
+           "TTFT over the baseline's on the same prompts.", ""]
+    for split, groups in f["summary"].items():
+        out += [f"**{split}**", "", "| set | modules | phrasing | arm | found | recall | TTFT × baseline |",
+                "|---|---|---|---|---|---|---|"]
+        for key, arms in groups.items():
+            kind, modules, phrasing = key.split("/")
+            for arm, v in arms.items():
+                ratio = v.get("mean_ttft_vs_baseline", v.get("mean_ttft_vs_prefixed"))
+                ref = "" if "mean_ttft_vs_baseline" in v else " (× modular)"
+                recall = f"{v['recall']:.0%}" if "recall" in v else "–"
+                out.append(f"| {kind} | {modules} | {phrasing} | `{arm}` | {_found(v, count=True)} | {recall} | "
+                           f"{'–' if ratio is None else f'{ratio:.2f}{ref}'} |")
+        out.append("")
     return out
 
 
