@@ -155,7 +155,8 @@ def main() -> None:
                     "SINGLE", "CONFUSABLE"), help="held-out prompts per phrasing and per set")
     ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
-    ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running")
+    ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running (its optional "
+                    "'commands' list names the runs that made it)")
     ap.add_argument("--quick", action="store_true", help="1 prompt per set and phrasing, tune split only, no file")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -163,6 +164,7 @@ def main() -> None:
         args.splits, args.tune, args.chunk_tokens = ["tune"], [1, 1, 1, 1, 1], 40
     eng = Engine(model=args.model, weights=args.weights, persist=False)
     rows: dict[str, list[dict]] = json.loads(args.from_rows.read_text()) if args.from_rows else {}
+    collected_by = rows.pop("commands", None)  # a merged rows file names the runs that made its rows
     if not args.from_rows:
         chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
         for split in args.splits:
@@ -185,7 +187,8 @@ def main() -> None:
         "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "chunk_tokens": args.chunk_tokens, "seeds": {"tune": args.seed, "heldout": args.seed + 1},
         "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
                       "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
-        "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "summary": summary, "rows": rows},
+        "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "collected_by": collected_by,
+        "summary": summary, "rows": rows},
         write=not args.quick)
 
 
