@@ -57,24 +57,22 @@ from engine.model.load import LoadedModel
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
-# Decoder layers the scout reads (negative: from the end); it stops after the last. Chosen on the confusable
-# set by bench/routing.py: the asked module has the strongest pull in 24/24 prompts over layers 6-11 of the
-# 0.5B model's 24 (2-12 and 8-11 too; 0-23: 15/24), so the scout costs half a prefill of the new tokens.
+# Each setting below names the split it was chosen on; the figures are in docs/arms.md and bench/results/.
+# Decoder layers the scout reads (negative: from the end); it stops after the last. Chosen by bench/routing.py on
+# bench/fidelity.py's confusable set (seed 1): the layers where the asked module's pull leads in every prompt.
 SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
-# The pull a module needs to stay (one head of one new token putting this much attention on one of its keys).
-# Measured on Qwen2.5-Coder-0.5B over 8 confusable modules (bench/routing.py): the asked module 0.967-1.0 and
-# every other module 0.32-0.944 in 24 single-fact prompts; both asked modules 0.985-1.0 and the others under
-# 0.95 in 23 of 24 two-fact prompts (one kept a third); a greeting's strongest pull 0.75-0.94
-# (bench/routed_greetings.py). So the threshold keeps the asked modules, one or two, and nothing for a greeting.
+# The pull a module needs to stay (one head of one new token putting this much attention on one of its keys). Chosen
+# on the same confusable set and fidelity.py's two-fact set (seed 2), checked on greetings (bench/routed_greetings.py);
+# reported on bench/spanning.py's held-out split (seed 39).
 MIN_PULL = 0.95
 DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any module reaches the threshold)
-# With two or more modules kept, focus the decode steps on the module whose subject the answer last named
-# (engine.model.attend.Focus). A question token names a module when its pull there reaches the routing threshold and
-# leads every other kept module's by FOCUS_MARGIN (its scout row: a subject's name pulls its own module at 0.95-1.0,
-# the others far less). Measured on bench/fidelity.py's two-fact set (docs/arms.md).
+# With two or more modules kept and read as stored (joint off), focus the decode steps on the module whose subject
+# the answer last named (engine.model.attend.Focus): a question token names a module when its pull there reaches the
+# threshold and leads every other kept module's by FOCUS_MARGIN. Chosen on fidelity.py's two-fact set (seed 2).
 DEFAULT_FOCUS = "on"
 FOCUS_MARGIN = 0.2
-# Two or more modules kept are prefilled together (:func:`joint_fill`), chosen on bench/spanning.py's tune split.
+# Two or more modules kept are prefilled together (:func:`joint_fill`): chosen on bench/spanning.py's tune split
+# (seed 38) over the decode-time focus, reported on its held-out split (seed 39).
 DEFAULT_JOINT = "on"
 
 

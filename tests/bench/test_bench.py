@@ -353,3 +353,29 @@ def test_committed_results_pass_the_same_checks():
     check_fidelity(data["fidelity"])
     check_compression(data["compression"])
     check_workload(data["workload"])
+
+
+def test_committed_spanning_results_hold_together():
+    """bench/spanning.py's summaries recomputed from its rows: found with Wilson roots, recall means, TTFT over the
+    baseline's; and the held-out split ran none of the variants the tune split ruled out."""
+    paths = sorted(RESULTS.glob("spanning-*.json"))
+    if not paths:
+        pytest.skip("no bench/spanning.py results committed")
+    for path in paths:
+        d = json.loads(path.read_text())
+        for split, rows in d["rows"].items():
+            for key, arms in d["summary"][split].items():
+                kind, modules, phrasing = key.split("/")
+                rs = [r for r in rows if r["set"] == kind and str(r["modules"]) == modules
+                      and phrasing in ("every phrasing", r["phrasing"])]
+                for arm, s in arms.items():
+                    found = sum(r[arm]["found"] for r in rs)
+                    assert (s["found"], s["n"]) == (found, len(rs)), (path.name, key, arm)
+                    assert s["ci95"] == pytest.approx(wilson_roots(found, len(rs)), abs=1e-4)
+                    if "recall" in s:
+                        assert s["recall"] == pytest.approx(statistics.mean(r[arm]["recall"] for r in rs), abs=1e-4)
+                    if "mean_ttft_vs_baseline" in s:
+                        ratio = sum(r[arm]["ttft_ms"] for r in rs) / sum(r["baseline"]["ttft_ms"] for r in rs)
+                        assert s["mean_ttft_vs_baseline"] == pytest.approx(ratio, abs=1e-3)
+            if split == "heldout":
+                assert not {a for r in rows for a in r} & set(d["tune_only"])

@@ -58,3 +58,33 @@ def test_judge_matches_whole_words_ignoring_case_and_punctuation():
     assert judge("Toffee, I think.", case) == (False, True)  # another module's answer: confused
     assert judge("Admiral Crumb or Toffee", case) == (True, False)  # found wins over confused
     assert judge("He steals it.", {"answer": "x", "others": ["teal"]}) == (False, False)
+
+
+def test_spanning_questions_name_their_subjects_in_every_phrasing_and_each_module_holds_one_fact():
+    from bench.needles import ALL_PHRASINGS, TWO_PHRASINGS, aggregate_cases, phrased_two_fact_cases
+
+    for phrasing in TWO_PHRASINGS:
+        for case in phrased_two_fact_cases(CHUNKS, 8, 7, seed=5, phrasing=phrasing):
+            a, b = case["subjects"]
+            assert a in case["question"] and b in case["question"] and case["phrasing"] == phrasing
+            fact = next(f for f in FACTS if f.kind == case["kind"])
+            for subject, answer, module in zip(case["subjects"], case["answers"], case["needle_modules"]):
+                assert (subject, answer) in sentences(fact, case["docs"][module])
+    for phrasing in ALL_PHRASINGS:
+        for n in (4, 8):
+            for case in aggregate_cases(CHUNKS, n, 7, seed=6, phrasing=phrasing):
+                fact = next(f for f in FACTS if f.kind == case["kind"])
+                assert not any(s in case["question"] for s in case["subjects"])  # it names no subject
+                assert [sentences(fact, d) for d in case["docs"]] == [[p] for p in zip(case["subjects"], case["answers"])]
+    # the same seed draws the same prompts; another seed others (the tune and held-out splits)
+    assert aggregate_cases(CHUNKS, 4, 3, 1, "list") == aggregate_cases(CHUNKS, 4, 3, 1, "list")
+    assert aggregate_cases(CHUNKS, 4, 3, 1, "list") != aggregate_cases(CHUNKS, 4, 3, 2, "list")
+
+
+def test_recall_is_the_share_of_the_answers_given_as_whole_words():
+    from bench.needles import recall
+
+    case = {"answers": ["Biscuit", "Captain Fig", "Toffee", "Nutmeg"]}
+    assert recall("Biscuit, captain fig and TOFFEE.", case) == 0.75
+    assert recall("Biscuits and Captain Figaro", case) == 0.0
+    assert recall("", case) == 0.0
