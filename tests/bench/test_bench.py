@@ -358,7 +358,7 @@ def test_committed_results_pass_the_same_checks():
 def test_committed_spanning_results_hold_together():
     """bench/spanning.py's summaries recomputed from its rows: found with Wilson roots, recall means, TTFT over the
     baseline's; and the held-out split ran none of the variants the tune split ruled out."""
-    paths = sorted(RESULTS.glob("spanning-*.json"))
+    paths = [p for p in sorted(RESULTS.glob("spanning-*.json")) if not p.stem.startswith("spanning-rows-")]
     if not paths:
         pytest.skip("no bench/spanning.py results committed")
     for path in paths:
