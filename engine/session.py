@@ -12,8 +12,8 @@ run, the prompt importing every module in schema order (``RunConfig.warmup``) â€
     print(result.to_json())
     eng.compare(schema_xml, prompt_xml, config=eng.config.with_(mode="isolated"))
 
-A run given ``should_stop`` (a plain callable, e.g. ``threading.Event().is_set``) asks it between encoded units,
-before each arm and once per decode step, and raises :class:`engine.errors.RunStopped` when it says True: nothing
+A run given ``should_stop`` (a plain callable, e.g. ``threading.Event().is_set``) asks it before it starts, between
+encoded units and after every generated token, and raises :class:`engine.errors.RunStopped` when it says True: nothing
 of a stopped run is returned, and the next run starts from a clean state.
 """
 
@@ -28,14 +28,13 @@ from engine.arms.compare import Comparison
 from engine.arms.compare import compare as run_compare
 from engine.arms.prefix import warm_prefix
 from engine.arms.registry import REGISTRY, Reads, Sampling, TokenFn
-from engine.arms.runner import check_stop, stoppable
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema, ProgressFn, count_units, encode_schema
 from engine.cache.prefix import PrefixCache, schema_order_prompt
 from engine.cache.store import DiskStore, ModuleStore, default_budget
 from engine.config import RunConfig
 from engine.devices import check_device
-from engine.errors import EngineError, MissingEntry, StorageError
+from engine.errors import EngineError, MissingEntry, RunStopped, StorageError
 from engine.kv import stored_bytes_per_token
 from engine.model.load import LoadedModel, kv_shape, load_config, load_model, load_tokenizer
 from engine.schema.layout import Layout, TextCodec
@@ -198,9 +197,11 @@ class Engine:
         plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
         store = self.store(cfg.storage)
         self._check_budget(plan, cfg, store, prompt_source)  # before any model work
-        progress = _stopping(progress) if should_stop is not None else progress
-        with self.run_lock, stoppable(should_stop):
-            check_stop()
+        if should_stop is not None:
+            progress, on_token = _stopping(progress, should_stop), _stopping_tokens(on_token, should_stop)
+        with self.run_lock:
+            if should_stop is not None and should_stop():
+                raise RunStopped("the run was stopped on request before it started")
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             enc = self._fetched(plan, lay, cfg, enc, progress)
@@ -291,14 +292,26 @@ def encode_summary(enc: EncodedSchema) -> dict:
                        for u in enc.units]}
 
 
-def _stopping(progress: ProgressFn | None) -> ProgressFn:
-    """``progress`` that first asks the run's ``should_stop`` (runner.check_stop): a long encoding stops between
-    units (each unit encoded so far stays in the store)."""
+def _stopping(progress: ProgressFn | None, should_stop: Callable[[], bool]) -> ProgressFn:
+    """``progress`` that first asks ``should_stop``: a long encoding stops between units (each unit encoded so far
+    stays in the store)."""
     def report(done: int, total: int, label: str) -> None:
-        check_stop()
+        if should_stop():
+            raise RunStopped(f"the run was stopped on request while encoding ({done} of {total} units done)")
         if progress is not None:
             progress(done, total, label)
     return report
+
+
+def _stopping_tokens(on_token: TokenFn | None, should_stop: Callable[[], bool]) -> TokenFn:
+    """``on_token`` that first asks ``should_stop``: the runner calls it after every sampled token, so a run ends
+    within a token of the stop (a stopped token is not shown)."""
+    def token(arm: str, text: str) -> None:
+        if should_stop():
+            raise RunStopped(f"the run was stopped on request while {arm} was decoding")
+        if on_token is not None:
+            on_token(arm, text)
+    return token
 
 
 def gpu_status() -> tuple[bool, str]:

@@ -23,8 +23,8 @@ and ``decode_batch`` says how many runs shared it. Runs whose cache the batch ca
 as before: thinned layers (question retention, compressed entries), models that track key positions
 (sliding windows, ALiBi) or use their own attention code.
 
-**Stopping.** Inside :func:`stoppable`, ``should_stop()`` is asked before each run's prefill and once per decode
-step; when it answers True the run raises :class:`engine.errors.RunStopped` within one token. A run whose text
+**Stopping.** ``on_token`` is called after every sampled token; an exception it raises ends the run there
+(``Engine.compare`` turns its ``should_stop`` into such a callback). A run whose text
 comes to hold one of ``Sampling.stop`` ends there normally (its text keeps the stop string; front ends cut it).
 Every sampled token's logit is checked: a NaN or infinite one raises :class:`engine.errors.NonFiniteLogits`.
 """
@@ -49,7 +49,7 @@ from engine.cache.assemble import buffer_ranks, copy_list_ranked, module_slots, 
 from engine.cache.compress import QuestionRetention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
-from engine.errors import EngineError, NonFiniteLogits, RunStopped
+from engine.errors import EngineError, NonFiniteLogits
 from engine.kv import BatchedKV, KVBuffer, KVWorkspace
 from engine.model import step
 from engine.model.attend import (ATTENTION, ApeScale, Focus, RankMask, ape_scaled, focused, key_masked, plain,
@@ -59,10 +59,9 @@ from engine.model.positions import attach, needs_positions
 from engine.schema.plan import PromptPlan
 
 __all__ = ["Fill", "timed_run", "run_recomputed", "check_recompute", "workspace", "DecodeBatch", "decode_together",
-           "decoder_layers", "run_until", "ape_scale", "stoppable", "check_stop"]
+           "decoder_layers", "run_until", "ape_scale"]
 
 _BATCH: contextvars.ContextVar["DecodeBatch | None"] = contextvars.ContextVar("pml_decode_batch", default=None)
-_STOP: contextvars.ContextVar["Callable[[], bool] | None"] = contextvars.ContextVar("pml_should_stop", default=None)
 _WORKSPACES: "weakref.WeakKeyDictionary[torch.nn.Module, KVWorkspace]" = weakref.WeakKeyDictionary()  # by model
 
 
@@ -85,7 +84,6 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
               key_positions: list[torch.Tensor] | None = None) -> tuple[RunResult, KVBuffer]:
     """Allocate a buffer of ``capacity`` tokens, ``fill`` it, prefill, sample, decode: the one timed block
     every arm shares. Returns the run and its buffer (valid until the model's next run)."""
-    check_stop()
     with PEAK_MEMORY(lm.device) as mem:
         _sync(lm.device)
         t0 = time.perf_counter()
@@ -263,7 +261,6 @@ def _decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: 
     """Greedy / sampled decoding after the first token, appending to ``tokens``; returns seconds spent."""
     spent = 0.0
     while not _ended(lm, tokens, sampling):
-        check_stop(len(tokens))
         s = time.perf_counter()
         tok = _sample(_step(lm, cache, [tokens[-1]], [next_pos])[0], sampling, gen, arm, len(tokens))
         _sync(lm.device)
@@ -342,24 +339,6 @@ def decode_together(lm: LoadedModel, enabled: bool = True):
         _BATCH.reset(token)
 
 
-@contextlib.contextmanager
-def stoppable(should_stop: Callable[[], bool] | None):
-    """Within this block, runs ask ``should_stop()`` before their prefill and once per decode step, and raise
-    RunStopped when it says True (None: never stopped)."""
-    token = _STOP.set(should_stop)
-    try:
-        yield
-    finally:
-        _STOP.reset(token)
-
-
-def check_stop(tokens: int = 0) -> None:
-    """RunStopped when the :func:`stoppable` block's ``should_stop()`` says True (``tokens``: generated so far)."""
-    should_stop = _STOP.get()
-    if should_stop is not None and should_stop():
-        raise RunStopped(f"the run was stopped on request after {tokens} generated token{'s' if tokens != 1 else ''}")
-
-
 def _decode_alone(lm: LoadedModel, w: _Waiting) -> None:
     buf = workspace(lm).buffer(w.kv.shape[3] + w.sampling.max_new_tokens + 1)
     buf.write(w.kv)
@@ -375,7 +354,6 @@ def _decode_batch(lm: LoadedModel, waiting: list[_Waiting]) -> None:
     live = [True] * len(waiting)
     with torch.inference_mode():
         while any(live):
-            check_stop(max(len(w.tokens) for w in waiting))
             s = time.perf_counter()
             logits = _step(lm, cache, [w.tokens[-1] for w in waiting], [w.next_pos for w in waiting], kv.key_mask)
             kv.advance()
