@@ -127,7 +127,7 @@ class RunConfig:
     persist: bool = True
     module_dir: str | None = None
     arms: tuple[str, ...] | None = None
-    sink: int = 0  # neutral tokens each isolated module is encoded after (issue 12); 0 = off
+    sink: int = 0  # neutral tokens each isolated module is encoded after; 0 = off
     warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
     weights: str | None = None  # the model's linear weights: fp32, bf16, int8, int4 or gguf (engine/model/weights.py)
     decode: str = "together"  # the arms' decoding: "together" (one batch per step) or "apart" (engine/arms/runner.py)

@@ -1,11 +1,8 @@
 """Files read from paths a user gives: schemas, prompts, prompt programs, a model folder's configs and tokenizer.
 
-:func:`read_text` reads one whole, within a size limit: a regular file or a pipe (``<(...)``, ``/dev/stdin``)
-is read up to ``limit + 1`` bytes, so a huge or endless one stops at the limit; a folder, a device or a
-socket is refused before anything is read. Where another library reads the file (transformers reads a
-model folder), :func:`check_model_folder` checks each file it will read by ``stat`` first. Every refusal is
-an :class:`InputFileError` naming the file, what was wrong and the fix. The base layer: it imports nothing
-of the engine but its errors.
+:func:`read_text` reads a regular file or a pipe up to ``limit + 1`` bytes, so an endless one stops; a folder,
+device or socket is refused unread. :func:`check_model_folder` stats the files transformers will read. Every
+refusal is an :class:`InputFileError` naming the file and the fix.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ COLUMNS: dict[str, type] = {
     "max_new_tokens": int,
     "temperature": float,
     "result_json": str,  # the full `run --json` document
-    # module memory (issue 5); NULL in rows written before these existed
+    # module memory; NULL in rows written before these existed
     "storage_dtype": str,  # float32 | float16 | bfloat16
     "retention": float,  # mean fraction of module KV kept per layer (1.0 = uncompressed)
     "compression_method": str,  # pyramid | uniform | recent

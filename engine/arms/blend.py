@@ -1,4 +1,4 @@
-"""Blend: selective recompute of the cached tokens a full prefill would change most (issue 18, after CacheBlend).
+"""Blend: selective recompute of the cached tokens a full prefill would change most (after CacheBlend).
 
 Separately encoded modules never attended to each other, so their stored KV lacks what a full
 prefill gives every token: which document it belongs to, what came before. CacheBlend (Yao et

@@ -92,7 +92,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
 def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                  sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = 4,
                  first: bool | None = None) -> RunResult:
-    """The cached run with link-token recompute (issue 12, after EPIC).
+    """The cached run with link-token recompute (after EPIC).
 
     The tokens :func:`engine.arms.repair.select_repair` picks are left out of the buffer and prefilled
     together with the uncached tokens, at their own position ids; every prefilled token attends

@@ -1,4 +1,4 @@
-"""Which cached tokens a repaired run recomputes (issue 12: link-token recompute, after EPIC).
+"""Which cached tokens a repaired run recomputes (link-token recompute, after EPIC).
 
 Separately encoded units never attended to what precedes them in a prompt: a module encoded in
 isolation has not seen the system text or the modules before it, the module text after a

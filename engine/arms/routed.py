@@ -1,10 +1,9 @@
-"""Question-routed reuse (``routed``, issue 27): the question picks the modules it reads.
+"""Question-routed reuse (``routed``): the question picks the modules it reads.
 
 Modules encoded apart never saw each other. When several hold same-template facts about different
 subjects, the question's attention spreads over all of them and the modular arm answers from the wrong
-one (8 confusable modules on Qwen2.5-Coder-0.5B: baseline 88 %, modular 33 %). Recomputing tokens
-(blend) did not fix it; selecting *what the query reads* does in the literature (selective attention to
-the top contexts, arXiv 2412.16545; CacheFocus, arXiv 2502.11101). A routed run (:func:`run_routed`):
+one; selecting *what the query reads* fixes it (selective attention to the top contexts, arXiv 2412.16545;
+CacheFocus, arXiv 2502.11101). A routed run (:func:`run_routed`):
 
 1. **Buffer** — every imported module's stored KV, as the modular arm assembles it.
 2. **Scout** — the uncached tokens prefilled over it through the first ``max(SCOUT_LAYERS) + 1`` decoder
@@ -15,11 +14,7 @@ the top contexts, arXiv 2412.16545; CacheFocus, arXiv 2502.11101). A routed run 
    arguments and new text are never routed out. A question that points at no module (no pull reaches the
    threshold: a greeting, or a question about every module) keeps them all.
 
-Why the peak and not the attention mass: measured on the confusable set (bench/routing.py, 24 prompts of
-8 same-template modules, Qwen2.5-Coder-0.5B), the mass summed over heads and queries put the asked module
-first in at most 8/24 prompts at any layer (chance: 3/24) — template words and sinks attend everywhere —
-while the peak over layers 6–11 put it first in 24/24: some head of the question's subject name attends
-sharply to that name in the one module that holds it.
+Why the peak and not the attention mass: docs/arms.md (template words and sinks attend everywhere).
 4. **Prefill and decode** — the buffer rebuilt with the kept modules, the uncached tokens prefilled over
    it, then decoding, as the modular arm does. A module left out is therefore invisible to the rest of
    the prefill and to every decoded token. With ``joint`` on, two or more kept modules are not read as

@@ -12,7 +12,7 @@ Units (see layout.py for which pieces each contains):
 
 Mode ``contextual`` (default; ``prefixed`` before) encodes 2. with the KV of the anonymous text before the module as
 past context; ``isolated`` (the paper's scheme) encodes it alone — or, with ``sink`` N > 0
-(issue 12), after the first N tokens of that anonymous text at their own positions 0..N-1: the
+after the first N tokens of that anonymous text at their own positions 0..N-1: the
 chat template's fixed opening (``<|im_start|>system\n`` is 3 tokens), which every prompt starts
 with, so the module gets the attention sink it will have at run time without depending on the
 system text; the sink's KV is not stored with the module (the anonymous entry holds it already)

@@ -13,8 +13,7 @@ import os
 # weight precisions (engine/model/weights.py); gguf: each layer as the model's GGUF file holds it where it can
 WEIGHTS = ("fp32", "bf16", "int8", "int4", "gguf")
 
-# The model that answers (`make setup` installs it), on its GGUF file's own blocks: exactly the values fp32 runs,
-# multiplied by the engine's kernels (engine/model/kernels.py), ~25 ms/token against fp32's ~150 (docs/models.md).
+# The model that answers, on its GGUF file's own blocks (the values fp32 runs; speeds in docs/models.md).
 START_MODEL, START_NAME, START_WEIGHTS = "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "gguf"
 SMALL_MODEL = "SmolLM2-135M-Instruct"  # the small packaged model (key "default"): what the tests name
 MODEL_ENV = "PML_STUDIO_MODEL"  # another default model, for every front end and the processes they start

@@ -2,7 +2,7 @@
 
 * :func:`use_pml_attention` routes a model's attention through :func:`_pml_attention` (per-layer
   cache lengths, position-aware windows, soft-capping).
-* :class:`RankMask` — for a repaired run (issue 12), attention by each token's rank in the
+* :class:`RankMask` — for a repaired run, attention by each token's rank in the
   prompt instead of its index in the buffer, for the one prefill forward (:func:`rank_masked`).
 * :class:`AttentionScorer` / :class:`QueryCapture` — attention scoring for compression, fed
   within :func:`scoring`.
