@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from contextlib import contextmanager
 
 import pytest
@@ -49,6 +50,18 @@ def served_studio(engine, runlog: RunLog, token: str | None = TOKEN, api: dict |
         yield demo, port
     finally:
         demo.close()
+
+
+@contextmanager
+def write_lock_held(path):
+    """Another program holding the run log's write lock (a write transaction left open)."""
+    other = sqlite3.connect(path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.rollback()
+        other.close()
 
 
 def settings(**kw) -> dict:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +23,7 @@ import pytest
 from engine.runlog import RunLog
 from tests.conftest import ROOT, free_port
 from tests.engine.test_runlog import fake_comparison
+from tests.studio_fixtures import write_lock_held
 
 FIRST, SECOND = "2026-01-01T00:00:01+00:00", "2026-01-01T00:00:02+00:00"
 
@@ -33,18 +34,6 @@ def bare_studio(path, timeout: float = 0.2):
 
     engine = SimpleNamespace(loaded=False, config=SimpleNamespace(model="tiny"))
     return Studio(engine, RunLog(path, timeout=timeout))
-
-
-@contextmanager
-def write_lock_held(path):
-    """Another program holding the run log's write lock (a write transaction left open)."""
-    other = sqlite3.connect(path)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        other.rollback()
-        other.close()
 
 
 def stored(path) -> list[tuple]:

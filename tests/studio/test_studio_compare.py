@@ -25,13 +25,13 @@ from tests.conftest import ROOT
 import html
 import json
 import sqlite3
-from contextlib import contextmanager
 from dataclasses import replace
 import time
 from functools import partial
 
 from engine.arms.compare import Comparison
-from tests.studio_fixtures import CPU, TRAVEL_PROMPT, doc, settings, studio, travel  # noqa: F401 (fixtures)
+from tests.studio_fixtures import (CPU, TRAVEL_PROMPT, doc, settings, studio, travel,  # noqa: F401 (fixtures)
+                                   write_lock_held)
 
 
 def test_compare_streams_each_arm_and_records_one_row(studio, travel, monkeypatch):
@@ -274,18 +274,6 @@ def runs_in(path) -> list[tuple]:
         return conn.execute("select id, created_at, result_json from runs order by id").fetchall()
     finally:
         conn.close()
-
-
-@contextmanager
-def write_lock_held(path):
-    """Another program holding the run log's write lock (a write transaction left open)."""
-    other = sqlite3.connect(path)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        other.rollback()
-        other.close()
 
 
 def as_stored(data: dict) -> dict:
