@@ -188,6 +188,15 @@ def lead_section(slug: str) -> list[str]:
     span = load(f"spanning-{slug}")
     if span:
         out += spanning_section(span)
+    served = load(f"serve-{slug}")
+    if served:
+        out += serve_section(served)
+    cli = load(f"cli-decode-{slug}")
+    if cli:
+        d = cli["decode_ms_per_token"]
+        out += [f"**What `pml-studio run --model {slug}` decodes at with no `--weights`** — `{cli['command']}` "
+                f"({machine_line(cli)}): the CLI chose {', '.join(cli['weights'])} weights; {d['median']} ms/token median "
+                f"({d['min']}–{d['max']}) over {len(cli['runs'])} runs of the samples.", ""]
     ape = load(f"fidelity-ape-{slug}")
     if ape and ape.get("confusable"):
         out += ape_section(ape)
@@ -299,6 +308,45 @@ def spanning_section(f: dict) -> list[str]:
                            f"{'–' if ratio is None else f'{ratio:.2f}{ref}'} |")
         out.append("")
     return out
+
+
+def serve_section(f: dict) -> list[str]:
+    """The mixed workload through the OpenAI API (bench/serve.py): each configuration's client-side times and answers,
+    llama.cpp's server beside, the API's overhead and the default arm it decided."""
+    llama = f["configs"].get("llama.cpp server")
+    out = ["### Through the OpenAI API, against llama.cpp's server", "",
+           f"`{f['command']}` ({machine_line(f)}; {f['model']}, {f['weights']} weights). The mixed workload's "
+           f"{f['prompts_sent']} prompts ({f['modules']} confusable essay modules, 2–4 per prompt, any order) sent by the "
+           "official `openai` client as a RAG app sends them (a system message, one content part per document, the "
+           f"question), streamed, greedy, {f['new_tokens']} new tokens at most; each configuration warmed once with all "
+           "documents in order. Times are the client's: to the first streamed token and to the last; `transparent`: the "
+           "messages as they are; `explicit`: the same documents as a PML schema named in `pml`. llama.cpp: "
+           "`llama_cpp.server` (llama-cpp-python) on the same GGUF and threads, prompt cache on (`--cache`).", "",
+           "| configuration | TTFT min / median / max | mean TTFT | × llama.cpp | last token (median) | decode ms/token "
+           "| found | cached / document tokens |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, v in f["configs"].items():
+        t = v["ttft_ms"]
+        vs = f"{v['mean_ttft_ms'] / llama['mean_ttft_ms']:.2f}" if llama else "–"
+        share = v.get("cached_share_of_documents", {}).get("median")
+        out.append(f"| {name} | {_ms(t['min'])} / {_ms(t['median'])} / {_ms(t['max'])} | {_ms(v['mean_ttft_ms'])} | "
+                   f"{vs} | {_ms(v['last_token_ms']['median'])} | {v['decode_ms_per_token']['median']} | "
+                   f"{v['found']}/{v['of']} | {'–' if share is None else f'{share:.2f}'} |")
+    out.append("")
+    served = [v["overhead_ms"]["median"] for v in f["configs"].values() if "overhead_ms" in v]
+    if served:
+        out.append(f"The client's TTFT less the server's own (`pml.ttft_ms`): median {min(served):.0f}–{max(served):.0f} ms "
+                   "per configuration (HTTP, the request's compilation to PML, the event stream).")
+    for arm, o in f.get("api_overhead", {}).items():
+        out.append(f"API overhead, `{arm}`: the API's median TTFT {_ms(o['api_ttft_ms']['median'])} against "
+                   f"{_ms(o['run_ttft_ms']['median'])} for the same explicit prompts run in-process by `Engine.compare` "
+                   f"(what `pml-studio run` runs): {o['median_overhead_ms']:.0f} ms per request "
+                   f"({o['median_overhead_share']:+.1%}).")
+    d = f.get("default_arm")
+    if d:
+        why = "; ".join(f"`{a}`: {'qualifies' if v['qualifies'] else ', '.join(v['why_not'])}"
+                        for a, v in d["candidates"].items())
+        out += ["", f"Default arm decided by this run: **`{d['arm']}`** — {d['rule']} ({why})."]
+    return out + [""]
 
 
 def cell_of(v: dict) -> str:
