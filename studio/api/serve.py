@@ -37,7 +37,7 @@ def api_arguments(sp) -> None:
 
     sp.add_argument("--default-arm", default=None, type=_arm, metavar="ARM",
                     help=f"the arm that answers an API request that names none in pml.arm: baseline, prefix, cached, "
-                         f"blend, routed, ... (default: {DEFAULT_ARM}, the exact prefix cache; docs/api.md says why)")
+                         f"blend, routed, ... (default: {DEFAULT_ARM}, chosen by bench/serve.py; docs/api.md says why)")
     sp.add_argument("--max-queue", type=NumberArg(Limit("max queue", 1, 4096, whole=True, example="16")),
                     default=MAX_QUEUE, help=f"API requests that may wait for the engine; more are answered 429 "
                     f"(default {MAX_QUEUE})")
