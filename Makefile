@@ -64,14 +64,14 @@ qwen: setup
 # llama.cpp (llama-cpp-python 0.3.36, a source distribution: cmake and g++ build llama.cpp, ~7 min on
 # 2 cores the first time, then pip's wheel cache) and kvpress 0.5.5 (it needs transformers<5.3; the
 # project runs 5.23). The benchmark runs on the 0.5B model, so this installs it too. Then:
-# python bench/peers.py --model qwen2.5-coder-0.5b [--kvpress]
+# python bench/peers.py --model qwen2.5-coder-0.5b [--kvpress]; python bench/serve.py (llama.cpp's OpenAI server: the [server] extra)
 PEERS := .peers
 peers: qwen
 	@command -v cmake >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { echo "make peers: \
 	llama-cpp-python builds llama.cpp from source and needs cmake and g++ (Debian: apt-get install cmake g++)"; exit 1; }
 	test -x $(PEERS)/llama/bin/python || $(PY) -m venv $(PEERS)/llama
 	$(PEERS)/llama/bin/python -m pip install -q --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEERS)/llama/bin/python -m pip install -q llama-cpp-python==0.3.36 || { \
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEERS)/llama/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36' || { \
 	echo "make peers: building llama-cpp-python 0.3.36 failed (the compiler's output is above); bench/peers.py will say llama.cpp is not set up"; exit 1; }
 	test -x $(PEERS)/kvpress/bin/python || $(PY) -m venv $(PEERS)/kvpress
 	$(PEERS)/kvpress/bin/python -m pip install -q --upgrade pip
