@@ -57,7 +57,7 @@ class QuestionRetention:
         self.capture = QueryCapture(comp.question_window)
 
     def watching(self) -> contextlib.AbstractContextManager:
-        """Context for the prefill forward, keeping its newest queries."""
+        """Keep the prefill's newest queries."""
         return scoring(self.capture)
 
     def apply(self, buf: KVBuffer) -> None:

@@ -279,7 +279,7 @@ class ModuleStore:
                     self._entries.move_to_end(key)
 
     def on_evict(self, listener) -> None:
-        """Call ``listener(key)`` whenever the budget evicts an entry."""
+        """Call ``listener(key)`` on each budget eviction."""
         self._listeners.append(listener)
 
     def pin(self, key: str, pinned: bool = True) -> None:

@@ -77,7 +77,7 @@ class KVBuffer:
         self.lengths[layer] = k
 
     def cache(self) -> "BufferedCache":
-        """A transformers Cache appending into this buffer."""
+        """A Cache appending into this buffer."""
         return BufferedCache(self)
 
 

@@ -12,7 +12,7 @@ MODEL_ENV = "PML_STUDIO_MODEL"
 
 
 def default_model() -> str:
-    """The model of every run that names none: ``$PML_STUDIO_MODEL``, else :data:`START_MODEL`."""
+    """The model of a run that names none."""
     return os.environ.get(MODEL_ENV) or START_MODEL
 
 
