@@ -1,7 +1,6 @@
-"""What a run copies out of the stores into its buffer, and in which order (no timing here).
+"""What a run copies from the store into its buffer, as (entry, first, end[, rank | module]) ranges.
 
-Copy lists are (entry, first, end[, rank or module]) ranges in cache order. Entries are fetched by
-:func:`fetch_entries` before any timing starts, so a MissingEntry never surfaces inside a timed run.
+No timing here: :func:`fetch_entries` runs before the clock starts, so a MissingEntry never does.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ def token_place(plan: PromptPlan, k: int) -> dict:
 
 
 def question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRetention | None:
-    """The run-time retention of ``question`` compression, sparing the anonymous text (else None)."""
+    """The run-time retention of ``question`` compression, else None."""
     if not encoded.compression.at_run:
         return None
     anon = encoded.module_keys.get(ANONYMOUS)
@@ -121,7 +120,7 @@ def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
 
 
 def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """The ranges per cached segment, with their top-level module (None: anonymous text, scaffolds)."""
+    """The ranges per cached segment, with their top-level module or None."""
     out = []
     for s in plan.segments:
         if s.kind != CACHED:

@@ -49,7 +49,7 @@ def compress(entry: ModuleKV, scores: list[torch.Tensor] | None, comp: Compressi
 
 
 class QuestionRetention:
-    """``question`` retention for one run: watch the prefill, then thin the buffer before decoding."""
+    """``question`` retention: watch the prefill, then thin the buffer."""
 
     def __init__(self, comp: Compression, candidates: torch.Tensor):
         self.comp = comp
@@ -61,7 +61,7 @@ class QuestionRetention:
         return scoring(self.capture)
 
     def apply(self, buf: KVBuffer) -> None:
-        """Keep, per layer and KV head, the non-module tokens and the top-scored module tokens."""
+        """Thin each layer and KV head to the non-module and the top-scored module tokens."""
         n_cached = self.candidates.shape[0]
         m = int(self.candidates.sum())
         if m == 0 or not self.capture.queries:

@@ -1,9 +1,7 @@
 """Prefix cache: exact reuse of the longest cached token prefix, as vLLM, SGLang and llama.cpp do.
 
-The comparison modular caching must beat: reuse is exact but stops at the first token that
-differs. :class:`PrefixCache` is a token-exact radix tree (after SGLang's ``RadixCache``) whose
-nodes' KV live in the module store; :func:`schema_order_prompt` is its warm-up prompt
-(docs/arms.md, "The prefix cache arm").
+A token-exact radix tree (after SGLang's ``RadixCache``) whose nodes' KV live in the module store;
+docs/arms.md, "The prefix cache arm".
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ class WarmPrompt:
     fingerprint: str
     modules: tuple[str, ...]
     token_ids: tuple[int, ...]
-    placeholders: tuple[str, ...]  # "module/param" without default text
+    placeholders: tuple[str, ...]  # "module/param"
 
 
 @dataclass(eq=False)
@@ -86,10 +84,8 @@ class PrefixCache:
 
     def insert(self, token_ids: list[int] | tuple[int, ...], kv: torch.Tensor, keep: list[str] = (),
                run: bool = False) -> int:
-        """Store the KV of ``token_ids``; return how many new tokens were stored.
-
-        ``kv``: [layers, 2, kv_heads, >= len, head_dim] at positions 0... Nothing is stored when the new
-        tokens cannot fit beside ``keep`` (entries a run still needs) and this prompt's own path."""
+        """Store the KV (``kv``: [layers, 2, kv_heads, >= len, head_dim]) of ``token_ids``, if it fits
+        beside ``keep`` and its own path; return how many new tokens were stored."""
         ids = tuple(token_ids)
         with self._lock:
             self.inserted_runs += int(run)
@@ -148,7 +144,7 @@ class PrefixCache:
     # -- internal helpers ---------------------------------------------------------------------
 
     def _walk(self, ids: tuple[int, ...]) -> tuple[list[tuple[_Node, int]], int]:
-        """(the longest matching path's nodes with the tokens used of each, tokens matched)."""
+        """(the longest matching path as (node, tokens used), tokens matched)."""
         path: list[tuple[_Node, int]] = []
         node, i = self._root, 0
         while i < len(ids):

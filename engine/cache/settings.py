@@ -26,10 +26,10 @@ class Compression:
 
     retention: float = 1.0  # mean fraction kept per layer
     method: str = "pyramid"
-    recent_frac: float = 0.4  # share of queries that score the tokens
-    window_frac: float = 0.1  # share of recent tokens always kept
-    pool_kernel: int = 31  # question: max-pool width, so a multi-token answer stays whole
-    question_window: int = 64  # question: newest prompt tokens that score
+    recent_frac: float = 0.4  # of queries that score
+    window_frac: float = 0.1  # of recent tokens always kept
+    pool_kernel: int = 31  # question: keeps a multi-token answer whole
+    question_window: int = 64  # question: new tokens that score
 
     def __post_init__(self):
         check_fields(self, "retention", "recent_frac", "window_frac")
@@ -46,21 +46,18 @@ class Compression:
 
     @property
     def at_encode(self) -> bool:
-        """Stored entries are thinned when encoded."""
         return self.active and self.method != "question"
 
     @property
     def at_run(self) -> bool:
-        """The run's buffer is thinned after the prefill."""
         return self.active and self.method == "question"
 
     @property
     def stored_fraction(self) -> float:
-        """Mean fraction of a module's tokens stored."""
         return self.retention if self.at_encode else 1.0
 
     def key(self) -> str:
-        """Identifies this compression, so encodings made for different ones never mix."""
+        """Identifies this compression."""
         if not self.active:
             return "full"
         if self.method == "question":
@@ -68,7 +65,7 @@ class Compression:
         return f"{self.method}:{self.retention:.4f}:{self.recent_frac}:{self.window_frac}"
 
     def stored_key(self) -> str:
-        """The part of every store key that compression decides."""
+        """Its part of every store key."""
         return self.key() if self.at_encode else "full"
 
     def layer_ratios(self, n_layers: int) -> list[float]:

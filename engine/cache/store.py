@@ -29,7 +29,7 @@ READABLE = ("pml-kv/1", FORMAT)
 PREFIX = "prefix:"  # prefix-cache nodes: memory only
 HEADER_SUM = "header_sha256"  # of every other manifest field
 _TEMP = re.compile(r"\..+\.safetensors\.(\d+)\.\d+\.tmp")  # .NAME.PID.THREAD.tmp
-STALE_TEMP_S = 3600  # older temporary files are a killed save's, whatever their process id
+STALE_TEMP_S = 3600  # older temporary files are a killed save's
 
 
 class DiskStore:
@@ -156,7 +156,7 @@ def _read_entry(path: Path):
 
 
 class ModuleStore:
-    """put / get / has / where / nbytes / evict / pin, on ``device`` (``cpu`` or ``cuda``)."""
+    """put / get / has / where / nbytes / evict / pin, on ``device``."""
 
     def __init__(self, device: str = "cpu", budget_bytes: int | None = None, disk: DiskStore | None = None):
         check_device(device)
@@ -340,7 +340,7 @@ class ModuleStore:
         """Evict unpinned entries, oldest first, down to ``limit`` bytes; return the bytes left."""
         used = sum(e.nbytes for e in self._entries.values())
         while used > limit:
-            victim = next((k for k in self._entries if k not in self._pinned), None)  # anew: listeners evict too
+            victim = next((k for k in self._entries if k not in self._pinned), None)  # listeners evict too
             if victim is None:
                 break
             self._entries.pop(victim)

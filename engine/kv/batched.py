@@ -1,8 +1,4 @@
-"""Several runs' KV decoded as one batch: one right-padded row per run, each at its own length.
-
-A CPU decode step costs one read of the weights, so the arms decode together for little more
-than one (docs/cli.md, ``--decode``). Runs with thinned layers decode alone.
-"""
+"""Several runs' KV decoded as one batch (``--decode together``, docs/cli.md): a padded row per run."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from engine.kv.buffer import PreallocatedLayer
 
 
 class BatchedKV:
-    """``[layers, 2, rows, kv_heads, capacity, head_dim]``, room for ``room`` more tokens per row."""
+    """``[layers, 2, rows, kv_heads, capacity, head_dim]``, each row at its own length."""
 
     def __init__(self, kvs: list[torch.Tensor], room: int):
         layers, two, heads, _, dim = kvs[0].shape

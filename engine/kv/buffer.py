@@ -43,7 +43,7 @@ class KVBuffer:
                 self.write_layer(i, kv[i])
 
     def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Views (keys, values) of the next ``n`` slots, counted as written; None when layers differ."""
+        """Views (keys, values) of the next ``n`` slots, counted as written, or None."""
         start = self.lengths[0]
         if any(x != start for x in self.lengths):
             return None
@@ -82,7 +82,7 @@ class KVBuffer:
 
 
 class KVWorkspace:
-    """One pre-touched KV tensor reused by every run: page faults cost more than a cached prefill (docs/architecture.md)."""
+    """One pre-touched KV tensor reused by every run, since page faults cost more than a cached prefill."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device):
         self.shape = (layers, 2, 1, kv_heads, 0, head_dim)
@@ -160,7 +160,7 @@ class BufferedCache(Cache):
         self.buffer = buffer
 
     def step_view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(buffer, [1] next slot) for the C++ decode step; None when the layers' lengths differ."""
+        """(buffer, [1] next slot) for the C++ decode step, or None."""
         n = self.layers[0].length
         if any(layer.length != n for layer in self.layers) or n >= self.buffer.capacity:
             return None

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 class StoredKV(abc.ABC):
-    """The KV of one module (or unit slice), with ``positions`` and ``token_ids`` of all its tokens."""
+    """The stored KV of one module or unit slice."""
 
     @abc.abstractmethod
     def __len__(self) -> int:
@@ -22,7 +22,7 @@ class StoredKV(abc.ABC):
     @property
     @abc.abstractmethod
     def nbytes(self) -> int:
-        """Bytes of the K/V data, counted against the store's budget."""
+        """Bytes of the K/V data."""
 
     @property
     @abc.abstractmethod
@@ -58,7 +58,7 @@ class StoredKV(abc.ABC):
 
 @dataclass
 class ModuleKV(StoredKV):
-    """Stored KV of one module (or unit slice), every layer at full length."""
+    """An entry with every layer at full length."""
 
     kv: torch.Tensor  # [layers, 2, kv_heads, seq, head_dim]; keys with RoPE applied
     positions: torch.Tensor  # [seq] int64

@@ -13,15 +13,14 @@ if TYPE_CHECKING:
     from engine.kv.buffer import KVBuffer
 
 QUANT_BITS = {"int8": 8, "int4": 4}
-QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}  # (key tokens, value channels) per group; docs/module-memory.md
+QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}  # (key tokens, value channels): docs/module-memory.md
 
 
 @dataclass
 class QuantKV(StoredKV):
-    """An entry quantized after KIVI (arXiv 2402.02750): ``x ~ code * scale + minimum``, fp16 scales.
+    """An entry quantized after KIVI (arXiv 2402.02750): ``x ~ code * scale + minimum``.
 
-    Keys have outlier channels, so each key channel gets a range per ``key_group`` tokens; each
-    value token gets one per ``value_group`` channels.
+    Keys have outlier channels, so each key channel gets a range per ``key_group`` tokens.
     """
 
     bits: int
@@ -39,7 +38,7 @@ class QuantKV(StoredKV):
     @staticmethod
     def quantize(entry: ModuleKV, precision: str, key_group: int | None = None,
                  value_group: int | None = None) -> "QuantKV":
-        """``entry`` in ``precision`` ('int8' or 'int4'); groups default to QUANT_GROUP."""
+        """``entry`` in ``precision``."""
         bits = QUANT_BITS[precision]
         kv = entry.kv.float()
         k, v = kv[:, 0], kv[:, 1]  # [layers, kv_heads, seq, head_dim]

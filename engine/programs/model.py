@@ -1,4 +1,4 @@
-"""The values of prompt programs: the Param annotation, a program's parameters, a call's imports."""
+"""The values of prompt programs."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from engine.programs.xmltext import text_xml
 
 
 class ProgramError(PMLError):
-    """A prompt program that cannot be compiled or called, located like a PML document's errors."""
+    """A prompt program that cannot be compiled or called."""
 
 
 @dataclass(frozen=True)
 class Param:
-    """Annotation of a text parameter: at most ``len`` tokens, ``default`` when none is given."""
+    """Annotation of a text parameter of at most ``len`` tokens."""
 
     len: int
     default: str | None = None
@@ -61,7 +61,7 @@ class Selected:
 
 @dataclass(frozen=True)
 class ProgramCall:
-    """A concrete call of a program: what it imports, plus the trailing question."""
+    """A call of a program: what it imports, and the question."""
 
     schema: str
     imports: tuple[Selected, ...]

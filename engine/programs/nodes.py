@@ -1,4 +1,4 @@
-"""What a program body compiles to: text, param references, choices and nested calls."""
+"""What a program body compiles to."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from engine.programs.model import Param, ProgramError, ProgramParam
 
 
 class Callee(Protocol):
-    """What the nodes and the binding read of a ``PromptProgram`` (which imports them)."""
+    """What the nodes read of a ``PromptProgram``, which imports them."""
 
     name: str
     func: Callable
@@ -33,7 +33,7 @@ class ParamRef:
 
 @dataclass(frozen=True)
 class Cond:
-    """A test of one parameter: ``x`` (flag), ``not x`` (not) or ``x == "v"`` (eq)."""
+    """A test of one parameter: flag, not or eq."""
 
     var: str
     kind: str
