@@ -1,4 +1,4 @@
-"""Files read from paths a user gives, within a size limit, so an endless pipe or a device is never read whole."""
+"""Files read from paths a user gives, within a size limit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The accepted range of every numeric setting, checked one way by the CLI, the studio and the dataclasses."""
+"""The accepted range of every numeric setting, checked one way by every front end."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Limit:
         return f"in {'(' if self.open_lo else '['}{self.lo:g}, {self.hi:g}]"
 
     def check(self, value, what: str = ""):
-        """``value`` (a number or its text) as a number in range, or an EngineError that says the range."""
+        """``value`` (a number or its text) as a number in range, or EngineError."""
         number = _as_number(value, self.whole)
         if number is None or not (self.lo < number if self.open_lo else self.lo <= number) or number > self.hi:
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."

@@ -87,7 +87,7 @@ ARM_FIGURES = tuple(c for c in ARM_COLUMNS if c not in ("id", "run_id", "arm"))
 
 
 class RunLogError(EngineError):
-    """The run log cannot be opened or written; ``retry`` is False when trying again cannot help."""
+    """The run log cannot be opened or written; ``retry``: whether trying again can help."""
 
     def __init__(self, message: str, retry: bool = True):
         super().__init__(message)
@@ -113,7 +113,7 @@ def utc_now() -> str:
 
 class RunLog:
     def __init__(self, path: str | Path | None = None, timeout: float = 30.0):
-        """Open or create the log at ``path``; an older one is migrated, a newer one opened read-only."""
+        """Open or create the log at ``path``."""
         self.path = Path(path).expanduser() if path else default_path()
         self.timeout = timeout
         self.read_only: str | None = None  # why this log cannot be written
@@ -140,14 +140,14 @@ class RunLog:
 
     def record(self, comparison: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                created_at: str | None = None, source: str | None = None) -> int:
-        """Insert a finished ``Comparison.to_json()`` and its arms in one transaction; return the run's id."""
+        """Insert a finished ``Comparison.to_json()`` and its arms at once; return the run's id."""
         if self.read_only:
             raise RunLogError(self.read_only, retry=False)
         row = row_from_comparison(comparison, schema_text, prompt_text, schema_hash_, created_at)
         row["source"] = source
         try:
             with self._db() as db:
-                # IMMEDIATE waits for the write lock; a deferred transaction fails at once when locked
+                # IMMEDIATE waits for the lock; a deferred transaction fails at once
                 db.conn.execute("BEGIN IMMEDIATE")
                 try:
                     run_id = int(db[TABLE].insert(row).last_pk)
@@ -259,7 +259,7 @@ def _stored_version(path: Path) -> int | None:
 
 
 def _read_only_uri(path: Path) -> str:
-    """A URI that opens ``path`` without creating or changing any file (not even ``-wal`` / ``-shm``)."""
+    """A URI that opens ``path`` without creating or changing any file."""
     with open(path, "rb") as f:
         header = f.read(20)
     wal_format = len(header) == 20 and header[18] == 2
@@ -341,7 +341,7 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
 
 
 def arm_rows(data: dict, run_id: int) -> list[dict]:
-    """One row per arm, read through ``Comparison.from_json`` so the log and the views agree."""
+    """One row per arm, read as the views read it."""
     from engine.arms.compare import Comparison
 
     comp = Comparison.from_json(data)
