@@ -37,7 +37,7 @@ def read_bytes(path: str | Path, what: str, limit: int, fix: str = "") -> bytes:
     except OSError as err:
         raise _unreadable(path, what, err) from None
     with f:
-        _check_kind(path, what, os.fstat(f.fileno()).st_mode, fix, pipes=True)  # the path may have changed
+        _check_kind(path, what, os.fstat(f.fileno()).st_mode, fix, pipes=True)  # it may have changed
         try:
             data = f.read(limit + 1)
         except OSError as err:
@@ -59,7 +59,7 @@ def check_file(path: str | Path, what: str, limit: int, fix: str = "") -> None:
 
 
 def check_model_folder(folder: str | Path) -> None:
-    """Check the files transformers reads whole from a model folder."""
+    """Check the files transformers reads whole."""
     fix = "a model folder holds config.json, the weights and the tokenizer's files; check the folder's files"
     for name, limit in MODEL_FILE_BYTES.items():
         path = Path(folder) / name

@@ -18,7 +18,7 @@ MAX_SEED = 2**64 - 1  # torch.Generator's range
 
 @dataclass(frozen=True)
 class Limit:
-    """The accepted values of one numeric setting: finite, from ``lo`` (or above, ``open_lo``) to ``hi``."""
+    """The accepted values of one numeric setting: finite, from ``lo`` to ``hi``."""
 
     name: str  # as messages name it
     lo: float

@@ -1,8 +1,4 @@
-"""Layer-wise compression of module KV, after PyramidInfer and SnapKV (docs/module-memory.md).
-
-Query-agnostic methods thin stored entries at encoding; ``question`` thins a run's buffer after
-the prefill. Kept tokens keep their encoded positions.
-"""
+"""Layer-wise compression of module KV, after PyramidInfer and SnapKV (docs/module-memory.md)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class PrefixMatch:
     """The ``reused`` leading tokens a prompt finds, as (entry, first, end) slices."""
 
     reused: int
-    whole: bool  # a repeated prompt, whatever the limit
+    whole: bool  # a repeated prompt
     pieces: tuple[tuple[ModuleKV, int, int], ...] = field(repr=False)
     keys: tuple[str, ...] = field(repr=False)  # root side first
 
@@ -65,7 +65,7 @@ class PrefixCache:
     # -- public API ---------------------------------------------------------------------------
 
     def match(self, token_ids: list[int] | tuple[int, ...], limit: int | None = None) -> PrefixMatch:
-        """The longest cached prefix of ``token_ids``, at most ``limit`` tokens; marks it used."""
+        """The longest cached prefix of ``token_ids``, at most ``limit`` tokens."""
         ids = tuple(token_ids)
         cap = len(ids) if limit is None else max(0, min(limit, len(ids)))
         with self._lock:
@@ -84,8 +84,7 @@ class PrefixCache:
 
     def insert(self, token_ids: list[int] | tuple[int, ...], kv: torch.Tensor, keep: list[str] = (),
                run: bool = False) -> int:
-        """Store the KV (``kv``: [layers, 2, kv_heads, >= len, head_dim]) of ``token_ids``, if it fits
-        beside ``keep`` and its own path; return how many new tokens were stored."""
+        """Store the KV ([layers, 2, kv_heads, >= len, head_dim]) of ``token_ids`` if it fits beside ``keep``."""
         ids = tuple(token_ids)
         with self._lock:
             self.inserted_runs += int(run)
@@ -171,7 +170,7 @@ class PrefixCache:
         node.parent.children[node.tokens[0]] = upper
         upper.children[node.tokens[at]] = node
         self._by_key.pop(node.key)
-        self.store.evict(node.key)  # before the two halves are stored
+        self.store.evict(node.key)  # before the halves are stored
         node.tokens, node.depth, node.key, node.parent = node.tokens[at:], node.depth + at, lower_key, upper
         self._by_key[upper.key], self._by_key[lower_key] = upper, node
         self.store.put(upper.key, upper_kv)
@@ -193,7 +192,7 @@ class PrefixCache:
         return leaf
 
     def _touch_up(self, node: _Node) -> None:
-        """Mark ``node`` and its ancestors used, ancestors last so leaves are evicted first."""
+        """Mark ``node`` and its ancestors used, leaves evicted first."""
         keys = []
         while node is not None and node.key is not None:
             keys.append(node.key)

@@ -1,7 +1,4 @@
-"""A run's preallocated KV buffer, and the transformers cache that appends into it in place.
-
-Unlike DynamicCache, which concatenates on every step, no step copies the whole cache.
-"""
+"""A run's preallocated KV buffer, and the transformers cache that appends into it in place."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ class KVBuffer:
 
     @property
     def length(self) -> int:
-        """Fill length of layer 0."""
         return self.lengths[0]
 
     @property
@@ -43,7 +39,7 @@ class KVBuffer:
                 self.write_layer(i, kv[i])
 
     def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Views (keys, values) of the next ``n`` slots, counted as written, or None."""
+        """Views (keys, values) of the next ``n`` slots, or None."""
         start = self.lengths[0]
         if any(x != start for x in self.lengths):
             return None
@@ -63,12 +59,12 @@ class KVBuffer:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the entries written so far."""
+        """Bytes of the entries written."""
         per_slot = 2 * self.data.shape[3] * self.data.shape[5] * self.data.element_size()
         return sum(self.lengths) * per_slot
 
     def keep(self, layer: int, idx: torch.Tensor) -> None:
-        """Keep in ``layer`` only the entries ``idx`` ([kv_heads, k]), moved to the front."""
+        """Keep in ``layer`` only the entries ``idx`` ([kv_heads, k])."""
         d = self.data[layer, :, 0]  # [2, kv_heads, capacity, head_dim]
         heads, k = idx.shape
         index = idx.to(d.device)[None, :, :, None].expand(2, heads, k, d.shape[-1])
@@ -82,7 +78,7 @@ class KVBuffer:
 
 
 class KVWorkspace:
-    """One pre-touched KV tensor reused by every run, since page faults cost more than a cached prefill."""
+    """One pre-touched KV tensor reused by every run: page faults cost more than a prefill."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device):
         self.shape = (layers, 2, 1, kv_heads, 0, head_dim)
@@ -171,5 +167,5 @@ class BufferedCache(Cache):
             layer.advance()
 
     def sync_length(self) -> None:
-        """Record in the buffer how far the layers wrote."""
+        """Store the layers' lengths in the buffer."""
         self.buffer.lengths = [layer.length for layer in self.layers]

@@ -18,10 +18,7 @@ QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}  # (key tokens, value channe
 
 @dataclass
 class QuantKV(StoredKV):
-    """An entry quantized after KIVI (arXiv 2402.02750): ``x ~ code * scale + minimum``.
-
-    Keys have outlier channels, so each key channel gets a range per ``key_group`` tokens.
-    """
+    """An entry quantized after KIVI (arXiv 2402.02750): keys per channel (they have outliers), values per token."""
 
     bits: int
     key_group: int
@@ -45,7 +42,7 @@ class QuantKV(StoredKV):
         layers, heads, n, dim = k.shape
         kg = min(key_group or QUANT_GROUP[precision][0], max(1, n))
         pad = -n % kg
-        if pad:  # repeating the last token changes neither minimum nor maximum
+        if pad:  # repeating the last token keeps min and max
             k = torch.cat([k, k[:, :, -1:].expand(layers, heads, pad, dim)], 2)
         groups = k.view(layers, heads, -1, kg, dim)
         kmin, kscale = _range(groups.amin(3), groups.amax(3), bits)
