@@ -1,4 +1,4 @@
-"""The cache layer's settings, importable without torch: encoding modes and compression."""
+"""The cache layer's settings, importable without torch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ MODE_ALIASES = {"prefixed": CONTEXTUAL}  # the old spelling
 
 
 def canonical_mode(mode: str) -> str:
-    """``mode`` with an old spelling replaced."""
     return MODE_ALIASES.get(mode, mode)
 
 
@@ -22,7 +21,7 @@ METHODS = ("pyramid", "uniform", "recent", "question")
 
 @dataclass(frozen=True)
 class Compression:
-    """How module KV is thinned per layer; retention 1 keeps everything (docs/module-memory.md)."""
+    """How module KV is thinned per layer (docs/module-memory.md)."""
 
     retention: float = 1.0  # mean fraction kept per layer
     method: str = "pyramid"
