@@ -1,12 +1,8 @@
-"""PML Studio's cache engine: PML schemas → encoded module KV → cached vs baseline runs.
-
-Never imports gradio. Heavy modules (torch, transformers) load on first use, not here.
-"""
+"""PML Studio's cache engine: PML schemas → encoded module KV → cached vs baseline runs; no gradio."""
 
 import os
 
-# No network: models come from local folders and packages, never a hub, and nothing reports usage. Set
-# before transformers or huggingface_hub is imported (they read these once); a user's own setting wins.
+# No network and no telemetry, set before transformers is imported; a user's own setting wins.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
                "DO_NOT_TRACK": "1"}
 for _name, _value in OFFLINE_ENV.items():

@@ -1,12 +1,7 @@
-"""`pml-studio` command line: check, layout, run, info, compile (``serve`` is added by the studio).
+"""`pml-studio` command line: check, layout, run, info, compile (docs/cli.md).
 
-Front ends that sit above the engine add their own commands through ``main(argv, extra)``:
-the studio's entry point (``studio/cli.py``, the ``pml-studio`` console script) adds ``serve``,
-so nothing here imports the studio.
-
-Exit codes: 0 success, 2 a problem with the input or the environment (one line per problem,
-``FILE:LINE:COL: error: MESSAGE``), never a traceback. ``run --json`` prints one JSON object
-whose fields are a contract for other tools: new fields may be added, none renamed.
+Front ends add commands through ``main(argv, extra)`` (the studio adds ``serve``), so nothing here
+imports them. Exit 2 on an input problem, with located lines and never a traceback.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ EXIT_OK, EXIT_INPUT = 0, 2
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, except that every negative number is a value, not an option: ``--temperature -inf``
-    and ``--seed -1e3`` reach the option's check (and its message) instead of 'expected one argument'."""
+    """argparse's parser, reading every negative number (``--seed -1e3``) as a value, so its check explains."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -37,11 +31,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(extra: dict | None = None, arm_options: bool = True) -> argparse.ArgumentParser:
-    """The parser; ``extra`` maps command name -> (help, add_arguments(subparser), handler(args)).
-
-    ``arm_options`` adds every registered arm's options to ``run`` (importing the arms, and with them torch):
-    :func:`main` asks for them only when the command is ``run``, so ``check`` and ``layout`` start at once.
-    """
+    """The parser; ``extra``: name -> (help, add_arguments, handler). ``arm_options`` imports torch."""
     p = Parser(prog="pml-studio", description="Modular prompt caching (PML) on your machine.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -90,8 +80,7 @@ def build_parser(extra: dict | None = None, arm_options: bool = True) -> argpars
 
 
 def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True) -> None:
-    """The RunConfig options (`run`, and the bench scripts), choices read from engine.config; with
-    ``arm_options`` the registered arms' own (:func:`add_arm_options`)."""
+    """The RunConfig options of `run` and the bench scripts."""
     r.add_argument("--storage", default="cpu", choices=cfg.values("storage"), help="where module KV is stored")
     r.add_argument("--device", default=None, choices=cfg.values("device"),
                    help="where the model runs (default: cuda for --storage cuda, else cpu); --storage cpu "
@@ -147,8 +136,7 @@ def fields_default(cls, name: str):
 
 
 def add_arm_options(r) -> None:
-    """One option per setting of every registered arm (``--repair K``, ``--blend R``, ...), made from its
-    :class:`engine.arms.registry.Setting`; not given, the arm's own default applies."""
+    """One option per setting of every registered arm (``--blend R``, ...)."""
     from engine.arms.registry import REGISTRY, default_arms, settings_specs
 
     group = r.add_argument_group("arms", "; ".join(f"{a}: {s.title}, {s.subtitle}" for a, s in REGISTRY.items())
@@ -184,13 +172,11 @@ class ApePair:
 
 
 class NumberArg:
-    """argparse ``type=`` of every numeric option: the text checked by a :class:`engine.config.Limit` (a name
-    in ``cfg.LIMITS``, or a Limit), so a bad value exits 2 with ``error: argument --x: ...`` naming the range
-    and an example, before anything is loaded."""
+    """argparse ``type=`` of every numeric option, checked by its Limit before anything loads."""
 
     def __init__(self, limit: "str | cfg.Limit"):
         self.limit = cfg.LIMITS[limit] if isinstance(limit, str) else limit
-        self.__name__ = self.limit.name  # argparse names the type in its own messages
+        self.__name__ = self.limit.name  # argparse's messages name it
 
     def __call__(self, text: str):
         try:
@@ -203,7 +189,7 @@ class NumberArg:
 
 
 def config_from_args(args) -> "cfg.RunConfig":
-    """The RunConfig the `run` options describe (validated here, once)."""
+    """The RunConfig the `run` options describe."""
     return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype, mode=args.mode,
                          storage_dtype=args.storage_dtype, weights=args.weights, decode=args.decode,
                          compression=cfg.Compression(args.retention, args.compression),
@@ -222,7 +208,7 @@ def _arm_settings(args) -> dict:
 
 
 def _arms(args) -> tuple[str, ...]:
-    """--arms (default: the default arms), plus every arm whose enabling setting was given above 0 (--blend R)."""
+    """--arms, plus every arm whose enabling setting was given above 0."""
     from engine.arms.registry import default_arms, settings_specs
 
     arms = cfg.parse_arms(args.arms) if args.arms else default_arms()
@@ -308,7 +294,7 @@ def cmd_layout(args) -> int:
     from engine.schema.layout import layout as make_layout
     from engine.schema.pml import parse_schema
 
-    text = _read(args.schema, "schema")  # before the model: a file that cannot be read stops at once
+    text = _read(args.schema, "schema")  # before the model loads
     codec = load_tokenizer(args.model)[2]
     lay = make_layout(parse_schema(text, args.schema), codec)
     rows = lay.rows()
@@ -333,7 +319,7 @@ def cmd_run(args) -> int:
                         seed=args.seed)
     result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt)
     data = result.to_json()
-    if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
+    if data["store_stats"].get("disk_note"):  # a module file was re-encoded
         print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
     if args.json:
         print(strict_json(data))
@@ -343,7 +329,7 @@ def cmd_run(args) -> int:
 
 
 def run_text(data: dict) -> str:
-    """The plain-text report of one run (`run` without --json), from its JSON document."""
+    """The plain-text report of one run, from its JSON document."""
     arms = [a for a in data.get("arms", ["baseline", "cached"]) if data.get(a)]
     lines = [f"model {data['model']} · storage {data['storage']} · mode {data['mode']} · schema {data['schema']}",
              f"prompt {data['prompt_tokens']} tokens: {data['cached_tokens']} cached, {data['uncached_tokens']} "
@@ -376,8 +362,7 @@ def run_text(data: dict) -> str:
 
 
 def _arm_lines(data: dict, arms: list[str]) -> list[str]:
-    """One line per arm beside the modular one: its details (the spec's detail type), agreement and what it
-    recomputed."""
+    """One line per arm beside the modular one: details, agreement, recomputed tokens."""
     from engine.arms.registry import REGISTRY
 
     lines = []
@@ -446,13 +431,12 @@ def cmd_compile(args) -> int:
 # ----------------------------------------------------------------------------------------------
 
 def _read(path: str, what: str = "schema or prompt") -> str:
-    """The text of a schema or prompt file, read within the document limit (engine.files)."""
+    """The text of a schema or prompt file."""
     return read_text(path, what)
 
 
 def strict_json(data) -> str:
-    """``data`` as JSON that strict parsers read: a NaN or infinite number is written null (json.dumps would write
-    bare ``NaN``), and ``allow_nan=False`` guards the rule."""
+    """``data`` as strict JSON: a NaN or infinite number is written null."""
     return json.dumps(_finite(data), allow_nan=False)
 
 

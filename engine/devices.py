@@ -1,8 +1,4 @@
-"""Where things live and what the machine has: the cache folder, CUDA's presence, memory available, running processes.
-
-The base layer: no torch at import (``torch`` is imported by the functions that need it), nothing of the
-engine but its errors.
-"""
+"""The cache folder, and what the machine has: CUDA, memory, running processes. No torch at import."""
 
 from __future__ import annotations
 
@@ -13,25 +9,25 @@ from engine.errors import StorageError
 
 
 def cache_root() -> Path:
-    """Folder for converted models, module files and the default run log (``PML_STUDIO_CACHE``)."""
+    """``$PML_STUDIO_CACHE``, else ``~/.cache/pml-studio``."""
     return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (a zombie or another user's process counts)."""
+    """Whether process ``pid`` runs here, as any user."""
     if pid <= 0:
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # PermissionError: it runs, as another user
+    except OSError:  # PermissionError: another user's
         return True
     return True
 
 
 def cuda_available() -> bool:
-    """Whether torch sees a usable CUDA device (False where torch is a CPU build)."""
+    """Whether torch sees a usable CUDA device."""
     try:
         import torch
         return torch.cuda.is_available()
@@ -40,7 +36,7 @@ def cuda_available() -> bool:
 
 
 def check_device(device: str) -> None:
-    """Raise StorageError with an explanation when ``device`` cannot be used here."""
+    """Raise StorageError when ``device`` cannot be used here."""
     if device == "cpu":
         return
     if device.startswith("cuda"):
@@ -52,7 +48,7 @@ def check_device(device: str) -> None:
 
 
 def available_bytes(device: str) -> int | None:
-    """Free memory on ``device`` in bytes (CUDA: free device memory; CPU: MemAvailable), None when unknown."""
+    """Free memory on ``device`` in bytes, or None."""
     if device.startswith("cuda"):
         import torch
         free, _ = torch.cuda.mem_get_info()

@@ -1,9 +1,4 @@
-"""Error classes of the engine.
-
-Every error a user can cause is one of these, with a message that names the place and the
-fix. The CLI prints them as ``FILE:LINE:COL: error: MESSAGE`` lines; the studio shows the
-same lines inline. Nothing here imports torch.
-"""
+"""The engine's errors: every one a user can cause, with a message naming the place and the fix."""
 
 from __future__ import annotations
 
@@ -11,7 +6,7 @@ from dataclasses import dataclass
 
 
 class EngineError(Exception):
-    """Base class: an input problem the user can fix. ``str(err)`` is the user-facing text."""
+    """An input problem the user can fix; ``str(err)`` says how."""
 
 
 @dataclass(frozen=True)
@@ -42,18 +37,15 @@ class PMLError(EngineError):
 
 
 class ModelError(EngineError):
-    """The model cannot be found, loaded or used (no chat template, does not fit in memory...)."""
+    """The model cannot be found, loaded or used."""
 
 
 class StorageError(EngineError):
-    """The requested KV storage is not available (e.g. ``cuda`` without a GPU)."""
+    """The requested KV storage is not available."""
 
 
 class MissingEntry(StorageError):
-    """A store entry is in neither memory nor disk (evicted without a disk copy, or its file was corrupt).
-
-    Raised only by ``ModuleStore.get``; the engine catches it before any run is timed and encodes again.
-    """
+    """A store entry is in neither memory nor disk; the engine encodes again before timing."""
 
     def __init__(self, key: str, reason: str = ""):
         self.key = key
@@ -67,12 +59,12 @@ class ContextLengthError(EngineError):
 
 
 class InputFileError(EngineError):
-    """A file given by path cannot be read as one: missing, a folder or a device, over its size limit, not UTF-8."""
+    """A file given by path cannot be read."""
 
 
 class RunStopped(EngineError):
-    """A run stopped on request (the studio's Stop button) before its end; its partial result is not kept."""
+    """A run stopped on request; its partial result is not kept."""
 
 
 class NonFiniteLogits(ModelError):
-    """The model computed NaN or infinite logits: its weights or its settings (rope) are broken."""
+    """The model computed NaN or infinite logits."""

@@ -1,9 +1,4 @@
-"""Files read from paths a user gives: schemas, prompts, prompt programs, a model folder's configs and tokenizer.
-
-:func:`read_text` reads a regular file or a pipe up to ``limit + 1`` bytes, so an endless one stops; a folder,
-device or socket is refused unread. :func:`check_model_folder` stats the files transformers will read. Every
-refusal is an :class:`InputFileError` naming the file and the fix.
-"""
+"""Files read from paths a user gives, within a size limit."""
 
 from __future__ import annotations
 
@@ -14,10 +9,8 @@ from pathlib import Path
 from engine.errors import InputFileError
 
 MiB = 1 << 20
-DOCUMENT_BYTES = 5 * MiB  # a schema, prompt or prompt program (the studio's uploads share it)
-# files transformers reads from a model folder, and the most each may hold: configs are a few KiB; the largest
-# tokenizer files of public models are tens of MiB (Gemma 3's tokenizer.json 33 MiB, its tokenizer_config 1.2 MiB)
-MODEL_FILE_BYTES = {
+DOCUMENT_BYTES = 5 * MiB  # a schema, prompt or prompt program
+MODEL_FILE_BYTES = {  # Gemma 3's tokenizer.json, the largest seen, is 33 MiB
     "config.json": 1 * MiB, "generation_config.json": 1 * MiB, "chat_template.jinja": 1 * MiB,
     "chat_template.json": 1 * MiB, "special_tokens_map.json": 16 * MiB, "added_tokens.json": 16 * MiB,
     "tokenizer_config.json": 16 * MiB, "tokenizer.json": 64 * MiB, "vocab.json": 64 * MiB, "vocab.txt": 64 * MiB,
@@ -26,8 +19,7 @@ MODEL_FILE_BYTES = {
 
 
 def read_text(path: str | Path, what: str, limit: int = DOCUMENT_BYTES, fix: str = "") -> str:
-    """The UTF-8 text of the file at ``path`` (a ``what``: 'schema', 'prompt', 'program'...); InputFileError
-    when it is missing, not a file, larger than ``limit`` bytes or not UTF-8."""
+    """The UTF-8 text of the ``what`` file at ``path``, or InputFileError."""
     data = read_bytes(path, what, limit, fix)
     try:
         return data.decode("utf-8")
@@ -38,14 +30,14 @@ def read_text(path: str | Path, what: str, limit: int = DOCUMENT_BYTES, fix: str
 
 
 def read_bytes(path: str | Path, what: str, limit: int, fix: str = "") -> bytes:
-    """At most ``limit`` bytes of the regular file or pipe at ``path``; InputFileError otherwise (see module)."""
+    """At most ``limit`` bytes of the regular file or pipe at ``path``."""
     try:
         _check_kind(path, what, os.stat(path).st_mode, fix, pipes=True)  # a device is never opened
-        f = open(path, "rb")  # a FIFO waits for its writer here, as with `cat`
+        f = open(path, "rb")  # a FIFO waits for its writer, as with `cat`
     except OSError as err:
         raise _unreadable(path, what, err) from None
     with f:
-        _check_kind(path, what, os.fstat(f.fileno()).st_mode, fix, pipes=True)  # the path may have changed since
+        _check_kind(path, what, os.fstat(f.fileno()).st_mode, fix, pipes=True)  # it may have changed
         try:
             data = f.read(limit + 1)
         except OSError as err:
@@ -56,8 +48,7 @@ def read_bytes(path: str | Path, what: str, limit: int, fix: str = "") -> bytes:
 
 
 def check_file(path: str | Path, what: str, limit: int, fix: str = "") -> None:
-    """InputFileError unless ``path`` is a regular file of at most ``limit`` bytes (for files another library
-    reads whole: it must not meet a device, a pipe or a file of gigabytes)."""
+    """InputFileError unless ``path`` is a regular file of at most ``limit`` bytes."""
     try:
         st = os.stat(path)
     except OSError as err:
@@ -68,7 +59,7 @@ def check_file(path: str | Path, what: str, limit: int, fix: str = "") -> None:
 
 
 def check_model_folder(folder: str | Path) -> None:
-    """Check each file of :data:`MODEL_FILE_BYTES` that the model folder holds (transformers reads them whole)."""
+    """Check the files transformers reads whole."""
     fix = "a model folder holds config.json, the weights and the tokenizer's files; check the folder's files"
     for name, limit in MODEL_FILE_BYTES.items():
         path = Path(folder) / name
@@ -77,7 +68,7 @@ def check_model_folder(folder: str | Path) -> None:
 
 
 def size_text(n: int) -> str:
-    """``n`` bytes in words: '5 MiB', '512 KiB', '100 bytes'."""
+    """``n`` bytes in words: '5 MiB'."""
     for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:g} {unit}"

@@ -1,10 +1,4 @@
-"""The accepted range of every numeric setting, checked one way wherever a number enters.
-
-:class:`Limit` is the one validation of a number for every front end: argparse's ``type=``
-(``engine.cli.NumberArg``), the studio's widgets and API, and the dataclasses library users build
-(``RunConfig``, ``Compression``, ``Sampling``, an arm's settings) via :func:`check_fields`. The base
-layer: it imports nothing of the engine but its errors.
-"""
+"""The accepted range of every numeric setting, checked one way by every front end."""
 
 from __future__ import annotations
 
@@ -16,32 +10,26 @@ from engine.errors import EngineError
 
 MAX_REPAIR = 64
 MAX_SINK = 64
-MAX_NEW_TOKENS = 1 << 20  # no model has a longer context; the plan checks the loaded model's own
-MAX_BUDGET_MIB = 1 << 30  # 1 PiB, more than any machine has; in bytes it still fits the run log's 64-bit integers
-MAX_TEMPERATURE = 100.0  # far past uniform sampling already (logits differ by tens at most)
-MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 0 ... 2**64 - 1
+MAX_NEW_TOKENS = 1 << 20  # the plan checks the model's own context
+MAX_BUDGET_MIB = 1 << 30  # 1 PiB; in bytes it still fits SQLite's integers
+MAX_TEMPERATURE = 100.0  # already far past uniform sampling
+MAX_SEED = 2**64 - 1  # torch.Generator's range
 
 
 @dataclass(frozen=True)
 class Limit:
-    """The accepted values of one numeric setting: finite, from ``lo`` to ``hi`` (``lo`` itself excluded when
-    ``open_lo``), whole numbers only when ``whole``.
+    """The accepted values of one numeric setting: finite, from ``lo`` to ``hi``."""
 
-    :meth:`check` is the one validation of a number for every front end: argparse's ``type=``
-    (``engine.cli.NumberArg``), the studio's widgets and API, and the dataclasses library users
-    build (:class:`RunConfig`, :class:`Compression`, ``engine.arms.registry.Sampling``, via :func:`check_fields`).
-    """
-
-    name: str  # the setting in messages, e.g. "top-p"
+    name: str  # as messages name it
     lo: float
     hi: float = math.inf
     whole: bool = False
     open_lo: bool = False
-    example: str = ""  # a valid value (and what it does): the fix a message suggests
-    meaning: str = ""  # the range in words when the computed one reads badly
+    example: str = ""  # the fix a message suggests
+    meaning: str = ""  # the range in words, when the computed one reads badly
 
     def describe(self) -> str:
-        """The accepted range in words: 'a whole number from 0 to 64', 'in (0, 1]'."""
+        """The accepted range in words: 'in (0, 1]'."""
         if self.meaning:
             return self.meaning
         if self.whole:
@@ -51,8 +39,7 @@ class Limit:
         return f"in {'(' if self.open_lo else '['}{self.lo:g}, {self.hi:g}]"
 
     def check(self, value, what: str = ""):
-        """``value`` (a number or its text) as an int (``whole``) or a float in range; otherwise EngineError
-        naming ``what`` (default: the setting's name), the range, what was given and an example."""
+        """``value`` (a number or its text) as a number in range, or EngineError."""
         number = _as_number(value, self.whole)
         if number is None or not (self.lo < number if self.open_lo else self.lo <= number) or number > self.hi:
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
@@ -81,20 +68,19 @@ LIMITS: dict[str, Limit] = {
 
 
 def check_fields(obj, *names: str, limits: dict[str, Limit] | None = None) -> None:
-    """Check each named field of the (frozen) dataclass ``obj`` against ``limits[name]`` (default
-    :data:`LIMITS`); store the number."""
+    """Check and store each named field of the frozen dataclass ``obj``."""
     limits = LIMITS if limits is None else limits
     for name in names:
         object.__setattr__(obj, name, limits[name].check(getattr(obj, name)))
 
 
 def _as_number(value, whole: bool) -> int | float | None:
-    """The finite number ``value`` is or spells (an int when ``whole``), else None; never raises."""
+    """The finite number ``value`` is or spells, else None."""
     if isinstance(value, str):
         value = value.strip()
         if whole:
             try:
-                return int(value)  # exact however large ('4.0' and '1e3' are read as floats below)
+                return int(value)  # exact however large
             except ValueError:
                 pass
     elif isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -1,23 +1,11 @@
-"""Run log: every comparison as one row of ``runs`` plus one row per arm in ``arm_runs`` (sqlite-utils only here).
+"""Run log: each comparison as a row of ``runs`` and one row per arm in ``arm_runs`` (SQLite).
 
-    log = RunLog()                       # $PML_STUDIO_CACHE/runs.db, WAL mode
+    log = RunLog()                       # $PML_STUDIO_CACHE/runs.db
     run_id = log.record(comparison.to_json(), schema_text, prompt_text)
-    log.runs(schema="travel", limit=50)  # newest first, each with its arms: row["arms"]["cached"]["ttft_ms"]
-    log.export_csv("runs.csv")
+    log.runs(schema="travel", limit=50)  # newest first: row["arms"]["cached"]["ttft_ms"]
 
-``runs`` holds what belongs to the run (schema, prompt, settings, the full ``run --json`` document
-in ``result_json``); ``arm_runs`` holds each arm's figures and agreement with the baseline, so a new
-arm adds rows, not columns. Databases written before the child table existed (one row per run with
-``baseline_*`` / ``cached_*`` / ``prefix_*`` columns) are migrated when opened: each run's arm rows
-are made from its stored document, in one transaction; the old columns are kept as they were.
-A database written by a newer version (``PRAGMA user_version`` above :data:`VERSION`) is never changed:
-it is opened read-only (:attr:`RunLog.read_only` says why), its runs can be read, and ``record`` raises.
-
-Each operation opens its own connection (SQLite connections must not cross threads) and
-waits up to ``timeout`` seconds for the write lock, so runs finishing at the same moment in
-two browser tabs are both written. A run and its arm rows are inserted in one transaction, from a
-comparison that has already finished: a failed run never leaves a partial row. The schema text is
-kept with every run so that a run can be reopened in the editor.
+A new arm adds rows, not columns. Older logs are migrated when opened, newer ones opened
+read-only (docs/cli.md, "The run log").
 """
 
 from __future__ import annotations
@@ -39,12 +27,12 @@ from engine.errors import EngineError
 
 TABLE = "runs"
 ARM_TABLE = "arm_runs"
-VERSION = 2  # PRAGMA user_version: 2 = arm rows in ARM_TABLE (1 / 0: one wide row per run)
+VERSION = 2  # PRAGMA user_version: 2 = arm rows in ARM_TABLE
 
-# Column → type. New columns may be added (older databases get them on open); none renamed.
+# Column → type; columns are only ever added.
 COLUMNS: dict[str, type] = {
     "id": int,
-    "created_at": str,  # ISO 8601, UTC
+    "created_at": str,
     "model": str,
     "storage": str,
     "mode": str,
@@ -59,25 +47,23 @@ COLUMNS: dict[str, type] = {
     "max_new_tokens": int,
     "temperature": float,
     "result_json": str,  # the full `run --json` document
-    # module memory; NULL in rows written before these existed
-    "storage_dtype": str,  # float32 | float16 | bfloat16
-    "retention": float,  # mean fraction of module KV kept per layer (1.0 = uncompressed)
-    "compression_method": str,  # pyramid | uniform | recent
-    "units_memory": int,  # schema units found in memory before the run
-    "units_disk": int,  # ... loaded from the persisted module folder
-    "units_encoded": int,  # ... encoded afresh
+    "storage_dtype": str,  # this and below: NULL in older rows
+    "retention": float,
+    "compression_method": str,
+    "units_memory": int,
+    "units_disk": int,
+    "units_encoded": int,
     "encode_ms": float,
-    "budget_bytes": int,  # module memory budget of the store
-    "evictions": int,  # store evictions so far (after the run)
-    "prefix_bytes": int,  # bytes the prefix cache held after the run (NULL without the prefix arm)
-    "source": str,  # what asked for the run: "api" (the OpenAI-compatible API); NULL: the studio's page or /compare
+    "budget_bytes": int,
+    "evictions": int,
+    "prefix_bytes": int,
+    "source": str,  # "api"; NULL: the studio
 }
 
-# Column → type of one arm's row. New columns may be added; none renamed.
 ARM_COLUMNS: dict[str, type] = {
     "id": int,
-    "run_id": int,  # runs.id
-    "arm": str,  # baseline | prefix | cached | ...
+    "run_id": int,
+    "arm": str,
     "ttft_ms": float,
     "copy_ms": float,
     "prefill_ms": float,
@@ -90,8 +76,8 @@ ARM_COLUMNS: dict[str, type] = {
     "recomputed_tokens": int,
     "kv_store_bytes": int,
     "kv_held_bytes": int,
-    "speedup": float,  # baseline TTFT / this arm's (NULL for the baseline, or without one)
-    "same_text": int,  # agreement with the baseline (NULL for the baseline, or without one)
+    "speedup": float,  # NULL for the baseline
+    "same_text": int,
     "first_divergence": int,
     "first_token_agree": int,
     "first_token_kl": float,
@@ -101,9 +87,7 @@ ARM_FIGURES = tuple(c for c in ARM_COLUMNS if c not in ("id", "run_id", "arm"))
 
 
 class RunLogError(EngineError):
-    """The run log cannot be opened or written (path not writable, not a SQLite file, locked...).
-
-    ``retry`` is False when writing again cannot help while this process runs (a read-only log)."""
+    """The run log cannot be opened or written; ``retry``: whether trying again can help."""
 
     def __init__(self, message: str, retry: bool = True):
         super().__init__(message)
@@ -111,33 +95,28 @@ class RunLogError(EngineError):
 
 
 def default_path() -> Path:
-    """``$PML_STUDIO_CACHE/runs.db`` (default ``~/.cache/pml-studio/runs.db``)."""
+    """``$PML_STUDIO_CACHE/runs.db``."""
     from engine.devices import cache_root
 
     return cache_root() / "runs.db"
 
 
 def schema_hash(schema_text: str) -> str:
-    """Short content hash identifying a schema's exact text."""
+    """A short hash of a schema's text."""
     return hashlib.sha256(schema_text.encode("utf-8")).hexdigest()[:16]
 
 
 def utc_now() -> str:
-    """The time a run is stamped with: ISO 8601, UTC, to the second."""
+    """ISO 8601, UTC, to the second."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class RunLog:
     def __init__(self, path: str | Path | None = None, timeout: float = 30.0):
-        """Open (or create) the run log at ``path``; an older database is extended and migrated.
-
-        A database written by a newer version (``PRAGMA user_version`` above :data:`VERSION`) is opened
-        read-only and left exactly as it is (no column, no migration, no WAL): its runs can be listed,
-        and :attr:`read_only` says why nothing can be written to it.
-        """
+        """Open or create the log at ``path``."""
         self.path = Path(path).expanduser() if path else default_path()
         self.timeout = timeout
-        self.read_only: str | None = None  # why this log cannot be written (None: it can)
+        self.read_only: str | None = None  # why this log cannot be written
         try:
             found = _stored_version(self.path)
             if found is not None and found > VERSION:
@@ -161,19 +140,14 @@ class RunLog:
 
     def record(self, comparison: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                created_at: str | None = None, source: str | None = None) -> int:
-        """Insert one finished comparison (``Comparison.to_json()``) and its arms in one transaction; return its id.
-        ``source``: what asked for the run (the ``source`` column; None: the studio).
-
-        Raises RunLogError (nothing written) when the log is read-only, locked past ``timeout`` or unwritable."""
+        """Insert a finished ``Comparison.to_json()`` and its arms at once; return the run's id."""
         if self.read_only:
             raise RunLogError(self.read_only, retry=False)
         row = row_from_comparison(comparison, schema_text, prompt_text, schema_hash_, created_at)
         row["source"] = source
         try:
             with self._db() as db:
-                # IMMEDIATE takes the write lock up front (waiting up to `timeout`); a deferred
-                # transaction that reads the table schema first fails at once with "database is locked"
-                # when another writer commits in between.
+                # IMMEDIATE waits for the lock; a deferred transaction fails at once
                 db.conn.execute("BEGIN IMMEDIATE")
                 try:
                     run_id = int(db[TABLE].insert(row).last_pk)
@@ -187,15 +161,15 @@ class RunLog:
             raise RunLogError(self._problem(err)) from None
 
     def runs(self, schema: str | None = None, limit: int | None = 200) -> list[dict]:
-        """Runs, newest first, optionally only those of schema ``schema``; each with ``arms``: {arm: arm row}."""
+        """Runs, newest first, each with ``arms``: {arm: arm row}."""
         where, args = ("schema_name = ?", [schema]) if schema else (None, [])
         with self._reading() as db:
             rows = list(db[TABLE].rows_where(where, args, order_by="id desc", limit=limit))
             return _with_arms(db, rows)
 
     def get(self, run_id: int) -> dict | None:
-        """One run by id, with its ``arms`` (None when there is no such run)."""
-        if not 0 < int(run_id) < 2**63:  # SQLite row ids are positive 64-bit integers: no such run
+        """One run by id, with its ``arms``, or None."""
+        if not 0 < int(run_id) < 2**63:  # not a SQLite row id
             return None
         with self._reading() as db:
             rows = _with_arms(db, list(db[TABLE].rows_where("id = ?", [int(run_id)])))
@@ -216,15 +190,10 @@ class RunLog:
             return db.journal_mode
 
     def export_csv(self, path: str | Path | None = None, schema: str | None = None) -> str:
-        """Write the runs (oldest first) as CSV to ``path``; without a path return the CSV text.
-
-        One line per run: the run's columns, then ``ARM_FIGURE`` columns for every arm that any exported
-        run has (``cached_ttft_ms``, ``prefix_speedup``...). Text cells a spreadsheet would run as a formula
-        (starting with ``= + - @``, tab or carriage return: model output can) are written with a leading ``'``.
-        """
+        """Write the runs, oldest first, as CSV with ``ARM_FIGURE`` columns (or return the text)."""
         runs = list(reversed(self.runs(schema=schema, limit=None)))
         arms = [a.value for a in REGISTRY if any(a.value in r["arms"] for r in runs)]
-        arms += sorted({a for r in runs for a in r["arms"]} - set(arms))  # arms this version no longer has
+        arms += sorted({a for r in runs for a in r["arms"]} - set(arms))  # arms since removed
         names = [c for c in COLUMNS] + [f"{a}_{f}" for a in arms for f in ARM_FIGURES]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=names, extrasaction="ignore")
@@ -256,7 +225,7 @@ class RunLog:
 
     @contextmanager
     def _reading(self) -> Iterator[Database]:
-        """:meth:`_db` for a read: a SQLite error becomes a RunLogError naming the file and the fix."""
+        """:meth:`_db` for a read, raising RunLogError."""
         try:
             with self._db() as db:
                 yield db
@@ -264,7 +233,7 @@ class RunLog:
             raise RunLogError(f"cannot read runs: {self._problem(err)}") from None
 
     def _problem(self, err: sqlite3.Error) -> str:
-        """What a failed read or write tells the user: the file, what stopped it, and the fix."""
+        """The file, what stopped it, and the fix."""
         name = getattr(err, "sqlite_errorname", "")
         text = str(err)
         if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
@@ -279,7 +248,7 @@ class RunLog:
 
 
 def _stored_version(path: Path) -> int | None:
-    """``PRAGMA user_version`` of the database at ``path``, read without writing anything (None: no database yet)."""
+    """``PRAGMA user_version`` at ``path`` (None: no database yet)."""
     if not path.is_file() or path.stat().st_size == 0:
         return None
     conn = sqlite3.connect(_read_only_uri(path), uri=True)
@@ -290,22 +259,16 @@ def _stored_version(path: Path) -> int | None:
 
 
 def _read_only_uri(path: Path) -> str:
-    """A URI that opens ``path`` without creating or changing any file.
-
-    ``mode=ro`` on a WAL database creates its ``-wal`` and ``-shm`` files when they are missing (and leaves
-    them); a WAL database without a ``-wal`` file has every commit in the main file, so it is read with
-    ``immutable=1`` (no locks, no side files). With a ``-wal`` file present (a writer may be at work) it is
-    read with ``mode=ro``, which sees that writer's commits and creates nothing new.
-    """
+    """A URI that opens ``path`` without creating or changing any file."""
     with open(path, "rb") as f:
         header = f.read(20)
-    wal_format = len(header) == 20 and header[18] == 2  # file format write version: 2 = WAL
+    wal_format = len(header) == 20 and header[18] == 2
     immutable = wal_format and not path.with_name(path.name + "-wal").exists()
     return path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro")
 
 
 def _create_or_extend(db: Database, name: str, columns: dict, **create) -> None:
-    """Create table ``name`` or add the columns it lacks (older databases)."""
+    """Create table ``name`` or add the columns it lacks."""
     table = db[name]
     if not table.exists():
         table.create(columns, pk="id", if_not_exists=True, **create)
@@ -316,7 +279,7 @@ def _create_or_extend(db: Database, name: str, columns: dict, **create) -> None:
 
 
 def _migrate(db: Database) -> None:
-    """Arm rows for every run that has none, made from its stored ``run --json`` document (one transaction)."""
+    """Arm rows, from its stored document, for every run that has none."""
     db.conn.execute("BEGIN IMMEDIATE")
     try:
         done = {r[0] for r in db.execute(f"select distinct run_id from {ARM_TABLE}")}
@@ -331,7 +294,7 @@ def _migrate(db: Database) -> None:
 
 
 def _with_arms(db: Database, rows: list[dict]) -> list[dict]:
-    """``rows`` with ``arms``: {arm: its arm row without ids}, registry order first."""
+    """``rows`` with ``arms``: {arm: its row}, in registry order."""
     if not rows:
         return rows
     ids = [r["id"] for r in rows]
@@ -347,7 +310,7 @@ def _with_arms(db: Database, rows: list[dict]) -> list[dict]:
 
 
 def _csv_cell(value):
-    """A text cell made inert for spreadsheets (OWASP CSV injection); numbers and other values unchanged."""
+    """A text cell a spreadsheet will not run as a formula."""
     if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + value
     return value
@@ -355,7 +318,7 @@ def _csv_cell(value):
 
 def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_hash_: str | None = None,
                         created_at: str | None = None) -> dict:
-    """The run's own row from a ``run --json`` document (its arms go to :func:`arm_rows`)."""
+    """The run's row from a ``run --json`` document."""
     sampling = data.get("sampling", {})
     compression = data.get("compression") or {}
     enc = data.get("encode") or {}
@@ -378,8 +341,7 @@ def row_from_comparison(data: dict, schema_text: str, prompt_text: str, schema_h
 
 
 def arm_rows(data: dict, run_id: int) -> list[dict]:
-    """One row per arm the document has (its figures, and its agreement with the baseline), read through
-    :meth:`Comparison.from_json` so the run log and the views agree on what each field means."""
+    """One row per arm, read as the views read it."""
     from engine.arms.compare import Comparison
 
     comp = Comparison.from_json(data)
@@ -399,12 +361,12 @@ def arm_rows(data: dict, run_id: int) -> list[dict]:
 
 
 def _flag_or(value):
-    """0/1 for a boolean (SQLite has none), other values unchanged."""
+    """0/1 for a boolean."""
     return int(value) if isinstance(value, bool) else value
 
 
 def _speedup(data: dict, comp, arm) -> float | None:
-    """The arm's speedup as its document wrote it (older documents computed it from unrounded TTFTs)."""
+    """The arm's speedup as its document wrote it."""
     spec = REGISTRY[arm]
     if arm.value != "baseline" and f"{spec.json_stem}speedup" in data:
         return data[f"{spec.json_stem}speedup"]

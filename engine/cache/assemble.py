@@ -1,15 +1,6 @@
-"""What a run copies out of the stores into its buffer, and in which order (no timing here).
+"""What a run copies from the store into its buffer, as (entry, first, end[, rank | module]) ranges.
 
-* :func:`copy_list` — the (entry, first, end) ranges of the imported modules' stored KV, in cache
-  order, adjacent ranges merged: the cached arm's buffer.
-* :func:`copy_list_ranked` / :func:`prefilled` / :func:`buffer_ranks` — the same with some cached
-  tokens left out (recomputed instead: link-token repair, blending), each range tagged with the
-  prompt rank of its first token, so the prompt-order mask (:class:`engine.kv.RankMask`) can be built.
-* :func:`module_ranges` / :func:`slot_owners` / :func:`module_slots` — the same ranges unmerged, each
-  tagged with its top-level module (None for what is never a module's: the anonymous text, scaffolds),
-  and which buffer slots each module's tokens land in (routing, APE).
-* :func:`fetch_entries` — every entry a plan's cached run reads, got from the store once before any
-  timing starts; a :class:`engine.errors.MissingEntry` surfaces here, never inside a timed run.
+No timing here: :func:`fetch_entries` runs before the clock starts, so a MissingEntry never does.
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from engine.schema.plan import CACHED, PromptPlan
 
 
 def fetch_entries(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> None:
-    """Get every store entry a cached run of ``plan`` reads (loading from disk); raises MissingEntry."""
+    """Get every store entry a cached run of ``plan`` reads."""
     for key in used_keys(plan, encoded):
         store.get(key)
 
@@ -36,7 +27,7 @@ def used_keys(plan: PromptPlan, encoded: EncodedSchema) -> list[str]:
 
 
 def token_place(plan: PromptPlan, k: int) -> dict:
-    """Where token ``k`` of the materialised prompt comes from: {"token", "source", "owner"}."""
+    """Where prompt token ``k`` comes from: {"token", "source", "owner"}."""
     start = 0
     for seg in plan.segments:
         if k < start + len(seg):
@@ -46,8 +37,7 @@ def token_place(plan: PromptPlan, k: int) -> dict:
 
 
 def question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRetention | None:
-    """The run-time retention of a ``question`` compression (None for the others): module tokens may go,
-    the anonymous text may not."""
+    """The run-time retention of ``question`` compression, else None."""
     if not encoded.compression.at_run:
         return None
     anon = encoded.module_keys.get(ANONYMOUS)
@@ -57,7 +47,7 @@ def question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRete
 
 
 def copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """(entry, first token, end token) ranges to copy, in cache order, adjacent ranges merged."""
+    """The ranges to copy, adjacent ones merged."""
     out: list = []
     for seg in plan.segments:
         if seg.kind != CACHED:
@@ -74,7 +64,7 @@ def copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> l
 
 
 def copy_list_ranked(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, skip: set[int]) -> list:
-    """(entry, first token, end token, rank of the first token) ranges to copy, leaving out ranks ``skip``."""
+    """The ranges to copy with their first token's rank, leaving out ranks ``skip``."""
     out: list = []
     rank = 0
     for seg in plan.segments:
@@ -94,7 +84,7 @@ def copy_list_ranked(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStor
 
 
 def prefilled(plan: PromptPlan, redo: set[int]) -> tuple[list[int], list[int], list[int]]:
-    """(token ids, position ids, ranks) a repaired run prefills: uncached tokens and ranks ``redo``, in order."""
+    """(token ids, positions, ranks) of the uncached tokens and ranks ``redo``."""
     ids: list[int] = []
     pos: list[int] = []
     ranks: list[int] = []
@@ -110,7 +100,7 @@ def prefilled(plan: PromptPlan, redo: set[int]) -> tuple[list[int], list[int], l
 
 
 def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
-    """Per layer, the ranks of the buffer's entries in buffer order (one shared tensor unless compressed)."""
+    """Per layer, the ranks of the buffer's entries in buffer order."""
     every = [torch.arange(r, r + b - a) for _, a, b, r in copies]
     if not any(isinstance(entry, LayeredKV) for entry, *_ in copies):
         shared = torch.cat(every) if every else torch.zeros(0, dtype=torch.long)
@@ -130,8 +120,7 @@ def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
 
 
 def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """(entry, first token, end token, top-level module or None) per cached segment, in prompt order; None marks
-    the text that belongs to no module (the anonymous text, scaffolds)."""
+    """The ranges per cached segment, with their top-level module or None."""
     out = []
     for s in plan.segments:
         if s.kind != CACHED:
@@ -143,12 +132,11 @@ def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) 
 
 
 def slot_owners(ranges: list, layer: int, index: dict[str, int]) -> torch.Tensor:
-    """For each buffer slot of ``layer`` once ``ranges`` are written in order, the index of its module in
-    ``index`` (-1: no module's)."""
+    """Each buffer slot's module index in ``layer`` (-1: no module's)."""
     parts = []
     for entry, a, b, unit in ranges:
         n = b - a
-        if isinstance(entry, LayeredKV):  # compressed: this layer holds only the kept tokens
+        if isinstance(entry, LayeredKV):
             kept = entry.kept[layer]
             n = int(((kept >= a) & (kept < b)).sum())
         parts.append(torch.full((n,), -1 if unit is None else index[unit], dtype=torch.long))
@@ -156,7 +144,7 @@ def slot_owners(ranges: list, layer: int, index: dict[str, int]) -> torch.Tensor
 
 
 def module_slots(ranges: list, n_layers: int) -> list[torch.Tensor]:
-    """Per layer, bool over the buffer slots once ``ranges`` are written: True where a module's token lies."""
+    """Per layer, which buffer slots hold a module's token."""
     index = {u: 0 for *_, u in ranges if u is not None}
     if not any(isinstance(e, LayeredKV) for e, *_ in ranges):
         shared = slot_owners(ranges, 0, index) >= 0

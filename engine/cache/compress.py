@@ -1,26 +1,4 @@
-"""Layer-wise compression of stored module KV, after PyramidInfer (arXiv 2405.12532).
-
-While a unit is encoded, the attention that its most recent queries (the last ~40 % of its
-tokens, weighted towards the newest) pay to each of its tokens is collected per layer
-(:class:`engine.kv.AttentionScorer`). Each stored entry then keeps, per layer, the recent
-window plus the highest-scoring tokens, fewer with depth: layer ``l`` keeps a fraction
-``r0 * gamma**l`` of the tokens, ``gamma`` chosen so that the mean over layers equals the
-requested retention. Two controls keep the same bytes: ``uniform`` (the same fraction, by
-score, in every layer) and ``recent`` (the last tokens only, every layer).
-
-Kept entries keep the positions they were encoded at (RoPE is already applied), so a
-compressed module is used exactly like a full one, with fewer keys per layer.
-
-Those three choose before any question is known, from the module's own last tokens, and on the
-needle set they drop the answer (bench/compression.py). ``question`` (after SnapKV, arXiv
-2404.14469, and PyramidInfer's own use of the prompt's last tokens) stores full entries and
-chooses at run time: the prompt's new tokens are prefilled over the full assembled cache (time to
-first token and the first token unchanged), the attention their newest queries paid to each
-module token is summed per KV head, max-pooled over ``pool_kernel`` neighbours (a wide window
-keeps a whole multi-token answer), and each layer keeps its PyramidInfer share of module tokens
-per head; the anonymous text and the new tokens are always kept. Decoding then runs over the
-smaller buffer (:class:`QuestionRetention`).
-"""
+"""Layer-wise compression of module KV, after PyramidInfer and SnapKV (docs/module-memory.md)."""
 
 from __future__ import annotations
 
@@ -46,7 +24,7 @@ METHOD_NOTES = {
 
 
 def compress(entry: ModuleKV, scores: list[torch.Tensor] | None, comp: Compression) -> LayeredKV:
-    """Keep, per layer, the tokens ``comp`` chooses from a full entry (``scores[l]``: [tokens])."""
+    """Keep, per layer, the tokens ``comp`` chooses (``scores[l]``: [tokens])."""
     n = len(entry)
     n_layers = entry.kv.shape[0]
     window = max(1, math.ceil(comp.window_frac * n))
@@ -67,23 +45,19 @@ def compress(entry: ModuleKV, scores: list[torch.Tensor] | None, comp: Compressi
 
 
 class QuestionRetention:
-    """``question`` retention for one run: watch the prefill, then thin the buffer before decoding.
-
-    ``candidates`` marks the cached tokens that may be dropped (module tokens; the anonymous text,
-    which holds the attention sinks, is always kept).
-    """
+    """``question`` retention: watch the prefill, then thin the buffer."""
 
     def __init__(self, comp: Compression, candidates: torch.Tensor):
         self.comp = comp
-        self.candidates = candidates  # [cached tokens] bool
+        self.candidates = candidates  # [cached tokens] bool: module tokens
         self.capture = QueryCapture(comp.question_window)
 
     def watching(self) -> contextlib.AbstractContextManager:
-        """Context for the prefill forward: its newest queries are kept for :meth:`apply`."""
+        """Keep the prefill's newest queries."""
         return scoring(self.capture)
 
     def apply(self, buf: KVBuffer) -> None:
-        """Keep, per layer and KV head, the anonymous and new tokens plus the top-scored module tokens."""
+        """Thin each layer and KV head to the non-module and the top-scored module tokens."""
         n_cached = self.candidates.shape[0]
         m = int(self.candidates.sum())
         if m == 0 or not self.capture.queries:
@@ -100,8 +74,7 @@ class QuestionRetention:
 
 
 def question_keep(scores: torch.Tensor, candidates: torch.Tensor, keep: int, kernel: int) -> torch.Tensor:
-    """Sorted cached indices kept per KV head ([kv_heads, non-candidates + keep]): every non-candidate
-    token, and the ``keep`` candidates whose score, max-pooled over ``kernel`` neighbours, is highest."""
+    """Sorted indices kept per KV head: every non-candidate, and the ``keep`` best pooled candidates."""
     scores = scores.float().masked_fill(~candidates, 0.0)
     pooled = torch.nn.functional.max_pool1d(scores[None], kernel, stride=1, padding=kernel // 2)[0]
     pooled = pooled.masked_fill(~candidates, float("-inf"))

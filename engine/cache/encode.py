@@ -1,26 +1,7 @@
-"""Encoding: compute and store the KV of every cached module of a schema (spec section 3).
+"""Encoding: compute and store the KV of every cached unit of a schema.
 
-Units (see layout.py for which pieces each contains):
-
-1. the anonymous unit — all text outside modules, at its layout positions, attending to itself;
-2. per top-level module, one unit per *variant*: the base variant (nested unions at their
-   ``scaffold`` member, or left out) and one per nested union member (that union, and the
-   unions above it, resolved to the member). Each module's own KV is sliced out of the
-   unit that contains it;
-3. per scaffold, one joint unit: its modules' base units plus the anonymous text between
-   them, attending to the anonymous text before them.
-
-Mode ``contextual`` (default; ``prefixed`` before) encodes 2. with the KV of the anonymous text before the module as
-past context; ``isolated`` (the paper's scheme) encodes it alone — or, with ``sink`` N > 0
-after the first N tokens of that anonymous text at their own positions 0..N-1: the
-chat template's fixed opening (``<|im_start|>system\n`` is 3 tokens), which every prompt starts
-with, so the module gets the attention sink it will have at run time without depending on the
-system text; the sink's KV is not stored with the module (the anonymous entry holds it already)
-and the sink's tokens are part of the entry's key. Only the unit's own KV is
-stored, so both modes cost the same memory. Entries are stored in the chosen precision (a float
-dtype, or int8 / int4 in KIVI's layout, kv.QuantKV) and, with a query-agnostic retention below 1,
-compressed per layer (compress.py; ``question`` retention stores full entries). An entry already in the store — in
-memory or on disk — is not computed again; each unit reports where its entries came from.
+The units (the anonymous text, one per module variant, one per scaffold) and the encoding modes
+are docs/pml-spec.md section 3; an entry already stored, in memory or on disk, is reused.
 """
 
 from __future__ import annotations
@@ -40,18 +21,17 @@ from engine.schema.layout import ANONYMOUS, EntryName, Layout
 
 ProgressFn = Callable[[int, int, str], None]
 
-_KEY_SPELLING = {CONTEXTUAL: "prefixed"}  # store keys keep the old spelling: entries persisted before stay valid
+_KEY_SPELLING = {CONTEXTUAL: "prefixed"}  # the old spelling keeps persisted entries valid
 
 
 @dataclass(frozen=True)
 class Encoding:
-    """How a schema's modules are encoded and stored: the part of a run's settings encoding depends on.
-    ``engine.config.RunConfig`` has these attributes, so a run config can be passed where an Encoding is."""
+    """The run settings encoding depends on (a ``RunConfig`` can be passed instead)."""
 
-    mode: str = CONTEXTUAL  # contextual: modules see the text before them; isolated: each alone
+    mode: str = CONTEXTUAL
     storage_dtype: str = "float32"
     compression: Compression = field(default_factory=Compression)
-    sink: int = 0  # isolated: neutral tokens each module is encoded after
+    sink: int = 0  # isolated mode only
 
 
 @dataclass(frozen=True)
@@ -60,7 +40,7 @@ class UnitReport:
     kind: str  # "anonymous" | "module" | "scaffold"
     tokens: int
     ms: float
-    source: str  # "memory" | "disk" | "encoded": where its entries came from
+    source: str  # "memory" | "disk" | "encoded"
 
     @property
     def reused(self) -> bool:
@@ -74,13 +54,13 @@ class EncodedSchema:
     device: str
     dtype: str
     compression: Compression
-    pieces: dict[int, tuple[str, int]]  # piece index -> (store key, offset of its first token in the entry)
-    scaffolds: dict[str, dict[int, tuple[str, int]]]  # scaffold -> piece index -> (key, offset)
-    module_keys: dict[str, str]  # module path (ANONYMOUS for the anonymous text) -> store key
+    pieces: dict[int, tuple[str, int]]  # piece index -> (store key, offset in the entry)
+    scaffolds: dict[str, dict[int, tuple[str, int]]]  # scaffold -> pieces
+    module_keys: dict[str, str]  # module path or ANONYMOUS -> store key
     scaffold_keys: dict[str, str]
     units: tuple[UnitReport, ...]
     encode_ms: float
-    sink: int = 0  # sink tokens isolated module units were encoded after (0 in contextual mode)
+    sink: int = 0
 
     def keys(self) -> list[str]:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
@@ -91,7 +71,7 @@ class EncodedSchema:
         return out
 
     def nbytes(self, store: ModuleStore) -> int:
-        """Bytes of this schema's entries (in memory or on disk), each counted once."""
+        """Bytes of this schema's entries, each counted once."""
         return sum(store.entry_bytes(k) for k in set(self.keys()))
 
     def locate(self, piece: int, scaffold: str | None) -> tuple[str, int]:
@@ -100,13 +80,7 @@ class EncodedSchema:
 
 def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),
                   model_fingerprint: str = "", progress: ProgressFn | None = None) -> EncodedSchema:
-    """Encode every cached unit of ``layout`` into ``store`` (entries already stored are reused).
-
-    ``config.storage_dtype`` is the storage precision of module and scaffold entries (the
-    anonymous text, used by every prompt and as the prefix of every module, stays in the compute
-    dtype); a query-agnostic ``config.compression`` drops tokens per layer from module and scaffold
-    entries.
-    """
+    """Encode every cached unit of ``layout`` into ``store``; the anonymous entry keeps the compute dtype."""
     mode, dtype, comp = canonical_mode(config.mode), config.storage_dtype, config.compression
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
@@ -154,7 +128,7 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = 
 
 def _encode_scaffolds(ctx: _Context, pasts: _Pasts, model_fingerprint: str,
                       storage: str) -> tuple[dict[str, dict[int, tuple[str, int]]], dict[str, str]]:
-    """Encode one joint unit per scaffold: (scaffold -> piece -> (key, offset), scaffold -> key)."""
+    """Encode one joint unit per scaffold."""
     layout = ctx.layout
     scaffolds: dict[str, dict[int, tuple[str, int]]] = {}
     scaffold_keys: dict[str, str] = {}
@@ -221,7 +195,7 @@ def _map_pieces(layout: Layout, pieces: list[int], out: dict[int, tuple[str, int
 
 
 class _Context:
-    """One encode_schema call: model, layout, store, storage dtype, compression, unit reports, progress."""
+    """What one encode_schema call shares between its units."""
 
     def __init__(self, model, layout: Layout, store: ModuleStore, precision: str, comp: Compression,
                  progress: ProgressFn | None, total: int):
@@ -230,15 +204,14 @@ class _Context:
         self.progress, self.total, self.done = progress, total, 0
 
     def advance(self, label: str) -> None:
-        """One more unit done: tell ``progress`` (done, total, label)."""
+        """Report one more unit done."""
         self.done += 1
         if self.progress:
             self.progress(self.done, self.total, label)
 
     def unit(self, unit: list[int], past: ModuleKV | None, wanted: dict[str, tuple[str, list[int]]], label: str,
              kind: str) -> ModuleKV | None:
-        """Make every wanted entry available (memory, disk, or a fresh forward); return the unit's KV
-        for the anonymous unit (what contextual modules are encoded after), else None."""
+        """Make every wanted entry available; return the anonymous unit's KV, else None."""
         if not unit:
             return None
         layout, store = self.layout, self.store
@@ -247,12 +220,12 @@ class _Context:
         places = [store.where(key) for key, _ in wanted.values()]
         if all(places):
             try:
-                entries = [store.get(key) for key, _ in wanted.values()]  # loads from disk when needed
+                entries = [store.get(key) for key, _ in wanted.values()]
                 source = "memory" if all(p == "memory" for p in places) else "disk"
                 self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, source))
                 return entries[0] if kind == "anonymous" else None
             except MissingEntry:
-                pass  # a file vanished or was corrupted: encode afresh
+                pass  # vanished or corrupted: encode afresh
         ids: list[int] = []
         pos: list[int] = []
         offsets: dict[int, int] = {}
@@ -281,8 +254,7 @@ class _Context:
 
 
 class _Pasts:
-    """The past KV a unit is encoded after: the anonymous text before it (``contextual``), the first
-    ``sink`` tokens of that text (``isolated`` with a sink), or nothing."""
+    """The past KV a unit is encoded after, by mode."""
 
     def __init__(self, layout: Layout, anon_entry: ModuleKV | None, mode: str, sink: int):
         self.layout, self.anon_entry, self.mode, self.sink = layout, anon_entry, mode, sink
@@ -295,7 +267,7 @@ class _Pasts:
         return pre, self.anon_entry.slice(slice(0, n))
 
     def context_of(self, start: int) -> tuple[str, ModuleKV | None]:
-        """(key part, past KV) of a module unit starting at ``start``: its prefix, its sink, or nothing."""
+        """(key part, past KV) of a module unit starting at ``start``."""
         if self.mode == CONTEXTUAL:
             pre, past = self.prefix_of(start)
             return _ids_pos(self.layout, pre), past

@@ -1,21 +1,7 @@
 """Prefix cache: exact reuse of the longest cached token prefix, as vLLM, SGLang and llama.cpp do.
 
-This is the comparison every user of modular caching should see: a server keeps the KV of the
-prompts it has served and reuses the longest *token prefix* a new prompt shares with them. The
-reuse is exact (the same tokens at the same contiguous positions, attending to the same past),
-but it stops at the first token that differs — so a prompt that skips or reorders modules
-reuses only what comes before the first difference.
-
-* :class:`PrefixCache` — a radix tree over token ids in the spirit of SGLang's ``RadixCache``
-  (page size 1, so reuse is token-exact). Each node holds the KV of its edge's tokens at
-  positions ``[depth, depth + n)`` as a :class:`ModuleKV` in the engine's :class:`ModuleStore`
-  under a ``prefix:`` key: prefix entries share the modules' byte budget and LRU order, are
-  never written to disk, and are reported in ``store.stats()``. When the budget evicts a node,
-  its descendants are evicted with it; a node whose key vanished otherwise (``store.clear()``)
-  is pruned on the next walk.
-* :func:`schema_order_prompt` — the warm-up prompt: every module of a schema, in schema order.
-
-Public API first (``match``, ``insert``, ``summary``), internal helpers after.
+A token-exact radix tree (after SGLang's ``RadixCache``) whose nodes' KV live in the module store;
+docs/arms.md, "The prefix cache arm".
 """
 
 from __future__ import annotations
@@ -33,54 +19,53 @@ from engine.schema.layout import ANONYMOUS, Layout
 
 @dataclass(frozen=True)
 class PrefixMatch:
-    """What a prompt finds in the cache: ``reused`` leading tokens, as (entry, first, end) slices in order."""
+    """The ``reused`` leading tokens a prompt finds, as (entry, first, end) slices."""
 
     reused: int
-    whole: bool  # every token of the prompt was cached (a repeated prompt), whatever the limit
+    whole: bool  # a repeated prompt
     pieces: tuple[tuple[ModuleKV, int, int], ...] = field(repr=False)
-    keys: tuple[str, ...] = field(repr=False)  # store keys of the nodes on the path, root side first
+    keys: tuple[str, ...] = field(repr=False)  # root side first
 
 
 @dataclass(frozen=True)
 class WarmPrompt:
-    """The schema-order warm-up prompt of one schema (see :func:`schema_order_prompt`)."""
+    """The schema-order warm-up prompt of one schema."""
 
     schema: str
     fingerprint: str
-    modules: tuple[str, ...]  # module paths imported, schema order
+    modules: tuple[str, ...]
     token_ids: tuple[int, ...]
-    placeholders: tuple[str, ...]  # "module/param" filled with placeholder tokens (no default text)
+    placeholders: tuple[str, ...]  # "module/param"
 
 
 @dataclass(eq=False)
 class _Node:
-    tokens: tuple[int, ...]  # the edge's tokens
-    depth: int  # tokens before this node (its first position)
-    key: str | None  # store key; None for the root
+    tokens: tuple[int, ...]  # the edge's
+    depth: int  # its first position
+    key: str | None  # None for the root
     parent: "_Node | None"
-    children: dict[int, "_Node"] = field(default_factory=dict)  # first token -> child
+    children: dict[int, "_Node"] = field(default_factory=dict)  # by first token
 
 
 class PrefixCache:
-    """A radix tree of token ids whose nodes' KV live in ``store`` (one per model and storage device)."""
+    """A radix tree of token ids whose nodes' KV live in ``store``."""
 
     def __init__(self, store: ModuleStore):
         self.store = store
         self._root = _Node((), 0, None, None)
         self._by_key: dict[str, _Node] = {}
         self._ids = itertools.count()
-        self._lock = store.lock  # one lock: the store's eviction listener walks the tree
-        self.inserted_runs = 0  # prompts inserted by prefix-arm runs (warm-ups not counted)
-        self.warmed: dict[str, WarmPrompt] = {}  # layout fingerprint -> the warm-up it received
-        self.skipped_inserts = 0  # prompts not inserted because the budget could not hold them
-        self.evicted_nodes = 0  # nodes dropped with an evicted ancestor
+        self._lock = store.lock  # the store's eviction listener walks the tree
+        self.inserted_runs = 0  # warm-ups not counted
+        self.warmed: dict[str, WarmPrompt] = {}  # by layout fingerprint
+        self.skipped_inserts = 0  # over the budget
+        self.evicted_nodes = 0  # with an evicted ancestor
         store.on_evict(self._evicted)
 
     # -- public API ---------------------------------------------------------------------------
 
     def match(self, token_ids: list[int] | tuple[int, ...], limit: int | None = None) -> PrefixMatch:
-        """The longest cached prefix of ``token_ids``, at most ``limit`` tokens of it; its nodes become the
-        most recently used. (A run reuses at most len - 1 tokens: the last one is prefilled for its logits.)"""
+        """The longest cached prefix of ``token_ids``, at most ``limit`` tokens."""
         ids = tuple(token_ids)
         cap = len(ids) if limit is None else max(0, min(limit, len(ids)))
         with self._lock:
@@ -99,12 +84,7 @@ class PrefixCache:
 
     def insert(self, token_ids: list[int] | tuple[int, ...], kv: torch.Tensor, keep: list[str] = (),
                run: bool = False) -> int:
-        """Store the KV of ``token_ids`` (``kv``: [layers, 2, kv_heads, >= len, head_dim], positions 0..);
-        return how many new tokens were stored (0 when all were there or the budget cannot hold them).
-        ``run``: the prompt of a prefix-arm run (counted in :meth:`summary`; warm-ups are not).
-
-        Room is made by the store's LRU rule, but never by evicting ``keep`` (entries a run still needs) or
-        this prompt's own path: when those and the new tokens cannot fit together, nothing is stored."""
+        """Store the KV ([layers, 2, kv_heads, >= len, head_dim]) of ``token_ids`` if it fits beside ``keep``."""
         ids = tuple(token_ids)
         with self._lock:
             self.inserted_runs += int(run)
@@ -132,12 +112,12 @@ class PrefixCache:
             return len(ids) - matched
 
     def stored_tokens(self) -> int:
-        """Tokens held by the tree's nodes (each shared prefix counted once)."""
+        """Tokens held by the tree's nodes."""
         with self._lock:
             return sum(len(n.tokens) for n in self._by_key.values() if n.key in self.store)
 
     def summary(self, fingerprint: str | None = None) -> dict:
-        """``warmed_with``: what the cache held before a run (warm-up of this schema, earlier runs)."""
+        """``warmed_with``: what the cache held before a run."""
         warm = self.warmed.get(fingerprint) if fingerprint else None
         runs = self.inserted_runs
         others = sum(1 for k in self.warmed if k != fingerprint)
@@ -163,14 +143,14 @@ class PrefixCache:
     # -- internal helpers ---------------------------------------------------------------------
 
     def _walk(self, ids: tuple[int, ...]) -> tuple[list[tuple[_Node, int]], int]:
-        """(nodes on the longest matching path with the tokens used of each, tokens matched)."""
+        """(the longest matching path as (node, tokens used), tokens matched)."""
         path: list[tuple[_Node, int]] = []
         node, i = self._root, 0
         while i < len(ids):
             child = node.children.get(ids[i])
             if child is None:
                 break
-            if child.key not in self.store:  # its entry is gone (cleared): the subtree is useless
+            if child.key not in self.store:  # cleared: the subtree is useless
                 self._drop(child)
                 break
             used = _common(child.tokens, ids[i:])
@@ -182,7 +162,7 @@ class PrefixCache:
         return path, i
 
     def _split(self, node: _Node, at: int) -> _Node:
-        """Cut ``node`` after ``at`` tokens; return the new upper node (the old one keeps the rest)."""
+        """Cut ``node`` after ``at`` tokens; return the new upper node."""
         entry = self.store.get(node.key)
         upper = _Node(node.tokens[:at], node.depth, self._new_key(), node.parent)
         lower_key = self._new_key()
@@ -190,7 +170,7 @@ class PrefixCache:
         node.parent.children[node.tokens[0]] = upper
         upper.children[node.tokens[at]] = node
         self._by_key.pop(node.key)
-        self.store.evict(node.key)  # free its bytes before the two halves are stored
+        self.store.evict(node.key)  # before the halves are stored
         node.tokens, node.depth, node.key, node.parent = node.tokens[at:], node.depth + at, lower_key, upper
         self._by_key[upper.key], self._by_key[lower_key] = upper, node
         self.store.put(upper.key, upper_kv)
@@ -212,7 +192,7 @@ class PrefixCache:
         return leaf
 
     def _touch_up(self, node: _Node) -> None:
-        """Mark ``node`` and its ancestors used, ancestors last: the LRU rule then evicts leaves first."""
+        """Mark ``node`` and its ancestors used, leaves evicted first."""
         keys = []
         while node is not None and node.key is not None:
             keys.append(node.key)
@@ -223,14 +203,14 @@ class PrefixCache:
         return f"{PREFIX}{next(self._ids)}"
 
     def _evicted(self, key: str) -> None:
-        """Store listener: the budget evicted ``key``; drop that node and its descendants."""
+        """Drop the node the budget evicted, and its descendants."""
         with self._lock:
             node = self._by_key.get(key)
             if node is not None:
                 self._drop(node)
 
     def _drop(self, node: _Node) -> None:
-        """Remove ``node`` and its subtree from the tree and their entries from the store."""
+        """Remove ``node``'s subtree from the tree and the store."""
         if node.parent is not None and node.parent.children.get(node.tokens[0]) is node:
             del node.parent.children[node.tokens[0]]
         stack = [node]
@@ -246,14 +226,7 @@ class PrefixCache:
 
 
 def schema_order_prompt(layout: Layout) -> WarmPrompt:
-    """The prompt that imports every module of the schema in schema order, with no question.
-
-    Each union contributes its default member (its ``scaffold`` member when named, else its first);
-    nested modules of an imported module are imported too. A param is filled with its default
-    text, or — without one — with its placeholder tokens (what the module store encodes there).
-    The tokens are what :func:`engine.schema.plan.plan_prompt` would materialise for that prompt:
-    the schema's pieces in layout order, then the template's generation prompt.
-    """
+    """The prompt importing every module in schema order (each union's default member), no question."""
     chosen: set[str] = set()
 
     def take(path: str) -> None:
@@ -301,6 +274,5 @@ def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return n
 
 
-def _bytes_per_token(kv: torch.Tensor) -> int:
-    # kv: [layers, 2, kv_heads, seq, head_dim]
+def _bytes_per_token(kv: torch.Tensor) -> int:  # kv: [layers, 2, kv_heads, seq, head_dim]
     return kv.shape[0] * 2 * kv.shape[2] * kv.shape[4] * kv.element_size()

@@ -1,28 +1,8 @@
 """ModuleStore: encoded module KV on one device, keyed by content, within a byte budget, persisted.
 
-A key is a hash of everything the KV depends on (model, tokenizer and template output, encoding
-mode, the unit's tokens and positions, the past it attended to, storage dtype, compression) —
-so two schemas that contain the same module in the same context share one entry, no module is
-ever held twice, and an entry on disk is reused only when all of that matches.
-
-* **Budget**: the in-memory entries never exceed ``budget_bytes``; putting or loading an entry
-  evicts least-recently-used unpinned entries first (they stay on disk when persistence is on).
-  An entry larger than the whole budget is refused with a StorageError.
-* **Persistence** (:class:`DiskStore`): every entry is written once, atomically (temp file +
-  rename), as safetensors whose header carries the manifest (format, storage precision and
-  scheme, bytes, CRC-32 of the tensors; quantized entries add their bits and group sizes) and
-  the SHA-256 of the whole manifest (``header_sha256``). Files of the previous format
-  (``pml-kv/1``: float entries, no scheme) and entries written before the header's checksum load
-  unchanged, their tensors checked by the CRC and a quantized entry's bits and groups against its
-  tensors' shapes. A file that cannot be used (truncated, edited, of an unknown format, unreadable)
-  is deleted and reported as missing with the reason (``note``), so the engine re-encodes it; a
-  failed write (full disk) is counted and the entry stays in memory only. Temporary files of saves
-  that were killed are removed when the store opens (:func:`remove_stale_temps`).
-* **Prefix entries** (keys starting with :data:`PREFIX`): the nodes of the prefix cache
-  (engine/cache/prefix.py). They share the budget and the LRU order with the modules but are never
-  written to disk; ``stats()`` counts them apart (``prefix_entries``, ``prefix_bytes``). When the
-  budget evicts one, the listeners registered with :meth:`ModuleStore.on_evict` hear of it (the
-  prefix cache then drops the node's descendants: a child without its parent is useless).
+A key hashes everything the KV depends on, so schemas sharing a module in the same context share
+one entry. Entries beyond the budget are evicted least recently used first; the disk format, its
+checks and the prefix cache's entries are described in docs/module-memory.md.
 """
 
 from __future__ import annotations
@@ -44,12 +24,12 @@ from engine.errors import EngineError, MissingEntry, StorageError
 from engine.kv import entry_from_tensors
 from engine.limits import LIMITS
 
-FORMAT = "pml-kv/2"  # adds "scheme" and quantized entries (bits, key_group, value_group) to pml-kv/1
+FORMAT = "pml-kv/2"  # pml-kv/1 plus "scheme" and quantized entries
 READABLE = ("pml-kv/1", FORMAT)
-PREFIX = "prefix:"  # key namespace of prefix-cache nodes: memory only, never persisted
-HEADER_SUM = "header_sha256"  # of every other manifest field; absent from entries written before it
-_TEMP = re.compile(r"\..+\.safetensors\.(\d+)\.\d+\.tmp")  # DiskStore.save's temporary files: .NAME.PID.THREAD.tmp
-STALE_TEMP_S = 3600  # a temporary file this old is a killed save's, even if its process id is in use again
+PREFIX = "prefix:"  # prefix-cache nodes: memory only
+HEADER_SUM = "header_sha256"  # of every other manifest field
+_TEMP = re.compile(r"\..+\.safetensors\.(\d+)\.\d+\.tmp")  # .NAME.PID.THREAD.tmp
+STALE_TEMP_S = 3600  # older temporary files are a killed save's
 
 
 class DiskStore:
@@ -60,9 +40,9 @@ class DiskStore:
         self.writes = 0
         self.write_errors = 0
         self.corrupt = 0
-        self.unreadable = 0  # files of a format this version does not read (re-encoded)
+        self.unreadable = 0  # files of an unknown format
         self.last_error = ""
-        self.note = ""  # why the last file that could not be used is re-encoded (the CLI and the studio say it)
+        self.note = ""  # why the last unusable file is re-encoded
         self.removed_temps = remove_stale_temps(self.root)
 
     def path(self, key: str) -> Path:
@@ -72,7 +52,7 @@ class DiskStore:
         return self.path(key).exists()
 
     def save(self, key: str, entry, meta: dict | None = None) -> bool:
-        """Write ``entry`` atomically; False (and ``last_error`` set) when the disk refuses."""
+        """Write ``entry`` atomically; False when the disk refuses."""
         from safetensors.torch import save_file
 
         target = self.path(key)
@@ -101,7 +81,7 @@ class DiskStore:
         return True
 
     def load(self, key: str):
-        """The entry stored under ``key``; None when absent or unusable (such a file is deleted, ``note`` says why)."""
+        """The entry under ``key``; None when absent or unusable (then deleted)."""
         path = self.path(key)
         if not path.exists():
             return None
@@ -110,7 +90,7 @@ class DiskStore:
         except _Unreadable as err:
             self.unreadable += 1
             self._forget(key, str(err))
-        except Exception as err:  # safetensors raises several types for truncated or garbled files
+        except Exception as err:  # safetensors raises several types
             self.corrupt += 1
             self._forget(key, f"module file {path.name} could not be used ({_why(err)}); it will be re-encoded")
         return None
@@ -133,8 +113,7 @@ class DiskStore:
 
 
 def remove_stale_temps(root: Path) -> list[Path]:
-    """Remove the temporary files of saves that were killed from ``root``; those removed. A file whose process
-    still runs is kept (a save under way in another process), unless it is older than :data:`STALE_TEMP_S`."""
+    """Remove killed saves' temporary files from ``root``; return those removed."""
     try:
         found = [(p, _TEMP.fullmatch(p.name)) for p in root.iterdir() if p.name.startswith(".")]
     except OSError:
@@ -160,8 +139,7 @@ def _stale_temp(path: Path, pid: int) -> bool:
 
 
 def _read_entry(path: Path):
-    """The entry in the file at ``path``; _Unreadable for an unknown format, ValueError (or safetensors' own
-    errors) for a file whose header or tensors do not check."""
+    """The entry in the file at ``path``, its header and tensors checked."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -174,11 +152,11 @@ def _read_entry(path: Path):
         raise _Damaged("its header's checksum does not match: a field was changed")
     if meta.get("crc32") != str(_crc(tensors)):
         raise _Damaged("its tensors' checksum does not match")
-    return entry_from_tensors(tensors, meta)  # ValueError when a quantized entry's bits or groups misfit
+    return entry_from_tensors(tensors, meta)
 
 
 class ModuleStore:
-    """put / get / has / where / nbytes / evict / pin, on ``device`` (``cpu`` or ``cuda``)."""
+    """put / get / has / where / nbytes / evict / pin, on ``device``."""
 
     def __init__(self, device: str = "cpu", budget_bytes: int | None = None, disk: DiskStore | None = None):
         check_device(device)
@@ -187,7 +165,7 @@ class ModuleStore:
         self.disk = disk
         self._entries: OrderedDict[str, object] = OrderedDict()
         self._pinned: set[str] = set()
-        self._listeners: list = []  # called with each key the budget evicts
+        self._listeners: list = []
         self._lock = threading.RLock()
         self.evictions = 0
         self.disk_loads = 0
@@ -195,7 +173,7 @@ class ModuleStore:
     # -- public API ---------------------------------------------------------------------------
 
     def put(self, key: str, entry, pinned: bool = False, meta: dict | None = None):
-        """Store ``entry`` on this device (kept if already present) and on disk; return the stored entry."""
+        """Store ``entry`` in memory and on disk; return the stored entry."""
         with self._lock:
             if key in self._entries:
                 self._touch(key, pinned)
@@ -209,7 +187,7 @@ class ModuleStore:
         return stored
 
     def get(self, key: str):
-        """The entry for ``key``, loaded from disk when it is not in memory; :class:`MissingEntry` when nowhere."""
+        """The entry for ``key``, from memory or disk, or :class:`MissingEntry`."""
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -236,7 +214,7 @@ class ModuleStore:
         return self.where(key) is not None
 
     def __contains__(self, key: str) -> bool:
-        """In memory (use :meth:`has` to include disk)."""
+        """In memory."""
         return key in self._entries
 
     def __len__(self) -> int:
@@ -246,13 +224,13 @@ class ModuleStore:
         return list(self._entries)
 
     def nbytes(self, keys: list[str] | None = None) -> int:
-        """Bytes in memory, for all entries or for ``keys`` (each counted once)."""
+        """Bytes in memory, of all entries or of ``keys``."""
         with self._lock:
             chosen = self._entries if keys is None else {k: self._entries[k] for k in set(keys) if k in self._entries}
             return sum(e.nbytes for e in chosen.values())
 
     def bytes_by_precision(self) -> dict[str, int]:
-        """Bytes in memory per storage precision ('float32', 'int8', ...), scales of quantized entries included."""
+        """Bytes in memory per storage precision."""
         with self._lock:
             out: dict[str, int] = {}
             for e in self._entries.values():
@@ -260,7 +238,7 @@ class ModuleStore:
             return out
 
     def entry_bytes(self, key: str) -> int:
-        """Bytes of one entry, in memory or on disk (0 when unknown)."""
+        """Bytes of one entry (0 when unknown)."""
         if key in self._entries:
             return self._entries[key].nbytes
         if self.disk is not None and self.disk.has(key):
@@ -271,18 +249,18 @@ class ModuleStore:
         return 0
 
     def check_fits(self, keys: list[str], what: str = "this prompt") -> None:
-        """Refuse (StorageError) when the entries ``keys`` cannot be in memory together."""
+        """Raise StorageError when ``keys`` cannot be in memory together."""
         self.check_need(sum(self.entry_bytes(k) for k in set(keys)), what)
 
     def check_need(self, need: int, what: str = "this prompt") -> None:
-        """Refuse (StorageError) when ``need`` bytes of module KV cannot be in memory at once."""
+        """Raise StorageError when ``need`` bytes exceed the budget."""
         if self.budget_bytes is not None and need > self.budget_bytes:
             raise StorageError(f"{what} needs {_mb(need)} of module KV in memory at once, but the module memory "
                                f"budget is {_mb(self.budget_bytes)}; raise the budget (--budget-mb) or import fewer "
                                "modules")
 
     def set_budget(self, budget_bytes: int) -> None:
-        """Change the budget; entries beyond it are evicted (least recently used first) at once."""
+        """Change the budget, evicting at once."""
         budget_bytes = _budget(budget_bytes)
         with self._lock:
             self.budget_bytes = budget_bytes
@@ -290,18 +268,18 @@ class ModuleStore:
 
     @property
     def lock(self) -> threading.RLock:
-        """The store's lock (the prefix cache shares it: eviction listeners run under it)."""
+        """The store's lock, shared by the prefix cache."""
         return self._lock
 
     def touch(self, keys: list[str]) -> None:
-        """Mark ``keys`` used now, in this order (the last one is the most recently used)."""
+        """Mark ``keys`` used now, the last most recently."""
         with self._lock:
             for key in keys:
                 if key in self._entries:
                     self._entries.move_to_end(key)
 
     def on_evict(self, listener) -> None:
-        """Call ``listener(key)`` whenever the budget evicts an entry (not on an explicit :meth:`evict`)."""
+        """Call ``listener(key)`` on each budget eviction."""
         self._listeners.append(listener)
 
     def pin(self, key: str, pinned: bool = True) -> None:
@@ -359,13 +337,10 @@ class ModuleStore:
 
 
     def _shrink_to(self, limit: int) -> int:
-        """Evict least-recently-used unpinned entries until at most ``limit`` bytes remain; return the bytes.
-
-        The next victim is chosen afresh each time: a listener may evict further entries (descendants).
-        """
+        """Evict unpinned entries, oldest first, down to ``limit`` bytes; return the bytes left."""
         used = sum(e.nbytes for e in self._entries.values())
         while used > limit:
-            victim = next((k for k in self._entries if k not in self._pinned), None)
+            victim = next((k for k in self._entries if k not in self._pinned), None)  # listeners evict too
             if victim is None:
                 break
             self._entries.pop(victim)
@@ -377,7 +352,7 @@ class ModuleStore:
 
 
 def _budget(budget_bytes) -> int:
-    """``budget_bytes`` checked as RunConfig checks it (a positive whole number of bytes, not NaN or 2**70)."""
+    """``budget_bytes`` checked as RunConfig checks it."""
     try:
         return LIMITS["budget_bytes"].check(budget_bytes)
     except EngineError as err:
@@ -385,7 +360,7 @@ def _budget(budget_bytes) -> int:
 
 
 def default_budget(device: str = "cpu") -> int:
-    """Half of the memory available now on ``device`` (at least 256 MiB)."""
+    """Half of the memory available on ``device``."""
     from engine.devices import available_bytes
 
     avail = available_bytes(device) or 8 * 2**30
@@ -393,21 +368,21 @@ def default_budget(device: str = "cpu") -> int:
 
 
 class _Unreadable(ValueError):
-    """A well-formed file of a format this version does not read."""
+    """A file of a format this version does not read."""
 
 
 class _Damaged(ValueError):
-    """A file whose header or tensors do not match their checksums."""
+    """A file that fails its checksums."""
 
 
 def _header_sum(manifest: dict) -> str:
-    """SHA-256 of every manifest field but :data:`HEADER_SUM`, as canonical JSON."""
+    """SHA-256 of the other manifest fields."""
     fields = {k: v for k, v in manifest.items() if k != HEADER_SUM}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _why(err: Exception) -> str:
-    """One short clause for why a file could not be used."""
+    """Why a file could not be used, in a clause."""
     text = str(err).splitlines()[0] if str(err) else ""
     if isinstance(err, ValueError) and text:
         return text[:160]

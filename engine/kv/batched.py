@@ -1,16 +1,4 @@
-"""Several runs' KV decoded as one batch: each run's buffer a row, padded on the right, each row at its own
-length, and the mask that hides the padding.
-
-A comparison's arms decode the same number of tokens over caches of different lengths (the baseline's
-prompt, the modular arm's modules and gaps). A decode step on a CPU is the time to read the weights once, so
-stepping every arm in one forward costs little more than one arm (engine/arms/runner.py, ``decode_together``).
-
-* :class:`BatchedKV` — ``[layers, 2, rows, kv_heads, capacity, head_dim]``, row ``b`` filled to
-  ``lengths[b]``; every layer of a row has the same length (runs with thinned layers decode alone).
-* :class:`BatchedCache` — the transformers Cache over it: a step writes each row's new key and value at
-  that row's own length, and returns keys up to the longest row; :meth:`BatchedKV.key_mask` says which
-  of them each row may attend to (engine/model/attend.py applies it).
-"""
+"""Several runs' KV decoded as one batch (``--decode together``, docs/cli.md): a padded row per run."""
 
 from __future__ import annotations
 
@@ -21,10 +9,10 @@ from engine.kv.buffer import PreallocatedLayer
 
 
 class BatchedKV:
-    """The rows' KV, right-padded, with room for ``room`` more tokens in every row."""
+    """``[layers, 2, rows, kv_heads, capacity, head_dim]``, each row at its own length."""
 
     def __init__(self, kvs: list[torch.Tensor], room: int):
-        layers, two, heads, _, dim = kvs[0].shape  # each [layers, 2, kv_heads, length, head_dim]
+        layers, two, heads, _, dim = kvs[0].shape
         lengths = [kv.shape[3] for kv in kvs]
         self.data = torch.zeros((layers, two, len(kvs), heads, max(lengths) + room, dim), dtype=kvs[0].dtype,
                                 device=kvs[0].device)
@@ -39,8 +27,7 @@ class BatchedKV:
         return self.data.shape[4]
 
     def key_mask(self) -> torch.Tensor:
-        """[rows, 1, 1, longest + 1] bool: the keys each row attends to in the next step (its own length, and
-        the slot that step writes)."""
+        """[rows, 1, 1, longest + 1] bool: the keys each row attends to in the next step."""
         return (torch.arange(self.longest + 1, device=self.data.device)[None, :] <= self.lengths[:, None])[:, None,
                                                                                                           None]
 
@@ -80,18 +67,17 @@ class _BatchedLayer(PreallocatedLayer):
 
 
 class BatchedCache(Cache):
-    """transformers Cache over a :class:`BatchedKV` (see the module docstring)."""
+    """transformers Cache over a :class:`BatchedKV`."""
 
     def __init__(self, batch: BatchedKV):
         super().__init__(layers=[_BatchedLayer(batch, i) for i in range(batch.data.shape[0])])
         self.batch = batch
 
     def step_view(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the rows' KV, each row's length: where its next token goes) for the C++ decode step; the caller then
-        calls :meth:`BatchedKV.advance`, as after a forward."""
+        """(the rows' KV, each row's next slot) for the C++ decode step."""
         if self.batch.longest + 1 > self.batch.capacity:
             raise ValueError(f"batched KV overflow: {self.batch.longest + 1} > {self.batch.capacity}")
         return self.batch.data, self.batch.lengths
 
-    def advance(self) -> None:  # the rows' lengths live in the BatchedKV (BatchedKV.advance counts the step)
+    def advance(self) -> None:  # BatchedKV.advance counts the step
         return None

@@ -1,11 +1,4 @@
-"""A run's KV buffer, and the transformers cache that appends into it.
-
-* :class:`KVBuffer` — a preallocated ``[layers, 2, 1, kv_heads, capacity, head_dim]`` tensor
-  (a view of the engine's :class:`KVWorkspace`). Assembly copies each module's KV into it once
-  (``StoredKV.write_into``); prefill and decode then append in place through
-  :class:`BufferedCache`, whose layers return views ``[:, :, :length]`` of the buffer, so no step
-  ever copies the whole cache (transformers' DynamicCache concatenates on every step).
-"""
+"""A run's preallocated KV buffer, and the transformers cache that appends into it in place."""
 
 from __future__ import annotations
 
@@ -14,10 +7,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 class KVBuffer:
-    """KV for one run: a view ``[layers, 2, 1, kv_heads, capacity, head_dim]`` of a workspace.
-
-    Each layer has its own fill length (compressed entries keep fewer tokens in deeper layers).
-    """
+    """One run's KV, ``[layers, 2, 1, kv_heads, capacity, head_dim]``; each layer has its own length."""
 
     def __init__(self, data: torch.Tensor):
         self.data = data
@@ -29,7 +19,6 @@ class KVBuffer:
 
     @property
     def length(self) -> int:
-        """Fill length of layer 0 (all layers, unless compressed entries were written)."""
         return self.lengths[0]
 
     @property
@@ -37,7 +26,7 @@ class KVBuffer:
         return self.data.numel() * self.data.element_size()
 
     def write(self, kv: torch.Tensor) -> None:
-        """Append ``kv`` ([layers, 2, kv_heads, n, head_dim], any device): one copy when layers are level."""
+        """Append ``kv``: [layers, 2, kv_heads, n, head_dim]."""
         n = kv.shape[3]
         start = self.lengths[0]
         if all(x == start for x in self.lengths):
@@ -50,8 +39,7 @@ class KVBuffer:
                 self.write_layer(i, kv[i])
 
     def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Views ``(keys, values)``, each ``[layers, kv_heads, n, head_dim]``, of the next ``n`` slots of every
-        layer, counted as written; None when the layers are not level (write a tensor instead)."""
+        """Views (keys, values) of the next ``n`` slots, or None."""
         start = self.lengths[0]
         if any(x != start for x in self.lengths):
             return None
@@ -71,32 +59,26 @@ class KVBuffer:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the entries written so far (every layer at its own length)."""
+        """Bytes of the entries written."""
         per_slot = 2 * self.data.shape[3] * self.data.shape[5] * self.data.element_size()
         return sum(self.lengths) * per_slot
 
     def keep(self, layer: int, idx: torch.Tensor) -> None:
-        """Keep in ``layer`` only the entries ``idx`` ([kv_heads, k] indices below its length, per head), in
-        that order, moved to the front; the layer's length becomes k."""
+        """Keep in ``layer`` only the entries ``idx`` ([kv_heads, k])."""
         d = self.data[layer, :, 0]  # [2, kv_heads, capacity, head_dim]
         heads, k = idx.shape
         index = idx.to(d.device)[None, :, :, None].expand(2, heads, k, d.shape[-1])
-        kept = torch.gather(d[:, :, : self.lengths[layer]], 2, index)  # a copy: safe to write back in place
+        kept = torch.gather(d[:, :, : self.lengths[layer]], 2, index)  # a copy
         d[:, :, :k].copy_(kept)
         self.lengths[layer] = k
 
     def cache(self) -> "BufferedCache":
-        """A transformers Cache whose layers append into this buffer, starting at the current lengths."""
+        """A Cache appending into this buffer."""
         return BufferedCache(self)
 
 
 class KVWorkspace:
-    """One preallocated, pre-touched KV tensor reused by every run (runs are serialised).
-
-    A fresh 190 MB allocation costs ~200 ms of page faults on these CPUs, more than the
-    whole cached prefill; reusing touched memory makes the copy ~14 GB/s. It grows (to the
-    next power of two) only when a run needs more capacity than any run before.
-    """
+    """One pre-touched KV tensor reused by every run: page faults cost more than a prefill."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device):
         self.shape = (layers, 2, 1, kv_heads, 0, head_dim)
@@ -104,11 +86,11 @@ class KVWorkspace:
         self.data: torch.Tensor | None = None
 
     def buffer(self, capacity: int) -> KVBuffer:
-        """A fresh (empty) KVBuffer with room for ``capacity`` tokens."""
+        """An empty KVBuffer for ``capacity`` tokens."""
         if self.data is None or self.data.shape[4] < capacity:
             size = 1 << max(8, (capacity - 1).bit_length())
             layers, two, one, heads, _, dim = self.shape
-            self.data = None  # free the old one first
+            self.data = None  # free it first
             self.data = torch.zeros((layers, two, one, heads, size, dim), dtype=self.dtype, device=self.device)
         return KVBuffer(self.data[:, :, :, :, :capacity])
 
@@ -118,8 +100,7 @@ class KVWorkspace:
 
 
 class PreallocatedLayer(CacheLayerMixin):
-    """A transformers cache layer over layer ``index`` of a preallocated ``[layers, 2, rows, kv_heads, capacity,
-    head_dim]`` tensor (``k``, ``v``: its rows), written in place: the part every engine cache shares."""
+    """A cache layer over layer ``index`` of a preallocated tensor, written in place."""
 
     is_sliding = False
     is_compileable = False
@@ -130,7 +111,7 @@ class PreallocatedLayer(CacheLayerMixin):
         self.dtype, self.device = data.dtype, data.device
         self.is_initialized = True
 
-    def lazy_initialization(self, key_states, value_states) -> None:  # the tensor exists already
+    def lazy_initialization(self, key_states, value_states) -> None:
         return None
 
 
@@ -153,7 +134,7 @@ class _BufferedLayer(PreallocatedLayer):
         return self.keys, self.values
 
     def advance(self) -> None:
-        """Count one token written into the buffer directly (the C++ decode step)."""
+        """Count one token the C++ decode step wrote."""
         self.length += 1
         self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
 
@@ -168,16 +149,14 @@ class _BufferedLayer(PreallocatedLayer):
 
 
 class BufferedCache(Cache):
-    """transformers Cache over a KVBuffer (see the module docstring)."""
+    """transformers Cache over a KVBuffer."""
 
     def __init__(self, buffer: KVBuffer):
         super().__init__(layers=[_BufferedLayer(buffer, i) for i in range(buffer.data.shape[0])])
         self.buffer = buffer
 
     def step_view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(the buffer ``[layers, 2, 1, kv_heads, capacity, head_dim]``, the length where the next token goes, as a
-        [1] tensor) for one token written in place by the C++ decode step — then :meth:`advance`; None when the
-        layers' lengths differ (thinned entries: transformers' path handles them)."""
+        """(buffer, [1] next slot) for the C++ decode step, or None."""
         n = self.layers[0].length
         if any(layer.length != n for layer in self.layers) or n >= self.buffer.capacity:
             return None
@@ -188,5 +167,5 @@ class BufferedCache(Cache):
             layer.advance()
 
     def sync_length(self) -> None:
-        """Record in the buffer how far the layers have written."""
+        """Store the layers' lengths in the buffer."""
         self.buffer.lengths = [layer.length for layer in self.layers]

@@ -1,11 +1,4 @@
-"""Stored KV entries: the contract every entry keeps (:class:`StoredKV`), and the float entries.
-
-* :class:`ModuleKV` — one stored entry: ``kv`` is ``[layers, 2, kv_heads, seq, head_dim]``
-  (index 0 = keys with RoPE applied at ``positions``, 1 = values).
-* :class:`LayeredKV` — a compressed entry: each layer keeps its own subset of the tokens.
-
-The quantized entry (:class:`engine.kv.quant.QuantKV`) keeps the same contract.
-"""
+"""Stored KV entries: the contract every entry keeps (:class:`StoredKV`), and the float entries."""
 
 from __future__ import annotations
 
@@ -20,60 +13,54 @@ if TYPE_CHECKING:
 
 
 class StoredKV(abc.ABC):
-    """Base, abstract class for one stored entry: the KV of one module (or unit slice).
-
-    Every entry also carries ``positions`` and ``token_ids`` (``[seq]`` int64: every token of the
-    module, kept or not). The module store saves :meth:`tensors` with :attr:`precision`,
-    :attr:`scheme` and :meth:`manifest` as metadata and counts :attr:`nbytes` against its budget;
-    a run copies entries into its buffer with :meth:`write_into`.
-    """
+    """The stored KV of one module or unit slice."""
 
     @abc.abstractmethod
     def __len__(self) -> int:
-        """Tokens of the module this entry stores, whether or not every layer kept them."""
+        """Tokens of the module, kept or not."""
 
     @property
     @abc.abstractmethod
     def nbytes(self) -> int:
-        """Bytes of the stored K/V data (positions and ids are bookkeeping, a few bytes per token)."""
+        """Bytes of the K/V data."""
 
     @property
     @abc.abstractmethod
     def device(self) -> torch.device:
-        """Device the K/V data lives on."""
+        """Where the K/V data lives."""
 
     @property
     @abc.abstractmethod
     def precision(self) -> str:
-        """Storage precision as the store records it: a torch dtype name ('float16') or 'int8' / 'int4'."""
+        """'float16', 'int8', ... as the store records it."""
 
     @property
     @abc.abstractmethod
     def scheme(self) -> str:
-        """How the stored values were made, in words (recorded in the store's manifest)."""
+        """How the stored values were made, in words."""
 
     @abc.abstractmethod
     def manifest(self) -> dict[str, str]:
-        """What a reader needs besides the tensors to rebuild this entry (string values; may be empty)."""
+        """Metadata that, with :meth:`tensors`, rebuilds this entry."""
 
     @abc.abstractmethod
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "StoredKV":
-        """This entry on ``device`` (and in ``dtype`` where the type allows it); self when nothing changes."""
+        """This entry on ``device`` (and in ``dtype`` where it can)."""
 
     @abc.abstractmethod
     def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
-        """Append to ``buf`` the K/V of tokens ``[a, b)`` that each layer holds, in the buffer's dtype."""
+        """Append to ``buf`` the K/V each layer holds of tokens ``[a, b)``."""
 
     @abc.abstractmethod
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Named tensors that, with :meth:`manifest`, rebuild this entry (``engine.kv.entry_from_tensors``)."""
+        """The named tensors the store saves."""
 
 
 @dataclass
 class ModuleKV(StoredKV):
-    """Stored KV of one module (or unit slice), every layer at full length."""
+    """An entry with every layer at full length."""
 
-    kv: torch.Tensor  # [layers, 2, kv_heads, seq, head_dim]
+    kv: torch.Tensor  # [layers, 2, kv_heads, seq, head_dim]; keys with RoPE applied
     positions: torch.Tensor  # [seq] int64
     token_ids: torch.Tensor  # [seq] int64
 
@@ -82,7 +69,6 @@ class ModuleKV(StoredKV):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the K and V tensors (positions and ids are bookkeeping, a few bytes per token)."""
         return self.kv.numel() * self.kv.element_size()
 
     @property
@@ -103,14 +89,13 @@ class ModuleKV(StoredKV):
         return {}
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "ModuleKV":
-        """This entry on ``device`` (and in ``dtype``); self when nothing changes."""
         dtype = dtype or self.kv.dtype
         if self.kv.device == torch.device(device) and self.kv.dtype == dtype:
             return self
         return ModuleKV(self.kv.to(device=device, dtype=dtype), self.positions, self.token_ids)
 
     def slice(self, idx: list[int] | slice) -> "ModuleKV":
-        """Tokens ``idx`` of this entry, copied into their own storage."""
+        """Tokens ``idx``, copied."""
         if isinstance(idx, list):
             t = torch.tensor(idx, dtype=torch.long)
             return ModuleKV(self.kv.index_select(3, t.to(self.kv.device)).contiguous(), self.positions[t],
@@ -118,7 +103,6 @@ class ModuleKV(StoredKV):
         return ModuleKV(self.kv[:, :, :, idx].contiguous(), self.positions[idx].clone(), self.token_ids[idx].clone())
 
     def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
-        """Append tokens ``[a, b)`` of this entry to ``buf`` (one copy for all layers)."""
         buf.write(self.kv[:, :, :, a:b])
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -139,15 +123,11 @@ class ModuleKV(StoredKV):
 
 @dataclass
 class LayeredKV(StoredKV):
-    """A compressed entry: each layer keeps its own subset of the tokens (PyramidInfer-style).
-
-    ``kept[l]`` are sorted token indices (into ``positions``) whose K/V layer ``l`` kept; RoPE was
-    applied at encoding time, so the kept entries need no position bookkeeping at run time.
-    """
+    """A compressed entry: each layer keeps its own tokens, RoPE already applied."""
 
     layers: list[torch.Tensor]  # [layers] x [2, kv_heads, kept_l, head_dim]
     kept: list[torch.Tensor]  # [layers] x [kept_l] int64, sorted
-    positions: torch.Tensor  # [seq] int64: every token of the module
+    positions: torch.Tensor  # [seq] int64
     token_ids: torch.Tensor  # [seq] int64
 
     def __len__(self) -> int:
@@ -182,7 +162,6 @@ class LayeredKV(StoredKV):
                          self.token_ids)
 
     def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
-        """Append, layer by layer, the kept entries among tokens ``[a, b)`` (contiguous: kept is sorted)."""
         for i, (t, kept) in enumerate(zip(self.layers, self.kept)):
             lo = int(torch.searchsorted(kept, a))
             hi = int(torch.searchsorted(kept, b))

@@ -1,10 +1,4 @@
-"""Quantized storage in KIVI's layout (keys per channel, values per token), and the storage formats.
-
-* :class:`QuantKV` — an int8 / int4 entry, dequantized straight into a run's buffer.
-* :func:`to_storage`, :func:`storage_tag`, :func:`stored_bytes_per_token` — an entry in a storage
-  precision, the precision as cache keys see it, and its size; :func:`entry_from_tensors` reads
-  any entry back from the tensors the store saved.
-"""
+"""int8 / int4 storage in KIVI's layout (keys per channel, values per token), and the storage formats."""
 
 from __future__ import annotations
 
@@ -19,27 +13,12 @@ if TYPE_CHECKING:
     from engine.kv.buffer import KVBuffer
 
 QUANT_BITS = {"int8": 8, "int4": 4}
-# (tokens per key group, channels per value group); see QuantKV for the measurements behind them.
-QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}
+QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}  # (key tokens, value channels): docs/module-memory.md
 
 
 @dataclass
 class QuantKV(StoredKV):
-    """A stored entry quantized after KIVI (arXiv 2402.02750): keys per channel, values per token.
-
-    Keys: each (layer, head, channel) has, per group of ``key_group`` consecutive tokens, a scale
-    and a minimum (keys have outlier channels, so the range follows the channel). Values: each
-    (layer, head, token) has one per group of ``value_group`` channels. Codes are unsigned and
-    ``bits`` wide (int4: two per byte along head_dim); ``x ~ code * scale + minimum`` with fp16
-    scales and minima. Dequantized straight into a run's buffer by :meth:`write_into`.
-
-    Group sizes (QUANT_GROUP; bench/quant_groups.py compares them on needle prompts): on
-    SmolLM2-135M module KV, int8's relative error is ~0.3 % whatever the group, so keys use 128
-    tokens (26.4 % of fp32 bytes for a 250-token module); int4's key error is 3.8 / 4.4 / 5.1 %
-    for 32 / 64 / 128 tokens and its value error 8.2 / 9.6 % for 32 / 64 channels, and keys of
-    64 tokens with values of 32 channels is the most precise choice that stays under 16 % of
-    fp32 for modules of 64 tokens or more (15.1 %). Shorter modules pay relatively more scales.
-    """
+    """An entry quantized after KIVI (arXiv 2402.02750): keys per channel (they have outliers), values per token."""
 
     bits: int
     key_group: int
@@ -56,14 +35,14 @@ class QuantKV(StoredKV):
     @staticmethod
     def quantize(entry: ModuleKV, precision: str, key_group: int | None = None,
                  value_group: int | None = None) -> "QuantKV":
-        """``entry`` in ``precision`` ('int8' or 'int4'); groups default to QUANT_GROUP."""
+        """``entry`` in ``precision``."""
         bits = QUANT_BITS[precision]
         kv = entry.kv.float()
         k, v = kv[:, 0], kv[:, 1]  # [layers, kv_heads, seq, head_dim]
         layers, heads, n, dim = k.shape
         kg = min(key_group or QUANT_GROUP[precision][0], max(1, n))
         pad = -n % kg
-        if pad:  # the last group repeats its last token, which changes neither its minimum nor its maximum
+        if pad:  # repeating the last token keeps min and max
             k = torch.cat([k, k[:, :, -1:].expand(layers, heads, pad, dim)], 2)
         groups = k.view(layers, heads, -1, kg, dim)
         kmin, kscale = _range(groups.amin(3), groups.amax(3), bits)
@@ -81,7 +60,7 @@ class QuantKV(StoredKV):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the codes and of their scales and minima (positions and ids are bookkeeping)."""
+        """Bytes of the codes, scales and minima."""
         return sum(t.numel() * t.element_size() for t in self._data())
 
     @property
@@ -94,12 +73,11 @@ class QuantKV(StoredKV):
 
     @property
     def scheme(self) -> str:
-        """How the codes were made (recorded in the manifest)."""
         return (f"kivi int{self.bits}: keys per channel in groups of {self.key_group} tokens, values per token "
                 f"in groups of {self.value_group} channels, fp16 scale and minimum")
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> "QuantKV":
-        """This entry on ``device`` (its precision never changes: ``dtype`` is ignored)."""
+        """This entry on ``device``; ``dtype`` is ignored."""
         if self.device == torch.device(device):
             return self
         moved = [t.to(device) for t in self._data()]
@@ -114,7 +92,7 @@ class QuantKV(StoredKV):
         return out
 
     def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
-        """Dequantize tokens ``[a, b)`` straight into ``buf`` (no intermediate copy when its layers are level)."""
+        """Dequantize tokens ``[a, b)`` straight into ``buf``."""
         views = buf.reserve(b - a)
         if views is None:
             buf.write(self.dequantize(a, b, buf.data.dtype))
@@ -128,12 +106,11 @@ class QuantKV(StoredKV):
         return out
 
     def manifest(self) -> dict[str, str]:
-        """What a reader needs besides the tensors."""
         return {"bits": str(self.bits), "key_group": str(self.key_group), "value_group": str(self.value_group)}
 
     @staticmethod
     def from_tensors(t: dict[str, torch.Tensor], meta: dict) -> "QuantKV":
-        """The entry a file holds; ValueError when the manifest's bits or groups do not fit its tensors' shapes."""
+        """The entry a file holds; ValueError when bits or groups misfit the shapes."""
         q = QuantKV(int(meta["bits"]), int(meta["key_group"]), int(meta["value_group"]), t["kq"], t["kscale"],
                     t["kmin"], t["vq"], t["vscale"], t["vmin"], t["positions"], t["token_ids"])
         layers, heads, n, dim = q.kscale.shape[:2] + q.kq.shape[2:3] + q.kscale.shape[3:]
@@ -159,16 +136,16 @@ class QuantKV(StoredKV):
         return [self.kq, self.kscale, self.kmin, self.vq, self.vscale, self.vmin]
 
     def _dequantize_into(self, kdst: torch.Tensor, vdst: torch.Tensor, a: int, b: int) -> None:
-        # kdst, vdst: [layers, kv_heads, b - a, head_dim] (views of a run buffer, or of a fresh tensor)
+        # kdst, vdst: [layers, kv_heads, b - a, head_dim]
         kdst.copy_(_unpack(self.kq[:, :, a:b], self.bits))
         g = self.key_group
         head_end, tail_start = min(b, -(-a // g) * g), max(a, b // g * g)
         for s, e in ((a, head_end), (tail_start, b)) if head_end <= tail_start else ((a, b),):
-            if e > s:  # a partial group: one scale for all its tokens
+            if e > s:  # a partial group
                 i = s // g
                 kdst[:, :, s - a:e - a].mul_(self.kscale[:, :, i:i + 1].to(kdst.dtype)).add_(
                     self.kmin[:, :, i:i + 1].to(kdst.dtype))
-        if head_end < tail_start:  # whole groups in between
+        if head_end < tail_start:  # whole groups
             layers, heads, _, dim = kdst.shape
             i, j = head_end // g, tail_start // g
             view = kdst[:, :, head_end - a:tail_start - a].view(layers, heads, j - i, g, dim)
@@ -180,39 +157,39 @@ class QuantKV(StoredKV):
 
 
 def to_storage(entry: ModuleKV, precision: str) -> "ModuleKV | QuantKV":
-    """A full entry in a storage precision: a float dtype name, or 'int8' / 'int4'."""
+    """A full entry in a storage precision."""
     if precision in QUANT_BITS:
         return QuantKV.quantize(entry, precision)
     return entry.to(entry.device, getattr(torch, precision))
 
 
 def storage_tag(precision: str) -> str:
-    """The storage precision as it enters cache keys: entries quantized differently never mix."""
+    """The storage precision as cache keys see it."""
     if precision in QUANT_BITS:
         return f"{precision}:kivi:" + "/".join(map(str, QUANT_GROUP[precision]))
     return precision
 
 
 def stored_bytes_per_token(layers: int, kv_heads: int, head_dim: int, precision: str) -> float:
-    """Bytes per token of a stored entry in ``precision`` (quantized: codes + scales, groups taken as full)."""
+    """Bytes per token of an entry stored in ``precision``, groups taken as full."""
     if precision not in QUANT_BITS:
         return 2 * layers * kv_heads * head_dim * torch.tensor([], dtype=getattr(torch, precision)).element_size()
     bits, (kg, vg) = QUANT_BITS[precision], QUANT_GROUP[precision]
     vg = vg if head_dim % vg == 0 else head_dim
     codes = 2 * head_dim * bits / 8
-    scales = 4 * head_dim / kg + 4 * head_dim / vg  # fp16 scale + minimum per key group and per value group
+    scales = 4 * head_dim / kg + 4 * head_dim / vg  # fp16 scale + minimum per group
     return layers * kv_heads * (codes + scales)
 
 
 def entry_from_tensors(t: dict[str, torch.Tensor], meta: dict | None = None):
-    """The entry a safetensors file holds (dense, layered or quantized; ``meta`` is its manifest)."""
+    """The entry a saved file holds; ``meta`` is its manifest."""
     if "kq" in t:
         return QuantKV.from_tensors(t, meta or {})
     return ModuleKV.from_tensors(t)
 
 
 def _range(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(minimum, scale) in fp16, as they will be read back."""
+    """(minimum, scale) in fp16."""
     lo16 = lo.half()
     scale = ((hi - lo16.float()) / (2 ** bits - 1)).half()
     return lo16, scale
@@ -225,7 +202,7 @@ def _codes(x: torch.Tensor, lo: torch.Tensor, scale: torch.Tensor, bits: int) ->
 
 
 def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """int4 codes two per byte along the last dimension (even channel in the low nibble)."""
+    """int4 codes two per byte, even channel low."""
     if bits == 8:
         return q.contiguous()
     return (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()

@@ -1,30 +1,21 @@
-"""The model layer: loading (load.py, gguf.py, sanity.py), positions and attention (positions.py, attend.py) and
-weight precision (weights.py). Names here import no torch.
-
-**One default everywhere**: a run that names no model — ``Engine()``, ``pml-studio run`` / ``info`` / ``api``, the
-studio — runs :func:`default_model` (:data:`START_MODEL` unless ``$PML_STUDIO_MODEL`` names another), and a run
-that names no weights runs :func:`default_weights` of its model.
-"""
+"""The model layer: loading, positions, attention and weight precision; the defaults here import no torch."""
 
 from __future__ import annotations
 
 import os
 
-# weight precisions (engine/model/weights.py); gguf: each layer as the model's GGUF file holds it where it can
-WEIGHTS = ("fp32", "bf16", "int8", "int4", "gguf")
+WEIGHTS = ("fp32", "bf16", "int8", "int4", "gguf")  # docs/models.md, "Weights and kernels"
 
-# The model that answers, on its GGUF file's own blocks (the values fp32 runs; speeds in docs/models.md).
-START_MODEL, START_NAME, START_WEIGHTS = "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "gguf"
-SMALL_MODEL = "SmolLM2-135M-Instruct"  # the small packaged model (key "default"): what the tests name
-MODEL_ENV = "PML_STUDIO_MODEL"  # another default model, for every front end and the processes they start
+START_MODEL, START_NAME, START_WEIGHTS = "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "gguf"  # docs/models.md
+SMALL_MODEL = "SmolLM2-135M-Instruct"  # the packaged model the tests name
+MODEL_ENV = "PML_STUDIO_MODEL"
 
 
 def default_model() -> str:
-    """The model a run that names none loads: ``$PML_STUDIO_MODEL``, else :data:`START_MODEL`."""
+    """The model of a run that names none."""
     return os.environ.get(MODEL_ENV) or START_MODEL
 
 
 def default_weights(model: str | None) -> str:
-    """The weights a run of ``model`` (None: :func:`default_model`) keeps when it names none: the start model's
-    own GGUF blocks, fp32 for every other model (weights.py packs what --weights asks)."""
+    """The weights of a run that names none: gguf for the start model, else fp32."""
     return START_WEIGHTS if (model or default_model()) in (START_MODEL, START_NAME) else "fp32"

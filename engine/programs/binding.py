@@ -1,7 +1,4 @@
-"""A call's arguments: bound as Python binds them, checked against each parameter's kind (the one
-argument check, at call time and for the literals of nested calls at compile time), and turned
-into the imports they select.
-"""
+"""A call's arguments: bound as Python binds them, checked once, and turned into imports."""
 
 from __future__ import annotations
 
@@ -13,15 +10,11 @@ from engine.programs.xmltext import xml_safe
 
 
 class Refused(Exception):
-    """Arguments a program cannot take: ``args`` are (message, hint), located by whoever catches it."""
+    """Arguments a program cannot take: ``args`` are (message, hint)."""
 
 
 def bind(program: Callee, args, kwargs: dict, call: str) -> dict:
-    """Parameter name -> value for a call, as Python binds it; ``call`` names the call in messages.
-
-    Omitted Params are MISSING rather than their default, so the schema's cached default text is
-    used; other omitted parameters take their Python default.
-    """
+    """Parameter name -> value for a call; an omitted Param is MISSING so its cached default is used."""
     try:
         bound = inspect.signature(program.func).bind_partial(*args, **kwargs).arguments
         env = {}
@@ -42,11 +35,7 @@ def bind(program: Callee, args, kwargs: dict, call: str) -> dict:
 
 
 def check_argument(p: ProgramParam, v, shown: str) -> None:
-    """Raise Refused unless ``v`` fits ``p``'s kind; ``shown`` is the argument as the message writes it.
-
-    A Param takes text (None or MISSING: its default), a flag True or False, a closed choice one
-    of its case values (None: no branch).
-    """
+    """Raise Refused unless ``v`` fits ``p``'s kind (text, a bool, or one of its case values)."""
     if p.kind == "param" and v is not MISSING and v is not None and not (isinstance(v, str) and xml_safe(v)):
         raise Refused(f"{shown}: a Param argument must be text without control characters",
                       f"pass {p.name}=\"...\" (None or nothing: the param's default)")

@@ -1,8 +1,4 @@
-"""The compiler: a decorated function's body, read with :mod:`ast`, becomes the nodes of a PromptProgram.
-
-Statements are compiled here; text expressions by :class:`~.text.Inline`; what each parameter is by
-:class:`~.usage.Usage`. Nothing of the function runs: names are looked up in its scope only.
-"""
+"""The compiler: a decorated function's body, read with :mod:`ast`, becomes a PromptProgram's nodes."""
 
 from __future__ import annotations
 
@@ -26,10 +22,7 @@ _SUGGEST_LOOP = ("a schema is fixed when it is compiled: write each alternative 
 
 
 def prompt_program(func=None, *, chat: bool = True):
-    """Decorator: compile ``func``'s body into a PML schema (raises ProgramError on what it cannot).
-
-    ``chat=False`` leaves out the chat-role tags (text sits directly in ``<schema>``).
-    """
+    """Decorator: compile ``func``'s body into a PML schema; ``chat=False``: no role tags."""
     if func is None:
         return lambda f: compile_program(f, chat)
     return compile_program(func, chat)
@@ -50,7 +43,7 @@ class Compiler:
 
     def __init__(self, defn: Definition):
         self.defn = defn
-        self.usage = Usage(defn)  # reads (and checks) the signature first
+        self.usage = Usage(defn)
         self.text = Inline(defn, self.usage)
         self.system: list[str] = []
         self.content_started = False
@@ -66,7 +59,7 @@ class Compiler:
         return prog
 
     def check(self, prog: PromptProgram) -> None:
-        """The compiled schema must parse: a failure here is a compiler bug, reported at the `def`."""
+        """The compiled schema must parse (else a compiler bug, reported at the `def`)."""
         try:
             parse_schema(prog.schema_xml(), f"{self.defn.source}:{self.defn.name}")
         except PMLError as err:

@@ -1,4 +1,4 @@
-"""XML emission of compiled programs: the schema's pretty-printing (text escaping: xmltext.py)."""
+"""A compiled program's schema, pretty-printed as XML."""
 
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ from engine.programs.xmltext import text_xml
 
 
 def emit(nodes, depth: int, lines: list[str]) -> None:
-    """Pretty-print nodes: each run of text and params on one line, elements on their own lines.
-
-    Indentation only ever touches the ends of a text run, where PML collapses whitespace to one
-    space anyway, so the emitted document means exactly the compiled text.
-    """
+    """Each run of text and params on one line, elements on their own (PML collapses the indentation)."""
     pad = "  " * depth
     inline: list[str] = []
 

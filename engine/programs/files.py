@@ -1,4 +1,4 @@
-"""Prompt programs read from a Python file: the file is imported and its programs and calls collected."""
+"""Prompt programs read from a Python file by importing it."""
 
 from __future__ import annotations
 
@@ -20,29 +20,26 @@ from engine.programs.program import PromptProgram
 
 @dataclass(frozen=True)
 class ProgramFile:
-    """The prompt programs of one imported file, and the example calls it defines at top level."""
+    """One file's prompt programs and top-level example calls."""
 
     path: str
     programs: dict[str, PromptProgram]
-    calls: dict[str, ProgramCall]  # module-level variable name -> ProgramCall
+    calls: dict[str, ProgramCall]  # by variable name
 
     def roots(self) -> list[str]:
-        """Programs that no other program in the file calls (the schemas the file is written for)."""
+        """Programs that no other program in the file calls."""
         nested = {c.program.name for p in self.programs.values() for c in walk_calls(p.body)}
         return [n for n in self.programs if n not in nested]
 
     def example(self, program: str) -> ProgramCall | None:
-        """The first module-level call of ``program`` (e.g. ``EXAMPLE = travel.bind(...)``), if any."""
+        """The first top-level call of ``program``, if any."""
         return next((c for c in self.calls.values() if c.schema == program), None)
 
 
 def load_program_file(path: str) -> ProgramFile:
-    """Import the Python file at ``path`` (its top-level code runs, as with any import) and collect its
-    programs. A path that is no file, or a file over the document limit, is an InputFileError; every other
-    failure — syntax, an exception while importing, a ProgramError — is raised as a ProgramError located in
-    that file."""
+    """Import the file at ``path`` and collect its programs; any failure is a ProgramError located in it."""
     p = Path(path)
-    check_file(p, "program", DOCUMENT_BYTES, "give the path of a .py file")  # the import reads it whole
+    check_file(p, "program", DOCUMENT_BYTES, "give the path of a .py file")
     digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10]
     name = f"_pml_program_{re.sub(r'[^0-9A-Za-z_]', '_', p.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(name, p)
@@ -62,7 +59,7 @@ def load_program_file(path: str) -> ProgramFile:
         sys.modules.pop(name, None)
         raise ProgramError(Problem(err.filename or str(path), err.lineno or 1, err.offset or 1,
                                    f"Python syntax error: {err.msg}", "fix the Python syntax")) from None
-    except (Exception, SystemExit) as err:  # the file's own code failed: report where, never a traceback
+    except (Exception, SystemExit) as err:  # the file's own code: say where, no traceback
         sys.modules.pop(name, None)
         line = next((f.lineno for f in reversed(traceback.extract_tb(err.__traceback__))
                      if Path(f.filename).resolve() == p.resolve()), 1)

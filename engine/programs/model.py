@@ -1,4 +1,4 @@
-"""The values of prompt programs: the Param annotation, a program's parameters, a call's imports."""
+"""The values of prompt programs."""
 
 from __future__ import annotations
 
@@ -10,16 +10,12 @@ from engine.programs.xmltext import text_xml
 
 
 class ProgramError(PMLError):
-    """A prompt program that cannot be compiled or called; lines read ``FILE:LINE:COL: error: ...``.
-
-    A subclass of PMLError (and so of EngineError) because it carries located problems exactly
-    like a PML document: the CLI and the studio print it the same way.
-    """
+    """A prompt program that cannot be compiled or called."""
 
 
 @dataclass(frozen=True)
 class Param:
-    """Annotation of a text parameter: at most ``len`` tokens, ``default`` when none is given."""
+    """Annotation of a text parameter of at most ``len`` tokens."""
 
     len: int
     default: str | None = None
@@ -32,7 +28,7 @@ class Param:
 
 
 def system(*text: str) -> None:
-    """In a prompt program, ``system("...")`` sets the system message. Never called at run time."""
+    """Sets the system message inside a prompt program; never called."""
     raise RuntimeError("system() only has a meaning inside a @prompt_program function")
 
 
@@ -41,11 +37,11 @@ class ProgramParam:
     """One parameter of a program and how its body uses it."""
 
     name: str
-    kind: str  # "param" (text, Param annotation) | "flag" (if x:) | "choice" (x == "a", match) | "value"
-    spec: Param | None  # for kind "param"
-    default: object  # Python default, or MISSING
-    choices: tuple[str, ...] = ()  # case values, for kind "choice"
-    open_choice: bool = False  # a chain on it has else / case _: any value is accepted
+    kind: str  # "param" | "flag" | "choice" | "value"
+    spec: Param | None
+    default: object  # or MISSING
+    choices: tuple[str, ...] = ()
+    open_choice: bool = False  # has else / case _
 
 
 @dataclass(frozen=True)
@@ -65,14 +61,14 @@ class Selected:
 
 @dataclass(frozen=True)
 class ProgramCall:
-    """A concrete call of a program: what it imports, plus the trailing question."""
+    """A call of a program: what it imports, and the question."""
 
     schema: str
     imports: tuple[Selected, ...]
     question: str | None = None
 
     def prompt_xml(self) -> str:
-        """The PML prompt: one line per top-level import, then the question as new text."""
+        """The PML prompt."""
         lines = [f"<prompt schema={quoteattr(self.schema)}>"]
         lines += ["  " + s.xml() for s in self.imports]
         if self.question and self.question.strip():
@@ -86,4 +82,4 @@ class _Missing:
         return "MISSING"
 
 
-MISSING = _Missing()  # an omitted Param argument / a parameter without a Python default
+MISSING = _Missing()

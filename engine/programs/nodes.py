@@ -1,4 +1,4 @@
-"""What a program body compiles to: text, param references, choices and nested calls."""
+"""What a program body compiles to."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from engine.programs.model import Param, ProgramError, ProgramParam
 
 
 class Callee(Protocol):
-    """What the nodes and the binding read of a compiled program (engine/programs/program.py ``PromptProgram``,
-    which imports them: this protocol keeps the arrow one way)."""
+    """What the nodes read of a ``PromptProgram``, which imports them."""
 
     name: str
     func: Callable
@@ -29,12 +28,12 @@ class Text:
 class ParamRef:
     name: str
     spec: Param
-    default: str | None  # the PML default (Param.default or the Python default)
+    default: str | None
 
 
 @dataclass(frozen=True)
 class Cond:
-    """A test of one parameter: ``x`` (flag), ``not x`` (not) or ``x == "v"`` (eq)."""
+    """A test of one parameter: flag, not or eq."""
 
     var: str
     kind: str
@@ -49,20 +48,20 @@ class Cond:
         return v == self.value
 
     def source(self) -> str:
-        """The test as the program writes it."""
+        """The test as written."""
         return {"flag": self.var, "not": f"not {self.var}"}.get(self.kind, f"{self.var} == {self.value!r}")
 
 
 @dataclass(frozen=True)
 class Branch:
-    cond: Cond | None  # None: else / case _
-    name: str | None  # None when the branch is empty (only `pass`)
+    cond: Cond | None  # None: else
+    name: str | None  # None: only `pass`
     body: tuple
 
 
 @dataclass(frozen=True)
 class Choice:
-    """An if/elif/else chain or a match: the first branch that holds is imported."""
+    """An if/elif/else chain or a match."""
 
     branches: tuple[Branch, ...]
 
@@ -72,15 +71,15 @@ class Choice:
 
 @dataclass(frozen=True)
 class Call:
-    """A call of another program: a nested module named ``name``."""
+    """A call of another program: a nested module."""
 
     name: str
     program: Callee
-    args: tuple[tuple[str, tuple[str, object]], ...]  # callee param -> ("param", caller param) | ("const", value)
+    args: tuple[tuple[str, tuple[str, object]], ...]  # (callee param, ("param" | "const", value))
 
 
 def walk_calls(nodes):
-    """Every nested call in ``nodes``, and in the programs they call, depth first."""
+    """Every nested call in ``nodes``, depth first."""
     for n in nodes:
         if isinstance(n, Call):
             yield n

@@ -26,13 +26,13 @@ class PromptProgram:
     params: tuple[ProgramParam, ...]
     chat: bool
     system_text: str
-    body: tuple = field(repr=False)  # compiled nodes (internal)
-    source: str  # file the function is defined in
-    line: int  # line of its `def`
+    body: tuple = field(repr=False)  # compiled nodes
+    source: str  # its file
+    line: int  # of its `def`
     root_param_problem: Problem | None = field(default=None, repr=False)
 
     def schema_xml(self) -> str:
-        """The PML schema ``<schema name=NAME>`` of this program."""
+        """The program's PML schema."""
         if self.root_param_problem:
             raise ProgramError(self.root_param_problem)
         lines = [f"<schema name={quoteattr(self.name)}>"]
@@ -49,7 +49,7 @@ class PromptProgram:
         return "\n".join(lines) + "\n"
 
     def bind(self, *args, question: str | None = None, **kwargs) -> ProgramCall:
-        """The imports a call with these arguments selects (validated like a Python call)."""
+        """The imports a call with these arguments selects."""
         if self.root_param_problem:
             raise ProgramError(self.root_param_problem)
         env = self._env(args, kwargs)
@@ -59,7 +59,7 @@ class PromptProgram:
         return ProgramCall(self.name, tuple(select(self, self.body, env)), question)
 
     def prompt_xml(self, *args, question: str | None = None, **kwargs) -> str:
-        """The PML prompt for a call: ``prog.prompt_xml(duration="5 days", question="...")``."""
+        """The PML prompt for a call."""
         return self.bind(*args, question=question, **kwargs).prompt_xml()
 
     __call__ = prompt_xml
@@ -67,7 +67,7 @@ class PromptProgram:
     # -- internal -----------------------------------------------------------------------------
 
     def _problem(self, message: str, hint: str = "") -> ProgramError:
-        """A call-time error, located at the caller's line (the first frame outside this package)."""
+        """A call-time error, located at the caller's line."""
         frame = sys._getframe(1)
         while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE:
             frame = frame.f_back
@@ -75,12 +75,12 @@ class PromptProgram:
         return ProgramError(Problem(source, line, 1, message, hint))
 
     def _env(self, args: tuple, kwargs: dict) -> dict:
-        """Bind a call like Python would; omitted Params stay MISSING (their PML default applies)."""
+        """Bind and check a call's arguments."""
         try:
             env = bind(self, args, kwargs, f"{self.name}()")
             for p in self.params:
                 if p.kind == "param" and env[p.name] is None:
-                    env[p.name] = MISSING  # None means "no argument": the param's default applies
+                    env[p.name] = MISSING  # None: the param's default
                 check_argument(p, env[p.name], f"{self.name}({p.name}={env[p.name]!r})")
         except Refused as err:
             raise self._problem(*err.args) from None

@@ -1,4 +1,4 @@
-"""The decorated function's source: its `def` node, errors located in its file, names looked up in its scope."""
+"""The decorated function's `def` node, errors located in its file, and names in its scope."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from engine.programs.model import MISSING, ProgramError
 
 @dataclass(frozen=True)
 class Definition:
-    """A function being compiled: every compile error is located through :meth:`error`."""
+    """A function being compiled."""
 
     func: typing.Callable
-    node: ast.FunctionDef  # its `def`, parsed from the whole file
-    source: str  # the file
+    node: ast.FunctionDef
+    source: str  # its file
     chat: bool
 
     @property
@@ -26,13 +26,13 @@ class Definition:
         return self.func.__name__
 
     def error(self, node, message: str, hint: str = "") -> ProgramError:
-        """A ProgramError at ``node`` (the `def` when the node has no position)."""
+        """A ProgramError at ``node``."""
         line = getattr(node, "lineno", self.node.lineno)
         col = getattr(node, "col_offset", 0) + 1
         return ProgramError(Problem(self.source, line, col, message, hint))
 
     def resolve(self, func_node):
-        """The object a call's function expression names, looked up like Python would (no calls made)."""
+        """The object a call's function expression names, without running anything."""
         if isinstance(func_node, ast.Name):
             closure = dict(zip(self.func.__code__.co_freevars,
                                [c.cell_contents if _cell_full(c) else MISSING for c in (self.func.__closure__ or ())]))
@@ -45,13 +45,13 @@ class Definition:
             return builtins.get(func_node.id, MISSING)
         if isinstance(func_node, ast.Attribute):
             base = self.resolve(func_node.value)
-            if isinstance(base, type(sys)):  # attribute of a module only: no properties run
+            if isinstance(base, type(sys)):  # modules only: no property runs
                 return vars(base).get(func_node.attr, MISSING)
         return MISSING
 
 
 def function_node(func, source: str) -> ast.FunctionDef:
-    """The function's `def` node, parsed from its whole file so lines and columns are the file's."""
+    """The function's `def`, parsed from its whole file so positions are the file's."""
     linecache.checkcache(source)
     lines = linecache.getlines(source, func.__globals__)
     first = func.__code__.co_firstlineno
@@ -75,7 +75,7 @@ def function_node(func, source: str) -> ast.FunctionDef:
 
 
 def src(node) -> str:
-    """``node`` as source text, for messages."""
+    """``node`` as source text."""
     try:
         return ast.unparse(node)
     except Exception:

@@ -1,4 +1,4 @@
-"""Text statements of a program: string literals, interpolated Params and `+` chains, joined as PML reads them."""
+"""A program's text statements: literals, Params and `+` chains."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from engine.programs.xmltext import xml_char
 
 
 class Inline:
-    """One program's string expressions compiled to text and param nodes, and its system message."""
+    """A program's string expressions compiled to text and param nodes."""
 
     def __init__(self, defn: Definition, usage: Usage):
         self.defn = defn
         self.usage = usage
 
     def expression(self, e) -> list:
-        """Text and params of a string statement: a literal, a Param, or a `+` chain of them."""
+        """Text and params of a string statement."""
         if isinstance(e, ast.Constant) and isinstance(e.value, str):
             return [Text(self.checked(e, e.value))] if e.value else []
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
@@ -37,7 +37,7 @@ class Inline:
                               "write text as string literals, joined with + to Param parameters")
 
     def checked(self, node, text: str) -> str:
-        """``text``, refused when XML cannot hold one of its characters."""
+        """``text``, refused when XML cannot hold it."""
         bad = next((c for c in text if not xml_char(c)), None)
         if bad is not None:
             raise self.defn.error(node, f"the text contains the character {bad!r}, which XML cannot hold",
@@ -49,7 +49,7 @@ class Inline:
                 and self.defn.resolve(st.value.func) is system)
 
     def system_text(self, st) -> str:
-        """The text of a ``system("...")`` statement (no Params: they live inside modules)."""
+        """The text of a ``system("...")`` statement."""
         call = st.value
         if not self.defn.chat:
             raise self.defn.error(st, "system() needs chat-role tags, but the program says chat=False",
@@ -68,14 +68,14 @@ class Inline:
 
 
 def join(left: list, right: list) -> list:
-    """Concatenate inline pieces exactly (no added space), merging adjacent text."""
+    """Concatenate pieces exactly, merging adjacent text."""
     if left and right and isinstance(left[-1], Text) and isinstance(right[0], Text):
         return left[:-1] + [Text(left[-1].text + right[0].text)] + right[1:]
     return left + right
 
 
 def append_inline(out: list, nodes: list) -> None:
-    """Add one statement's nodes; consecutive text statements are separated by one space."""
+    """Add one statement's nodes, one space after the previous statement's."""
     if not nodes:
         return
     if out and isinstance(out[-1], (Text, ParamRef)) and isinstance(nodes[0], (Text, ParamRef)):

@@ -1,5 +1,4 @@
-"""What each parameter of a program is: its annotation and default from the signature, then how the
-body uses it (a flag, a choice, interpolated text) and what nested calls it is passed on to."""
+"""What each parameter of a program is: from its signature, its uses in the body, and the calls it feeds."""
 
 from __future__ import annotations
 
@@ -17,21 +16,21 @@ _CONDITION_HINT = "conditions test a parameter: `if flag:`, `if not flag:` or `i
 
 
 class Usage:
-    """The parameters of one program as its body compiles; :meth:`params` gives their final kinds."""
+    """The parameters of one program as its body compiles."""
 
     def __init__(self, defn: Definition):
         self.defn = defn
-        self.signature = read_signature(defn)  # name -> (Param spec, Python default, annotation)
-        self.kinds: dict[str, str] = {}  # parameter -> "flag" | "choice" | "param-text"
+        self.signature = read_signature(defn)
+        self.kinds: dict[str, str] = {}  # "flag" | "choice" | "param-text"
         self.choices: dict[str, list[str]] = {}
         self.open_choices: set[str] = set()
-        self.forwards: dict[str, list[ProgramParam]] = {}  # caller parameter -> callee parameters it is passed to
+        self.forwards: dict[str, list[ProgramParam]] = {}  # to the callee parameters it is passed to
 
     def __contains__(self, name: str) -> bool:
         return name in self.signature
 
     def params(self) -> tuple[ProgramParam, ...]:
-        """Every parameter with the kind its uses gave it, widened by what it is passed on to."""
+        """Every parameter with its final kind."""
         out = []
         for name, (spec, default, _) in self.signature.items():
             used = self.kinds.get(name)
@@ -41,7 +40,7 @@ class Usage:
         return tuple(out)
 
     def condition(self, test) -> Cond:
-        """The test of an `if` / `elif`: a flag, its negation, or a parameter compared with a string."""
+        """The test of an `if` / `elif`."""
         if isinstance(test, ast.Name):
             return Cond(self.selector(test, test.id, "flag"), "flag")
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name):
@@ -61,7 +60,7 @@ class Usage:
         raise self.defn.error(test, f"the condition `{src(test)}` is not supported", _CONDITION_HINT)
 
     def selector(self, node, var: str, kind: str) -> str:
-        """``var`` used to select a module as a ``kind`` ("flag" or "choice"), checked against its other uses."""
+        """``var`` used as a ``kind`` ("flag" or "choice"), checked against its other uses."""
         error = self.defn.error
         if var not in self.signature:
             raise error(node, f"the condition tests '{var}', which is not a parameter of {self.defn.name}",
@@ -82,7 +81,7 @@ class Usage:
         return var
 
     def text(self, e: ast.Name) -> ParamRef:
-        """Parameter ``e`` interpolated into the text: it must be a Param, and never a condition."""
+        """Parameter ``e`` interpolated into the text: a Param, never a condition."""
         spec, _, _ = self.signature[e.id]
         if spec is None:
             raise self.defn.error(e, f"'{e.id}' is interpolated into the text but is not a Param",
@@ -93,7 +92,7 @@ class Usage:
         return ParamRef(e.id, spec, spec.default)
 
     def cases(self, tests: list) -> None:
-        """Record the values a chain's tests compare with; a test repeated in one chain is an error."""
+        """Record the values a chain's tests compare with."""
         seen: set[tuple] = set()
         for c, _, node in tests:
             if c is not None:
@@ -111,7 +110,7 @@ class Usage:
 
 
 def read_signature(defn: Definition) -> dict[str, tuple[Param | None, object, object]]:
-    """name -> (Param spec, Python default, annotation), each parameter checked where it is written."""
+    """name -> (Param spec, Python default, annotation), each checked."""
     error, name, node = defn.error, defn.name, defn.node
     if not IDENT.match(name):
         raise error(node, f"'{name}' is not a valid PML name", "use ASCII letters, digits and '_'")
@@ -146,12 +145,7 @@ def read_signature(defn: Definition) -> dict[str, tuple[Param | None, object, ob
 
 
 def inherit(p: ProgramParam, targets: list[ProgramParam]) -> ProgramParam:
-    """Widen a parameter's kind by the callee parameters it is passed on to in nested calls.
-
-    A parameter used only to pass on takes the kind of its targets, so
-    `def travel(duration): trip_plan(duration=duration)` treats `duration` as trip_plan's
-    Param (omitted → its default). A choice passed on also accepts its targets' values.
-    """
+    """Widen a parameter's kind by the callee parameters it is passed on to."""
     kinds = {t.kind for t in targets}
     if not targets or p.kind in ("param", "flag"):
         return p
@@ -166,7 +160,7 @@ def inherit(p: ProgramParam, targets: list[ProgramParam]) -> ProgramParam:
     t = targets[0]
     if t.kind == "param":
         try:
-            check_argument(t, p.default, f"{p.name}={p.default!r}")  # its default must be a fit Param argument
+            check_argument(t, p.default, f"{p.name}={p.default!r}")
         except Refused:
             return p  # passed on as given; the nested call reports it
         return ProgramParam(p.name, "param", t.spec, p.default)

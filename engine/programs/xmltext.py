@@ -1,5 +1,4 @@
-"""Text as XML: which characters XML can hold, and escaping text for an element. The bottom of the programs
-package (it imports none of it), so the program model and the emitter both read it."""
+"""Text as XML, shared by the program model and the emitter."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from xml.sax.saxutils import escape
 
 
 def xml_safe(text: str) -> bool:
-    """True when XML can hold every character of ``text``."""
+    """Whether XML can hold ``text``."""
     return all(xml_char(c) for c in text)
 
 

@@ -1,10 +1,7 @@
-"""Layout: where every token of a schema sits in the model's position space (spec section 2).
+"""Layout: where every token of a schema sits in position space (docs/pml-spec.md section 2).
 
-A pure function of (schema, tokenizer, chat template), with no torch: the tokenizer and the
-template come in as a :class:`TextCodec`. The layout is a flat tuple of :class:`Piece` s —
-runs of tokens at contiguous positions, each owned by one module or by the anonymous text —
-plus per-module, per-union and per-scaffold indexes into it. Encoding (encode.py) and prompt
-planning (plan.py) both read it, so the two can never disagree about what a unit contains.
+A pure function of schema and :class:`TextCodec`, no torch. Encoding and prompt planning both
+read it, so they never disagree about what a unit contains.
 """
 
 from __future__ import annotations
@@ -21,9 +18,7 @@ ANONYMOUS = ""  # owner of text outside every module
 
 
 class EntryName(str):
-    """The schema unit a store entry holds, spelled one way everywhere: ``(anonymous)``, a module path,
-    or ``scaffold:NAME``. A ``str`` (JSON keys and budgets read it as text), made only by the three
-    constructors below, with its kind kept."""
+    """The unit a store entry holds, as text: ``(anonymous)``, a module path or ``scaffold:NAME``."""
 
     kind: str  # "anonymous" | "module" | "scaffold"
 
@@ -59,8 +54,8 @@ class TextCodec:
     bos: tuple[int, ...]
     placeholder: int
     max_positions: int
-    fingerprint: str  # identifies tokenizer + template, part of every cache key
-    roles_error: str = ""  # why role tags cannot be used with this model, if they cannot
+    fingerprint: str  # tokenizer + template, part of every cache key
+    roles_error: str = ""  # why role tags cannot be used, if so
 
     def role_ids(self, role: str, opening: bool) -> tuple[int, ...]:
         if self.roles_error:
@@ -70,7 +65,7 @@ class TextCodec:
 
 @dataclass(frozen=True)
 class Piece:
-    """Tokens at contiguous positions ``[start, start + len(token_ids))`` with one owner."""
+    """Tokens at contiguous positions with one owner."""
 
     index: int
     kind: str  # "bos" | "role" | "text" | "param"
@@ -91,10 +86,10 @@ class Piece:
 class ParamLayout:
     name: str
     module: str
-    piece: int  # index of its Piece (default tokens + placeholders)
+    piece: int  # default tokens + placeholders
     start: int
     length: int
-    default_tokens: int  # how many leading tokens of the piece are real default text
+    default_tokens: int
     has_default: bool
     line: int
 
@@ -103,16 +98,16 @@ class ParamLayout:
 class ModuleLayout:
     path: str
     name: str
-    parent: str  # parent module path, ANONYMOUS at top level
-    top: str  # top-level ancestor (the encoding unit), itself at top level
-    union: str | None  # id of the union it is a member of
+    parent: str  # ANONYMOUS at top level
+    top: str  # top-level ancestor: the encoding unit
+    union: str | None
     start: int
     end: int  # span end, nested modules included
-    pieces: tuple[int, ...]  # its own pieces (nested modules excluded)
-    children: tuple[str, ...]  # nested module paths that are not in a union
-    unions: tuple[str, ...]  # ids of unions directly inside it
+    pieces: tuple[int, ...]  # its own, nested modules excluded
+    children: tuple[str, ...]  # nested modules not in a union
+    unions: tuple[str, ...]
     params: tuple[ParamLayout, ...]
-    cache: bool  # False if this module or an ancestor says cache="false"
+    cache: bool  # False under cache="false"
     line: int
 
     def importable(self) -> tuple[str, ...]:
@@ -126,8 +121,8 @@ class ModuleLayout:
 class UnionLayout:
     id: str
     parent: str
-    members: tuple[str, ...]  # member module paths
-    default: str | None  # member path used as stand-in context (the union's scaffold attribute)
+    members: tuple[str, ...]
+    default: str | None  # the scaffold member, stand-in context
     start: int
     end: int
     line: int
@@ -148,7 +143,7 @@ class Layout:
 
     @property
     def fingerprint(self) -> str:
-        """Hash of everything the encoded KV depends on apart from the model weights and mode."""
+        """Hash of what the encoded KV depends on, besides model and mode."""
         h = hashlib.sha256(self.codec.fingerprint.encode())
         for p in self.pieces:
             h.update(json.dumps([p.kind, p.owner, p.start, p.token_ids, p.param]).encode())
@@ -162,7 +157,7 @@ class Layout:
         return [p for p in self.pieces if p.owner == ANONYMOUS]
 
     def rows(self) -> list[dict]:
-        """One row per module: path, start, end, own tokens, span, params, union, cache."""
+        """One row per module."""
         out = []
         for m in self.modules.values():
             own = sum(len(self.pieces[i]) for i in m.pieces)
@@ -175,10 +170,7 @@ class Layout:
         return sum(len(p) for p in self.anonymous())
 
     def entry_tokens(self) -> dict[EntryName, int]:
-        """Tokens of every store entry an encoding makes: '(anonymous)', module paths, 'scaffold:NAME'.
-
-        Keyed like ``EncodedSchema.bytes_by_module``; modules with ``cache="false"`` have no entry.
-        """
+        """Tokens of every store entry an encoding makes."""
         out = {EntryName.anonymous(): self.anonymous_tokens()}
         out.update({EntryName.module(m.path): sum(len(self.pieces[i]) for i in m.pieces) for m in self.modules.values() if m.cache})
         for sc in self.schema.scaffolds:
@@ -188,7 +180,7 @@ class Layout:
     # -- encoding units (shared by encode.py and plan.py) ---------------------------------------
 
     def unit_pieces(self, top: str, choice: dict[str, str]) -> list[int]:
-        """Pieces of a top-level module's unit, unions resolved by ``choice`` (else their default)."""
+        """Pieces of a top-level module's unit, unions resolved by ``choice``."""
         out: list[int] = []
         self._collect(top, choice, out)
         return sorted(out, key=lambda i: self.pieces[i].start)
@@ -206,7 +198,7 @@ class Layout:
                 self._collect(member, choice, out)
 
     def variant_of(self, path: str) -> dict[str, str]:
-        """The union choices that put module ``path`` in its unit: every union on its path."""
+        """The union choices that put module ``path`` in its unit."""
         choice: dict[str, str] = {}
         m = self.modules[path]
         while m.parent != ANONYMOUS:
@@ -216,14 +208,11 @@ class Layout:
         return choice
 
     def prefix_pieces(self, start: int) -> list[int]:
-        """Anonymous pieces that end at or before ``start``: the context a module always follows."""
+        """Anonymous pieces that end by ``start``."""
         return [p.index for p in self.anonymous() if p.end <= start]
 
     def scaffold_unit(self, name: str) -> tuple[list[int], list[int]]:
-        """(anonymous prefix pieces, covered pieces) of a scaffold's joint unit.
-
-        Covered: the base units of its modules plus the anonymous text between them.
-        """
+        """(anonymous prefix pieces, covered pieces) of a scaffold's joint unit."""
         sc = next(s for s in self.schema.scaffolds if s.name == name)
         covered: list[int] = []
         for mod in sc.modules:
@@ -316,7 +305,7 @@ class _Builder:
                cache: bool) -> str:
         start = self.offset
         cache = cache and node.cache
-        self.modules[path] = None  # reserve its place: parents come before children in document order
+        self.modules[path] = None  # parents before children
         own, children, unions, params = self.nodes(node.children, path, top or path, cache)
         union_names = tuple(m.rsplit("/", 1)[-1] for u in unions for m in self.unions[u].members)
         self.modules[path] = ModuleLayout(
@@ -344,7 +333,7 @@ class _Builder:
     def param(self, node: Param, module: str) -> ParamLayout:
         length = node.length
         limit = self.codec.max_positions
-        if self.offset + length > limit:  # before any placeholder is made: len="1000000000" must cost nothing
+        if self.offset + length > limit:  # before any placeholder is made
             raise ContextLengthError(
                 f"{self.schema.source}:1:1: error: schema '{self.schema.name}' needs at least {self.offset + length} "
                 f"positions but the model's context is {limit}; module '{module}' (line {node.line}) reaches position "
@@ -361,7 +350,7 @@ class _Builder:
             default_ids = default_ids[:length]
         ids = default_ids + [self.codec.placeholder] * (length - len(default_ids))
         p = self.piece("param", module, ids, param=node.name)
-        if p is None:  # len was refused at parse time (problem already reported)
+        if p is None:  # refused at parse time
             return ParamLayout(name=node.name, module=module, piece=-1, start=self.offset, length=0,
                                default_tokens=0, has_default=node.default is not None, line=node.line)
         return ParamLayout(name=node.name, module=module, piece=p.index, start=p.start, length=length,

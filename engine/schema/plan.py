@@ -1,23 +1,8 @@
-"""Prompt planning: a parsed prompt + a layout → the token sequence both runs use (spec 5–6).
+"""Prompt planning: a parsed prompt and a layout become the token sequence every run uses.
 
-A :class:`PromptPlan` is the prompt fully materialised, as a tuple of :class:`Segment` s in
-the order the baseline reads them. Each segment says whether the cached run takes it from
-the module store (``cached``) or prefills it (``uncached``), and at which position ids.
-No torch here.
-
-Placement rules (docs/pml-spec.md, section 6.1):
-
-* Imported modules keep their schema positions; anonymous schema text is always included.
-* An argument replaces its param's placeholders at the param's positions; a param left
-  out uses its default text (the padding placeholders are dropped).
-* Bare prompt text goes right after the import it follows (inside the same chat turn) at
-  positions continuing after that module; bare text before every import goes before the
-  first one. Text inside a role tag is a new turn, appended after the whole schema.
-* The generation prompt of the chat template closes the sequence.
-* The **tail** — everything after the last cached module segment, once new text has started —
-  is prefilled, anonymous template tokens included, at contiguous positions. So the cached
-  run reads its tokens in exactly the baseline's order (e.g. ``question <|im_end|>`` and
-  not ``<|im_end|> question``).
+A :class:`PromptPlan` is the prompt as :class:`Segment` s in the baseline's order, each taken
+from the store (``cached``) or prefilled (``uncached``) at explicit positions. The placement rules
+are docs/pml-spec.md section 6.1. No torch here.
 """
 
 from __future__ import annotations
@@ -40,9 +25,9 @@ class Segment:
     owner: str  # module path, ANONYMOUS, or "" for prompt text
     token_ids: tuple[int, ...]
     positions: tuple[int, ...]
-    piece: int | None = None  # layout piece this comes from (cached segments always have one)
-    offset: int = 0  # first token of the piece used (cached segments)
-    scaffold: str | None = None  # scaffold whose joint KV provides it
+    piece: int | None = None  # always set when cached
+    offset: int = 0  # into the piece
+    scaffold: str | None = None  # whose joint KV provides it
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -52,9 +37,9 @@ class Segment:
 class PromptPlan:
     layout: Layout
     prompt: Prompt
-    imported: tuple[str, ...]  # module paths, schema order
+    imported: tuple[str, ...]  # schema order
     arguments: tuple[tuple[str, str, str], ...]  # (module path, param, value)
-    scaffolds: tuple[str, ...]  # scaffolds whose joint KV is used
+    scaffolds: tuple[str, ...]
     segments: tuple[Segment, ...]
 
     @property
@@ -78,7 +63,7 @@ class PromptPlan:
         return max((p for s in self.segments for p in s.positions), default=-1)
 
     def entry_tokens(self) -> dict[EntryName, int]:
-        """Tokens of each store entry a cached run of this plan reads (keys as ``Layout.entry_tokens``)."""
+        """Tokens of each store entry a cached run of this plan reads."""
         every = self.layout.entry_tokens()
         used = {EntryName.anonymous()} | {EntryName.scaffold(s) for s in self.scaffolds}
         covered = {m for s in self.layout.schema.scaffolds if s.name in self.scaffolds for m in s.modules}
@@ -110,7 +95,7 @@ def plan_prompt(layout: Layout, prompt: Prompt, max_new_tokens: int = 0) -> Prom
     need_pos = plan.max_position + 1 + max_new_tokens
     need_len = plan.prompt_tokens + max_new_tokens
     if max(need_pos, need_len) > limit:
-        room = limit - max(plan.max_position + 1, plan.prompt_tokens)  # new tokens that fit after this prompt
+        room = limit - max(plan.max_position + 1, plan.prompt_tokens)
         fix = (f"at most {room} new tokens fit after this prompt: lower max new tokens to {room} or less, or import "
                "fewer modules" if room >= 1 else "import fewer modules, shorten the text or lower max new tokens")
         raise ContextLengthError(
@@ -131,10 +116,10 @@ class _Resolver:
         self.problems: list[Problem] = []
         self.imported: dict[str, Import] = {}
         self.args: dict[tuple[str, str], str] = {}
-        self.arg_ids: dict[tuple[str, str], tuple[int, ...]] = {}  # tokenized once, here
-        self.refused: set[tuple[str, str]] = set()  # arguments already reported (not "missing" too)
+        self.arg_ids: dict[tuple[str, str], tuple[int, ...]] = {}
+        self.refused: set[tuple[str, str]] = set()  # reported once, not also as missing
         self.scaffolds: list[str] = []
-        self.anchor: dict[int, str | None] = {}  # index of a NewText item -> top-level import it follows
+        self.anchor: dict[int, str | None] = {}  # NewText index -> top-level import it follows
 
     def add(self, line: int, col: int, message: str, hint: str = "") -> None:
         self.problems.append(Problem(self.prompt.source, line, col, message, hint))
@@ -222,8 +207,7 @@ def _materialise(layout: Layout, prompt: Prompt, r: _Resolver) -> list:
 
 
 def _schema_segments(layout: Layout, r: _Resolver) -> tuple[list[Segment], dict[str, int], dict[str, int]]:
-    """The schema pieces the prompt imports, in layout order, and each top-level import's first and last
-    index among them."""
+    """The imported schema pieces in layout order, and each top-level import's first and last index."""
     imported = r.imported
     pieces = layout.pieces
 
@@ -235,7 +219,7 @@ def _schema_segments(layout: Layout, r: _Resolver) -> tuple[list[Segment], dict[
 
     # 1. Schema pieces of the prompt, in layout order.
     seq: list[Segment] = []
-    last_piece_of: dict[str, int] = {}  # top-level import -> index in seq of its subtree's last segment
+    last_piece_of: dict[str, int] = {}  # top-level import -> its subtree's last index in seq
     first_piece_of: dict[str, int] = {}
     for piece in pieces:
         if piece.owner != ANONYMOUS and piece.owner not in imported:
@@ -296,7 +280,7 @@ def _with_prompt_text(layout: Layout, prompt: Prompt, r: _Resolver, seq: list[Se
 
 
 def _placed(merged: list[Segment]) -> list[Segment]:
-    """Positions for new text (and for what the uncached tail recomputes), each after the segment before it."""
+    """Positions for new text and the uncached tail, each after the segment before it."""
     # 3. The tail: from the first uncached segment after which no cached module segment follows.
     last_cached_module = max((k for k, s in enumerate(merged) if s.kind == CACHED and s.source == "module"),
                              default=-1)

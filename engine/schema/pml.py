@@ -1,14 +1,7 @@
-"""PML parsing and validation: schema and prompt documents → frozen dataclasses.
+"""PML parsing and validation: schema and prompt documents → frozen dataclasses (docs/pml-spec.md).
 
-The language is ``docs/pml-spec.md`` (sections 1 and 5). This is the only module that
-touches lxml. The parser never resolves entities, never loads a DTD, never touches the
-network and never reads a file named inside a document; a DOCTYPE is rejected outright (the
-text ``<!DOCTYPE`` inside a CDATA section or a comment is text, not a declaration).
-Problems are collected (as many as can be found in one pass) and raised together as one
-:class:`PMLError` whose lines read ``FILE:LINE:COL: error: MESSAGE; hint: FIX``.
-
-Token-level checks (argument lengths, context size) need a tokenizer and live in
-``layout.py`` and ``plan.py``.
+The only module that touches lxml: no entities, DTDs, network or files named in a document, and
+a DOCTYPE is refused. Every problem found in one pass is raised together as one :class:`PMLError`.
 """
 
 from __future__ import annotations
@@ -24,8 +17,8 @@ from engine.errors import PMLError, Problem
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 ROLES = ("system", "user", "assistant")
-REFERENCE_PARAMETER_LEN = 16  # `<parameter>` without `length` (reference dialect): documented default
-MAX_PARAM_LEN = 1 << 20  # no model has a longer context; the layout checks the loaded model's own
+REFERENCE_PARAMETER_LEN = 16  # `<parameter>` without `length`, as the spec documents
+MAX_PARAM_LEN = 1 << 20  # the layout checks the model's own context
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,7 +186,7 @@ _PARSER_OPTIONS = dict(
 
 
 def _open_root(text: str, source: str, tag: str, attr: str, example: str):
-    """(root element, validator, root identifier) of a document whose root must be ``<tag attr=...>``."""
+    """(root element, validator, root identifier) of a document rooted at ``<tag attr=...>``."""
     root = _parse_xml(text, source)
     v = _Validator(source, text)
     if root.tag != tag:
@@ -223,21 +216,17 @@ def _parse_xml(text: str, source: str):
         raise PMLError(Problem(source, line or 1, col or 1, _syntax_message(err), _syntax_hint(err))) from None
     info = root.getroottree().docinfo
     if info.doctype or info.internalDTD is not None or info.externalDTD is not None:
-        _refuse_declarations(source, 1, 1)  # never reached while _declaration finds them; kept as a second lock
+        _refuse_declarations(source, 1, 1)  # a second lock behind _declaration
     return root
 
 
-# a declaration, or the start of a comment, CDATA section or processing instruction (text that may spell
-# "<!DOCTYPE" without being one), each with the text that ends it
+# a declaration, or the start of a comment, CDATA section or PI (which may hold "<!DOCTYPE" as text)
 _MARKUP = re.compile(r"(?i:<!DOCTYPE|<!ENTITY)|<!--|<!\[CDATA\[|<\?")
 _CLOSERS = {"<!--": "-->", "<![CDATA[": "]]>", "<?": "?>"}
 
 
 def _declaration(text: str) -> int | None:
-    """Offset of the first <!DOCTYPE or <!ENTITY that is markup (not inside a comment, CDATA or a PI).
-
-    One pass: an opener with no closer after it is skipped, and its kind is not searched for again.
-    """
+    """Offset of the first <!DOCTYPE or <!ENTITY that is markup, in one pass."""
     pos, unclosed = 0, set()
     while (m := _MARKUP.search(text, pos)) is not None:
         closer = _CLOSERS.get(m.group())
