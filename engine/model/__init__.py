@@ -9,6 +9,7 @@ that names no weights runs :func:`default_weights` of its model.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 # weight precisions (engine/model/weights.py); gguf: each layer as the model's GGUF file holds it where it can
 WEIGHTS = ("fp32", "bf16", "int8", "int4", "gguf")
@@ -17,6 +18,16 @@ WEIGHTS = ("fp32", "bf16", "int8", "int4", "gguf")
 START_MODEL, START_NAME, START_WEIGHTS = "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "gguf"
 SMALL_MODEL = "SmolLM2-135M-Instruct"  # the small packaged model (key "default"): what the tests name
 MODEL_ENV = "PML_STUDIO_MODEL"  # another default model, for every front end and the processes they start
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """Which kernels multiply a model's packed weights (weights.kernel_use): ``own`` of its ``packed`` layers (bf16
+    copies aside) on the engine's kernels, the rest on torch's."""
+
+    packed: int = 0
+    own: int = 0
+    built: bool = False  # whether the engine's kernels are (asked only where a layer is packed)
 
 
 def default_model() -> str:

@@ -133,7 +133,7 @@ def _reason(model: torch.nn.Module, weights: str) -> str:
 def _kind(m) -> Kernel | None:
     """The C++ decoder's product for linear layer ``m``, None where it has none."""
     if isinstance(m, PackedLinear):
-        return None if not m.own else {"int8": Kernel.INT8, "int4": Kernel.INT4}.get(m.kernel)
+        return m.native
     if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32:
         return Kernel.DENSE
     return None
