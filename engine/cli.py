@@ -37,8 +37,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(extra: dict | None = None, arm_options: bool = True) -> argparse.ArgumentParser:
-    """The parser; ``extra`` maps command name -> (help, add_arguments(subparser), handler(args)); an engine
-    command's name there keeps the engine's options and takes the front end's handler.
+    """The parser; ``extra`` maps command name -> (help, add_arguments(subparser), handler(args)).
 
     ``arm_options`` adds every registered arm's options to ``run`` (importing the arms, and with them torch):
     :func:`main` asks for them only when the command is ``run``, so ``check`` and ``layout`` start at once.
@@ -86,7 +85,7 @@ def build_parser(extra: dict | None = None, arm_options: bool = True) -> argpars
     cp.add_argument("--prompt", action="store_true", help="print the file's example call of FUNC (a PML prompt) "
                     "instead of the schema")
     for name, (help_text, add_arguments, _) in (extra or {}).items():
-        if name not in sub.choices:
+        if name not in sub.choices:  # an engine command's name: its options, the front end's handler
             add_arguments(sub.add_parser(name, help=help_text))
     return p
 
