@@ -75,7 +75,8 @@ def build_parser(extra: dict | None = None, arm_options: bool = True) -> argpars
     cp.add_argument("--prompt", action="store_true", help="print the file's example call of FUNC (a PML prompt) "
                     "instead of the schema")
     for name, (help_text, add_arguments, _) in (extra or {}).items():
-        add_arguments(sub.add_parser(name, help=help_text))
+        if name not in sub.choices:  # an engine command's name: its options, the front end's handler
+            add_arguments(sub.add_parser(name, help=help_text))
     return p
 
 
@@ -383,13 +384,15 @@ def _arm_lines(data: dict, arms: list[str]) -> list[str]:
     return lines
 
 
-def cmd_info(args) -> int:
+def cmd_info(args, words=None) -> int:
+    """Print the model's info; ``words(info)`` gives the fields a front end adds (the engine's are data)."""
     from engine.devices import cuda_available
     from engine.session import Engine
 
     info = Engine(model=args.model).info()
     info["dtype_reason"] = cfg.dtype_reason(info["device"], info["dtype"])
     info["cuda_available"] = cuda_available()
+    info.update(words(info) if words else {})
     if args.json:
         print(strict_json(info))
     else:

@@ -70,6 +70,15 @@ def api(args) -> int:
     return command(args)
 
 
+def info(args) -> int:
+    """``pml-studio info``: the engine's command, with the studio's words for its data (studio/kernel_words.py)."""
+    from engine.cli import cmd_info
+
+    from .kernel_words import info_words
+
+    return cmd_info(args, words=info_words)
+
+
 def api_arguments(sp) -> None:
     from .api.serve import DEFAULT_PORT
 
@@ -79,6 +88,7 @@ def api_arguments(sp) -> None:
 
 EXTRA = {"serve": ("launch the studio (same as `python app.py`); the OpenAI-compatible API answers on its port too",
                    serve_arguments, serve),
+         "info": ("", None, info),  # the engine's command and options, the studio's handler
          "api": ("serve the OpenAI-compatible API alone, without the studio's page (docs/api.md)", api_arguments,
                  api)}
 

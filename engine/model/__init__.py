@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 WEIGHTS = ("fp32", "bf16", "int8", "int4", "gguf")  # docs/models.md, "Weights and kernels"
 
 START_MODEL, START_NAME, START_WEIGHTS = "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "gguf"  # docs/models.md
 SMALL_MODEL = "SmolLM2-135M-Instruct"  # the packaged model the tests name
 MODEL_ENV = "PML_STUDIO_MODEL"
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """Which kernels multiply a model's packed weights (weights.kernel_use): ``own`` of its ``packed`` layers (bf16
+    copies aside) on the engine's kernels, the rest on torch's."""
+
+    packed: int = 0
+    own: int = 0
+    built: bool = False  # whether the engine's kernels are (asked only where a layer is packed)
 
 
 def default_model() -> str:

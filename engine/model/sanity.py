@@ -1,13 +1,5 @@
-"""Sanity ceilings of a model's shape, checked before anything is sized by it.
-
-A config (``config.json``, or a GGUF file's metadata) states the sizes a model is built with:
-layers, widths, heads, vocabulary, experts. transformers allocates by them as soon as a config or
-a model object is made (some configs build one list entry per layer), so a damaged or crafted
-value — ``llama.block_count = 4000000000`` — would grow memory until the machine runs out.
-:func:`check_shape` refuses such values, naming the field, before any of that happens; the
-memory check (``_check_fits`` below) then judges sane sizes against the memory there is.
-
-Nothing here imports torch or transformers at import time.
+"""Sanity ceilings of a model's shape: a damaged or crafted config (``llama.block_count = 4000000000``) is refused,
+naming the field, before transformers allocates by it. Imports no torch or transformers at import time.
 """
 
 from __future__ import annotations
@@ -18,9 +10,7 @@ from engine.devices import available_bytes
 from engine.errors import ModelError
 from engine.model.positions import check_supported
 
-# (config keys, including other families' spellings; lowest; highest; what they count). The ceilings are
-# far above any released model (the largest have ~130 layers, a hidden size of ~25k, 262k tokens, 256
-# experts) and low enough that nothing is built from a value beyond them.
+# (config keys in every family's spelling, lowest, highest, what they count): far above any released model's
 SHAPE_LIMITS: tuple[tuple[tuple[str, ...], int, int, str], ...] = (
     (("num_hidden_layers", "n_layer", "n_layers", "num_layers"), 1, 10_000, "number of layers"),
     (("hidden_size", "n_embd", "d_model"), 1, 1 << 18, "hidden size"),
@@ -32,18 +22,13 @@ SHAPE_LIMITS: tuple[tuple[tuple[str, ...], int, int, str], ...] = (
     (("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 0, 1 << 16, "number of experts"),
 )
 SHAPE_KEYS = tuple(key for keys, *_ in SHAPE_LIMITS for key in keys)
-# sizes a config may state once per layer (LFM2: no KV heads in its convolution layers; Gemma 3n: one
-# feed-forward width per layer); every other size is one number, as the memory check multiplies by it
+# sizes a config may state per layer (LFM2's KV heads, Gemma 3n's feed-forward widths)
 PER_LAYER = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
 def check_shape(values: Mapping, source: str, fix: str, fields: Mapping[str, str] | None = None) -> None:
-    """ModelError unless every size in ``values`` (config keys -> values) is a whole number within its limits.
-
-    ``source`` names the file, ``fields`` how it spells each key (a GGUF's ``llama.block_count``) and
-    ``fix`` says what to do. Absent keys (or None) are skipped; a list of :data:`PER_LAYER` (one value per
-    layer) may hold zeros.
-    """
+    """ModelError naming ``source``'s field (as ``fields`` spells it) and ``fix`` unless every size in ``values``
+    is whole and within its limits."""
     high_layers = SHAPE_LIMITS[0][2]
     for keys, low, high, what in SHAPE_LIMITS:
         for key in keys:
@@ -74,8 +59,7 @@ CONFIG_FIX = "Fix the value in the model's config.json, or download the model ag
 
 
 def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG_FIX) -> None:
-    """The checks every config passes before a model is built from it: a family the engine can run
-    (:func:`check_supported`), sane sizes (:func:`check_shape`) and weights that fit (:func:`_check_fits`)."""
+    """Before a model is built: a family the engine runs, sane sizes, weights that fit."""
     check_supported(config, _causal_lm_class(config))
     text_cfg = _text_config(config)
     check_shape({key: getattr(text_cfg, key, None) for key in SHAPE_KEYS}, f"model '{where}'", fix)
@@ -83,7 +67,7 @@ def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG
 
 
 def _check_fits(config, where: str, torch_dtype, device: str) -> None:
-    """Refuse a model whose weights cannot fit in the available memory, before loading them."""
+    """ModelError when the weights cannot fit in the available memory."""
     import torch
 
     text_cfg = _text_config(config)
@@ -111,7 +95,7 @@ def short(err: Exception) -> str:
 
 
 def _causal_lm_class(config):
-    """The transformers class AutoModelForCausalLM would build for ``config`` (None when unknown)."""
+    """AutoModelForCausalLM's class for ``config``, or None."""
     from transformers import AutoModelForCausalLM
 
     try:

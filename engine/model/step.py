@@ -26,6 +26,7 @@ import weakref
 import torch
 
 from engine.model import kernels
+from engine.model.kernels import Kernel
 from engine.model.weights import PackedLinear, PackedMLP
 
 LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer")  # classes whose forward is the C++ file's formula
@@ -129,12 +130,12 @@ def _reason(model: torch.nn.Module, weights: str) -> str:
     return ""
 
 
-def _kind(m) -> int | None:
-    """The C++ decoder's kind of linear layer ``m``: 0 float32, 1 the int8 kernel, 2 the int4 kernel, None other."""
+def _kind(m) -> Kernel | None:
+    """The C++ decoder's product for linear layer ``m``, None where it has none."""
     if isinstance(m, PackedLinear):
-        return None if not m.own else {"int8": 1, "int4": 2}.get(m.kernel)
+        return m.native
     if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32:
-        return 0
+        return Kernel.DENSE
     return None
 
 
@@ -142,11 +143,11 @@ def _parts(m) -> dict:
     """The tensors the C++ decoder reads of linear layer ``m``, by argument name."""
     kind = _kind(m)
     bias = None if m.bias is None else m.bias.detach().float()
-    if kind == 0:
-        return {"kind": 0, "w": m.weight.detach(), "bias": bias}
-    if kind == 1:
-        return {"kind": 1, "w": m.qweight, "scale": m.scales, "bias": bias}
-    return {"kind": 2, "w": m.qweight, "scale": m.scales_zeros, "fifth": m.fifth, "bias": bias}
+    if kind == Kernel.DENSE:
+        return {"kind": kind, "w": m.weight.detach(), "bias": bias}
+    if kind == Kernel.INT8:
+        return {"kind": kind, "w": m.qweight, "scale": m.scales, "bias": bias}
+    return {"kind": kind, "w": m.qweight, "scale": m.scales_zeros, "fifth": m.fifth, "bias": bias}
 
 
 def _linear(ops, m):

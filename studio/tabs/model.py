@@ -11,6 +11,7 @@ import gradio as gr
 from engine.errors import EngineError
 
 from ..errors import as_gr_error, refusal
+from ..kernel_words import info_words
 from ..state import DEFAULT_MODEL, Studio
 from ..views import kv_html
 from .encode import gpu_explanation
@@ -77,6 +78,7 @@ def model_info(studio: Studio) -> list[list]:
             ["status", "loaded" if engine.loaded else "not loaded yet (loads on first encode or compare)"]]
     if engine.loaded:
         info = engine.info()
+        info.update(info_words(info))
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
                  ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights"
                   + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],

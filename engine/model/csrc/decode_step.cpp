@@ -1,9 +1,8 @@
 // One decode step of a Llama-shaped model in C++ (engine/model/step.py): every layer's RMSNorm, projections,
 // rotary embedding, attention over the run's KV buffer and gated MLP, with no Python between them.
 //
-// Why: a decode step of the 0.5B model multiplies ~440 MB of weights in ~145 kernel calls; through transformers'
-// modules the same step also ran ~2,500 small ATen ops and their Python (~18 ms of a ~45 ms step on 2 cores).
-// Here the step is the kernel calls plus a few microseconds of loops per layer.
+// Why: through transformers' modules a step also runs thousands of small ATen ops and their Python; here it is the
+// kernel calls plus short loops (measured: docs/models.md, "The decode step").
 //
 // The formulas are transformers' for LlamaDecoderLayer / Qwen2DecoderLayer (what step.py checks before using this):
 //   h = x + o_proj(attention(rope(q), rope(k), v))      with RMSNorm(x) feeding q, k, v
@@ -28,15 +27,21 @@ c10::optional<torch::Tensor> given(const torch::Tensor& t) {
   return t.defined() ? c10::optional<torch::Tensor>(t) : c10::nullopt;
 }
 
-// A linear layer as engine/model/weights.py keeps it: float32 [out, in] (kind 0), the int8 kernel's packing
-// (kind 1: weight, scales) or the int4 kernel's (kind 2: nibbles, scales and zero points, fifth bits or none).
+// Which product a linear layer runs; engine/model/kernels.py's Kernel holds the same names and values.
+enum class Kernel : int64_t { Dense = 0, Int8 = 1, Int4 = 2 };
+
+// A linear layer as engine/model/weights.py keeps it: float32 [out, in] (Dense), the int8 kernel's packing
+// (Int8: weight, scales) or the int4 kernel's (Int4: nibbles, scales and zero points, fifth bits or none).
 struct Linear {
-  int64_t kind;
+  Kernel kernel;
   torch::Tensor w, scale, fifth, bias;  // undefined where the layer has none
 
   torch::Tensor operator()(const torch::Tensor& x) const {
-    if (kind == 1) return int8_matmul(x, w, scale, given(bias));
-    if (kind == 2) return int4_matmul(x, w, scale, given(fifth), given(bias));
+    switch (kernel) {
+      case Kernel::Int8: return int8_matmul(x, w, scale, given(bias));
+      case Kernel::Int4: return int4_matmul(x, w, scale, given(fifth), given(bias));
+      case Kernel::Dense: break;
+    }
     return at::linear(x, w, given(bias));
   }
 };
@@ -186,12 +191,17 @@ class Decoder {
 
 void bind_decoder(pybind11::module& m) {
   namespace py = pybind11;
+  py::enum_<Kernel>(m, "Kernel")
+      .value("Dense", Kernel::Dense)
+      .value("Int8", Kernel::Int8)
+      .value("Int4", Kernel::Int4);
   py::class_<Linear>(m, "Linear")
       .def(py::init([](int64_t kind, torch::Tensor w, c10::optional<torch::Tensor> scale,
                        c10::optional<torch::Tensor> fifth, c10::optional<torch::Tensor> bias) {
-             TORCH_CHECK(kind >= 0 && kind <= 2, "decoder: a linear layer's kind is 0 (dense), 1 (int8) or 2 (int4)");
-             return Linear{kind, w, scale.value_or(torch::Tensor()), fifth.value_or(torch::Tensor()),
-                           bias.value_or(torch::Tensor())};
+             TORCH_CHECK(kind >= (int64_t)Kernel::Dense && kind <= (int64_t)Kernel::Int4,
+                         "decoder: a linear layer's kind is a Kernel: 0 (Dense), 1 (Int8) or 2 (Int4)");
+             return Linear{static_cast<Kernel>(kind), w, scale.value_or(torch::Tensor()),
+                           fifth.value_or(torch::Tensor()), bias.value_or(torch::Tensor())};
            }),
            py::arg("kind"), py::arg("w"), py::arg("scale") = py::none(), py::arg("fifth") = py::none(),
            py::arg("bias") = py::none())

@@ -147,10 +147,8 @@ void quantize(const float* xp, int64_t M, int64_t K, float limit, float* sx, Put
   }
 }
 
-// tile(t, m, tm): rows of tile t (64) for tokens m .. m + tm - 1, tm <= tokens. The tiles are handed out a few at a
-// time to whichever of torch's threads is free (OpenMP's dynamic schedule, torch's own team): with a static split
-// (at::parallel_for) a thread the OS preempts — a browser on the same two cores, a busy host — holds up the whole
-// product, and a decode step is ~100 of them.
+// tile(t, m, tm): rows of tile t (64) for tokens m .. m + tm - 1, tm <= tokens. Tiles go a few at a time to whichever
+// of torch's threads is free (OpenMP's dynamic schedule): with a static split one preempted thread holds up the product.
 template <typename Tile>
 void for_tiles(int64_t M, int64_t N, int64_t tokens, Tile&& tile) {
   const int64_t tiles = N / (ROWS * BLOCKS);

@@ -1,0 +1,27 @@
+"""What the studio and ``pml-studio info`` say about a model's weight kernels; the engine gives the data
+(``info()["weight_kernel_use"]``: engine.model.KernelUse as a dict)."""
+
+from __future__ import annotations
+
+
+def weight_kernels(use: dict, status: str, row_tile: int) -> str:
+    """One line: which kernels multiply the packed weights (``status``: engine.model.kernels.status())."""
+    packed, own = use.get("packed", 0), use.get("own", 0)
+    if not packed:
+        return "torch's dense matrix products"
+    if own == packed:
+        return status
+    if own == 0:
+        return f"torch's kernels (no layer has a multiple of {row_tile} rows, as the engine's need)" \
+            if use.get("built") else status
+    return f"{status} for {own} of {packed} layers, torch's for the rest (rows not a multiple of {row_tile})"
+
+
+def info_words(info: dict) -> dict:
+    """The studio's words for a loaded model's ``info()``: ``weight_kernels``."""
+    use = info.get("weight_kernel_use") or {}
+    if not use.get("packed"):
+        return {"weight_kernels": weight_kernels(use, "", 0)}
+    from engine.model import kernels
+
+    return {"weight_kernels": weight_kernels(use, kernels.status(), kernels.ROW_TILE)}
