@@ -4,7 +4,9 @@ Shared by tests/studio/test_browser.py (which writes its screenshot to a tempora
 ``make screenshot``, which refreshes the README's ``assets/screenshot.png``:
 
     python tools/screenshot.py                       # assets/screenshot.png
-    python tools/screenshot.py --out /tmp/shot.png --sample travel
+    python tools/screenshot.py --out /tmp/shot.png --sample travel --max-new-tokens 16
+
+It prints each shown arm's answer and fails when an arm shows none.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 README_SCREENSHOT = ROOT / "assets" / "screenshot.png"
 SAMPLE = "doc_qa"
 VIEWPORT = {"width": 1400, "height": 1000}
+README_TOKENS = 32  # the README's picture shows whole answers; the browser test keeps 4 to stay quick
 
 
 def free_port() -> int:
@@ -67,7 +70,9 @@ def compare_and_screenshot(url: str, out: str | Path, sample: str = SAMPLE, max_
             page.wait_for_selector("#cached-text .pml-output:not(.active)", timeout=10_000)
             shown = {"builder_modules": builder_modules, "encode": encode_cards, "summary": page.inner_text("#compare-summary"),
                      "baseline": page.inner_text("#baseline-text"), "cached": page.inner_text("#cached-text"),
-                     "prefix_visible": page.locator("#prefix-text").is_visible()}
+                     "prefix_visible": page.locator("#prefix-text").is_visible(),
+                     "texts": {el.get_attribute("id").removesuffix("-text"): el.inner_text()
+                               for el in page.locator(".pml-col [id$='-text']").all() if el.is_visible()}}
             page.mouse.move(0, 0)
             page.screenshot(path=str(out), full_page=True)
         finally:
@@ -75,7 +80,7 @@ def compare_and_screenshot(url: str, out: str | Path, sample: str = SAMPLE, max_
     return shown
 
 
-def serve_and_screenshot(out: str | Path, sample: str = SAMPLE) -> dict:
+def serve_and_screenshot(out: str | Path, sample: str = SAMPLE, max_new_tokens: int = README_TOKENS) -> dict:
     """The studio on the default model, served as `python app.py` serves it, then the run above."""
     sys.path.insert(0, str(ROOT))
     from engine.runlog import RunLog
@@ -92,7 +97,8 @@ def serve_and_screenshot(out: str | Path, sample: str = SAMPLE) -> dict:
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
                     **launch_options(demo, token=token))
         try:
-            return compare_and_screenshot(page_url("127.0.0.1", port, token), out, sample)
+            shown = compare_and_screenshot(page_url("127.0.0.1", port, token), out, sample, max_new_tokens)
+            return shown | {"default_arms": engine.config.arms}
         finally:
             demo.close()
 
@@ -101,12 +107,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(README_SCREENSHOT))
     ap.add_argument("--sample", default=SAMPLE)
+    ap.add_argument("--max-new-tokens", type=int, default=README_TOKENS)
     args = ap.parse_args()
     if not Path(CHROMIUM).exists():
         print(f"screenshot: error: {CHROMIUM} is missing (apt-get install chromium)", file=sys.stderr)
         return 2
-    shown = serve_and_screenshot(args.out, args.sample)
+    shown = serve_and_screenshot(args.out, args.sample, args.max_new_tokens)
     print(f"wrote {args.out}: {shown['summary'].splitlines()[0] if shown['summary'] else ''}")
+    for arm, text in shown["texts"].items():
+        print(f"  {arm}: {' '.join(text.split())}")
+    empty = [arm for arm in shown["default_arms"] if not shown["texts"].get(arm, "").replace("∅", "").strip()]
+    if empty:
+        print(f"screenshot: error: no answer shown for {', '.join(empty)}", file=sys.stderr)
+        return 1
     return 0
 
 

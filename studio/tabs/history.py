@@ -23,6 +23,12 @@ from .editors import Editors, Step
 from .schema import SchemaTab
 
 RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)"]
+# Each column's least width, in characters of the table's monospace font: the longest word its header or its
+# cells hold ("2026-11-26", "contextual", "(cached)"); an arm's cell reads "812 ms · 6.1× · diverges at 3".
+RUN_CHARS = [5, 10, 10, 14, 10, 8]
+ARM_CHARS = 11
+CHAR_PX, PAD_PX = 8.4, 16  # Gradio's table: 14 px monospace, 8 px padding each side of a cell
+TABLE_PX = 1215  # the table's width in a 1,400 px window (tools/screenshot.py's VIEWPORT)
 
 
 def headers() -> list[str]:
@@ -30,7 +36,15 @@ def headers() -> list[str]:
     return RUN_HEADERS + [f"{v.title} TTFT" for v in arm_views()]
 
 
-PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "path", "run", "schema"]
+def column_widths() -> list[str]:
+    """Each column's share of the table, in proportion to the pixels its longest word needs, so that no word is
+    cut in two (Gradio breaks a word wider than its column) while the table is at least as wide as their sum."""
+    needs = [chars * CHAR_PX + PAD_PX for chars in RUN_CHARS + [ARM_CHARS] * len(arm_views())]
+    return [f"{100 * need / sum(needs):.2f}%" for need in needs]
+
+
+PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "arm", "run", "schema"]  # display names; the run log's are its own
+AXIS_FORMAT = ",d"  # d3: whole numbers with thousands separators ("4,090"), never "193.000000"
 
 
 def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: SchemaTab, panel: Panel,
@@ -41,17 +55,14 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
         refresh_btn = gr.Button("Refresh", size="md", scale=1)
         export = gr.DownloadButton("Export CSV", size="md", scale=1)
     notice = gr.HTML(notice_html(studio), elem_id="history-notice")
-    table = gr.Dataframe(headers=headers(), interactive=False, max_height=360, wrap=True, elem_id="history-table",
-                         label="Runs (click a row to select it)",
-                         column_widths=["5%", "15%", "11%", "15%", "11%", "9%", "8%", "8%", "6%", "6%", "6%"])
+    table = runs_table()
     with gr.Row(elem_classes=["pml-toolbar"]):
         run_id = gr.Textbox(label="Selected run", placeholder="click a row in the table", scale=1,
                             elem_id="selected-run")
         open_btn = gr.Button("Open in editor", size="md", scale=1)
         rerun_btn = gr.Button("Re-run", variant="primary", size="md", scale=1)
     detail = gr.HTML(views.summary_html(None, "Click a row to see its run."), elem_id="history-detail")
-    plot = gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="path", label="TTFT over prompt length", height=320,
-                          color_map={v.arm: v.color for v in arm_views()})
+    plot = ttft_plot()
     gr.Markdown(f"Run log: `{studio.runlog.path}`", elem_classes=["pml-note"])
 
     refresh = Step(partial(_refresh_ui, studio, downloads), [which], [table, plot, which, export, notice])
@@ -69,6 +80,19 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
     rerun_btn.click(partial(_open_ui, studio, fields, "compare"), run_id, opened).then(
         *schema.validate).then(*compare.stream).then(*refresh)
     return refresh
+
+
+def runs_table() -> gr.Dataframe:
+    return gr.Dataframe(headers=headers(), interactive=False, max_height=360, wrap=True, elem_id="history-table",
+                        label="Runs (click a row to select it)", column_widths=column_widths())
+
+
+def ttft_plot() -> gr.ScatterPlot:
+    """TTFT over prompt length, a colour per arm. No fixed height: Gradio sizes the chart to it and clips the
+    legend below the axis."""
+    return gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="arm", label="TTFT over prompt length",
+                          y_title="TTFT (ms)", x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
+                          color_map={v.title: v.color for v in arm_views()})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,14 +142,17 @@ def plot_points(studio: Studio, schema: str | None = None):
 
 
 def plot_points_of(runs: list[dict]):
-    """:func:`plot_points` of run-log rows (an empty table for none)."""
+    """:func:`plot_points` of run-log rows (an empty table for none): TTFT in whole milliseconds, each arm by
+    its title as the columns name it (an arm no longer registered by its run-log name)."""
     import pandas as pd
 
+    titles = {v.arm: v.title for v in arm_views()}
     points = []
     for r in runs:
         for arm, figures in r["arms"].items():
             if figures.get("ttft_ms") is not None:
-                points.append([r["prompt_tokens"], figures["ttft_ms"], arm, r["id"], r["schema_name"]])
+                points.append([r["prompt_tokens"], round(figures["ttft_ms"]), titles.get(arm, arm), r["id"],
+                               r["schema_name"]])
     return pd.DataFrame(points, columns=PLOT_COLUMNS)
 
 

@@ -53,8 +53,19 @@ def test_readme_headline_is_generated_from_the_result_files():
 
 def test_readme_is_a_front_page():
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 250, "move long material to a page in docs/"
+    assert len(readme.splitlines()) <= 150, "move long material to a page in docs/"
     assert "docs/benchmarks.md" in readme
+
+
+def test_readme_s_first_screen_says_what_it_is_then_shows_it_sets_it_up_and_names_the_api():
+    """As vLLM's and SGLang's READMEs open: what it is, a picture, the quick start; figures come later."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    what = next(i for i, line in enumerate(lines) if "modular prompt caching" in line)
+    picture = lines.index("![The studio comparing baseline, prefix-cache and modular-cache runs](assets/screenshot.png)")
+    commands = next(i for i, line in enumerate(lines) if line.startswith("make run"))
+    api = next(i for i, line in enumerate(lines) if "OpenAI-compatible API" in line and "(docs/api.md)" in line)
+    assert what < 10 and what < picture < commands < api < 25
+    assert not any(re.search(r"ms/token|\d ms\b|\d×", line) for line in lines[:api + 1]), "figures go below"
 
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_the_test_one():

@@ -41,8 +41,9 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     assert detail.count('class="col-head"') == 3 and f"{data['speedup']:.1f}×" in detail
     assert hist.rows(studio, "doc_qa") == []
     plot = hist.plot_points(studio, "all")
-    assert sorted(zip(plot["path"], plot["TTFT ms"])) == [(arm, data[arm]["ttft_ms"])
-                                                          for arm in ("baseline", "cached", "prefix")]
+    assert sorted(zip(plot["arm"], plot["TTFT ms"])) == [(title, round(data[arm]["ttft_ms"])) for arm, title in
+                                                         (("baseline", "Baseline"), ("cached", "Modular cache"),
+                                                          ("prefix", "Prefix cache"))]
     assert hist.schemas(studio) == ["all", "travel"]
     out = hist.export_csv(studio, "all", tmp_path)
     assert [r["schema_name"] for r in csv.DictReader(open(out))] == ["travel"]
@@ -53,6 +54,28 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     for bad, match in (("", "select a run"), (None, "select a run"), ("abc", "not a run id"), ("999", "no run 999")):
         with pytest.raises(gr.Error, match=match):
             hist.open_run(studio, bad)
+
+
+def test_no_header_word_is_cut_and_the_plot_reads_whole_milliseconds_by_arm():
+    """Gradio breaks a word wider than its column ("Modula / r cache TTFT"): at the studio's width every header's
+    longest word fits its column. The plot's axes are whole numbers and its legend is titled "arm"."""
+    heads, widths = hist.headers(), hist.column_widths()
+    assert len(widths) == len(heads) and sum(float(w.rstrip("%")) for w in widths) == pytest.approx(100, abs=0.1)
+    for head, width in zip(heads, widths):
+        column_px = float(width.rstrip("%")) / 100 * hist.TABLE_PX
+        longest = max(head.split(), key=len)
+        assert len(longest) * hist.CHAR_PX + hist.PAD_PX <= column_px, f"{head!r}: '{longest}' is cut"
+    assert "Modular cache TTFT" in heads
+
+    plot = hist.ttft_plot()
+    assert (plot.x, plot.y, plot.color) == ("prompt tokens", "TTFT ms", "arm") and plot.color_title in (None, "arm")
+    assert plot.x_axis_format == plot.y_axis_format == ",d"  # d3: "1,025", never "193.000000"
+    assert plot.height is None  # a fixed height clips the legend under the axis
+    assert set(plot.color_map) == {v.title for v in views.arm_views()}
+    points = hist.plot_points_of([{"id": 1, "prompt_tokens": 193, "schema_name": "s",
+                                   "arms": {"cached": {"ttft_ms": 193.4}, "gone": {"ttft_ms": 1.6}}}])
+    assert list(points.columns) == hist.PLOT_COLUMNS and "path" not in points.columns
+    assert points.values.tolist() == [[193, 193, "Modular cache", 1, "s"], [193, 2, "gone", 1, "s"]]
 
 
 @pytest.mark.parametrize("bad, match", [
