@@ -106,7 +106,7 @@ def packaged_models() -> list[dict]:
 
 @dataclass
 class LoadedModel:
-    """A model ready for the engine: weights, tokenizer, codec and the numbers the UI shows."""
+    """A model ready for the engine, and the facts about it front ends show."""
 
     name: str
     model: object = field(repr=False)
@@ -129,43 +129,38 @@ class LoadedModel:
     sliding_layers: int = 0
     weights: str = "fp32"  # how the linear layers' weights are kept (engine/model/weights.py)
     weight_bytes: int = 0  # bytes of the linear layers' weights as kept
-    weight_kernels: str = "torch's dense matrix products"  # what multiplies them (weights.kernel_label)
+    weight_kernels: str = "torch's dense matrix products"  # what multiplies them
     weights_from: str = "loaded"  # "packed" at this load, "saved" (read back: packed_cache.py), "loaded" as they are
 
     @property
     def family_tested(self) -> bool:
-        """True when tests/engine/test_families.py checks this model family on a tiny random model."""
+        """Checked by tests/engine/test_families.py."""
         return self.model_type in TESTED_FAMILIES
 
+    @property
+    def position_encoding(self) -> str:
+        """How positions reach the model's own attention: "alibi" or "rope"."""
+        alibi = self.model_type == "mpt" or getattr(self.model.config, "alibi", False)
+        return "alibi" if alibi else "rope"
+
+    def decode_fallback(self) -> str:
+        """Why decoding runs transformers' modules ("": the C++ decoder runs it)."""
+        from engine.model import step
+
+        return step.why_not(self.model, self.weights)
+
     def info(self) -> dict:
+        fallback = self.decode_fallback()
         return {"model": self.name, "device": self.device, "dtype": self.dtype, "parameters": self.n_params,
                 "layers": self.n_layers, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "max_positions": self.max_positions,
                 "architecture": self.architecture, "model_type": self.model_type,
-                "attention": self.attention, "attention_path": attention_label(self),
+                "attention": self.attention, "position_encoding": self.position_encoding,
                 "sliding_window": self.sliding_window, "sliding_layers": self.sliding_layers,
                 "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
                 "weight_kernels": self.weight_kernels, "weights_from": self.weights_from,
-                "decode_step": decode_label(self), "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
-
-
-def attention_label(lm: LoadedModel) -> str:
-    """One line saying which attention code runs and how positions reach it."""
-    if lm.attention == "own":
-        alibi = lm.model_type == "mpt" or getattr(lm.model.config, "alibi", False)
-        how = "ALiBi bias read at position ids" if alibi else "RoPE at position ids"
-        return f"the model's own ({how})"
-    window = f"; {lm.sliding_layers} sliding-window layers masked by position ids" if lm.sliding_window else ""
-    return f"registered PML attention{window}"
-
-
-def decode_label(lm: LoadedModel) -> str:
-    """One line saying what runs a decode step: the engine's C++ decoder (engine/model/step.py) or transformers'
-    modules, and why."""
-    from engine.model import step
-
-    why = step.why_not(lm.model, lm.weights)
-    return "the engine's C++ decode step (one call per token)" if not why else f"transformers' modules: {why}"
+                "decode_kernel": "modules" if fallback else "cpp", "decode_fallback": fallback,
+                "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
 
 
 def _packaged(spec: str) -> Packaged | None:

@@ -66,23 +66,21 @@ WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an e
 
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (the model is not loaded by this call)."""
-    from engine.config import PRECISION_RESULT, dtype_reason
+    from engine.cli import info_document
     from engine.session import gpu_status
-
-    from ..benchmarks import read_result
 
     engine = studio.engine
     ok, why = gpu_status()
     rows = [["model", engine.config.model or f"{DEFAULT_MODEL} (default)"],
             ["status", "loaded" if engine.loaded else "not loaded yet (loads on first encode or compare)"]]
     if engine.loaded:
-        info = engine.info()
+        info = info_document(engine.info())  # the facts in the words `pml-studio info` uses
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
                  ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights"
                   + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],
                  ["weight kernels", info.get("weight_kernels", "")],
                  ["decode step", info.get("decode_step", "")],
-                 ["why this dtype", dtype_reason(info["device"], info["dtype"], read_result(PRECISION_RESULT).data)],
+                 ["why this dtype", info["dtype_reason"]],
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],
                  ["KV bytes per token", f"{info['kv_bytes_per_token']:,}"],
