@@ -77,7 +77,7 @@ def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG
     """The checks every config passes before a model is built from it: a family the engine can run
     (:func:`check_supported`), sane sizes (:func:`check_shape`) and weights that fit (:func:`_check_fits`)."""
     check_supported(config, _causal_lm_class(config))
-    text_cfg = _text_config(config)
+    text_cfg = text_config(config)
     check_shape({key: getattr(text_cfg, key, None) for key in SHAPE_KEYS}, f"model '{where}'", fix)
     _check_fits(config, where, torch_dtype, device)
 
@@ -86,7 +86,7 @@ def _check_fits(config, where: str, torch_dtype, device: str) -> None:
     """Refuse a model whose weights cannot fit in the available memory, before loading them."""
     import torch
 
-    text_cfg = _text_config(config)
+    text_cfg = text_config(config)
     try:
         h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
         inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
@@ -120,5 +120,5 @@ def _causal_lm_class(config):
         return None
 
 
-def _text_config(config):
+def text_config(config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

