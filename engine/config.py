@@ -46,7 +46,7 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
 def choices(setting: str) -> tuple[tuple[str, str], ...]:
     """(value, words) pairs of ``setting`` (or of ``arms``, or an arm's text setting)."""
     if setting == "arms":
-        return tuple((name, spec.title) for name, spec in _arms_registry().items())
+        return tuple((name, name) for name in _arms_registry())
     if setting in CHOICES:
         return CHOICES[setting]
     for _, _, s in _registry_module().settings_specs():
@@ -57,11 +57,6 @@ def choices(setting: str) -> tuple[tuple[str, str], ...]:
 
 def values(setting: str) -> tuple[str, ...]:
     return tuple(v for v, _ in choices(setting))
-
-
-def labelled(setting: str) -> list[tuple[str, str]]:
-    """(label, value) pairs of ``setting`` (Gradio radio choices)."""
-    return [(label, v) for v, label in choices(setting)]
 
 
 def limit_of(key: str) -> Limit:
