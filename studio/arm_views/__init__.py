@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.cli import ArmWords, titled
@@ -47,8 +47,8 @@ class View:
     def filled(self) -> "View":
         """This view with every empty field given its default."""
         title = self.title or self.arm.replace("_", " ").capitalize()
-        return type(self)(self.arm, title, self.subtitle, self.color or _palette(self.arm),
-                          self.progress or f"{title}: running…", self.token_class)
+        return replace(self, title=title, color=self.color or _palette(self.arm),
+                       progress=self.progress or f"{title}: running…")
 
 
 VIEWS: dict[str, View] = {}
