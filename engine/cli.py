@@ -363,8 +363,9 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
 
 def titled(data: dict, words: ArmWords) -> dict:
     """A ``run --json`` document with each ``by_arm`` entry's ``title`` (the front end's name for the arm)."""
-    by_arm = {arm: {"title": words.title(arm), **entry} for arm, entry in (data.get("by_arm") or {}).items()}
-    return {**data, "by_arm": by_arm}
+    if not data.get("by_arm"):
+        return data
+    return {**data, "by_arm": {arm: {"title": words.title(arm), **entry} for arm, entry in data["by_arm"].items()}}
 
 
 def run_text(data: dict, words: ArmWords = ArmWords()) -> str:
