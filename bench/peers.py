@@ -52,7 +52,8 @@ from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, spre
 from bench.needles import judge, varied_cases
 from bench.workload import make_workload, prompt_xml, run_prompt, summarise as summarise_arms
 from bench.workloads import SYSTEM, doc_schema, wilson
-from engine.model.load import PACKAGED, packaged_gguf, resolve_model_path
+from engine.model.load import resolve_model_path
+from engine.model.packaged import PACKAGED, packaged_gguf
 from engine.cache.prefix import schema_order_prompt
 from engine.arms.registry import Sampling
 from engine.session import Engine

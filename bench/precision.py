@@ -11,8 +11,8 @@ and every measurement alternates between them, so a busy machine slows both alik
 * **needle accuracy** of both, baseline and cached (prefixed): varied needles and confusable ones
   (bench/needles.py).
 
-Prints a table, then one JSON document last (bench/results/precision-MODEL.json), which
-``engine.config.dtype_reason`` quotes in `pml-studio info` and the studio's Model tab.
+Prints a table, then one JSON document last (bench/results/precision-MODEL.json), whose figures
+docs/models.md quotes (`pml-studio info` and the studio's Model tab point there).
 
     python bench/precision.py                   # the 0.5B model (make qwen): ~15 min on 2 quiet cores
     python bench/precision.py --rows-out /tmp/p.json   # keep finished parts there; a rerun resumes

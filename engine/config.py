@@ -1,21 +1,13 @@
-"""One run configuration, validated once where it is made, then passed whole.
+"""One run configuration (:class:`RunConfig`), validated once where it is made, then passed whole.
 
-Every front end — the CLI's argparse, the studio's widgets, the benchmarks, library users —
-builds a :class:`RunConfig`; the :class:`engine.session.Engine` holds one and a run may
-override it with another. The choices of every setting are listed once here (:data:`CHOICES`)
-and read by argparse and by the studio's radios, so the lists can never drift apart.
-
-    from engine import Engine, RunConfig
-    eng = Engine(RunConfig(mode="isolated", storage_dtype="float16"))
-    eng.compare(schema_xml, prompt_xml, config=eng.config.with_(repair=4))
-
-No torch here: validation that needs the machine (is CUDA present?) is done by ``check_device``.
+Each setting's choices are listed once (:data:`CHOICES`), for argparse and the studio alike. No torch here.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,10 +17,10 @@ from engine.model import WEIGHTS, default_model, default_weights
 from engine.limits import (LIMITS, MAX_BUDGET_MIB, MAX_NEW_TOKENS, MAX_REPAIR, MAX_SEED, MAX_SINK,  # noqa: F401
                            MAX_TEMPERATURE, Limit, check_fields)
 
-if TYPE_CHECKING:  # annotations only: the arms are imported when first needed (_registry_module)
+if TYPE_CHECKING:
     from engine.arms.registry import ArmSettings, Setting
 
-# -- one list of choices per setting (value, label) ---------------------------------------------
+# -- one list of choices per setting: (value, words) --
 
 STORAGES = ("cpu", "cuda")
 DEVICES = ("cpu", "cuda")
@@ -52,10 +44,9 @@ CHOICES: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def choices(setting: str) -> tuple[tuple[str, str], ...]:
-    """(value, label) pairs of ``setting``: the lists above, the registered arms (``arms``), or a text setting
-    of an arm (its key, e.g. ``blend_rule``)."""
+    """(value, words) pairs of ``setting`` (or of ``arms``, or an arm's text setting)."""
     if setting == "arms":
-        return tuple((name, spec.title) for name, spec in _arms_registry().items())
+        return tuple((name, name) for name in _arms_registry())
     if setting in CHOICES:
         return CHOICES[setting]
     for _, _, s in _registry_module().settings_specs():
@@ -65,18 +56,11 @@ def choices(setting: str) -> tuple[tuple[str, str], ...]:
 
 
 def values(setting: str) -> tuple[str, ...]:
-    """The accepted values of ``setting`` (argparse ``choices``)."""
     return tuple(v for v, _ in choices(setting))
 
 
-def labelled(setting: str) -> list[tuple[str, str]]:
-    """(label, value) pairs of ``setting`` (Gradio radio choices)."""
-    return [(label, v) for v, label in choices(setting)]
-
-
 def limit_of(key: str) -> Limit:
-    """The accepted range of the numeric setting ``key``: the run's own (:data:`LIMITS`) or an arm's (its
-    :class:`~engine.arms.registry.Setting`, declared once in the arm's file)."""
+    """The accepted range of the numeric setting ``key``: the run's own or an arm's."""
     if key in LIMITS:
         return LIMITS[key]
     limit = arm_setting(key)[2].limit
@@ -86,7 +70,7 @@ def limit_of(key: str) -> Limit:
 
 
 def arm_setting(key: str) -> tuple[str, str, "Setting"]:
-    """(arm, field, Setting) of the arm setting named ``key`` (e.g. ``repair``, ``blend``); KeyError if none."""
+    """(arm, field, Setting) of the arm setting named ``key``; KeyError if none."""
     for spec, name, s in _registry_module().settings_specs():
         if s.key == key:
             return spec.name, name, s
@@ -94,7 +78,7 @@ def arm_setting(key: str) -> tuple[str, str, "Setting"]:
 
 
 def short_dtype(dtype: str | None) -> str:
-    """'fp16' for 'float16' (labels in tables and chips)."""
+    """'fp16' for 'float16'."""
     return dict(CHOICES["storage_dtype"]).get(dtype or "float32", dtype or "fp32")
 
 
@@ -102,36 +86,26 @@ def short_dtype(dtype: str | None) -> str:
 class RunConfig:
     """Everything a run needs besides the documents and the sampling settings.
 
-    ``device`` None means: ``cuda`` when storage is ``cuda``, else ``cpu``. ``dtype`` None means
-    :func:`default_dtype` of the device; ``storage_dtype`` None means the compute dtype (module KV
-    is stored in the precision the run computes in). ``budget_bytes`` None means half the memory
-    available on the storage device. ``module_dir`` None means ``$PML_STUDIO_MODULES``, else
-    ``$PML_STUDIO_CACHE/modules``. ``arms`` None means the registered arms marked default. ``model`` None means
-    :func:`engine.model.default_model` (the studio's Qwen2.5-Coder-0.5B), ``weights`` None the model's
-    :func:`engine.model.default_weights` (that model's own GGUF blocks; fp32 for any other).
-
-    Each arm's own settings (``engine.arms``: e.g. the modular arm's ``repair``, the blend arm's
-    ``blend`` and ``blend_rule``) are given by their keys — ``RunConfig(repair=4)``,
-    ``config.with_(blend=0.3)`` — read as attributes (``config.repair``) and kept per arm in
-    ``arm_settings`` (:meth:`settings_of`).
+    None means the default (``device`` follows storage, ``storage_dtype`` the compute dtype, ``budget_bytes``
+    half the free memory). Arm settings are given and read by key: ``RunConfig(repair=4)``, ``config.repair``.
     """
 
     model: str | None = None
     device: str | None = None
     dtype: str | None = None  # compute dtype of the model
     storage: str = "cpu"
-    mode: str = "contextual"  # the encoding mode (engine.cache.encode.MODES; "prefixed" is accepted for it)
+    mode: str = "contextual"  # engine.cache.settings.MODES
     storage_dtype: str | None = None
     compression: Compression = field(default_factory=Compression)
     budget_bytes: int | None = None
     persist: bool = True
     module_dir: str | None = None
     arms: tuple[str, ...] | None = None
-    sink: int = 0  # neutral tokens each isolated module is encoded after; 0 = off
-    warmup: bool = True  # warm the prefix cache with the schema-order prompt before a schema's first prefix run
-    weights: str | None = None  # the model's linear weights: fp32, bf16, int8, int4 or gguf (engine/model/weights.py)
-    decode: str = "together"  # the arms' decoding: "together" (one batch per step) or "apart" (engine/arms/runner.py)
-    arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, its settings) for arms not at their defaults
+    sink: int = 0  # tokens each isolated module is encoded after
+    warmup: bool = True  # warm the prefix cache before a schema's first prefix run
+    weights: str | None = None  # how the linear weights are kept (engine/model/weights.py)
+    decode: str = "together"  # "together": the arms decode as one batch
+    arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, settings) not at their defaults
 
     def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="contextual", storage_dtype=None,
                  compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
@@ -191,10 +165,10 @@ class RunConfig:
             raise AttributeError(f"'RunConfig' has no setting '{key}'") from None
         return getattr(self.settings_of(arm), name)
 
-    # -- derived ---------------------------------------------------------------------------------
+    # -- derived --
 
     def settings_of(self, arm: str) -> "ArmSettings | None":
-        """Arm ``arm``'s settings in this run (its defaults unless given; None: it has no settings)."""
+        """``arm``'s settings in this run, else its defaults (None: it has none)."""
         given = dict(self.arm_settings)
         if arm in given:
             return given[arm]
@@ -203,7 +177,6 @@ class RunConfig:
 
     @property
     def modules_path(self) -> Path:
-        """Where persisted module entries live."""
         from engine.devices import cache_root
 
         return Path(self.module_dir or os.environ.get("PML_STUDIO_MODULES") or cache_root() / "modules")
@@ -213,13 +186,12 @@ class RunConfig:
         return (self.mode, self.storage, self.storage_dtype, self.compression.key(), self.sink)
 
     def same_model(self, other: "RunConfig") -> bool:
-        """True when ``other`` can run on the model this config loads (model, device, dtype)."""
+        """True when ``other`` can run on the model this config loads."""
         return (self.model, self.device, self.dtype, self.weights) == (other.model, other.device, other.dtype,
                                                                         other.weights)
 
     def with_(self, **changes) -> "RunConfig":
-        """A copy with ``changes`` applied and validated (``retention``/``method`` build a Compression; an arm
-        setting's key changes that arm's settings)."""
+        """A copy with ``changes`` applied and validated (``retention``/``method`` and arm keys too)."""
         if "retention" in changes or "method" in changes:
             retention = changes.pop("retention", self.compression.retention)
             method = changes.pop("method", self.compression.method)
@@ -251,7 +223,7 @@ class RunConfig:
 
 
 def _arms(arms) -> tuple[str, ...]:
-    """``arms`` checked against the registry and put in column order (the runs always happen in that order)."""
+    """``arms`` checked and put in column order (the order they run in)."""
     names = _registry_module().arm_names()
     if arms is None:
         return _registry_module().default_arms()
@@ -276,62 +248,36 @@ def _with_keys(settings: dict, keys: dict) -> tuple:
     return tuple(settings.items())
 
 
-# -- compute precision per device, by measurement (bench/precision.py) ------------------------------
+# -- compute precision per device --
 
-PRECISION_RESULT = "precision-qwen2.5-coder-0.5b"  # the bench/precision.py result dtype_reason quotes (front ends read it)
+class DtypeWhy(str, Enum):
+    """Why a run computes in its dtype (measured: docs/models.md)."""
+
+    ASKED = "asked"
+    CPU_DEFAULT = "cpu default"  # fp32: runs exact in fp32 show as exact
+    GPU_DEFAULT = "gpu default"  # bf16: half the bytes per decode step
 
 
 def default_dtype(device: str) -> str:
-    """The compute dtype of a run that names none: float32 on CPU, bfloat16 on CUDA.
-
-    CPU, measured (bench/precision.py, Qwen2.5-Coder-0.5B on this project's 2-core AMD EPYC with
-    avx512_bf16): bf16 prefills 1.8x and decodes 1.45x faster than fp32 with the same needle
-    accuracy, and moves the first token by a KL of ~1e-3. fp32 stays the default all the same: this
-    product measures how far a cached run is from a full prefill, and in bf16 the kernels round
-    differently per shape, so runs that are exact in fp32 (one module at the start, a scaffold,
-    blend at 100 %, repair of every token) differ from the baseline by up to ~1e-3 KL
-    (tests/engine/test_precision.py) instead of ~1e-7.
-    bf16 is one setting away (``dtype``) for speed. CUDA, not measured here (no GPU): bf16 halves
-    the bytes each decode step reads and runs on tensor cores.
-    """
+    """The compute dtype of a run that names none (:class:`DtypeWhy`)."""
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 
-def dtype_reason(device: str, dtype: str, measured: dict | None = None) -> str:
-    """One sentence saying why a run computes in ``dtype`` on ``device``; ``measured`` is the result of
-    bench/precision.py (:data:`PRECISION_RESULT`, read by the front end that has it: the engine reads no
-    benchmark files), quoted when given."""
+def dtype_why(device: str, dtype: str) -> DtypeWhy:
     if dtype != default_dtype(device):
-        return f"{short_dtype(dtype)} as asked (the default on {device} is {short_dtype(default_dtype(device))})"
-    if device.startswith("cuda"):
-        return "the default on a GPU: bf16 halves the bytes each decode step reads (not measured on this project's " \
-               "machines, which have no GPU)"
-    try:
-        data = measured
-        row = max(data["ttft"], key=lambda r: r["prompt_tokens"])
-        fp32, bf16 = row["fp32"], row["bf16"]
-        kl = data["needles"]["single"]["bf16 baseline"]["kl_vs_fp32"]["mean"]
-    except (ValueError, KeyError, TypeError):
-        return "the default on CPU until bf16 is measured against it here: bf16 adds its own first-token KL to " \
-               "every comparison (run bench/precision.py for this machine's numbers)"
-    return (f"the default on CPU, so that runs exact in fp32 (a scaffold, one module at the start, blend at 100 %) "
-            f"show as exact; measured on {data['model']} (bench/precision.py), bf16 prefills "
-            f"{row['prompt_tokens']:,} tokens in {bf16['baseline_ttft_ms']['median'] / 1000:.1f} s against fp32's "
-            f"{fp32['baseline_ttft_ms']['median'] / 1000:.1f} s and decodes at "
-            f"{bf16['decode_ms_per_token']['median']:.0f} ms/token against "
-            f"{fp32['decode_ms_per_token']['median']:.0f}, but adds a first-token KL of {kl:.1e} to every "
-            f"comparison: choose bf16 for speed")
+        return DtypeWhy.ASKED
+    return DtypeWhy.GPU_DEFAULT if device.startswith("cuda") else DtypeWhy.CPU_DEFAULT
 
 
 def budget_from_mib(mib) -> int | None:
-    """A budget in bytes from a number of MiB (None or empty: the default); EngineError unless in range."""
+    """A budget in bytes from MiB (None or empty: the default)."""
     if mib in (None, ""):
         return None
     return max(1, int(LIMITS["budget_mib"].check(mib) * 2**20))
 
 
 def parse_arms(text: str | list | tuple) -> tuple[str, ...]:
-    """'baseline,cached' (or a list) → a tuple of arms; EngineError naming the valid ones."""
+    """'baseline,cached' (or a list) → a tuple of arms."""
     items = [a.strip() for a in (text.split(",") if isinstance(text, str) else text) if a and a.strip()]
     for arm in items:
         _one_of("arm", arm, _registry_module().arm_names())
@@ -339,8 +285,7 @@ def parse_arms(text: str | list | tuple) -> tuple[str, ...]:
 
 
 def _registry_module():
-    """engine.arms.registry with every arm registered, imported when first needed: the arms pull in torch, which
-    ``pml-studio check`` and argument errors should not wait for."""
+    """engine.arms.registry, arms registered; imported late (torch)."""
     import engine.arms  # noqa: F401  (registers the arms)
     from engine.arms import registry
 

@@ -1,7 +1,8 @@
 """The ``pml-studio`` console script: the engine's commands plus ``serve`` (launch the studio).
 
-The engine's CLI knows nothing of the studio; this entry point sits above both and adds the
-one command that needs the UI. ``python app.py`` takes the same options as ``serve``.
+The engine's CLI knows nothing of the studio; this entry point sits above both, adds the
+commands that need the UI and gives the arms' words (their views: studio/arm_views/).
+``python app.py`` takes the same options as ``serve``.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ EXTRA = {"serve": ("launch the studio (same as `python app.py`); the OpenAI-comp
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import main as engine_main
 
-    return engine_main(argv, EXTRA)
+    from .arm_views import WORDS
+
+    return engine_main(argv, EXTRA, WORDS)
 
 
 if __name__ == "__main__":

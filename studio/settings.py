@@ -1,7 +1,7 @@
 """Run settings: the encode panel's widget values → one :class:`engine.config.RunConfig`.
 
-The widgets (tabs/encode.py) read their choices from ``engine.config`` (``labelled()`` /
-``values()``) and start at the engine's config; their values reach handlers as a dict keyed by
+The widgets (tabs/encode.py) read their choices from ``engine.config`` (:func:`radio_choices`, the arms'
+titles from their views) and start at the engine's config; their values reach handlers as a dict keyed by
 setting name (:class:`Panel`). :func:`run_config` is the one place those values become a
 config, validated by the engine. The arms to run come from the arms checkbox; each registered arm's
 settings (``engine.arms``: ``repair``, ``blend``, ``blend_rule``, ...) have one control each, made from
@@ -14,10 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.arms.registry import settings_specs
-from engine.config import RunConfig, budget_from_mib
+from engine.config import RunConfig, budget_from_mib, choices
 from engine.errors import EngineError
 
+from .arm_views import view_of
 from .errors import as_gr_error
+
+
+def radio_choices(setting: str) -> list[tuple[str, str]]:
+    """(words, value) pairs of ``setting`` for a Gradio radio or checkbox group; an arm is named by its view."""
+    if setting == "arms":
+        return [(view_of(arm).title, arm) for arm, _ in choices("arms")]
+    return [(words, value) for value, words in choices(setting)]
 
 
 def run_config(base: RunConfig, settings: dict) -> RunConfig:

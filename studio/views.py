@@ -3,20 +3,21 @@
 Every function takes typed values (a :class:`engine.arms.compare.Comparison` and its
 :class:`engine.arms.ArmResult` s, plans, store stats) and returns an HTML string; the user's text
 is always escaped. A live run and one reopened from the run log (``Comparison.from_json``) take the
-same path. The compare view is generic over the registered arms (:func:`arm_views`, made from
-``engine.arms.REGISTRY``), and the token view over token classes (:func:`token_classes`): a new arm
-or a new kind of token is one entry in a table.
+same path. The compare view is generic over the registered arms (their looks: studio/arm_views/), and the
+token view over token classes (:func:`token_classes`): a new arm or a new kind of token is one entry in a
+table.
 """
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from engine.arms.compare import Comparison
 from engine.arms.registry import REGISTRY, Arm, Reads
 from engine.config import short_dtype
+
+from .arm_views import View, view_of, views
 
 MB = 1_000_000
 MIB = 2**20  # the module memory budget is set in MiB, like the CLI's --budget-mb
@@ -125,7 +126,7 @@ def highlight_html(text: str, lines: Iterable[int] = ()) -> str:
 # Token view
 # ----------------------------------------------------------------------------------------------
 
-BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); each arm may add one (ArmSpec.token_class)
+BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); each arm's view may add one (View.token_class)
     "cached": ("tok-cached", "cached module"),
     "anonymous": ("tok-anon", "cached system / template text"),
     "argument": ("tok-arg", "argument (prefilled at its param's positions)"),
@@ -135,8 +136,8 @@ BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); each arm may
 
 
 def token_classes() -> dict[str, tuple[str, str]]:
-    """Every token class: the plan's, then each registered arm's recomputed tokens (``ArmSpec.token_class``)."""
-    arms = {s.token_class[0]: (f"tok-{s.token_class[0]}", s.token_class[1]) for s in REGISTRY.values() if s.token_class}
+    """Every token class: the plan's, then each registered arm's (its view's ``token_class``)."""
+    arms = {v.token_class[0]: (f"tok-{v.token_class[0]}", v.token_class[1]) for v in views() if v.token_class}
     return {**BASE_TOKEN_CLASSES, **arms}
 SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("cached", "module"): "cached",
@@ -150,12 +151,12 @@ SEGMENT_CLASSES = {  # (segment kind, source) -> token class
 def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
     """Positions a run puts in a class of their own (the tokens an arm recomputed), by class."""
     out: dict[str, set[int]] = {}
-    for arm, spec in REGISTRY.items():
-        res = comparison.arm(arm) if comparison is not None and spec.token_class else None
+    for view in views():
+        res = comparison.arm(view.arm) if comparison is not None and view.token_class else None
         if res is not None and res.run.recomputed_positions:
-            out[spec.token_class[0]] = set(res.run.recomputed_positions)
-        if res is not None and hasattr(res.detail, "token_marks") and comparison.plan is not None:
-            out.update(res.detail.token_marks(comparison.plan))  # an arm's own classes (a routed run's unread modules)
+            out[view.token_class[0]] = set(res.run.recomputed_positions)
+        if res is not None and res.detail is not None and comparison.plan is not None:
+            out.update(view.marks(res.detail, comparison.plan))  # an arm's own classes (a routed run's unread modules)
     return out
 
 
@@ -230,23 +231,7 @@ def memory_html(before: dict, after: dict) -> str:
 # Compare: one column per arm
 # ----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ArmView:
-    """How one arm of a comparison is shown: its column title, subtitle, plot colour."""
-
-    arm: str  # the arm's name: key in the run --json document and the on_token path
-    title: str
-    subtitle: str
-    color: str
-
-
-def arm_views() -> tuple[ArmView, ...]:
-    """One view per registered arm, in column order (read when a page or table is built, so an arm registered
-    later appears too)."""
-    return tuple(ArmView(str(a), s.title, s.subtitle, s.color) for a, s in REGISTRY.items())
-
-
-def head_html(view: ArmView) -> str:
+def head_html(view: View) -> str:
     return f'<div class="col-head">{view.title} <span>{view.subtitle}</span></div>'
 
 
@@ -277,9 +262,10 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
     speedup = comparison.speedup(arm)
     if speedup is not None:
         chips += f'<span class="badge good">{speedup:.1f}× faster first token</span>'
-    for text in (res.detail.chips() if hasattr(res.detail, "chips") else ()):
+    view = view_of(arm)
+    for text in (view.chips(res.detail) if res.detail is not None else ()):
         chips += f'<span class="badge">{html.escape(text)}</span>'
-    chips += bars_html(res.detail.bars() if hasattr(res.detail, "bars") else ())
+    chips += bars_html(view.bars(res.detail) if res.detail is not None else ())
     rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
     if arm != Arm.BASELINE:
         rows.append(("KV copy (in TTFT)", f"{run.copy_ms:.1f} ms"))
@@ -293,7 +279,7 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
 
 
 def bars_html(bars) -> str:
-    """An arm's small bars (its detail's ``bars()``: (label, share 0..1, highlighted) each), e.g. the share of the
+    """An arm's small bars (its view's ``bars()``: (label, share 0..1, highlighted) each), e.g. the share of the
     question's attention each module got, the modules a routed run read highlighted."""
     rows = "".join(
         f'<div class="pml-bar{" on" if on else ""}" title="{html.escape(label)}: {share * 100:.1f} %">'

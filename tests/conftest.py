@@ -143,7 +143,7 @@ def real_stock():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from engine.model.load import default_model_dir
+    from engine.model.packaged import default_model_dir
 
     return AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32,
                                                 attn_implementation="sdpa").eval()

@@ -21,6 +21,4 @@ def run_baseline(lm: LoadedModel, plan: PromptPlan, sampling: Sampling = Samplin
     return run
 
 
-register(ArmSpec("baseline", baseline_arm, title="Baseline", subtitle="full prefill of every prompt token",
-                 color="#f97316", order=0, reads=Reads.NOTHING, default=True,
-                 progress="Baseline: full prefill, then decoding…"))
+register(ArmSpec("baseline", baseline_arm, order=0, reads=Reads.NOTHING, default=True))

@@ -103,22 +103,17 @@ class BlendInfo:
     ratio: float  # share of the cached tokens asked for
     rule: str
     check_layer: int
-    ranks: tuple[int, ...]  # recomputed cached tokens, as indices into plan.token_ids, ascending
-    selection_ms: float  # selection pass + deviation + choice (inside TTFT; 0 when nothing was chosen)
-    fresh_early: bool  # layers 0..check_layer of every cached token came from the selection pass
+    ranks: tuple[int, ...]  # recomputed tokens' indices into plan.token_ids
+    selection_ms: float  # inside TTFT
+    fresh_early: bool  # layers 0..check_layer came from the selection pass
 
     def to_json(self) -> dict:
         return {"blend_ratio": self.ratio, "rule": self.rule, "check_layer": self.check_layer,
                 "selection_ms": round(self.selection_ms, 3), "fresh_early": self.fresh_early}
 
-    def chips(self) -> list[str]:
-        """Short facts the studio shows under the arm's column."""
-        return [f"blend {self.ratio:g} by {self.rule}, selection {self.selection_ms:.0f} ms"]
-
     @classmethod
     def from_json(cls, data: dict) -> "BlendInfo":
-        """Read back from the blend arm's run --json object (the chosen ranks are its ``recomputed_positions``'
-        tokens and are not kept: ``ranks`` is empty)."""
+        """Read back from run --json (``ranks`` are not kept there)."""
         return cls(ratio=data.get("blend_ratio", 0.0), rule=data.get("rule", ""), check_layer=data.get("check_layer", 1),
                    ranks=(), selection_ms=data.get("selection_ms", 0.0), fresh_early=bool(data.get("fresh_early")))
 
@@ -380,7 +375,4 @@ def _fill(chosen: list[int], candidates: list[int], n: int) -> None:
             have.add(r)
 
 
-register(ArmSpec("blend", blend_arm, title="Blend", subtitle="module KV reused, the most deviating share recomputed",
-                 color="#be185d", order=30, reads=Reads.MODULES, settings=BlendSettings,
-                 detail=BlendInfo, progress="Blend: choosing the deviating tokens, recomputing them with the rest…",
-                 token_class=("blended", "recomputed by blend (chosen by deviation / rule)")))
+register(ArmSpec("blend", blend_arm, order=30, reads=Reads.MODULES, settings=BlendSettings, detail=BlendInfo))

@@ -4,7 +4,8 @@ The JSON is a contract other tools read (extend it, never rename): every arm has
 its name (null when not run); the cached arm's agreement with the baseline sits at the top level
 (``speedup``, ``same_text``, ...) and every other arm's under its prefix (``prefix_speedup``,
 ``prefix_same_text``, ...), all generated from :data:`engine.arms.REGISTRY`. ``by_arm`` holds the
-same agreement figures generically, ``{arm: {"title", "speedup", "agreement"}}``.
+same agreement figures generically, ``{arm: {"speedup", "agreement"}}`` (the front end that writes the
+document adds each arm's ``title``: engine.cli.titled).
 :meth:`Comparison.from_json` reads a document back (the run log's history), so live and
 logged runs are shown by the same code.
 """
@@ -142,7 +143,7 @@ class Comparison:
             out[f"{stem}speedup"] = None if speedup is None else round(speedup, 3)
             out.update({f"{stem}{k}": v for k, v in agree.items()})
             if res is not None:
-                by_arm[arm.value] = {"title": spec.title, "speedup": out[f"{stem}speedup"],
+                by_arm[arm.value] = {"speedup": out[f"{stem}speedup"],
                                      "agreement": None if res.agreement is None else agree}
         out["by_arm"] = by_arm
         return out

@@ -104,7 +104,5 @@ def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, stor
     return run_recomputed(lm, plan, encoded, store, set(sel.ranks), sel.positions, sampling, on_token)
 
 
-register(ArmSpec("cached", cached_arm, title="Modular cache", subtitle="module KV reused, the rest prefilled",
-                 color="#4f46e5", order=20, reads=Reads.MODULES, top_level_stem="", settings=ModularSettings,
-                 default=True, progress="Modular cache: reusing module KV, prefilling the rest…",
-                 token_class=("recomputed", "recomputed at run time (repair)")))
+register(ArmSpec("cached", cached_arm, order=20, reads=Reads.MODULES, top_level_stem="", settings=ModularSettings,
+                 default=True))

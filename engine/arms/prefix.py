@@ -21,24 +21,19 @@ from engine.schema.plan import PromptPlan
 
 @dataclass(frozen=True)
 class PrefixReuse:
-    """How a prefix-arm run used the prefix cache (the prefix arm's ``ArmResult.detail``)."""
+    """How a prefix-arm run used the prefix cache."""
 
-    reused_tokens: int  # leading prompt tokens taken from the cache (exact)
-    repeat: bool  # the whole prompt was cached already; its last token is prefilled anyway (for logits)
-    stopped_at: dict  # first prefilled token: {"token": index, "source": segment source, "owner": module or ""}
-    warmed_with: dict  # what the cache held before this run (PrefixCache.summary)
-    stored_tokens: int = 0  # new tokens this run's prompt added to the cache afterwards
-    prefilled_tokens: int = 0  # prompt tokens prefilled (the rest were reused)
+    reused_tokens: int  # leading prompt tokens taken from the cache
+    repeat: bool  # the whole prompt was cached; its last token is prefilled for its logits
+    stopped_at: dict  # the first prefilled token: {"token", "source", "owner"}
+    warmed_with: dict  # PrefixCache.summary before this run
+    stored_tokens: int = 0  # tokens this run added to the cache
+    prefilled_tokens: int = 0
 
     def to_json(self) -> dict:
         return {"prefilled_tokens": self.prefilled_tokens, "reused_tokens": self.reused_tokens,
                 "repeat": self.repeat, "stopped_at": self.stopped_at, "warmed_with": self.warmed_with,
                 "stored_tokens": self.stored_tokens}
-
-    def chips(self) -> list[str]:
-        """Short facts the studio shows under the arm's column."""
-        held = (self.warmed_with or {}).get("summary")
-        return [f"held before this run: {held}"] if held else []
 
     @classmethod
     def from_json(cls, data: dict) -> "PrefixReuse":
@@ -98,6 +93,4 @@ def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...]
     return prefix.insert(ids, buf.data[:, :, 0], list(keep))
 
 
-register(ArmSpec("prefix", prefix_arm, title="Prefix cache", subtitle="the longest cached prefix reused, the rest prefilled",
-                 color="#0d9488", order=10, reads=Reads.PREFIX_CACHE, detail=PrefixReuse,
-                 default=True, progress="Prefix cache: reusing the cached prefix, prefilling the rest…"))
+register(ArmSpec("prefix", prefix_arm, order=10, reads=Reads.PREFIX_CACHE, detail=PrefixReuse, default=True))

@@ -131,13 +131,13 @@ class RoutedInfo:
     k: int
     min_pull: float
     kept: tuple[str, ...]  # modules left visible, in prompt order
-    attention: dict[str, float] = field(default_factory=dict)  # module -> its share of the question's pull
+    attention: dict[str, float] = field(default_factory=dict)  # module -> its share of the pull
     layers: tuple[int, ...] = ()
-    scout_ms: float = 0.0  # scout + routing (inside TTFT)
-    pull: dict[str, float] = field(default_factory=dict)  # module -> its pull (an attention weight, 0..1)
+    scout_ms: float = 0.0  # inside TTFT
+    pull: dict[str, float] = field(default_factory=dict)  # module -> its pull, 0..1
     focus: str = DEFAULT_FOCUS
     moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved
-    joint: tuple[str, ...] = ()  # modules prefilled together (two or more kept), in prompt order
+    joint: tuple[str, ...] = ()  # modules prefilled together
 
     def to_json(self) -> dict:
         return {"route_k": self.k, "route_min_pull": self.min_pull, "route_kept": list(self.kept),
@@ -145,27 +145,6 @@ class RoutedInfo:
                 "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3),
                 "route_pull": {m: round(v, 4) for m, v in self.pull.items()}, "route_focus": self.focus,
                 "route_focus_moves": [list(m) for m in self.moves], "route_joint": list(self.joint)}
-
-    def chips(self) -> list[str]:
-        """Short facts the studio shows under the arm's column."""
-        kept = ", ".join(f"{m} {self.attention.get(m, 0) * 100:.0f} %" for m in self.kept) or "no module"
-        moves = f"; focus {' → '.join(m for _, m in self.moves)}" if self.moves else ""
-        why = (f"each reached pull {self.min_pull:g}" if all(self.pull.get(m, 0) >= self.min_pull for m in self.joint)
-               else f"no module reached pull {self.min_pull:g}, so the question may need them all")
-        joint = f"; {', '.join(self.joint)} recomputed together ({why})" if self.joint else ""
-        return [f"read {kept} of {len(self.attention)} modules; scout {self.scout_ms:.0f} ms{moves}{joint}"]
-
-    def bars(self) -> list[tuple[str, float, bool]]:
-        """(module, its share of the question's pull, read) per module, for the studio's bars."""
-        return [(m, share, m in self.kept) for m, share in self.attention.items()]
-
-    def token_marks(self, plan: PromptPlan) -> dict[str, set[int]]:
-        """{"routed-out": positions of the tokens of the modules the run did not read} for the token view."""
-        if not self.attention:
-            return {}
-        out = {p for s in plan.segments if s.kind == CACHED and not s.scaffold and s.owner != ANONYMOUS
-               and plan.layout.modules[s.owner].top not in self.kept for p in s.positions}
-        return {"routed-out": out} if out else {}
 
     @classmethod
     def from_json(cls, data: dict) -> "RoutedInfo":
@@ -354,7 +333,4 @@ def triggers(seen: Scouted, ids, kept: tuple[str, ...], min_pull: float) -> dict
     return {t: m for t, m in out.items() if t not in clash}
 
 
-register(ArmSpec("routed", routed_arm, title="Routed", subtitle="module KV reused, only the modules the question reads",
-                 color="#0f766e", order=40, reads=Reads.MODULES, settings=RoutedSettings, detail=RoutedInfo,
-                 progress="Routed: scouting the question's attention, then reading the modules it picked…",
-                 token_class=("routed-out", "not read by the routed arm (the question did not pick it)")))
+register(ArmSpec("routed", routed_arm, order=40, reads=Reads.MODULES, settings=RoutedSettings, detail=RoutedInfo))

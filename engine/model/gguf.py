@@ -113,15 +113,15 @@ def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     digest = _known_digest(path) or _file_sha256(path)
     target = _gguf_folder(digest)
     if not _is_converted(target):
-        _check_gguf(path)
+        check_gguf(path)
         with convert_lock:
             if not _is_converted(target):
-                _convert_gguf(path, target, dtype)
+                convert_gguf(path, target, dtype)
     _remember_digest(path, digest)
     return target
 
 
-def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
+def convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
     """Dequantise ``gguf`` into a transformers folder beside ``target``, renamed once whole."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -155,7 +155,7 @@ def _convert_gguf(gguf: Path, target: Path, dtype: str = "float32") -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _check_gguf(path: Path) -> None:
+def check_gguf(path: Path) -> None:
     """ModelError unless ``path`` states sane sizes, reads whole, holds an architecture transformers converts and
     fits in memory."""
     arch, sizes = _header_sizes(path)

@@ -61,7 +61,7 @@ CONFIG_FIX = "Fix the value in the model's config.json, or download the model ag
 def check_config(config, where: str, torch_dtype, device: str, fix: str = CONFIG_FIX) -> None:
     """Before a model is built: a family the engine runs, sane sizes, weights that fit."""
     check_supported(config, _causal_lm_class(config))
-    text_cfg = _text_config(config)
+    text_cfg = text_config(config)
     check_shape({key: getattr(text_cfg, key, None) for key in SHAPE_KEYS}, f"model '{where}'", fix)
     _check_fits(config, where, torch_dtype, device)
 
@@ -70,7 +70,7 @@ def _check_fits(config, where: str, torch_dtype, device: str) -> None:
     """ModelError when the weights cannot fit in the available memory."""
     import torch
 
-    text_cfg = _text_config(config)
+    text_cfg = text_config(config)
     try:
         h, n_layers = text_cfg.hidden_size, text_cfg.num_hidden_layers
         inter = getattr(text_cfg, "intermediate_size", None) or 4 * h
@@ -104,5 +104,5 @@ def _causal_lm_class(config):
         return None
 
 
-def _text_config(config):
+def text_config(config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -26,6 +26,7 @@ from engine.arms.registry import REGISTRY, Reads, Sampling
 from engine.errors import ContextLengthError, EngineError
 from engine.runlog import RunLogError
 
+from ..arm_views import document
 from ..streaming import on_engine_thread_soon
 from . import modes
 from .defaults import DEFAULT_ARM, MAX_QUEUE, MAX_TOKENS_CAP
@@ -211,7 +212,7 @@ class ApiService:
         if self.runlog is None:
             return None
         try:
-            return self.runlog.record(res.to_json(), compiled.schema, compiled.prompt, source=SOURCE)
+            return self.runlog.record(document(res), compiled.schema, compiled.prompt, source=SOURCE)
         except RunLogError as err:
             from .errors import log
 

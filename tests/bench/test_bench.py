@@ -90,7 +90,7 @@ def test_step_parts_quick():
     from transformers import AutoConfig
 
     from engine.model import kernels
-    from engine.model.load import default_model_dir
+    from engine.model.packaged import default_model_dir
 
     if kernels.ops() is None:
         pytest.skip(f"the C++ step needs the engine's kernels: {kernels.status()}")

@@ -114,7 +114,7 @@ def test_the_readme_table_says_why_a_peer_could_not_run():
 
 
 def test_packaged_gguf_is_the_file_llama_cpp_loads():
-    from engine.model.load import packaged_gguf
+    from engine.model.packaged import packaged_gguf
 
     path = packaged_gguf("default")
     with open(path, "rb") as f:

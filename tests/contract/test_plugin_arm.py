@@ -3,7 +3,9 @@ appears in the CLI, the run --json document, the run log, the History tab and th
 settings and detail survive the round trip through the run log.
 
 The toy arm ``echo`` runs the baseline's full prefill and reports its one setting back as its detail; its
-setting ``echo_k`` enables it (``--echo-k 3`` alone adds it to the arms, as ``--blend R`` does).
+setting ``echo_k`` enables it (``--echo-k 3`` alone adds it to the arms, as ``--blend R`` does). The engine
+file has no words for it: the studio shows it through the default view (a title from its name, a colour
+from the palette), and one view of its own (:class:`EchoView`, what a view file would hold) adds its chips.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from engine.arms.baseline import run_baseline
 from engine.arms.registry import (ArmContext, ArmResult, ArmSettings, ArmSpec, Arm, Reads, Sampling, register, setting,
                                   unregister)
 from engine.limits import Limit
+from studio import arm_views
 from tests.conftest import SAMPLES
 
 
@@ -37,8 +40,12 @@ class EchoInfo:
     def from_json(cls, data: dict) -> "EchoInfo":
         return cls(data.get("echo_k_used", -1))
 
-    def chips(self) -> list[str]:
-        return [f"echoed k={self.k}"]
+
+class EchoView(arm_views.View):
+    """Only the chips of its own: every other field comes from the default view."""
+
+    def chips(self, detail: EchoInfo) -> list[str]:
+        return [f"echoed k={detail.k}"]
 
 
 def echo_arm(ctx: ArmContext) -> ArmResult:
@@ -49,13 +56,27 @@ def echo_arm(ctx: ArmContext) -> ArmResult:
 
 @pytest.fixture
 def echo():
-    register(ArmSpec("echo", echo_arm, title="Echo", subtitle="the baseline again, its setting reported",
-                     color="#123456", order=90, reads=Reads.NOTHING, settings=EchoSettings, detail=EchoInfo,
-                     progress="Echo: prefilling everything again…"))
+    register(ArmSpec("echo", echo_arm, order=90, reads=Reads.NOTHING, settings=EchoSettings, detail=EchoInfo))
     try:
         yield
     finally:
         unregister("echo")
+
+
+@pytest.fixture
+def echo_view(echo):
+    arm_views.register(EchoView("echo"))
+    try:
+        yield
+    finally:
+        arm_views.unregister("echo")
+
+
+def test_an_arm_without_a_view_gets_the_default_one(echo):
+    view = arm_views.view_of("echo")
+    assert (view.title, view.progress) == ("Echo", "Echo: running…") and view.color in arm_views.PALETTE
+    assert view.chips(EchoInfo(3)) == [] and view.bars(EchoInfo(3)) == []
+    assert "Echo" in [v.title for v in arm_views.views()]
 
 
 def test_the_cli_offers_the_arm_and_its_setting(echo):
@@ -73,7 +94,7 @@ def test_the_cli_offers_the_arm_and_its_setting(echo):
     assert "--echo-k" in parser._subparsers._group_actions[0].choices["run"].format_help()
 
 
-def test_the_json_the_run_log_and_history_carry_it(echo, tiny_engine, tmp_path):
+def test_the_json_the_run_log_and_history_carry_it(echo_view, tiny_engine, tmp_path):
     from engine.arms.compare import Comparison
     from engine.runlog import RunLog
     from studio.state import Studio
@@ -82,7 +103,7 @@ def test_the_json_the_run_log_and_history_carry_it(echo, tiny_engine, tmp_path):
     schema, prompt = (SAMPLES / "travel.xml").read_text(), (SAMPLES / "travel.prompt.xml").read_text()
     cfg = tiny_engine.config.with_(arms=("baseline", "cached", "echo"), echo_k=4)
     comparison = tiny_engine.compare(schema, prompt, Sampling(3), config=cfg)
-    doc = comparison.to_json()
+    doc = arm_views.document(comparison)  # run --json as pml-studio writes it
     assert doc["arms"] == ["baseline", "cached", "echo"] and doc["echo"]["echo_k_used"] == 4
     assert doc["echo"]["text"] == doc["baseline"]["text"]  # it ran the baseline's prefill
     assert doc["echo_speedup"] == doc["by_arm"]["echo"]["speedup"] is not None
@@ -100,6 +121,9 @@ def test_the_json_the_run_log_and_history_carry_it(echo, tiny_engine, tmp_path):
     assert cells["Echo TTFT"].startswith(f"{doc['echo']['ttft_ms']:.0f} ms")
     assert "echoed k=4" in history.run_detail(studio, run_id)
 
+    from engine.cli import run_text
+    assert "Echo: echoed k=4" in run_text(doc, arm_views.WORDS)  # pml-studio run's text says it too
+
 
 def test_the_studio_makes_its_column_control_and_checkbox(echo, tiny_engine, tmp_path):
     import gradio as gr
@@ -116,4 +140,4 @@ def test_the_studio_makes_its_column_control_and_checkbox(echo, tiny_engine, tmp
     assert ("Echo", "echo") in [tuple(c) for c in by_id["arms"].choices]  # the arms checkbox
     cfg = run_config(tiny_engine.config, {"arms": ["baseline", "echo"], "echo_k": 6.0})
     assert cfg.arms == ("baseline", "echo") and cfg.echo_k == 6
-    assert compare._progress("echo") == "Echo: prefilling everything again…"
+    assert compare._progress("echo") == "Echo: running…"  # the default view's

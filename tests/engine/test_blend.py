@@ -243,7 +243,8 @@ def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm,
 
     from engine.runlog import RunLog
     from engine.session import Engine
-    from studio import views
+    from studio import arm_views, views
+    from studio.arm_views import view_of
     from studio.settings import run_config
 
     eng = Engine.from_loaded(tiny_lm)
@@ -270,11 +271,11 @@ def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm,
     live, read = c.arm("blend").detail, back.arm("blend").detail
     assert (read.ratio, read.rule, read.check_layer, read.fresh_early) == \
         (live.ratio, live.rule, live.check_layer, live.fresh_early) == (0.25, "deviation", 1, live.fresh_early)
-    assert read.selection_ms == round(live.selection_ms, 3) and read.chips() == [
+    assert read.selection_ms == round(live.selection_ms, 3) and view_of("blend").chips(read) == [
         f"blend 0.25 by deviation, selection {live.selection_ms:.0f} ms"]
     marks = views.token_marks(c)
     assert marks["blended"] == set(doc["blend"]["recomputed_positions"])
-    assert "Blend" in [v.title for v in views.arm_views()] and "faster first token" in views.metrics_html(c, "blend")
+    assert "Blend" in [v.title for v in arm_views.views()] and "faster first token" in views.metrics_html(c, "blend")
 
 
 def test_blend_settings_are_checked_where_they_are_made():

@@ -1,6 +1,6 @@
 """Every tested model family, on a tiny random model built from its config here (no download).
 
-The families are ``engine.model.load.TESTED_FAMILIES`` (the Model tab shows whether a loaded model's
+The families are ``engine.model.positions.TESTED_FAMILIES`` (the Model tab shows whether a loaded model's
 family is among them); a test below fails if a family there has no builder here. For each:
 
 * baseline = stock transformers: the engine's baseline first logits equal ``model(ids)`` within

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import PMLError
-from engine.model.load import PACKAGED
+from engine.model.packaged import PACKAGED
 from engine.model.positions import TESTED_FAMILIES
 from engine.arms.registry import Sampling
 

@@ -25,7 +25,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from engine.model import gguf, load as models, sanity
+from engine.model import gguf, load as models, packaged, sanity
 from engine.errors import ModelError
 from tests.conftest import ROOT
 
@@ -125,7 +125,7 @@ def test_a_gguf_file_converts_once_into_the_same_model(cache, gguf_file, tiny):
     converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     # the reference holds the same weights in the precision they are stored in
     reference = LlamaForCausalLM(tiny.config).eval()
-    reference.load_state_dict({k: v.to(getattr(torch, models.GGUF_WEIGHTS_DTYPE)).float()
+    reference.load_state_dict({k: v.to(getattr(torch, gguf.GGUF_WEIGHTS_DTYPE)).float()
                                for k, v in tiny.state_dict().items()})
     ids = torch.tensor([[5, 17, 256, 257, 40, 41, 99, 200]])
     with torch.no_grad():
@@ -191,7 +191,7 @@ def test_an_architecture_transformers_cannot_load_is_refused_with_the_list(cache
 
 def test_a_gguf_too_large_for_memory_is_refused_before_loading(cache, gguf_file, monkeypatch):
     monkeypatch.setattr(gguf, "available_bytes", lambda device: 1000)  # the file's own check, before any config
-    monkeypatch.setattr(gguf, "_convert_gguf", lambda *a: pytest.fail("loaded"))
+    monkeypatch.setattr(gguf, "convert_gguf", lambda *a: pytest.fail("loaded"))
     with pytest.raises(ModelError, match="memory to convert"):
         models.resolve_model_path(str(gguf_file))
     assert _files(cache) == []
@@ -226,7 +226,7 @@ sys.exit(rc)
 
 def smollm2_gguf() -> Path:
     """The default model's GGUF inside its package (found, never imported: its __init__ imports extras)."""
-    spec = importlib.util.find_spec(models.GGUF_PACKAGE)
+    spec = importlib.util.find_spec(packaged.GGUF_PACKAGE)
     return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
 
 
@@ -319,7 +319,7 @@ def test_the_converted_config_is_checked_before_any_model_is_built(cache, gguf_f
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
         monkeypatch.setattr(cls, "from_pretrained", lambda *a, **k: pytest.fail("built before the check"))
     with pytest.raises(ModelError, match=f"model '{gguf_file}' needs about"):
-        gguf._convert_gguf(gguf_file, cache / "models" / "gguf-0123456789abcdef")
+        gguf.convert_gguf(gguf_file, cache / "models" / "gguf-0123456789abcdef")
     assert _files(cache) == []
 
 
@@ -350,12 +350,12 @@ def _start_with_a_gguf_file(tmp_path) -> None:
 
 
 def _start_with_the_packaged_model(tmp_path) -> None:
-    assert models.ensure_packaged(models.DEFAULT_MODEL) == models.default_model_dir()
+    assert packaged.ensure_packaged(packaged.DEFAULT_MODEL) == packaged.default_model_dir()
 
 
 @pytest.mark.parametrize("start", [_start_with_a_gguf_file, _start_with_the_packaged_model])
 def test_a_killed_conversion_leaves_a_folder_the_next_start_removes(cache, tmp_path, monkeypatch, start):
-    monkeypatch.setattr(models.Packaged, "converted", lambda self: True)  # the packaged start converts nothing
+    monkeypatch.setattr(packaged.Packaged, "converted", lambda self: True)  # the packaged start converts nothing
     target = cache / "models" / "gguf-0123456789abcdef"
     killed = subprocess.run([sys.executable, "-c", KILLED, str(target)], cwd=ROOT, capture_output=True, timeout=120)
     assert killed.returncode == -9, killed.stderr
@@ -384,7 +384,7 @@ def test_only_the_folders_of_dead_conversions_are_removed(cache):
         if key.endswith("stale"):  # unchanged for longer than STALE_AFTER_S
             past = time.time() - gguf.STALE_AFTER_S - 60
             os.utime(folder / name, (past, past))
-    removed = gguf.remove_stale_conversions(folder, tuple(p.name for p in models.PACKAGED.values()))
+    removed = gguf.remove_stale_conversions(folder, tuple(p.name for p in packaged.PACKAGED.values()))
     gone = {"dead", "other host, stale", "previous version, stale"}
     assert sorted(p.name for p in removed) == sorted(names[k] for k in gone)
     assert sorted(p.name for p in folder.iterdir()) == sorted(n for k, n in names.items() if k not in gone)

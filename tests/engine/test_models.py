@@ -12,7 +12,8 @@ from transformers import LlamaConfig
 from engine.errors import ModelError, StorageError
 from engine.model.sanity import _check_fits
 from engine.devices import check_device
-from engine.model.load import load_config, make_codec, resolve_model_path
+from engine.model.chat import make_codec
+from engine.model.load import load_config, resolve_model_path
 from engine.model.sanity import check_shape
 
 

@@ -4,7 +4,6 @@ bf16 compute end to end on CPU (tiny random model: encode, store, persist, reloa
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -65,16 +64,11 @@ def test_one_module_at_the_start_stays_exact_in_bf16(tiny_bf16):
     assert c.agreement().first_token_agree and c.agreement().first_token_kl < 1e-3  # bf16 kernels round differently per length
 
 
-def test_the_reason_quotes_the_measurement(tmp_path, monkeypatch):
-    assert "as asked" in cfg.dtype_reason("cpu", "bfloat16")
-    assert "not measured" in cfg.dtype_reason("cuda", "bfloat16")
-    assert "bench/precision.py" in cfg.dtype_reason("cpu", "float32")  # nothing measured given
-    row = {"prompt_tokens": 2048, "fp32": {"baseline_ttft_ms": {"median": 9000}, "decode_ms_per_token": {"median": 160}},
-           "bf16": {"baseline_ttft_ms": {"median": 4000}, "decode_ms_per_token": {"median": 900}}}
-    results = tmp_path / f"{cfg.PRECISION_RESULT}.json"
-    results.write_text(json.dumps({"model": "Qwen", "ttft": [row], "needles": {
-        "single": {"bf16 baseline": {"kl_vs_fp32": {"mean": 0.0007}}}}}))
-    from studio.benchmarks import read_result  # the front end reads the result; the engine reads no bench/ file
+def test_the_engine_says_why_and_the_cli_says_it_in_words_pointing_to_the_measurement():
+    from engine.cli import dtype_reason
 
-    reason = cfg.dtype_reason("cpu", "float32", read_result(cfg.PRECISION_RESULT, tmp_path).data)
-    assert "4.0 s" in reason and "9.0 s" in reason and "900 ms/token" in reason and "7.0e-04" in reason
+    assert cfg.dtype_why("cpu", "bfloat16") == cfg.DtypeWhy.ASKED and "as asked" in dtype_reason("cpu", "bfloat16")
+    assert cfg.dtype_why("cuda", "bfloat16") == cfg.DtypeWhy.GPU_DEFAULT
+    assert "not measured" in dtype_reason("cuda", "bfloat16")
+    assert cfg.dtype_why("cpu", "float32") == cfg.DtypeWhy.CPU_DEFAULT
+    assert "docs/models.md" in dtype_reason("cpu", "float32")  # the figures live in the docs, not the sentence

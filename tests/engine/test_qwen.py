@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from engine.errors import ModelError
-from engine.model.load import PACKAGED
+from engine.model.packaged import PACKAGED
 from engine.model.gguf import GGUFParts
 
 from conftest import SAMPLES

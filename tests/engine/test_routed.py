@@ -26,6 +26,7 @@ from engine.model.load import wrap_model
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED
 from engine.session import Engine
+from studio.arm_views import view_of
 
 
 class Tiny:
@@ -190,7 +191,7 @@ def test_the_routed_arm_runs_in_a_comparison_and_its_choice_survives_the_json(ti
     from engine.arms.compare import Comparison
 
     back = Comparison.from_json(doc).arm("routed").detail
-    assert back.kept == tuple(routed["route_kept"]) and back.chips()[0].startswith("read ")
+    assert back.kept == tuple(routed["route_kept"]) and view_of("routed").chips(back)[0].startswith("read ")
 
 
 def test_the_studio_greys_the_modules_routed_out_and_bars_each_modules_share(tiny):
@@ -329,7 +330,7 @@ def test_one_module_is_read_as_stored_and_a_question_that_points_nowhere_is_the_
     assert info.joint == () and one.recomputed_tokens == 0
     monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # nothing reaches it: every module kept, all recomputed together
     nowhere, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
-    assert info.kept == info.joint == ("d1", "d2", "d3") and "no module reached" in info.chips()[0]
+    assert info.kept == info.joint == ("d1", "d2", "d3") and "no module reached" in view_of("routed").chips(info)[0]
     base = run_baseline(flat.lm, flat.plan, Sampling(3))
     torch.testing.assert_close(nowhere.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
     cached = run_cached(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
@@ -343,7 +344,7 @@ def test_the_joint_recompute_is_said_and_survives_the_json(flat):
     doc = json.loads(json.dumps(c.to_json()))
     assert len(doc["routed"]["route_joint"]) == 2 and doc["routed"]["recomputed_tokens"] > 0
     back = RoutedInfo.from_json(doc["routed"])
-    assert back.joint == tuple(doc["routed"]["route_joint"]) and "recomputed together" in back.chips()[0]
+    assert back.joint == tuple(doc["routed"]["route_joint"]) and "recomputed together" in view_of("routed").chips(back)[0]
     off = flat.eng.compare(FLAT, FLAT_PROMPT, Sampling(3), config=flat.eng.config.with_(
         arms=("baseline", "routed"), route_k=2, route_min_pull=0.0, route_joint="off"))
     assert off.to_json()["routed"]["route_joint"] == [] and off.to_json()["routed"]["recomputed_tokens"] == 0

@@ -11,7 +11,7 @@ import pytest
 from engine.config import limit_of
 from engine.runlog import RunLog
 from studio import builder as b
-from studio import files, views
+from studio import arm_views, files, views
 from studio.settings import Panel
 from studio.state import Studio
 from studio.tabs import compare as cmp
@@ -123,7 +123,7 @@ def test_arm_columns_follow_the_arms_that_ran():
     from engine.arms.registry import arm_names
 
     # one column per registered arm, in column order (an arm added as one file gets its column too)
-    assert [v.arm for v in views.arm_views()] == list(arm_names())
+    assert [v.arm for v in arm_views.views()] == list(arm_names())
     assert list(arm_names())[:4] == ["baseline", "prefix", "cached", "blend"]
 
 
@@ -153,9 +153,9 @@ def test_compare_view_shows_a_column_per_arm_that_ran(studio, travel, monkeypatc
 
     monkeypatch.setattr(cmp, "compare_stream", fake_stream)
     streaming, done = list(cmp._stream_ui(studio, Panel({}), schema, prompt, 4, 0.0))
-    columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(views.arm_views()))]  # (column, text, metrics) per arm
+    columns = [done[1 + 3 * i: 4 + 3 * i] for i in range(len(arm_views.views()))]  # (column, text, metrics) per arm
     # the arms that ran have a column; the others (blend, and any arm registered after it) are hidden
-    assert [c[0].visible for c in columns] == [v.arm in data["arms"] for v in views.arm_views()]
+    assert [c[0].visible for c in columns] == [v.arm in data["arms"] for v in arm_views.views()]
     assert [c[0].visible for c in columns][:4] == [True, True, True, False]
     assert "caret" in streaming[1 + 3 * 1 + 1] and "caret" not in streaming[1 + 1]  # the prefix arm is generating
     marks = cmp.divergence_offsets(studio, comparison)

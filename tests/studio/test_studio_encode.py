@@ -51,15 +51,15 @@ def test_encode_settings_refuse_non_finite_and_huge_values_by_name(studio, trave
 
 
 def test_settings_widgets_offer_the_engines_choices(tmp_path, tiny_engine):
-    from engine.config import labelled
+    from studio.settings import radio_choices
     from studio.app import build_app
 
     demo = build_app(tiny_engine, RunLog(tmp_path / "r.db"))
     by_id = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None)}
-    assert [tuple(c) for c in by_id["storage-dtype"].choices] == [tuple(c) for c in labelled("storage_dtype")]
-    assert [tuple(c) for c in by_id["compression-method"].choices] == [tuple(c) for c in labelled("method")]
+    assert [tuple(c) for c in by_id["storage-dtype"].choices] == [tuple(c) for c in radio_choices("storage_dtype")]
+    assert [tuple(c) for c in by_id["compression-method"].choices] == [tuple(c) for c in radio_choices("method")]
     radios = [c for c in demo.blocks.values() if isinstance(c, gr.Radio)]
-    assert [tuple(c) for c in labelled("mode")] in [[tuple(x) for x in r.choices] for r in radios]
+    assert [tuple(c) for c in radio_choices("mode")] in [[tuple(x) for x in r.choices] for r in radios]
 
 
 def test_encode_reports_bytes_per_module(studio, travel):

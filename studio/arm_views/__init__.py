@@ -1,0 +1,115 @@
+"""How the studio shows each arm: its column title, subtitle, colour, progress text, chips and bars.
+
+The engine returns an arm's details as typed data (``ArmResult.detail``); a :class:`View` turns them into
+words. Views are found by arm name (:func:`view_of`); an arm with no view file gets the default view, its
+title made from its name and its colour from :data:`PALETTE`. A look of its own is one file in this
+folder that calls :func:`register` (every module here is imported when a view is first asked for).
+:data:`WORDS` gives the same words to ``pml-studio run``'s text and ``by_arm`` titles.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import zlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.cli import ArmWords, titled
+
+PALETTE = ("#7c3aed", "#db2777", "#0891b2", "#65a30d", "#ca8a04", "#dc2626", "#2563eb", "#9333ea")
+
+Bar = tuple[str, float, bool]  # (what, share 0..1, highlighted)
+
+
+@dataclass(frozen=True)
+class View:
+    """One arm's look. Empty fields are derived from the arm's name (:meth:`filled`)."""
+
+    arm: str
+    title: str = ""
+    subtitle: str = ""
+    color: str = ""
+    progress: str = ""  # what the page says while the arm runs
+    token_class: tuple[str, str] | None = None  # (name, legend) in the token view: its recomputed tokens, its marks
+
+    def chips(self, detail: Any) -> list[str]:
+        """Short facts under the arm's column (and in `pml-studio run`'s text) from its detail."""
+        return []
+
+    def bars(self, detail: Any) -> list[Bar]:
+        return []
+
+    def marks(self, detail: Any, plan) -> dict[str, set[int]]:
+        """Token view classes of its own: {token class: positions} (a routed run's unread modules)."""
+        return {}
+
+    def filled(self) -> "View":
+        """This view with every empty field given its default."""
+        title = self.title or self.arm.replace("_", " ").capitalize()
+        return replace(self, title=title, color=self.color or _palette(self.arm),
+                       progress=self.progress or f"{title}: running…")
+
+
+VIEWS: dict[str, View] = {}
+
+
+def register(view: View) -> View:
+    """Make ``view`` the look of its arm (a view registered again under its arm replaces the old one)."""
+    _discover()
+    VIEWS[view.arm] = view.filled()
+    return view
+
+
+def unregister(arm: str) -> None:
+    VIEWS.pop(arm, None)
+
+
+def view_of(arm: str) -> View:
+    """``arm``'s view, or the default one."""
+    _discover()
+    return VIEWS.get(str(arm)) or View(str(arm)).filled()
+
+
+def views() -> tuple[View, ...]:
+    """One view per registered arm, in column order (read when a page is built, so later arms appear too)."""
+    from engine.arms import REGISTRY
+
+    return tuple(view_of(arm) for arm in REGISTRY)
+
+
+class Words(ArmWords):
+    """The views' words for the CLI's text and ``by_arm`` titles."""
+
+    def title(self, arm: str) -> str:
+        return view_of(arm).title
+
+    def subtitle(self, arm: str) -> str:
+        return view_of(arm).subtitle
+
+    def facts(self, arm: str, detail) -> list[str]:
+        return view_of(arm).chips(detail)
+
+
+WORDS = Words()
+
+
+def document(comparison) -> dict:
+    """``comparison``'s ``run --json`` document as ``pml-studio run`` writes it (``by_arm`` titled)."""
+    return titled(comparison.to_json(), WORDS)
+
+
+def _palette(arm: str) -> str:
+    return PALETTE[zlib.crc32(arm.encode()) % len(PALETTE)]  # stable: an arm keeps its colour as others come
+
+
+_found = False
+
+
+def _discover() -> None:
+    """Import every view module of this folder once (they import the arms, and with them torch)."""
+    global _found
+    if not _found:
+        _found = True
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")

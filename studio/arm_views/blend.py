@@ -1,0 +1,15 @@
+"""The blend arm's look: the share it recomputed, by which rule, and what choosing cost."""
+
+from engine.arms.blend import BlendInfo
+
+from . import View, register
+
+
+class BlendView(View):
+    def chips(self, detail: BlendInfo) -> list[str]:
+        return [f"blend {detail.ratio:g} by {detail.rule}, selection {detail.selection_ms:.0f} ms"]
+
+
+register(BlendView("blend", "Blend", "module KV reused, the most deviating share recomputed", "#be185d",
+                   "Blend: choosing the deviating tokens, recomputing them with the rest…",
+                   token_class=("blended", "recomputed by blend (chosen by deviation / rule)")))

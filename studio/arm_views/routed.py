@@ -1,0 +1,35 @@
+"""The routed arm's look: which modules the question read, and each one's share of its pull."""
+
+from engine.arms.routed import RoutedInfo
+from engine.schema.layout import ANONYMOUS
+from engine.schema.plan import CACHED, PromptPlan
+
+from . import Bar, View, register
+
+
+class RoutedView(View):
+    def chips(self, detail: RoutedInfo) -> list[str]:
+        d = detail
+        kept = ", ".join(f"{m} {d.attention.get(m, 0) * 100:.0f} %" for m in d.kept) or "no module"
+        moves = f"; focus {' → '.join(m for _, m in d.moves)}" if d.moves else ""
+        why = (f"each reached pull {d.min_pull:g}" if all(d.pull.get(m, 0) >= d.min_pull for m in d.joint)
+               else f"no module reached pull {d.min_pull:g}, so the question may need them all")
+        joint = f"; {', '.join(d.joint)} recomputed together ({why})" if d.joint else ""
+        return [f"read {kept} of {len(d.attention)} modules; scout {d.scout_ms:.0f} ms{moves}{joint}"]
+
+    def bars(self, detail: RoutedInfo) -> list[Bar]:
+        """(module, its share of the question's pull, read) per module."""
+        return [(m, share, m in detail.kept) for m, share in detail.attention.items()]
+
+    def marks(self, detail: RoutedInfo, plan: PromptPlan) -> dict[str, set[int]]:
+        """{"routed-out": the positions of the modules the run did not read}."""
+        if not detail.attention:
+            return {}
+        out = {p for s in plan.segments if s.kind == CACHED and not s.scaffold and s.owner != ANONYMOUS
+               and plan.layout.modules[s.owner].top not in detail.kept for p in s.positions}
+        return {"routed-out": out} if out else {}
+
+
+register(RoutedView("routed", "Routed", "module KV reused, only the modules the question reads", "#0f766e",
+                    "Routed: scouting the question's attention, then reading the modules it picked…",
+                    token_class=("routed-out", "not read by the routed arm (the question did not pick it)")))
