@@ -1,4 +1,4 @@
-"""The arms: the interface (:mod:`.registry`), the one timed run (:mod:`.runner`), the comparison
+"""The arms: the interface (:mod:`.registry`), the one timed run (:mod:`.timing`) and its parts, the comparison
 (:mod:`.compare`), and one file per arm.
 
 This package's ``__init__`` is the one place arms are registered: it imports every module of this folder
@@ -11,7 +11,8 @@ import pkgutil
 
 from engine.arms.registry import REGISTRY, Arm, ArmResult, ArmSpec, RunResult, Sampling  # noqa: F401
 
-MACHINERY = ("registry", "runner", "compare", "repair")  # modules that register no arm
+MACHINERY = ("registry", "workspace", "memory", "sampling", "decode", "batch", "timing", "attention", "layers", "compare",
+             "repair")  # modules that register no arm
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in MACHINERY and not _module.name.startswith("_"):

@@ -24,14 +24,13 @@ smaller buffer (:class:`QuestionRetention`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 from engine.cache.settings import METHODS, Compression  # noqa: F401  (re-exported)
 from engine.kv import KVBuffer, LayeredKV, ModuleKV
-from engine.model.attend import QueryCapture, attention_weights, scoring
+from engine.model.attend import QueryCapture, attention_weights
 
 RETENTION_NOTE = ("pyramid, uniform and recent drop module tokens when a module is stored, before any question "
                   "is known, so they can drop the answer; question keeps the stored modules whole and drops "
@@ -76,11 +75,7 @@ class QuestionRetention:
     def __init__(self, comp: Compression, candidates: torch.Tensor):
         self.comp = comp
         self.candidates = candidates  # [cached tokens] bool
-        self.capture = QueryCapture(comp.question_window)
-
-    def watching(self) -> contextlib.AbstractContextManager:
-        """Context for the prefill forward: its newest queries are kept for :meth:`apply`."""
-        return scoring(self.capture)
+        self.capture = QueryCapture(comp.question_window)  # the prefill's scorer: its newest queries, for apply
 
     def apply(self, buf: KVBuffer) -> None:
         """Keep, per layer and KV head, the anonymous and new tokens plus the top-scored module tokens."""

@@ -3,7 +3,7 @@ length, and the mask that hides the padding.
 
 A comparison's arms decode the same number of tokens over caches of different lengths (the baseline's
 prompt, the modular arm's modules and gaps). A decode step on a CPU is the time to read the weights once, so
-stepping every arm in one forward costs little more than one arm (engine/arms/runner.py, ``decode_together``).
+stepping every arm in one forward costs little more than one arm (engine/arms/batch.py).
 
 * :class:`BatchedKV` — ``[layers, 2, rows, kv_heads, capacity, head_dim]``, row ``b`` filled to
   ``lengths[b]``; every layer of a row has the same length (runs with thinned layers decode alone).
