@@ -1,4 +1,4 @@
-"""Parts of an arm's attention spec built from its buffer, and the refusal of models that cannot take them."""
+"""Parts of an arm's attention spec built from its buffer, and refusals of models that cannot take them."""
 
 from __future__ import annotations
 

@@ -16,6 +16,25 @@ from engine.model import positions as positional
 ATTENTION = "pml_attention"  # no "sdpa" in it: transformers would refuse it to models without SDPA
 
 
+@dataclass(frozen=True, eq=False)
+class AttentionSpec:
+    """What one forward attends to beyond the causal mask; all None is plain attention."""
+
+    ranks: RankMask | None = None  # prompt-order mask (a recomputing prefill)
+    keys: torch.Tensor | None = None  # [rows, 1, 1, keys] bool (runs decoded as one batch)
+    ape: ApeScale | None = None
+    focus: Focus | None = None  # routed decoding
+    scorer: Scorer | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Nothing set: what the C++ decode step computes."""
+        return all(v is None for v in (self.ranks, self.keys, self.ape, self.focus, self.scorer))
+
+
+PLAIN = AttentionSpec()
+
+
 class Scorer(Protocol):
     """Reads each layer's queries and keys."""
 
@@ -26,7 +45,7 @@ class RankMask:
     """Causal attention by prompt rank, for a prefill whose cache is not in prompt order."""
 
     def __init__(self, cached: list[torch.Tensor], new: torch.Tensor):
-        self.cached = cached  # [layers] x [buffer entries of that layer] int64 ranks
+        self.cached = cached  # [layers] x [buffer entries] int64 ranks
         self.new = new  # [new tokens] int64 ranks
         self._made: dict[int, torch.Tensor] = {}
 
@@ -110,25 +129,6 @@ class Focus:
         if attention_mask.dtype == torch.bool:
             return attention_mask & visible
         return attention_mask.masked_fill(~visible, float("-inf"))
-
-
-@dataclass(frozen=True, eq=False)
-class AttentionSpec:
-    """What one forward attends to beyond the causal mask; all None is plain attention."""
-
-    ranks: RankMask | None = None  # prompt-order mask (a recomputing prefill)
-    keys: torch.Tensor | None = None  # [rows, 1, 1, keys] bool (runs decoded as one batch)
-    ape: ApeScale | None = None
-    focus: Focus | None = None  # routed decode steps
-    scorer: Scorer | None = None
-
-    @property
-    def plain(self) -> bool:
-        """What the C++ decode step computes."""
-        return all(v is None for v in (self.ranks, self.keys, self.ape, self.focus, self.scorer))
-
-
-PLAIN = AttentionSpec()
 
 
 class AttentionScorer:

@@ -29,7 +29,7 @@ class Positions:
     """Position ids of one forward's queries and, per layer, of the keys cached before it."""
 
     query: torch.Tensor  # [q] int64
-    past: list[torch.Tensor]  # [layers] x [n_l] int64 (one shared tensor when level)
+    past: list[torch.Tensor]  # [layers] x [n_l] int64
     memo: dict = field(default_factory=dict)
 
     def keys(self, layer: int, kv: int) -> torch.Tensor:
