@@ -51,7 +51,7 @@ from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, qu
 from bench import needles
 from engine.arms.blend import cached_ranks, run_blend
 from engine.arms.routed import run_routed
-from engine.arms.runner import run_recomputed
+from engine.arms.modular import run_recomputed
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline

@@ -3,7 +3,7 @@
 Every timed run reports the process's peak resident memory. It used to be sampled by a thread every 5 ms
 inside the timed block — on a 2-core machine that thread competes with the prefill, while the floor the
 cached path is compared with (bench/workloads.py) runs without it. The engine now resets ``VmHWM``
-through ``/proc/self/clear_refs`` before the run and reads it after (``engine.arms.runner._PeakMemory``).
+through ``/proc/self/clear_refs`` before the run and reads it after (``engine.arms.memory.PeakMemory``).
 
 This measures, on document-QA prompts of the default model, the baseline's and the modular arm's TTFT
 with each way of reading the peak and with none: one warm-up, then ``--reps`` rounds, each round running
@@ -21,7 +21,7 @@ import contextlib
 
 from common import emit, essay_chunks, machine, result_name, spread, table
 
-from engine.arms import runner
+from engine.arms import memory
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached
 from engine.arms.registry import Sampling
@@ -29,7 +29,7 @@ from engine.session import Engine
 from studio.docqa import doc_qa
 
 
-class _NoPeak(runner._PeakMemory):
+class _NoPeak(memory.PeakMemory):
     """Reads nothing: the TTFT without any peak-memory reading."""
 
     def __enter__(self):
@@ -39,7 +39,7 @@ class _NoPeak(runner._PeakMemory):
         pass
 
 
-METHODS = {"none": _NoPeak, "hwm (now)": runner._PeakMemory, "thread 5 ms (before)": runner._SampledPeak}
+METHODS = {"none": _NoPeak, "hwm (now)": memory.PeakMemory, "thread 5 ms (before)": memory.SampledPeak}
 
 
 def measure(eng, case, reps: int) -> dict:
@@ -59,12 +59,12 @@ def measure(eng, case, reps: int) -> dict:
 
 @contextlib.contextmanager
 def _using(cls):
-    before = runner.PEAK_MEMORY
-    runner.PEAK_MEMORY = cls
+    before = memory.PEAK_MEMORY
+    memory.PEAK_MEMORY = cls
     try:
         yield
     finally:
-        runner.PEAK_MEMORY = before
+        memory.PEAK_MEMORY = before
 
 
 def summary(times: dict) -> dict:

@@ -41,7 +41,8 @@ def floor_point(eng, plan, encoded, reps: int, cached_ms: float) -> dict:
     from transformers.cache_utils import DynamicCache
 
     from engine.arms.modular import run_cached
-    from engine.arms.runner import Sampling, workspace
+    from engine.arms.registry import Sampling
+    from engine.arms.workspace import workspace
     from engine.model.attend import ATTENTION
 
     lm = eng.lm

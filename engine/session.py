@@ -1,20 +1,11 @@
 """Engine: the one object the CLI, the studio and library users hold.
 
-It loads the model once (lazily, never at import), keeps one ModuleStore per storage device
-and, inside it, one PrefixCache (engine/cache/prefix.py) that lives as long as the engine — like a
-server's, it holds every earlier prefix-arm run's prompt, plus, before a schema's first prefix
-run, the prompt importing every module in schema order (``RunConfig.warmup``) —, remembers encoded schemas (re-encoding only when the schema or the encoding settings of the run's
-:class:`RunConfig` changed) and serialises runs so that two callers never time each other's work.
+It loads the model once (lazily), keeps a ModuleStore and a PrefixCache per storage device (docs/arms.md), remembers
+encoded schemas and serialises runs, so that two callers never time each other's work.
 
-    from engine import Engine
-    eng = Engine()                                  # default model, CPU storage, prefixed mode
+    eng = Engine()
     result = eng.compare(schema_xml, prompt_xml, Sampling(max_new_tokens=16))
-    print(result.to_json())
     eng.compare(schema_xml, prompt_xml, config=eng.config.with_(mode="isolated"))
-
-A run given ``should_stop`` (a plain callable, e.g. ``threading.Event().is_set``) asks it before it starts, between
-encoded units and after every generated token, and raises :class:`engine.errors.RunStopped` when it says True: nothing
-of a stopped run is returned, and the next run starts from a clean state.
 """
 
 from __future__ import annotations
@@ -43,26 +34,21 @@ from engine.schema.plan import PromptPlan, plan_prompt
 from engine.schema.pml import parse_prompt, parse_schema
 
 
-# Encoded schemas remembered (their entries stay in the store either way; a forgotten one is looked up there again,
-# unit by unit, at its next run). A server compiles a schema per request (studio/api/): without a bound, each stays.
+# Encoded schemas remembered; a forgotten one is looked up in the store again (a server compiles one per request).
 ENCODED_KEPT = 256
 
 
 @dataclass(frozen=True)
 class EncodeResult:
     encoded: EncodedSchema
-    reused: bool  # True when nothing had to be computed
+    reused: bool  # nothing was computed
     store_bytes: int
     bytes_by_module: dict[str, int]
 
 
 class Engine:
-    """Model + module stores + encoded schemas, driven by one :class:`RunConfig`.
-
-    ``Engine(config)`` or ``Engine(**settings)`` (a RunConfig made from them). A run may pass
-    another config (``compare(..., config=...)``) as long as it uses the same model, device and
-    compute dtype; the stores and the loaded model are shared between configs.
-    """
+    """Model + module stores + encoded schemas, driven by one :class:`RunConfig` (``Engine(**settings)`` makes
+    one); a run may pass another config of the same model, device and dtype."""
 
     def __init__(self, config: RunConfig | None = None, **settings):
         if config is not None and settings:
@@ -82,18 +68,18 @@ class Engine:
 
     @classmethod
     def from_loaded(cls, lm: LoadedModel, config: RunConfig | None = None, **settings) -> "Engine":
-        """An Engine around an already loaded model (tests, notebooks); no persistence unless asked."""
+        """An Engine around a loaded model; no persistence unless asked."""
         settings.setdefault("persist", False)
         base = config or RunConfig(**settings)
         eng = cls(base.with_(model=lm.name, device=lm.device, dtype=lm.dtype, weights=lm.weights))
         eng._lm, eng._codec, eng._tokenizer = lm, lm.codec, lm.tokenizer
         return eng
 
-    # -- model --------------------------------------------------------------------------------
+    # -- model --
 
     @property
     def lm(self) -> LoadedModel:
-        """The loaded model (loaded on first use, reusing the tokenizer if it is loaded already)."""
+        """The model, loaded on first use."""
         with self._load_lock:
             if self._lm is None:
                 cfg = self.config
@@ -108,12 +94,12 @@ class Engine:
 
     @property
     def loading(self) -> bool:
-        """Whether the model's weights are being loaded now (by another thread: the studio's preload)."""
+        """Whether another thread is loading the model now."""
         return self._lm is None and self._load_lock.locked()
 
     @property
     def codec(self) -> TextCodec:
-        """Tokenizer + chat template; loads only the tokenizer when the model is not loaded yet."""
+        """Tokenizer + chat template, without the weights."""
         if self._codec is None:
             with self._load_lock:
                 if self._codec is None:
@@ -122,7 +108,7 @@ class Engine:
 
     @property
     def tokenizer(self):
-        """The tokenizer (without loading the weights)."""
+        """The tokenizer."""
         self.codec
         return self._tokenizer
 
@@ -130,7 +116,7 @@ class Engine:
         return self.lm.info()
 
     def store(self, storage: str | None = None) -> ModuleStore:
-        """The module store for ``storage`` (created on first use, with this engine's budget and disk)."""
+        """The module store for ``storage``."""
         storage = storage or self.config.storage
         if storage not in self._stores:
             check_device(storage)
@@ -141,22 +127,21 @@ class Engine:
         return self._stores[storage]
 
     def prefix_cache(self, storage: str | None = None) -> PrefixCache:
-        """The prefix cache on ``storage`` (in that store, under its budget; created on first use)."""
+        """The prefix cache in ``storage``'s store."""
         storage = storage or self.config.storage
         if storage not in self._prefix:
             self._prefix[storage] = PrefixCache(self.store(storage))
         return self._prefix[storage]
 
     def set_budget(self, budget_bytes: int | None, storage: str | None = None) -> int:
-        """Apply a module memory budget (None: the default) to a store, evicting at once if needed."""
+        """Apply a memory budget (None: the default) to a store, evicting now."""
         store = self.store(storage)
         budget = budget_bytes if budget_bytes is not None else default_budget(store.device)
         store.set_budget(budget)
         return budget
 
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
-        """KV bytes per token of the model in ``dtype`` (default: the compute dtype; int8 / int4 count their
-        scales), from its config alone."""
+        """KV bytes per token in ``dtype`` (default: the compute dtype), from the config alone."""
         if self._lm is not None:
             config = self._lm.model.config
         else:
@@ -165,20 +150,20 @@ class Engine:
             config = self._model_config
         return math.ceil(stored_bytes_per_token(*kv_shape(config), dtype or self.config.dtype))
 
-    # -- documents ----------------------------------------------------------------------------
+    # -- documents --
 
     def layout(self, schema_text: str, source: str = "<schema>") -> Layout:
-        """Parse and lay out a schema (raises PMLError / ContextLengthError)."""
+        """Parse and lay out a schema."""
         return make_layout(parse_schema(schema_text, source), self.codec)
 
     def plan(self, layout: Layout, prompt_text: str, source: str = "<prompt>", max_new_tokens: int = 0) -> PromptPlan:
         return plan_prompt(layout, parse_prompt(prompt_text, source), max_new_tokens)
 
-    # -- encoding and runs --------------------------------------------------------------------
+    # -- encoding and runs --
 
     def encode(self, layout: Layout, config: RunConfig | None = None,
                progress: ProgressFn | None = None) -> EncodeResult:
-        """Encode a schema's modules into the store ``config`` names (skipped for what is already there)."""
+        """Encode what a schema's store lacks."""
         cfg = self._config(config)
         enc = self._encode(layout, cfg, progress)
         store = self.store(cfg.storage)
@@ -189,14 +174,13 @@ class Engine:
                 config: RunConfig | None = None, on_token: TokenFn | None = None,
                 progress: ProgressFn | None = None, schema_source: str = "<schema>",
                 prompt_source: str = "<prompt>", should_stop: Callable[[], bool] | None = None) -> Comparison:
-        """Encode (if needed), then run the configured arms on the prompt and compare them; ``should_stop``: see
-        the module docstring (RunStopped)."""
+        """Encode if needed, run the configured arms and compare them; RunStopped once ``should_stop()`` says so."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay = self.layout(schema_text, schema_source)
         plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
         store = self.store(cfg.storage)
-        self._check_budget(plan, cfg, store, prompt_source)  # before any model work
+        self._check_budget(plan, cfg, store, prompt_source)
         if should_stop is not None:
             progress, on_token = _stopping(progress, should_stop), _stopping_tokens(on_token, should_stop)
         with self.run_lock:
@@ -210,7 +194,7 @@ class Engine:
                                  settings=dict(cfg.arm_settings), decode=cfg.decode)
         return replace(result, encode=encode_summary(enc))
 
-    # -- internal helpers -----------------------------------------------------------------------
+    # -- internal helpers --
 
     def _config(self, config: RunConfig | None) -> RunConfig:
         if config is None:
@@ -236,14 +220,13 @@ class Engine:
                                encode_ms=0.0)
             enc = encode_schema(self.lm.model, layout, store, cfg, self.lm.fingerprint, progress)
             self._encoded[key] = enc
-            while len(self._encoded) > ENCODED_KEPT:  # the oldest first (dicts keep insertion order)
+            while len(self._encoded) > ENCODED_KEPT:  # the oldest first
                 self._encoded.pop(next(iter(self._encoded)))
             return enc
 
     def _fetched(self, plan: PromptPlan, layout: Layout, cfg: RunConfig, enc: EncodedSchema,
                  progress: ProgressFn | None) -> EncodedSchema:
-        """``enc`` with every entry the plan reads in memory, before any arm is timed. An entry that
-        vanished since encoding (evicted without a disk copy, a corrupted file) means: encode again, once."""
+        """``enc`` with the plan's entries in memory (encoded again, once, if one vanished)."""
         store = self.store(cfg.storage)
         try:
             fetch_entries(plan, enc, store)
@@ -251,12 +234,11 @@ class Engine:
         except MissingEntry:
             self._encoded.pop((layout.fingerprint, *cfg.encoding_key()), None)
             enc = self._encode(layout, cfg, progress)
-            fetch_entries(plan, enc, store)  # a second miss is the store's error, shown as is
+            fetch_entries(plan, enc, store)
             return enc
 
     def _warm(self, layout: Layout, cfg: RunConfig, progress: ProgressFn | None, keep: list[str] = ()) -> PrefixCache:
-        """The prefix cache of ``cfg.storage``, warmed (once per schema, when ``cfg.warmup``) with the
-        prompt that imports every module in schema order — the most favourable history a server could have."""
+        """The prefix cache, warmed once per schema with every module in schema order (docs/arms.md)."""
         cache = self.prefix_cache(cfg.storage)
         if cfg.warmup and layout.fingerprint not in cache.warmed:
             warm = schema_order_prompt(layout)
@@ -270,7 +252,7 @@ class Engine:
         return cache
 
     def _check_budget(self, plan: PromptPlan, cfg: RunConfig, store: ModuleStore, what: str) -> None:
-        """Refuse a prompt whose module KV cannot fit the budget, from token counts alone (no model)."""
+        """Refuse a prompt whose module KV cannot fit the budget, from token counts."""
         if store.budget_bytes is None:
             return
         per_token = self.kv_bytes_per_token(cfg.storage_dtype)
@@ -285,7 +267,7 @@ class Engine:
 
 
 def encode_summary(enc: EncodedSchema) -> dict:
-    """JSON summary of how a schema's units were obtained: counts by source, and each unit's time."""
+    """How a schema's units were obtained, as JSON."""
     by_source = {src: sum(u.source == src for u in enc.units) for src in ("memory", "disk", "encoded")}
     return {"ms": round(enc.encode_ms, 3), "units": len(enc.units), **by_source,
             "detail": [{"unit": u.name, "kind": u.kind, "tokens": u.tokens, "ms": round(u.ms, 3), "source": u.source}
@@ -293,8 +275,7 @@ def encode_summary(enc: EncodedSchema) -> dict:
 
 
 def _stopping(progress: ProgressFn | None, should_stop: Callable[[], bool]) -> ProgressFn:
-    """``progress`` that first asks ``should_stop``: a long encoding stops between units (each unit encoded so far
-    stays in the store)."""
+    """``progress`` that first asks ``should_stop`` (encoding stops between units)."""
     def report(done: int, total: int, label: str) -> None:
         if should_stop():
             raise RunStopped(f"the run was stopped on request while encoding ({done} of {total} units done)")
@@ -304,8 +285,7 @@ def _stopping(progress: ProgressFn | None, should_stop: Callable[[], bool]) -> P
 
 
 def _stopping_tokens(on_token: TokenFn | None, should_stop: Callable[[], bool]) -> TokenFn:
-    """``on_token`` that first asks ``should_stop``: the runner calls it after every sampled token, so a run ends
-    within a token of the stop (a stopped token is not shown)."""
+    """``on_token`` that first asks ``should_stop`` (a run stops within a token)."""
     def token(arm: str, text: str) -> None:
         if should_stop():
             raise RunStopped(f"the run was stopped on request while {arm} was decoding")
@@ -325,5 +305,5 @@ def gpu_status() -> tuple[bool, str]:
 
 
 def _reads_prefix_cache(arms) -> bool:
-    """Whether any of ``arms`` reads the prefix cache (which then is warmed before the run)."""
+    """Whether any of ``arms`` reads the prefix cache."""
     return any(REGISTRY[a].reads == Reads.PREFIX_CACHE for a in arms)

@@ -1,68 +1,35 @@
-"""Blend: selective recompute of the cached tokens a full prefill would change most (after CacheBlend).
+"""Blend: selective recompute of the cached tokens a full prefill would change most (after CacheBlend; docs/arms.md).
 
-Separately encoded modules never attended to each other, so their stored KV lacks what a full
-prefill gives every token: which document it belongs to, what came before. CacheBlend (Yao et
-al., EuroSys 2025; LMCache's ``blend``) reuses all stored KV and recomputes a small share of the
-cached tokens — those whose KV deviates most from a full prefill's at an early layer — with the
-new text. A blended run (:func:`run_blend`):
-
-1. **Selection pass** — the first ``check_layer + 1`` decoder layers over *all* prompt tokens, as
-   a full prefill would compute them (a fraction ``(check_layer + 1) / layers`` of its cost); the
-   forward stops after the check layer (:func:`selection_pass`).
-2. **Selection** — ``n = round(ratio * cached tokens)`` cached tokens by ``rule`` (:data:`RULES`,
-   :func:`select_blend`): the largest deviation at the check layer between each token's fresh
-   K (after RoPE) or V and its stored entry, squared L2 over KV heads and head dim; the link
-   tokens of the repair path; the tokens the uncached text attends to most at the check layer;
-   a mix; or a seeded random choice (the control).
-3. **Recompute** — the repaired run's path with those tokens (:func:`engine.arms.modular.run_repaired`):
-   they are left out of the buffer's copy and prefilled with the uncached tokens at their own
-   position ids, through every layer, under a prompt-order :class:`RankMask`, so their fresh KV
-   replaces the stored one. With ``fresh_early`` the selection pass's KV of layers
-   ``0..check_layer`` replaces the stored KV of every cached token in the buffer too (it is a
-   full prefill's there, and already paid for).
-
-Stored entries as they are read at the check layer: int8 / int4 entries (``QuantKV``) are
-dequantized there, so the deviation includes the quantization error the run would see; a token a
-compressed entry (``LayeredKV``) dropped at the check layer is compared with zero — the buffer
-holds nothing for it — so its deviation is its whole fresh KV.
-
-Exactness ends: ratio 0 is the cached run itself (:func:`engine.arms.modular.run_cached`); ratio 1
-recomputes every cached token (no selection pass: there is nothing to choose), which is the
-baseline's attention in another buffer order (equal within 1e-4 in fp32).
-
-TTFT is measured by :func:`engine.arms.runner.timed_run` like every arm's, from before the selection
-pass: selection pass, deviation, buffer copy, recompute prefill and first sampled token. ``copy_ms``
-of the result is everything before the prefill (selection and copy); :class:`BlendInfo` holds the
-selection's share.
-
-Models whose attention depends on key positions (sliding windows, ALiBi) are refused, as repair
-is: the rank mask would replace their position-aware mask.
+Inside TTFT: a **selection pass** (a full prefill's first layers), the ``ratio`` share of cached tokens chosen by
+``rule``, then the modular run with those tokens prefilled with the uncached text in prompt order.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
+from engine.arms.attention import check_recompute, rank_mask
+from engine.arms.batch import DecodeBatch, DecodingContext
+from engine.arms.layers import decoder_layers, run_until
 from engine.arms.modular import run_cached
-from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
-                                  register, setting)
+from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
+                                  setting)
 from engine.arms.repair import select_repair
-from engine.arms.runner import Fill, check_recompute, decoder_layers, run_until, timed_run
+from engine.arms.timing import Fill, timed_run
 from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import KVBuffer, LayeredKV, QuantKV
 from engine.limits import Limit
-from engine.model.attend import RankMask, scoring
+from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.schema.plan import CACHED, PromptPlan
 
-# rule -> what picks the recomputed tokens (see select_blend)
+# rule -> what picks the recomputed tokens
 RULES = {
     "deviation": "largest KV deviation at the check layer (the measured choice of K or V: DEVIATION_OF)",
     "deviation-k": "largest key deviation (after RoPE) at the check layer",
@@ -72,8 +39,8 @@ RULES = {
     "mixed": "the first 2 tokens of every link, then half by deviation and half by the question's attention",
     "random": "a seeded random choice (the control)",
 }
-DEVIATION_OF = "v"  # which deviation "deviation" means (CacheBlend's); the rule "deviation-k" reads K instead
-FRESH_EARLY = True  # write the selection pass's early-layer KV over the stored KV (it is a full prefill's, paid for)
+DEVIATION_OF = "v"  # what "deviation" reads (CacheBlend's; docs/arms.md)
+FRESH_EARLY = True  # the selection pass's early layers replace the stored KV
 MIXED_LINK_TOKENS = 2  # tokens per link the mixed rule always takes
 
 
@@ -120,34 +87,27 @@ class BlendInfo:
 
 @dataclass(frozen=True)
 class Probe:
-    """What the selection pass computed: a full prefill's KV of the first layers, in prompt order."""
+    """A full prefill's KV of the first layers, in prompt order."""
 
-    fresh: list[torch.Tensor]  # [check_layer + 1] x [2, kv_heads, prompt tokens, head_dim], index = rank
-    question: torch.Tensor | None  # [prompt tokens] attention the uncached tokens pay each token at the check layer
+    fresh: list[torch.Tensor]  # [check_layer + 1] x [2, kv_heads, prompt tokens, head_dim]
+    question: torch.Tensor | None  # [prompt tokens]
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------
+# -- public API --
 
-def blend_arm(ctx: ArmContext) -> ArmResult:
-    """The blend arm: its settings' ``ratio`` of the cached tokens recomputed, chosen by their ``rule``."""
+def blend_arm(ctx: DecodingContext) -> ArmResult:
     s = ctx.settings_of("blend")
     run, info = run_blend(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, ratio=s.ratio,
-                          rule=s.rule)
+                          rule=s.rule, batch=ctx.batch)
     return ArmResult(Arm("blend"), run, detail=info)
 
 
 def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, ratio: float | None = None,
               rule: str | None = None, check_layer: int = 1, fresh_early: bool | None = None,
-              seed: int = 0) -> tuple[RunResult, BlendInfo]:
-    """The cached run with the ``ratio`` share of cached tokens recomputed, chosen by ``rule`` (module docstring).
-
-    ``seed`` drives the random rule only; ``ratio`` and ``rule`` default to :class:`BlendSettings`'. Returns the
-    run (arm ``"blend"``) and how it chose.
-    """
-    ratio = BlendSettings.ratio if ratio is None else ratio  # the dataclass's class attribute is the default
+              seed: int = 0, batch: DecodeBatch | None = None) -> tuple[RunResult, BlendInfo]:
+    """The cached run with the ``ratio`` share of cached tokens recomputed, chosen by ``rule``, and how it chose."""
+    ratio = BlendSettings.ratio if ratio is None else ratio
     rule = BlendSettings.rule if rule is None else rule
     fresh_early = FRESH_EARLY if fresh_early is None else fresh_early
     _check_args(lm, ratio, rule, check_layer)
@@ -156,11 +116,10 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
     info = BlendInfo(ratio=ratio, rule=rule, check_layer=check_layer, ranks=(), selection_ms=0.0,
                      fresh_early=fresh_early)
     if n == 0:
-        return replace(run_cached(lm, plan, encoded, store, sampling, on_token), arm="blend"), info
+        return replace(run_cached(lm, plan, encoded, store, sampling, on_token, batch=batch), arm="blend"), info
     check_recompute(lm, "blend", "set blend to 0")
     decoder_layers(lm.model, "blend", "set blend to 0")
-    ranges = _cached_ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
-    positions = [p for s in plan.segments for p in s.positions]
+    ranges = _cached_ranges(plan, encoded, store)  # store lookups before TTFT
     chose: dict = {}
 
     def fill(buf: KVBuffer) -> Fill:
@@ -171,52 +130,34 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
         else:  # everything is recomputed: nothing to choose
             probe, ranks = None, tuple(cached)
         chose.update(ranks=ranks, ms=(time.perf_counter() - t0) * 1000)
-        redo = set(ranks)
-        copies = copy_list_ranked(plan, encoded, store, redo)
-        ids, pos, order = prefilled(plan, redo)
-        for entry, a, b, _ in copies:
-            entry.write_into(buf, a, b)
-        in_buffer = buffer_ranks(copies, lm.n_layers)
-        if fresh_early and probe is not None:
-            for layer, fresh in enumerate(probe.fresh):
-                r = in_buffer[layer]
-                buf.data[layer, :, 0, :, : r.shape[0]].copy_(fresh[:, :, r.to(fresh.device)])
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=len(cached) - n,
-                    recomputed_positions=tuple(positions[r] for r in ranks),
-                    mask=RankMask(in_buffer, torch.tensor(order, dtype=torch.long)))
+        return _recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None)
 
     run, _ = timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
-                       sampling, on_token)
-    # copy_ms is the share of TTFT before the prefill: here the selection pass and the copy together
+                       sampling, on_token, batch=batch)
     return run, replace(info, ranks=chose["ranks"], selection_ms=chose["ms"])
 
 
 def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question: bool = False) -> Probe:
-    """Layers ``0..check_layer`` of a full prefill of ``plan`` (every token at its position id); with
-    ``question``, the attention the uncached tokens pay every token at ``check_layer``."""
+    """Layers ``0..check_layer`` of a full prefill of ``plan``; with ``question``, the uncached tokens' attention."""
     ids = plan.token_ids
     pos = [p for s in plan.segments for p in s.positions]
     model = lm.model
-    # [check_layer + 1, 2, 1, kv_heads, prompt, head_dim]: a buffer for the layers that run
+    # [check_layer + 1, 2, 1, kv_heads, prompt, head_dim]
     data = torch.empty(check_layer + 1, 2, 1, lm.kv_heads, len(ids), lm.head_dim, dtype=model.dtype,
                        device=lm.device)
     cache = KVBuffer(data).cache()
     scorer = _QuestionAttention(check_layer, _uncached_ranks(plan)) if question else None
-    with torch.inference_mode(), scoring(scorer) if scorer else contextlib.nullcontext():
-        # use_cache=True: with gapped positions and no cache, transformers would assume packed sequences
+    with torch.inference_mode():
         run_until(lm, check_layer, "the blend selection pass", "set blend to 0",
                   input_ids=torch.tensor([ids], device=lm.device), position_ids=torch.tensor([pos], device=lm.device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+                  past_key_values=cache, use_cache=True, logits_to_keep=1,
+                  attn_spec=PLAIN if scorer is None else AttentionSpec(scorer=scorer))
     return Probe(fresh=[data[i, :, 0] for i in range(check_layer + 1)],
                  question=None if scorer is None else scorer.total)
 
 
 def stored_at(ranges: list, layer: int) -> torch.Tensor:
-    """The stored KV of every cached token at ``layer``, in prompt order: [2, kv_heads, cached, head_dim] fp32.
-
-    ``ranges`` are (entry, first, end) per cached segment (:func:`_cached_ranges`). int8 / int4 entries
-    are dequantized (one layer); tokens a compressed entry dropped at ``layer`` are zeros.
-    """
+    """Every cached token's stored KV at ``layer`` (dropped tokens zero): [2, kv_heads, cached, dim]."""
     kvs = []
     for entry, a, b in ranges:
         if isinstance(entry, QuantKV):
@@ -236,15 +177,14 @@ def stored_at(ranges: list, layer: int) -> torch.Tensor:
 
 
 def deviations(probe: Probe, plan: PromptPlan, stored: torch.Tensor) -> torch.Tensor:
-    """[2, cached] squared L2 (over KV heads and head dim) of fresh minus stored K (row 0) and V (row 1)
-    at the probe's check layer, for the cached tokens in prompt order."""
+    """[2, cached] squared L2 of fresh minus stored K (row 0) and V (row 1) at the check layer."""
     fresh = probe.fresh[-1][:, :, torch.tensor(cached_ranks(plan), dtype=torch.long)].float()
     return (fresh - stored.to(fresh.device)).pow(2).sum(dim=(1, 3)).cpu()  # [2, cached]
 
 
 def select_blend(plan: PromptPlan, mode: str, probe: Probe, stored: torch.Tensor, rule: str, n: int,
                  seed: int = 0) -> tuple[int, ...]:
-    """``n`` distinct cached ranks (ascending) chosen by ``rule`` (:data:`RULES`); ``stored`` as :func:`stored_at`."""
+    """``n`` distinct cached ranks (ascending) chosen by ``rule``."""
     cached = cached_ranks(plan)
     if rule == "random":
         order = torch.randperm(len(cached), generator=torch.Generator().manual_seed(seed))
@@ -263,9 +203,7 @@ def select_blend(plan: PromptPlan, mode: str, probe: Probe, stored: torch.Tensor
 
 
 def link_tokens(plan: PromptPlan, mode: str, n: int, per_link: int | None = None) -> list[int]:
-    """``n`` cached ranks from the repair path's link tokens (:func:`engine.arms.repair.select_repair`): every
-    inexact link's first token, then every link's second, and so on (at most ``per_link`` per link); past
-    the inexact tokens (``per_link`` None), the remaining cached tokens in prompt order."""
+    """``n`` cached ranks: each inexact link's first token, then second, ... (``per_link`` None: then the rest)."""
     chosen: list[int] = []
     prev: list[int] = []
     k = 0
@@ -282,7 +220,7 @@ def link_tokens(plan: PromptPlan, mode: str, n: int, per_link: int | None = None
 
 
 def cached_ranks(plan: PromptPlan) -> list[int]:
-    """Indices into ``plan.token_ids`` of the tokens the cached run takes from the store, ascending."""
+    """Prompt ranks of the cached tokens."""
     out, rank = [], 0
     for s in plan.segments:
         if s.kind == CACHED:
@@ -291,16 +229,10 @@ def cached_ranks(plan: PromptPlan) -> list[int]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Internal helpers
-# ----------------------------------------------------------------------------------------------
+# -- internal helpers --
 
 class _QuestionAttention:
-    """At one layer, the attention the uncached tokens pay every key, summed over heads and queries.
-
-    Fed by the engine's attention (:func:`engine.kv.scoring`) during the selection pass, where the
-    cache index of every key and query is its rank; queries attend to keys of lower or equal rank.
-    """
+    """At one layer of the selection pass, the attention the uncached tokens pay every key, summed."""
 
     def __init__(self, layer: int, queries: list[int]):
         self.layer = layer
@@ -308,7 +240,6 @@ class _QuestionAttention:
         self.total: torch.Tensor | None = None  # [prompt tokens]
 
     def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
-        # query: [1, heads, prompt, dim]; key: [1, kv_heads, prompt, dim] (RoPE applied)
         if layer != self.layer:
             return
         _, heads, _, dim = query.shape
@@ -321,6 +252,25 @@ class _QuestionAttention:
         self.total = att.masked_fill(~causal, float("-inf")).softmax(-1).sum(dim=(0, 1, 2)).cpu()
 
 
+def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
+                    ranks: tuple[int, ...], fresh: "Probe | None") -> Fill:
+    """Fill ``buf`` to recompute ``ranks`` in prompt order; ``fresh``'s early layers over the stored KV."""
+    redo = set(ranks)
+    copies = copy_list_ranked(plan, encoded, store, redo)
+    ids, pos, order = prefilled(plan, redo)
+    for entry, a, b, _ in copies:
+        entry.write_into(buf, a, b)
+    if fresh is not None:
+        in_buffer = buffer_ranks(copies, lm.n_layers)
+        for layer, kv in enumerate(fresh.fresh):
+            r = in_buffer[layer]
+            buf.data[layer, :, 0, :, : r.shape[0]].copy_(kv[:, :, r.to(kv.device)])
+    positions = [p for s in plan.segments for p in s.positions]
+    return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(ranks),
+                recomputed_positions=tuple(positions[r] for r in ranks),
+                prefill=AttentionSpec(ranks=rank_mask(lm, copies, order)))
+
+
 def _check_args(lm: LoadedModel, ratio: float, rule: str, check_layer: int) -> None:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
         raise EngineError(f"blend ratio must be a share of the cached tokens from 0 to 1 (got {ratio!r}); "
@@ -328,13 +278,12 @@ def _check_args(lm: LoadedModel, ratio: float, rule: str, check_layer: int) -> N
     if rule not in RULES:
         raise EngineError(f"unknown blend rule '{rule}'; use one of: {', '.join(RULES)}")
     if isinstance(check_layer, bool) or not isinstance(check_layer, int) or not 1 <= check_layer < lm.n_layers:
-        # layer 0's K and V are functions of each token alone: stored and fresh agree there everywhere
         raise EngineError(f"blend check layer must be a layer index from 1 to {lm.n_layers - 1} (got {check_layer!r}); "
                           "1 is CacheBlend's choice")
 
 
 def _cached_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """(entry, first token, end token) of every cached segment, in prompt order (not merged)."""
+    """(entry, first, end) of every cached segment, in prompt order."""
     out = []
     for s in plan.segments:
         if s.kind == CACHED:
@@ -365,7 +314,7 @@ def _by_score(ranks: list[int], score: torch.Tensor) -> list[int]:
 
 
 def _fill(chosen: list[int], candidates: list[int], n: int) -> None:
-    """Append candidates not chosen yet, in order, until ``chosen`` holds ``n``."""
+    """Append new candidates until ``chosen`` holds ``n``."""
     have = set(chosen)
     for r in candidates:
         if len(chosen) >= n:

@@ -1,13 +1,5 @@
-"""Comparison: the arms of one run keyed by arm, and the ``run --json`` document made from them.
-
-The JSON is a contract other tools read (extend it, never rename): every arm has its object under
-its name (null when not run); the cached arm's agreement with the baseline sits at the top level
-(``speedup``, ``same_text``, ...) and every other arm's under its prefix (``prefix_speedup``,
-``prefix_same_text``, ...), all generated from :data:`engine.arms.REGISTRY`. ``by_arm`` holds the
-same agreement figures generically, ``{arm: {"speedup", "agreement"}}`` (the front end that writes the
-document adds each arm's ``title``: engine.cli.titled).
-:meth:`Comparison.from_json` reads a document back (the run log's history), so live and
-logged runs are shown by the same code.
+"""Comparison: the arms of one run keyed by arm, and the ``run --json`` document made from them (a contract:
+extend it, never rename; docs/cli.md). :meth:`Comparison.from_json` reads one back for the run log's history.
 """
 
 from __future__ import annotations
@@ -15,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResult, ArmSettings, Reads, RunResult,
-                                  Sampling, TokenFn)
-from engine.arms.runner import decode_together
+from engine.arms.batch import DecodeBatch, DecodingContext
+from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmResult, ArmSettings, Reads, RunResult, Sampling,
+                                  TokenFn)
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
@@ -29,14 +21,14 @@ from engine.schema.plan import PromptPlan
 
 @dataclass(frozen=True)
 class StoreSummary:
-    """The module store as one run saw it: where, in what precision, how much this schema holds."""
+    """The module store as one run saw it."""
 
     device: str  # where module KV is stored
     dtype: str  # storage precision
     nbytes: int  # this schema's entries
     by_module: dict[str, int]  # EntryName -> bytes
     compression: dict  # {"retention", "method"}
-    stats: dict  # budget, evictions, disk loads/writes/errors of the store after the run
+    stats: dict  # budget, evictions, disk counts
 
     @classmethod
     def of(cls, encoded: EncodedSchema, store: ModuleStore) -> "StoreSummary":
@@ -48,7 +40,7 @@ class StoreSummary:
 
 @dataclass(frozen=True)
 class PromptCounts:
-    """The prompt's shape, kept apart from the plan so that a logged run can be read back without it."""
+    """The prompt's shape (a logged run is read back without its plan)."""
 
     schema: str
     prompt_tokens: int
@@ -75,25 +67,25 @@ class Comparison:
     mode: str
     plan: PromptPlan | None = field(default=None, repr=False)  # None when read back from JSON
     prompt: PromptCounts | None = None  # made from the plan when not given
-    encode: dict | None = None  # how the schema's units were obtained before this run (Engine.compare)
-    weights: str = "fp32"  # how the model's linear weights were kept (every arm ran on the same ones)
-    decode: str = "apart"  # "together": the arms decoded as one batch (runner.decode_together); "apart": alone
+    encode: dict | None = None  # how the schema's units were obtained (Engine.compare)
+    weights: str = "fp32"  # the model's linear weights
+    decode: str = "apart"  # or "together": one batch
     repair: int = 0  # link tokens recomputed per link
-    sink: int = 0  # sink tokens the isolated module entries were encoded after
+    sink: int = 0  # sink tokens the isolated entries were encoded after
 
     def __post_init__(self):
         if self.prompt is None and self.plan is not None:
             object.__setattr__(self, "prompt", PromptCounts.of(self.plan))
 
-    # -- arms ---------------------------------------------------------------------------------------
+    # -- arms --
 
     def arm(self, name: str | Arm) -> ArmResult | None:
-        """The result of arm ``name`` (None when it did not run)."""
+        """Arm ``name``'s result, or None."""
         return self.arms.get(Arm(str(name)))
 
     @property
     def baseline(self):
-        """The baseline's run (``arms['baseline'].run``), None when it did not run."""
+        """The baseline's run, or None."""
         return self._run(Arm.BASELINE)
 
     @property
@@ -113,7 +105,7 @@ class Comparison:
         res = self.arm(name)
         return None if res is None else res.agreement
 
-    # -- JSON ---------------------------------------------------------------------------------------
+    # -- JSON --
 
     def to_json(self) -> dict:
         """The CLI's JSON contract (`pml-studio run --json`): extend, never rename.
@@ -179,30 +171,25 @@ class Comparison:
         return None if res is None else res.run
 
 
-# ----------------------------------------------------------------------------------------------
-# Running the arms
-# ----------------------------------------------------------------------------------------------
+# -- running the arms --
 
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
             sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
             arms: Sequence[str] = ("baseline", "cached"), prefix: PrefixCache | None = None,
             settings: dict[str, ArmSettings] | None = None, decode: str = "together") -> Comparison:
-    """The asked-for arms of one plan, one after the other on the same buffers, in registry order, each
-    with its agreement with the baseline. ``settings``: arm name -> its settings (defaults otherwise).
-    Store entries are fetched before any arm is timed. ``decode="together"``: each arm's first token comes
-    from its own timed run, then the arms decode as one batch (engine/arms/runner.py); ``"apart"``: each
-    arm decodes right after its first token."""
+    """The asked-for arms of one plan in registry order, with their agreement; ``decode="together"``: after their
+    first tokens the arms decode as one batch."""
     wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
     reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)
     if reads_modules:
         fetch_entries(plan, encoded, store)
     keep = tuple(used_keys(plan, encoded)) if reads_modules else ()
-    ctx = ArmContext(lm, plan, encoded, store, sampling, on_token, prefix, keep, dict(settings or {}))
-    with decode_together(lm, enabled=decode == "together") as batch:
-        results = {a: REGISTRY[a].run(ctx) for a in wanted}
-        if batch is not None:
-            batch.decode()
-            results = {a: replace(r, run=batch.finish(r.run)) for a, r in results.items()}
+    batch = DecodeBatch(lm) if decode == "together" else None
+    ctx = DecodingContext(lm, plan, encoded, store, sampling, on_token, prefix, keep, dict(settings or {}), batch)
+    results = {a: REGISTRY[a].run(ctx) for a in wanted}
+    if batch is not None:
+        batch.decode()
+        results = {a: replace(r, run=batch.finish(r.run)) for a, r in results.items()}
     together = any(r.run.decode_batch > 1 for r in results.values())
     base = results.get(Arm.BASELINE)
     cached = ctx.settings_of("cached")
@@ -214,6 +201,6 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:
-    """:meth:`Agreement.between` as the ``run --json`` keys (for benchmark scripts)."""
+    """:meth:`Agreement.between` as the ``run --json`` keys."""
     a = Agreement.between(base, other)
     return {k: getattr(a, k) for k in Agreement.FIELDS}

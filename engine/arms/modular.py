@@ -1,21 +1,24 @@
 """The modular-cache arm (``cached``): Prompt Cache's reuse — the imported modules' KV assembled at their
-schema positions, only the uncached tokens prefilled. With ``repair`` K > 0 the link tokens are recomputed
-(:func:`run_repaired`, after EPIC: prefilled with the uncached text, so ``prefill_ms`` holds them)."""
+schema positions, only the uncached tokens prefilled; with ``repair`` K > 0 the link tokens are recomputed
+(:func:`run_repaired`, after EPIC)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
-                                  register, setting)
+from engine.arms.attention import ape_scale, check_recompute, rank_mask
+from engine.arms.batch import DecodeBatch, DecodingContext
+from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
+                                  setting)
 from engine.arms.repair import select_repair
-from engine.arms.runner import Fill, ape_scale, check_recompute, run_recomputed, timed_run
-from engine.cache.assemble import copy_list, module_ranges, question_retention
+from engine.arms.timing import Fill, timed_run
+from engine.cache.assemble import copy_list, copy_list_ranked, module_ranges, prefilled, question_retention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import KVBuffer
 from engine.limits import MAX_REPAIR, Limit
+from engine.model.attend import AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import copied_positions, needs_positions
 from engine.schema.plan import PromptPlan
@@ -54,27 +57,28 @@ class ModularSettings(ArmSettings):
                               "buffer that question retention thins); set repair to 0 or pick another compression")
 
 
-def cached_arm(ctx: ArmContext) -> ArmResult:
+def cached_arm(ctx: DecodingContext) -> ArmResult:
     s = ctx.settings_of("cached")
     return ArmResult(Arm.CACHED, run_cached(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token,
-                                            s.repair, ape=s.ape))
+                                            s.repair, ape=s.ape, batch=ctx.batch))
 
 
 def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, repair: int = 0,
-               ape: tuple[float, float] | None = None) -> RunResult:
+               ape: tuple[float, float] | None = None, batch: DecodeBatch | None = None) -> RunResult:
     """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode.
 
-    ``repair`` K > 0 recomputes K link tokens per link (:func:`run_repaired`); 0 is this path, unchanged.
-    ``ape`` (T, S): the prefill and every decode step attend to the modules as APE does
-    (:class:`engine.model.attend.ApeScale`); None or (1, 1) is plain attention.
+    ``repair`` K > 0 recomputes K link tokens per link (:func:`run_repaired`). ``ape`` (T, S): the prefill and
+    every decode step attend to the modules as APE does; None or (1, 1) is plain attention.
     """
     if repair:
         if ape:
             raise EngineError("APE cannot be combined with repair yet; set ape-t and ape-s to 1, or repair to 0")
-        return run_repaired(lm, plan, encoded, store, sampling, on_token, repair)
+        return run_repaired(lm, plan, encoded, store, sampling, on_token, repair, batch=batch)
     copies = copy_list(plan, encoded, store)
     scale = ape_scale(lm, module_ranges(plan, encoded, store), ape)
+    retain = question_retention(plan, encoded)
+    prefill = AttentionSpec(ape=scale, scorer=retain.capture if retain is not None else None)
     ids, pos = plan.uncached()
     # sliding windows and ALiBi need the cached keys' position ids (gapped), not their cache indices
     key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
@@ -82,26 +86,40 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     def fill(buf: KVBuffer) -> Fill:
         for entry, a, b in copies:
             entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, ape=scale)
+        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, prefill=prefill,
+                    decode=AttentionSpec(ape=scale))
 
     run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                       on_token, retain=question_retention(plan, encoded), key_positions=key_pos)
+                       on_token, retain=retain, key_positions=key_pos, batch=batch)
     return run
 
 
 def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                  sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = 4,
-                 first: bool | None = None) -> RunResult:
-    """The cached run with link-token recompute (after EPIC).
-
-    The tokens :func:`engine.arms.repair.select_repair` picks are left out of the buffer and prefilled
-    together with the uncached tokens, at their own position ids; every prefilled token attends
-    to the cached entries and prefilled tokens before it in the prompt (:class:`RankMask`), so
-    their fresh KV replaces the stored one for the rest of the run. TTFT includes the recompute.
-    """
+                 first: bool | None = None, batch: DecodeBatch | None = None) -> RunResult:
+    """The cached run with the link tokens :func:`engine.arms.repair.select_repair` picks recomputed (after EPIC)."""
     check_recompute(lm, "link-token repair", "set repair to 0")
     sel = select_repair(plan, k, encoded.mode, first)
-    return run_recomputed(lm, plan, encoded, store, set(sel.ranks), sel.positions, sampling, on_token)
+    return run_recomputed(lm, plan, encoded, store, set(sel.ranks), sel.positions, sampling, on_token, batch=batch)
+
+
+def run_recomputed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, redo: set[int],
+                   positions: tuple[int, ...], sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
+                   arm: str = "cached", batch: DecodeBatch | None = None) -> RunResult:
+    """A cached run whose cached tokens of prompt ranks ``redo`` (at ``positions``) are left out of the buffer
+    and prefilled with the uncached tokens, in prompt order (a rank mask): their fresh KV replaces the stored."""
+    copies = copy_list_ranked(plan, encoded, store, redo)
+    ids, pos, ranks = prefilled(plan, redo)
+
+    def fill(buf: KVBuffer) -> Fill:
+        for entry, a, b, _ in copies:
+            entry.write_into(buf, a, b)
+        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(redo),
+                    recomputed_positions=tuple(positions), prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
+
+    run, _ = timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
+                       sampling, on_token, batch=batch)
+    return run
 
 
 register(ArmSpec("cached", cached_arm, order=20, reads=Reads.MODULES, top_level_stem="", settings=ModularSettings,

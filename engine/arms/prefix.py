@@ -1,6 +1,4 @@
-"""The prefix-cache arm: what serving engines do (vLLM, SGLang, llama.cpp) — reuse the longest token prefix
-the prefix cache holds (engine/cache/prefix.py; exact), prefill the rest, then store this prompt's KV for
-later runs."""
+"""The prefix-cache arm, as serving engines do: reuse the longest cached token prefix, prefill the rest, store."""
 
 from __future__ import annotations
 
@@ -9,12 +7,15 @@ from typing import Sequence
 
 import torch
 
-from engine.arms.registry import Arm, ArmContext, ArmResult, ArmSpec, Reads, RunResult, Sampling, TokenFn, register
-from engine.arms.runner import Fill, timed_run, workspace
+from engine.arms.batch import DecodeBatch, DecodingContext
+from engine.arms.registry import Arm, ArmResult, ArmSpec, Reads, RunResult, Sampling, TokenFn, register
+from engine.arms.timing import Fill, timed_run
+from engine.arms.workspace import workspace
 from engine.cache.assemble import token_place
 from engine.cache.prefix import PrefixCache
 from engine.errors import EngineError
 from engine.kv import KVBuffer
+from engine.model.attend import PLAIN
 from engine.model.load import LoadedModel
 from engine.schema.plan import PromptPlan
 
@@ -42,24 +43,23 @@ class PrefixReuse:
                    stored_tokens=data.get("stored_tokens", 0), prefilled_tokens=data.get("prefilled_tokens", 0))
 
 
-def prefix_arm(ctx: ArmContext) -> ArmResult:
+def prefix_arm(ctx: DecodingContext) -> ArmResult:
     if ctx.prefix is None:
         raise EngineError("the prefix arm needs a prefix cache (Engine.compare makes one per storage device)")
-    run, reuse = _prefix_run(ctx.lm, ctx.plan, ctx.prefix, ctx.sampling, ctx.on_token, keep=ctx.keep)
+    run, reuse = _prefix_run(ctx.lm, ctx.plan, ctx.prefix, ctx.sampling, ctx.on_token, keep=ctx.keep, batch=ctx.batch)
     return ArmResult(Arm.PREFIX, run, detail=reuse)
 
 
 def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling = Sampling(),
                on_token: TokenFn | None = None, insert: bool = True, keep: Sequence[str] = ()) -> RunResult:
-    """The prefix arm's run alone (its reuse details: :func:`prefix_arm`)."""
+    """The prefix arm's run alone."""
     return _prefix_run(lm, plan, prefix, sampling, on_token, insert, keep)[0]
 
 
 def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling,
-                on_token: TokenFn | None, insert: bool = True, keep: Sequence[str] = ()) -> tuple:
-    """Reuse the longest cached token prefix (at most all but the last token), prefill the rest, decode;
-    then (``insert``) store the prompt's KV in the prefix cache, as a server would, evicting by LRU but
-    never the store entries ``keep`` (the modules the cached arm reads next)."""
+                on_token: TokenFn | None, insert: bool = True, keep: Sequence[str] = (),
+                batch: DecodeBatch | None = None) -> tuple:
+    """Reuse the longest cached prefix, prefill, decode; then store the prompt (never evicting ``keep``)."""
     ids = list(plan.token_ids)
     warmed_with = prefix.summary(plan.layout.fingerprint)
     match = prefix.match(ids, limit=len(ids) - 1)
@@ -70,7 +70,7 @@ def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling
             entry.write_into(buf, a, b)
         return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k)
 
-    run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, fill, sampling, on_token)
+    run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, fill, sampling, on_token, batch=batch)
     stored = prefix.insert(ids, buf.data[:, :, 0], list(keep), run=True) if insert else 0  # before another run reuses it
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),
                         warmed_with=warmed_with, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
@@ -79,7 +79,7 @@ def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling
 
 def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],
                 keep: Sequence[str] = ()) -> int:
-    """Prefill ``token_ids`` (reusing what the cache holds) and store their KV; return the tokens stored."""
+    """Prefill and store ``token_ids``; the tokens stored."""
     ids = list(token_ids)
     match = prefix.match(ids, limit=len(ids) - 1)
     buf = workspace(lm).buffer(len(ids) + 1)
@@ -89,7 +89,7 @@ def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...]
     with torch.inference_mode():
         lm.model(input_ids=torch.tensor([ids[k:]], device=lm.device),
                  position_ids=torch.tensor([list(range(k, len(ids)))], device=lm.device),
-                 past_key_values=buf.cache(), use_cache=True, logits_to_keep=1)
+                 past_key_values=buf.cache(), use_cache=True, logits_to_keep=1, attn_spec=PLAIN)
     return prefix.insert(ids, buf.data[:, :, 0], list(keep))
 
 

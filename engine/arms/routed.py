@@ -1,34 +1,8 @@
-"""Question-routed reuse (``routed``): the question picks the modules it reads.
+"""Question-routed reuse (``routed``): the question picks the modules it reads (docs/arms.md).
 
-Modules encoded apart never saw each other. When several hold same-template facts about different
-subjects, the question's attention spreads over all of them and the modular arm answers from the wrong
-one; selecting *what the query reads* fixes it (selective attention to the top contexts, arXiv 2412.16545;
-CacheFocus, arXiv 2502.11101). A routed run (:func:`run_routed`):
-
-1. **Buffer** — every imported module's stored KV, as the modular arm assembles it.
-2. **Scout** — the uncached tokens prefilled over it through the first ``max(SCOUT_LAYERS) + 1`` decoder
-   layers only; at each layer of :data:`SCOUT_LAYERS`, each module's **pull**: the strongest attention
-   any head of any uncached token pays any one of its keys (:func:`scout`).
-3. **Route** — every module whose pull reaches ``route_min_pull`` (:data:`MIN_PULL`) stays visible, or with
-   ``route_k`` > 0 the ``k`` strongest (:func:`choose`); the others leave the buffer. System text, scaffolds,
-   arguments and new text are never routed out. A question that points at no module (no pull reaches the
-   threshold: a greeting, or a question about every module) keeps them all.
-
-Why the peak and not the attention mass: docs/arms.md (template words and sinks attend everywhere).
-4. **Prefill and decode** — the buffer rebuilt with the kept modules, the uncached tokens prefilled over
-   it, then decoding, as the modular arm does. A module left out is therefore invisible to the rest of
-   the prefill and to every decoded token. With ``joint`` on, two or more kept modules are not read as
-   stored but prefilled together with the new text (:func:`joint_fill`): modules encoded apart never saw
-   each other, and two of one template, both visible, get their facts swapped or merged. Every module kept
-   and recomputed is the full prefill after the system text.
-
-TTFT, measured by :func:`engine.arms.runner.timed_run` like every arm's, includes the scout, the routing,
-both copies and both prefills (``copy_ms`` holds everything before the second prefill). With every module
-kept and ``joint`` off the buffer and the prefill are the modular arm's, so the run is the modular run bit for bit.
-
-The settings are named in one place: :data:`SCOUT_LAYERS`, and :class:`RoutedSettings` (the CLI's
-``--route-k`` / ``--route-min-pull``, the studio's controls), with the defaults chosen on bench/fidelity.py's
-confusable set.
+A **scout** prefills the uncached tokens over every module's stored KV through the first layers and measures
+each module's **pull** (the strongest attention any head of a new token pays one of its keys); the modules
+whose pull reaches the threshold stay, and the run prefills and decodes over them as the modular arm does.
 """
 
 from __future__ import annotations
@@ -38,37 +12,31 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.arms.registry import (Arm, ArmContext, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn,
-                                  register, setting)
-from engine.arms.runner import Fill, ape_scale, check_recompute, run_until, timed_run, workspace
-from engine.cache.assemble import buffer_ranks, copy_list_ranked, module_ranges, prefilled, slot_owners
+from engine.arms.attention import ape_scale, check_recompute, rank_mask
+from engine.arms.batch import DecodeBatch, DecodingContext
+from engine.arms.layers import run_until
+from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
+                                  setting)
+from engine.arms.timing import Fill, timed_run
+from engine.arms.workspace import workspace
+from engine.cache.assemble import copy_list_ranked, module_ranges, prefilled, slot_owners
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import KVBuffer, LayeredKV
 from engine.limits import Limit
-from engine.model.attend import Focus, RankMask, attention_weights, scoring
+from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
-# Each setting below names the split it was chosen on; the figures are in docs/arms.md and bench/results/.
-# Decoder layers the scout reads (negative: from the end); it stops after the last. Chosen by bench/routing.py on
-# bench/fidelity.py's confusable set (seed 1): the layers where the asked module's pull leads in every prompt.
-SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)
-# The pull a module needs to stay (one head of one new token putting this much attention on one of its keys). Chosen
-# on the same confusable set and fidelity.py's two-fact set (seed 2), checked on greetings (bench/routed_greetings.py);
-# reported on bench/spanning.py's held-out split (seed 39).
-MIN_PULL = 0.95
-DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest (when any module reaches the threshold)
-# With two or more modules kept and read as stored (joint off), focus the decode steps on the module whose subject
-# the answer last named (engine.model.attend.Focus): a question token names a module when its pull there reaches the
-# threshold and leads every other kept module's by FOCUS_MARGIN. Chosen on fidelity.py's two-fact set (seed 2).
-DEFAULT_FOCUS = "on"
-FOCUS_MARGIN = 0.2
-# Two or more modules kept are prefilled together (:func:`joint_fill`): chosen on bench/spanning.py's tune split
-# (seed 38) over the decode-time focus, reported on its held-out split (seed 39).
-DEFAULT_JOINT = "on"
+# Each default's split and figures: docs/arms.md (routed) and bench/results/.
+SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)  # decoder layers the scout reads (bench/routing.py)
+MIN_PULL = 0.95  # the pull a module needs to stay
+DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest
+DEFAULT_FOCUS = "on"  # decode steps read the module the answer named last (joint off)
+FOCUS_MARGIN = 0.2  # a token names a module when its pull there leads the others' by this
+DEFAULT_JOINT = "on"  # two or more kept modules are prefilled together
 
 
 @dataclass(frozen=True)
@@ -103,22 +71,21 @@ class RoutedSettings(ArmSettings):
 
 @dataclass(frozen=True)
 class Scouted:
-    """What the scout saw: per scout layer, each module's pull (the strongest attention of any head of any
-    uncached token on one of its keys)."""
+    """What the scout saw: per scout layer, each module's pull."""
 
     modules: tuple[str, ...]  # routable (top-level) modules, in prompt order
     layers: tuple[int, ...]
-    pull: torch.Tensor  # [len(layers), len(modules)]: max over heads, uncached tokens and the module's keys
-    mass: torch.Tensor  # [len(layers), len(modules)]: attention summed over heads and uncached tokens (reported only)
-    others: torch.Tensor  # [len(layers)]: the same over cached tokens that are never routed (system text, scaffolds)
-    by_token: torch.Tensor | None = None  # [uncached tokens, len(modules)]: each token's pull, over the scout layers
+    pull: torch.Tensor  # [layers, modules]
+    mass: torch.Tensor  # [layers, modules]: attention summed over heads and new tokens
+    others: torch.Tensor  # [layers]: the pull of text never routed
+    by_token: torch.Tensor | None = None  # [new tokens, modules]: each token's pull
 
     def strength(self) -> torch.Tensor:
-        """[len(modules)]: each module's pull over all the scout layers (the strongest)."""
+        """Peak pull per module."""
         return self.pull.amax(0)
 
     def shares(self) -> dict[str, float]:
-        """Each module's share of the modules' summed pull (sums to 1): what the studio's bars show."""
+        """Each module's share of the summed pull."""
         total = self.strength()
         total = total / total.sum().clamp(min=1e-30)
         return {m: float(s) for m, s in zip(self.modules, total)}
@@ -156,15 +123,13 @@ class RoutedInfo:
                    joint=tuple(data.get("route_joint") or ()))
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------
+# -- public API --
 
-def routed_arm(ctx: ArmContext) -> ArmResult:
+def routed_arm(ctx: DecodingContext) -> ArmResult:
     s = ctx.settings_of("routed")
     run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
                            min_pull=s.min_pull, ape=ctx.settings_of("cached").ape,  # APE is the modular arm's setting
-                           focus=s.focus, joint=s.joint)
+                           focus=s.focus, joint=s.joint, batch=ctx.batch)
     return ArmResult(Arm("routed"), run, detail=info)
 
 
@@ -172,21 +137,14 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
                min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
                keep: set[str] | None = None, ape: tuple[float, float] | None = None,
-               focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT) -> tuple[RunResult, RoutedInfo]:
-    """The modular run reading only the modules the question routes to (module docstring).
-
-    ``keep`` forces the kept modules instead of scouting (the oracle of bench/fidelity.py); ``layers`` are the
-    scout's; ``ape`` (T, S) scales the attention over the kept modules as APE does (:class:`engine.model.attend.ApeScale`;
-    the scout reads the plain attention); ``focus`` "on": with two or more modules kept, decode steps read the one
-    their newest token points at (:class:`engine.model.attend.Focus`); ``joint`` "on": two or more modules that
-    reached the threshold are prefilled together (:func:`joint_fill`). Returns the run (arm ``"routed"``) and how
-    it chose.
-    """
+               focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT,
+               batch: DecodeBatch | None = None) -> tuple[RunResult, RoutedInfo]:
+    """The modular run reading only the modules the question routes to, and how it chose; ``keep`` forces the
+    kept modules (bench/fidelity.py's oracle), ``ape`` (T, S) scales the attention over them."""
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
-    ranges = module_ranges(plan, encoded, store)  # store lookups happen before TTFT, as for the other arms
-    units = [u for _, _, _, u in ranges]
-    modules = tuple(dict.fromkeys(u for u in units if u is not None))
+    ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
+    modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
     ids, pos = plan.uncached()
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
     chose: dict = {}
@@ -195,15 +153,10 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         t0 = time.perf_counter()
         for entry, a, b, _ in ranges:
             entry.write_into(buf, a, b)
-        seen = None
-        if keep is None and modules:
-            seen = scout(lm, buf, ranges, ids, pos, layers)
-            kept = choose(seen, k, min_pull)
-            chose.update(attention=seen.shares(), pull=dict(zip(seen.modules, seen.strength().tolist())))
-        else:
-            kept = tuple(m for m in modules if keep is None or m in keep)
+        seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
+        kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
-        chose.update(kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None)
+        chose.update(seen=seen, kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
             return joint_fill(lm, plan, encoded, store, buf, set(together), set(modules))
@@ -211,23 +164,19 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         for entry, a, b, _ in read:
             entry.write_into(buf, a, b)
         chose["focus"] = _focus(read, kept, modules, seen, ids, min_pull) if focus == "on" else None
+        scale = ape_scale(lm, read, ape)
         return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
-                    ape=ape_scale(lm, read, ape), focus=chose["focus"])
+                    prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=chose["focus"]))
 
     run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                       on_token)
-    moves = tuple((step, chose["kept"][m]) for step, m in chose["focus"].changes) if chose["focus"] else ()
-    info = RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=chose.get("attention", {}),
-                      layers=layers if keep is None else (), scout_ms=chose["ms"], pull=chose.get("pull", {}),
-                      focus=focus, moves=moves, joint=chose["joint"])
-    return run, info
+                       on_token, batch=batch)
+    return run, _info(chose, k, min_pull, layers if keep is None else (), focus)
 
 
 def joint_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
                together: set[str], routable: set[str]) -> Fill:
-    """Fill ``buf`` (emptied) for a prefill of the modules ``together`` and the uncached tokens under the prompt-order
-    mask: system text and scaffolds from the store, the other routable modules left out. The modules then see each
-    other and the text before them, as in a full prefill, at their own positions."""
+    """Fill ``buf`` (emptied) to prefill the modules ``together`` with the uncached tokens in prompt order; the other
+    routable modules are left out."""
     redo, drop = set(), set()
     rank = 0
     for s in plan.segments:
@@ -240,14 +189,14 @@ def joint_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         entry.write_into(buf, a, b)
     ids, pos, ranks = prefilled(plan, redo)
     positions = [p for s in plan.segments for p in s.positions]
-    mask = RankMask(buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
     return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
-                recomputed_positions=tuple(positions[r] for r in sorted(redo)), mask=mask)
+                recomputed_positions=tuple(positions[r] for r in sorted(redo)),
+                prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
 
 def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
                layers: tuple[int, ...]) -> Scouted:
-    """The scout of ``plan`` alone, untimed, at ``layers`` (bench/routing.py reads every layer's this way)."""
+    """The scout of ``plan`` alone, untimed (bench/routing.py)."""
     ranges = module_ranges(plan, encoded, store)
     buf = workspace(lm).buffer(plan.cached_tokens + plan.uncached_tokens + 1)
     for entry, a, b, _ in ranges:
@@ -258,11 +207,10 @@ def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
 
 def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: list[int],
           layers: tuple[int, ...]) -> Scouted:
-    """Prefill ``ids`` over ``buf`` (filled with ``ranges``, in order) through layers ``0..max(layers)`` and take,
-    at each of ``layers``, each module's pull: the strongest attention any head of any of them pays one of its keys."""
+    """Prefill ``ids`` over ``buf`` (holding ``ranges``) through layer ``max(layers)``, taking each module's pull."""
     modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
     index = {m: i for i, m in enumerate(modules)}
-    owner = {layer: slot_owners(ranges, layer, index) for layer in layers}  # buffer slot -> module index (-1: never routed)
+    owner = {layer: slot_owners(ranges, layer, index) for layer in layers}  # slot -> module index, -1 none
     pull, mass = torch.zeros(len(layers), len(modules)), torch.zeros(len(layers), len(modules))
     others = torch.zeros(len(layers))
     by_token = torch.zeros(len(ids), len(modules))
@@ -273,7 +221,7 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
                 return
             att = attention_weights(query, key, scaling)  # [kv_heads, group, queries, keys]
             cached = owner[layer]
-            peak = att.amax(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()  # each key's strongest pull
+            peak = att.amax(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()
             row = layers.index(layer)
             routable = cached >= 0
             pull[row].scatter_reduce_(0, cached[routable], peak[routable], reduce="amax")
@@ -283,17 +231,16 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
             into = cached[routable].expand(per_token.shape[0], -1)
             by_token.scatter_reduce_(1, into, per_token[:, routable], reduce="amax")
 
-    with torch.inference_mode(), scoring(Pull()):
+    with torch.inference_mode():
         run_until(lm, max(layers), "routing", "leave routed out of the arms",
                   input_ids=torch.tensor([list(ids)], device=lm.device),
                   position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
-                  use_cache=True, logits_to_keep=1)
+                  use_cache=True, logits_to_keep=1, attn_spec=AttentionSpec(scorer=Pull()))
     return Scouted(modules, layers, pull, mass, others, by_token)
 
 
 def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
-    """The modules kept, in prompt order: none reaching ``min_pull`` keeps them all; else the ``k`` strongest
-    (``k`` > 0; ties keep the earlier module), or every module whose pull reaches ``min_pull``."""
+    """The modules kept: all when none reaches ``min_pull``, else the ``k`` strongest or (k 0) those reaching it."""
     weight = seen.strength()
     if not len(weight) or float(weight.max()) < min_pull:
         return seen.modules
@@ -304,11 +251,18 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
+def _info(chose: dict, k: int, min_pull: float, layers: tuple[int, ...], focus: str) -> RoutedInfo:
+    """A routed run's detail, from what its fill chose."""
+    seen: Scouted | None = chose["seen"]
+    moves = tuple((step, chose["kept"][m]) for step, m in chose["focus"].changes) if chose["focus"] else ()
+    shares, pull = ({}, {}) if seen is None else (seen.shares(), dict(zip(seen.modules, seen.strength().tolist())))
+    return RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=shares, layers=layers,
+                      scout_ms=chose["ms"], pull=pull, focus=focus, moves=moves, joint=chose["joint"])
+
+
 def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], seen: "Scouted | None", ids,
            min_pull: float) -> Focus | None:
-    """The decode-time focus over the rebuilt buffer (``read``), when it holds two or more modules but not all (a
-    question that pointed nowhere keeps the modular run's decoding), the scout saw the question and no entry is
-    compressed (its slots differ per layer)."""
+    """The decode-time focus over ``read``, when it holds two or more modules but not all, and none compressed."""
     if seen is None or seen.by_token is None or not 2 <= len(kept) < len(modules) \
             or any(isinstance(e, LayeredKV) for e, *_ in read):
         return None
@@ -316,8 +270,7 @@ def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], seen: "S
 
 
 def triggers(seen: Scouted, ids, kept: tuple[str, ...], min_pull: float) -> dict[int, int]:
-    """{token id: index in ``kept``} of the question tokens that name one kept module: their pull there reaches
-    ``min_pull`` and leads every other kept module's by :data:`FOCUS_MARGIN`. A token id naming two modules names none."""
+    """{token id: index in ``kept``} of the question tokens that name exactly one kept module."""
     cols = [seen.modules.index(m) for m in kept]
     pulls = seen.by_token[:, cols]  # [question tokens, kept]
     out: dict[int, int] = {}

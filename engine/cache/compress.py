@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
 from engine.cache.settings import METHODS, Compression  # noqa: F401  (re-exported)
 from engine.kv import KVBuffer, LayeredKV, ModuleKV
-from engine.model.attend import QueryCapture, attention_weights, scoring
+from engine.model.attend import QueryCapture, attention_weights
 
 RETENTION_NOTE = ("pyramid, uniform and recent drop module tokens when a module is stored, before any question "
                   "is known, so they can drop the answer; question keeps the stored modules whole and drops "
@@ -49,12 +48,8 @@ class QuestionRetention:
 
     def __init__(self, comp: Compression, candidates: torch.Tensor):
         self.comp = comp
-        self.candidates = candidates  # [cached tokens] bool: module tokens
-        self.capture = QueryCapture(comp.question_window)
-
-    def watching(self) -> contextlib.AbstractContextManager:
-        """Keep the prefill's newest queries."""
-        return scoring(self.capture)
+        self.candidates = candidates  # [cached tokens] bool
+        self.capture = QueryCapture(comp.question_window)  # the prefill's scorer: its newest queries, for apply
 
     def apply(self, buf: KVBuffer) -> None:
         """Thin each layer and KV head to the non-module and the top-scored module tokens."""

@@ -16,7 +16,7 @@ from engine.cache.settings import CONTEXTUAL, Compression, canonical_mode
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError, MissingEntry
 from engine.kv import ModuleKV, storage_tag, to_storage
-from engine.model.attend import ATTENTION, AttentionScorer, forward_kv, scoring
+from engine.model.attend import ATTENTION, AttentionScorer, AttentionSpec, forward_kv
 from engine.schema.layout import ANONYMOUS, EntryName, Layout
 
 ProgressFn = Callable[[int, int, str], None]
@@ -236,8 +236,8 @@ class _Context:
             pos += range(p.start, p.end)
         compress_it = self.comp.at_encode and kind != "anonymous"
         if compress_it:
-            with scoring(AttentionScorer(len(ids), self.comp.recent_frac)) as scorer:
-                out = forward_kv(self.model, ids, pos, past)
+            scorer = AttentionScorer(len(ids), self.comp.recent_frac)
+            out = forward_kv(self.model, ids, pos, past, AttentionSpec(scorer=scorer))
             scores = [scorer.scores[i] for i in range(out.kv.shape[0])]
         else:
             out, scores = forward_kv(self.model, ids, pos, past), None

@@ -1,61 +1,39 @@
-"""Attention that knows where every query and key sits: sliding windows and ALiBi at position ids.
+"""Sliding windows and ALiBi at position ids, not cache indices, over gapped caches (docs/architecture.md).
 
-The engine's caches hold modules at their layout positions, with gaps where a module was not
-imported, so a key's cache index and its position id differ. RoPE needs nothing more (a key
-carries its rotation). A sliding window and an ALiBi bias do: both are functions of the
-distance between a query's and a key's *position ids*, and transformers derives both from
-cache indices, which is right only for contiguous sequences.
-
-For a model that needs positions (:func:`needs_positions`), :func:`track_positions` hooks its
-forward. Before each forward, the positions of its queries (``position_ids``) and of every key
-already in the cache are published for that forward (:class:`Positions`); the cache's key
-positions are those :func:`attach` recorded on it (the runner does, for assembled caches), else
-they are taken as contiguous before the queries. After the forward, the queries' positions are
-appended to the cache's record, so decoding steps stay in step.
-
-* :meth:`Positions.window_mask` — causal by cache index, and ``q_pos - k_pos < window``.
-* :func:`eager` — attention with logit soft-capping (Gemma 2), which SDPA cannot compute.
-* MPT and ALiBi Falcon compute attention in their own code; :func:`adopt_alibi` makes their
-  ALiBi bias the stock bias read at the key positions instead of the key indices.
-
-:func:`check_supported` refuses, with the reason and an alternative, the models whose cache the
-engine cannot hold or whose attention it cannot reach.
+:func:`track_positions` passes a forward's :class:`Positions` to its attention as ``attn_positions`` (MPT and
+Falcon read them from their cache) and extends the cache's record of key positions.
 """
 
 from __future__ import annotations
 
-import contextvars
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.errors import ModelError
 
-if TYPE_CHECKING:  # torch is imported where it is used: engine.model.load reads the family facts without it
+if TYPE_CHECKING:  # engine.model.load reads the family facts without torch
     import torch
 
-# model_type -> label: the families tests/engine/test_families.py builds and checks (read there too).
+# model_type -> label: the families tests/engine/test_families.py checks
 TESTED_FAMILIES = {
     "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "gemma3_text": "Gemma 3",
     "gemma2": "Gemma 2", "phi3": "Phi-3", "gpt_neox": "GPT-NeoX", "falcon": "Falcon", "mpt": "MPT",
 }
-# families whose attention is their own code, adapted here (no registered attention function)
+# families whose own attention code is adapted here
 OWN_ATTENTION = ("falcon", "mpt")
 _ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
-_FORWARD: contextvars.ContextVar["Positions | None"] = contextvars.ContextVar("pml_positions", default=None)
-
-
 @dataclass
 class Positions:
-    """Position ids of one forward's queries and of the keys cached before it, per layer."""
+    """Position ids of one forward's queries and, per layer, of the keys cached before it."""
 
     query: torch.Tensor  # [q] int64
-    past: list[torch.Tensor]  # [layers] x [n_l] int64 (one shared tensor when all layers are level)
+    past: list[torch.Tensor]  # [layers] x [n_l] int64
     memo: dict = field(default_factory=dict)
 
     def keys(self, layer: int, kv: int) -> torch.Tensor:
-        """Positions of the ``kv`` keys layer ``layer`` attends to in this forward: [kv] int64."""
+        """Positions of the ``kv`` keys ``layer`` attends to: [kv] int64."""
         import torch
 
         past = self.past[layer] if layer < len(self.past) else self.past[-1]
@@ -63,11 +41,10 @@ class Positions:
         if n < 0 or past.shape[0] < n:
             raise ModelError(f"layer {layer} attends to {kv} keys but only {past.shape[0]} cached positions "
                              "are known; the cache was filled without recording its positions")
-        # sliding-window caches (transformers' own) keep only their most recent keys
         return torch.cat([past[past.shape[0] - n:], self.query])
 
     def window_mask(self, layer: int, q: int, kv: int, window: int, device) -> torch.Tensor:
-        """[1, 1, q, kv] bool: causal by cache index and within ``window`` positions of the query."""
+        """[1, 1, q, kv] bool: causal, and within ``window`` positions of the query."""
         import torch
 
         past = self.past[layer] if layer < len(self.past) else self.past[-1]
@@ -80,13 +57,8 @@ class Positions:
         return self.memo[key]
 
 
-def current() -> Positions | None:
-    """The positions of the forward running now (None outside a tracked model's forward)."""
-    return _FORWARD.get()
-
-
 def attach(cache, positions: list[torch.Tensor] | torch.Tensor | None) -> None:
-    """Record on ``cache`` the position ids of the keys it holds (one tensor, or one per layer)."""
+    """Record on ``cache`` the position ids of its keys (one tensor or one per layer)."""
     import torch
 
     if positions is None:
@@ -95,7 +67,7 @@ def attach(cache, positions: list[torch.Tensor] | torch.Tensor | None) -> None:
 
 
 def copied_positions(copies: list, n_layers: int) -> list[torch.Tensor]:
-    """Per layer, the positions of the keys ``copies`` ((entry, first, end) ranges) put in a buffer."""
+    """Per layer, the positions of the keys ``copies`` (entry, first, end) put in a buffer."""
     import torch
 
     shared: list[torch.Tensor] = []
@@ -118,7 +90,7 @@ def copied_positions(copies: list, n_layers: int) -> list[torch.Tensor]:
 
 
 def needs_positions(model) -> bool:
-    """True when some layer's attention depends on position ids beyond RoPE (sliding window, ALiBi)."""
+    """Whether some layer reads position ids beyond RoPE (sliding window, ALiBi)."""
     cfg = model.config
     if cfg.model_type == "mpt" or (cfg.model_type == "falcon" and getattr(cfg, "alibi", False)):
         return True
@@ -126,7 +98,7 @@ def needs_positions(model) -> bool:
 
 
 def sliding_window(config) -> int | None:
-    """The window of the model's sliding-window layers, None when no layer slides."""
+    """The sliding window, None when no layer slides."""
     window = getattr(config, "sliding_window", None)
     if not window:
         return None
@@ -145,17 +117,16 @@ def sliding_layers(config) -> int:
 
 
 def track_positions(model) -> None:
-    """Hook ``model``'s forward so its attention can read position ids of queries and keys."""
+    """Hook ``model``'s forward to pass its attention query and key positions."""
     if getattr(model, "_pml_tracked", False):
         return
-    model._pml_tokens = []
     model.register_forward_pre_hook(_before_forward, with_kwargs=True)
     model.register_forward_hook(_after_forward, with_kwargs=True, always_call=True)
     model._pml_tracked = True
 
 
 def check_supported(config, model_class=None) -> None:
-    """Raise ModelError, with the reason and what to use instead, for models the engine cannot run."""
+    """ModelError, saying why and what to use, for models the engine cannot run."""
     mtype = getattr(config, "model_type", "?")
     tested = ", ".join(TESTED_FAMILIES.values())
     types = getattr(config, "layer_types", None) or ()
@@ -174,35 +145,19 @@ def check_supported(config, model_class=None) -> None:
 
 
 def adopt_alibi(model) -> bool:
-    """Make an MPT or ALiBi Falcon model take its ALiBi bias from key positions; False if it has none."""
+    """Make an MPT or ALiBi Falcon model read its ALiBi bias at key positions; False if it has none."""
     mtype = model.config.model_type
-    if mtype == "mpt":
-        base = model.base_model
-        stock = base.build_mpt_alibi_tensor  # bound: (num_heads, sequence_length, alibi_bias_max, device)
-
-        def build(num_heads, sequence_length, alibi_bias_max=8, device=None):
-            pos = _FORWARD.get()
-            if pos is None:
-                return stock(num_heads, sequence_length, alibi_bias_max, device)
-            kpos = pos.keys(0, pos.past[0].shape[0] + pos.query.shape[0])
-            full = stock(num_heads, int(kpos.max()) + 1, alibi_bias_max, device)  # [heads, 1, L]
-            return full[:, :, kpos.to(full.device)]
-
-        base.build_mpt_alibi_tensor = build
-        return True
-    if mtype == "falcon" and getattr(model.config, "alibi", False):
-        for module in model.modules():
-            if hasattr(module, "query_key_value") and hasattr(module, "num_heads"):
-                module.register_forward_pre_hook(_falcon_alibi, with_kwargs=True)
-        return True
-    return False
+    hook = {"mpt": _mpt_alibi, "falcon": _falcon_alibi if getattr(model.config, "alibi", False) else None}.get(mtype)
+    if hook is None:
+        return False
+    for module in model.modules():
+        if hasattr(module, "Wqkv" if mtype == "mpt" else "query_key_value") and hasattr(module, "head_dim"):
+            module.register_forward_pre_hook(hook, with_kwargs=True)
+    return True
 
 
 def eager(query, key, value, mask, scaling: float, softcap: float | None):
-    """Attention with optional logit soft-capping; ``mask`` [1, 1, q, kv] bool or None (causal).
-
-    query: [1, heads, q, dim]; key, value: [1, kv_heads, kv, dim]. Returns ([1, q, heads, dim], None).
-    """
+    """Attention with logit soft-capping (which SDPA lacks): ([1, q, heads, dim], None); ``mask`` None is causal."""
     import torch
 
     q, kv = query.shape[-2], key.shape[-2]
@@ -218,20 +173,18 @@ def eager(query, key, value, mask, scaling: float, softcap: float | None):
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), None
 
 
-# ----------------------------------------------------------------------------------------------
-# Internal helpers
-# ----------------------------------------------------------------------------------------------
+# -- internal helpers --
 
 def _before_forward(model, args, kwargs):
+    """Pass a single-row forward its :class:`Positions`, in its arguments and on its cache (batches keep
+    transformers' masks)."""
     import torch
 
     ids = kwargs.get("input_ids", args[0] if args else None)
     x = ids if ids is not None else kwargs.get("inputs_embeds")
     pos_ids = kwargs.get("position_ids")
     if x is None or x.shape[0] != 1 or (pos_ids is not None and pos_ids.shape[0] != 1):
-        model._pml_tokens.append(None)  # batches: transformers' index-based masks apply
         return None
-    q = x.shape[1]
     cache = kwargs.get("past_key_values")
     past = getattr(cache, "_pml_positions", None)
     if past is None:
@@ -242,20 +195,20 @@ def _before_forward(model, args, kwargs):
         query = pos_ids[0].detach().to("cpu", torch.long)
     else:
         start = int(past[0][-1]) + 1 if past[0].numel() else 0
-        query = torch.arange(start, start + q)
-    model._pml_tokens.append(_FORWARD.set(Positions(query, past)))
-    return None
+        query = torch.arange(start, start + x.shape[1])
+    pos = Positions(query, past)
+    if cache is not None:
+        cache._pml_forward = pos
+    return args, {**kwargs, "attn_positions": pos}
 
 
 def _after_forward(model, args, kwargs, output):
+    """Append the forward's query positions to its cache's record."""
     import torch
 
-    token = model._pml_tokens.pop() if model._pml_tokens else None
-    if token is None:
-        return None
-    pos = _FORWARD.get()
-    _FORWARD.reset(token)
-    cache = kwargs.get("past_key_values")
+    pos, cache = kwargs.get("attn_positions"), kwargs.get("past_key_values")
+    if cache is not None and hasattr(cache, "_pml_forward"):
+        del cache._pml_forward
     if cache is None and output is not None:
         cache = getattr(output, "past_key_values", None)
     if cache is None or output is None or pos is None:
@@ -265,11 +218,27 @@ def _after_forward(model, args, kwargs, output):
     return None
 
 
+def _mpt_alibi(module, args, kwargs):
+    """MPT's ALiBi bias at the forward's key positions."""
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    pos = getattr(kwargs.get("past_key_values"), "_pml_forward", None)
+    if pos is None or kwargs.get("position_bias") is None:
+        return None
+    device = kwargs["position_bias"].device
+    memo = ("mpt", str(device))
+    if memo not in pos.memo:
+        kpos = pos.keys(0, pos.past[0].shape[0] + pos.query.shape[0])
+        full = build_mpt_alibi_tensor(module.n_heads, int(kpos.max()) + 1, device=device)  # [heads, 1, L]
+        pos.memo[memo] = full[:, :, kpos.to(device)]
+    return args, {**kwargs, "position_bias": pos.memo[memo]}
+
+
 def _falcon_alibi(module, args, kwargs):
-    """Falcon bakes ALiBi (from key indices) into the mask; rebuild it from the key positions."""
+    """Falcon's mask, its ALiBi bias rebuilt at the key positions."""
     import torch
 
-    pos = _FORWARD.get()
+    pos = getattr(kwargs.get("layer_past"), "_pml_forward", None)
     mask = kwargs.get("attention_mask")
     if pos is None or kwargs.get("alibi") is None or mask is None:
         return None

@@ -1,22 +1,6 @@
-"""A decode step in one C++ call, for Llama-shaped models on the engine's kernels (csrc/decode_step.cpp).
-
-Why: through transformers' modules a decode step of Qwen2.5-Coder-0.5B runs its ~145 weight products (~26 ms
-on this project's 2 cores) and also ~2,500 small ATen ops with their Python (~18 ms more). The C++ decoder runs
-the same layers — RMSNorm, q/k/v (one product where the file's blocks allow), rotary embedding, attention over
-the run's KV buffer, o, the gated MLP — with nothing between the products but short loops, and without the GIL
-(the studio's server keeps its thread).
-
-:func:`decoder` gives the decoder of a loaded model, or None where it does not apply (:func:`why_not` says
-why); the arms' decode loops (engine/arms/runner.py) call it when no engine context is changing attention
-(:func:`engine.model.attend.plain`) and the cache's layers are level, and fall back to the model's forward
-otherwise. It applies to models whose weights the engine's kernels multiply (``--weights int8|int4|gguf``) —
-fp32 and bf16 decode through transformers' own modules, the exactness reference — of the Llama and Qwen2
-families (their layers are exactly the formulas in the C++ file; checked class by class below), in float32, on
-CPU, with full attention in every layer. ``PML_STUDIO_STEP=0`` turns it off (before/after measurements).
-
-The rotary embedding's cos and sin come from the model's own ``rotary_emb`` (every RoPE variant transformers
-has), once per step.
-"""
+"""A decode step in one C++ call (csrc/decode_step.cpp) for Llama and Qwen2 models on packed weights, float32,
+CPU, full attention; the arms' decode steps (engine/arms/decode.py) call it when their attention spec is plain.
+``PML_STUDIO_STEP=0`` turns it off (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -33,12 +17,12 @@ LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer")  # classes whose forward is 
 NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")  # w * (x * rsqrt(mean(x^2) + eps))
 PACKED = ("int8", "int4", "gguf")  # --weights settings that run the engine's kernels
 
-# model -> (its weights setting, its decoder or None, why not or "")
+# model -> (weights setting, decoder or None, why not)
 _made: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 class StepDecoder:
-    """The C++ decoder over a model's weights (q, k and v stacked where their packings agree)."""
+    """The C++ decoder over a model's weights."""
 
     def __init__(self, model: torch.nn.Module):
         ops = kernels.ops()
@@ -59,9 +43,7 @@ class StepDecoder:
         self._probe = torch.zeros(1, dtype=torch.float32)
 
     def __call__(self, ids: list[int], positions: list[int], kv: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] of one new token per row, writing each row's key and value into ``kv``
-        ([layers, 2, rows, kv_heads, capacity, head_dim]) at ``lengths[row]`` and attending to keys
-        ``0 .. lengths[row]``."""
+        """Logits [rows, vocab] of one token per row, its K and V written into ``kv`` at ``lengths[row]``."""
         pos = torch.tensor(positions, dtype=torch.long)[:, None]
         cos, sin = self.rotary(self._probe, pos)  # [rows, 1, head_dim]
         return self.native.step(torch.tensor(ids, dtype=torch.long), cos[:, 0].contiguous(), sin[:, 0].contiguous(),
@@ -69,8 +51,7 @@ class StepDecoder:
 
 
 def layer_products(layer) -> tuple[list[dict], dict, dict, dict]:
-    """A decoder layer's weight products as the C++ decoder runs them, as its linear layers' parts: (q / k / v,
-    stacked where their packings agree; o; gate and up as one matrix; down)."""
+    """A layer's weight products as the C++ decoder runs them: (q / k / v stacked, o, gate and up, down)."""
     a, mlp = layer.self_attn, layer.mlp
     gate_up = _parts(mlp.gate_up) if isinstance(mlp, PackedMLP) else _stacked([mlp.gate_proj, mlp.up_proj])[0]
     return _stacked([a.q_proj, a.k_proj, a.v_proj]), _parts(a.o_proj), gate_up, _parts(mlp.down_proj)
@@ -86,7 +67,7 @@ def decoder(model: torch.nn.Module, weights: str) -> StepDecoder | None:
 
 
 def why_not(model: torch.nn.Module, weights: str) -> str:
-    """Why ``model`` decodes through transformers' modules ("" when the C++ decoder applies)."""
+    """Why the C++ step is off ("" if on)."""
     decoder(model, weights)
     return _made[model][2]
 
@@ -155,8 +136,7 @@ def _linear(ops, m):
 
 
 def _stacked(mods: list) -> list[dict]:
-    """``mods``' parts with each run of neighbours of the same packing stacked into one matrix (outputs side by
-    side, in order): q, k and v in one kernel call where the file's blocks allow."""
+    """``mods``' parts, neighbours of the same packing stacked into one matrix (outputs side by side)."""
     out: list[tuple[dict, int]] = []  # (parts, output rows)
     for m in mods:
         p, rows = _parts(m), m.out_features
@@ -175,7 +155,7 @@ def _stacked(mods: list) -> list[dict]:
 
 
 def _joins(a: dict, b: dict) -> bool:
-    """Whether two layers' packings stack along their output rows (same kind, dtypes and per-row layout)."""
+    """Whether two layers' packings stack along their output rows."""
     def same(x, y):
         return (x is None) == (y is None) and (x is None or (x.dtype == y.dtype and x.shape[1:] == y.shape[1:]))
     return a["kind"] == b["kind"] and all(same(a.get(n), b.get(n)) for n in ("w", "scale", "fifth"))

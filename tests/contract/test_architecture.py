@@ -200,13 +200,13 @@ def test_no_long_function_class_or_engine_file():
 # ----------------------------------------------------------------------------------------------
 
 def test_the_checkers_see_upward_imports_circles_and_long_code():
-    tree = ast.parse("from engine.kv import KVBuffer\nimport bench.common\ndef f():\n    from ..arms import runner\n"
+    tree = ast.parse("from engine.kv import KVBuffer\nimport bench.common\ndef f():\n    from ..arms import timing\n"
                      "    importlib.import_module('studio.app')\nif TYPE_CHECKING:\n    from engine.session import Engine\n")
     found = imports(tree, "engine.cache.store", False)
-    assert ("engine.arms.runner", 4) in found and ("engine.session", 7) in found and ("studio.app", 5) in found
-    edges = {"engine.cache.store": found, "engine.arms.runner": [("engine.cache.store", 1)]}
+    assert ("engine.arms.timing", 4) in found and ("engine.session", 7) in found and ("studio.app", 5) in found
+    edges = {"engine.cache.store": found, "engine.arms.timing": [("engine.cache.store", 1)]}
     assert len(upward(edges)) == 2  # cache -> arms, cache -> application
-    assert circles(edges) == [["engine.arms.runner", "engine.cache.store"]]
+    assert circles(edges) == [["engine.arms.timing", "engine.cache.store"]]
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
     methods = "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(MAX_CLASS_LINES // 3 + 1))
     assert [name for _, name, _ in oversized(ast.parse(f"def f():\n{body}\n\n\nclass C:\n{methods}"))] == ["f", "C"]

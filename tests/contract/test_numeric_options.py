@@ -181,7 +181,7 @@ def test_sampling_survives_the_extremes_of_its_ranges():
     import torch
 
     from engine.arms.registry import Sampling
-    from engine.arms.runner import _sample
+    from engine.arms.sampling import sample as _sample
 
     logits = torch.randn(500) * 30
     best = int(torch.argmax(logits))

@@ -1,4 +1,4 @@
-"""Arms decoded together (engine/arms/runner.py decode_together, engine/kv/batched.py): each row of a batched
+"""Arms decoded together (engine/arms/batch.py, engine/kv/batched.py): each row of a batched
 step computes what its run computes alone, and a comparison decoded together gives every arm the tokens it
 gets decoding apart."""
 
@@ -8,7 +8,7 @@ import torch
 
 from engine.arms.registry import Sampling
 from engine.kv import BatchedKV
-from engine.model.attend import key_masked
+from engine.model.attend import AttentionSpec
 
 SCHEMA = """<schema name="s">
   <system>You answer briefly.</system>
@@ -18,10 +18,10 @@ SCHEMA = """<schema name="s">
 PROMPT = """<prompt schema="s"><a/><b/><user>Who lives in Lima?</user></prompt>"""
 
 
-def _forward(model, ids, pos, cache):
+def _forward(model, ids, pos, cache, spec=None):
     with torch.inference_mode():
         return model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
-                     logits_to_keep=1).logits[:, -1].float()
+                     logits_to_keep=1, **({} if spec is None else {"attn_spec": spec})).logits[:, -1].float()
 
 
 def test_a_batched_step_computes_each_row_as_alone(tiny_lm):
@@ -45,8 +45,7 @@ def test_a_batched_step_computes_each_row_as_alone(tiny_lm):
     for step in range(3):
         nxt = torch.randint(5, 500, (3, 1))
         pos = torch.tensor([[p + step] for _, p in alone])
-        with key_masked(batch.key_mask()):
-            got = _forward(model, nxt, pos, cache)
+        got = _forward(model, nxt, pos, cache, AttentionSpec(keys=batch.key_mask()))
         batch.advance()
         for row, (c, p) in enumerate(alone):
             want = _forward(model, nxt[row:row + 1], torch.tensor([[p + step]]), c)

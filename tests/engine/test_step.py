@@ -11,7 +11,7 @@ import torch
 
 from engine.kv import BatchedKV, KVBuffer
 from engine.model import kernels, step
-from engine.model.attend import key_masked, plain, rank_masked, RankMask
+from engine.model.attend import PLAIN, AttentionSpec, RankMask
 from engine.model.weights import quantize_weights
 
 pytestmark = pytest.mark.skipif(kernels.ops() is None, reason=f"the engine's kernels are not built: {kernels.status()}")
@@ -124,17 +124,15 @@ def test_where_it_does_not_apply_it_says_why(tiny_lm, monkeypatch):
 
 
 def test_contexts_that_change_attention_send_the_step_to_the_model():
-    assert plain()
-    with key_masked(torch.ones(1, 1, 1, 3, dtype=torch.bool)):
-        assert not plain()
-    with rank_masked(RankMask([torch.arange(2)], torch.tensor([2]))):
-        assert not plain()
-    assert plain()
+    assert PLAIN.plain
+    assert not AttentionSpec(keys=torch.ones(1, 1, 1, 3, dtype=torch.bool)).plain
+    assert not AttentionSpec(ranks=RankMask([torch.arange(2)], torch.tensor([2]))).plain
+    assert PLAIN.plain
 
 
 def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch):
-    """runner._step: the same greedy tokens through the C++ step as through the model (PML_STUDIO_STEP=0)."""
-    from engine.arms import runner
+    """decode_step: the same greedy tokens through the C++ step as through the model (PML_STUDIO_STEP=0)."""
+    from engine.arms.decode import decode_step
 
     model, kind = packed
     lm = type("LM", (), {"model": model, "weights": kind, "device": "cpu"})()
@@ -149,7 +147,7 @@ def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch
         cache, out = buf.cache(), [7]
         with torch.inference_mode():
             for i in range(6):
-                out.append(int(runner._step(lm, cache, [out[-1]], [6 + i]).argmax()))
+                out.append(int(decode_step(lm, cache, [out[-1]], [6 + i]).argmax()))
         tokens[flag] = out
     step._made.pop(model, None)
     assert len(calls) == 6  # every step of the first loop, none of the second

@@ -1,0 +1,128 @@
+"""The one timed run every arm goes through: TTFT is buffer allocation + the arm's ``fill`` + prefill + first
+token, synchronized (docs/architecture.md); decoding follows, alone or in a batch. An exception from
+``on_token`` ends the run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine.arms import memory
+from engine.arms.batch import DecodeBatch, Waiting
+from engine.arms.decode import decode, sync
+from engine.arms.registry import RunResult, Sampling, TokenFn
+from engine.arms.sampling import sample
+from engine.arms.workspace import workspace
+from engine.cache.compress import QuestionRetention
+from engine.kv import KVBuffer
+from engine.model.attend import PLAIN, AttentionSpec
+from engine.model.load import LoadedModel
+from engine.model.positions import attach
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What an arm's ``fill`` (inside TTFT) leaves for the prefill."""
+
+    ids: Sequence[int]  # tokens to prefill
+    pos: Sequence[int]  # their position ids
+    entries: Sequence = ()  # store entries written into the buffer
+    reused_tokens: int = 0
+    recomputed_positions: tuple[int, ...] = ()
+    prefill: AttentionSpec = PLAIN  # what the prefill attends to
+    decode: AttentionSpec = PLAIN  # what every decode step attends to
+    copies: bool = True  # False: fill writes nothing; copy_ms 0
+
+
+def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
+              on_token: TokenFn | None = None, retain: QuestionRetention | None = None,
+              key_positions: list[torch.Tensor] | None = None,
+              batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer]:
+    """Allocate ``capacity`` tokens, ``fill``, prefill, sample, decode (or wait in ``batch``); the run and its
+    buffer (valid until the model's next run)."""
+    with memory.PEAK_MEMORY(lm.device) as mem:
+        sync(lm.device)
+        t0 = time.perf_counter()
+        buf = workspace(lm).buffer(capacity)
+        work = fill(buf)
+        sync(lm.device)
+        copy_s = time.perf_counter() - t0
+        out = _prefill_and_decode(lm, buf, work, sampling, arm, on_token, retain, key_positions, batch)
+    read = sum(e.nbytes for e in {id(e): e for e in work.entries}.values())
+    steps = len(out.tokens) - 1
+    run = RunResult(
+        arm=arm, text=lm.tokenizer.decode(out.tokens, skip_special_tokens=True), token_ids=tuple(out.tokens),
+        ttft_ms=(copy_s + out.prefill_s + out.sample_s) * 1000, copy_ms=copy_s * 1000 if work.copies else 0.0,
+        prefill_ms=out.prefill_s * 1000, sample_ms=out.sample_s * 1000, prefill_tokens=len(work.ids),
+        decode_ms_per_token=out.decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(out.tokens),
+        peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak, kv_buffer_bytes=buf.nbytes,
+        first_logits=out.first_logits, reused_tokens=work.reused_tokens,
+        recomputed_tokens=len(work.recomputed_positions), recomputed_positions=work.recomputed_positions,
+        kv_buffer_used_bytes=out.used, kv_buffer_bytes_after_retention=out.after, kv_store_bytes=read,
+        retention_ms=out.retention_ms)
+    if out.waiting is not None:
+        out.waiting.run = run
+        batch.waiting.append(out.waiting)
+    return run, buf
+
+
+# -- internal helpers --
+
+@dataclass
+class _Decoded:
+    tokens: list[int]
+    first_logits: torch.Tensor
+    prefill_s: float
+    sample_s: float
+    decode_s: float
+    used: int  # buffer bytes after the prefill
+    after: int  # ... after retention
+    retention_ms: float
+    waiting: Waiting | None = None
+
+
+def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling, arm: str,
+                        on_token: TokenFn | None, retain: QuestionRetention | None,
+                        key_positions: list[torch.Tensor] | None, batch: DecodeBatch | None) -> _Decoded:
+    """Prefill, sample the first token, decode the rest."""
+    device = lm.device
+    gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
+    cache = buf.cache()
+    attach(cache, key_positions)
+    with torch.inference_mode():
+        t1 = time.perf_counter()
+        out = lm.model(input_ids=torch.tensor([list(work.ids)], device=device),
+                       position_ids=torch.tensor([list(work.pos)], device=device),
+                       past_key_values=cache, use_cache=True, logits_to_keep=1, attn_spec=work.prefill)
+        logits = out.logits[0, -1]
+        sync(device)
+        t_fwd = time.perf_counter()
+        tokens = [sample(logits, sampling, gen, arm, 0)]
+        sync(device)
+        t2 = time.perf_counter()
+        if on_token:
+            on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
+        cache, used, after, retention_ms = _retain(buf, cache, retain, device)
+        first = (tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd)
+        if batch is not None and work.decode.plain and batch.takes(lm, buf, tokens, sampling):
+            waiting = Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
+                              gen, on_token)
+            return _Decoded(*first, 0.0, used, after, retention_ms, waiting)
+        decode_s = decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, on_token, work.decode)
+    cache.sync_length()
+    return _Decoded(*first, decode_s, used, after, retention_ms)
+
+
+def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:
+    """(cache to decode over, bytes after the prefill, after retention, ms thinning)."""
+    cache.sync_length()
+    used = buf.used_bytes
+    if retain is None:
+        return cache, used, used, 0.0
+    s = time.perf_counter()
+    retain.apply(buf)
+    sync(device)
+    return buf.cache(), used, buf.used_bytes, (time.perf_counter() - s) * 1000
