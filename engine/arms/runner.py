@@ -51,7 +51,7 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError, NonFiniteLogits
 from engine.kv import BatchedKV, KVBuffer, KVWorkspace
-from engine.model import step
+from engine.model import graphs, step
 from engine.model.attend import (ATTENTION, ApeScale, Focus, RankMask, ape_scaled, focused, key_masked, plain,
                                  rank_masked)
 from engine.model.load import LoadedModel
@@ -231,10 +231,13 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
         t1 = time.perf_counter()
         with rank_masked(work.mask), (retain.watching() if retain is not None else contextlib.nullcontext()):
             # the rank mask acts on the prefill only: decode steps see the whole buffer
-            out = model(input_ids=torch.tensor([list(work.ids)], device=device),
-                        position_ids=torch.tensor([list(work.pos)], device=device),
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[0, -1]
+            graphed = graphs.forward(lm, cache, work.ids, work.pos) if work.mask is None and work.ape is None \
+                and work.focus is None and retain is None and key_positions is None else None
+            out = graphed if graphed is not None else model(
+                input_ids=torch.tensor([list(work.ids)], device=device),
+                position_ids=torch.tensor([list(work.pos)], device=device),
+                past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = out[0]
         _sync(device)
         t_fwd = time.perf_counter()
         tokens = [_sample(logits, sampling, gen, arm, 0)]
@@ -397,6 +400,9 @@ def _step(lm: LoadedModel, cache, ids: list[int], positions: list[int], key_mask
         logits = fast(ids, positions, *view)
         cache.advance()
         return logits
+    graphed = graphs.forward(lm, cache, ids, positions) if key_mask is None and len(ids) == 1 else None
+    if graphed is not None:  # a CUDA graph's replay (engine/model/graphs.py)
+        return graphed
     with key_masked(key_mask()) if key_mask is not None else contextlib.nullcontext():
         out = lm.model(input_ids=torch.tensor([[i] for i in ids], device=lm.device),
                        position_ids=torch.tensor([[p] for p in positions], device=lm.device), past_key_values=cache,
