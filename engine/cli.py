@@ -62,6 +62,10 @@ def build_parser(extra: dict | None = None, arm_options: bool = True) -> argpars
                         "(0, 1] (default 1: all)")
     r.add_argument("--seed", type=NumberArg("seed"), default=0, help="seed of the sampling, 0 to 2**64 - 1")
     r.add_argument("--json", action="store_true", help="print one JSON object (a stable contract)")
+    r.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"),
+                   help="replay the question's prefill and each decode step from a CUDA graph, for every arm "
+                        "(auto, the default: on where the model computes on CUDA; never on the CPU, where `info` "
+                        "says so)")
     model_opts(r)
 
     i = sub.add_parser("info", help="load the model and print its name, dtype, parameters and KV bytes per token")
@@ -315,6 +319,9 @@ def cmd_run(args) -> int:
 
     schema, prompt = _read(args.schema, "schema"), _read(args.prompt, "prompt")  # before the model loads
     eng = Engine(config_from_args(args))
+    if args.cuda_graphs != "auto":
+        from engine.model import graphs
+        graphs.set_mode(eng.lm.model, args.cuda_graphs)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
     result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt)
@@ -385,11 +392,13 @@ def _arm_lines(data: dict, arms: list[str]) -> list[str]:
 
 def cmd_info(args) -> int:
     from engine.devices import cuda_available
+    from engine.model.graphs import gpu_paths
     from engine.session import Engine
 
     info = Engine(model=args.model).info()
     info["dtype_reason"] = cfg.dtype_reason(info["device"], info["dtype"])
     info["cuda_available"] = cuda_available()
+    info.update(gpu_paths(info["device"]))  # pinned_storage, layerwise_copies, cuda_graphs
     if args.json:
         print(strict_json(info))
     else:

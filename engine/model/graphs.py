@@ -232,3 +232,16 @@ class _Graphs:
         logits = g.replay()
         cache.advance(len(ids))
         return logits
+
+
+def gpu_paths(device: str, model: torch.nn.Module | None = None) -> dict[str, str]:
+    """What the three GPU paths do for a model on ``device``, one line each: "on …" or "off: why"."""
+    from engine.kv import layerwise, pinned
+
+    if not str(device).startswith("cuda"):
+        return {"pinned_storage": pinned.CUDA_ONLY, "layerwise_copies": layerwise.CUDA_ONLY,
+                "cuda_graphs": CUDA_ONLY}
+    return {"pinned_storage": "on when module KV is kept in CPU memory (--storage cpu): page-locked, copied "
+                              "asynchronously",
+            "layerwise_copies": "on: host KV copied one layer ahead of the forward, on a side stream",
+            "cuda_graphs": status(model) if model is not None else "on"}
