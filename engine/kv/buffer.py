@@ -41,6 +41,12 @@ class KVBuffer:
     def capacity(self) -> int:
         return self.raw.shape[4]
 
+    def _before_direct_write(self) -> None:
+        """After the deferred copies launched (a partial forward, a scout), a write on the current stream may reuse
+        their slots (a rebuilt buffer): it waits for them."""
+        if self.copies is not None and self.copies.launched:
+            self.copies.settle()
+
     @property
     def length(self) -> int:
         return self.lengths[0]
@@ -60,6 +66,7 @@ class KVBuffer:
                 for i in range(kv.shape[0]):
                     self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv[i])
             else:
+                self._before_direct_write()
                 self.raw[:, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
             self.lengths = [start + n] * len(self.lengths)
         else:
@@ -74,6 +81,7 @@ class KVBuffer:
         if start + n > self.capacity:
             raise ValueError(f"KV buffer overflow: {start} + {n} > {self.capacity}")
         self.lengths = [start + n] * len(self.lengths)
+        self._before_direct_write()
         return self.raw[:, 0, 0, :, start:start + n], self.raw[:, 1, 0, :, start:start + n]
 
     def write_layer(self, i: int, kv: torch.Tensor) -> None:
@@ -85,6 +93,7 @@ class KVBuffer:
         if self.copies is not None and self.copies.defers(kv):
             self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv)
         else:
+            self._before_direct_write()
             self.raw[i, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
         self.lengths[i] = start + n
 

@@ -183,7 +183,8 @@ class _Graph:
                 self._forward()
         current.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):  # its own memory pool: graphs replay in any order
+        # its own memory pool (graphs replay in any order); thread-local: the studio's other threads may use CUDA
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.out = self._forward()
 
     def replay(self) -> torch.Tensor:

@@ -177,3 +177,26 @@ def test_a_baseline_and_cached_run_are_unchanged_by_the_graph_hook_on_the_cpu(ti
     b = run_baseline(tiny_engine.lm, plan, Sampling(4))
     assert a.token_ids == b.token_ids and torch.equal(a.first_logits, b.first_logits)
     assert graphs.captured(tiny_engine.lm.model) == 0
+
+
+def test_every_arm_is_bit_identical_with_layerwise_copies(tiny_engine):
+    """The arms that read stored KV in other ways (the prefix tree, blend's and routing's passes over a filled
+    buffer, a rebuilt buffer) give the same logits and tokens with copies deferred to the first layer."""
+    from engine.session import Engine
+
+    cfg = tiny_engine.config.with_(arms=("baseline", "prefix", "cached", "blend", "routed"), blend=0.5)
+    space = workspace(tiny_engine.lm)
+
+    def arms(layerwise: bool) -> dict:
+        space.layerwise = layerwise
+        try:  # a fresh engine each time: the prefix arm's tree starts empty
+            c = Engine.from_loaded(tiny_engine.lm).compare(SCHEMA, PROMPT, Sampling(6), config=cfg)
+        finally:
+            space.layerwise = False
+        return {name: res.run for name, res in c.arms.items()}
+
+    eager, layered = arms(False), arms(True)
+    assert set(eager) == {"baseline", "prefix", "cached", "blend", "routed"}
+    for name, run in eager.items():
+        assert layered[name].token_ids == run.token_ids, name
+        assert torch.equal(layered[name].first_logits, run.first_logits), name
