@@ -63,9 +63,10 @@ class PinState:
             self.pinned_bytes = max(0, self.pinned_bytes - entry.nbytes)
 
 
-def page_locked(entry):
-    """A copy of ``entry`` whose tensors are page-locked; RuntimeError when the OS or driver refuses."""
-    tensors = {k: t.pin_memory() for k, t in entry.tensors().items()}
+def page_locked(entry, pin=torch.Tensor.pin_memory):
+    """A copy of ``entry`` whose tensors are page-locked (``pin``: how one tensor is); RuntimeError when the OS or
+    driver refuses."""
+    tensors = {k: pin(t) for k, t in entry.tensors().items()}
     return entry_from_tensors(tensors, entry.manifest())
 
 

@@ -200,3 +200,16 @@ def test_every_arm_is_bit_identical_with_layerwise_copies(tiny_engine):
     for name, run in eager.items():
         assert layered[name].token_ids == run.token_ids, name
         assert torch.equal(layered[name].first_logits, run.first_logits), name
+
+
+def test_a_pinned_copy_rebuilds_every_kind_of_entry():
+    from engine.kv import LayeredKV, to_storage
+
+    dense = entry(6)
+    layered = LayeredKV([torch.randn(2, 1, 3, 4), torch.randn(2, 1, 2, 4)], [torch.tensor([0, 2, 5]),
+                        torch.tensor([1, 4])], torch.arange(6), torch.arange(6))
+    quant = to_storage(ModuleKV(torch.randn(2, 2, 2, 32, 8), torch.arange(32), torch.arange(32)), "int8")
+    for e in (dense, layered, quant):
+        copy = pinning.page_locked(e, pin=torch.clone)  # the rebuild, without a CUDA runtime to pin with
+        assert type(copy) is type(e) and copy.nbytes == e.nbytes and copy.manifest() == e.manifest()
+        assert all(torch.equal(a, b) for a, b in zip(copy.tensors().values(), e.tensors().values()))
