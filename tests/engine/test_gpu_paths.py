@@ -213,3 +213,33 @@ def test_a_pinned_copy_rebuilds_every_kind_of_entry():
         copy = pinning.page_locked(e, pin=torch.clone)  # the rebuild, without a CUDA runtime to pin with
         assert type(copy) is type(e) and copy.nbytes == e.nbytes and copy.manifest() == e.manifest()
         assert all(torch.equal(a, b) for a, b in zip(copy.tensors().values(), e.tensors().values()))
+
+
+def test_runs_through_the_graph_bookkeeping_give_the_eager_tokens(tiny_engine, monkeypatch):
+    """The graph path end to end on the CPU, its capture and replay replaced by the forward they record: the hook
+    in the runner, buckets, the cache advanced past the real tokens, decode steps from a graph."""
+    lm = tiny_engine.lm
+    lay = tiny_engine.layout(SCHEMA)
+    plan = tiny_engine.plan(lay, PROMPT, max_new_tokens=8)
+    enc = tiny_engine.encode(lay).encoded
+
+    def both():
+        return run_baseline(lm, plan, Sampling(8)), run_cached(lm, plan, enc, tiny_engine.store(), Sampling(8))
+
+    eager = both()
+    replays = []
+    monkeypatch.setattr(graphs, "_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(graphs._Graph, "capture", lambda self: None)
+    monkeypatch.setattr(graphs._Graph, "replay", lambda self: replays.append(self.bucket) or self._forward().clone())
+    graphs.set_mode(lm.model, "on")
+    try:
+        replayed = both()
+        held = graphs.captured(lm.model)
+    finally:
+        graphs.set_mode(lm.model, "auto")
+        graphs._graphs.pop(lm.model, None)
+    assert 1 in replays and any(b > 1 for b in replays) and held >= 2  # prefills and decode steps
+    assert replays.count(1) == 2 * 7  # every decode step after the first token, both runs
+    for e, r in zip(eager, replayed):
+        assert r.token_ids == e.token_ids
+        assert torch.allclose(r.first_logits, e.first_logits, atol=1e-5)
