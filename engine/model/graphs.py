@@ -145,7 +145,7 @@ class _Graph:
 
     def __init__(self, model, base: torch.Tensor, bucket: int):
         dev = base.device
-        self.model, self.bucket = model, bucket
+        self.model, self.bucket = weakref.ref(model), bucket  # weak: the registry's key is the model
         self.ids = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.start = torch.zeros(1, dtype=torch.long, device=dev)
@@ -168,7 +168,7 @@ class _Graph:
     def _forward(self) -> torch.Tensor:
         where = self.start + self.steps  # [bucket] slots written
         mask = (self.slots[None, :] <= where[:, None])[None, None]  # [1, 1, bucket, size]: causal by slot
-        out = self.model(input_ids=self.ids, position_ids=self.pos, attention_mask=mask,
+        out = self.model()(input_ids=self.ids, position_ids=self.pos, attention_mask=mask,
                          past_key_values=_StaticCache(self.base, where), use_cache=True, logits_to_keep=self.last)
         return out.logits[:, -1]  # [1, vocab]
 
