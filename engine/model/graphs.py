@@ -81,7 +81,10 @@ def captured(model: torch.nn.Module) -> int:
 # ----------------------------------------------------------------------------------------------
 
 def _device(model) -> torch.device:
-    return next(model.parameters()).device
+    """Where ``model`` computes (its first parameter's or buffer's device; the CPU when it has neither)."""
+    first = next(iter(model.parameters()), None)
+    first = first if first is not None else next(iter(model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def _state(model) -> "_Graphs":
