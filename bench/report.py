@@ -598,7 +598,7 @@ def shape_section(runs: list[dict]) -> list[str]:
            + (f" (`--model` names only the tokenizer: `{tok_arg}` was a folder holding the default model's "
               "tokenizer and config files, the lent GPU having none of the model packages)" if tok_arg else "")
            + f"; median of {d0['reps']} after a warm-up, TTFT includes the copy:", ""]
-    out += gpu_table(runs, commands=False)
+    out += gpu_table(runs, commands=False) + paths_section(runs)
     on_gpu = [r for d in runs if d["storage"] == "cuda" for r in d["results"]]
     on_cpu = [r for d in runs if d["storage"] == "cpu" for r in d["results"]]
     said = []
@@ -628,6 +628,45 @@ def shape_section(runs: list[dict]) -> list[str]:
                     + (", longer than the full prefill it replaces" if over else "")
                     + f": speedup {min(r['speedup'] for r in on_cpu):.2f}–{max(r['speedup'] for r in on_cpu):.2f}×.")
     return out + ["", " ".join(said), ""] if said else out + [""]
+
+
+def paths_section(runs: list[dict]) -> list[str]:
+    """The GPU paths (pinned storage, layer-wise copies, CUDA graphs: bench/gpu.sh) against the eager pass measured
+    in the same process (``--eager-too``); nothing for runs made before them."""
+    runs = [d for d in runs if d.get("results_eager")]
+    if not runs:
+        return []
+    out = ["", "The table above ran with the GPU paths on (" + "; ".join(
+        f"{'GPU' if d['storage'] == 'cuda' else 'CPU'} memory: pinned storage {d['gpu_paths']['pinned_storage']}, "
+        f"layer-wise copies {d['gpu_paths']['layerwise_copies']}, CUDA graphs {d['gpu_paths']['cuda_graphs']}"
+        for d in runs) + "; docs/module-memory.md). The same prompts in the same process with all three off "
+        "(pageable storage, the copy before the forward, eager forwards), then with them on:", "",
+        "| prompt tokens | modules in | baseline TTFT, off → on | cached TTFT, off → on | of which copy, off → on | "
+        "speedup, off → on | decode ms/token, off → on |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for d in runs:
+        eager = {r["target_tokens"]: r for r in d["results_eager"]}
+        for r in d["results"]:
+            e = eager.get(r["target_tokens"])
+            if e is None:
+                continue
+            out.append(f"| {r['prompt_tokens']:,} | {'GPU' if d['storage'] == 'cuda' else 'CPU'} memory | "
+                       f"{e['baseline_ttft_ms']:.1f} → {r['baseline_ttft_ms']:.1f} ms | "
+                       f"{e['cached_ttft_ms']:.1f} → {r['cached_ttft_ms']:.1f} ms | "
+                       f"{e['cached_copy_ms']:.1f} → {r['cached_copy_ms']:.1f} ms | {e['speedup']:.2f}× → "
+                       f"{r['speedup']:.2f}× | {e['baseline_decode_ms_per_token']:.1f} → "
+                       f"{r['baseline_decode_ms_per_token']:.1f} |")
+    read = [d["weight_read_ms"] for d in runs if d.get("weight_read_ms")]
+    if read:
+        out += ["", f"Reading every weight once ({runs[0]['weight_bytes'] / 1e9:.1f} GB) took "
+                f"{min(read):.1f}–{max(read):.1f} ms in the same processes: the floor of a decode step. With "
+                "layer-wise copies the copy runs inside the prefill, so `of which copy` counts only what is left "
+                "before it (assembling the copy list)."]
+    log = RESULTS / "gpu-paths-tests.log"
+    if log.exists():
+        lines = log.read_text().strip().splitlines()
+        out.append(f"The GPU paths' tests (the eager path's greedy tokens with each path on): "
+                   f"`{lines[0].lstrip('$ ')}` — {lines[-1].strip()}.")
+    return out
 
 
 def confusable_table(f: dict) -> list[str]:

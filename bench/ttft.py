@@ -20,6 +20,14 @@ what attending over the cache costs. Prints a table, then one JSON document last
     python bench/ttft.py --device cuda --storage cpu    # on a GPU, modules in CPU memory: gpu-ttft-cpu.json
     python bench/ttft.py --device cuda --storage cuda --random-shape llama-2-7b   # gpu-ttft-cuda-llama-2-7b-random.json
 
+The GPU paths (docs/module-memory.md): ``--pinned``, ``--layerwise`` and ``--cuda-graphs`` (auto: on where the
+model computes on CUDA) set pinned CPU storage, layer-by-layer copies and CUDA graphs for every arm; with
+``--eager-too`` the same lengths are measured again in the same process with all three off (``results_eager``),
+after ``results``. On CUDA the JSON also holds the time to read every weight once (``weight_read_ms``, median
+of 5 after a warm-up): the floor of a decode step.
+
+    python bench/ttft.py --device cuda --storage cpu --random-shape llama-2-7b --lengths 1024 2048 4096 --eager-too
+
 ``--random-shape llama-2-7b`` measures the paper's GPU setting without the weights: a Llama model of Llama-2-7B's
 shape (32 layers, hidden 4096, MLP 11008, 32 heads, context 4096) built from its config with random weights,
 bf16, directly on the device. TTFT does not depend on the weights' values, only on the shapes of the work. Its
@@ -68,6 +76,66 @@ def random_model(shape: str, spec: str | None, device: str, dtype: str):
                       max_positions=cfg.max_position_embeddings), tok_name, cfg
 
 
+PATHS = {"pinned": "page-locked CPU storage of module KV, copied asynchronously",
+         "layerwise": "module KV copied layer by layer on a side stream while the forward runs",
+         "cuda-graphs": "the question's prefill and each decode step replayed from a CUDA graph, every arm"}
+
+
+def set_paths(eng, paths: dict[str, str]) -> None:
+    """Turn the GPU paths of ``eng`` on or off ("auto": on where the model computes on CUDA); before encoding."""
+    from engine.arms.workspace import workspace
+    from engine.kv.pinned import PinState
+    from engine.model import graphs
+
+    cuda = str(eng.lm.device).startswith("cuda")
+    store = eng.store()
+    pin = paths["pinned"] == "on" or (paths["pinned"] == "auto" and cuda)
+    if pin != store.pinning.wanted:
+        store.clear()
+        store.pinning = PinState.for_store(pin, store.device)
+    layered = paths["layerwise"] == "on" or (paths["layerwise"] == "auto" and cuda)
+    workspace(eng.lm).layerwise = layered
+    graphs.set_mode(eng.lm.model, paths["cuda-graphs"])
+
+
+def gpu_paths(eng) -> dict:
+    """What the GPU paths did in ``eng``'s runs: the store's pinning, layer-wise copies, CUDA graphs."""
+    from engine.arms.workspace import workspace
+    from engine.model import graphs
+
+    return {"pinned_storage": eng.store().pinning.why, "pinned_bytes": eng.store().pinning.pinned_bytes,
+            "layerwise_copies": "on" if workspace(eng.lm).layerwise else "off",
+            "cuda_graphs": graphs.status(eng.lm.model), "graphs_captured": graphs.captured(eng.lm.model)}
+
+
+def measure(eng, paths: dict[str, str], args, chunks) -> list[dict]:
+    set_paths(eng, paths)
+    return [ttft_point(eng, n, args.reps, args.new_tokens, chunks, floor=True) for n in args.lengths]
+
+
+def weight_read(lm, reps: int = 5) -> dict:
+    """Milliseconds to read every weight once on CUDA (one norm per tensor, median of ``reps`` after a warm-up):
+    the floor of a decode step. Empty on the CPU."""
+    import statistics
+    import time
+
+    import torch
+
+    if not str(lm.device).startswith("cuda"):
+        return {}
+    params = [p.detach() for p in lm.model.parameters()]
+    times = []
+    with torch.inference_mode():
+        for i in range(reps + 1):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            torch._foreach_norm(params)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t) * 1000)
+    return {"weight_read_ms": round(statistics.median(times[1:]), 2),
+            "weight_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
@@ -85,6 +153,11 @@ def main() -> None:
     ap.add_argument("--random-shape", default=None, choices=sorted(SHAPES),
                     help="a random-weight Llama model of this shape instead of --model's weights (--model then "
                     "gives the tokenizer); results go to ...-SHAPE-random.json")
+    for name, what in PATHS.items():
+        ap.add_argument(f"--{name}", default="auto", choices=("auto", "on", "off"),
+                        help=f"{what} (auto: on where the model computes on CUDA)")
+    ap.add_argument("--eager-too", action="store_true",
+                    help="measure again with pinned storage, layer-wise copies and CUDA graphs off (results_eager)")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
@@ -101,7 +174,15 @@ def main() -> None:
     else:
         eng = Engine(model=args.model, persist=False, device=args.device, storage=args.storage, dtype=args.dtype)
     chunks = essay_chunks(eng.codec.encode, 250)
-    rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks, floor=True) for n in args.lengths]
+    paths = {name: getattr(args, name.replace("-", "_")) for name in PATHS}
+    rows = measure(eng, paths, args, chunks)
+    used = gpu_paths(eng)
+    if args.eager_too:
+        eager = Engine.from_loaded(eng.lm, storage=args.storage)
+        extra["results_eager"] = measure(eager, dict.fromkeys(PATHS, "off"), args, chunks)
+        extra["gpu_paths_eager"] = gpu_paths(eager)
+        set_paths(eng, paths)
+    extra.update(gpu_paths=used, **weight_read(eng.lm))
     print(table(["prompt", "cached", "uncached", "baseline ms", "cached ms", "copy ms", "speedup", "range",
                  "floor ms", "no-cache ms", "cached/floor", "floor/no-cache", "dec ms/t b", "dec ms/t c"],
                 [[r["prompt_tokens"], r["cached_tokens"], r["uncached_tokens"], r["baseline_ttft_ms"],
@@ -114,7 +195,7 @@ def main() -> None:
                      f"{args.random_shape}-random" if args.random_shape else args.model),
          {"benchmark": "ttft", "model": eng.lm.name, "device": str(eng.lm.device), "storage": args.storage,
           "mode": eng.config.mode, "dtype": eng.lm.dtype, **extra,
-          "ttft_includes_copy": True, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
+          "ttft_includes_copy": True, "paths_asked": paths, "reps": args.reps, "new_tokens": args.new_tokens, "machine": machine(),
           "results": rows}, write=not args.quick)
 
 

@@ -123,7 +123,8 @@ class Engine:
             cfg = self.config
             budget = cfg.budget_bytes if cfg.budget_bytes is not None else default_budget(storage)
             disk = DiskStore(cfg.modules_path) if cfg.persist else None
-            self._stores[storage] = ModuleStore(storage, budget_bytes=budget, disk=disk)
+            self._stores[storage] = ModuleStore(storage, budget_bytes=budget, disk=disk,
+                                                page_locked=str(cfg.device).startswith("cuda"))
         return self._stores[storage]
 
     def prefix_cache(self, storage: str | None = None) -> PrefixCache:

@@ -10,6 +10,7 @@ import torch
 
 from engine.arms.registry import Sampling, TokenFn
 from engine.arms.sampling import sample
+from engine.model import graphs
 from engine.model import step as cpp
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
@@ -41,6 +42,9 @@ def decode_step(lm: LoadedModel, cache, ids: list[int], positions: list[int], sp
         logits = fast(ids, positions, *view)
         cache.advance()
         return logits
+    graphed = graphs.forward(lm, cache, ids, positions, spec) if rows_mask is None and len(ids) == 1 else None
+    if graphed is not None:  # a CUDA graph's replay (engine/model/graphs.py)
+        return graphed
     if rows_mask is not None:
         spec = dataclasses.replace(spec, keys=rows_mask())
     input_ids = torch.tensor([[i] for i in ids], device=lm.device)

@@ -18,6 +18,7 @@ from engine.arms.sampling import sample
 from engine.arms.workspace import workspace
 from engine.cache.compress import QuestionRetention
 from engine.kv import KVBuffer
+from engine.model import graphs
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import attach
@@ -94,10 +95,12 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
     attach(cache, key_positions)
     with torch.inference_mode():
         t1 = time.perf_counter()
-        out = lm.model(input_ids=torch.tensor([list(work.ids)], device=device),
-                       position_ids=torch.tensor([list(work.pos)], device=device),
-                       past_key_values=cache, use_cache=True, logits_to_keep=1, attn_spec=work.prefill)
-        logits = out.logits[0, -1]
+        graphed = graphs.forward(lm, cache, work.ids, work.pos, work.prefill) \
+            if retain is None and key_positions is None else None  # a CUDA graph's replay, where one applies
+        logits = graphed[0] if graphed is not None else lm.model(
+            input_ids=torch.tensor([list(work.ids)], device=device),
+            position_ids=torch.tensor([list(work.pos)], device=device),
+            past_key_values=cache, use_cache=True, logits_to_keep=1, attn_spec=work.prefill).logits[0, -1]
         sync(device)
         t_fwd = time.perf_counter()
         tokens = [sample(logits, sampling, gen, arm, 0)]

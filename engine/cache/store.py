@@ -22,6 +22,7 @@ import torch
 from engine.devices import check_device, process_alive
 from engine.errors import EngineError, MissingEntry, StorageError
 from engine.kv import entry_from_tensors
+from engine.kv.pinned import PinState
 from engine.limits import LIMITS
 
 FORMAT = "pml-kv/2"  # pml-kv/1 plus "scheme" and quantized entries
@@ -156,11 +157,17 @@ def _read_entry(path: Path):
 
 
 class ModuleStore:
-    """put / get / has / where / nbytes / evict / pin, on ``device``."""
+    """put / get / has / where / nbytes / evict / pin, on ``device``.
 
-    def __init__(self, device: str = "cpu", budget_bytes: int | None = None, disk: DiskStore | None = None):
+    ``page_locked``: the model computes on CUDA, so entries kept in CPU memory are page-locked for asynchronous
+    copies (engine/kv/pinned.py; their bytes count against the budget as any entry's); ``pinning`` says whether
+    that is on. (``pin`` / ``pinned`` are another thing: entries kept safe from eviction.)"""
+
+    def __init__(self, device: str = "cpu", budget_bytes: int | None = None, disk: DiskStore | None = None,
+                 page_locked: bool = False):
         check_device(device)
         self.device = device
+        self.pinning = PinState.for_store(page_locked, device)
         self.budget_bytes = None if budget_bytes is None else _budget(budget_bytes)
         self.disk = disk
         self._entries: OrderedDict[str, object] = OrderedDict()
@@ -179,7 +186,7 @@ class ModuleStore:
                 self._touch(key, pinned)
                 return self._entries[key]
             self._make_room(entry.nbytes, key, meta)
-            stored = entry.to(self.device)
+            stored = self.pinning.pin(entry.to(self.device))
             self._entries[key] = stored
             self._touch(key, pinned)
         if self.disk is not None and not key.startswith(PREFIX):
@@ -198,7 +205,7 @@ class ModuleStore:
         with self._lock:
             if key not in self._entries:
                 self._make_room(entry.nbytes, key, None)
-                self._entries[key] = entry.to(self.device)
+                self._entries[key] = self.pinning.pin(entry.to(self.device))
                 self.disk_loads += 1
             return self._entries[key]
 
@@ -292,12 +299,16 @@ class ModuleStore:
     def evict(self, key: str) -> bool:
         with self._lock:
             self._pinned.discard(key)
-            return self._entries.pop(key, None) is not None
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self.pinning.forget(entry)
+            return entry is not None
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self._pinned.clear()
+            self.pinning.pinned_bytes = 0
 
     def stats(self) -> dict:
         d = self.disk
@@ -306,7 +317,8 @@ class ModuleStore:
         return {"device": self.device, "entries": len(self), "bytes": self.nbytes(), "budget_bytes": self.budget_bytes,
                 "prefix_entries": len(prefix), "prefix_bytes": sum(prefix),
                 "bytes_by_precision": self.bytes_by_precision(),
-                "pinned": len(self._pinned), "evictions": self.evictions, "disk_loads": self.disk_loads,
+                "pinned": len(self._pinned), "page_locked": self.pinning.why,
+                "page_locked_bytes": self.pinning.pinned_bytes, "evictions": self.evictions, "disk_loads": self.disk_loads,
                 "persist": d is not None, "disk_writes": d.writes if d else 0,
                 "disk_write_errors": d.write_errors if d else 0, "disk_corrupt": d.corrupt if d else 0,
                 "disk_unreadable": d.unreadable if d else 0,
@@ -343,7 +355,7 @@ class ModuleStore:
             victim = next((k for k in self._entries if k not in self._pinned), None)  # listeners evict too
             if victim is None:
                 break
-            self._entries.pop(victim)
+            self.pinning.forget(self._entries.pop(victim))
             self.evictions += 1
             for listener in self._listeners:
                 listener(victim)

@@ -5,17 +5,47 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from engine.kv.layerwise import LayerCopies
+
 
 class KVBuffer:
-    """One run's KV, ``[layers, 2, 1, kv_heads, capacity, head_dim]``; each layer has its own length."""
+    """One run's KV, ``[layers, 2, 1, kv_heads, capacity, head_dim]``; each layer has its own length.
 
-    def __init__(self, data: torch.Tensor):
-        self.data = data
+    With ``layerwise``, copies from host memory are deferred and run layer by layer beside the forward
+    (engine/kv/layerwise.py); ``data`` then waits for them, ``raw`` does not. ``base``: the workspace tensor
+    this buffer is a view of (the same memory run after run: what a CUDA graph captures)."""
+
+    def __init__(self, data: torch.Tensor, layerwise: bool = False, base: torch.Tensor | None = None):
+        self.raw = data
+        self.base = data if base is None else base
         self.lengths = [0] * data.shape[0]
+        self.copies = LayerCopies(data.shape[0], data.device) if layerwise else None
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The KV, every deferred copy done (as the current stream sees it)."""
+        self.settle()
+        return self.raw
+
+    def settle(self) -> None:
+        """Make the current stream wait for every deferred copy (launching them first)."""
+        if self.copies is not None:
+            self.copies.settle()
+
+    def ready(self, layer: int) -> None:
+        """Make the current stream wait for layer ``layer``'s deferred copies (launching them first)."""
+        if self.copies is not None:
+            self.copies.wait(layer)
 
     @property
     def capacity(self) -> int:
-        return self.data.shape[4]
+        return self.raw.shape[4]
+
+    def _before_direct_write(self) -> None:
+        """After the deferred copies launched (a partial forward, a scout), a write on the current stream may reuse
+        their slots (a rebuilt buffer): it waits for them."""
+        if self.copies is not None and self.copies.launched:
+            self.copies.settle()
 
     @property
     def length(self) -> int:
@@ -23,7 +53,7 @@ class KVBuffer:
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        return self.raw.numel() * self.raw.element_size()
 
     def write(self, kv: torch.Tensor) -> None:
         """Append ``kv``: [layers, 2, kv_heads, n, head_dim]."""
@@ -32,7 +62,12 @@ class KVBuffer:
         if all(x == start for x in self.lengths):
             if start + n > self.capacity:
                 raise ValueError(f"KV buffer overflow: {start} + {n} > {self.capacity}")
-            self.data[:, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
+            if self.copies is not None and self.copies.defers(kv):
+                for i in range(kv.shape[0]):
+                    self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv[i])
+            else:
+                self._before_direct_write()
+                self.raw[:, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
             self.lengths = [start + n] * len(self.lengths)
         else:
             for i in range(kv.shape[0]):
@@ -46,7 +81,8 @@ class KVBuffer:
         if start + n > self.capacity:
             raise ValueError(f"KV buffer overflow: {start} + {n} > {self.capacity}")
         self.lengths = [start + n] * len(self.lengths)
-        return self.data[:, 0, 0, :, start:start + n], self.data[:, 1, 0, :, start:start + n]
+        self._before_direct_write()
+        return self.raw[:, 0, 0, :, start:start + n], self.raw[:, 1, 0, :, start:start + n]
 
     def write_layer(self, i: int, kv: torch.Tensor) -> None:
         """Append ``kv`` ([2, kv_heads, n, head_dim]) to layer ``i``."""
@@ -54,13 +90,17 @@ class KVBuffer:
         start = self.lengths[i]
         if start + n > self.capacity:
             raise ValueError(f"KV buffer overflow in layer {i}: {start} + {n} > {self.capacity}")
-        self.data[i, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
+        if self.copies is not None and self.copies.defers(kv):
+            self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv)
+        else:
+            self._before_direct_write()
+            self.raw[i, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
         self.lengths[i] = start + n
 
     @property
     def used_bytes(self) -> int:
         """Bytes of the entries written."""
-        per_slot = 2 * self.data.shape[3] * self.data.shape[5] * self.data.element_size()
+        per_slot = 2 * self.raw.shape[3] * self.raw.shape[5] * self.raw.element_size()
         return sum(self.lengths) * per_slot
 
     def keep(self, layer: int, idx: torch.Tensor) -> None:
@@ -78,21 +118,28 @@ class KVBuffer:
 
 
 class KVWorkspace:
-    """One pre-touched KV tensor reused by every run: page faults cost more than a prefill."""
+    """One pre-touched KV tensor reused by every run: page faults cost more than a prefill.
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device):
+    ``layerwise``: its buffers copy host KV layer by layer beside the forward (default: on CUDA)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, layerwise: bool | None = None):
         self.shape = (layers, 2, 1, kv_heads, 0, head_dim)
         self.dtype, self.device = dtype, device
         self.data: torch.Tensor | None = None
+        self.layerwise = str(device).startswith("cuda") if layerwise is None else layerwise
+        self._last: KVBuffer | None = None
 
     def buffer(self, capacity: int) -> KVBuffer:
         """An empty KVBuffer for ``capacity`` tokens."""
+        if self._last is not None:
+            self._last.settle()  # the last run's copies are done before its memory is reused
         if self.data is None or self.data.shape[4] < capacity:
             size = 1 << max(8, (capacity - 1).bit_length())
             layers, two, one, heads, _, dim = self.shape
             self.data = None  # free it first
             self.data = torch.zeros((layers, two, one, heads, size, dim), dtype=self.dtype, device=self.device)
-        return KVBuffer(self.data[:, :, :, :, :capacity])
+        self._last = KVBuffer(self.data[:, :, :, :, :capacity], layerwise=self.layerwise, base=self.data)
+        return self._last
 
     @property
     def nbytes(self) -> int:
@@ -117,12 +164,13 @@ class PreallocatedLayer(CacheLayerMixin):
 
 class _BufferedLayer(PreallocatedLayer):
     def __init__(self, buffer: KVBuffer, index: int):
-        super().__init__(buffer.data, index)
-        self.buffer = buffer
+        super().__init__(buffer.raw, index)
+        self.buffer, self.index = buffer, index
         self.length = buffer.lengths[index]
         self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def update(self, key_states, value_states, *args, **kwargs):
+        self.buffer.ready(self.index)  # this layer's stored KV is in place before attention reads it
         n = key_states.shape[-2]
         end = self.length + n
         if end > self.k.shape[2]:
@@ -133,9 +181,9 @@ class _BufferedLayer(PreallocatedLayer):
         self.keys, self.values = self.k[:, :, :end], self.v[:, :, :end]
         return self.keys, self.values
 
-    def advance(self) -> None:
-        """Count one token the C++ decode step wrote."""
-        self.length += 1
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` tokens written outside :meth:`update` (the C++ decode step, a CUDA graph)."""
+        self.length += n
         self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -152,7 +200,7 @@ class BufferedCache(Cache):
     """transformers Cache over a KVBuffer."""
 
     def __init__(self, buffer: KVBuffer):
-        super().__init__(layers=[_BufferedLayer(buffer, i) for i in range(buffer.data.shape[0])])
+        super().__init__(layers=[_BufferedLayer(buffer, i) for i in range(buffer.raw.shape[0])])
         self.buffer = buffer
 
     def step_view(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -162,9 +210,9 @@ class BufferedCache(Cache):
             return None
         return self.buffer.data, torch.tensor([n], dtype=torch.long)
 
-    def advance(self) -> None:
+    def advance(self, n: int = 1) -> None:
         for layer in self.layers:
-            layer.advance()
+            layer.advance(n)
 
     def sync_length(self) -> None:
         """Store the layers' lengths in the buffer."""

@@ -25,6 +25,8 @@ from .editors import Editors
 
 ENTRY_HEADERS = ["store entry", "tokens", "MB", "KB / token"]
 UNIT_HEADERS = ["unit", "kind", "tokens", "obtained from", "ms"]
+GPU_PATHS_NOTE = ("pinned storage, layer-wise copies and CUDA graphs apply only where the model computes on CUDA "
+                  "(off: CUDA only on a CPU; the Model tab says which are on)")
 SOURCE_LABELS = {"memory": "memory", "disk": "disk", "encoded": "fresh encode"}
 MODE_NOTE = ("**contextual** (default; called prefixed before): each module is encoded after the system text that precedes it, so cached "
              "outputs stay closer to the baseline, at no extra memory. **isolated**: the paper's scheme, each "
@@ -85,7 +87,8 @@ def _settings_panel(studio: Studio) -> Panel:
     w: dict = {}
     with gr.Row():
         w["storage"] = gr.Radio(radio_choices("storage"), value=cfg.storage, label="KV storage", interactive=gpu_ok,
-                                info=gpu_why if gpu_ok else "GPU unavailable: " + gpu_explanation(gpu_why))
+                                info=(gpu_why if gpu_ok else "GPU unavailable: " + gpu_explanation(gpu_why))
+                                + " · " + GPU_PATHS_NOTE)
         w["mode"] = gr.Radio(radio_choices("mode"), value=cfg.mode, label="Encoding mode")
     gr.Markdown(MODE_NOTE, elem_classes=["pml-note"])
     with gr.Row():

@@ -62,12 +62,15 @@ def status_tick(studio: Studio):
 
 
 # where the packed weights came from at this load (LoadedModel.weights_from)
+GPU_PATHS = (("pinned_storage", "pinned storage"), ("layerwise_copies", "layer-wise copies"),
+             ("cuda_graphs", "CUDA graphs"))  # engine.model.graphs.gpu_paths: "on …" or "off: why"
 WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an earlier load packed them"}
 
 
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (the model is not loaded by this call)."""
     from engine.cli import info_document
+    from engine.model.graphs import gpu_paths
     from engine.session import gpu_status
 
     engine = studio.engine
@@ -77,11 +80,13 @@ def model_info(studio: Studio) -> list[list]:
     if engine.loaded:
         info = info_document(engine.info())  # the facts in the words `pml-studio info` uses
         info.update(info_words(info))
+        paths = gpu_paths(info["device"], engine.lm.model)
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
                  ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights"
                   + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],
                  ["weight kernels", info.get("weight_kernels", "")],
                  ["decode step", info.get("decode_step", "")],
+                 *[[label, paths[key]] for key, label in GPU_PATHS],
                  ["why this dtype", info["dtype_reason"]],
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],

@@ -1,0 +1,124 @@
+"""The GPU paths on CUDA (skipped without it; bench/gpu.sh runs them on a lent GPU): pinned CPU storage, layer-by-
+layer copies on a side stream and CUDA graphs give the eager path's greedy tokens on a tiny random-weight Llama.
+
+The tokenizer is the small model's (SmolLM2-135M), or ``PML_GPU_TOKENIZER``'s folder where the model packages
+are not installed (a lent GPU: bench/gpu.sh saves one).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DOCS = ("The red fox jumps over the lazy dog near the river bank.",
+        "Quantum computers use qubits that can hold superpositions of states.",
+        "The library opens at nine and closes at five on weekdays.")
+SCHEMA = """<schema name="three">
+  <system>You answer questions about the documents.</system>
+  <module name="d1">{0}</module>
+  <module name="d2">{1}</module>
+  <module name="d3">{2}</module>
+</schema>""".format(*DOCS)
+PROMPT = "<prompt schema='three'><d1/><d3/> Which animal jumps, and when does the library open?</prompt>"
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def cuda_lm():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.model import SMALL_MODEL
+    from engine.model.load import load_tokenizer, wrap_model
+
+    _, tok, _ = load_tokenizer(os.environ.get("PML_GPU_TOKENIZER") or SMALL_MODEL)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval().to("cuda")
+    return wrap_model(model, tok, "tiny-llama-cuda", device="cuda", dtype="float32", fingerprint="tiny-llama-cuda")
+
+
+def runs(lm, storage: str, layerwise: bool, graphs_on: bool):
+    """(baseline, cached) greedy runs with the GPU paths as given, and the store."""
+    from engine.arms.baseline import run_baseline
+    from engine.arms.modular import run_cached
+    from engine.arms.registry import Sampling
+    from engine.arms.workspace import workspace
+    from engine.model import graphs
+    from engine.session import Engine
+
+    eng = Engine.from_loaded(lm, storage=storage)
+    lay = eng.layout(SCHEMA)
+    plan = eng.plan(lay, PROMPT, max_new_tokens=NEW)
+    enc = eng.encode(lay).encoded
+    workspace(lm).layerwise = layerwise
+    graphs.set_mode(lm.model, "on" if graphs_on else "off")
+    try:
+        out = [(run_baseline(lm, plan, Sampling(NEW)), run_cached(lm, plan, enc, eng.store(), Sampling(NEW)))
+               for _ in range(2)]  # the second pair replays the graphs the first captured
+    finally:
+        workspace(lm).layerwise = True
+        graphs.set_mode(lm.model, "auto")
+    assert out[0][0].token_ids == out[1][0].token_ids and out[0][1].token_ids == out[1][1].token_ids
+    return out[1][0], out[1][1], eng.store()
+
+
+@pytest.mark.parametrize("storage", ["cpu", "cuda"])
+def test_layerwise_pinned_and_graphed_runs_give_the_eager_tokens(cuda_lm, storage):
+    from engine.model import graphs
+
+    eager_base, eager_cached, _ = runs(cuda_lm, storage, layerwise=False, graphs_on=False)
+    fast_base, fast_cached, store = runs(cuda_lm, storage, layerwise=True, graphs_on=True)
+    assert graphs.status(cuda_lm.model) == "on", graphs.status(cuda_lm.model)
+    assert graphs.captured(cuda_lm.model) >= 2  # the question's bucket and the decode step's
+    assert fast_base.token_ids == eager_base.token_ids and len(eager_base.token_ids) == NEW
+    assert fast_cached.token_ids == eager_cached.token_ids
+    assert torch.allclose(fast_cached.first_logits, eager_cached.first_logits, atol=1e-4)
+    assert torch.allclose(fast_base.first_logits, eager_base.first_logits, atol=1e-4)
+    if storage == "cpu":
+        assert store.pinning.why == "on" and store.pinning.pinned_bytes > 0
+
+
+def test_cpu_storage_for_a_cuda_model_is_page_locked(cuda_lm):
+    from engine.kv.pinned import is_page_locked
+    from engine.session import Engine
+
+    eng = Engine.from_loaded(cuda_lm, storage="cpu")
+    eng.encode(eng.layout(SCHEMA))
+    store = eng.store()
+    assert store.pinning.active and len(store) > 0
+    assert all(is_page_locked(store.get(k)) for k in store.keys())
+    assert store.stats()["page_locked_bytes"] == store.nbytes()
+
+
+def test_side_stream_copies_land_layer_by_layer():
+    from engine.kv import KVBuffer
+
+    src = torch.randn(4, 2, 2, 64, 8).pin_memory()  # [layers, 2, kv_heads, n, head_dim]
+    direct = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"))
+    layered = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
+    direct.write(src)
+    layered.write(src)
+    assert layered.copies.waiting
+    for i in range(4):
+        layered.ready(i)  # launches on the side stream, then waits for layer i only
+        assert torch.equal(layered.raw[i], direct.raw[i])
+    assert len(layered.copies.events) == 4
+    assert torch.equal(layered.data, direct.data)
+
+
+def test_graphs_fall_back_to_eager_past_the_largest_bucket(cuda_lm):
+    from engine.kv import KVWorkspace
+    from engine.model import graphs
+    from engine.model.attend import PLAIN
+
+    space = KVWorkspace(cuda_lm.n_layers, cuda_lm.kv_heads, cuda_lm.head_dim, torch.float32, "cuda")
+    buf = space.buffer(graphs.BUCKETS[-1] + 8)
+    n = graphs.BUCKETS[-1] + 1
+    with torch.inference_mode():
+        assert graphs.forward(cuda_lm, buf.cache(), list(range(n)), list(range(n)), PLAIN) is None
