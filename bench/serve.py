@@ -63,8 +63,6 @@ class Server:
                                      env={**os.environ, **(env or {})})
 
     def wait(self, timeout: float = 600) -> None:
-        from openai import OpenAI
-
         client, until = self.client(), time.monotonic() + timeout
         while time.monotonic() < until:
             if self.proc.poll() is not None:
@@ -136,13 +134,16 @@ def stream(client, model: str, msgs: list[dict], new_tokens: int, extra: dict | 
     return row
 
 
-def run_config(client, model: str, docs, prompts, new_tokens: int, extra_of, label: str) -> list[dict]:
-    """Warm-up (all documents in order, one token), then every prompt; a row per prompt."""
+def run_config(client, model: str, docs, prompts, new_tokens: int, extra_of, label: str, shape=lambda m: m) -> list[dict]:
+    """Warm-up (all documents in order, one token), then every prompt; a row per prompt. ``shape``: how the
+    server takes the messages (:func:`joined` for one without content parts)."""
     everything = list(range(len(docs)))
-    stream(client, model, messages(docs, everything, prompts[0]["question"]), 1, extra_of(everything, prompts[0]))
+    stream(client, model, shape(messages(docs, everything, prompts[0]["question"])), 1,
+           extra_of(everything, prompts[0]))
     rows = []
     for i, p in enumerate(prompts):
-        row = stream(client, model, messages(docs, p["imports"], p["question"]), new_tokens, extra_of(p["imports"], p))
+        row = stream(client, model, shape(messages(docs, p["imports"], p["question"])), new_tokens,
+                     extra_of(p["imports"], p))
         row["found"], row["confused"] = judge(row["text"], p)
         rows.append(row)
         print(f"{label} [{i + 1}/{len(prompts)}] {row['ttft_ms']:.0f} ms {'Y' if row['found'] else 'n'} "
@@ -324,7 +325,7 @@ LLAMA_ARGS = ["--n_ctx", "4096", "--n_batch", "512", "--cache", "true", "--cache
 
 def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
     """The workload through llama-cpp-python's OpenAI server on the model's GGUF, prompt cache on."""
-    from engine.model.load import packaged_gguf
+    from engine.model.packaged import packaged_gguf
 
     if not LLAMA_PYTHON.exists():
         raise SystemExit("llama.cpp's server is not set up: make peers (or --no-llama)")
@@ -338,15 +339,8 @@ def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
         srv.wait()
         client = srv.client()
         served = client.models.list().data[0].id
-
-        class Joined:  # llama-cpp-python renders the chat template over string contents only
-            class chat:
-                class completions:
-                    @staticmethod
-                    def create(messages, **kw):
-                        return client.chat.completions.create(messages=joined(messages), **kw)
-
-        rows = run_config(Joined, served, docs, prompts, args.new_tokens, lambda imports, p: None, "llama.cpp")
+        rows = run_config(client, served, docs, prompts, args.new_tokens, lambda imports, p: None, "llama.cpp",
+                          shape=joined)  # llama-cpp-python's chat templates take string contents only
     finally:
         srv.stop()
     return rows
