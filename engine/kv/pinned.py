@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.devices import cuda_available
 from engine.kv.quant import entry_from_tensors
 
 CUDA_ONLY = "off: CUDA only (pinned memory speeds host-to-device copies; the model computes on the CPU here)"
@@ -37,7 +38,7 @@ class PinState:
             return cls(False, why=NOT_ASKED)
         if storage != "cpu":
             return cls(False, why="off: entries are kept in GPU memory")
-        if not _cuda():
+        if not cuda_available():
             return cls(True, why=NO_CUDA)
         return cls(True, active=True, why="on")
 
@@ -75,11 +76,4 @@ def is_page_locked(entry) -> bool:
     try:
         return all(t.is_pinned() for t in entry.tensors().values())
     except RuntimeError:  # no CUDA runtime: nothing is pinned
-        return False
-
-
-def _cuda() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:
         return False
