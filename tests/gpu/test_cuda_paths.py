@@ -12,18 +12,10 @@ import os
 import pytest
 import torch
 
+from tests.engine.test_gpu_paths import PROMPT, SCHEMA  # the CPU tests' case, here on CUDA
+
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-DOCS = ("The red fox jumps over the lazy dog near the river bank.",
-        "Quantum computers use qubits that can hold superpositions of states.",
-        "The library opens at nine and closes at five on weekdays.")
-SCHEMA = """<schema name="three">
-  <system>You answer questions about the documents.</system>
-  <module name="d1">{0}</module>
-  <module name="d2">{1}</module>
-  <module name="d3">{2}</module>
-</schema>""".format(*DOCS)
-PROMPT = "<prompt schema='three'><d1/><d3/> Which animal jumps, and when does the library open?</prompt>"
 NEW = 12
 
 
