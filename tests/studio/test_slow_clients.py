@@ -135,8 +135,8 @@ def test_another_accounts_slow_connections_do_not_lock_the_user_out(tiny_lm, tmp
             page = timed_get(f"http://127.0.0.1:{port}/", AUTH)
         finally:
             closed, latest = outcome(procs)
-    assert api[0] == 200 and api[1] < 5, api
-    assert page[0] == 200 and page[1] < 5, page
+    assert api[0] == 200 and api[1] < 8, api
+    assert page[0] == 200 and page[1] < 8, page
     assert closed == 1100 and latest < HEADER_S + SLACK_S, (closed, latest)
     out, err = capfd.readouterr()
     assert len(out) + len(err) < 4000, (out + err)[-2000:]
