@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 HEADER_ENV = "PML_STUDIO_HEADER_TIMEOUT_S"  # the header deadline, for a test or a slow proxy
 SAY_EVERY_S = 10.0  # one line about exhausted resources per this many seconds
 RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-log = logging.getLogger("pml-studio.connections")
 
 
 @dataclass(frozen=True)
@@ -221,26 +220,26 @@ class Watch:
         self.expect_request()
 
     def closed(self) -> None:
-        self._cancel()
+        self.cancel()
         self.connections.gone(self)
 
     def expect_request(self) -> None:
         """The next request's headers are due within ``header_s``."""
         if self.transport is None or self.transport.is_closing():
             return
-        self._arm(self.limits.header_s)
+        self.deadline(self.limits.header_s)
         self.connections.served(self)  # waiting anew: the youngest
         self.connections.wait(self)
 
     def request_started(self) -> None:
         self.requests += 1
-        self._cancel()
+        self.cancel()
         self.connections.served(self)
 
     def close(self, slow: bool = False) -> None:
         """Close the connection (a missed deadline when ``slow``); a connection upgraded to a WebSocket belongs
         to another protocol now and is only forgotten."""
-        self._cancel()
+        self.cancel()
         self.connections.gone(self)
         transport = self.transport
         if transport is None or transport.is_closing() or transport.get_protocol() is not self.protocol:
@@ -276,11 +275,12 @@ class Watch:
         if self.requests == request:
             self.expect_request()
 
-    def _arm(self, seconds: float) -> None:
-        self._cancel()
+    def deadline(self, seconds: float) -> None:
+        """Close the connection in ``seconds`` unless :meth:`cancel` comes first."""
+        self.cancel()
         self._timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), self.close, True)
 
-    def _cancel(self) -> None:
+    def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -297,14 +297,14 @@ class _Body:
             if self.done:
                 return await receive()
             limits = self.watch.limits
-            self.watch._arm(limits.body_grace_s + self.got / limits.body_rate - self.waited)
+            self.watch.deadline(limits.body_grace_s + self.got / limits.body_rate - self.waited)
             self.watch.connections.wait(self.watch)
             start = time.monotonic()
             try:
                 message = await receive()
             finally:
                 self.waited += time.monotonic() - start
-                self.watch._cancel()
+                self.watch.cancel()
             self.got += len(message.get("body", b""))
             self.done = message["type"] != "http.request" or not message.get("more_body", False)
             if self.done:
