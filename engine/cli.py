@@ -301,9 +301,9 @@ def cmd_check(args) -> int:
 
     schema_cache: dict[str, object] = {}
 
-    def load_layout(path: str):
-        if path not in schema_cache:
-            schema_cache[path] = make_layout(parse_schema(_read(path), path), get_codec())
+    def load_layout(path: str, text: str | None = None):
+        if path not in schema_cache:  # `text`: already read (a pipe gives its text once)
+            schema_cache[path] = make_layout(parse_schema(_read(path) if text is None else text, path), get_codec())
         return schema_cache[path]
 
     for f in args.files:
@@ -318,7 +318,7 @@ def cmd_check(args) -> int:
                                            f"(looked for {schema_path})", "pass it with --schema SCHEMA.xml"))
                 plan_prompt(load_layout(schema_path), prompt)
             else:
-                load_layout(f) if kind == "schema" else parse_schema(text, f)
+                load_layout(f, text) if kind == "schema" else parse_schema(text, f)
         except PMLError as err:
             problems += [str(p) for p in err.problems]
         except EngineError as err:

@@ -39,11 +39,13 @@ TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
 
 
 def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1",
-                   allow_hosts: tuple[str, ...] = (), api: dict | None = None) -> dict:
+                   allow_hosts: tuple[str, ...] = (), api: dict | None = None, connections=None) -> dict:
     """Keyword arguments of ``demo.launch``: the guard that lets only the user holding the launch ``token`` drive
     the studio (studio/guard.py; None: any local request, ``--no-token``), no CORS, the upload cap, and theme
     and CSS (Gradio 6 takes them at launch). Behind the guard, the OpenAI-compatible API (studio/api/) answers
     ``/v1/`` and ``/metrics`` on the same port; ``api``: its options (:func:`studio.api.serve.studio_api`).
+    The server Gradio starts closes slow senders' connections (studio/connections.py) under ``connections``, a
+    :class:`~studio.connections.Limits` (None: its defaults).
 
     The theme's fonts are the system's: the page asks no font server for anything.
     """
@@ -53,6 +55,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
 
     from .api.routes import ApiRoute
     from .api.serve import studio_api
+    from .connections import guard_gradio
     from .guard import LocalGuard, allowed_hosts, no_cors
     from .live import LiveRoute
     from .pagescript import FirstScript
@@ -62,6 +65,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
         no_cors(app)  # before the first request: Gradio adds its CORS middleware after ours, outside the guard
         yield
 
+    guard_gradio(connections)  # before launch: Gradio's server is made there
     system = ["ui-sans-serif", "system-ui", "sans-serif"]
     mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
     theme = gr.themes.Default(primary_hue="indigo", secondary_hue="emerald", neutral_hue="slate",

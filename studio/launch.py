@@ -53,12 +53,14 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from engine.session import Engine
 
     from .app import build_app, launch_options
+    from .connections import Limits
     from .streaming import on_engine_thread_soon
     from .shutdown import install as on_stop
 
     try:
         token = launch_token(host, token, no_token)
-    except (OSError, TokenError) as err:
+        connections = Limits.from_env()  # the deadlines for slow clients (studio/connections.py)
+    except (OSError, ValueError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     try:
@@ -77,7 +79,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     stop = on_stop(demo) if block else None  # SIGTERM, SIGHUP, exit: runs saved, downloads removed
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=True, quiet=True,
-                    show_error=False, **launch_options(demo, token=token, host=host, allow_hosts=allow_hosts, api=api))
+                    show_error=False, **launch_options(demo, token=token, host=host, allow_hosts=allow_hosts, api=api,
+                                    connections=connections))
     except OSError as err:  # the port is taken (check_address vouched for the address)
         print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
         return 2

@@ -35,17 +35,17 @@ def travel(studio):
 
 
 @contextmanager
-def served_studio(engine, runlog: RunLog, token: str | None = TOKEN, api: dict | None = None):
+def served_studio(engine, runlog: RunLog, token: str | None = TOKEN, api: dict | None = None, connections=None):
     """The studio around ``engine`` served as `make run` serves it (guard, page script, live route, the API with
-    the options ``api``: launch_options) on a free port of 127.0.0.1 with the launch ``token`` (:data:`AUTH`
-    carries it); yields (demo, port) and closes it after."""
+    the options ``api``, deadlines for slow clients under ``connections``: launch_options) on a free port of
+    127.0.0.1 with the launch ``token`` (:data:`AUTH` carries it); yields (demo, port) and closes it after."""
     from studio.app import build_app, launch_options
     from tools.screenshot import free_port
 
     demo = build_app(engine, runlog)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
-                **launch_options(demo, token=token, api=api))
+                **launch_options(demo, token=token, api=api, connections=connections))
     try:
         yield demo, port
     finally:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
 import threading
 import time
 import zlib
@@ -19,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from engine.devices import check_device, process_alive
+from engine.devices import check_device
 from engine.errors import EngineError, MissingEntry, StorageError
+from engine.files import remove_killed_saves, save_whole
 from engine.kv import entry_from_tensors
 from engine.kv.pinned import PinState
 from engine.limits import LIMITS
@@ -29,7 +28,6 @@ FORMAT = "pml-kv/2"  # pml-kv/1 plus "scheme" and quantized entries
 READABLE = ("pml-kv/1", FORMAT)
 PREFIX = "prefix:"  # prefix-cache nodes: memory only
 HEADER_SUM = "header_sha256"  # of every other manifest field
-_TEMP = re.compile(r"\..+\.safetensors\.(\d+)\.\d+\.tmp")  # .NAME.PID.THREAD.tmp
 STALE_TEMP_S = 3600  # older temporary files are a killed save's
 
 
@@ -65,18 +63,11 @@ class DiskStore:
                     **entry.manifest()}
         manifest.update({k: str(v) for k, v in (meta or {}).items()})
         manifest[HEADER_SUM] = _header_sum(manifest)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(tmp), metadata=manifest)
-            os.replace(tmp, target)
+            save_whole(target, lambda path: save_file(tensors, str(path), metadata=manifest))
         except OSError as err:
             self.write_errors += 1
             self.last_error = f"cannot write {target}: {err.strerror or err}"
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
             return False
         self.writes += 1
         return True
@@ -115,28 +106,7 @@ class DiskStore:
 
 def remove_stale_temps(root: Path) -> list[Path]:
     """Remove killed saves' temporary files from ``root``; return those removed."""
-    try:
-        found = [(p, _TEMP.fullmatch(p.name)) for p in root.iterdir() if p.name.startswith(".")]
-    except OSError:
-        return []
-    removed = []
-    for path, match in found:
-        if match is None or not path.is_file() or not _stale_temp(path, int(match.group(1))):
-            continue
-        try:
-            path.unlink()
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
-
-
-def _stale_temp(path: Path, pid: int) -> bool:
-    try:
-        age = time.time() - path.stat().st_mtime
-    except OSError:
-        return False
-    return age > STALE_TEMP_S or not process_alive(pid)
+    return remove_killed_saves(root, STALE_TEMP_S)
 
 
 def _read_entry(path: Path):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Callable
 
 from engine.devices import cache_root
+from engine.files import remove_killed_saves, save_whole
 
 SAVE_FROM = 20_000_000  # linear weights below which nothing is saved
 FORMAT = 1  # the saved file's layout
@@ -90,13 +90,11 @@ def _write(model, path: Path) -> None:
 
     layers = saved_layers(model)
     tensors = {f"{layer}.{buffer}": t.contiguous() for layer, (_, found) in layers.items() for buffer, t in found.items()}
-    part = path.with_name(f".{path.name}.{os.getpid()}")
+    kinds = {"kinds": json.dumps({k: kind for k, (kind, _) in layers.items()})}
+    remove_killed_saves(path.parent)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(part), metadata={"kinds": json.dumps({k: kind for k, (kind, _) in layers.items()})})
-        os.replace(part, path)
+        save_whole(path, lambda part: save_file(tensors, str(part), metadata=kinds))
     except OSError as err:
-        part.unlink(missing_ok=True)
         print(f"pml-studio: the packed weights were not saved ({err}); the next load packs them again",
               file=sys.stderr)
         return

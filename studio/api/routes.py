@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
+import sys
 import time
 
 from fastapi import FastAPI, Request
@@ -37,6 +39,10 @@ API_PATHS = ("/v1/", "/metrics")  # what ApiRoute hands to the API app
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413) before it is read whole
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's, when a request gives none (temperature 0 is greedy)
 MAX_STOP = 4  # stop strings per request, as OpenAI
+MAX_JSON_DEPTH = 100  # nesting of a request body's arrays and objects (OpenAI's requests nest under 10)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_TAG = re.compile(r"str|int|float|bool|none|bytes|[A-Z]\w*|[\w-]+\[.*\]")  # pydantic's names of union members
 
 
 def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
@@ -89,6 +95,9 @@ class ApiRoute:
             error = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes, the most this server "
                              "reads; send fewer or shorter documents", code="request_too_large")
             return await JSONResponse(error.body(), 413)(scope, receive, send)
+        refusal = _not_json(body) if scope.get("method") == "POST" else None
+        if refusal is not None:
+            return await JSONResponse(refusal.body(), 400)(scope, receive, send)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
         scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}  # curl -d says form data
         sent = False
@@ -330,6 +339,61 @@ async def _bounded_body(scope, receive) -> bytes | None:
     return b"".join(chunks)
 
 
+def _path(loc, keep_last: bool = False) -> list:
+    """``loc`` without "body" and pydantic's union-member tags ("str", "list[ContentPart]", "int", ...); with
+    ``keep_last``, its last name stays whatever it is (an unknown parameter's name, as the client spelt it)."""
+    last = len(loc) - 1 if keep_last else len(loc)
+    return [x for i, x in enumerate(loc) if isinstance(x, int) or i == last or
+            (x != "body" and not _TAG.fullmatch(str(x)))]
+
+
+def _param(loc, keep_last: bool = False) -> str | None:
+    """A pydantic location as OpenAI names a parameter: ``messages[0].content[1].cache_control.type``."""
+    out = ""
+    for x in _path(loc, keep_last):
+        out += f"[{x}]" if isinstance(x, int) else f".{x}" if out else str(x)
+    return out or None
+
+
+def _not_json(body: bytes) -> ApiError | None:
+    """The 400 ``invalid_json`` for a body that is not JSON this server reads, naming why (FastAPI would call
+    text that is not UTF-8, nesting past Python's recursion limit or a 5,000-digit number a bare 400); None for a
+    body that parses, and for an empty one (FastAPI's 422 says what is missing)."""
+    if not body:
+        return None
+    if _deeper_than(body, MAX_JSON_DEPTH):
+        return ApiError(400, f"the request body is not valid JSON this server reads: it nests arrays and objects more "
+                        f"than {MAX_JSON_DEPTH} levels deep; send a flatter document", code="invalid_json")
+    try:
+        json.loads(body)
+        return None
+    except UnicodeDecodeError as err:
+        why = f"it is not UTF-8 text ({err.reason} at byte {err.start}); send it as UTF-8"
+    except RecursionError:
+        why = (f"it nests arrays and objects more than about {sys.getrecursionlimit()} levels deep, more than "
+               "this server reads; send a flatter document")
+    except json.JSONDecodeError as err:
+        why = f"{err.msg} at line {err.lineno} column {err.colno}"
+    except ValueError as err:  # Python refuses integers of more than 4,300 digits
+        why = (f"a number in it is too long to read ({str(err).split(';')[0]}); send it as a string or shorter"
+               if "digits" in str(err) else f"it cannot be read ({err})")
+    return ApiError(400, f"the request body is not valid JSON: {why}", code="invalid_json")
+
+
+def _deeper_than(body: bytes, limit: int) -> bool:
+    """Whether ``body``'s arrays and objects may nest more than ``limit`` deep (twice ``limit`` at most passes):
+    the brackets outside strings, emptied pair by innermost pair, at C speed (no recursion, no parse)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKET)
+    for _ in range(limit):
+        emptied = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if emptied == brackets:  # nothing left, or brackets that do not pair (deep when many stay open)
+            return brackets.count(b"[") + brackets.count(b"{") > limit
+        brackets = emptied
+    return bool(brackets)
+
+
 def _id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
@@ -363,10 +427,11 @@ def _handlers(app: FastAPI, metrics: Metrics) -> None:
 
 
 def _validation(errors: list) -> ApiError:
-    """The first of pydantic's errors as an ApiError: bad JSON and unknown parameters 400, the rest 422."""
-    first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    param = ".".join(loc) or None
+    """The most specific of pydantic's errors (the union member it got furthest into) as an ApiError: bad JSON
+    and unknown parameters 400, the rest 422."""
+    first = max(errors, key=lambda e: len(_path(e.get("loc", ()))), default=None) or \
+        {"type": "", "loc": (), "msg": "invalid request"}
+    param = _param(first.get("loc", ()), keep_last=first["type"] == "extra_forbidden")
     if first["type"] == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")
     if first["type"] == "extra_forbidden":

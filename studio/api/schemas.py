@@ -17,6 +17,7 @@ from engine.schema.pml import IDENT, parse_schema
 from .errors import ApiError
 
 KEPT = 64  # inline schemas remembered by name
+MAX_SAMPLE_NAME = 200  # a sample's file, NAME.xml, within the 255 bytes of a file name: longer names are none
 SAMPLES = Path(__file__).resolve().parent.parent.parent / "sample_schemas"
 
 
@@ -38,7 +39,8 @@ class SchemaBook:
                            param="pml.schema", code="schema_not_found")
         found = self._inline_named(name) or self._logged(name) or self._sample(name)
         if found is None:
-            raise ApiError(400, f"no schema named '{name}': not sent to this server before, not in the run log "
+            shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
+            raise ApiError(400, f"no schema named '{shown}': not sent to this server before, not in the run log "
                            f"{getattr(self.runlog, 'path', '(none)')}, not a sample in {self.samples}; send its PML "
                            "text as pml.schema", param="pml.schema", code="schema_not_found")
         return found
@@ -68,5 +70,10 @@ class SchemaBook:
         return rows[0]["schema_text"] if rows else None
 
     def _sample(self, name: str) -> str | None:
+        if len(name.encode()) > MAX_SAMPLE_NAME:
+            return None
         path = self.samples / f"{name}.xml"
-        return path.read_text(encoding="utf-8") if path.is_file() else None
+        try:
+            return path.read_text(encoding="utf-8") if path.is_file() else None
+        except (OSError, UnicodeDecodeError):  # a sample that cannot be read is not one
+            return None

@@ -60,19 +60,21 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
     from engine.runlog import RunLog
     from engine.session import Engine
 
+    from ..connections import Limits
     from ..guard import TOKEN_ENV, TokenError, is_loopback, make_token
     from ..launch import check_address
     from ..streaming import on_engine_thread_soon
 
     try:
         check_address(host)
+        limits = Limits.from_env()
         token = None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
         if no_token and not is_loopback(host):
             raise TokenError(f"--no-token serves only a loopback address, not {host}; drop --no-token")
         engine = Engine(model=model, dtype=dtype, weights=weights)  # None: the engine's defaults, as everywhere
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the first request
-    except (OSError, TokenError, EngineError) as err:
+    except (OSError, ValueError, EngineError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     app = headless_app(engine, runlog, token, host, allow_hosts, **options)
@@ -81,8 +83,25 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
           f"({engine.config.weights} weights), run log {runlog.path}", flush=True)
     print("PML Studio API: " + (f"API key (the launch token): {token}" if token else
                                 "--no-token: every account on this machine can use the API"), flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(server_config(app, host, port, limits))
+    try:
+        server.run()  # a port already taken: uvicorn says so and exits, as uvicorn.run does
+    except KeyboardInterrupt:
+        pass
     return 0
+
+
+def server_config(app, host: str, port: int, limits=None):
+    """uvicorn's configuration for ``pml-studio api``: its connections closed when a client sends its request
+    too slowly (studio/connections.py, under ``limits``), the open-files limit raised."""
+    import uvicorn
+
+    from ..connections import guarded, quiet_resource_errors, raise_open_files
+
+    raise_open_files()
+    quiet_resource_errors()
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                          http=guarded("auto", limits))
 
 
 def _arm(name: str) -> str:

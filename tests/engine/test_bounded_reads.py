@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -78,6 +79,26 @@ def test_a_pipe_is_read_whole_or_refused_at_the_limit(tmp_path):
         finally:
             writer.join(timeout=30)
             fifo.unlink()
+
+
+def test_check_refuses_a_pipe_nothing_writes_to_at_once(tmp_path, capsys):
+    """`pml-studio check FIFO` with no writer waited forever (as `cat` does); now it is refused after
+    PIPE_WAIT_S with a named error (a pipe with a writer is still read: the test above)."""
+    import engine.files
+
+    fifo, wait_s = tmp_path / "fifo", getattr(engine.files, "PIPE_WAIT_S", 3.0)
+    os.mkfifo(fifo)
+    done: list[int] = []
+    checker = threading.Thread(target=lambda: done.append(main(["check", str(fifo)])), daemon=True)
+    checker.start()
+    start = time.monotonic()
+    checker.join(wait_s + 10)
+    if checker.is_alive():  # main's endless wait: let it go before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        checker.join(10)
+    assert done == [2], "check waited for a writer"
+    assert f"{fifo}: is a pipe that nothing wrote to within {wait_s:g} s" in capsys.readouterr().err
+    assert time.monotonic() - start < wait_s + 5
 
 
 def _write_ignoring_a_closed_reader(path, payload: bytes) -> None:

@@ -122,6 +122,48 @@ def test_a_killed_save_leaves_a_temporary_file_the_next_store_removes(tmp_path):
     assert list(folder.iterdir()) == [] and disk.removed_temps == [left]
 
 
+KILLED_WHILE_WRITING = """
+import os, sys, threading, time, torch
+from engine.cache.store import DiskStore
+from engine.kv import ModuleKV
+
+folder = sys.argv[1]
+entry = ModuleKV(torch.ones(1, 2, 2, 1 << 16, 64), torch.arange(1 << 16), torch.arange(1 << 16))  # 64 MiB
+saving = threading.Thread(target=DiskStore(folder).save, args=("k", entry), daemon=True)
+saving.start()
+while not any(n.startswith(".tmp") for _, _, names in os.walk(folder) for n in names):
+    if not saving.is_alive():
+        sys.exit(3)  # the write ended before it was seen
+    time.sleep(0.0005)
+os.kill(os.getpid(), 9)  # safetensors has made its own temporary file and writes into it
+"""
+
+
+def test_a_save_killed_while_safetensors_writes_leaves_nothing_after_the_next_start(tmp_path):
+    """safetensors writes into a temporary file of its own (.tmpXXXXXX beside the file it is asked for): a save
+    killed then left it in the store's folder forever; now it is inside the save's own folder, removed at start."""
+    folder = tmp_path / "modules"
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(folder)], cwd=ROOT, capture_output=True,
+                            timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    left = [p for p in folder.rglob("*")]
+    assert any(p.name.startswith(".tmp") for p in left), left  # killed mid-write indeed
+    DiskStore(folder)
+    assert list(folder.iterdir()) == []
+
+
+def test_a_writers_temporary_file_left_by_an_older_version_goes_once_stale(tmp_path):
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    old, new = folder / ".tmpA1b2C3", folder / ".tmpZ9y8X7"
+    for path in (old, new):
+        path.write_bytes(b"x" * 100)
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    DiskStore(folder)
+    assert list(folder.iterdir()) == [new]  # a recent one may be another studio's save under way
+
+
 def test_only_the_temporary_files_of_gone_processes_are_removed(tmp_path):
     folder = tmp_path / "modules"
     folder.mkdir()

@@ -107,6 +107,36 @@ def test_hostile_requests_each_get_a_named_error_and_the_server_keeps_serving(se
     assert "Traceback" not in "".join(capfd.readouterr())
 
 
+# (what, request, status, error code, the parameter named, words of the message): bodies FastAPI could not read
+# (answered http_error) and errors that named the wrong place (or a 500 with a traceback)
+EDGES = [
+    ("text that is not UTF-8", {"content": b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "caf\xe9"}]}'},
+     400, "invalid_json", None, "not UTF-8 text"),
+    ("arrays nested 100,000 deep", {"content": b"[" * 100_000 + b"]" * 100_000}, 400, "invalid_json", None,
+     "more than 100 levels deep"),
+    ("a 5,000-digit number", {"content": b'{"model": "tiny-llama", "max_tokens": ' + b"7" * 5000 + b"}"}, 400,
+     "invalid_json", None, "too long to read"),
+    ("cache_control of type 5", {"json": body(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "hi"}, {"type": "text", "text": "doc", "cache_control": {"type": 5}}]}])}, 422,
+     "invalid_type", "messages[0].content[1].cache_control.type", "valid string"),
+    ("a schema name of 300 characters", {"json": body(pml={"schema": "s" * 300, "prompt": "<prompt schema='s'/>"})},
+     400, "schema_not_found", "pml.schema", "(300 characters)"),
+]
+
+
+@pytest.mark.parametrize("what, req, status, code, param, words", EDGES, ids=[e[0] for e in EDGES])
+def test_unreadable_bodies_and_odd_values_get_named_errors_at_once(served, capfd, what, req, status, code, param,
+                                                                   words):
+    port, _, _ = served
+    start = time.monotonic()
+    got = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=req.get("json"), content=req.get("content"),
+                     headers=AUTH, timeout=60)
+    error = got.json()["error"]
+    assert (got.status_code, error["code"], error["param"]) == (status, code, param), got.text[:300]
+    assert words in error["message"] and time.monotonic() - start < 10
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
 def test_the_openai_client_raises_its_own_error_classes(served):
     port, _, _ = served
     with pytest.raises(openai.NotFoundError):
@@ -199,11 +229,10 @@ def headless(engine, runlog: RunLog):
     """What `pml-studio api` serves (studio/api/serve.py's app under uvicorn), on a free port; yields the port."""
     import uvicorn
 
-    from studio.api.serve import headless_app
+    from studio.api.serve import headless_app, server_config
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(headless_app(engine, runlog, TOKEN), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(server_config(headless_app(engine, runlog, TOKEN), "127.0.0.1", port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
