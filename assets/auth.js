@@ -12,7 +12,9 @@
   // listeners went with document.open(); the window, its fetch and its prototypes stayed)
   const KEY = "pml-studio-token", FILES = "/gradio_api/file=", LIFE_S = 120;
   const token = () => { try { return sessionStorage.getItem(KEY); } catch { return null; } };
-  const here = (url) => { try { return new URL(url, location.href).origin === location.origin; } catch { return false; } };
+  const here = (url) => {
+    try { return new URL(url, location.href).origin === location.origin; } catch { return false; }
+  };
   window.__pmlAuth = { KEY, token };
 
   const fetchOwn = window.fetch.bind(window);
@@ -111,7 +113,9 @@
     return setAttribute.call(this, name, n === "src" || n === "href" ? sign(value) : value);
   };
   const openWindow = window.open;
-  window.open = function (url, ...rest) { return openWindow.call(window, url === undefined ? url : sign(url), ...rest); };
+  window.open = function (url, ...rest) {
+    return openWindow.call(window, url === undefined ? url : sign(url), ...rest);
+  };
   const resign = (el) => {  // links written as HTML (no setter ran), and a link clicked after its signature expired
     for (const attr of ["href", "src"]) {
       const v = el.getAttribute && el.getAttribute(attr);

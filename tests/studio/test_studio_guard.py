@@ -238,7 +238,8 @@ def test_the_token_does_not_open_the_studio_to_another_host_or_origin(served, tm
     other_local_page = {"Origin": f"http://127.0.0.1:{port + 1}"}
     for headers in (rebinding, cross_site, other_local_page):
         assert upload(owner, marker, headers=headers).status_code == 403
-        resp = owner.post("/gradio_api/queue/join", json=join_body(event_of(demo, "on_python_upload"), path), headers=headers)
+        body = join_body(event_of(demo, "on_python_upload"), path)
+        resp = owner.post("/gradio_api/queue/join", json=body, headers=headers)
         assert resp.status_code == 403, headers
     time.sleep(0.5)
     assert not marker.exists()
@@ -418,7 +419,8 @@ def test_handlers_refuse_files_over_5_mb_by_name(tmp_path):
 def test_wrong_tokens_past_the_limit_get_429_and_the_right_token_is_answered_at_once(served):
     demo, port = served
     with client(port) as c:
-        answers = [c.get("/config", headers={"Authorization": f"Bearer wrong-{i}"}) for i in range(guard.FAILS_PER_S + 5)]
+        wrong = [{"Authorization": f"Bearer wrong-{i}"} for i in range(guard.FAILS_PER_S + 5)]
+        answers = [c.get("/config", headers=headers) for headers in wrong]
         statuses = [a.status_code for a in answers]
         assert statuses[:guard.FAILS_PER_S] == [401] * guard.FAILS_PER_S and 429 in statuses[guard.FAILS_PER_S:]
         limited = next(a for a in answers if a.status_code == 429)
