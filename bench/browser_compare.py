@@ -192,7 +192,7 @@ def main() -> None:
                     cli_docs.append(cli_run(args.ratio_tokens, logged_runs(db)[-1]["arms"]))
                     time.sleep(SETTLE_S)
         try:
-            times = compares(f"http://127.0.0.1:{port}/?token={TOKEN}", db, rounds, run_cli)
+            times = compares(f"http://127.0.0.1:{port}/#token={TOKEN}", db, rounds, run_cli)
             studio_docs = [{k: v for k, v in d.items() if k != "id"} for d in logged_runs(db)]
         finally:
             proc.terminate()

@@ -133,6 +133,7 @@ class RunLog:
                 db[ARM_TABLE].create_index(["run_id"], if_not_exists=True)
                 if db.execute("PRAGMA user_version").fetchone()[0] < VERSION:
                     _migrate(db)
+            _owner_only(self.path)
         except (OSError, sqlite3.Error) as err:
             raise RunLogError(f"cannot open the run log {self.path}: {err}; pass another file with --db") from None
 
@@ -256,6 +257,17 @@ def _stored_version(path: Path) -> int | None:
         return int(conn.execute("PRAGMA user_version").fetchone()[0])
     finally:
         conn.close()
+
+
+def _owner_only(path: Path) -> None:
+    """The log and its WAL files readable by their owner alone (they hold every schema, prompt and answer): a log
+    made before, or by a process with a lax umask, is made private at the next open."""
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if file.stat().st_mode & 0o077:
+                file.chmod(0o600)
+        except OSError:  # absent, or another account's file: opening it already said what matters
+            pass
 
 
 def _read_only_uri(path: Path) -> str:

@@ -15,6 +15,7 @@ API: the compare action is the endpoint ``/compare``::
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -56,7 +57,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
     from .api.routes import ApiRoute
     from .api.serve import studio_api
     from .connections import guard_gradio
-    from .guard import LocalGuard, allowed_hosts, no_cors
+    from .guard import AUTH_JS, LocalGuard, allowed_hosts, no_cors
     from .live import LiveRoute
     from .pagescript import FirstScript
 
@@ -72,10 +73,22 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
                               radius_size="md", font=system, font_mono=mono)
     guard = Middleware(LocalGuard, hosts=allowed_hosts(host), proxied=tuple(allow_hosts), token=token)
     middleware = [guard, Middleware(ApiRoute, api=studio_api(demo.studio, **(api or {})))]
-    middleware += [Middleware(FirstScript, script=JS_PATH.read_text())] if JS_PATH.exists() else []
+    first = "\n".join(p.read_text(encoding="utf-8") for p in (AUTH_JS, JS_PATH) if p.exists())  # the credential first
+    middleware += [Middleware(FirstScript, script=first)] if first else []
     middleware.append(Middleware(LiveRoute))  # a running Compare's texts, streamed to the page (studio/live.py)
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
             "app_kwargs": {"middleware": middleware, "lifespan": lifespan}, "max_file_size": MAX_FILE_BYTES}
+
+
+def private_temp() -> Path:
+    """The studio's temporary folder (0700, :func:`tempfile.mkdtemp`): schema downloads, the CSV export, and Gradio's
+    own cache (``GRADIO_TEMP_DIR``: uploads and the copies of every file it serves), which would otherwise go to
+    /tmp/gradio, readable by every account and left after the studio stops. Set before the Blocks are built: each
+    component reads it when made, Gradio's routes at launch."""
+    folder = Path(tempfile.mkdtemp(prefix="pml-studio-"))
+    (folder / "gradio").mkdir(mode=0o700)
+    os.environ["GRADIO_TEMP_DIR"] = str(folder / "gradio")
+    return folder
 
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
@@ -93,13 +106,13 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
     (default assets/).
     """
     studio = Studio(engine, runlog, max_new_tokens_cap=max_new_tokens_cap)  # None: state.MAX_NEW_TOKENS_CAP
-    downloads = Path(tempfile.mkdtemp(prefix="pml-studio-"))
+    downloads = private_temp()
     names = sample_names()
     first = DEFAULT_SAMPLE if DEFAULT_SAMPLE in names else (names[0] if names else None)
 
     with gr.Blocks(title="PML Studio") as demo:
         demo.studio = studio  # tests and launch reach the run log and engine through this
-        demo.downloads = downloads  # studio/shutdown.py removes it at SIGTERM and SIGHUP too
+        demo.downloads = downloads  # studio/shutdown.py removes it at SIGTERM and SIGHUP too (Gradio's cache with it)
         weakref.finalize(demo, shutil.rmtree, downloads, True)  # schema downloads and CSV exports go with the app
         with gr.Row(elem_classes=["pml-header"]):
             gr.HTML(TITLE_HTML)

@@ -57,8 +57,9 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from .streaming import on_engine_thread_soon
     from .shutdown import install as on_stop
 
+    keep_private()
     try:
-        token = launch_token(host, token, no_token)
+        token = launch_token(host, token, no_token, share)
         connections = Limits.from_env()  # the deadlines for slow clients (studio/connections.py)
     except (OSError, ValueError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
@@ -92,14 +93,24 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     return 0
 
 
-def launch_token(host: str, token: str | None, no_token: bool) -> str | None:
+def launch_token(host: str, token: str | None, no_token: bool, share: bool = False) -> str | None:
     """The token to serve with: ``token``, else ``$PML_STUDIO_TOKEN``, else a random one; None for ``no_token``,
-    which a non-loopback ``host`` refuses. OSError (:func:`check_address`) or TokenError say what is wrong."""
+    which a non-loopback ``host`` or ``share`` refuses. OSError (:func:`check_address`) or TokenError say what is
+    wrong."""
     check_address(host)
+    if no_token and share:
+        raise TokenError("--no-token cannot go with --share: the public link would let anyone on the internet drive "
+                         "the studio and run code as you; drop --no-token (the link then needs the token) or --share")
     if no_token and not is_loopback(host):
         raise TokenError(f"--no-token serves only a loopback address, not {host}: anyone who can reach {host} "
                          "could drive the studio and run code as you; drop --no-token")
     return None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
+
+
+def keep_private() -> None:
+    """Files the studio makes from now on are the user's alone (0600, folders 0700): the run log, saved runs,
+    uploads, downloads and Gradio's copies hold schemas, prompts, documents and answers."""
+    os.umask(0o077)
 
 
 def _say_loading(engine, runlog, preload: bool) -> None:

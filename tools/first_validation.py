@@ -65,7 +65,7 @@ def one_trial(root: Path, python: str) -> dict:
                     page = browser.new_page(viewport={"width": 1400, "height": 1000})
                     joins: list[float] = []  # when the page sends its events (the first is the validation)
                     page.on("request", lambda r: joins.append(time.perf_counter()) if "/queue/join" in r.url else None)
-                    page.goto(f"{url}?token={TOKEN}", wait_until="load")
+                    page.goto(f"{url}#token={TOKEN}", wait_until="load")
                     t_load = time.perf_counter()
                     page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
                     t_valid = time.perf_counter()

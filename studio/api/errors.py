@@ -54,8 +54,8 @@ def from_engine(err: BaseException, param: str | None = None) -> ApiError:
 
 def refusal_body(status: int, text: str) -> bytes:
     """The launch-token guard's refusal (plain ``text``) as an OpenAI error body: 401 ``invalid_api_key``,
-    403 ``forbidden``, otherwise ``not_found``."""
-    code = {401: "invalid_api_key", 403: "forbidden"}.get(status, "not_found")
+    403 ``forbidden``, 429 ``rate_limit_exceeded`` (wrong keys), otherwise ``not_found``."""
+    code = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}.get(status, "not_found")
     if status == 401:  # the guard's words are for a browser; a program needs to hear about its key
         text = ("missing or wrong API key: the key is the launch token this server printed to the console of the "
                 "user who started it (or $PML_STUDIO_TOKEN); send it as 'Authorization: Bearer TOKEN' (the openai "

@@ -48,7 +48,10 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
                 py_program = gr.Dropdown([], value=None, label="Prompt program", scale=2, interactive=False,
                                          elem_id="py-program")
             py_status = gr.HTML(PY_NOTE, elem_id="py-status")
-            py_path = gr.State(None)
+            py_confirm = gr.Button("Run its code and import it", variant="stop", size="sm", visible=False,
+                                   elem_id="py-confirm")
+            py_path = gr.State(None)  # the file last imported (its code ran with the user's consent)
+            py_pending = gr.State(None)  # the file uploaded and waiting for the confirm click, in this session only
             editors.schema.render()
         with gr.Column(scale=1):
             validation = gr.HTML(elem_id="schema-validation")
@@ -65,7 +68,10 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
     sample.input(load_sample, sample, docs, show_progress="hidden").then(*editors.sync, show_progress="hidden")
     upload.upload(on_upload, upload, docs).then(*editors.sync, show_progress="hidden")
     py_out = docs + [py_program, py_status, py_path]
-    py_upload.upload(on_python, py_upload, py_out).then(*editors.sync, show_progress="hidden")
+    # importing runs the file's code: the upload only asks; the confirm button of the same session imports
+    py_upload.upload(on_python_upload, py_upload, [py_pending, py_confirm, py_status], show_progress="hidden")
+    py_confirm.click(on_python_confirm, py_pending, py_out + [py_pending, py_confirm]).then(
+        *editors.sync, show_progress="hidden")
     py_program.input(on_python, [py_path, py_program], py_out).then(*editors.sync, show_progress="hidden")
     return SchemaTab(validate_step)
 
@@ -109,6 +115,25 @@ def on_upload(path: str | None):
     """An uploaded .xml goes to the schema or the prompt editor, by its root tag."""
     kind, text = read_upload(path)
     return (text, gr.skip()) if kind == "schema" else (gr.skip(), text)
+
+
+def on_python_upload(path: str | None):
+    """A .py file arrived: keep it for this session and ask before its code runs (:func:`on_python_confirm`)."""
+    if not path:
+        return None, gr.Button(visible=False), PY_NOTE
+    ask = (f'<div class="pml-status warn">Importing <b>{html.escape(Path(path).name)}</b> runs its top-level code on '
+           "this machine, as you. Run it only if you trust the file: click <b>Run its code and import it</b>.</div>")
+    return path, gr.Button(visible=True), ask
+
+
+def on_python_confirm(pending: str | None):
+    """The user confirmed the file this session uploaded: import it. ``pending`` is session state the server keeps,
+    set only by an upload of this session, so a request cannot name a file of its own to run."""
+    if not pending:
+        status = problems_html("cannot import the program", ["no .py file is waiting: upload one with "
+                                                              "Import from Python, then confirm"])
+        return gr.skip(), gr.skip(), gr.skip(), status, gr.skip(), None, gr.Button(visible=False)
+    return (*on_python(pending), None, gr.Button(visible=False))
 
 
 def on_python(path: str | None, program: str | None = None):

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from studio.guard import page_url
 from tests.studio_fixtures import TOKEN, served_studio
 from tools.screenshot import CHROMIUM, README_SCREENSHOT, compare_and_screenshot
 
@@ -22,7 +23,7 @@ def served(real_engine, tmp_path):
     from engine.runlog import RunLog
 
     with served_studio(real_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
-        yield demo, f"http://127.0.0.1:{port}/?token={TOKEN}"  # the URL the console prints
+        yield demo, page_url("127.0.0.1", port, TOKEN)  # the URL the console prints
 
 
 def test_pick_encode_compare_and_screenshot(served, tmp_path):

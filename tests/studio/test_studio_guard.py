@@ -31,18 +31,35 @@ EVIL = "attacker.example"
 NOBODY = 65534
 
 
-@pytest.fixture
-def served(tiny_engine, tmp_path):
-    with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as served:
+@pytest.fixture(scope="module")
+def served(tiny_lm, tmp_path_factory):
+    """One studio for the module (each test uses its own files and sessions)."""
+    from engine.session import Engine
+
+    with served_studio(Engine.from_loaded(tiny_lm), RunLog(tmp_path_factory.mktemp("log") / "runs.db")) as served:
         yield served
 
 
-def import_event(demo) -> int:
-    """fn_index of the Import from Python upload event (its function is studio.tabs.schema.on_python)."""
-    ids = [fn._id for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == "on_python"
-           and type(fn.inputs[0]).__name__ == "UploadButton"]
-    assert len(ids) == 1
+def event_of(demo, name: str) -> int:
+    """fn_index of the event whose function is studio.tabs.schema.``name``."""
+    ids = [fn._id for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") == name]
+    assert len(ids) == 1, name
     return ids[0]
+
+
+def import_from_python(c: httpx.Client, demo, path: str, session: str | None = None, confirm: bool = True) -> str:
+    """What the page does for Import from Python: the upload event, then (``confirm``) the confirm button's event in
+    the same session; returns the session."""
+    session = session or uuid.uuid4().hex[:11]
+    for name, data in (("on_python_upload", [file_data(path)]), ("on_python_confirm", [None]))[:2 if confirm else 1]:
+        body = {**join_body(event_of(demo, name), None), "data": data, "session_hash": session}
+        assert c.post("/gradio_api/queue/join", json=body).status_code == 200
+        wait_done(c, session)
+    return session
+
+
+def file_data(path: str | None) -> dict | None:
+    return {"path": path, "orig_name": "evil.py", "meta": {"_type": "gradio.FileData"}} if path else None
 
 
 def program(marker) -> bytes:
@@ -60,7 +77,7 @@ def upload(c: httpx.Client, marker, **kw) -> httpx.Response:
 
 
 def join_body(fn_index: int, path: str | None) -> dict:
-    data = [{"path": path, "orig_name": "evil.py", "meta": {"_type": "gradio.FileData"}}] if path else [None]
+    data = [file_data(path)]
     return {"data": data, "fn_index": fn_index, "session_hash": uuid.uuid4().hex[:11], "event_data": None,
             "trigger_id": None}
 
@@ -126,9 +143,26 @@ def test_another_account_without_the_token_is_refused_everything_and_runs_no_cod
     assert not marker.exists(), "a call without the token ran the uploaded file's code"
 
     # positive control: the owner (the token as a bearer header, as a program sends it) imports the file and it runs
-    resp = owner.post("/gradio_api/queue/join", json=(body := join_body(import_event(demo), path)))
-    assert resp.status_code == 200
-    wait_done(owner, body["session_hash"])
+    import_from_python(owner, demo, path)
+    assert marker.read_text() == "ran"
+
+
+def test_import_from_python_runs_code_only_after_the_confirm_of_the_same_session(served, tmp_path):
+    """The upload only asks; the confirm event imports the file its own session uploaded, never a path it names."""
+    demo, port = served
+    marker = tmp_path / "ran.txt"
+    owner = client(port, headers=AUTH)
+    path = upload(owner, marker).json()[0]
+    asked = import_from_python(owner, demo, path, confirm=False)
+    confirm = {**join_body(event_of(demo, "on_python_confirm"), path), "session_hash": uuid.uuid4().hex[:11]}
+    assert owner.post("/gradio_api/queue/join", json=confirm).status_code == 200  # another session, naming the file
+    wait_done(owner, confirm["session_hash"])
+    time.sleep(0.3)
+    assert not marker.exists(), "the upload alone, or a confirm of another session, ran the file's code"
+    import_from_python(owner, demo, path, session=asked, confirm=False)  # the same session asks again ...
+    body = {**join_body(event_of(demo, "on_python_confirm"), None), "session_hash": asked}
+    owner.post("/gradio_api/queue/join", json=body)
+    wait_done(owner, asked)  # ... and confirms: now it runs
     assert marker.read_text() == "ran"
 
 
@@ -137,28 +171,61 @@ def test_the_page_without_the_token_is_a_login_form_that_says_where_the_token_is
     with client(port) as c:
         page = c.get("/")
         assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
-        assert "printed to its console" in page.text and "<form" in page.text
-        assert TOKEN not in page.text and "gradio" not in page.text.lower() and "set-cookie" not in page.headers
+        assert "printed to its console" in page.text and "<form" in page.text and "#token=" in page.text
+        assert TOKEN not in page.text and "gradio_config" not in page.text and "set-cookie" not in page.headers
+        assert page.headers["referrer-policy"] == "no-referrer" and "no-referrer" in page.text
         wrong = c.get("/?token=not-the-token")
-        assert wrong.status_code == 401 and "not this studio's" in wrong.text
+        assert wrong.status_code == 401 and "not this studio's" in wrong.text.replace(" hidden>", ">")
         for route in ("/config", "/gradio_api/info", "/gradio_api/queue/data?session_hash=x", "/pml-live/x",
-                      "/theme.css"):
+                      "/gradio_api/file=/etc/hostname", "/gradio_api/upload_progress?upload_id=x"):
             resp = c.get(route)
             assert resp.status_code == 401 and "launch token" in resp.text, route
+            assert resp.headers["referrer-policy"] == "no-referrer"
+        assert c.get("/theme.css").status_code == 200  # Gradio's own styles, the same for every studio: no token
 
 
-def test_the_token_in_the_url_sets_the_cookie_once_and_leaves_the_address_bar(served):
+def test_the_token_in_the_query_moves_to_the_fragment_and_no_cookie_is_ever_set(served):
     demo, port = served
     with client(port) as c:
         entered = c.get(f"/?token={TOKEN}&__theme=dark")
-        assert entered.status_code == 303 and entered.headers["location"] == "/?__theme=dark"
-        cookie = entered.headers["set-cookie"]
-        assert cookie.startswith(f"pml_studio_{port}={TOKEN};") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-        page = c.get("/")  # the cookie, as the browser sends it after the redirect
-        assert page.status_code == 200 and "PML Studio" in page.text
-        assert c.get("/config").status_code == 200
-    forged = client(port, cookies={f"pml_studio_{port}": "not-the-token"})
-    assert forged.get("/config").status_code == 401
+        assert entered.status_code == 303 and entered.headers["location"] == f"/?__theme=dark#token={TOKEN}"
+        assert "set-cookie" not in entered.headers and entered.headers["referrer-policy"] == "no-referrer"
+        assert c.get("/config").status_code == 401  # nothing the client keeps lets it in afterwards
+        page = c.get("/", headers=AUTH)  # what the bootstrap page fetches, with the header the page script adds
+        assert page.status_code == 200 and "gradio_config" in page.text and "set-cookie" not in page.headers
+        assert page.text.index("__pmlAuth") < page.text.index("type=\"module\"")  # auth.js first, before Gradio's
+        assert c.get(f"/config?token={TOKEN}").status_code == 200  # programs may still send it in the query
+
+
+def test_a_cookie_alone_opens_nothing(served):
+    """The old credential (the token as a cookie, which the browser sends to every port of 127.0.0.1) is no credential:
+    a request with only that Cookie is refused."""
+    demo, port = served
+    for name in (f"pml_studio_{port}", "pml_studio", "token"):
+        with client(port, headers={"Cookie": f"{name}={TOKEN}"}) as c:
+            for route in ("/config", "/gradio_api/info", "/gradio_api/upload"):
+                assert c.request("POST" if route.endswith("upload") else "GET", route).status_code == 401, route
+
+
+def test_file_links_need_a_fresh_signature_of_their_own_path(served, tmp_path):
+    demo, port = served
+    owner = client(port, headers=AUTH)
+    path = upload(owner, tmp_path / "x").json()[0]  # a file in Gradio's cache, which /gradio_api/file= serves
+    route = f"/gradio_api/file={path}"
+    assert owner.get(route).status_code == 200
+    now = int(time.time())
+    with client(port) as c:
+        def get(expires, signed_path=route, token=TOKEN):
+            sig = guard.link_signature(token, signed_path, expires)
+            return c.get(route, params={"pml_exp": expires, "pml_sig": sig}).status_code
+
+        assert get(now + 60) == 200 and b"ran" in c.get(route, params={
+            "pml_exp": now + 60, "pml_sig": guard.link_signature(TOKEN, route, now + 60)}).content
+        assert get(now - 1) == 401  # expired
+        assert get(now + guard.LINK_S + 60) == 401  # a life longer than the page gives
+        assert get(now + 60, signed_path=route + "x") == 401  # another file's signature
+        assert get(now + 60, token="another-token-0123456789") == 401
+        assert c.get(route).status_code == 401
 
 
 def test_the_token_does_not_open_the_studio_to_another_host_or_origin(served, tmp_path):
@@ -171,7 +238,8 @@ def test_the_token_does_not_open_the_studio_to_another_host_or_origin(served, tm
     other_local_page = {"Origin": f"http://127.0.0.1:{port + 1}"}
     for headers in (rebinding, cross_site, other_local_page):
         assert upload(owner, marker, headers=headers).status_code == 403
-        resp = owner.post("/gradio_api/queue/join", json=join_body(import_event(demo), path), headers=headers)
+        body = join_body(event_of(demo, "on_python_upload"), path)
+        resp = owner.post("/gradio_api/queue/join", json=body, headers=headers)
         assert resp.status_code == 403, headers
     time.sleep(0.5)
     assert not marker.exists()
@@ -204,9 +272,34 @@ def test_monitoring_is_not_served(served, capfd):
     assert "Monitoring URL" not in capfd.readouterr().out
 
 
-def test_a_page_on_another_local_port_reads_nothing_in_chromium(served, tmp_path):
-    """Chromium holds the studio's cookie (the user opened it); a page of another local server then tries to read
-    the studio's answers with credentials. Every read fails."""
+# Another account's server on another local port: it records every request it receives (headers, Cookie included)
+# and serves a page that tries to read the studio, to be sent the studio's credential, and to learn where it came from.
+RECORDER = textwrap.dedent("""
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    studio = sys.argv[1]
+    page = ("<script>window.results = Promise.all(['/config', '/gradio_api/info', '/pml-live/x'].map(r => "
+            "fetch('%s' + r, {credentials: 'include'}).then(x => x.text()).then(t => 'read ' + t.length, "
+            "e => 'failed')));</script><img src='/pixel.png'><iframe src='%s/'></iframe>" % (studio, studio)).encode()
+    class Recorder(BaseHTTPRequestHandler):
+        def do_GET(self):
+            print(json.dumps({"path": self.path, "headers": self.headers.items()}), flush=True)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(page)
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+""")
+
+
+def test_a_server_of_another_account_on_another_port_receives_nothing_it_can_replay(served, tmp_path):
+    """The user opens the studio at the URL it printed, in chromium, and uses it; then follows a link to a page of
+    another account's server on another port of 127.0.0.1. That server records every header it receives; replaying
+    any of them to the studio (config, info, a file link, Import from Python) is refused and runs no code."""
     from tools.screenshot import CHROMIUM, CHROMIUM_ARGS
 
     if not os.path.exists(CHROMIUM):
@@ -214,51 +307,69 @@ def test_a_page_on_another_local_port_reads_nothing_in_chromium(served, tmp_path
     sync_playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed").sync_playwright
     demo, port = served
     studio = f"http://127.0.0.1:{port}"
-    evil = (f"<script>window.results = Promise.all(['/config', '/gradio_api/info', '/pml-live/x'].map(r => "
-            f"fetch('{studio}' + r, {{credentials: 'include'}}).then(x => x.text()).then(t => 'read ' + t.length,"
-            " e => 'failed')));</script>").encode()
-
-    class Evil(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.end_headers()
-            self.wfile.write(evil)
-
-        def log_message(self, *args):
-            pass
-
-    other = ThreadingHTTPServer(("127.0.0.1", free_port()), Evil)
-    threading.Thread(target=other.serve_forever, daemon=True).start()
+    as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    other = subprocess.Popen(["/usr/bin/python3", "-c", RECORDER, studio], stdout=subprocess.PIPE,
+                             text=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, **as_nobody)
+    marker = tmp_path / "ran.txt"
+    owner = client(port, headers=AUTH)
+    path = upload(owner, marker).json()[0]
     try:
+        evil = f"http://127.0.0.1:{other.stdout.readline().strip()}"
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page()
-                page.goto(f"{studio}/?token={TOKEN}")
-                assert page.url == f"{studio}/" and page.context.cookies()[0]["name"] == f"pml_studio_{port}"
-                for host in ("localhost", "127.0.0.1"):
-                    page.goto(f"http://{host}:{other.server_address[1]}/")
-                    assert page.evaluate("window.results") == ["failed"] * 3, host
+                page.goto(guard.page_url("127.0.0.1", port, TOKEN))  # what the console printed
+                page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
+                assert page.url == f"{studio}/" and page.context.cookies() == []  # the token left the address bar
+                page.evaluate("(href) => Object.assign(document.createElement('a'), {href}).click()", f"{evil}/from")
+                page.wait_for_url(f"{evil}/from")
+                assert page.evaluate("window.results") == ["failed"] * 3
+                page.goto(f"http://localhost:{evil.rsplit(':', 1)[1]}/direct")
+                time.sleep(0.5)
             finally:
                 browser.close()
     finally:
-        other.shutdown()
+        other.kill()
+        log = other.communicate()[0]
+    received = [json.loads(line) for line in log.splitlines()]
+    assert {r["path"] for r in received} >= {"/from", "/pixel.png", "/direct"}
+    assert TOKEN not in log and not any(k.lower() == "referer" and str(port) in v
+                                                   for r in received for k, v in r["headers"])
+    routes = [("GET", "/config"), ("GET", "/gradio_api/info"), ("GET", f"/gradio_api/file={path}"),
+              ("GET", "/")]
+    for r in received:  # replay: every header it got, each request's set as a whole and each header alone
+        sets = [r["headers"]] + [[h] for h in r["headers"]]
+        for headers in sets:
+            headers = [(k, v) for k, v in headers if k.lower() not in ("host", "content-length")]
+            with client(port, headers=headers) as c:
+                for method, route in routes:
+                    resp = c.request(method, route)
+                    assert resp.status_code in (401, 403) and "gradio_config" not in resp.text, (headers, route)
+                body = {**join_body(event_of(demo, "on_python_upload"), path)}
+                assert c.post("/gradio_api/queue/join", json=body).status_code in (401, 403)
+    time.sleep(0.3)
+    assert not marker.exists()
 
 
 def test_a_token_given_by_the_user_is_checked():
     assert len(guard.make_token()) >= 43 and guard.make_token() != guard.make_token()
-    assert guard.make_token("a" * 16) == "a" * 16
+    assert guard.make_token("abcdefgh" * 2) == "abcdefgh" * 2
     for bad in ("short", "x" * 20 + " space", "x" * 20 + ";", "é" * 20):
         with pytest.raises(guard.TokenError, match="at least 16 characters"):
             guard.make_token(bad)
-    assert guard.page_url("0.0.0.0", 7860, "t" * 16) == f"http://127.0.0.1:7860/?token={'t' * 16}"
+    for weak in ("a" * 16, "ab" * 16, "0123456" * 4, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab"):
+        with pytest.raises(guard.TokenError, match=r"too easy to guess: it has \d different characters, at least 8"):
+            guard.make_token(weak)
+    assert guard.page_url("0.0.0.0", 7860, "t" * 16) == f"http://127.0.0.1:7860/#token={'t' * 16}"
     assert guard.page_url("::1", 7860, None) == "http://[::1]:7860/"
 
 
 @pytest.mark.parametrize("argv, said", [
     (["--no-token", "--host", "0.0.0.0"], "--no-token serves only a loopback address"),
     (["--token", "short"], "at least 16 characters"),
+    (["--token", "a" * 16], "too easy to guess: it has 1 different characters"),
+    (["--no-token", "--share"], "--no-token cannot go with --share"),
     (["--host", "256.1.1.1"], "--host 256.1.1.1: not an address or a name this machine knows"),
     (["--host", "192.0.2.1"], "--host 192.0.2.1: it is not an address of this machine"),
 ])
@@ -303,3 +414,74 @@ def test_handlers_refuse_files_over_5_mb_by_name(tmp_path):
         read_upload(str(big_xml))
     imp = import_program(str(big_py))
     assert not imp.ok and "limited to 5 MB" in imp.status
+
+
+def test_wrong_tokens_past_the_limit_get_429_and_the_right_token_is_answered_at_once(served):
+    demo, port = served
+    with client(port) as c:
+        wrong = [{"Authorization": f"Bearer wrong-{i}"} for i in range(guard.FAILS_PER_S + 5)]
+        answers = [c.get("/config", headers=headers) for headers in wrong]
+        statuses = [a.status_code for a in answers]
+        assert statuses[:guard.FAILS_PER_S] == [401] * guard.FAILS_PER_S and 429 in statuses[guard.FAILS_PER_S:]
+        limited = next(a for a in answers if a.status_code == 429)
+        assert limited.headers["retry-after"] == "1" and "too many wrong tokens" in limited.text
+        t = time.perf_counter()
+        assert c.get("/config", headers=AUTH).status_code == 200  # during the limit: the right token goes through
+        assert time.perf_counter() - t < 2
+        assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).json()["error"]["code"] \
+            == "rate_limit_exceeded"
+        time.sleep(1.05)
+        assert c.get("/config", headers={"Authorization": "Bearer wrong"}).status_code == 401  # the second passed
+
+
+def test_the_failure_count_is_per_second():
+    now = [0.0]
+    failures = guard.Failures(limit=3, clock=lambda: now[0])
+    assert [failures.full() for _ in range(5)] == [False, False, False, True, True]
+    now[0] = 0.99
+    assert failures.full()
+    now[0] = 1.0
+    assert not failures.full()
+
+
+def raw_request(port: int, lines: list[str]) -> int:
+    """The status of a GET sent byte for byte (httpx would merge or refuse repeated Host headers)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(["GET /config HTTP/1.1", *lines, "Connection: close", "", ""])).encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_two_host_or_two_origin_headers_are_refused(served):
+    demo, port = served
+    own, evil = f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"
+    auth = f"Authorization: Bearer {TOKEN}"
+    assert raw_request(port, [f"Host: {own}", auth]) == 200
+    assert raw_request(port, [f"Host: {own}", f"Origin: http://{own}", auth]) == 200
+    for lines in ([f"Host: {own}", f"Origin: http://{evil}", f"Origin: http://{own}"],
+                  [f"Host: {own}", f"Origin: http://{own}", f"Origin: http://{own}"]):
+        assert raw_request(port, [*lines, auth]) == 403, lines
+    for lines in ([f"Host: {evil}", f"Host: {own}"], [f"Host: {own}", f"Host: {own}"]):
+        assert raw_request(port, [*lines, auth]) in (400, 403), lines  # uvicorn's h11 refuses two Hosts itself
+
+    # the guard on its own (a server that passes both Host headers on): refused too, whichever comes last
+    import asyncio
+
+    async def app(scope, receive, send):
+        raise AssertionError("the request reached the app")
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    checked = guard.LocalGuard(app, guard.allowed_hosts("127.0.0.1"), token=TOKEN)
+    for hosts in ((evil, own), (own, own)):
+        scope = {"type": "http", "method": "GET", "path": "/config", "server": ("127.0.0.1", port),
+                 "headers": [(b"host", h.encode()) for h in hosts] + [(b"authorization", f"Bearer {TOKEN}".encode())]}
+        asyncio.run(checked(scope, None, send))
+        assert sent[-2]["status"] == 403 and b"more than one Host header" in sent[-1]["body"]
