@@ -32,4 +32,5 @@ class RoutedView(View):
 
 register(RoutedView("routed", "Routed", "module KV reused, only the modules the question reads", "#0f766e",
                     "Routed: scouting the question's attention, then reading the modules it picked…",
-                    token_class=("routed-out", "not read by the routed arm (the question did not pick it)")))
+                    token_class=("routed-out", "not read by the routed arm (the question did not pick it)"),
+                    copy_label="scout pass + KV copy (in TTFT)"))

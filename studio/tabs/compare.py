@@ -30,8 +30,8 @@ from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread, on_engine_thread
-from ..views import (column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
-                     token_marks, token_view_html)
+from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
+                     summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
 
 
@@ -116,7 +116,7 @@ def _api(studio: Studio) -> None:
 class CompareUpdate:
     """One step of a streaming comparison."""
 
-    phase: str  # "encoding", an arm's name while it generates, or "done"
+    phase: str  # "encoding", an arm's name while it generates, "first" (an arm's first token), "stopped" or "done"
     texts: dict  # arm -> text so far
     arms: tuple[str, ...]  # the arms this run has
     message: str = ""
@@ -125,6 +125,7 @@ class CompareUpdate:
     comparison: object = field(default=None, repr=False)
     logged: dict | None = None  # Studio.record's report, on "done"
     live: object = field(default=None, repr=False)  # the run's studio.live.LiveRun (the page fetches its texts)
+    firsts: dict = field(default_factory=dict)  # arm -> its RunResult, once its first token exists (its TTFT)
 
 
 STOPPED = "Stopped: the partial run is not in the run log."
@@ -172,10 +173,10 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
 
         return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
                               progress=lambda done, total, label: emit(("encode", done, total, label)),
-                              should_stop=live.stop.is_set)
+                              should_stop=live.stop.is_set, on_arm=lambda res: emit(("first", res)))
 
     shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
-    stopped = False                        # the texts itself: each one costs the page CPU the decoding needs
+    stopped, firsts = False, {}            # the texts itself: each one costs the page CPU the decoding needs
     try:
         for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
             if kind == "encode":
@@ -185,24 +186,28 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
             elif kind == "token":
                 arm, text = payload
                 texts[arm], held = text, arm
+            elif kind == "first":  # an arm's TTFT: shown at once (one update an arm)
+                firsts[str(payload[0].arm)] = payload[0].run
+                yield CompareUpdate("first", dict(texts), cfg.arms, _progress(str(payload[0].arm)), live=live,
+                                    firsts=dict(firsts))
             elif kind == "done":
                 res = payload[0]
             if held is not None and live.watched:
                 held = None  # the page has it
             if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
-                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
+                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
                 shown, held = time.monotonic(), None
     except RunStopped:
         stopped = True
     except Exception as err:
         if held is not None:  # what had come before the failure is shown with it
-            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
+            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
         raise user_error(err) from None
     finally:
         live.stop.set()  # a reader gone before the end (Gradio's cancel closes this generator) stops the engine too
         live.finish()
     if stopped:
-        yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live)
+        yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live, firsts=dict(firsts))
         return
     data = document(res)
     logged = studio.record(data, schema_text, prompt_text)
@@ -273,16 +278,20 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
         sent: dict = {}  # what the page shows: an update carries only what changed (each part costs a re-render)
         for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values),
                                   owner):
-            if upd.phase != "done":
+            if upd.phase != "done":  # the last run's figures go at once: nothing on screen is from another run
                 cols = []
                 for view in arm_views():
                     shown = view.arm in upd.arms
                     html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
+                    first = upd.firsts.get(view.arm)
+                    figures = metrics_html(None, view.arm) if first is None else first_token_html(first, view.arm)
                     cols += [_changed(sent, f"{view.arm}:col", shown, gr.Column(visible=shown)),
-                             _changed(sent, f"{view.arm}:text", html, html), gr.skip()]
+                             _changed(sent, f"{view.arm}:text", html, html),
+                             _changed(sent, f"{view.arm}:metrics", figures, figures)]
                 live = upd.live.marker() if upd.live is not None and upd.phase != "stopped" else ""
                 summary = summary_html(None, upd.message, live)
-                yield (_changed(sent, "summary", summary, summary), *cols, gr.skip(), gr.skip(), gr.skip())
+                yield (_changed(sent, "summary", summary, summary), *cols, _changed(sent, "tokens", "", ""),
+                       _changed(sent, "json", None, None), gr.skip())
                 continue
             comparison = upd.comparison
             marks = divergence_offsets(studio, comparison)
