@@ -63,7 +63,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
                 metrics = gr.HTML(metrics_html(None, view.arm), elem_id=f"{view.arm}-metrics")
             columns += [col, text, metrics]
     with gr.Accordion("Token view: what was cached", open=True):
-        tokens = gr.HTML()
+        tokens = gr.HTML(elem_id="compare-tokens")
     with gr.Accordion("JSON (same as `pml-studio run --json`)", open=False):
         result = gr.JSON()
 
