@@ -306,16 +306,19 @@ def cmd_check(args) -> int:
             schema_cache[path] = make_layout(parse_schema(_read(path), path), get_codec())
         return schema_cache[path]
 
+    named = _schemas_named(args.files)
     for f in args.files:
         try:
             text = _read(f)
             kind = document_kind(text)
             if kind == "prompt":
                 prompt = parse_prompt(text, f)
-                schema_path = args.schema or str(Path(f).with_name(f"{prompt.schema}.xml"))
+                schema_path = (args.schema or named.get(prompt.schema)
+                               or str(Path(f).with_name(f"{prompt.schema}.xml")))
                 if not os.path.exists(schema_path):
                     raise PMLError(Problem(f, prompt.line, 1, f"no schema file found for schema '{prompt.schema}' "
-                                           f"(looked for {schema_path})", "pass it with --schema SCHEMA.xml"))
+                                           f"(looked for {schema_path})",
+                                           "name the schema file on the same command line, or pass --schema SCHEMA.xml"))
                 plan_prompt(load_layout(schema_path), prompt)
             else:
                 load_layout(f) if kind == "schema" else parse_schema(text, f)
@@ -329,6 +332,21 @@ def cmd_check(args) -> int:
     if not problems:
         print(f"ok: {len(args.files)} file(s) valid")
     return EXIT_INPUT if problems else EXIT_OK
+
+
+def _schemas_named(files: list[str]) -> dict[str, str]:
+    """{schema name: file} of the schemas on the command line that parse (a prompt is checked against its own)."""
+    from engine.schema.pml import document_kind, parse_schema
+
+    named: dict[str, str] = {}
+    for f in files:
+        try:
+            text = _read(f)
+            if document_kind(text) == "schema":
+                named.setdefault(parse_schema(text, f).name, f)
+        except EngineError:
+            continue  # reported when its turn comes
+    return named
 
 
 def cmd_layout(args) -> int:
