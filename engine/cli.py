@@ -64,22 +64,22 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
                         "qwen2.5-coder-0.5b, or $PML_STUDIO_MODEL; SmolLM2-135M-Instruct is the small one)")
         return sp
 
-    c = sub.add_parser("check", help="validate schema and prompt files; exit 2 with one line per problem")
+    c = _command(sub, "check", "validate schema and prompt files; exit 2 with one line per problem")
     c.add_argument("files", nargs="+", metavar="FILE")
     c.add_argument("--schema", help="schema file to check prompts against (default: SCHEMA-NAME.xml next to them)")
     model_opts(c)
 
-    lay = sub.add_parser("layout", help="print each module's position range and token count")
+    lay = _command(sub, "layout", "print each module's position range and token count")
     lay.add_argument("schema", metavar="SCHEMA")
     lay.add_argument("--json", action="store_true", help="print JSON instead of a table")
     model_opts(lay)
 
     model_opts(_run_parser(sub, arm_options, words))
 
-    model_opts(sub.add_parser("info", help="load the model and print its name, dtype, parameters and KV bytes per "
+    model_opts(_command(sub, "info", "load the model and print its name, dtype, parameters and KV bytes per "
                               "token")).add_argument("--json", action="store_true")
 
-    cp = sub.add_parser("compile", help="print the PML schema of a prompt program (FILE.py:FUNC); the file is "
+    cp = _command(sub, "compile", "print the PML schema of a prompt program (FILE.py:FUNC); the file is "
                         "imported, so its top-level code runs")
     cp.add_argument("target", metavar="FILE.py[:FUNC]", help="FUNC may be left out when the file has one program "
                     "that no other program calls")
@@ -87,12 +87,18 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
                     "instead of the schema")
     for name, (help_text, add_arguments, _) in (extra or {}).items():
         if name not in sub.choices:  # an engine command's name: its options, the front end's handler
-            add_arguments(sub.add_parser(name, help=help_text))
+            add_arguments(_command(sub, name, help_text))
     return p
 
 
+def _command(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A command's parser, its help line also the description its own --help prints."""
+    about = help_text[:1].upper() + help_text[1:] + ("." if help_text and not help_text.endswith(".") else "")
+    return sub.add_parser(name, help=help_text, description=about or None)
+
+
 def _run_parser(sub, arm_options: bool, words: ArmWords) -> argparse.ArgumentParser:
-    r = sub.add_parser("run", help="encode the schema, then run baseline and cached on the prompt and compare")
+    r = _command(sub, "run", "encode the schema, then run baseline and cached on the prompt and compare")
     r.add_argument("schema", metavar="SCHEMA")
     r.add_argument("prompt", metavar="PROMPT")
     add_run_options(r, arm_options, words)
@@ -380,7 +386,9 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
         graphs.set_mode(eng.lm.model, args.cuda_graphs)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
-    result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt)
+    told = Progress(eng.config.arms, sampling.max_new_tokens, words)
+    result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt,
+                         progress=told.encoding, on_arm=told.first_token)
     data = titled(result.to_json(), words)
     if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
         print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
@@ -389,6 +397,29 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
         return EXIT_OK
     print(run_text(data, words))
     return EXIT_OK
+
+
+class Progress:
+    """`run`'s phases as lines on stderr while a person watches (a terminal): each module encoded, each arm's
+    first token, then the decoding; nothing when stderr is a file or a pipe, and never on stdout."""
+
+    def __init__(self, arms, max_new_tokens: int, words: ArmWords):
+        self.arms, self.max_new, self.words, self.seen = tuple(arms), max_new_tokens, words, 0
+
+    def say(self, line: str) -> None:
+        if sys.stderr.isatty():
+            print(f"pml-studio: {line}", file=sys.stderr, flush=True)
+
+    def encoding(self, done: int, total: int, label: str) -> None:
+        self.say(f"encoding modules {done}/{total}: {label}")
+
+    def first_token(self, res) -> None:
+        self.seen += 1
+        run = res.run
+        self.say(f"{self.words.title(str(res.arm))}: prefilled {run.prefill_tokens} tokens, first token after "
+                 f"{run.ttft_ms:,.0f} ms ({self.seen}/{len(self.arms)} arms)")
+        if self.seen == len(self.arms) and self.max_new > 1:
+            self.say(f"decoding up to {self.max_new - 1} more tokens in each arm…")
 
 
 def titled(data: dict, words: ArmWords) -> dict:
@@ -467,8 +498,23 @@ def cmd_info(args, words=None) -> int:
         print(strict_json(info))
     else:
         for k, v in info.items():
-            print(f"{k:20} {v}")
+            print(f"{k:20} {human(v)}")
     return EXIT_OK
+
+
+def human(value) -> str:
+    """A value of ``info`` in words: no Python reprs (None, {...}, True, an empty string)."""
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {human(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(human(v) for v in value) or "none"
+    return str(value)
 
 
 def cmd_compile(args) -> int:

@@ -146,3 +146,57 @@ def test_figures_are_named_for_what_they_measure():
     assert "decode (shared batch of 3)" in cached and "ms/step for all 3 arms" in cached
     alone = views.metrics_html(doc(_doc({"cached": 3.0}, {"cached": True}, batch=1)), "cached")
     assert "shared" not in alone and "80.0 ms/token" in alone
+
+
+def _run_travel(tmp_path, monkeypatch, capsys, tty: bool, eng) -> tuple[str, str]:
+    """`pml-studio run --json` on the travel sample, by the tiny model (the CLI's Engine is the test's)."""
+    import sys
+
+    from engine import session
+
+    monkeypatch.setenv("PML_STUDIO_MODULES", str(tmp_path / f"modules-{tty}"))  # nothing stored: it encodes
+    monkeypatch.setattr(session, "Engine", lambda *a, **k: eng)
+    schema, prompt = tmp_path / "travel.xml", tmp_path / "travel.prompt.xml"
+    schema.write_text(TRAVEL)
+    prompt.write_text(TRAVEL_PROMPT)
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    from studio.cli import main as studio_main
+    assert studio_main(["run", str(schema), str(prompt), "--max-new-tokens", "3", "--json"]) == 0
+    out = capsys.readouterr()
+    return out.out, out.err
+
+
+def test_run_says_each_phase_on_a_terminal_only(tiny_lm, tmp_path, monkeypatch, capsys):
+    import json
+
+    from engine.session import Engine
+
+    out, err = _run_travel(tmp_path, monkeypatch, capsys, True, Engine.from_loaded(tiny_lm))
+    data = json.loads(out)  # stdout is the JSON alone
+    phases = [line for line in err.splitlines() if line.startswith("pml-studio: ")]
+    assert any(line.startswith("pml-studio: encoding modules 1/") for line in phases), err
+    for arm in data["arms"]:
+        ttft = data[arm]["ttft_ms"]
+        assert any(f"{data['by_arm'].get(arm, {}).get('title', arm) if arm != 'baseline' else 'Baseline'}: "
+                   f"prefilled {data[arm]['prefill_tokens']} tokens, first token after {ttft:,.0f} ms" in line
+                   for line in phases), (arm, phases)
+    assert phases[-1] == "pml-studio: decoding up to 2 more tokens in each arm…"
+    out, err = _run_travel(tmp_path, monkeypatch, capsys, False, Engine.from_loaded(tiny_lm))
+    json.loads(out)
+    assert "pml-studio: encoding" not in err and "first token after" not in err  # a log file gets no progress
+
+
+def test_info_in_words_and_api_help_described(capsys):
+    from engine.cli import human
+    from studio.cli import main as studio_main
+
+    assert human({"packed": 145, "own": 0, "built": False}) == "packed 145, own 0, built no"
+    assert human(None) == human("") == "none" and human(630167424) == "630,167,424"
+    assert studio_main(["info"]) == 0
+    shown = capsys.readouterr().out
+    assert "{" not in shown and "None" not in shown and "False" not in shown and "True" not in shown, shown
+    assert all(len(line.split(None, 1)) == 2 for line in shown.splitlines()), shown  # no key without a value
+    with pytest.raises(SystemExit):
+        studio_main(["api", "--help"])
+    assert "Serve the OpenAI-compatible API alone" in capsys.readouterr().out
