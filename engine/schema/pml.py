@@ -294,34 +294,22 @@ class _Validator:
         self.source, self.text = source, text
         self.lines = text.splitlines()
         self.problems: list[Problem] = []
-        self.tags: dict = {}  # element -> its start tag in the text (where.Tag)
-        if root is not None:
-            els, tags = list(root.iter(etree.Element)), start_tags(text)
-            if [e.tag for e in els] == [t.name for t in tags]:
-                self.tags = dict(zip(els, tags))
+        self.tags = _tag_map(root, text)  # element -> its start tag in the text (where.Tag)
 
     # -- reporting ----------------------------------------------------------------------------
 
     def add(self, el, message: str, hint: str = "", attr: str | None = None, value: bool = True) -> None:
-        """A problem at ``el``'s name, or at its attribute ``attr``'s value (``value`` false: the attribute's
-        name), as the text shows them."""
+        """A problem at ``el``'s name, or at its attribute ``attr``'s value (``value`` false: its name)."""
         self.problems.append(Problem(self.source, *self.where(el, attr, value), message, hint))
 
     def where(self, el, attr: str | None = None, value: bool = True) -> tuple[int, int]:
         tag = self.tags.get(el)
-        if tag is None:
+        if tag is None:  # no map (the scan and lxml disagreed): the line lxml gives, the tag's first '<' on it
             line = getattr(el, "sourceline", None) or 1
-            return line, self._col(el, line)
+            text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+            return line, text.find("<" + str(getattr(el, "tag", ""))) + 2 if "<" + str(el.tag) in text else 1
         at = tag.attrs.get(attr) if attr else None
         return line_col(self.text, tag.start + 1 if at is None else at[1 if value else 0])
-
-    def _col(self, el, line: int) -> int:
-        tag = getattr(el, "tag", None)
-        if isinstance(tag, str) and 0 < line <= len(self.lines):
-            idx = self.lines[line - 1].find("<" + tag)
-            if idx >= 0:
-                return idx + 1
-        return 1
 
     # -- attributes ---------------------------------------------------------------------------
 
@@ -540,6 +528,14 @@ class _Validator:
         at = tuple((k, *self.where(el, k, value=False), *self.where(el, k)) for k in el.attrib)
         return Import(name=el.tag, args=tuple((k, v) for k, v in el.attrib.items()), children=children,
                       line=line, col=col, at=at)
+
+
+def _tag_map(root, text: str) -> dict:
+    """{element: its start tag in ``text``}; empty when the text's scan and lxml's elements disagree."""
+    if root is None:
+        return {}
+    els, tags = list(root.iter(etree.Element)), start_tags(text)
+    return dict(zip(els, tags)) if [e.tag for e in els] == [t.name for t in tags] else {}
 
 
 def _members(el, union: Union) -> list[tuple]:

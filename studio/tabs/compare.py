@@ -160,21 +160,11 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     """
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
-    engine = studio.engine
     texts = {arm: "" for arm in cfg.arms}
     live = RUNS.open(cfg.arms, owner)
     yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
-    def work(emit):
-        def on_token(arm, text):  # on the engine thread, for every token of every arm
-            live.show(arm, text, _progress(arm))
-            if not live.watched:  # nobody fetches the texts: hand them to the reader below. Each hand-over wakes
-                emit(("token", arm, text))  # it, and on two busy cores a woken thread takes one from the decoding
-
-        return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
-                              progress=lambda done, total, label: emit(("encode", done, total, label)),
-                              should_stop=live.stop.is_set, on_arm=lambda res: emit(("first", res)))
-
+    work = partial(_work, studio.engine, schema_text, prompt_text, sampling, cfg, live)
     shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
     stopped, firsts = False, {}            # the texts itself: each one costs the page CPU the decoding needs
     try:
@@ -213,6 +203,18 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     logged = studio.record(data, schema_text, prompt_text)
     final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
     yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged, live)
+
+
+def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit):
+    """The comparison on the engine thread, its events handed to :func:`compare_stream` through ``emit``."""
+    def on_token(arm, text):  # on the engine thread, for every token of every arm
+        live.show(arm, text, _progress(arm))
+        if not live.watched:  # nobody fetches the texts: hand them to the reader. Each hand-over wakes it, and
+            emit(("token", arm, text))  # on two busy cores a woken thread takes one from the decoding
+
+    return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
+                          progress=lambda done, total, label: emit(("encode", done, total, label)),
+                          should_stop=live.stop.is_set, on_arm=lambda res: emit(("first", res)))
 
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
