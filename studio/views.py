@@ -289,8 +289,8 @@ def decode_row(run) -> tuple[str, str]:
     dec = run.decode_ms_per_token
     if dec is None:
         return "decode", "–"
-    if run.decode_batch > 1:
-        return f"decode (shared batch of {run.decode_batch})", f"{dec:.1f} ms/step for all {run.decode_batch} arms"
+    if run.decode_batch > 1:  # the batch shrinks as arms end: an arm that decodes longer averages smaller steps
+        return "decode (shared batch)", f"{dec:.1f} ms/step, a batch of up to {run.decode_batch} arms"
     return "decode", f"{dec:.1f} ms/token"
 
 

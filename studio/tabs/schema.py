@@ -55,7 +55,7 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
         with gr.Column(scale=1):
             validation = gr.HTML(elem_id="schema-validation")
             table = gr.Dataframe(headers=LAYOUT_HEADERS, interactive=False, label=LAYOUT, max_height=420, wrap=True,
-                                 column_widths=["40%", "17%", "11%", "20%", "12%"], elem_id="layout-table")
+                                 column_widths=["36%", "17%", "14%", "19%", "14%"], elem_id="layout-table")
             with gr.Accordion("Highlighted source (problem lines in red)", open=False) as source:
                 highlighted = gr.HTML()
 

@@ -109,7 +109,7 @@ def _compare_checks(page, demo, shown: list) -> dict:
         time.sleep(0.05)
     arms = demo.studio.engine.config.arms
     page.wait_for_function(
-        f"{list(arms)!r}.every(a => document.querySelector('#' + a + '-metrics').innerText.includes('TTFT'))",
+        f"{list(arms)!r}.every(a => document.querySelector('#' + a + '-metrics .pml-first'))",
         timeout=30_000)
     during = {arm: page.inner_text(f"#{arm}-metrics") for arm in arms}
     run = next(reversed(live.RUNS._runs.values()))

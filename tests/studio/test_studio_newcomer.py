@@ -143,7 +143,7 @@ def test_figures_are_named_for_what_they_measure():
     comparison = doc(data)
     routed, cached = views.metrics_html(comparison, "routed"), views.metrics_html(comparison, "cached")
     assert "scout pass" in routed and "scout pass" not in cached and "KV copy (in TTFT)" in cached
-    assert "decode (shared batch of 3)" in cached and "ms/step for all 3 arms" in cached
+    assert "decode (shared batch)" in cached and "80.0 ms/step, a batch of up to 3 arms" in cached
     alone = views.metrics_html(doc(_doc({"cached": 3.0}, {"cached": True}, batch=1)), "cached")
     assert "shared" not in alone and "80.0 ms/token" in alone
 
