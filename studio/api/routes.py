@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 
@@ -362,10 +363,18 @@ def _handlers(app: FastAPI, metrics: Metrics) -> None:
         return await api_error(request, from_engine(err))
 
 
+_TYPE_TAG = re.compile(r"(int|float|str|bool|none|[a-z-]+\[.*\])\Z")  # how pydantic names a union's members
+
+
 def _validation(errors: list) -> ApiError:
     """The first of pydantic's errors as an ApiError: bad JSON and unknown parameters 400, the rest 422."""
     first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if len(loc) > 1 and _TYPE_TAG.match(loc[-1]):  # a union's member (temperature.int): the field is the param
+        tags = [str(e["loc"][-1]) for e in errors if [str(x) for x in e["loc"] if x != "body"][:-1] == loc[:-1]]
+        loc = loc[:-1]
+        want = "a number" if set(tags) <= {"int", "float"} else " or ".join(tags)
+        first = {**first, "msg": f"expected {want}, got {first.get('input')!r}"}
     param = ".".join(loc) or None
     if first["type"] == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")

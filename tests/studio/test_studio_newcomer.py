@@ -200,3 +200,15 @@ def test_info_in_words_and_api_help_described(capsys):
     with pytest.raises(SystemExit):
         studio_main(["api", "--help"])
     assert "Serve the OpenAI-compatible API alone" in capsys.readouterr().out
+
+
+def test_a_422_names_the_field_not_pydantics_union_member():
+    import pydantic
+
+    from studio.api.routes import _validation
+    from studio.api.types import ChatRequest
+
+    with pytest.raises(pydantic.ValidationError) as err:
+        ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})
+    api = _validation(err.value.errors(include_url=False))
+    assert api.param == "temperature" and "expected a number, got 'hot'" in str(api), (api.param, str(api))
