@@ -212,3 +212,22 @@ def test_a_422_names_the_field_not_pydantics_union_member():
         ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})
     api = _validation(err.value.errors(include_url=False))
     assert api.param == "temperature" and "expected a number, got 'hot'" in str(api), (api.param, str(api))
+
+
+def test_arm_colours_apart_and_the_load_button_quiet_once_loaded(studio):
+    import colorsys
+
+    from studio.arm_views import views as arm_views
+    from studio.tabs import model as mdl
+
+    def hue(colour: str) -> float:
+        r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        return colorsys.rgb_to_hls(r, g, b)[0] * 360
+
+    hues = {v.arm: hue(v.color) for v in arm_views()}
+    for a in hues:
+        for b in hues:
+            if a < b:  # History draws each arm in its colour: no two within 30° of hue (prefix and routed were 2°)
+                assert min(abs(hues[a] - hues[b]), 360 - abs(hues[a] - hues[b])) > 30, (a, b, hues)
+    studio.engine.lm  # the model loaded
+    assert mdl.load_button(studio)["variant"] == "secondary"
