@@ -129,6 +129,7 @@ class CompareUpdate:
 
 
 STOPPED = "Stopped: the partial run is not in the run log."
+DECODING = "Every arm has its first token (TTFTs below); decoding…"
 
 # seconds between two streamed updates of the arms' texts through Gradio, for a Compare no page is fetching
 # (studio/live.py: the page fetches them itself, because each Gradio message costs the browser ~25-40 ms of CPU)
@@ -178,8 +179,9 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
                 texts[arm], held = text, arm
             elif kind == "first":  # an arm's TTFT: shown at once (one update an arm)
                 firsts[str(payload[0].arm)] = payload[0].run
-                yield CompareUpdate("first", dict(texts), cfg.arms, _progress(str(payload[0].arm)), live=live,
-                                    firsts=dict(firsts))
+                rest = [v.arm for v in arm_views() if v.arm in cfg.arms and v.arm not in firsts]  # in run order
+                yield CompareUpdate("first", dict(texts), cfg.arms, _progress(rest[0]) if rest else DECODING,
+                                    live=live, firsts=dict(firsts))
             elif kind == "done":
                 res = payload[0]
             if held is not None and live.watched:
@@ -207,14 +209,20 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
 
 def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit):
     """The comparison on the engine thread, its events handed to :func:`compare_stream` through ``emit``."""
+    firsts: set[str] = set()  # arms past their first token: they decode (together, unless decode="apart")
+
     def on_token(arm, text):  # on the engine thread, for every token of every arm
-        live.show(arm, text, _progress(arm))
+        live.show(arm, text, DECODING if arm in firsts else _progress(arm))
         if not live.watched:  # nobody fetches the texts: hand them to the reader. Each hand-over wakes it, and
             emit(("token", arm, text))  # on two busy cores a woken thread takes one from the decoding
 
+    def on_arm(res):
+        firsts.add(str(res.arm))
+        emit(("first", res))
+
     return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
                           progress=lambda done, total, label: emit(("encode", done, total, label)),
-                          should_stop=live.stop.is_set, on_arm=lambda res: emit(("first", res)))
+                          should_stop=live.stop.is_set, on_arm=on_arm)
 
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
