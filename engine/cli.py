@@ -22,6 +22,7 @@ from pathlib import Path
 from engine import config as cfg
 from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
+from engine.cli_text import Progress, human
 from engine.files import read_text
 
 EXIT_OK, EXIT_INPUT = 0, 2
@@ -64,22 +65,22 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
                         "qwen2.5-coder-0.5b, or $PML_STUDIO_MODEL; SmolLM2-135M-Instruct is the small one)")
         return sp
 
-    c = sub.add_parser("check", help="validate schema and prompt files; exit 2 with one line per problem")
+    c = _command(sub, "check", "validate schema and prompt files; exit 2 with one line per problem")
     c.add_argument("files", nargs="+", metavar="FILE")
     c.add_argument("--schema", help="schema file to check prompts against (default: SCHEMA-NAME.xml next to them)")
     model_opts(c)
 
-    lay = sub.add_parser("layout", help="print each module's position range and token count")
+    lay = _command(sub, "layout", "print each module's position range and token count")
     lay.add_argument("schema", metavar="SCHEMA")
     lay.add_argument("--json", action="store_true", help="print JSON instead of a table")
     model_opts(lay)
 
     model_opts(_run_parser(sub, arm_options, words))
 
-    model_opts(sub.add_parser("info", help="load the model and print its name, dtype, parameters and KV bytes per "
+    model_opts(_command(sub, "info", "load the model and print its name, dtype, parameters and KV bytes per "
                               "token")).add_argument("--json", action="store_true")
 
-    cp = sub.add_parser("compile", help="print the PML schema of a prompt program (FILE.py:FUNC); the file is "
+    cp = _command(sub, "compile", "print the PML schema of a prompt program (FILE.py:FUNC); the file is "
                         "imported, so its top-level code runs")
     cp.add_argument("target", metavar="FILE.py[:FUNC]", help="FUNC may be left out when the file has one program "
                     "that no other program calls")
@@ -87,12 +88,18 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
                     "instead of the schema")
     for name, (help_text, add_arguments, _) in (extra or {}).items():
         if name not in sub.choices:  # an engine command's name: its options, the front end's handler
-            add_arguments(sub.add_parser(name, help=help_text))
+            add_arguments(_command(sub, name, help_text))
     return p
 
 
+def _command(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A command's parser, its help line also the description its own --help prints."""
+    about = help_text[:1].upper() + help_text[1:] + ("." if help_text and not help_text.endswith(".") else "")
+    return sub.add_parser(name, help=help_text, description=about or None)
+
+
 def _run_parser(sub, arm_options: bool, words: ArmWords) -> argparse.ArgumentParser:
-    r = sub.add_parser("run", help="encode the schema, then run baseline and cached on the prompt and compare")
+    r = _command(sub, "run", "encode the schema, then run baseline and cached on the prompt and compare")
     r.add_argument("schema", metavar="SCHEMA")
     r.add_argument("prompt", metavar="PROMPT")
     add_run_options(r, arm_options, words)
@@ -306,16 +313,19 @@ def cmd_check(args) -> int:
             schema_cache[path] = make_layout(parse_schema(_read(path) if text is None else text, path), get_codec())
         return schema_cache[path]
 
+    named = _schemas_named(args.files)
     for f in args.files:
         try:
             text = _read(f)
             kind = document_kind(text)
             if kind == "prompt":
                 prompt = parse_prompt(text, f)
-                schema_path = args.schema or str(Path(f).with_name(f"{prompt.schema}.xml"))
+                schema_path = (args.schema or named.get(prompt.schema)
+                               or str(Path(f).with_name(f"{prompt.schema}.xml")))
                 if not os.path.exists(schema_path):
                     raise PMLError(Problem(f, prompt.line, 1, f"no schema file found for schema '{prompt.schema}' "
-                                           f"(looked for {schema_path})", "pass it with --schema SCHEMA.xml"))
+                                           f"(looked for {schema_path})",
+                                           "name the schema file on the same command line, or pass --schema SCHEMA.xml"))
                 plan_prompt(load_layout(schema_path), prompt)
             else:
                 load_layout(f, text) if kind == "schema" else parse_schema(text, f)
@@ -329,6 +339,21 @@ def cmd_check(args) -> int:
     if not problems:
         print(f"ok: {len(args.files)} file(s) valid")
     return EXIT_INPUT if problems else EXIT_OK
+
+
+def _schemas_named(files: list[str]) -> dict[str, str]:
+    """{schema name: file} of the schemas on the command line that parse (a prompt is checked against its own)."""
+    from engine.schema.pml import document_kind, parse_schema
+
+    named: dict[str, str] = {}
+    for f in files:
+        try:
+            text = _read(f)
+            if document_kind(text) == "schema":
+                named.setdefault(parse_schema(text, f).name, f)
+        except EngineError:
+            continue  # reported when its turn comes
+    return named
 
 
 def cmd_layout(args) -> int:
@@ -362,7 +387,9 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
         graphs.set_mode(eng.lm.model, args.cuda_graphs)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
-    result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt)
+    told = Progress(eng.config.arms, sampling.max_new_tokens, words)
+    result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt,
+                         progress=told.encoding, on_arm=told.first_token)
     data = titled(result.to_json(), words)
     if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
         print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
@@ -449,7 +476,7 @@ def cmd_info(args, words=None) -> int:
         print(strict_json(info))
     else:
         for k, v in info.items():
-            print(f"{k:20} {v}")
+            print(f"{k:20} {human(v)}")
     return EXIT_OK
 
 

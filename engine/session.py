@@ -174,8 +174,10 @@ class Engine:
     def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
                 config: RunConfig | None = None, on_token: TokenFn | None = None,
                 progress: ProgressFn | None = None, schema_source: str = "<schema>",
-                prompt_source: str = "<prompt>", should_stop: Callable[[], bool] | None = None) -> Comparison:
-        """Encode if needed, run the configured arms and compare them; RunStopped once ``should_stop()`` says so."""
+                prompt_source: str = "<prompt>", should_stop: Callable[[], bool] | None = None,
+                on_arm: Callable | None = None) -> Comparison:
+        """Encode if needed, run the configured arms and compare them; RunStopped once ``should_stop()`` says so;
+        ``on_arm(ArmResult)`` as each arm has its first token."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay = self.layout(schema_text, schema_source)
@@ -192,7 +194,7 @@ class Engine:
             enc = self._fetched(plan, lay, cfg, enc, progress)
             prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) else None
             result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                 settings=dict(cfg.arm_settings), decode=cfg.decode)
+                                 settings=dict(cfg.arm_settings), decode=cfg.decode, on_arm=on_arm)
         return replace(result, encode=encode_summary(enc))
 
     # -- internal helpers --

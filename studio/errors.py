@@ -58,7 +58,7 @@ def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
     for p in problems:
         msg = f"{p.line}:{p.col}: {p.message}" + (f"; hint: {p.hint}" if p.hint else "")
         if 1 <= p.line <= len(src):
-            msg += f"\n    {p.line} | {src[p.line - 1].strip()}"
+            msg += source_line(src[p.line - 1], p.line, p.col)
         out.append(msg)
         lines.append(p.line)
     if not problems:
@@ -67,6 +67,15 @@ def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
             msg = msg[len(prefix):] if msg.startswith(prefix) else msg
         out.append(msg.replace(": error: ", ": ", 1))
     return out, lines
+
+
+def source_line(line: str, number: int, col: int) -> str:
+    """The offending line (indentation dropped) and a caret under column ``col``, as a compiler shows them."""
+    indent = len(line) - len(line.lstrip())
+    head = f"    {number} | "
+    shown = line.strip()
+    caret = " " * (len(head) + max(col - 1 - indent, 0)) + "^" if col - 1 - indent <= len(shown) else ""
+    return f"\n{head}{shown}" + (f"\n{caret}" if caret else "")
 
 
 def _plain(text: str) -> str:

@@ -266,16 +266,55 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
     for text in (view.chips(res.detail) if res.detail is not None else ()):
         chips += f'<span class="badge">{html.escape(text)}</span>'
     chips += bars_html(view.bars(res.detail) if res.detail is not None else ())
-    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
-    if arm != Arm.BASELINE:
-        rows.append(("KV copy (in TTFT)", f"{run.copy_ms:.1f} ms"))
-    dec = run.decode_ms_per_token
-    rows += [("decode", "–" if dec is None else f"{dec:.1f} ms/token"), ("new tokens", str(run.decode_tokens))]
+    rows = first_rows(run, arm)
+    rows += [decode_row(run), ("new tokens", str(run.decode_tokens))]
     rows += kv_rows(run, arm)
     rows += [("process peak", f"{run.peak_rss_bytes / MB:,.0f} MB RSS"
               + (f" · {run.cuda_peak_bytes / MB:,.0f} MB GPU" if run.cuda_peak_bytes else ""))]
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="pml-arm-chips">{chips}</div><table class="pml-metrics">{cells}</table>'
+
+
+def first_rows(run, arm: str) -> list[tuple[str, str]]:
+    """The rows of an arm's first token: TTFT, its prefill and what came before the prefill (the view names it)."""
+    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
+    if arm != Arm.BASELINE:
+        rows.append((view_of(arm).copy_label, f"{run.copy_ms:.1f} ms"))
+    return rows
+
+
+def decode_row(run) -> tuple[str, str]:
+    """Decode speed, named as what it measured: arms decoded together share one batch's steps, so the figure is
+    the batch's, the same for each of them."""
+    dec = run.decode_ms_per_token
+    if dec is None:
+        return "decode", "–"
+    if run.decode_batch > 1:  # the batch shrinks as arms end: an arm that decodes longer averages smaller steps
+        return "decode (shared batch)", f"{dec:.1f} ms/step, a batch of up to {run.decode_batch} arms"
+    return "decode", f"{dec:.1f} ms/token"
+
+
+def first_token_html(run, arm: str) -> str:
+    """An arm's readouts while the run goes on: its TTFT, as soon as its first token exists."""
+    cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in first_rows(run, arm))
+    return (f'<div class="pml-arm-chips"><span class="badge">first token in; decoding…</span></div>'
+            f'<table class="pml-metrics pml-first">{cells}</table>')
+
+
+def headline(comparison: Comparison) -> tuple[str | None, float | None, bool]:
+    """(arm, speedup, whether its text is the baseline's) of the arm the summary leads with: the fastest first
+    token among the arms whose answer is the baseline's, else the fastest of all."""
+    ranked = []
+    for res in comparison.arms.values():
+        speedup = comparison.speedup(res.arm)
+        if speedup is not None:
+            same = res.agreement is not None and res.agreement.same_text
+            ranked.append((same, speedup, str(res.arm)))
+    if not ranked:
+        return None, None, False
+    same = [r for r in ranked if r[0]]
+    best = max(same or ranked, key=lambda r: r[1])
+    return best[2], best[1], best[0]
 
 
 def bars_html(bars) -> str:
@@ -307,15 +346,22 @@ def kv_rows(run, arm: str) -> list[tuple[str, str]]:
 
 
 def summary_html(comparison: Comparison | None, message: str = "", live: str = "") -> str:
-    """The line above the columns: speedup of the modular cache and how it agrees with the baseline (while a
+    """The line above the columns: the speedup of the arm :func:`headline` picks and how it agrees with the
+    baseline (while a
     run goes, its ``message`` and the ``live`` marker by which the page reads its texts: studio/live.py)."""
     if comparison is None:
         text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
         return f'<div class="pml-summary idle"><span class="pml-live-message">{text}</span>{live}</div>'
-    speedup = comparison.speedup(Arm.CACHED)
+    lead, speedup, same = headline(comparison)
     big = "–" if speedup is None else f"{speedup:.1f}×"
+    if lead is None:
+        sub = "faster first token (no arm to set against the baseline)"
+    else:
+        why = ("the fastest arm whose answer is the baseline's" if same
+               else "the fastest arm; no arm's answer is the baseline's")
+        sub = f"faster first token: <b>{html.escape(view_of(lead).title)}</b>, {why}"
     facts = []
-    agree = comparison.agreement(Arm.CACHED)
+    agree = comparison.agreement(lead) if lead is not None else None
     if agree is not None:
         facts.append('<span class="badge good">same text</span>' if agree.same_text
                      else f'<span class="badge warn">diverges at token {agree.first_divergence}</span>')
@@ -327,7 +373,7 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
     facts.append(f'<span class="badge">{html.escape(comparison.store.device)} · {html.escape(comparison.mode)}</span>')
     facts += _repair_badges(comparison)
     return (f'<div class="pml-summary"><div class="speedup"><span class="big">{big}</span>'
-            f'<span class="sub">faster first token (modular cache)</span></div>'
+            f'<span class="sub">{sub}</span></div>'
             f'<div class="facts">{"".join(facts)}{_memory_badges(comparison)}</div></div>')
 
 

@@ -5,7 +5,7 @@ extend it, never rename; docs/cli.md). :meth:`Comparison.from_json` reads one ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from engine.arms.batch import DecodeBatch, DecodingContext
 from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmResult, ArmSettings, Reads, RunResult, Sampling,
@@ -176,9 +176,11 @@ class Comparison:
 def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
             sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
             arms: Sequence[str] = ("baseline", "cached"), prefix: PrefixCache | None = None,
-            settings: dict[str, ArmSettings] | None = None, decode: str = "together") -> Comparison:
+            settings: dict[str, ArmSettings] | None = None, decode: str = "together",
+            on_arm: Callable[[ArmResult], None] | None = None) -> Comparison:
     """The asked-for arms of one plan in registry order, with their agreement; ``decode="together"``: after their
-    first tokens the arms decode as one batch."""
+    first tokens the arms decode as one batch. ``on_arm`` gets each arm's result as soon as it has its first token
+    (its TTFT; with decode="together", before it decodes the rest)."""
     wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
     reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)
     if reads_modules:
@@ -186,7 +188,11 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
     keep = tuple(used_keys(plan, encoded)) if reads_modules else ()
     batch = DecodeBatch(lm) if decode == "together" else None
     ctx = DecodingContext(lm, plan, encoded, store, sampling, on_token, prefix, keep, dict(settings or {}), batch)
-    results = {a: REGISTRY[a].run(ctx) for a in wanted}
+    results = {}
+    for a in wanted:
+        results[a] = REGISTRY[a].run(ctx)
+        if on_arm is not None:
+            on_arm(results[a])
     if batch is not None:
         batch.decode()
         results = {a: replace(r, run=batch.finish(r.run)) for a, r in results.items()}

@@ -166,13 +166,13 @@ class _Resolver:
             p = params.get(key)
             if p is None:
                 valid = ", ".join(params) or "none"
-                self.add(item.line, item.col, f"module '{path}' has no param '{key}'", f"params of {path}: {valid}")
+                self.add(*item.arg_at(key), f"module '{path}' has no param '{key}'", f"params of {path}: {valid}")
                 continue
             ids = tuple(self.layout.codec.encode(value))
             n = len(ids)
             if n > p.length:
                 self.refused.add((path, key))
-                self.add(item.line, item.col, f"argument {key}=\"{value}\" of module '{path}' is {n} tokens but the "
+                self.add(*item.arg_at(key, value=True), f"argument {key}=\"{value}\" of module '{path}' is {n} tokens but the "
                          f"param allows {p.length} (len=\"{p.length}\")",
                          f"shorten the argument to at most {p.length} tokens, or raise len in the schema")
                 continue

@@ -15,6 +15,8 @@ from lxml import etree
 
 from engine.errors import PMLError, Problem
 
+from .where import char_col, first_slip, line_col, start_tags
+
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 ROLES = ("system", "user", "assistant")
 REFERENCE_PARAMETER_LEN = 16  # `<parameter>` without `length`, as the spec documents
@@ -104,7 +106,15 @@ class Import:
     args: tuple[tuple[str, str], ...]
     children: tuple["Import", ...]
     line: int
-    col: int
+    col: int  # of its name
+    at: tuple[tuple[str, int, int, int, int], ...] = ()  # (argument, line, col of its name, line, col of its value)
+
+    def arg_at(self, key: str, value: bool = False) -> tuple[int, int]:
+        """(line, column) of argument ``key``'s name (``value``: of its value); the tag's when unknown."""
+        for k, *where in self.at:
+            if k == key:
+                return tuple(where[2:] if value else where[:2])
+        return self.line, self.col
 
 
 @dataclass(frozen=True)
@@ -188,7 +198,7 @@ _PARSER_OPTIONS = dict(
 def _open_root(text: str, source: str, tag: str, attr: str, example: str):
     """(root element, validator, root identifier) of a document rooted at ``<tag attr=...>``."""
     root = _parse_xml(text, source)
-    v = _Validator(source, text)
+    v = _Validator(source, text, root)
     if root.tag != tag:
         v.add(root, f"the root element is <{root.tag}>, a {tag} starts with <{tag} {attr}=\"...\">",
               f"wrap the document in {example}")
@@ -212,8 +222,7 @@ def _parse_xml(text: str, source: str):
     try:
         root = etree.fromstring(data, parser=parser)
     except etree.XMLSyntaxError as err:
-        line, col = err.position if err.position else (1, 1)
-        raise PMLError(Problem(source, line or 1, col or 1, _syntax_message(err), _syntax_hint(err))) from None
+        raise PMLError(_syntax_problem(text, source, err)) from None
     info = root.getroottree().docinfo
     if info.doctype or info.internalDTD is not None or info.externalDTD is not None:
         _refuse_declarations(source, 1, 1)  # a second lock behind _declaration
@@ -246,6 +255,17 @@ def _refuse_declarations(source: str, line: int, col: int):
                            "<![CDATA[ <!DOCTYPE ...> ]]> is text and allowed"))
 
 
+def _syntax_problem(text: str, source: str, err) -> Problem:
+    """The problem of a document lxml refused, at the character to fix: the text's own first slip when it comes no
+    later than where lxml gave up (a missing '>' is reported at the next word), else lxml's place."""
+    line, col = err.position if err.position else (1, 1)
+    line, col = line or 1, char_col(text, line or 1, col or 1)
+    slip = first_slip(text)
+    if slip is not None and line_col(text, slip.offset) <= (line, col):
+        return Problem(source, *line_col(text, slip.offset), f"malformed XML: {slip.message}", slip.hint)
+    return Problem(source, line, col, _syntax_message(err), _syntax_hint(err))
+
+
 def _syntax_message(err) -> str:
     msg = (err.msg or str(err)).strip()
     msg = re.sub(r",? line \d+, column \d+$", "", msg)
@@ -270,24 +290,26 @@ def _syntax_hint(err) -> str:
 class _Validator:
     """Collects problems while turning lxml elements into the frozen data model."""
 
-    def __init__(self, source: str, text: str):
-        self.source = source
+    def __init__(self, source: str, text: str, root=None):
+        self.source, self.text = source, text
         self.lines = text.splitlines()
         self.problems: list[Problem] = []
+        self.tags = _tag_map(root, text)  # element -> its start tag in the text (where.Tag)
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def add(self, el, message: str, hint: str = "") -> None:
-        line = getattr(el, "sourceline", None) or 1
-        self.problems.append(Problem(self.source, line, self._col(el, line), message, hint))
+    def add(self, el, message: str, hint: str = "", attr: str | None = None, value: bool = True) -> None:
+        """A problem at ``el``'s name, or at its attribute ``attr``'s value (``value`` false: its name)."""
+        self.problems.append(Problem(self.source, *self.where(el, attr, value), message, hint))
 
-    def _col(self, el, line: int) -> int:
-        tag = getattr(el, "tag", None)
-        if isinstance(tag, str) and 0 < line <= len(self.lines):
-            idx = self.lines[line - 1].find("<" + tag)
-            if idx >= 0:
-                return idx + 1
-        return 1
+    def where(self, el, attr: str | None = None, value: bool = True) -> tuple[int, int]:
+        tag = self.tags.get(el)
+        if tag is None:  # no map (the scan and lxml disagreed): the line lxml gives, the tag's first '<' on it
+            line = getattr(el, "sourceline", None) or 1
+            text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+            return line, text.find("<" + str(getattr(el, "tag", ""))) + 2 if "<" + str(el.tag) in text else 1
+        at = tag.attrs.get(attr) if attr else None
+        return line_col(self.text, tag.start + 1 if at is None else at[1 if value else 0])
 
     # -- attributes ---------------------------------------------------------------------------
 
@@ -295,7 +317,8 @@ class _Validator:
         for attr in el.attrib:
             if attr not in allowed:
                 valid = ", ".join(sorted(allowed)) or "none"
-                self.add(el, f"<{el.tag}> has an unknown attribute '{attr}'", f"attributes of {what}: {valid}")
+                self.add(el, f"<{el.tag}> has an unknown attribute '{attr}'", f"attributes of {what}: {valid}",
+                         attr, value=False)
 
     def identifier(self, el, attr: str, what: str) -> str:
         value = el.get(attr)
@@ -305,7 +328,7 @@ class _Validator:
         value = value.strip()
         if not IDENT.match(value):
             self.add(el, f"{what} {attr} '{value}' is not a valid identifier",
-                     "use letters, digits, '_', '.', '-' and start with a letter or '_'")
+                     "use letters, digits, '_', '.', '-' and start with a letter or '_'", attr)
         return value
 
     # -- schema -------------------------------------------------------------------------------
@@ -321,18 +344,18 @@ class _Validator:
                 self.add(el, "entity references are not expanded in PML", "write the text out literally")
             elif child.tag == "module":
                 m = self.module(child)
-                self._unique(child, names, [m.name], where)
+                self._unique(names, [(child, m.name)], where)
                 out.append(m)
             elif child.tag == "union":
                 u = self.union(child)
-                self._unique(child, names, [m.name for m in u.members], where)
+                self._unique(names, _members(child, u), where)
                 out.append(u)
             elif child.tag in ("param", "parameter"):
                 if where.startswith("module"):
                     p = self.param(child)
                     if p.name in params:
                         self.add(child, f"param '{p.name}' is declared twice in {where}",
-                                 "give each param of a module its own name")
+                                 "give each param of a module its own name", "name")
                     params.add(p.name)
                     out.append(p)
                 else:
@@ -363,11 +386,11 @@ class _Validator:
         for child in el:
             if child.tag == "module":
                 m = self.module(child)
-                self._unique(child, names, [m.name], "schema")
+                self._unique(names, [(child, m.name)], "schema")
                 out.append(m)
             elif child.tag == "union":
                 u = self.union(child)
-                self._unique(child, names, [m.name for m in u.members], "schema")
+                self._unique(names, _members(child, u), "schema")
                 out.append(u)
             elif child.tag in ("param", "parameter"):
                 self.add(child, f"<{child.tag}> is only allowed inside a <module>, not in <{el.tag}>",
@@ -386,25 +409,27 @@ class _Validator:
         if t:
             out.append(Text(t, line or 1))
 
-    def _unique(self, el, names: dict[str, int], new: list[str], where: str) -> None:
-        for name in new:
+    def _unique(self, names: dict[str, int], new: list[tuple], where: str) -> None:
+        """Check the (element, module name) pairs ``new`` against the sibling ``names`` (name -> line) seen."""
+        for el, name in new:
             if not name:
                 continue
             if name in ROLES:
                 self.add(el, f"module name '{name}' is reserved for the chat role tag",
-                         "rename the module (e.g. 'user-profile')")
+                         "rename the module (e.g. 'user-profile')", "name")
             if name in names:
                 self.add(el, f"module '{name}' is declared twice in {where} (first on line {names[name]})",
-                         "module names must be unique among siblings: rename one of them")
+                         "module names must be unique among siblings: rename one of them", "name")
             else:
-                names[name] = el.sourceline or 1
+                names[name] = self.where(el, "name")[0]
 
     def module(self, el) -> Module:
         self.check_attrs(el, {"name", "cache"}, "<module>")
         name = self.identifier(el, "name", "module")
         cache_attr = (el.get("cache") or "true").strip().lower()
         if cache_attr not in ("true", "false"):
-            self.add(el, f"module '{name}' has cache=\"{el.get('cache')}\"", "write cache=\"true\" or cache=\"false\"")
+            self.add(el, f"module '{name}' has cache=\"{el.get('cache')}\"", "write cache=\"true\" or cache=\"false\"",
+                     "cache")
         children = self.container(el, where=f"module '{name}'")
         return Module(name=name, children=tuple(children), cache=cache_attr != "false", line=el.sourceline or 1)
 
@@ -429,7 +454,7 @@ class _Validator:
             scaffold = scaffold.strip()
             if scaffold not in [m.name for m in members]:
                 valid = ", ".join(m.name for m in members) or "none"
-                self.add(el, f"union scaffold '{scaffold}' is not one of its members", f"members: {valid}")
+                self.add(el, f"union scaffold '{scaffold}' is not one of its members", f"members: {valid}", "scaffold")
         return Union(members=tuple(members), scaffold=scaffold, line=el.sourceline or 1)
 
     def param(self, el) -> Param:
@@ -453,10 +478,11 @@ class _Validator:
                 length = 0
             if length <= 0:
                 self.add(el, f"param '{name}' has {len_attr}=\"{raw}\", it must be a positive whole number",
-                         f"write {len_attr}=\"8\" (tokens)")
+                         f"write {len_attr}=\"8\" (tokens)", len_attr if el.get(len_attr) is not None else "len")
             elif length > MAX_PARAM_LEN:
                 self.add(el, f"param '{name}' has {len_attr}=\"{raw}\", more positions than any model's context",
-                         f"write a {len_attr} of at most the model's context (e.g. {len_attr}=\"64\")")
+                         f"write a {len_attr} of at most the model's context (e.g. {len_attr}=\"64\")",
+                         len_attr if el.get(len_attr) is not None else "len")
                 length = 0
         if compact(el.text) or len(el):
             self.add(el, f"param '{name}' must be empty", f"write <{el.tag} name=\"{name}\" .../> and give "
@@ -494,13 +520,27 @@ class _Validator:
             items.append(NewText(t, None, line or 1))
 
     def import_(self, el) -> Import:
-        line = el.sourceline or 1
+        line, col = self.where(el)
         if compact(el.text) or any(compact(c.tail) for c in el):
             self.add(el, f"the import <{el.tag}> contains text; an import contains no text",
                      f"put new text after </{el.tag}>, or give arguments as attributes")
         children = tuple(self.import_(c) for c in el if isinstance(c.tag, str))
+        at = tuple((k, *self.where(el, k, value=False), *self.where(el, k)) for k in el.attrib)
         return Import(name=el.tag, args=tuple((k, v) for k, v in el.attrib.items()), children=children,
-                      line=line, col=self._col(el, line))
+                      line=line, col=col, at=at)
+
+
+def _tag_map(root, text: str) -> dict:
+    """{element: its start tag in ``text``}; empty when the text's scan and lxml's elements disagree."""
+    if root is None:
+        return {}
+    els, tags = list(root.iter(etree.Element)), start_tags(text)
+    return dict(zip(els, tags)) if [e.tag for e in els] == [t.name for t in tags] else {}
+
+
+def _members(el, union: Union) -> list[tuple]:
+    """(element, name) of each member of the ``union`` parsed from ``el``."""
+    return list(zip([c for c in el if c.tag == "module"], [m.name for m in union.members]))
 
 
 def _scaffolds(v: _Validator, root, children) -> list[Scaffold]:

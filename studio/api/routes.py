@@ -426,12 +426,20 @@ def _handlers(app: FastAPI, metrics: Metrics) -> None:
         return await api_error(request, from_engine(err))
 
 
+_TYPE_TAG = re.compile(r"(int|float|str|bool|none|[a-z-]+\[.*\])\Z")  # how pydantic names a union's members
+
+
 def _validation(errors: list) -> ApiError:
     """The most specific of pydantic's errors (the union member it got furthest into) as an ApiError: bad JSON
     and unknown parameters 400, the rest 422."""
     first = max(errors, key=lambda e: len(_path(e.get("loc", ()))), default=None) or \
         {"type": "", "loc": (), "msg": "invalid request"}
     param = _param(first.get("loc", ()), keep_last=first["type"] == "extra_forbidden")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if len(loc) > 1 and _TYPE_TAG.match(loc[-1]):  # a union's members (temperature.int): say what it takes
+        tags = [str(e["loc"][-1]) for e in errors if [str(x) for x in e["loc"] if x != "body"][:-1] == loc[:-1]]
+        want = "a number" if set(tags) <= {"int", "float"} else " or ".join(tags)
+        first = {**first, "msg": f"expected {want}, got {first.get('input')!r}"}
     if first["type"] == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", code="invalid_json")
     if first["type"] == "extra_forbidden":

@@ -32,6 +32,7 @@ class View:
     color: str = ""
     progress: str = ""  # what the page says while the arm runs
     token_class: tuple[str, str] | None = None  # (name, legend) in the token view: its recomputed tokens, its marks
+    copy_label: str = "KV copy (in TTFT)"  # what the arm's copy_ms measured before its prefill
 
     def chips(self, detail: Any) -> list[str]:
         """Short facts under the arm's column (and in `pml-studio run`'s text) from its detail."""

@@ -30,6 +30,7 @@ class RoutedView(View):
         return {"routed-out": out} if out else {}
 
 
-register(RoutedView("routed", "Routed", "module KV reused, only the modules the question reads", "#0f766e",
+register(RoutedView("routed", "Routed", "module KV reused, only the modules the question reads", "#65a30d",
                     "Routed: scouting the question's attention, then reading the modules it picked…",
-                    token_class=("routed-out", "not read by the routed arm (the question did not pick it)")))
+                    token_class=("routed-out", "not read by the routed arm (the question did not pick it)"),
+                    copy_label="scout pass + KV copy (in TTFT)"))

@@ -30,8 +30,8 @@ from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread, on_engine_thread
-from ..views import (column_html, head_html, logged_html, metrics_html, prefix_stop, summary_html,
-                     token_marks, token_view_html)
+from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
+                     summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
 
 
@@ -63,7 +63,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
                 metrics = gr.HTML(metrics_html(None, view.arm), elem_id=f"{view.arm}-metrics")
             columns += [col, text, metrics]
     with gr.Accordion("Token view: what was cached", open=True):
-        tokens = gr.HTML()
+        tokens = gr.HTML(elem_id="compare-tokens")
     with gr.Accordion("JSON (same as `pml-studio run --json`)", open=False):
         result = gr.JSON()
 
@@ -116,7 +116,7 @@ def _api(studio: Studio) -> None:
 class CompareUpdate:
     """One step of a streaming comparison."""
 
-    phase: str  # "encoding", an arm's name while it generates, or "done"
+    phase: str  # "encoding", an arm's name while it generates, "first" (an arm's first token), "stopped" or "done"
     texts: dict  # arm -> text so far
     arms: tuple[str, ...]  # the arms this run has
     message: str = ""
@@ -125,9 +125,11 @@ class CompareUpdate:
     comparison: object = field(default=None, repr=False)
     logged: dict | None = None  # Studio.record's report, on "done"
     live: object = field(default=None, repr=False)  # the run's studio.live.LiveRun (the page fetches its texts)
+    firsts: dict = field(default_factory=dict)  # arm -> its RunResult, once its first token exists (its TTFT)
 
 
 STOPPED = "Stopped: the partial run is not in the run log."
+DECODING = "Every arm has its first token (TTFTs below); decoding…"
 
 # seconds between two streamed updates of the arms' texts through Gradio, for a Compare no page is fetching
 # (studio/live.py: the page fetches them itself, because each Gradio message costs the browser ~25-40 ms of CPU)
@@ -159,23 +161,13 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     """
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
-    engine = studio.engine
     texts = {arm: "" for arm in cfg.arms}
     live = RUNS.open(cfg.arms, owner)
     yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
-    def work(emit):
-        def on_token(arm, text):  # on the engine thread, for every token of every arm
-            live.show(arm, text, _progress(arm))
-            if not live.watched:  # nobody fetches the texts: hand them to the reader below. Each hand-over wakes
-                emit(("token", arm, text))  # it, and on two busy cores a woken thread takes one from the decoding
-
-        return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
-                              progress=lambda done, total, label: emit(("encode", done, total, label)),
-                              should_stop=live.stop.is_set)
-
+    work = partial(_work, studio.engine, schema_text, prompt_text, sampling, cfg, live)
     shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
-    stopped = False                        # the texts itself: each one costs the page CPU the decoding needs
+    stopped, firsts = False, {}            # the texts itself: each one costs the page CPU the decoding needs
     try:
         for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
             if kind == "encode":
@@ -185,29 +177,52 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
             elif kind == "token":
                 arm, text = payload
                 texts[arm], held = text, arm
+            elif kind == "first":  # an arm's TTFT: shown at once (one update an arm)
+                firsts[str(payload[0].arm)] = payload[0].run
+                rest = [v.arm for v in arm_views() if v.arm in cfg.arms and v.arm not in firsts]  # in run order
+                yield CompareUpdate("first", dict(texts), cfg.arms, _progress(rest[0]) if rest else DECODING,
+                                    live=live, firsts=dict(firsts))
             elif kind == "done":
                 res = payload[0]
             if held is not None and live.watched:
                 held = None  # the page has it
             if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
-                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
+                yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
                 shown, held = time.monotonic(), None
     except RunStopped:
         stopped = True
     except Exception as err:
         if held is not None:  # what had come before the failure is shown with it
-            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live)
+            yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
         raise user_error(err) from None
     finally:
         live.stop.set()  # a reader gone before the end (Gradio's cancel closes this generator) stops the engine too
         live.finish()
     if stopped:
-        yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live)
+        yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live, firsts=dict(firsts))
         return
     data = document(res)
     logged = studio.record(data, schema_text, prompt_text)
     final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
     yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged, live)
+
+
+def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit):
+    """The comparison on the engine thread, its events handed to :func:`compare_stream` through ``emit``."""
+    firsts: set[str] = set()  # arms past their first token: they decode (together, unless decode="apart")
+
+    def on_token(arm, text):  # on the engine thread, for every token of every arm
+        live.show(arm, text, DECODING if arm in firsts else _progress(arm))
+        if not live.watched:  # nobody fetches the texts: hand them to the reader. Each hand-over wakes it, and
+            emit(("token", arm, text))  # on two busy cores a woken thread takes one from the decoding
+
+    def on_arm(res):
+        firsts.add(str(res.arm))
+        emit(("first", res))
+
+    return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
+                          progress=lambda done, total, label: emit(("encode", done, total, label)),
+                          should_stop=live.stop.is_set, on_arm=on_arm)
 
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
@@ -273,16 +288,20 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
         sent: dict = {}  # what the page shows: an update carries only what changed (each part costs a re-render)
         for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values),
                                   owner):
-            if upd.phase != "done":
+            if upd.phase != "done":  # the last run's figures go at once: nothing on screen is from another run
                 cols = []
                 for view in arm_views():
                     shown = view.arm in upd.arms
                     html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
+                    first = upd.firsts.get(view.arm)
+                    figures = metrics_html(None, view.arm) if first is None else first_token_html(first, view.arm)
                     cols += [_changed(sent, f"{view.arm}:col", shown, gr.Column(visible=shown)),
-                             _changed(sent, f"{view.arm}:text", html, html), gr.skip()]
+                             _changed(sent, f"{view.arm}:text", html, html),
+                             _changed(sent, f"{view.arm}:metrics", figures, figures)]
                 live = upd.live.marker() if upd.live is not None and upd.phase != "stopped" else ""
                 summary = summary_html(None, upd.message, live)
-                yield (_changed(sent, "summary", summary, summary), *cols, gr.skip(), gr.skip(), gr.skip())
+                yield (_changed(sent, "summary", summary, summary), *cols, _changed(sent, "tokens", "", ""),
+                       _changed(sent, "json", None, None), gr.skip())
                 continue
             comparison = upd.comparison
             marks = divergence_offsets(studio, comparison)

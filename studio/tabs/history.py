@@ -23,7 +23,9 @@ from .compare import CompareTab
 from .editors import Editors, Step
 from .schema import SchemaTab
 
-RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "tokens (cached)"]
+# the prompt's size; what each arm reused from a cache is in its own cell (the schema's module tokens are not what a
+# run reused: a prefix run may reuse all but one token, a routed one a few)
+RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "prompt tokens"]
 # Each column's least width, in characters of the table's monospace font: the longest word its header or its
 # cells hold ("2026-11-26", "contextual", "(cached)"); an arm's cell reads "812 ms · 6.1× · diverges at 3".
 RUN_CHARS = [5, 10, 10, 14, 10, 8]
@@ -106,13 +108,13 @@ def rows(studio: Studio, schema: str | None = None) -> list[list]:
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
         schema = r["schema_name"] + (f" · {r['source']}" if r.get("source") else "")  # "· api": an API request
         cells = [r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), schema,
-                 r["model"], storage_cell(r), f"{r['prompt_tokens']} ({r['cached_tokens']})"]
+                 r["model"], storage_cell(r), r["prompt_tokens"]]
         out.append(cells + [arm_cell(r["arms"].get(v.arm)) for v in arm_views()])
     return out
 
 
 def arm_cell(arm: dict | None) -> str:
-    """'812 ms · 6.1× · same' / '… · diverges at 3' from an arm row; '–' for an arm that did not run."""
+    """'812 ms · 6.1× · same · 348 reused' / '… · diverges at 3' from an arm row; '–' for an arm that did not run."""
     if not arm or arm.get("ttft_ms") is None:
         return "–"
     parts = [_ms(arm["ttft_ms"])]
@@ -120,6 +122,8 @@ def arm_cell(arm: dict | None) -> str:
         parts.append(f"{arm['speedup']:.1f}×")
     if arm.get("same_text") is not None:
         parts.append("same" if arm["same_text"] else f"diverges at {arm['first_divergence']}")
+    if arm.get("speedup") is not None and arm.get("reused_tokens") is not None:  # not the baseline's (it reuses none)
+        parts.append(f"{arm['reused_tokens']:,} reused")
     return " · ".join(parts)
 
 

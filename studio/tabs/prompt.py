@@ -134,6 +134,8 @@ def builder_updates(studio: Studio, state: BuilderState, keys: list[str], trigge
 def _wire_builder(studio: Studio, state: BuilderState, widgets: dict, free: gr.Textbox, prompt_code: gr.Code) -> None:
     keys, comps = list(widgets), list(widgets.values())
     inputs, outputs = comps + [free], [prompt_code] + comps
+    # .change, not .input: Gradio's textbox sends .input for keys typed, not for a paste, a drop or a value set by a
+    # script or an autocomplete; .change fires for each of them (and for the values set here, which then agree)
     for key, comp in [*widgets.items(), (None, free)]:
-        comp.input(partial(builder_updates, studio, state, keys, key), inputs, outputs, show_progress="hidden",
-                   trigger_mode="always_last", api_visibility="private")
+        comp.change(partial(builder_updates, studio, state, keys, key), inputs, outputs, show_progress="hidden",
+                    trigger_mode="always_last", api_visibility="private")

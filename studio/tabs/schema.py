@@ -22,6 +22,8 @@ from .editors import Editors, Step
 
 log = logging.getLogger("pml-studio")
 LAYOUT_HEADERS = ["module", "positions", "tokens", "params", "cached"]
+LAYOUT = "Layout"
+STALE = "Layout — STALE: the last valid schema's (the editor's schema does not parse; fix it to refresh)"
 # characters of a schema's name kept in its download's file name: file systems refuse names over 255 bytes, and a
 # schema name may be longer (identifiers are ASCII: one byte a character)
 DOWNLOAD_NAME_CHARS = 100
@@ -55,8 +57,8 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
             editors.schema.render()
         with gr.Column(scale=1):
             validation = gr.HTML(elem_id="schema-validation")
-            table = gr.Dataframe(headers=LAYOUT_HEADERS, interactive=False, label="Layout", max_height=420, wrap=True,
-                                 column_widths=["40%", "17%", "11%", "20%", "12%"])
+            table = gr.Dataframe(headers=LAYOUT_HEADERS, interactive=False, label=LAYOUT, max_height=420, wrap=True,
+                                 column_widths=["36%", "17%", "14%", "19%", "14%"], elem_id="layout-table")
             with gr.Accordion("Highlighted source (problem lines in red)", open=False) as source:
                 highlighted = gr.HTML()
 
@@ -96,7 +98,8 @@ class Validation:
         if self.ok:
             return ok_html(f"schema <b>{html.escape(self.name)}</b> is valid: {len(self.rows)} modules, "
                            f"{self.positions} positions")
-        return problems_html(f"{len(self.problems)} problem(s)", self.problems)
+        return problems_html(f"{len(self.problems)} problem(s) — the layout beside is the last valid schema's, "
+                             "stale until these are fixed", self.problems)
 
 
 def validate(studio: Studio, schema_text: str) -> Validation:
@@ -170,6 +173,7 @@ def _download(downloads: Path, schema_name: str, schema_text: str) -> Path | Non
 def _validate_ui(studio: Studio, downloads: Path, schema_text: str, prev_spec):
     v = validate(studio, schema_text)
     file = _download(downloads, v.name, schema_text) if v.ok else gr.skip()
-    return (v.status_html(), [list(r) for r in v.rows] if v.ok else gr.skip(), highlight_html(schema_text, v.lines),
+    table = gr.Dataframe([list(r) for r in v.rows], label=LAYOUT) if v.ok else gr.Dataframe(label=STALE)
+    return (v.status_html(), table, highlight_html(schema_text, v.lines),
             v.spec if v.ok and v.spec != prev_spec else gr.skip(), v.ok, file,
             gr.skip() if v.ok else gr.Accordion(open=True))

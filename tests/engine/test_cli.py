@@ -39,8 +39,8 @@ BAD = {
                       "malformed.xml:2:", "<![CDATA["),
     "xxe.xml": ('<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]>\n<schema name="x">&e;</schema>',
                 "xxe.xml:1:1:", "DOCTYPE"),
-    "dupe.xml": ("<schema name='d'>\n<module name='a'/>\n<module name='a'/>\n</schema>", "dupe.xml:3:", "declared twice"),
-    "tag.xml": ("<schema name='t'>\n  <modul name='a'/>\n</schema>", "tag.xml:2:3:", "unknown element <modul>"),
+    "dupe.xml": ("<schema name='d'>\n<module name='a'/>\n<module name='a'/>\n</schema>", "dupe.xml:3:15:", "declared twice"),
+    "tag.xml": ("<schema name='t'>\n  <modul name='a'/>\n</schema>", "tag.xml:2:4:", "unknown element <modul>"),
 }
 
 

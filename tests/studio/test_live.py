@@ -102,7 +102,9 @@ def test_while_a_page_fetches_the_texts_gradio_streams_none_of_them(studio, trav
             poller.start()
     stop.set()
     poller.join(10)
-    assert {u.phase for u in updates} <= {"encoding", "done"}, [u.phase for u in updates]
+    assert {u.phase for u in updates} <= {"encoding", "first", "done"}, [u.phase for u in updates]
+    firsts = [u for u in updates if u.phase == "first"]  # each arm's TTFT, once, as its first token exists
+    assert [len(u.firsts) for u in firsts] == list(range(1, len(updates[-1].arms) + 1))
     final = updates[-1].result
     grown = [r["texts"]["cached"] for r in seen if r["texts"]["cached"]]
     assert grown and all(final["cached"]["text"].startswith(t) for t in grown)

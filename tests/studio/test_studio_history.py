@@ -36,7 +36,10 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     cells = dict(zip(hist.headers(), rows[0]))
     assert cells["Baseline TTFT"] == f"{data['baseline']['ttft_ms']:.0f} ms"
     same = "same" if data["same_text"] else f"diverges at {data['first_divergence']}"
-    assert cells["Modular cache TTFT"] == f"{data['cached']['ttft_ms']:.0f} ms · {data['speedup']:.1f}× · {same}"
+    assert cells["Modular cache TTFT"] == (f"{data['cached']['ttft_ms']:.0f} ms · {data['speedup']:.1f}× · {same} · "
+                                           f"{data['cached']['reused_tokens']:,} reused")  # what it reused, not the
+    assert cells["prompt tokens"] == data["prompt_tokens"]  # schema's module tokens
+    assert f"{data['prefix']['reused_tokens']:,} reused" in cells["Prefix cache TTFT"]
     detail = hist.run_detail(studio, rows[0][0])  # the logged run, drawn by the Compare tab's views
     assert detail.count('class="col-head"') == 3 and f"{data['speedup']:.1f}×" in detail
     assert hist.rows(studio, "doc_qa") == []

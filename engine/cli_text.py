@@ -1,0 +1,44 @@
+"""Words the CLI prints for people: `info`'s values and `run`'s progress on a terminal (engine/cli.py)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def human(value) -> str:
+    """A value of ``info`` in words: no Python reprs (None, {...}, True, an empty string)."""
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {human(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(human(v) for v in value) or "none"
+    return str(value)
+
+
+
+class Progress:
+    """`run`'s phases as lines on stderr while a person watches (a terminal): each module encoded, each arm's
+    first token, then the decoding; nothing when stderr is a file or a pipe, and never on stdout."""
+
+    def __init__(self, arms, max_new_tokens: int, words):  # words: engine.cli.ArmWords
+        self.arms, self.max_new, self.words, self.seen = tuple(arms), max_new_tokens, words, 0
+
+    def say(self, line: str) -> None:
+        if sys.stderr.isatty():
+            print(f"pml-studio: {line}", file=sys.stderr, flush=True)
+
+    def encoding(self, done: int, total: int, label: str) -> None:
+        self.say(f"encoding modules {done}/{total}: {label}")
+
+    def first_token(self, res) -> None:
+        self.seen += 1
+        run = res.run
+        self.say(f"{self.words.title(str(res.arm))}: prefilled {run.prefill_tokens} tokens, first token after "
+                 f"{run.ttft_ms:,.0f} ms ({self.seen}/{len(self.arms)} arms)")
+        if self.seen == len(self.arms) and self.max_new > 1:
+            self.say(f"decoding up to {self.max_new - 1} more tokens in each arm…")
