@@ -21,6 +21,7 @@ import pytest
 from engine.runlog import RunLog
 from studio import live
 from studio.files import load_sample
+from studio.guard import page_url
 from tests import studio_fixtures as fixtures
 from tests.studio_fixtures import served_studio
 from tools.screenshot import CHROMIUM
@@ -152,7 +153,7 @@ def test_a_newcomers_walk(tiny_engine, tmp_path, monkeypatch):
     travel, _ = load_sample("travel")
     token = getattr(fixtures, "TOKEN", None)
     with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
-        url = f"http://127.0.0.1:{port}/" + (f"?token={token}" if token else "")
+        url = page_url("127.0.0.1", port, token)  # the URL the console prints
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
