@@ -373,9 +373,14 @@ def test_a_token_given_by_the_user_is_checked():
     (["--host", "256.1.1.1"], "--host 256.1.1.1: not an address or a name this machine knows"),
     (["--host", "192.0.2.1"], "--host 192.0.2.1: it is not an address of this machine"),
 ])
-def test_serve_refuses_unsafe_or_impossible_launches_by_name(argv, said, capsys):
+def test_serve_refuses_unsafe_or_impossible_launches_by_name(argv, said, capsys, monkeypatch):
     import app
+    import engine.session
 
+    def launched(**kw):
+        raise AssertionError(f"{argv} was not refused before the model loads")
+
+    monkeypatch.setattr(engine.session, "Engine", launched)
     assert app.main(argv + ["--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and "port" not in err.split(said)[0]
