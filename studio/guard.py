@@ -18,7 +18,8 @@ the user's browser opens. Every request passes three checks here, before Gradio 
    OpenAI API) or ``?token=``. Files the page loads by URL carry a link signed with the token that expires
    within :data:`LINK_S` s (:func:`link_signature`). Without the token ``GET /`` is the bootstrap page (a login
    form when the browser holds no token), Gradio's built scripts and styles (no user data: :data:`PUBLIC`) are
-   served, and every other route answers 401; past :data:`FAILS_PER_S` wrong tokens a second, 429.
+   served, and every other route answers 401; past :data:`FAILS_PER_S` wrong tokens a second from one account,
+   429, and that account's tokens go unread until the second has passed (:class:`Failures`).
    ``token=None`` (``--no-token``, loopback only) skips this check.
 
 Gradio's monitoring routes are not served (they print a key to the console). Refusals are plain-text answers
@@ -30,6 +31,7 @@ Every answer carries ``Referrer-Policy: no-referrer``.
 from __future__ import annotations
 
 import hashlib
+import os
 import hmac
 import re
 import secrets
@@ -119,21 +121,54 @@ def no_cors(app) -> None:
 
 
 class Failures:
-    """Wrong tokens of the last second: past ``limit`` of them, the next ones are answered 429 (the right token is
-    checked before this and never waits)."""
+    """Wrong tokens of the last second, per account (``None``: accounts not told apart). Past ``limit`` of them
+    the account is *locked* for the rest of that second: its tokens are not even compared, so a guesser learns
+    nothing and guesses at most ``limit`` a second. The studio's own account is never locked (it could read the
+    token anyway), so another account's flood cannot lock the user out."""
 
-    def __init__(self, limit: int = FAILS_PER_S, clock=time.monotonic):
-        self.limit, self.clock, self.times = limit, clock, deque()
+    def __init__(self, limit: int = FAILS_PER_S, clock=time.monotonic, own=None):
+        self.limit, self.clock, self.own = limit, clock, own
+        self.times: dict = {}  # account -> deque of failure times
 
-    def full(self) -> bool:
-        """Count one more wrong token; whether the second already held ``limit`` of them."""
-        now = self.clock()
-        while self.times and now - self.times[0] >= 1.0:
-            self.times.popleft()
-        if len(self.times) >= self.limit:
+    def full(self, account=None) -> bool:
+        """Count one more wrong token of ``account``; whether its second already held ``limit`` of them."""
+        times = self._recent(account)
+        if len(times) >= self.limit:
             return True
-        self.times.append(now)
+        times.append(self.clock())
         return False
+
+    def locked(self, account) -> bool:
+        """``account`` (another account, told apart) is past the limit: refuse its tokens unread."""
+        return account is not None and account != self.own and len(self._recent(account)) >= self.limit
+
+    def any_full(self) -> bool:
+        return any(len(self._recent(a)) >= self.limit for a in list(self.times))
+
+    def _recent(self, account) -> deque:
+        times, now = self.times.setdefault(account, deque()), self.clock()
+        while times and now - times[0] >= 1.0:
+            times.popleft()
+        return times
+
+
+def peer_account(scope) -> int | None:
+    """The uid owning the client's end of a loopback TCP connection (Linux /proc/net/tcp*); None if unknown."""
+    client, server = scope.get("client"), scope.get("server")
+    if not client or not server or not str(client[0]).startswith(("127.", "::1", "::ffff:127.")):
+        return None
+    want = f":{int(client[1]):04X}"
+    back = f":{int(server[1]):04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 7 and cols[1].endswith(want) and cols[2].endswith(back):
+                return int(cols[7])
+    return None
 
 
 class LocalGuard:
@@ -148,7 +183,7 @@ class LocalGuard:
         self.hosts = tuple(h.lower() for h in hosts)  # answered on the port the studio listens on
         self.proxied = tuple(filter(None, map(_bare, proxied)))  # --allow-host: any port (a proxy's)
         self.token = token
-        self.failures = Failures()
+        self.failures = Failures(own=os.getuid() if hasattr(os, "getuid") else None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -164,21 +199,27 @@ class LocalGuard:
             return await self.app(scope, receive, send)
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         given = _bearer(_headers(scope)[0]) or query.get("token")
+        link = path.startswith(FILE_LINKS) and method in ("GET", "HEAD") and "pml_sig" in query
+        account = peer_account(scope) if (given is not None or link) and self.failures.any_full() else None
+        if account is not None and self.failures.locked(account):
+            return await self._too_many(scope, send)
         if given is not None and self._matches(given):
             if method == "GET" and path == "/" and "token" in query:
                 return await self._to_fragment(send, query)
             return await self.app(scope, receive, send)
-        link = path.startswith(FILE_LINKS) and method in ("GET", "HEAD") and "pml_sig" in query
         if link and self._signed(path, query):
             return await self.app(scope, receive, send)
-        if (given is not None or link) and self.failures.full():
-            return await _answer(scope, send, 429, "PML Studio: too many wrong tokens in the last second; try again "
-                                 "in a second with the token the studio printed.", retry_after=1)
+        if (given is not None or link) and self.failures.full(peer_account(scope) if account is None else account):
+            return await self._too_many(scope, send)
         if scope["type"] == "http" and method in ("GET", "HEAD") and path == "/":
             return await _answer(scope, send, 401, bootstrap_page("token" in query), "text/html")
         return await _answer(scope, send, 401, (
             "PML Studio: this needs the studio's launch token, which the studio printed to the console of the user "
             "who started it. Open the URL it printed (http://…/#token=…), or send 'Authorization: Bearer TOKEN'."))
+
+    async def _too_many(self, scope, send):
+        return await _answer(scope, send, 429, "PML Studio: too many wrong tokens in the last second; try again "
+                             "in a second with the token the studio printed.", retry_after=1)
 
     # ------------------------------------------------------------------------------------------
     # The checks
