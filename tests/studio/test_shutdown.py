@@ -95,7 +95,7 @@ def test_a_stop_writes_the_waiting_runs_when_the_log_takes_them_again(tmp_path, 
     capsys.readouterr()
     stop(studio, None)
     assert capsys.readouterr().err.splitlines() == [
-        f"PML Studio: 1 finished run waiting in memory written to the run log {path}"]
+        f"pml-studio: stopped: 1 finished run waiting in memory written to the run log {path}"]
     assert [r[0] for r in stored(path)] == [FIRST]
     assert not (tmp_path / "runs.db.pending.jsonl").exists()
 
