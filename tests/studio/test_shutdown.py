@@ -207,7 +207,8 @@ def serve_and_signal(tmp_path, signum: int, locked: bool, work=None,
     """Serve the studio in a child (its temp folder under tmp_path), run ``work(port)`` once it answers (the log
     locked when ``locked``), send ``signum``; (the child's outcome, the ``pml-studio-*`` folders it made that are
     still there, seconds from the signal to its end). The child starts with SIGINT as ``sigint``: a background
-    shell's children inherit it ignored, and the suite may run from one (pytest would wait for ever)."""
+    shell's children inherit it ignored, and the suite may run from one (pytest would wait for ever); SIGHUP as
+    the default (``nohup`` ignores it)."""
     from engine.devices import cache_root
 
     cache, tmp = tmp_path / "cache", tmp_path / "tmp"
@@ -221,7 +222,7 @@ def serve_and_signal(tmp_path, signum: int, locked: bool, work=None,
     serving = tmp_path / "serving"
     args = [sys.executable, "-c", CHILD, str(port), str(db), json.dumps(fake_comparison("kept")), FIRST, str(serving)]
     child = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+                             preexec_fn=lambda: _signals_of_a_terminal(sigint))
     try:
         wait_until_serving(child, serving)
         assert list(tmp.glob("pml-studio-*")), "the studio made its download folder"
@@ -237,6 +238,14 @@ def serve_and_signal(tmp_path, signum: int, locked: bool, work=None,
             child.kill()
             child.communicate()
     return subprocess.CompletedProcess(args, child.returncode, out, err), list(tmp.glob("pml-studio-*")), took
+
+
+def _signals_of_a_terminal(sigint) -> None:
+    """In the child before it runs: SIGHUP as a terminal's child has it (``nohup`` ignores it, and a studio keeps
+    an ignored SIGHUP ignored), SIGINT as ``sigint``."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, sigint)
 
 
 def wait_until_serving(child: subprocess.Popen, flag, limit_s: float = 180.0) -> None:
