@@ -198,11 +198,20 @@ class Studio:
     def _resave(self) -> None:
         """Make the recovery files hold exactly the waiting runs: saved anew (a file another stop left elsewhere
         removed), or every file removed when none waits. Raises OSError when the runs cannot be saved."""
-        keep = recovery.save(list(self.pending), self.runlog.path) if self.pending else None
+        keep = recovery.save(self._snapshot(), self.runlog.path) if self.pending else None
         for path in self._saved:
             if path != keep:
                 path.unlink(missing_ok=True)
         self._saved = [keep] if keep else []
+
+    def _snapshot(self) -> list[PendingRun]:
+        """The waiting runs, read again if another thread wrote one meanwhile (a stop that could not wait)."""
+        for _ in range(100):
+            try:
+                return list(self.pending)
+            except RuntimeError:  # deque mutated during iteration
+                continue
+        return list(self.pending)
 
     def _resave_or_warn(self, written: dict) -> list[str]:
         """:meth:`_resave` when runs of a recovery file were just written; a warning, or []."""

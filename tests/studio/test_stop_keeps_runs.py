@@ -200,3 +200,26 @@ def _wait_for(ready, limit_s: float) -> None:
     while not ready():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_a_stop_waits_a_second_at_most_for_a_locked_log_or_a_run_being_logged(tmp_path, monkeypatch, capsys):
+    """The log's own wait (30 s by default) is cut to STOP_WAIT_S at stop, and a run being logged on another thread
+    (holding the studio's log lock) is not waited for: the waiting runs are saved as they are."""
+    from studio.state import STOP_WAIT_S
+    from tests.studio.test_shutdown import FIRST, SECOND, record_at
+
+    for held, when in ((False, FIRST), (True, SECOND)):
+        path = tmp_path / f"{held}.db"
+        studio = bare_studio(path)
+        with write_lock_held(path):
+            record_at(studio, monkeypatch, when, "a")
+            studio.runlog.timeout = 30.0
+            if held:
+                studio._log_lock.acquire()  # as a Compare's thread does while the locked log makes it wait
+            start = time.monotonic()
+            stop(studio, None)
+            took = time.monotonic() - start
+        assert took < 2 * STOP_WAIT_S + 0.5, took
+        saved = path.with_name(path.name + ".pending.jsonl")
+        assert [r.created_at for r in recovery.read(saved)] == [when]
+        assert "saved in" in capsys.readouterr().err
