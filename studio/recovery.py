@@ -1,10 +1,11 @@
 """The recovery file: finished runs the run log could not take when the studio stopped, read back at the next start.
 
-    where = save(runs, log_path)     # JSON lines, one run each, oldest first; temp file + os.replace
+    where = save(runs, log_path)     # PendingRuns as JSON lines, oldest first; a private temp file + os.replace
     for path in existing(log_path):  # the files a stop left for this run log, in the order they are read
-        runs = read(path)            # raises RecoveryFileError for a file that is not one of ours
+        runs = read(path)            # PendingRuns; RecoveryFileError for a file that is not one of ours
 
-A run is a dict of :data:`FIELDS` (what :class:`studio.state.PendingRun` holds). The file lives beside the run
+A line is :meth:`PendingRun.to_json` (:data:`FIELDS`), read back by :meth:`PendingRun.from_json`. The file is the
+user's alone (0600: it holds prompts and answers). It lives beside the run
 log (``runs.db`` → ``runs.db.pending.jsonl``); where that folder cannot be written, in ``$PML_STUDIO_CACHE``
 under a name that holds a hash of the run log's full path, so two run logs never share one.
 """
@@ -15,11 +16,12 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import EngineError
 
-FIELDS = ("created_at", "schema_text", "prompt_text", "data")
+FIELDS = ("created_at", "schema_text", "prompt_text", "data")  # and "source", absent from older files
 SUFFIX = ".pending.jsonl"
 # At most 100 waiting runs (studio.state.PENDING_MAX), each under a few MB (schema and prompt files are capped at
 # 5 MB): a larger file is not one the studio wrote.
@@ -28,6 +30,27 @@ MAX_BYTES = 1 << 30
 
 class RecoveryFileError(EngineError):
     """A recovery file that cannot be read back as runs (damaged, edited, or not written by the studio)."""
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: each run is itself (hashed by identity)
+class PendingRun:
+    """A finished run waiting for the run log, stamped with the time it finished."""
+
+    data: dict  # the `run --json` document (its unit names are EntryName strings)
+    schema_text: str
+    prompt_text: str
+    created_at: str
+    source: str | None = None  # the run log's source column: "api", None for the studio's Compare
+
+    def to_json(self) -> dict:
+        """The run as plain JSON values: a dumps/loads round trip, since ``data`` holds str subclasses
+        (EntryName) that neither ``dataclasses.asdict`` nor ``copy.deepcopy`` can rebuild."""
+        return json.loads(json.dumps({"created_at": self.created_at, "schema_text": self.schema_text,
+                                      "prompt_text": self.prompt_text, "data": self.data, "source": self.source}))
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "PendingRun":
+        return cls(doc["data"], doc["schema_text"], doc["prompt_text"], doc["created_at"], doc.get("source"))
 
 
 def places(log_path: Path) -> list[Path]:
@@ -44,11 +67,11 @@ def existing(log_path: Path) -> list[Path]:
     return [p for p in places(log_path) if p.is_file()]
 
 
-def save(runs: list[dict], log_path: Path) -> Path:
+def save(runs: list[PendingRun], log_path: Path) -> Path:
     """Write ``runs`` (oldest first) to the first of :func:`places` that takes them; its path.
 
     Raises the last OSError when no place could be written (a full disk everywhere)."""
-    text = "".join(json.dumps({k: run[k] for k in FIELDS}) + "\n" for run in runs)
+    text = "".join(json.dumps(run.to_json()) + "\n" for run in runs)
     error: OSError | None = None
     for path in places(log_path):
         try:
@@ -59,7 +82,7 @@ def save(runs: list[dict], log_path: Path) -> Path:
     raise error
 
 
-def read(path: Path) -> list[dict]:
+def read(path: Path) -> list[PendingRun]:
     """The runs of the recovery file at ``path``, oldest first; RecoveryFileError naming the line that is wrong."""
     try:
         if path.stat().st_size > MAX_BYTES:
@@ -90,10 +113,12 @@ def set_aside(path: Path) -> Path | None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """``text`` in ``path``, whole or not at all: written to a temp file in the same folder, then renamed."""
+    """``text`` in ``path``, whole or not at all, readable by this user only: written to a temp file in the same
+    folder (mkstemp: mode 0600), then renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -107,7 +132,7 @@ def write_atomically(path: Path, text: str) -> None:
 # -- internal helpers -----------------------------------------------------------------------------
 
 
-def _run(line: str, where: str) -> dict:
+def _run(line: str, where: str) -> PendingRun:
     """One line's run, checked as the run log will read it (so that a bad line fails before any run is written)."""
     from engine.runlog import arm_rows, row_from_comparison
 
@@ -117,11 +142,12 @@ def _run(line: str, where: str) -> dict:
         raise RecoveryFileError(f"{where}: not JSON ({err.msg})") from None
     if not isinstance(run, dict) or not all(k in run for k in FIELDS):
         raise RecoveryFileError(f"{where}: not a saved run (it needs {', '.join(FIELDS)})")
-    if not all(isinstance(run[k], str) for k in FIELDS[:3]) or not isinstance(run["data"], dict):
+    if not all(isinstance(run[k], str) for k in FIELDS[:3]) or not isinstance(run["data"], dict) \
+            or not isinstance(run.get("source"), (str, type(None))):
         raise RecoveryFileError(f"{where}: a saved run's texts must be strings and its data an object")
     try:
         row_from_comparison(run["data"], run["schema_text"], run["prompt_text"], created_at=run["created_at"])
         arm_rows(run["data"], 0)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise RecoveryFileError(f"{where}: not a run --json document ({type(err).__name__}: {err})") from None
-    return {k: run[k] for k in FIELDS}
+    return PendingRun.from_json(run)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 
@@ -33,6 +34,7 @@ from engine.runlog import RunLog, RunLogError, utc_now
 from . import recovery
 from . import settings as run_settings
 from .errors import as_gr_error
+from .recovery import PendingRun  # noqa: F401 (the studio's name for it)
 from .views import chips_html
 
 DEFAULT_MODEL = START_MODEL  # the engine's default (engine/model/__init__.py)
@@ -40,16 +42,21 @@ PENDING_MAX = 100  # finished runs kept in memory while the run log cannot take 
 # the most new tokens one Compare may ask for (each arm; `serve --max-new-tokens-cap N` changes it): one /compare
 # call holds the studio's single run queue, and 30,000 tokens held it for hours while its KV grew by gigabytes
 MAX_NEW_TOKENS_CAP = 2048
+# at a stop, how long a locked run log (and a run being logged on another thread) is waited for: a signal's stop
+# ends within 5 s
+STOP_WAIT_S = 1.0
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: each run is itself (hashed by identity)
-class PendingRun:
-    """A finished run waiting for the run log, stamped with the time it finished."""
+@dataclass(frozen=True)
+class StopSave:
+    """What :meth:`Studio.save_pending` did with the waiting runs."""
 
-    data: dict
-    schema_text: str
-    prompt_text: str
-    created_at: str
+    written: int = 0  # written to the run log now
+    saved: int = 0  # saved to ``where`` for the next start
+    where: Path | None = None
+    error: str | None = None  # why the run log refused them
+    lost: int = 0  # neither written nor saved (``error`` says why)
+    notes: tuple[str, ...] = ()  # warnings about recovery files
 
 
 class Studio:
@@ -105,49 +112,55 @@ class Studio:
                 self.engine.set_budget(cfg.budget_bytes, cfg.storage)
         return cfg
 
-    def record(self, data: dict, schema_text: str, prompt_text: str) -> dict:
+    def record(self, data: dict, schema_text: str, prompt_text: str, source: str | None = None,
+               toast: bool = True) -> dict:
         """Write a finished run to the run log, after the runs waiting before it; return the ``logged`` report:
 
         ``{"ok": bool, "run_id": int | None, "error": str | None, "pending": int, "flushed": int, "dropped": int}``
         (``flushed``: earlier runs written now; ``pending``: runs still in memory; ``dropped``: runs lost
         from a full queue since the studio started). A run that cannot be written stays in memory.
+        ``source``: the run log's source column ("api"); ``toast``: a failure is a warning in the page too.
         """
-        run = PendingRun(data, schema_text, prompt_text, utc_now())
+        run = PendingRun(data, schema_text, prompt_text, utc_now(), source)
         with self._log_lock:
             if self.runlog.read_only:  # nothing this process does can make it writable: nothing to keep
-                return self._report(None, 0, f"not logged: {self.runlog.read_only}")
+                return self._report(None, 0, f"not logged: {self.runlog.read_only}", toast)
             self.pending.append(run)
             written, err = self._flush()
             self.log_error = None if err is None else str(err)
             for line in self._resave_or_warn(written):
                 print(line, file=sys.stderr, flush=True)
             if err is None:
-                return self._report(written[run], len(written) - 1, None)
+                return self._report(written[run], len(written) - 1, None, toast)
             lost = self._trim()
             kept = f"kept in memory ({len(self.pending)} waiting, at most {PENDING_MAX}), retried with the next run"
-            return self._report(None, len(written), f"not logged: {err}; {kept}{lost}")
+            return self._report(None, len(written), f"not logged: {err}; {kept}{lost}", toast)
 
-    def save_pending(self) -> list[str]:
+    def save_pending(self, wait_s: float = STOP_WAIT_S) -> StopSave:
         """At stop: write the waiting runs, and save those the run log still refuses to the recovery file.
 
-        Returns the console lines saying what happened to them (none when no run was waiting)."""
-        with self._log_lock:
+        A locked log, or a run being logged on another thread, is waited for ``wait_s`` at most: then the runs
+        waiting are saved as they are (a run is in :attr:`pending` until it is written)."""
+        self.runlog.timeout = min(self.runlog.timeout, wait_s)  # the process is ending: no later write waits longer
+        held = self._log_lock.acquire(timeout=wait_s)
+        try:
             if not self.pending:
-                return []
-            written, err = self._flush()
+                return StopSave()
+            written, err = self._flush() if held else ({}, RunLogError("another thread was writing to it"))
+            notes = tuple(self._resave_or_warn(written))
             if err is None:  # recovered runs among them: their file goes
-                return [f"PML Studio: {_runs(len(written))} waiting in memory written to the run log "
-                        f"{self.runlog.path}"] + self._resave_or_warn(written)
+                return StopSave(written=len(written), notes=notes)
             n = len(self.pending)
             try:
                 self._resave()
             except OSError as saving:
-                return [f"pml-studio: error: {_runs(n)} not in the run log are lost: {err}; and no recovery file "
-                        f"could be written ({saving})"]
+                return StopSave(len(written), lost=n, error=f"{err}; and no recovery file could be written ({saving})")
             where, self._saved = self._saved[0], []  # the next start's to read, no longer this studio's
             self.pending.clear()
-            return [f"pml-studio: warning: {_runs(n)} the run log could not take saved in {where} ({err}); "
-                    "written to the run log at the next start"]
+            return StopSave(len(written), n, where, str(err), notes=notes)
+        finally:
+            if held:
+                self._log_lock.release()
 
     def recover_pending(self) -> list[str]:
         """At start: write the runs a stop saved for this run log (oldest first, with their own times) and remove
@@ -171,7 +184,7 @@ class Studio:
             return notes + [f"pml-studio: warning: {_runs(len(runs))} saved in {', '.join(map(str, files))} wait "
                             f"for a writable run log: {self.runlog.read_only}"]
         with self._log_lock:
-            self.pending.extendleft(reversed(sorted((PendingRun(**r) for r in runs), key=lambda r: r.created_at)))
+            self.pending.extendleft(reversed(sorted(runs, key=lambda r: r.created_at)))
             self._saved = files
             written, err = self._flush()
             self.log_error = None if err is None else str(err)
@@ -185,11 +198,20 @@ class Studio:
     def _resave(self) -> None:
         """Make the recovery files hold exactly the waiting runs: saved anew (a file another stop left elsewhere
         removed), or every file removed when none waits. Raises OSError when the runs cannot be saved."""
-        keep = recovery.save([asdict(r) for r in self.pending], self.runlog.path) if self.pending else None
+        keep = recovery.save(self._snapshot(), self.runlog.path) if self.pending else None
         for path in self._saved:
             if path != keep:
                 path.unlink(missing_ok=True)
         self._saved = [keep] if keep else []
+
+    def _snapshot(self) -> list[PendingRun]:
+        """The waiting runs, read again if another thread wrote one meanwhile (a stop that could not wait)."""
+        for _ in range(100):
+            try:
+                return list(self.pending)
+            except RuntimeError:  # deque mutated during iteration
+                continue
+        return list(self.pending)
 
     def _resave_or_warn(self, written: dict) -> list[str]:
         """:meth:`_resave` when runs of a recovery file were just written; a warning, or []."""
@@ -215,21 +237,23 @@ class Studio:
                 f"(fix the run log, or restart with --db another.db)")
 
     def _flush(self) -> tuple[dict[PendingRun, int], RunLogError | None]:
-        """Write the pending runs, oldest first, until one fails; ({run: id} written, the failure or None)."""
+        """Write the pending runs, oldest first, until one fails; ({run: id} written, the failure or None).
+
+        A run leaves :attr:`pending` once written, not before: a stop that cannot wait for this saves it."""
         written: dict[PendingRun, int] = {}
         while self.pending:
-            run = self.pending.popleft()
+            run = self.pending[0]
             try:
                 written[run] = self.runlog.record(run.data, run.schema_text, run.prompt_text,
-                                                  created_at=run.created_at)
+                                                  created_at=run.created_at, source=run.source)
             except RunLogError as err:
-                self.pending.appendleft(run)
                 return written, err
+            self.pending.popleft()
         return written, None
 
-    def _report(self, run_id: int | None, flushed: int, error: str | None) -> dict:
+    def _report(self, run_id: int | None, flushed: int, error: str | None, toast: bool = True) -> dict:
         """The ``logged`` report (see :meth:`record`); a failure is also a warning toast in the page."""
-        if error:
+        if error and toast:
             gr.Warning(error)
         return {"ok": error is None, "run_id": run_id, "error": error, "pending": len(self.pending),
                 "flushed": flushed, "dropped": self.dropped}

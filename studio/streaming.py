@@ -26,6 +26,12 @@ from typing import Any, Callable, Iterator
 Emit = Callable[[tuple], None]
 ENGINE_THREAD = "pml-engine"
 _engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ENGINE_THREAD)
+STOPPING = threading.Event()  # set when the studio stops (studio/shutdown.py): every run ends within a token
+
+
+def stop_asked(flag: threading.Event) -> Callable[[], bool]:
+    """A run's ``should_stop`` (``Engine.compare``, asked once per token): ``flag`` or the studio stopping."""
+    return lambda: flag.is_set() or STOPPING.is_set()
 
 
 def on_engine_thread(fn: Callable, *args, **kwargs) -> Any:

@@ -33,7 +33,6 @@ from .metrics import Metrics
 from .service import ApiService, Job, Outcome, Work, random_seed
 from .types import (ChatChoice, ChatChunk, ChatCompletion, ChatMessage, ChatRequest, ChunkChoice, Completion,
                     CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, unsupported)
-from .usage import visible
 
 API_PATHS = ("/v1/", "/metrics")  # what ApiRoute hands to the API app
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413) before it is read whole
@@ -43,6 +42,9 @@ MAX_JSON_DEPTH = 100  # nesting of a request body's arrays and objects (OpenAI's
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _TAG = re.compile(r"str|int|float|bool|none|bytes|[A-Z]\w*|[\w-]+\[.*\]")  # pydantic's names of union members
+# content parts (or completion chunks) per request: each may be a module, laid out and measured on the engine
+# thread, and 40,000 held the engine 21.7 s before their 400; counted here, before any engine work
+MAX_PARTS = 1024
 
 
 def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
@@ -178,6 +180,8 @@ def _turns(messages) -> tuple[modes.Turn, ...]:
     """The chat messages as turns of text parts (400 naming the message for what this server cannot read)."""
     if not messages:
         raise ApiError(400, "messages must hold at least one message", param="messages", code="invalid_value")
+    _parts(sum(1 if not isinstance(m.content, list) else len(m.content) for m in messages), "messages",
+           "content parts", "join short parts into one, or send fewer documents")
     turns = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -199,11 +203,19 @@ def _part(part, where: str) -> modes.Part:
     return modes.Part(part.text, marked=part.cache_control is not None)
 
 
+def _parts(n: int, param: str, what: str, fix: str) -> None:
+    if n > MAX_PARTS:
+        raise ApiError(400, f"{param} holds {n} {what}, more than the {MAX_PARTS} this server reads in one request; "
+                       f"{fix}", param=param, code="too_many_parts")
+
+
 def _prompt(prompt) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
     if isinstance(prompt, str):
+        _parts(prompt.count(modes.SEPARATOR) + 1, "prompt", f"chunks (cut at {modes.SEPARATOR!r})",
+               "send fewer chunks")
         return prompt
-    if len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
     raise ApiError(400, "prompt must be one string (a list of prompts or of token ids is not supported)",
                    param="prompt", code="unsupported_parameter")
 
@@ -261,7 +273,7 @@ async def _events(metrics: Metrics, endpoint: str, work: Work, job: Job, event: 
             if event[0] == "error":  # the run failed after its first token: OpenAI's error object, then the end
                 yield json.dumps(event[1].body())
                 break
-            text = visible(event[1], work.stop) if event[0] == "token" else event[1].text
+            text = event[1] if event[0] == "token" else event[1].text  # a token's text: already cut (service.py)
             if text.startswith(sent) and len(text) > len(sent):
                 yield chunk.delta(text[len(sent):])
                 sent = text

@@ -14,9 +14,10 @@ from .defaults import DEFAULT_ARM, DEFAULT_PORT, MAX_QUEUE, MAX_TOKENS_CAP
 
 
 def studio_api(studio, default_arm: str | None = None, max_queue: int = MAX_QUEUE):
-    """The API app over a studio's engine (read at each request: the Model tab may load another) and run log."""
+    """The API app over a studio's engine (read at each request: the Model tab may load another) and run log (its
+    runs the log refuses wait with the studio's, :meth:`studio.state.Studio.record`)."""
     return api_app(lambda: studio.engine, studio.runlog, default_arm=default_arm, max_queue=max_queue,
-                   max_tokens_cap=studio.max_new_tokens_cap)
+                   max_tokens_cap=studio.max_new_tokens_cap, record=studio.record)
 
 
 def api_app(engine_of, runlog, **options):

@@ -10,7 +10,9 @@ its events to the route's event loop: ``("token", text so far)`` while streaming
 ``("error", ApiError)``. The job's ``stop`` event (set when the client goes away) ends the run within a token
 (``Engine.compare(should_stop=)``); a job whose client left before it started does nothing.
 
-Every answered request is a row of the run log with source ``api``.
+Every answered request is a row of the run log with source ``api``: written at once, or, when the log refuses it
+(locked, full disk), kept with the studio's waiting runs (``record``: :meth:`studio.state.Studio.record`), written
+with the next run or saved at stop for the next start.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from engine.errors import ContextLengthError, EngineError
 from engine.runlog import RunLogError
 
 from ..arm_views import document
-from ..streaming import on_engine_thread_soon
+from ..streaming import on_engine_thread_soon, stop_asked
 from . import modes
 from .defaults import DEFAULT_ARM, MAX_QUEUE, MAX_TOKENS_CAP
 from .errors import ApiError, from_engine
 from .positions import PositionRegistry
 from .schemas import SchemaBook
 from .types import PmlInfo, PromptTokensDetails, Usage
-from .usage import cached_tokens, cut, finish_reason, module_sources, visible
+from .usage import Visible, cached_tokens, cut, finish_reason, module_sources
 
 DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # without max_tokens (OpenAI's completions default: 16)
 SOURCE = "api"  # the run log's source column for API requests
@@ -92,11 +94,14 @@ class ApiService:
     run log, the position registry of transparent documents and the bounded queue."""
 
     def __init__(self, engine_of: Callable, runlog=None, *, default_arm: str | None = None,
-                 max_queue: int = MAX_QUEUE, max_tokens_cap: int = MAX_TOKENS_CAP, metrics=None):
+                 max_queue: int = MAX_QUEUE, max_tokens_cap: int = MAX_TOKENS_CAP, metrics=None,
+                 record: Callable | None = None):
+        """``record(data, schema, prompt, source=, toast=)``: where a run goes instead of ``runlog.record``
+        (the studio's, which keeps a run the log refuses); its ``logged`` report gives the run's id."""
         default_arm = default_arm or DEFAULT_ARM
         if default_arm not in REGISTRY:
             raise EngineError(f"unknown arm '{default_arm}' as the API's default; arms: {', '.join(REGISTRY)}")
-        self.engine_of, self.runlog, self.metrics = engine_of, runlog, metrics
+        self.engine_of, self.runlog, self.metrics, self.record = engine_of, runlog, metrics, record
         self.default_arm, self.max_queue, self.max_tokens_cap = default_arm, max_queue, max_tokens_cap
         self.positions: dict[str, PositionRegistry] = {}  # by tokenizer + template (the studio may load another model)
         self.schemas = SchemaBook(runlog)
@@ -130,7 +135,7 @@ class ApiService:
     def _run(self, job: Job) -> None:
         with self._lock:
             self.waiting -= 1
-        if job.stop.is_set():  # the client left while it waited
+        if stop_asked(job.stop)():  # the client left while it waited, or the studio is stopping
             return job.put(("error", ApiError(499, "the client closed the request", code="client_closed_request")))
         try:
             job.put(("done", self._answer(job)))
@@ -144,15 +149,16 @@ class ApiService:
         compiled, sampling = self._fit(engine, work)
         cfg = engine.config.with_(arms=(work.arm,), warmup=False)  # a server's prefix cache holds what it served
         first: list[float] = []
+        shown = Visible(sampling.stop)  # the stop strings checked here, on the engine thread, not on the loop
 
         def on_token(arm: str, text: str) -> None:
             if not first:
                 first.append(time.perf_counter())
             if work.stream:
-                job.put(("token", visible(text, sampling.stop)))
+                job.put(("token", shown(text)))
 
         res = engine.compare(compiled.schema, compiled.prompt, sampling, config=cfg, on_token=on_token,
-                             should_stop=job.stop.is_set, schema_source="request schema",
+                             should_stop=stop_asked(job.stop), schema_source="request schema",
                              prompt_source="request prompt")
         ttft_ms = ((first[0] if first else time.perf_counter()) - start) * 1000
         return self._outcome(engine, work, compiled, sampling, res, ttft_ms, queue_ms)
@@ -208,7 +214,10 @@ class ApiService:
                        usage, pml)
 
     def _log(self, res, compiled: modes.Compiled) -> int | None:
-        """The run's row in the run log (source ``api``); None when there is no log or it refused the row."""
+        """The run's row in the run log (source ``api``); None when there is no log or it refused the row (kept
+        to be written later, with ``record``)."""
+        if self.record is not None:
+            return self.record(document(res), compiled.schema, compiled.prompt, source=SOURCE, toast=False)["run_id"]
         if self.runlog is None:
             return None
         try:

@@ -58,6 +58,75 @@ def visible(text: str, stop: tuple[str, ...]) -> str:
     return text.rstrip("\ufffd")
 
 
+class Visible:
+    """:func:`visible` for one growing text, computed incrementally: each call reads only the characters that are
+    new since the last (one KMP automaton per stop string), so a long stop string or a long answer costs a few
+    operations per character, not the stop string's length squared per token. A text whose last characters changed
+    (a character completed by the next token) is read again from where it changed."""
+
+    def __init__(self, stop: tuple[str, ...]):
+        self.scans = [_Scan(s) for s in stop]
+        self.text = ""
+
+    def __call__(self, text: str) -> str:
+        same = len(self.text) if text.startswith(self.text) else _common(self.text, text)
+        self.text = text
+        found = [at for at in (scan.read(text, same) for scan in self.scans) if at is not None]
+        if found:
+            return text[: min(found)]
+        hold = max((scan.state() for scan in self.scans), default=0)
+        return text[: len(text) - hold].rstrip("\ufffd")
+
+
+class _Scan:
+    """A stop string's automaton over a text: after each character, the longest prefix of the stop string that
+    ends there (Knuth-Morris-Pratt; the failure table grows only as far as a match does)."""
+
+    def __init__(self, stop: str):
+        self.stop, self.fail, self.states = stop, [0], []
+        self.found: int | None = None  # where the first match starts
+
+    def state(self) -> int:
+        return self.states[-1] if self.states else 0
+
+    def read(self, text: str, same: int) -> int | None:
+        """Read ``text`` from its ``same``-th character (the ones before are those read already); the start of
+        the first match, or None."""
+        if self.found is not None and self.found + len(self.stop) <= same:
+            return self.found
+        del self.states[same:]
+        self.found, s, q = None, self.stop, self.state()
+        for i in range(len(self.states), len(text)):
+            c = text[i]
+            while q and s[q] != c:
+                q = self._fail(q - 1)
+            q += s[q] == c
+            self.states.append(q)
+            if q == len(s):
+                self.found = i + 1 - q
+                return self.found
+        return None
+
+    def _fail(self, i: int) -> int:
+        """The failure table at ``i``, computed up to it first."""
+        s, fail = self.stop, self.fail
+        for j in range(len(fail), i + 1):
+            k = fail[j - 1]
+            while k and s[j] != s[k]:
+                k = fail[k - 1]
+            fail.append(k + (s[j] == s[k]))
+        return fail[i]
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the common start of ``a`` and ``b`` (a binary search over C-speed comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid - 1)
+    return lo
+
+
 def finish_reason(token_ids: tuple[int, ...], stopped: bool, eos: tuple[int, ...], max_new: int) -> str:
     """OpenAI's ``finish_reason``: "stop" (end of sequence, a stop string) or "length" (``max_new`` reached)."""
     if stopped or (token_ids and token_ids[-1] in eos) or len(token_ids) < max_new:

@@ -15,6 +15,8 @@ texts marked stopped and is **not** written to the run log (its timings and agre
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,7 +31,7 @@ from ..errors import as_gr_error, refusal, user_error
 from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
-from ..streaming import in_thread, on_engine_thread
+from ..streaming import in_thread, on_engine_thread, stop_asked
 from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
                      summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
@@ -81,9 +83,9 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
 
 
 def _api(studio: Studio) -> None:
-    def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
-                mode: str = "contextual", temperature: float = 0.0, storage_dtype: str = "float32",
-                retention: float = 1.0, compression: str = "pyramid") -> dict:
+    async def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
+                      mode: str = "contextual", temperature: float = 0.0, storage_dtype: str = "float32",
+                      retention: float = 1.0, compression: str = "pyramid") -> dict:
         """Run the arms on a PML prompt and return the `pml-studio run --json` document, plus "logged".
 
         "logged" says whether the run is in the run log: {"ok": bool, "run_id": int or null, "error": the
@@ -103,7 +105,7 @@ def _api(studio: Studio) -> None:
         """
         settings = {"storage": storage, "mode": mode, "storage_dtype": storage_dtype, "retention": retention,
                     "method": compression}
-        return compare_json(studio, schema_text, prompt_text, max_new_tokens, temperature, settings)
+        return await cancellable(compare_json, studio, schema_text, prompt_text, max_new_tokens, temperature, settings)
 
     gr.api(compare, api_name="compare")
 
@@ -222,17 +224,50 @@ def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit)
 
     return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
                           progress=lambda done, total, label: emit(("encode", done, total, label)),
-                          should_stop=live.stop.is_set, on_arm=on_arm)
+                          should_stop=stop_asked(live.stop), on_arm=on_arm)
+
+
+async def cancellable(work, *args):
+    """``work(*args, stop=flag)`` in a worker thread, awaited; a cancel of this call (gradio_client's
+    ``job.cancel()``) or its caller gone (Gradio marks its event not alive) sets ``flag``: the engine stops
+    within a token and the next request gets the engine thread."""
+    stop, gone = threading.Event(), _caller_gone()
+    task = asyncio.ensure_future(asyncio.to_thread(work, *args, stop=stop))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a stopped run's error goes to no one
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=0.2)
+            if gone():
+                stop.set()
+        return task.result()
+    finally:
+        stop.set()
+
+
+def _caller_gone():
+    """Whether the caller of the Gradio event running now has gone (its stream closed: Gradio's queue marks the
+    event not alive, but lets a function that is not a generator run on)."""
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+
+    def gone() -> bool:
+        jobs = getattr(getattr(blocks, "_queue", None), "active_jobs", None) or ()
+        return any(e._id == event_id and not e.alive for job in jobs if job for e in job)
+
+    return gone
 
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
-                 settings: dict | None = None) -> dict:
+                 settings: dict | None = None, stop: threading.Event | None = None) -> dict:
     """One comparison, recorded in the run log; returns the `pml-studio run --json` document with one more key,
-    ``logged`` (:meth:`Studio.record`'s report: whether the run is in the run log, and if not why)."""
+    ``logged`` (:meth:`Studio.record`'s report: whether the run is in the run log, and if not why). ``stop`` set:
+    the run ends within a token (gr.Error), nothing logged."""
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     with as_gr_error():
-        res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg)
+        res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg,
+                               should_stop=stop_asked(stop or threading.Event()))
     data = document(res)
     logged = studio.record(data, schema_text, prompt_text)  # the log keeps the document as `run --json` writes it
     return {**data, "logged": logged}

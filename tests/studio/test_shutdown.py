@@ -11,9 +11,11 @@ import json
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -23,7 +25,7 @@ import pytest
 from engine.runlog import RunLog
 from tests.conftest import ROOT, free_port
 from tests.engine.test_runlog import fake_comparison
-from tests.studio_fixtures import write_lock_held
+from tests.studio_fixtures import AUTH, TOKEN, write_lock_held
 
 FIRST, SECOND = "2026-01-01T00:00:01+00:00", "2026-01-01T00:00:02+00:00"
 
@@ -95,7 +97,7 @@ def test_a_stop_writes_the_waiting_runs_when_the_log_takes_them_again(tmp_path, 
     capsys.readouterr()
     stop(studio, None)
     assert capsys.readouterr().err.splitlines() == [
-        f"PML Studio: 1 finished run waiting in memory written to the run log {path}"]
+        f"pml-studio: stopped: 1 finished run waiting in memory written to the run log {path}"]
     assert [r[0] for r in stored(path)] == [FIRST]
     assert not (tmp_path / "runs.db.pending.jsonl").exists()
 
@@ -167,7 +169,7 @@ def test_a_damaged_recovery_file_is_set_aside_with_one_warning(tmp_path, capsys,
 # -- signals: a served studio in a child process ----------------------------------------------------------------
 
 CHILD = textwrap.dedent("""
-    import json, pathlib, sys
+    import json, pathlib, sys, time
     import gradio as gr
     from studio import app, launch
     from studio.state import PendingRun
@@ -184,13 +186,29 @@ CHILD = textwrap.dedent("""
         demo.studio.runlog.timeout = 0.5  # a locked log refuses within half a second, not the default 30
         return demo
     app.build_app = build_app
+    from engine import session
+    from engine.arms import batch, decode
+    from engine.model import SMALL_MODEL
+    from engine.model.load import load_tokenizer
+    from tests.conftest import make_tiny_llama
+    engine_class = session.Engine  # the tiny random model (tiny-llama): the child serves in seconds
+    session.Engine = lambda **_: engine_class.from_loaded(make_tiny_llama(load_tokenizer(SMALL_MODEL)[1]))
+    def ended(lm, tokens, sampling):  # runs decode their max new tokens, a long one ~50 a second: a stream
+        if sampling.max_new_tokens > 100:  # still decodes when the signal comes
+            time.sleep(0.02)
+        return len(tokens) >= sampling.max_new_tokens
+    decode.ended = batch.ended = ended
     sys.exit(launch.serve(port=int(sys.argv[1]), db=sys.argv[2], preload=False))
 """)
 
 
-def serve_and_signal(tmp_path, signum: int, locked: bool) -> tuple[subprocess.CompletedProcess, list]:
-    """Serve the studio in a child (its temp folder under tmp_path), send ``signum`` once it answers; (the child's
-    outcome, the ``pml-studio-*`` folders it made that are still there)."""
+def serve_and_signal(tmp_path, signum: int, locked: bool, work=None,
+                     sigint=signal.SIG_DFL) -> tuple[subprocess.CompletedProcess, list, float]:
+    """Serve the studio in a child (its temp folder under tmp_path), run ``work(port)`` once it answers (the log
+    locked when ``locked``), send ``signum``; (the child's outcome, the ``pml-studio-*`` folders it made that are
+    still there, seconds from the signal to its end). The child starts with SIGINT as ``sigint``: a background
+    shell's children inherit it ignored, and the suite may run from one (pytest would wait for ever); SIGHUP as
+    the default (``nohup`` ignores it)."""
     from engine.devices import cache_root
 
     cache, tmp = tmp_path / "cache", tmp_path / "tmp"
@@ -200,21 +218,34 @@ def serve_and_signal(tmp_path, signum: int, locked: bool) -> tuple[subprocess.Co
     db, port = tmp_path / "runs.db", free_port()
     RunLog(db)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADIO_", "HF_HUB", "DO_NOT_TRACK"))}
-    env.update(PML_STUDIO_CACHE=str(cache), TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
+    env.update(PML_STUDIO_CACHE=str(cache), TMPDIR=str(tmp), PYTHONPATH=str(ROOT), PML_STUDIO_TOKEN=TOKEN)
     serving = tmp_path / "serving"
     args = [sys.executable, "-c", CHILD, str(port), str(db), json.dumps(fake_comparison("kept")), FIRST, str(serving)]
-    child = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: _signals_of_a_terminal(sigint))
     try:
         wait_until_serving(child, serving)
         assert list(tmp.glob("pml-studio-*")), "the studio made its download folder"
         with write_lock_held(db) if locked else nullcontext():
+            if work is not None:
+                work(port)
             child.send_signal(signum)
+            sent = time.monotonic()
             out, err = child.communicate(timeout=120)
+            took = time.monotonic() - sent
     finally:
         if child.poll() is None:
             child.kill()
             child.communicate()
-    return subprocess.CompletedProcess(args, child.returncode, out, err), list(tmp.glob("pml-studio-*"))
+    return subprocess.CompletedProcess(args, child.returncode, out, err), list(tmp.glob("pml-studio-*")), took
+
+
+def _signals_of_a_terminal(sigint) -> None:
+    """In the child before it runs: SIGHUP as a terminal's child has it (``nohup`` ignores it, and a studio keeps
+    an ignored SIGHUP ignored), SIGINT as ``sigint``."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, sigint)
 
 
 def wait_until_serving(child: subprocess.Popen, flag, limit_s: float = 180.0) -> None:
@@ -228,25 +259,64 @@ def wait_until_serving(child: subprocess.Popen, flag, limit_s: float = 180.0) ->
         time.sleep(0.1)
 
 
-def test_sigterm_removes_the_download_folder_and_saves_the_waiting_run(tmp_path):
-    out, left = serve_and_signal(tmp_path, signal.SIGTERM, locked=True)
-    saved = tmp_path / "runs.db.pending.jsonl"
-    assert out.returncode == 128 + signal.SIGTERM, out.stderr[-3000:]
-    assert left == []
-    assert f"1 finished run the run log could not take saved in {saved}" in out.stderr and "Traceback" not in out.stderr
-    assert [json.loads(line)["created_at"] for line in saved.read_text().splitlines()] == [FIRST]
-    bare_studio(tmp_path / "runs.db")  # the next start
-    assert [(r[0], r[2]) for r in stored(tmp_path / "runs.db")] == [(FIRST, "the prompt")] and not saved.exists()
+def answer_then_stream(port: int) -> None:
+    """What a user does before the stop: a Compare and an API request answered (the locked log refuses both), and
+    an API stream still decoding when the signal comes."""
+    import httpx
+    from gradio_client import Client
+
+    from studio import files
+
+    base = f"http://127.0.0.1:{port}"
+    schema, prompt = files.load_sample("travel")
+    compared = Client(base + "/", headers=AUTH, verbose=False).predict(schema, prompt, 2, api_name="/compare")
+    assert compared["logged"]["ok"] is False and compared["logged"]["pending"] == 2  # the child's run, this one
+    chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    answered = httpx.post(base + "/v1/chat/completions", json=chat, headers=AUTH, timeout=120)
+    assert answered.status_code == 200 and answered.json()["pml"]["run_id"] is None, answered.text
+    streaming = threading.Event()
+
+    def stream() -> None:
+        try:
+            with httpx.stream("POST", base + "/v1/chat/completions", headers=AUTH, timeout=120,
+                              json={**chat, "max_tokens": 1500, "stream": True, "temperature": 0}) as r:
+                for _ in r.iter_lines():
+                    streaming.set()
+        except httpx.HTTPError:  # the studio ended under it
+            pass
+
+    threading.Thread(target=stream, daemon=True).start()
+    assert streaming.wait(120), "the stream did not start"
+    time.sleep(0.3)  # tokens flowing
 
 
-@pytest.mark.parametrize("name", ["SIGHUP", "SIGINT"])
-def test_sighup_and_ctrl_c_remove_the_download_folder_and_write_the_waiting_run(tmp_path, name):
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_each_signal_saves_the_answered_runs_and_ends_within_5_s_during_a_stream(tmp_path, name):
+    """With the run log locked: a Compare and an API request answered and kept, a stream decoding; the signal ends
+    the studio within 5 s, its one line says where the runs went, and the next start writes them. Ctrl-C works
+    though the studio was started with SIGINT ignored (it installs its own handler)."""
     if not hasattr(signal, name):
         pytest.skip(f"no {name} on this platform")
     signum = getattr(signal, name)
-    out, left = serve_and_signal(tmp_path, signum, locked=False)
-    assert out.returncode == (0 if name == "SIGINT" else 128 + signum), out.stderr[-3000:]  # Ctrl-C: serve returns
-    assert left == []
-    assert "1 finished run waiting in memory written to the run log" in out.stderr and "Traceback" not in out.stderr
+    out, left, took = serve_and_signal(tmp_path, signum, locked=True, work=answer_then_stream,
+                                       sigint=signal.SIG_IGN if name == "SIGINT" else signal.SIG_DFL)
+    saved = tmp_path / "runs.db.pending.jsonl"
+    assert out.returncode == (0 if name == "SIGINT" else 128 + signum), out.stderr[-3000:]  # Ctrl-C: a clean end
+    assert took < 5.0 and left == [] and "Traceback" not in out.stderr, (took, out.stderr[-3000:])
+    lines = [line for line in out.stderr.splitlines() if line.startswith("pml-studio: stopped: ")]
+    assert len(lines) == 1 and f"3 finished runs the run log could not take saved in {saved}" in lines[0], lines
+    assert "locked by another writer" in lines[0] and f"; removed {tmp_path / 'tmp' / 'pml-studio-'}" in lines[0]
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    bare_studio(tmp_path / "runs.db")  # the next start
+    rows = RunLog(tmp_path / "runs.db").runs()
+    assert [(r["created_at"], r["prompt_text"]) for r in rows][-1] == (FIRST, "the prompt") and not saved.exists()
+    assert sorted(str(r["source"]) for r in rows) == ["None", "None", "api"]
+
+
+def test_sighup_after_the_log_takes_runs_again_writes_the_waiting_run(tmp_path):
+    out, left, took = serve_and_signal(tmp_path, signal.SIGHUP, locked=False)
+    assert out.returncode == 128 + signal.SIGHUP, out.stderr[-3000:]
+    assert left == [] and "Traceback" not in out.stderr
+    assert "pml-studio: stopped: 1 finished run waiting in memory written to the run log" in out.stderr
     assert [(r[0], r[2]) for r in stored(tmp_path / "runs.db")] == [(FIRST, "the prompt")]
     assert not (tmp_path / "runs.db.pending.jsonl").exists()
