@@ -295,6 +295,13 @@ def spanning_section(f: dict) -> list[str]:
            f"(seed {f['seeds']['tune']}) and are only reported on `heldout` (seed {f['seeds']['heldout']}). `only asked`: "
            "the full prefill of a prompt holding only the asked modules (the ceiling). TTFT × baseline: the arm's mean "
            "TTFT over the baseline's on the same prompts.", ""]
+    if "chosen_on_tune" in f:  # issue 47: the routed arm's share settings, one chosen on the tune split
+        out += [f"`+share R`: the routed arm recomputing R % of its kept modules' tokens (those the question attends to "
+                "most, half of them spread over every kept module) plus each module's first 4 (`+sinks 0`: without "
+                "them); `+share 100` is the routed arm before issue 47 (every kept token recomputed). Chosen on the tune "
+                f"split (the cheapest share keeping two facts within 5 points and recall within 10 of the baseline's): "
+                f"`{f['chosen_on_tune']}`. Held-out frontier, one point per setting:", "",
+                "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
     for split, groups in f["summary"].items():
         out += [f"**{split}**", "", "| set | modules | phrasing | arm | found | recall | TTFT × baseline |",
                 "|---|---|---|---|---|---|---|"]

@@ -99,10 +99,10 @@ def run_key(plan: PromptPlan, encoded: EncodedSchema, settings: tuple) -> int:
     return MARK | int.from_bytes(hashlib.blake2b(text, digest_size=5).digest(), "big")
 
 
-def recall(prefix: PrefixCache | None, key: int) -> tuple[StoredRun, list] | None:
+def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list] | None:
     """The run stored under ``key`` and its KV slices (the marker's slot cut off), when all but its last token
     are still in the tree."""
-    run = None if prefix is None else prefix.recall(key)
+    run = None if prefix is None or key is None else prefix.recall(key)
     if run is None:
         return None
     match = prefix.match(run.sequence, limit=len(run.sequence) - 1)

@@ -165,9 +165,8 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT, share: float = DEFAULT_SHARE,
                sinks: int = DEFAULT_SINKS, prefix: PrefixCache | None = None, keep_entries=(),
                batch: DecodeBatch | None = None) -> tuple[RunResult, RoutedInfo]:
-    """The modular run reading only the modules the question routes to, and how it chose; ``keep`` forces the
-    kept modules (bench/fidelity.py's oracle), ``ape`` (T, S) scales the attention over them; with ``prefix``, an
-    identical earlier request's KV is read back, and this run's kept there (never evicting ``keep_entries``)."""
+    """The modular run reading the modules the question routes to, and how it chose; ``keep`` forces the kept
+    modules (the oracle), ``ape`` (T, S) scales their attention; ``prefix`` keeps runs for a repeat (joint.py)."""
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
@@ -176,8 +175,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
     key = None if prefix is None or keep is not None else run_key(
         plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks))
-    hit = recall(prefix, key) if key is not None else None  # before TTFT, as the prefix arm's match
-    if hit is not None:
+    if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
         return _repeat(lm, *hit, sampling, on_token, batch)
     chose: dict = {}
 
@@ -188,16 +186,10 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
-        per = module_ranks(plan, set(modules))
-        every = {r for m in together for r in per[m]}
-        picked = select_tokens(plan, seen.by_key, together, share, sinks) if together else ()
-        together = () if picked == () else together  # nothing to recompute: read as stored
-        chose.update(seen=seen, kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None,
-                     path="stored" if not together else "partial" if picked and len(picked) < len(every) else "full")
+        together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
+        chose.update(seen=seen, kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None, path=path)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
-            redo = every if picked is None else set(picked)  # None: no score per token, all of them
-            drop = {r for m, rs in per.items() if m not in kept for r in rs}
             work, chose["slots"] = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
             return work
         read = [r for r in ranges if r[3] is None or r[3] in kept]
@@ -216,6 +208,19 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         keep_run(prefix, key, plan, buf, chose["slots"], [e for e, *_ in ranges], info,
                  list(keep_entries) + used_keys(plan, encoded))
     return run, info
+
+
+def _recompute(plan: PromptPlan, modules: tuple[str, ...], kept: tuple[str, ...], together: tuple[str, ...],
+               seen: Scouted | None, share: float, sinks: int) -> tuple[tuple[str, ...], set[int], set[int], str]:
+    """(modules recomputed together, ranks recomputed, ranks left out, path) of the routing's choice."""
+    per = module_ranks(plan, set(modules))
+    every = {r for m in together for r in per[m]}
+    picked = select_tokens(plan, seen.by_key, together, share, sinks) if together else ()
+    if picked == ():  # nothing to recompute: read as stored
+        return (), set(), set(), "stored"
+    redo = every if picked is None else set(picked)  # None: no score per token, all of them
+    drop = {r for m, rs in per.items() if m not in kept for r in rs}
+    return together, redo, drop, "partial" if len(redo) < len(every) else "full"
 
 
 def _repeat(lm: LoadedModel, stored, pieces: list, sampling: Sampling, on_token: TokenFn | None,
