@@ -52,8 +52,8 @@ TUNE_ONLY = (f"{ROUTED}+share 20+sinks 0",)
 ARMS = {
     "two": ("baseline", "prefixed", *SETTINGS, f"{ROUTED}+joint off"),
     "all": ("baseline", "prefixed", *SETTINGS, *TUNE_ONLY),
-    "single": ("prefixed", *SETTINGS[:-1], TODAY),
-    "confusable": ("prefixed", *SETTINGS[:-1], TODAY),
+    "single": ("prefixed", f"{ROUTED}+share 20", TODAY),
+    "confusable": ("prefixed", f"{ROUTED}+share 20", TODAY),
 }
 FRONTIER = Path(__file__).resolve().parent.parent / "assets" / "spanning-frontier.png"
 NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
@@ -74,6 +74,18 @@ def cases(chunks: list[str], split_seed: int, counts: dict) -> list[dict]:
     out += [{**c, "set": "confusable", "phrasing": "one"} for c in needles.confusable_cases(
         chunks, 8, counts["confusable"], split_seed * 100 + 60)]
     return out
+
+
+def round_robin(every: list[dict]) -> list[dict]:
+    """The first prompt of each (set, modules, phrasing) block, then the second of each, ...: a run stopped early
+    has covered every block (the rows are the same in any order)."""
+    seen: dict = {}
+    ranked = []
+    for i, c in enumerate(every):
+        block = (c["set"], c["modules"], c["phrasing"])
+        seen[block] = seen.get(block, -1) + 1
+        ranked.append((seen[block], i, c))
+    return [c for *_, c in sorted(ranked, key=lambda t: t[:2])]
 
 
 def run_case(eng: Engine, case: dict, idx: int, heldout: bool) -> dict:
@@ -224,7 +236,7 @@ def main() -> None:
             counts = dict(zip(("two", "all4", "all8", "single", "confusable"), getattr(args, split)))
             seed = args.seed + (split == "heldout")
             rows[split] = []
-            for i, case in enumerate(cases(chunks, seed, counts)):
+            for i, case in enumerate(round_robin(cases(chunks, seed, counts))):
                 rows[split].append(run_case(eng, case, i, split == "heldout"))
                 r = rows[split][-1]
                 print(f"{split} {i} {r['set']}/{r['modules']}/{r['phrasing']}: " + ", ".join(
