@@ -17,7 +17,7 @@ from engine.errors import StorageError
 from engine.kv import ModuleKV
 from engine.schema.layout import ANONYMOUS, Layout
 
-MAX_NOTES = 256  # runs remembered by :meth:`PrefixCache.remember` (the least recently used forgotten)
+MAX_NOTES = 16  # runs remembered by :meth:`PrefixCache.remember`; the least recently used is forgotten with its KV
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,15 @@ class PrefixCache:
             return len(ids) - matched
 
     def remember(self, name, note) -> None:
-        """Keep ``note`` under ``name`` (what a run stored its KV under: engine/arms/joint.py)."""
+        """Keep ``note`` under ``name``, the first token of the branch a run stored its KV in (engine/arms/joint.py);
+        a forgotten note's branch goes with it."""
         with self._lock:
             self._notes[name] = note
             self._notes.move_to_end(name)
             while len(self._notes) > MAX_NOTES:
-                self._notes.popitem(last=False)
+                old, _ = self._notes.popitem(last=False)
+                if old in self._root.children:
+                    self._drop(self._root.children[old])
 
     def recall(self, name):
         """The note kept under ``name``, else None."""

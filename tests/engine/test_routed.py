@@ -494,3 +494,19 @@ def test_another_question_over_the_same_modules_is_not_a_repeat(flat, monkeypatc
     assert other.detail.path == "partial" and other.run.recomputed_tokens > 0
     shared = eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg.with_(route_share=0.5)).arm("routed")
     assert shared.detail.path == "partial"  # other settings: another key
+
+
+def test_the_oldest_kept_run_is_forgotten_with_its_kv(flat, monkeypatch):
+    from engine.arms import routed
+    from engine.cache import prefix as tree
+
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)
+    monkeypatch.setattr(tree, "MAX_NOTES", 1)
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("routed",), warmup=False)
+    eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg)
+    one = eng.prefix_cache().stored_tokens()
+    assert one == flat.plan.prompt_tokens + 1  # every token, and the run's key
+    eng.compare(FLAT, FLAT_PROMPT.replace("jumps", "sleeps"), Sampling(2), config=cfg)
+    assert eng.prefix_cache().stored_tokens() < 1.5 * one  # the first run's KV went with its note
+    assert eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg).arm("routed").detail.path == "partial"
