@@ -188,6 +188,9 @@ def lead_section(slug: str) -> list[str]:
     span = load(f"spanning-{slug}")
     if span:
         out += spanning_section(span)
+    shares = load(f"spanning-shares-{slug}")  # issue 47: the routed arm's partial recompute
+    if shares:
+        out += spanning_section(shares, "Questions that span modules: partial recompute")
     served = load(f"serve-{slug}")
     if served:
         out += serve_section(served)
@@ -285,10 +288,10 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None, furthe
     return out
 
 
-def spanning_section(f: dict) -> list[str]:
+def spanning_section(f: dict, title: str = "Questions that span modules") -> list[str]:
     """Questions that span modules (issue 38): per split, set and phrasing, each arm's found (two facts) or recall
     (every module) and its mean TTFT over the baseline's."""
-    out = ["### Questions that span modules", "",
+    out = [f"### {title}", "",
            f"`{f['command']}` ({machine_line(f)}; {f['model']}, {f['weights']} weights). Two facts from two of 8 "
            "modules (found = both answers, each with its own subject) and every module's fact (recall = the share of "
            "the answers given), in three phrasings each; the routed arm's rules were chosen on the `tune` split "

@@ -251,8 +251,8 @@ def main() -> None:
     print(f"\nchosen on the tune split: {chosen}")
     if "heldout" in summary and not args.quick:
         plot_frontier(summary["heldout"], FRONTIER)
-    emit(result_name("spanning", eng.config.model), {
-        "benchmark": "spanning", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
+    emit(result_name("spanning-shares", eng.config.model), {  # issue 38's file (spanning-…) stays as it was
+        "benchmark": "spanning-shares", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
         "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "chunk_tokens": args.chunk_tokens, "seeds": {"tune": args.seed, "heldout": args.seed + 1},
         "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
                       "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
