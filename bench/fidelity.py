@@ -77,16 +77,17 @@ def parse_arm(name: str) -> dict:
     default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
     visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
     '+focus off' = the routed arm without its decode-time focus; '+joint off' = without its joint recompute;
-    '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms);
+    '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms); '+share R' = the
+    routed arm recomputing R % of its kept modules' tokens (100: all of them), '+sinks K' and each one's first K;
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
     spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
             "route": None, "pull": None, "layers": None, "oracle": None, "ape": None, "focus": "on",
-            "joint": "on"}
+            "joint": "on", "share": None, "sinks": None}
     for p in parts:
-        m = re.fullmatch(r"(sink|repair|check|route|pull) (\d+)", p)
+        m = re.fullmatch(r"(sink|repair|check|route|pull|share|sinks) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
         lay = re.fullmatch(r"layers (\d+)-(\d+)", p)
         ape = re.fullmatch(r"ape (\d+) (\d+)", p)
@@ -190,12 +191,15 @@ class Runner:
                                   tuple(positions[r] for r in redo), sampling)
         if spec["route"] is not None or spec["pull"] is not None:
             kw = {"layers": spec["layers"]} if spec["layers"] else {}
+            kw.update({} if spec["share"] is None else {"share": spec["share"] / 100})
+            kw.update({} if spec["sinks"] is None else {"sinks": spec["sinks"]})
             run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
                                    min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
                                    focus=spec["focus"], joint=spec["joint"], **kw)
             self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
                                 "joint": list(info.joint), "pull": {m: round(v, 4) for m, v in info.pull.items()},
-                                "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves]}
+                                "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves],
+                                "path": info.path}
             return run
         if spec["blend"]:
             run, info = run_blend(self.eng.lm, self.plan, enc, self.store, sampling, ratio=spec["blend"] / 100,

@@ -188,6 +188,9 @@ def lead_section(slug: str) -> list[str]:
     span = load(f"spanning-{slug}")
     if span:
         out += spanning_section(span)
+    shares = load(f"spanning-shares-{slug}")  # issue 47: the routed arm's partial recompute
+    if shares:
+        out += spanning_section(shares, "Questions that span modules: partial recompute")
     served = load(f"serve-{slug}")
     if served:
         out += serve_section(served)
@@ -285,16 +288,23 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None, furthe
     return out
 
 
-def spanning_section(f: dict) -> list[str]:
+def spanning_section(f: dict, title: str = "Questions that span modules") -> list[str]:
     """Questions that span modules (issue 38): per split, set and phrasing, each arm's found (two facts) or recall
     (every module) and its mean TTFT over the baseline's."""
-    out = ["### Questions that span modules", "",
+    out = [f"### {title}", "",
            f"`{f['command']}` ({machine_line(f)}; {f['model']}, {f['weights']} weights). Two facts from two of 8 "
            "modules (found = both answers, each with its own subject) and every module's fact (recall = the share of "
            "the answers given), in three phrasings each; the routed arm's rules were chosen on the `tune` split "
            f"(seed {f['seeds']['tune']}) and are only reported on `heldout` (seed {f['seeds']['heldout']}). `only asked`: "
            "the full prefill of a prompt holding only the asked modules (the ceiling). TTFT × baseline: the arm's mean "
            "TTFT over the baseline's on the same prompts.", ""]
+    if "chosen_on_tune" in f:  # issue 47: the routed arm's share settings, one chosen on the tune split
+        out += [f"`+share R`: the routed arm recomputing R % of its kept modules' tokens (those the question attends to "
+                "most, half of them spread over every kept module) plus each module's first 4 (`+sinks 0`: without "
+                "them); `+share 100` is the routed arm before issue 47 (every kept token recomputed). Chosen on the tune "
+                f"split (the cheapest share keeping two facts within 5 points and recall within 10 of the baseline's): "
+                f"`{f['chosen_on_tune']}`. Held-out frontier, one point per setting:", "",
+                "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
     for split, groups in f["summary"].items():
         out += [f"**{split}**", "", "| set | modules | phrasing | arm | found | recall | TTFT × baseline |",
                 "|---|---|---|---|---|---|---|"]

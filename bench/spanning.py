@@ -14,9 +14,12 @@ subject):
 
 The ``tune`` split (seed ``--seed``) is where a rule or threshold is chosen; the ``heldout`` split (another seed)
 is only reported. Arms (bench/fidelity.py's names): ``baseline``; ``prefixed`` (the modular arm); ``prefixed+route
-0`` (routed, its defaults: joint recompute on); ``+joint off`` (routed as before issue 38, with its decode-time
-focus) and ``+joint off+focus off``; ``prefixed+blend 15``; ``only asked`` (the ceiling: the full prefill of a
-prompt importing only the asked modules). TTFT is each answer's own run; ratios to the baseline are per prompt.
+0+share R`` (routed recomputing R % of its kept modules' tokens, those the question attends to most, plus each
+one's first 4 tokens: issue 47; R = 100 is the routed arm of issue 38, every kept token recomputed);
+``+share 20+sinks 0`` (without the first tokens; tune split only); ``+joint off`` (routed reading every kept module as
+stored). ``choose_setting`` picks the cheapest share that keeps the answers on the tune split; the held-out split is
+reported, with a frontier plot (assets/spanning-frontier.png). TTFT is each answer's own run; ``× baseline`` is the
+ratio of the mean TTFTs (the issue's lines), per-prompt ratios are in the JSON.
 
     python bench/spanning.py --model qwen2.5-coder-0.5b          # both splits, every set (long on 2 cores)
     python bench/spanning.py --quick                             # 1 tiny prompt per set and phrasing, no file
@@ -41,14 +44,18 @@ from engine.model import WEIGHTS
 from engine.session import Engine
 
 ROUTED = "prefixed+route 0"
+SHARES = (10, 20, 30, 100)  # route_share settings measured, in % (100: issue 38's recompute of every kept token)
+SETTINGS = tuple(f"{ROUTED}+share {r}" for r in SHARES)
+TODAY = f"{ROUTED}+share 100"  # the routed arm before issue 47
 # The held-out split runs the arms the tune split chose between, less the variants it ruled out.
-TUNE_ONLY = (f"{ROUTED}+joint off+focus off",)
+TUNE_ONLY = (f"{ROUTED}+share 20+sinks 0",)
 ARMS = {
-    "two": ("baseline", "prefixed", ROUTED, f"{ROUTED}+joint off", f"{ROUTED}+joint off+focus off", "only asked"),
-    "all": ("baseline", "prefixed", ROUTED, f"{ROUTED}+joint off", "prefixed+blend 15"),
-    "single": ("prefixed", ROUTED),
-    "confusable": ("prefixed", ROUTED),
+    "two": ("baseline", "prefixed", *SETTINGS, f"{ROUTED}+joint off"),
+    "all": ("baseline", "prefixed", *SETTINGS, *TUNE_ONLY),
+    "single": ("prefixed", f"{ROUTED}+share 20", TODAY),
+    "confusable": ("prefixed", f"{ROUTED}+share 20", TODAY),
 }
+FRONTIER = Path(__file__).resolve().parent.parent / "assets" / "spanning-frontier.png"
 NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
 
 
@@ -67,6 +74,18 @@ def cases(chunks: list[str], split_seed: int, counts: dict) -> list[dict]:
     out += [{**c, "set": "confusable", "phrasing": "one"} for c in needles.confusable_cases(
         chunks, 8, counts["confusable"], split_seed * 100 + 60)]
     return out
+
+
+def round_robin(every: list[dict]) -> list[dict]:
+    """The first prompt of each (set, modules, phrasing) block, then the second of each, ...: a run stopped early
+    has covered every block (the rows are the same in any order)."""
+    seen: dict = {}
+    ranked = []
+    for i, c in enumerate(every):
+        block = (c["set"], c["modules"], c["phrasing"])
+        seen[block] = seen.get(block, -1) + 1
+        ranked.append((seen[block], i, c))
+    return [c for *_, c in sorted(ranked, key=lambda t: t[:2])]
 
 
 def run_case(eng: Engine, case: dict, idx: int, heldout: bool) -> dict:
@@ -124,8 +143,53 @@ def summarise(rows: list[dict]) -> dict:
             if "joint" in rs[0][arm]:
                 s["joint_recomputed"] = sum(bool(r[arm]["joint"]) for r in rs)
                 s["asked_kept"] = sum(r[arm]["asked_kept"] for r in rs)
+                s["recomputed_mean"] = round(statistics.mean(r[arm]["recomputed_tokens"] for r in rs), 1)
+                paths = [r[arm].get("path", "") for r in rs]
+                s["paths"] = {p: paths.count(p) for p in sorted(set(paths))}
             out[key][arm] = s
     return out
+
+
+def choose_setting(tune: dict) -> str | None:
+    """The cheapest share (mean TTFT over the baseline's, summed over the spanning sets) that keeps two-fact
+    accuracy within 5 points of the baseline's and every-module recall within 10, on the tune split; None if none."""
+    keys = [k for k in tune if "every phrasing" in k and k.startswith(("two", "all"))]
+    ok = []
+    for arm in SETTINGS:
+        if not all(arm in tune[k] for k in keys):
+            continue
+        cost = sum(tune[k][arm]["mean_ttft_vs_baseline"] for k in keys)
+        keeps = all(tune[k][arm]["accuracy"] >= tune[k]["baseline"]["accuracy"] - 0.05 if k.startswith("two")
+                    else tune[k][arm]["recall"] >= tune[k]["baseline"]["recall"] - 0.10 for k in keys)
+        if keeps:
+            ok.append((cost, arm))
+    return min(ok)[1] if ok else None
+
+
+def plot_frontier(summary: dict, out: Path) -> None:
+    """Accuracy (two facts) or recall (every module) against mean TTFT over the baseline's, one point per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in ("two/8/every phrasing", "all/4/every phrasing", "all/8/every phrasing") if k in summary]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        what = "accuracy" if key.startswith("two") else "recall"
+        for i, (arm, s) in enumerate(summary[key].items()):
+            x, y = s.get("mean_ttft_vs_baseline"), s.get(what)
+            if x is None or y is None:
+                continue
+            ax.scatter([x], [y * 100], color="black" if arm == "baseline" else "#0f766e" if ROUTED in arm else "grey")
+            ax.annotate(arm.replace(ROUTED, "routed").replace("prefixed", "modular"), (x, y * 100), fontsize=7,
+                        xytext=(4, 4 - 9 * (i % 4)), textcoords="offset points")  # staggered: points sit close
+        ax.set_xlabel("mean TTFT × baseline")
+        ax.set_ylabel(f"{what} %")
+        ax.set_title(f"{key.split('/every')[0]} (held-out, n={next(iter(summary[key].values()))['n']})")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 def spread3(xs: list[float], digits: int = 1) -> dict:
@@ -138,9 +202,10 @@ def print_split(name: str, summary: dict) -> None:
         if "every phrasing" not in key and not key.startswith(("single", "confusable")):
             continue
         print(f"\n{name}: {key}")
-        print(table(["arm", "found", "recall", "TTFT median ms", "× baseline"],
-                    [[a, f"{s['found']}/{s['n']}", s.get("recall", "-"), s["ttft_ms"]["median"],
-                      s.get("ttft_vs_baseline", {}).get("median", "-")] for a, s in arms.items()]))
+        print(table(["arm", "found", "recall", "TTFT mean ms", "× baseline (means)", "recomputed", "paths"],
+                    [[a, f"{s['found']}/{s['n']}", s.get("recall", "-"), s["ttft_ms"]["mean"],
+                      s.get("mean_ttft_vs_baseline", "-"), s.get("recomputed_mean", "-"),
+                      " ".join(f"{p} {n}" for p, n in s.get("paths", {}).items()) or "-"] for a, s in arms.items()]))
 
 
 def main() -> None:
@@ -171,7 +236,7 @@ def main() -> None:
             counts = dict(zip(("two", "all4", "all8", "single", "confusable"), getattr(args, split)))
             seed = args.seed + (split == "heldout")
             rows[split] = []
-            for i, case in enumerate(cases(chunks, seed, counts)):
+            for i, case in enumerate(round_robin(cases(chunks, seed, counts))):
                 rows[split].append(run_case(eng, case, i, split == "heldout"))
                 r = rows[split][-1]
                 print(f"{split} {i} {r['set']}/{r['modules']}/{r['phrasing']}: " + ", ".join(
@@ -182,13 +247,17 @@ def main() -> None:
     summary = {split: summarise(rs) for split, rs in rows.items()}
     for split, s in summary.items():
         print_split(split, s)
-    emit(result_name("spanning", eng.config.model), {
-        "benchmark": "spanning", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
+    chosen = choose_setting(summary["tune"]) if "tune" in summary else None
+    print(f"\nchosen on the tune split: {chosen}")
+    if "heldout" in summary and not args.quick:
+        plot_frontier(summary["heldout"], FRONTIER)
+    emit(result_name("spanning-shares", eng.config.model), {  # issue 38's file (spanning-…) stays as it was
+        "benchmark": "spanning-shares", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
         "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "chunk_tokens": args.chunk_tokens, "seeds": {"tune": args.seed, "heldout": args.seed + 1},
         "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
                       "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "collected_by": collected_by,
-        "summary": summary, "rows": rows},
+        "chosen_on_tune": chosen, "summary": summary, "rows": rows},
         write=not args.quick)
 
 

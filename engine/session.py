@@ -192,7 +192,8 @@ class Engine:
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
             enc = self._fetched(plan, lay, cfg, enc, progress)
-            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) else None
+            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) \
+                else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there
             result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
                                  settings=dict(cfg.arm_settings), decode=cfg.decode, on_arm=on_arm)
         return replace(result, encode=encode_summary(enc))

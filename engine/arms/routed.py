@@ -8,26 +8,27 @@ whose pull reaches the threshold stay, and the run prefills and decodes over the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.arms.attention import ape_scale, check_recompute, rank_mask
+from engine.arms.attention import ape_scale, check_recompute
 from engine.arms.batch import DecodeBatch, DecodingContext
+from engine.arms.joint import keep_run, module_ranks, recall, recompute_fill, run_key, select_tokens
 from engine.arms.layers import run_until
 from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
                                   setting)
 from engine.arms.timing import Fill, timed_run
 from engine.arms.workspace import workspace
-from engine.cache.assemble import copy_list_ranked, module_ranges, prefilled, slot_owners
+from engine.cache.assemble import module_ranges, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
+from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import KVBuffer, LayeredKV
 from engine.limits import Limit
 from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
-from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
 # Each default's split and figures: docs/arms.md (routed) and bench/results/.
@@ -37,6 +38,9 @@ DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest
 DEFAULT_FOCUS = "on"  # decode steps read the module the answer named last (joint off)
 FOCUS_MARGIN = 0.2  # a token names a module when its pull there leads the others' by this
 DEFAULT_JOINT = "on"  # two or more kept modules are prefilled together
+DEFAULT_SHARE = 0.2  # ... the share of their tokens the question reads most (1: all of them)
+DEFAULT_SINKS = 4  # ... and each one's first tokens (EPIC's attention sinks)
+PATHS = ("stored", "partial", "full", "repeat")  # how a run read its kept modules (RoutedInfo.path)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,16 @@ class RoutedSettings(ArmSettings):
                          "when routing keeps two or more modules (two reached the pull threshold, or none did and all "
                          "stay), prefill their tokens together in prompt order, as a full prefill does (on), or read "
                          "their stored KV (off)", choices=("on", "off"))
+    share: float = setting(DEFAULT_SHARE, "route_share", "Routed: share of kept modules recomputed (R)",
+                           "with two or more modules kept (and joint on), recompute this share of their tokens, those "
+                           "the question attends to most at the scout's layers (half of it spread over every kept "
+                           "module), the rest read as stored; 1: all of them, as a full prefill",
+                           limit=Limit("route_share", 0.0, 1.0, meaning="a share of the kept modules' tokens from 0 "
+                                       "to 1", example="0.2"), step=0.05, metavar="R")
+    sinks: int = setting(DEFAULT_SINKS, "route_sinks", "Routed: first tokens recomputed per kept module",
+                         "with a share under 1, also recompute each kept module's first K tokens (the attention "
+                         "sinks a module encoded alone holds: EPIC)",
+                         limit=Limit("route_sinks", 0, 64, whole=True, example="4"), metavar="K")
     focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
                          "with two or more modules kept, each decode step reads only the module its newest token "
                          "points at, in the layers after the scout's (on), or every kept module (off)",
@@ -79,6 +93,7 @@ class Scouted:
     mass: torch.Tensor  # [layers, modules]: attention summed over heads and new tokens
     others: torch.Tensor  # [layers]: the pull of text never routed
     by_token: torch.Tensor | None = None  # [new tokens, modules]: each token's pull
+    by_key: torch.Tensor | None = None  # [cached slots]: attention paid by the new tokens, over heads and layers
 
     def strength(self) -> torch.Tensor:
         """Peak pull per module."""
@@ -105,13 +120,20 @@ class RoutedInfo:
     focus: str = DEFAULT_FOCUS
     moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved
     joint: tuple[str, ...] = ()  # modules prefilled together
+    path: str = "stored"  # one of PATHS
+    recomputed: int = 0  # cached tokens prefilled again
+    share: float = DEFAULT_SHARE
+    sinks: int = DEFAULT_SINKS
+    repeat_tokens: int = 0  # tokens read back from an identical earlier request (path "repeat")
 
     def to_json(self) -> dict:
         return {"route_k": self.k, "route_min_pull": self.min_pull, "route_kept": list(self.kept),
                 "route_attention": {m: round(s, 4) for m, s in self.attention.items()},
                 "route_layers": list(self.layers), "scout_ms": round(self.scout_ms, 3),
                 "route_pull": {m: round(v, 4) for m, v in self.pull.items()}, "route_focus": self.focus,
-                "route_focus_moves": [list(m) for m in self.moves], "route_joint": list(self.joint)}
+                "route_focus_moves": [list(m) for m in self.moves], "route_joint": list(self.joint),
+                "route_path": self.path, "route_recomputed_tokens": self.recomputed, "route_share": self.share,
+                "route_sinks": self.sinks, "route_repeat_tokens": self.repeat_tokens}
 
     @classmethod
     def from_json(cls, data: dict) -> "RoutedInfo":
@@ -120,7 +142,9 @@ class RoutedInfo:
                    layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0),
                    pull=dict(data.get("route_pull") or {}), focus=data.get("route_focus", "off"),
                    moves=tuple((int(a), str(b)) for a, b in data.get("route_focus_moves") or ()),
-                   joint=tuple(data.get("route_joint") or ()))
+                   joint=tuple(data.get("route_joint") or ()), path=data.get("route_path", "stored"),
+                   recomputed=data.get("route_recomputed_tokens", 0), share=data.get("route_share", 1.0),
+                   sinks=data.get("route_sinks", 0), repeat_tokens=data.get("route_repeat_tokens", 0))
 
 
 # -- public API --
@@ -129,7 +153,8 @@ def routed_arm(ctx: DecodingContext) -> ArmResult:
     s = ctx.settings_of("routed")
     run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
                            min_pull=s.min_pull, ape=ctx.settings_of("cached").ape,  # APE is the modular arm's setting
-                           focus=s.focus, joint=s.joint, batch=ctx.batch)
+                           focus=s.focus, joint=s.joint, share=s.share, sinks=s.sinks, prefix=ctx.prefix,
+                           keep_entries=ctx.keep, batch=ctx.batch)
     return ArmResult(Arm("routed"), run, detail=info)
 
 
@@ -137,16 +162,21 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
                min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
                keep: set[str] | None = None, ape: tuple[float, float] | None = None,
-               focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT,
+               focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT, share: float = DEFAULT_SHARE,
+               sinks: int = DEFAULT_SINKS, prefix: PrefixCache | None = None, keep_entries=(),
                batch: DecodeBatch | None = None) -> tuple[RunResult, RoutedInfo]:
-    """The modular run reading only the modules the question routes to, and how it chose; ``keep`` forces the
-    kept modules (bench/fidelity.py's oracle), ``ape`` (T, S) scales the attention over them."""
+    """The modular run reading the modules the question routes to, and how it chose; ``keep`` forces the kept
+    modules (the oracle), ``ape`` (T, S) scales their attention; ``prefix`` keeps runs for a repeat (joint.py)."""
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
     modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
     ids, pos = plan.uncached()
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
+    key = None if prefix is None or keep is not None else run_key(
+        plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks))
+    if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
+        return _repeat(lm, *hit, sampling, on_token, batch)
     chose: dict = {}
 
     def fill(buf: KVBuffer) -> Fill:
@@ -156,42 +186,69 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
-        chose.update(seen=seen, kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None)
+        together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
+        chose.update(seen=seen, kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None, path=path)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
-            return joint_fill(lm, plan, encoded, store, buf, set(together), set(modules))
+            work, chose["slots"] = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
+            return work
         read = [r for r in ranges if r[3] is None or r[3] in kept]
         for entry, a, b, _ in read:
             entry.write_into(buf, a, b)
         chose["focus"] = _focus(read, kept, modules, seen, ids, min_pull) if focus == "on" else None
         scale = ape_scale(lm, read, ape)
+        chose["slots"] = _stored_slots(plan, ranges, kept) if scale is None and chose["focus"] is None else None
         return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
                     prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=chose["focus"]))
 
-    run, _ = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                       on_token, batch=batch)
-    return run, _info(chose, k, min_pull, layers if keep is None else (), focus)
+    run, buf = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
+                         on_token, batch=batch)
+    info = _info(chose, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
+    if key is not None and chose.get("slots") is not None:  # after TTFT, as the prefix arm's insert
+        keep_run(prefix, key, plan, buf, chose["slots"], [e for e, *_ in ranges], info,
+                 list(keep_entries) + used_keys(plan, encoded))
+    return run, info
 
 
-def joint_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
-               together: set[str], routable: set[str]) -> Fill:
-    """Fill ``buf`` (emptied) to prefill the modules ``together`` with the uncached tokens in prompt order; the other
-    routable modules are left out."""
-    redo, drop = set(), set()
-    rank = 0
+def _recompute(plan: PromptPlan, modules: tuple[str, ...], kept: tuple[str, ...], together: tuple[str, ...],
+               seen: Scouted | None, share: float, sinks: int) -> tuple[tuple[str, ...], set[int], set[int], str]:
+    """(modules recomputed together, ranks recomputed, ranks left out, path) of the routing's choice."""
+    per = module_ranks(plan, set(modules))
+    every = {r for m in together for r in per[m]}
+    picked = select_tokens(plan, seen.by_key, together, share, sinks) if together else ()
+    if picked == ():  # nothing to recompute: read as stored
+        return (), set(), set(), "stored"
+    redo = every if picked is None else set(picked)  # None: no score per token, all of them
+    drop = {r for m, rs in per.items() if m not in kept for r in rs}
+    return together, redo, drop, "partial" if len(redo) < len(every) else "full"
+
+
+def _repeat(lm: LoadedModel, stored, pieces: list, sampling: Sampling, on_token: TokenFn | None,
+            batch: DecodeBatch | None) -> tuple[RunResult, RoutedInfo]:
+    """An identical request again: its stored KV read back, its last token prefilled (as the prefix arm does)."""
+    n = sum(b - a for _, a, b in pieces)
+    token, position = stored.last
+
+    def fill(buf: KVBuffer) -> Fill:
+        for entry, a, b in pieces:
+            entry.write_into(buf, a, b)
+        return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n)
+
+    run, _ = timed_run(lm, "routed", n + sampling.max_new_tokens + 2, fill, sampling, on_token, batch=batch)
+    return run, replace(stored.detail, path="repeat", recomputed=0, scout_ms=0.0, moves=(), repeat_tokens=n)
+
+
+def _stored_slots(plan: PromptPlan, ranges: list, kept: tuple[str, ...]) -> list[int]:
+    """Each buffer slot's prompt rank when the kept modules are read as stored, then the uncached tokens."""
+    starts, uncached, rank = [], [], 0
     for s in plan.segments:
-        top = plan.layout.modules[s.owner].top if s.kind == CACHED and not s.scaffold and s.owner != ANONYMOUS else None
-        if top in routable:
-            (redo if top in together else drop).update(range(rank, rank + len(s)))
+        if s.kind == CACHED:
+            starts.append(rank)
+        else:
+            uncached += range(rank, rank + len(s))
         rank += len(s)
-    copies = copy_list_ranked(plan, encoded, store, redo | drop)
-    for entry, a, b, _ in copies:
-        entry.write_into(buf, a, b)
-    ids, pos, ranks = prefilled(plan, redo)
-    positions = [p for s in plan.segments for p in s.positions]
-    return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
-                recomputed_positions=tuple(positions[r] for r in sorted(redo)),
-                prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
+    return [r for (_, a, b, u), r0 in zip(ranges, starts) if u is None or u in kept
+            for r in range(r0, r0 + b - a)] + uncached
 
 
 def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
@@ -214,6 +271,7 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
     pull, mass = torch.zeros(len(layers), len(modules)), torch.zeros(len(layers), len(modules))
     others = torch.zeros(len(layers))
     by_token = torch.zeros(len(ids), len(modules))
+    keys: list[torch.Tensor] = []  # per scout layer, the attention each cached slot got
 
     class Pull:
         def observe(self, layer: int, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
@@ -225,7 +283,9 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
             row = layers.index(layer)
             routable = cached >= 0
             pull[row].scatter_reduce_(0, cached[routable], peak[routable], reduce="amax")
-            mass[row].index_add_(0, cached[routable], att.sum(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()[routable])
+            per_key = att.sum(dim=(0, 1, 2))[: cached.shape[0]].float().cpu()
+            mass[row].index_add_(0, cached[routable], per_key[routable])
+            keys.append(per_key)
             others[row] = peak[~routable].max() if bool((~routable).any()) else 0.0
             per_token = att.amax(dim=(0, 1))[:, : cached.shape[0]].float().cpu()  # [queries, cached slots]
             into = cached[routable].expand(per_token.shape[0], -1)
@@ -236,7 +296,8 @@ def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: lis
                   input_ids=torch.tensor([list(ids)], device=lm.device),
                   position_ids=torch.tensor([list(pos)], device=lm.device), past_key_values=buf.cache(),
                   use_cache=True, logits_to_keep=1, attn_spec=AttentionSpec(scorer=Pull()))
-    return Scouted(modules, layers, pull, mass, others, by_token)
+    same = len({k.shape[0] for k in keys}) == 1  # compressed entries keep other slots per layer: no score per token
+    return Scouted(modules, layers, pull, mass, others, by_token, torch.stack(keys).sum(0) if same else None)
 
 
 def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
@@ -251,13 +312,15 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
-def _info(chose: dict, k: int, min_pull: float, layers: tuple[int, ...], focus: str) -> RoutedInfo:
+def _info(chose: dict, k: int, min_pull: float, layers: tuple[int, ...], focus: str, share: float, sinks: int,
+          recomputed: int) -> RoutedInfo:
     """A routed run's detail, from what its fill chose."""
     seen: Scouted | None = chose["seen"]
     moves = tuple((step, chose["kept"][m]) for step, m in chose["focus"].changes) if chose["focus"] else ()
     shares, pull = ({}, {}) if seen is None else (seen.shares(), dict(zip(seen.modules, seen.strength().tolist())))
     return RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=shares, layers=layers,
-                      scout_ms=chose["ms"], pull=pull, focus=focus, moves=moves, joint=chose["joint"])
+                      scout_ms=chose["ms"], pull=pull, focus=focus, moves=moves, joint=chose["joint"],
+                      path=chose["path"], recomputed=recomputed, share=share, sinks=sinks)
 
 
 def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], seen: "Scouted | None", ids,

@@ -7,6 +7,7 @@ docs/arms.md, "The prefix cache arm".
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,8 @@ from engine.cache.store import PREFIX, ModuleStore
 from engine.errors import StorageError
 from engine.kv import ModuleKV
 from engine.schema.layout import ANONYMOUS, Layout
+
+MAX_NOTES = 16  # runs remembered by :meth:`PrefixCache.remember`; the least recently used is forgotten with its KV
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class PrefixCache:
         self.warmed: dict[str, WarmPrompt] = {}  # by layout fingerprint
         self.skipped_inserts = 0  # over the budget
         self.evicted_nodes = 0  # with an evicted ancestor
+        self._notes: OrderedDict = OrderedDict()
         store.on_evict(self._evicted)
 
     # -- public API ---------------------------------------------------------------------------
@@ -110,6 +114,25 @@ class PrefixCache:
                 return 0
             self._touch_up(leaf)
             return len(ids) - matched
+
+    def remember(self, name, note) -> None:
+        """Keep ``note`` under ``name``, the first token of the branch a run stored its KV in (engine/arms/joint.py);
+        a forgotten note's branch goes with it."""
+        with self._lock:
+            self._notes[name] = note
+            self._notes.move_to_end(name)
+            while len(self._notes) > MAX_NOTES:
+                old, _ = self._notes.popitem(last=False)
+                if old in self._root.children:
+                    self._drop(self._root.children[old])
+
+    def recall(self, name):
+        """The note kept under ``name``, else None."""
+        with self._lock:
+            note = self._notes.get(name)
+            if note is not None:
+                self._notes.move_to_end(name)
+            return note
 
     def stored_tokens(self) -> int:
         """Tokens held by the tree's nodes."""

@@ -14,7 +14,10 @@ is one). The messages before it are the schema's anonymous text (system message,
 prefix, exactly); the messages after it are new turns of the prompt. In the document message, the text parts
 before its first module go before the documents and every other text part after them, in order; the documents
 sit at the positions studio/api/positions.py keeps for them, so the same text gets the same KV in any order and
-any subset (a gap module of ``cache="false"`` fills the positions in between). A system message's parts are never
+any subset (a gap module of ``cache="false"`` fills the positions in between), and the prompt imports them in
+position order: a set of documents that recurs in another order is the same prompt, which the routed arm reads
+back whole from the prefix tree (engine/arms/joint.py). In transparent mode, new documents are placed in the order
+of their content hashes; explicit PML is never reordered (its order is the user's). A system message's parts are never
 modules: it is the context the modules are encoded after (``contextual`` mode), cached whole as the prefix.
 
 Everything here is pure apart from the registry and the layout function it is given (``Engine.layout``).
@@ -86,7 +89,7 @@ def chat_pml(turns: list[Turn], how: str, layout: Callable, registry: PositionRe
     role = turns[at].role
     docs, lead, rest = _split(turns[at].parts, mode)
     room = _Room(before, role, layout, registry, max_positions)
-    placed = room.place(docs, compact)
+    placed = room.place(docs, compact, canonical=mode == "transparent")
     if placed is None:
         return plain_chat(turns, note=room.note)
     after = "".join(_role(t) for t in turns[at + 1:])
@@ -105,7 +108,7 @@ def completion_pml(prompt: str, how: str, layout: Callable, registry: PositionRe
         return plain_completion(prompt.replace(SEPARATOR, JOIN))
     docs, lead, rest = _split(parts, "transparent")
     room = _Room("", None, layout, registry, max_positions)
-    placed = room.place(docs, compact)
+    placed = room.place(docs, compact, canonical=True)
     if placed is None:
         return plain_completion(prompt.replace(SEPARATOR, JOIN), note=room.note)
     schema = f'<schema name="{room.name}">{room.body(placed)}</schema>'
@@ -155,11 +158,13 @@ class _Room:
         self.first = 0
         self.note = ""
 
-    def place(self, docs: list[str], compact: bool) -> dict[str, int] | None:
-        """{document key: first position}, in position order; None (and ``note``) when they do not fit."""
+    def place(self, docs: list[str], compact: bool, canonical: bool = False) -> dict[str, int] | None:
+        """{document key: first position}, in position order; None (and ``note``) when they do not fit.
+        ``canonical``: new documents are placed in the order of their keys (content hashes), not the request's, so
+        one set gets one layout whatever order it first came in (transparent mode: the order is not the user's)."""
         self.texts = {document_key(d): d for d in docs}
         self.first = first = self._measure()
-        sizes = [(k, self.registry.size(k)) for k in self.texts]
+        sizes = [(k, self.registry.size(k)) for k in (sorted(self.texts) if canonical else self.texts)]
         placed = None if first >= self.end else self.registry.place(self.context, sizes, first, self.end, compact)
         if placed is None:
             need = sum(n for _, n in sizes)

@@ -174,6 +174,8 @@ class PmlInfo(BaseModel):
     modules_reused: int  # the request's modules whose KV came from the store (memory or disk)
     modules_encoded: int  # ... encoded by this request, at their first sight
     routed_kept: list[str] | None = None  # modules the routed arm read (None for other arms)
+    routed_path: str | None = None  # how it read them: stored | partial | full | repeat (None for other arms)
+    recomputed_tokens: int = 0  # cached tokens the arm prefilled again (never counted in cached_tokens)
     cached_tokens: int  # as usage.prompt_tokens_details.cached_tokens
     ttft_ms: float  # from the start of the request's work on the engine to its first token (encoding included)
     arm_ttft_ms: float  # the arm's own TTFT, as `pml-studio run` reports it (encoding not included)

@@ -15,7 +15,11 @@ class RoutedView(View):
         why = (f"each reached pull {d.min_pull:g}" if all(d.pull.get(m, 0) >= d.min_pull for m in d.joint)
                else f"no module reached pull {d.min_pull:g}, so the question may need them all")
         joint = f"; {', '.join(d.joint)} recomputed together ({why})" if d.joint else ""
-        return [f"read {kept} of {len(d.attention)} modules; scout {d.scout_ms:.0f} ms{moves}{joint}"]
+        path = {"partial": f"; partial: {d.recomputed} tokens recomputed ({d.share:.0%} + first {d.sinks} of each)",
+                "full": f"; full: {d.recomputed} tokens recomputed",
+                "repeat": f"; repeat: {d.repeat_tokens} tokens of an identical earlier request read back, none "
+                          "recomputed"}.get(d.path, "")
+        return [f"read {kept} of {len(d.attention)} modules; scout {d.scout_ms:.0f} ms{moves}{joint}{path}"]
 
     def bars(self, detail: RoutedInfo) -> list[Bar]:
         """(module, its share of the question's pull, read) per module."""

@@ -306,8 +306,8 @@ def stock_joint(t: Tiny, together: set[str]):
 
 @pytest.mark.parametrize("k", [2, 0])  # the 2 strongest; every module (all reach a threshold of 0)
 def test_modules_that_reach_the_threshold_are_prefilled_together(flat, k):
-    run, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4), k=k)
-    assert len(info.kept) == (k or 3) and info.joint == info.kept and not info.moves
+    run, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4), k=k, share=1.0)
+    assert len(info.kept) == (k or 3) and info.joint == info.kept and not info.moves and info.path == "full"
     out = stock_joint(flat, set(info.kept))
     torch.testing.assert_close(run.first_logits, out.logits[0, -1].float(), atol=1e-4, rtol=1e-4)
     module_tokens = sum(len(s) for s in flat.plan.segments if s.kind == CACHED and s.owner != ANONYMOUS
@@ -327,9 +327,9 @@ def test_one_module_is_read_as_stored_and_a_question_that_points_nowhere_is_the_
     from engine.arms.baseline import run_baseline
 
     one, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), k=1)
-    assert info.joint == () and one.recomputed_tokens == 0
+    assert info.joint == () and one.recomputed_tokens == 0 and info.path == "stored"
     monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # nothing reaches it: every module kept, all recomputed together
-    nowhere, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3))
+    nowhere, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), share=1.0)
     assert info.kept == info.joint == ("d1", "d2", "d3") and "no module reached" in view_of("routed").chips(info)[0]
     base = run_baseline(flat.lm, flat.plan, Sampling(3))
     torch.testing.assert_close(nowhere.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
@@ -348,3 +348,165 @@ def test_the_joint_recompute_is_said_and_survives_the_json(flat):
     off = flat.eng.compare(FLAT, FLAT_PROMPT, Sampling(3), config=flat.eng.config.with_(
         arms=("baseline", "routed"), route_k=2, route_min_pull=0.0, route_joint="off"))
     assert off.to_json()["routed"]["route_joint"] == [] and off.to_json()["routed"]["recomputed_tokens"] == 0
+
+
+# Selective recompute (issue 47): the share of the kept modules' tokens the question attends to most, plus each
+# module's first tokens; checked against stock transformers walking the prompt in order, where each stored token's
+# KV is appended to the cache as stored and each recomputed or new token is prefilled over everything before it.
+
+def stock_partial(t: Tiny, redo: set[int]):
+    """Stock transformers over the prompt in rank order: ranks ``redo`` and the uncached tokens prefilled over
+    the cache so far, every other cached token's stored KV appended as it is."""
+    cache, rank, out, ids, pos = DynamicCache(), 0, None, [], []
+
+    def run():
+        nonlocal out, ids, pos
+        if ids:
+            with torch.inference_mode():
+                out = t.stock(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), past_key_values=cache,
+                              use_cache=True)
+        ids, pos = [], []
+
+    for s in t.plan.segments:
+        key, off = t.enc.locate(s.piece, s.scaffold) if s.kind == CACHED else (None, 0)
+        for i, (tok, p) in enumerate(zip(s.token_ids, s.positions)):
+            if s.kind != CACHED or rank + i in redo:
+                ids.append(tok)
+                pos.append(p)
+                continue
+            run()
+            kv = t.store.get(key).kv[:, :, :, off + s.offset + i: off + s.offset + i + 1]
+            for layer in range(kv.shape[0]):
+                cache.update(kv[layer, 0][None], kv[layer, 1][None], layer)
+        rank += len(s)
+    run()
+    return out
+
+
+def module_tokens(t: Tiny, kept) -> int:
+    return sum(len(s) for s in t.plan.segments if s.kind == CACHED and s.owner != ANONYMOUS
+               and t.lay.modules[s.owner].top in kept)
+
+
+@pytest.mark.parametrize("share,sinks", [(0.3, 2), (0.1, 0), (0.0, 3)])
+def test_a_partial_recompute_is_stock_transformers_reading_the_rest_as_stored(flat, monkeypatch, share, sinks):
+    from engine.arms import routed
+    from engine.arms.joint import module_ranks, select_tokens
+
+    picked: list = []
+    monkeypatch.setattr(routed, "select_tokens", lambda *a: picked.append(select_tokens(*a)) or picked[-1])
+    run, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), share=share, sinks=sinks)
+    assert info.kept == ("d1", "d2", "d3") and info.path == "partial"
+    redo = set(picked[0])
+    per = module_ranks(flat.plan, {"d1", "d2", "d3"})
+    assert all(set(rs[:sinks]) <= redo and redo & set(rs) for rs in per.values())  # sinks, and every module
+    n = module_tokens(flat, info.kept)
+    assert len(redo) == run.recomputed_tokens == info.recomputed and len(redo) - 3 * sinks <= round(share * n)
+    assert run.reused_tokens == flat.plan.cached_tokens - len(redo)
+    out = stock_partial(flat, redo)
+    torch.testing.assert_close(run.first_logits, out.logits[0, -1].float(), atol=1e-4, rtol=1e-4)
+
+
+def test_a_recompute_of_everything_is_the_full_prefill_and_of_nothing_the_modular_run(flat):
+    from engine.arms.baseline import run_baseline
+
+    full, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4), share=1.0, sinks=0)
+    base = run_baseline(flat.lm, flat.plan, Sampling(4))
+    assert info.path == "full" and info.recomputed == module_tokens(flat, info.kept)
+    torch.testing.assert_close(full.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
+    assert full.token_ids == base.token_ids
+    none, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4), share=0.0, sinks=0)
+    cached = run_cached(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4))
+    assert info.path == "stored" and info.recomputed == 0 and info.joint == ()
+    assert torch.equal(none.first_logits, cached.first_logits) and none.token_ids == cached.token_ids
+
+
+def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest():
+    """Hand-made scores over a plan of two modules of 10 tokens: the rule, computed by hand."""
+    from types import SimpleNamespace
+
+    from engine.arms.joint import select_tokens
+
+    plan = SimpleNamespace(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"),
+                                                           "b": SimpleNamespace(top="b")}))
+
+    class Seg(SimpleNamespace):
+        def __len__(self):
+            return self.n
+
+    plan.segments = [Seg(kind=CACHED, owner=ANONYMOUS, scaffold=None, n=2), Seg(kind=CACHED, owner="a", scaffold=None,
+                     n=10), Seg(kind=CACHED, owner="b", scaffold=None, n=10), Seg(kind="new", owner=ANONYMOUS,
+                                                                                  scaffold=None, n=3)]
+    score = torch.zeros(22)
+    score[2:12] = torch.arange(10, dtype=torch.float32)  # module a: later tokens score higher
+    score[12:22] = torch.arange(10, dtype=torch.float32) / 100  # module b: far weaker
+    # share 0.4 of 20 tokens = 8: each module's half-share quota (2 each, by score), then the 4 strongest left
+    got = select_tokens(plan, score, ("a", "b"), 0.4, 1)
+    sinks = {2, 12}
+    quota = {10, 11, 20, 21}
+    rest = {9, 8, 7, 6}
+    assert set(got) == sinks | quota | rest
+    assert select_tokens(plan, None, ("a", "b"), 0.4, 1) is None  # no score per token: the caller recomputes all
+    assert set(select_tokens(plan, score, ("a", "b"), 1.0, 0)) == set(range(2, 22))
+
+
+def test_an_identical_request_reads_its_stored_run_back_and_is_never_slower_than_the_prefix_arm(flat, monkeypatch):
+    """The second identical request reads the first's KV from the prefix tree (every token but the last, as the
+    prefix arm on a repeat), answers the same and reports the reused tokens as cached."""
+    from engine.arms import routed
+
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # every module kept: a partial recompute
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("routed",), warmup=False)
+    first = eng.compare(FLAT, FLAT_PROMPT, Sampling(4), config=cfg)
+    again = eng.compare(FLAT, FLAT_PROMPT, Sampling(4), config=cfg)
+    a, b = first.arm("routed"), again.arm("routed")
+    assert a.detail.path == "partial" and b.detail.path == "repeat" and b.detail.kept == a.detail.kept
+    n = flat.plan.prompt_tokens
+    assert b.run.prefill_tokens == 1 and b.run.reused_tokens == b.detail.repeat_tokens == n - 1
+    assert b.run.recomputed_tokens == 0 and b.detail.scout_ms == 0
+    torch.testing.assert_close(b.run.first_logits, a.run.first_logits, atol=1e-4, rtol=1e-4)
+    assert b.run.token_ids == a.run.token_ids
+    doc = json.loads(json.dumps(again.to_json()))["routed"]
+    assert doc["route_path"] == "repeat" and RoutedInfo.from_json(doc).repeat_tokens == n - 1
+    from studio.api.usage import cached_tokens
+
+    assert cached_tokens(again, "routed") == n - 1
+    pcfg = eng.config.with_(arms=("prefix",), warmup=False)
+    eng.compare(FLAT, FLAT_PROMPT, Sampling(4), config=pcfg)
+    times = {"prefix": [], "routed": []}
+    for _ in range(5):  # alternated; the best of each
+        for arm, c in (("prefix", pcfg), ("routed", cfg)):
+            r = eng.compare(FLAT, FLAT_PROMPT, Sampling(1), config=c).arm(arm).run
+            assert r.prefill_tokens == 1 and r.reused_tokens == n - 1
+            times[arm].append(r.ttft_ms)
+    assert min(times["routed"]) <= 2 * min(times["prefix"]) + 2.0, times  # the same work: the margin is noise
+
+
+def test_another_question_over_the_same_modules_is_not_a_repeat(flat, monkeypatch):
+    from engine.arms import routed
+
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("routed",), warmup=False)
+    eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg)
+    other = eng.compare(FLAT, FLAT_PROMPT.replace("jumps", "sleeps"), Sampling(2), config=cfg).arm("routed")
+    assert other.detail.path == "partial" and other.run.recomputed_tokens > 0
+    shared = eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg.with_(route_share=0.5)).arm("routed")
+    assert shared.detail.path == "partial"  # other settings: another key
+
+
+def test_the_oldest_kept_run_is_forgotten_with_its_kv(flat, monkeypatch):
+    from engine.arms import routed
+    from engine.cache import prefix as tree
+
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)
+    monkeypatch.setattr(tree, "MAX_NOTES", 1)
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("routed",), warmup=False)
+    eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg)
+    one = eng.prefix_cache().stored_tokens()
+    assert one == flat.plan.prompt_tokens + 1  # every token, and the run's key
+    eng.compare(FLAT, FLAT_PROMPT.replace("jumps", "sleeps"), Sampling(2), config=cfg)
+    assert eng.prefix_cache().stored_tokens() < 1.5 * one  # the first run's KV went with its note
+    assert eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg).arm("routed").detail.path == "partial"

@@ -195,6 +195,12 @@ def test_the_same_document_gets_the_same_positions_in_any_order(tokenizer_bundle
 
     a, b = spans([ESSAYS[0], ESSAYS[1], ESSAYS[2]]), spans([ESSAYS[2], ESSAYS[0], "q"])
     assert set(b) < set(a) and all(a[k] == b[k] for k in b)
+    # transparent mode places new documents by content hash: a set seen first in either order gets one layout
+    fresh = [essay(name) for name in ("Lio", "Mara", "Noor")]
+    reg = PositionRegistry()
+    first = spans(fresh)
+    reg = PositionRegistry()
+    assert spans(fresh[::-1]) == first
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,6 +215,30 @@ def test_routed_reports_the_modules_it_kept_and_counts_only_those(served):
     assert pml["arm"] == "routed" and pml["routed_kept"] and set(pml["routed_kept"]) <= {
         f"d_{modes.document_key(ESSAYS[i])}" for i in (0, 2)}
     assert got.usage.prompt_tokens_details.cached_tokens <= got.usage.prompt_tokens
+
+
+def test_the_default_arm_keeps_most_documents_cached_on_a_spanning_question_and_all_on_a_reordered_repeat(served,
+                                                                                                          tiny_lm):
+    """A question about every document (the random model's attention points at no module: every one is kept and
+    a share of their tokens recomputed) reports at least 70 % of the document tokens cached; the same documents in
+    another order are the same prompt (transparent mode places them in position order), read back from the prefix
+    tree: at least 90 %."""
+    client, _, _ = served
+    docs = [essay(name) for name in ("Hana", "Ivo", "Jala", "Kemal")]  # seen by no other test
+    doc_tokens = sum(len(tiny_lm.codec.encode(d)) for d in docs)
+    chat(client, parts(*docs, "Who wrote about maps?"))  # their first sight: encoded
+    question = "What did each of them write about?"
+    span = chat(client, parts(*docs, question), arm=None)
+    pml = span.model_extra["pml"]
+    assert pml["arm"] == "routed" and pml["modules_encoded"] == 0 and len(pml["routed_kept"]) == 4
+    assert pml["routed_path"] == "partial" and 0 < pml["recomputed_tokens"] <= 0.3 * doc_tokens
+    assert span.usage.prompt_tokens_details.cached_tokens >= 0.7 * doc_tokens
+    again = chat(client, parts(docs[2], docs[0], docs[3], docs[1], question), arm=None)
+    pml = again.model_extra["pml"]
+    assert pml["routed_path"] == "repeat" and pml["recomputed_tokens"] == 0
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * doc_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == span.choices[0].message.content
 
 
 def test_baseline_reports_nothing_cached(served):

@@ -1,0 +1,137 @@
+"""The routed arm's recompute of the modules it keeps (docs/arms.md, routed): all of their tokens or the share the
+question attends to most, and its runs kept in the prefix tree so that an identical request reads them back."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.arms.attention import rank_mask
+from engine.arms.timing import Fill
+from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled, used_keys
+from engine.cache.encode import EncodedSchema
+from engine.cache.prefix import PrefixCache
+from engine.cache.store import ModuleStore
+from engine.kv import KVBuffer, LayeredKV
+from engine.model.attend import AttentionSpec
+from engine.model.load import LoadedModel
+from engine.schema.layout import ANONYMOUS
+from engine.schema.plan import CACHED, PromptPlan
+
+PER_MODULE = 0.5  # of the recompute budget, the part spread over the kept modules by size (an every-module question)
+MARK = 1 << 50  # a run's tree key starts with MARK | its hash: never a token id, never a (token, position) code
+_POSITION_SHIFT = 24  # a code is token id + (position + 1) << 24: token ids stay under 2 ** 24
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """What an earlier routed run left in the prefix tree: the key its visible tokens' KV lies under, and its
+    detail (a repeat reports the same choice)."""
+
+    sequence: tuple[int, ...]  # MARK | hash, then each visible token's code, in prompt order
+    last: tuple[int, int]  # (token id, position) of the prompt's last token
+    detail: Any
+
+
+def module_ranks(plan: PromptPlan, modules: set[str]) -> dict[str, list[int]]:
+    """{module: the prompt ranks of its cached tokens}, for the top-level ``modules``."""
+    out: dict[str, list[int]] = {m: [] for m in modules}
+    rank = 0
+    for s in plan.segments:
+        top = owner_top(plan, s)
+        if top in out:
+            out[top] += range(rank, rank + len(s))
+        rank += len(s)
+    return out
+
+
+def owner_top(plan: PromptPlan, s) -> str | None:
+    """The routable module a segment's tokens belong to (None: system text, scaffolds, new text)."""
+    if s.kind != CACHED or s.scaffold or s.owner == ANONYMOUS:
+        return None
+    return plan.layout.modules[s.owner].top
+
+
+def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str, ...], share: float,
+                  sinks: int) -> tuple[int, ...] | None:
+    """Ranks to recompute: each kept module's first ``sinks`` tokens, then the ``share`` of their tokens the question
+    attends to most (``by_key``: per cached slot, in prompt order), PER_MODULE of it in every module by its size;
+    None when the scout read no score per token (compressed entries)."""
+    cached = [r for r, s in _ranked(plan) if s.kind == CACHED]
+    if by_key is None or by_key.shape[0] != len(cached):
+        return None
+    score = dict(zip(cached, by_key.tolist()))
+    best = lambda rs: sorted(rs, key=lambda r: (-score[r], r))  # noqa: E731
+    per = module_ranks(plan, set(kept))
+    picked = {r for rs in per.values() for r in rs[:sinks]}
+    budget = round(share * sum(len(rs) for rs in per.values()))
+    chosen: set[int] = set()
+    for rs in per.values():
+        chosen.update(best([r for r in rs if r not in picked])[: round(share * PER_MODULE * len(rs))])
+    rest = best([r for rs in per.values() for r in rs if r not in picked and r not in chosen])
+    chosen.update(rest[: max(0, budget - len(chosen))])
+    return tuple(sorted(picked | chosen))
+
+
+def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
+                   redo: set[int], drop: set[int]) -> tuple[Fill, list[int]]:
+    """Fill ``buf`` (emptied) to prefill ranks ``redo`` with the uncached tokens in prompt order, ranks ``drop``
+    left out; and each buffer slot's rank."""
+    copies = copy_list_ranked(plan, encoded, store, redo | drop)
+    for entry, a, b, _ in copies:
+        entry.write_into(buf, a, b)
+    ids, pos, ranks = prefilled(plan, redo)
+    positions = [p for s in plan.segments for p in s.positions]
+    fill = Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
+                recomputed_positions=tuple(positions[r] for r in sorted(redo)),
+                prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
+    slots = buffer_ranks(copies, lm.n_layers)[0].tolist() if copies else []
+    return fill, slots + ranks
+
+
+def run_key(plan: PromptPlan, encoded: EncodedSchema, settings: tuple) -> int:
+    """The tree's first token for this prompt, these encodings and routed settings."""
+    positions = [p for s in plan.segments for p in s.positions]
+    text = repr((plan.token_ids, positions, used_keys(plan, encoded), settings)).encode()
+    return MARK | int.from_bytes(hashlib.blake2b(text, digest_size=5).digest(), "big")
+
+
+def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list] | None:
+    """The run stored under ``key`` and its KV slices (the marker's slot cut off), when all but its last token
+    are still in the tree."""
+    run = None if prefix is None or key is None else prefix.recall(key)
+    if run is None:
+        return None
+    match = prefix.match(run.sequence, limit=len(run.sequence) - 1)
+    if match.reused != len(run.sequence) - 1:
+        return None
+    pieces = [(e, a + (i == 0), b) for i, (e, a, b) in enumerate(match.pieces)]
+    return run, [p for p in pieces if p[2] > p[1]]
+
+
+def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
+             detail, keep: list[str]) -> int:
+    """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``; tokens stored."""
+    if any(isinstance(e, LayeredKV) for e in entries) or not slots:
+        return 0
+    order = sorted(range(len(slots)), key=slots.__getitem__)
+    ranks = [slots[i] for i in order]
+    ids, positions = plan.token_ids, [p for s in plan.segments for p in s.positions]
+    kv = buf.data[:, :, 0, :, : len(slots)][:, :, :, torch.tensor(order, device=buf.data.device)]
+    kv = torch.cat([torch.zeros_like(kv[:, :, :, :1]), kv], 3)
+    sequence = (key, *(ids[r] + ((positions[r] + 1) << _POSITION_SHIFT) for r in ranks))
+    stored = prefix.insert(sequence, kv, keep)
+    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail))
+    return stored
+
+
+def _ranked(plan: PromptPlan):
+    rank = 0
+    for s in plan.segments:
+        for i in range(len(s)):
+            yield rank + i, s
+        rank += len(s)
+
