@@ -4,6 +4,8 @@ subclass per layout (:func:`scheme_class`); :func:`quantize_weights` packs a mod
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -135,8 +137,8 @@ class TorchInt4Linear(PackedLinear):
         q, scale, low = _int4_groups(w)
         out, inp = w.shape
         self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
-        # dense() reads 64-row tiles (_int4_values); other packings keep the values twice
-        tiled = out % 64 == 0 and torch.equal(_int4_values(self.qweight, out, inp), q)
+        # dense() reads whole row tiles (_int4_values); other packings keep the values twice
+        tiled = out % int4_tile() == 0 and torch.equal(_int4_values(self.qweight, out, inp), q)
         self.nibbles = None if tiled else (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
         # the kernel computes (q - 8) * scale + zero; [groups, out, 2]
         sz = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1)
@@ -264,9 +266,24 @@ def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def _int4_values(packed: torch.Tensor, out: int, inp: int) -> torch.Tensor:
-    """Values [out, in] of torch's CPU int4 packing: 64-row tiles of [in, 32] bytes, rows r and r + 32."""
-    tiles = packed.reshape(out // 64, inp, 32)
+    """Values [out, in] of torch's CPU int4 packing: tiles of T rows (:func:`int4_tile`), [in, T/2] bytes each,
+    rows r and r + T/2 in one byte."""
+    tile = int4_tile()
+    tiles = packed.reshape(out // tile, inp, tile // 2)
     return torch.cat([tiles & 15, tiles >> 4], -1).transpose(1, 2).reshape(out, inp)
+
+
+@functools.cache
+def int4_tile() -> int:
+    """Rows per tile of torch's CPU int4 packing on this CPU (its vector width decides it: 64 with AVX-512, 32 with
+    AVX2), found by packing a probe once."""
+    probe = torch.randint(0, 16, (64, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for tile in (64, 32, 16, 8):
+        tiles = packed.reshape(64 // tile, 64, tile // 2)
+        if torch.equal(torch.cat([tiles & 15, tiles >> 4], -1).transpose(1, 2).reshape(64, 64), probe):
+            return tile
+    return 1 << 30  # an unknown layout: no matrix tiles, each keeps its values apart
 
 
 class PackedMLP(torch.nn.Module):

@@ -130,7 +130,7 @@ def test_a_long_input_takes_the_dequantized_weight_and_gets_the_kernels_result(k
     torch.manual_seed(3)
     linear = torch.nn.Linear(4 * INT4_GROUP, out, bias=True)
     packed = PackedLinear(linear, kind)
-    assert (packed.nibbles is None) == (kind == "int8" or out % 64 == 0)
+    assert (packed.nibbles is None) == (kind == "int8" or out % weights.int4_tile() == 0)
     x = torch.randn(40, 4 * INT4_GROUP)
     monkeypatch.setitem(weights.DENSE_FROM, kind, 1 << 30)
     kernel = packed(x)
