@@ -44,6 +44,11 @@ def main() -> None:
     p.add_argument("--kernels", default="auto,blocks", help="prefill kernels to time (engine/model/prefill.py)")
     p.add_argument("--floor-dtypes", default="bfloat16,float32,int8")
     p.add_argument("--encode-tokens", type=int, default=2300)
+    p.add_argument("--encode-repeats", type=int, default=None, help="default: --repeats")
+    p.add_argument("--kl-kernels", default="gemm-int8",
+                   help="kernels whose first-token KL against the fp32 prefill is measured besides --kernels' first")
+    p.add_argument("--model", default=None, help="default: the default model (a smoke run: SmolLM2-135M-Instruct)")
+    p.add_argument("--weights", default="gguf")
     p.add_argument("--no-llama", action="store_true")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
@@ -54,7 +59,7 @@ def main() -> None:
     from engine.model.load import load_model
 
     lengths = [int(x) for x in args.lengths.split(",")]
-    lm = load_model(None, weights="gguf")  # the default model and weights
+    lm = load_model(args.model, weights=args.weights)  # the default model and weights
     auto = lm.prefill
     kernels = [auto.kernel if k == "auto" else k for k in args.kernels.split(",")]
     chunks = essay_chunks(lm.codec.encode, 400)
@@ -66,9 +71,10 @@ def main() -> None:
            "lengths": lengths, "repeats": args.repeats,
            "floors": floors(lm.model, lengths, args.floor_dtypes.split(","))}
     out["studio"] = {k: studio(lm, k, ids, lengths, args.repeats) for k in kernels}
-    out["kl"] = kl(lm, kernels, ids, lengths)
+    out["kl"] = kl(lm, list(dict.fromkeys([kernels[0], *filter(None, args.kl_kernels.split(","))])), ids, lengths)
     out["decode"] = {k: decode_ms(lm, k, ids[:512]) for k in kernels}
-    out["encoding"] = {k: encoding(lm, k, chunks, args.encode_tokens, args.repeats) for k in kernels}
+    out["encoding"] = {k: encoding(lm, k, chunks, args.encode_tokens, args.encode_repeats or args.repeats)
+                       for k in kernels}
     prefill.use(lm.model, "auto")
     out["llama_cpp"] = {"error": "skipped (--no-llama)"} if args.no_llama else \
         llama(ids, lengths, args.repeats, args.threads)
@@ -202,6 +208,10 @@ def kl(lm, kernels: list[str], ids: list[int], lengths: list[int]) -> dict:
     ref = {n: forward(lm, ids[:n])[1].log_softmax(-1) for n in lengths}
     out = {}
     for k in kernels:
+        if k == "gemm-fp32":  # the reference itself
+            out[k] = {"mean_kl": 0.0, "by_length": {str(n): {"kl": 0.0, "same_token": True} for n in lengths},
+                      "note": "the reference: fp32 GEMMs over the same weights' values"}
+            continue
         prefill.use(lm.model, k)
         per = {}
         for n in lengths:

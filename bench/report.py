@@ -442,6 +442,20 @@ def decode_section(d: dict | None) -> list[str]:
             "kernels](models.md#weights-and-kernels)):", "", *rows, ""] + needles_per_precision()
 
 
+def prefill_headline(d: dict | None) -> list[str]:
+    """One line: the full prefill at the longest length, new kernel against today's path, llama.cpp and the floor."""
+    if not d:
+        return []
+    v, n = d["verdicts"], str(max(d["lengths"]))
+    new, old = d["studio"][v["new"]]["by_length"][n], d["studio"][v["old"]]["by_length"][n]
+    ll = d["llama_cpp"].get("by_length", {}).get(n)
+    floor = d["floors"]["float32" if v["new"] == "gemm-fp32" else "bfloat16"].get(n, {}).get("s")
+    return [f"- **Full prefill** ({d['model']}, {int(n):,} tokens, {d['machine']['threads']} threads, "
+            f"`bench/prefill.py`): {new['median']:.1f} s with the `{v['new']}` prefill kernel, {old['median']:.1f} s "
+            f"on the packed blocks" + (f", {ll['median']:.1f} s for llama.cpp" if ll else "")
+            + (f"; its linears alone as bare GEMMs {floor:.1f} s" if floor else "") + "."]
+
+
 def prefill_section(d: dict | None) -> list[str]:
     """Full prefill against the GEMM floors and llama.cpp (bench/prefill.py)."""
     if not d:
@@ -1272,6 +1286,7 @@ def headline() -> str:
                       f" of {a['prefix']['n']})" if a["prefix"].get("same_answers_as_baseline") is not None else "")
                    + ".")
     out += routed_headline()
+    out += prefill_headline(load("prefill"))
     mem, same = [], True
     for comp in comps:
         s = comp["summary"]

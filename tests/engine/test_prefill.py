@@ -184,3 +184,28 @@ def test_the_cli_takes_the_kernel_and_info_says_it(capsys):
     assert doc["prefill_kernel"] == "dense" and doc["prefill_weight_bytes"] == 0
     with pytest.raises(SystemExit):
         main(["info", "--prefill-kernel", "gemm-fp16"])
+
+
+@pytest.mark.real_model
+def test_the_real_model_s_answers_are_kept_on_packed_weights():
+    """SmolLM2 on int8 weights: the doc_qa sample's baseline with the auto prefill kernel against the packed blocks
+    (today's path): the same greedy tokens, first-token KL under 0.01."""
+    from conftest import SAMPLES
+    from engine.arms.registry import Sampling
+    from engine.model import SMALL_MODEL
+    from engine.model.load import load_model
+    from engine.session import Engine
+
+    lm = load_model(SMALL_MODEL, weights="int8")
+    assert lm.prefill.kernel.startswith("gemm-") and lm.prefill.nbytes > 0
+    schema, prompt = (SAMPLES / "doc_qa.xml").read_text(), (SAMPLES / "doc_qa.prompt.xml").read_text()
+    runs = {}
+    for kernel in (lm.prefill.kernel, "blocks"):
+        prefill.use(lm.model, kernel)
+        eng = Engine.from_loaded(lm)
+        runs[kernel] = eng.compare(schema, prompt, Sampling(max_new_tokens=6),
+                                   config=eng.config.with_(arms=("baseline",))).baseline
+    new, old = runs[lm.prefill.kernel], runs["blocks"]
+    assert new.prefill_tokens > 2 * prefill.GEMM_FROM and new.token_ids == old.token_ids
+    p, q = old.first_logits.float().log_softmax(-1), new.first_logits.float().log_softmax(-1)
+    assert float((p.exp() * (p - q)).sum()) < 0.01
