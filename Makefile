@@ -71,7 +71,14 @@ peers: qwen
 	llama-cpp-python builds llama.cpp from source and needs cmake and g++ (Debian: apt-get install cmake g++)"; exit 1; }
 	test -x $(PEERS)/llama/bin/python || $(PY) -m venv $(PEERS)/llama
 	$(PEERS)/llama/bin/python -m pip install -q --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEERS)/llama/bin/python -m pip install -q 'llama-cpp-python[server]==0.3.36' || { \
+	# On a CPU with AMX, llama.cpp's native build (-march=native) runs its AMX kernels and segfaults at the first
+	# prefill (issue 46): there it is built for AVX-512 without AMX; elsewhere natively. .peers/llama/BUILD says which.
+	if grep -qw amx_tile /proc/cpuinfo; then echo "AVX-512 without AMX (this CPU has AMX)" > $(PEERS)/llama/BUILD; \
+	  args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+	  -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"; pipargs=--no-cache-dir; \
+	else echo "native" > $(PEERS)/llama/BUILD; args=""; pipargs=""; fi; \
+	CMAKE_ARGS="$$args $${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PEERS)/llama/bin/python -m pip install \
+	  -q $$pipargs 'llama-cpp-python[server]==0.3.36' || { \
 	echo "make peers: building llama-cpp-python 0.3.36 failed (the compiler's output is above); bench/peers.py will say llama.cpp is not set up"; exit 1; }
 	test -x $(PEERS)/kvpress/bin/python || $(PY) -m venv $(PEERS)/kvpress
 	$(PEERS)/kvpress/bin/python -m pip install -q --upgrade pip

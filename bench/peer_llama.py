@@ -37,7 +37,7 @@ def load(job: dict):
 
     llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=job["n_ctx"], n_threads=job["threads"],
                           n_threads_batch=job["threads"], n_batch=512, logits_all=False, verbose=False,
-                          seed=0)
+                          seed=0, **({"flash_attn": True} if job.get("flash_attn") else {}))
     return llama_cpp, llm
 
 

@@ -49,6 +49,8 @@ from pathlib import Path
 
 from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, spread, table
 
+from bench.llama_build import refusal
+
 from bench.needles import judge, varied_cases
 from bench.workload import make_workload, prompt_xml, run_prompt, summarise as summarise_arms
 from bench.workloads import SYSTEM, doc_schema, wilson
@@ -81,7 +83,8 @@ def peer_status(peer: str) -> tuple[Path | None, str]:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"{peer}'s environment {os.path.relpath(py.parent.parent, ROOT)} cannot import it ({last}); " \
                      "run `make peers` again"
-    return py, done.stdout.strip()
+    refused = refusal(py) if peer == "llama.cpp" else ""
+    return (None, refused) if refused else (py, done.stdout.strip())
 
 
 def run_peer(peer: str, script: str, job: dict, timeout: int = 7200) -> dict:

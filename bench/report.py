@@ -62,6 +62,7 @@ def section() -> str:
     out = [START, ""]
     out += lead_section(LEAD)
     out += decode_section(load(f"decode-{LEAD}"))
+    out += prefill_section(load("prefill"))
     out += browser_section(load("browser-compare"))
     if len(out) > 2:
         out += ["## SmolLM2-135M-Instruct (the default model)", ""]
@@ -449,6 +450,55 @@ def decode_section(d: dict | None) -> list[str]:
             "engine/model/weights.py: int8 per output channel, int4 in groups of 32, gguf the GGUF file's own "
             "blocks (Q5_0, Q4_K, Q8_0, Q6_K: fp32's values), all through the engine's kernels, [weights and "
             "kernels](models.md#weights-and-kernels)):", "", *rows, ""] + needles_per_precision()
+
+
+def prefill_headline(d: dict | None) -> list[str]:
+    """One line: the full prefill at the longest length, new kernel against today's path, llama.cpp and the floor."""
+    if not d:
+        return []
+    v, n = d["verdicts"], str(max(d["lengths"]))
+    new, old = d["studio"][v["new"]]["by_length"][n], d["studio"][v["old"]]["by_length"][n]
+    ll = d["llama_cpp"].get("by_length", {}).get(n)
+    floor = d["floors"]["float32" if v["new"] == "gemm-fp32" else "bfloat16"].get(n, {}).get("s")
+    return [f"- **Full prefill** ({d['model']}, {int(n):,} tokens, {d['machine']['threads']} threads, "
+            f"`bench/prefill.py`): {new['median']:.1f} s with the `{v['new']}` prefill kernel, {old['median']:.1f} s "
+            f"on the packed blocks" + (f", {ll['median']:.1f} s for llama.cpp" if ll else "")
+            + (f"; its linears alone as bare GEMMs {floor:.1f} s" if floor else "") + "."]
+
+
+def prefill_section(d: dict | None) -> list[str]:
+    """Full prefill against the GEMM floors and llama.cpp (bench/prefill.py)."""
+    if not d:
+        return []
+    m, v, kernels = d["machine"], d["verdicts"], list(d["studio"])
+    ll = d["llama_cpp"]
+    head = ["tokens", *[f"studio `{k}`" for k in kernels], "llama.cpp (flash attn)", "bf16 GEMM floor",
+            "fp32 GEMM floor", "int8 GEMM floor", "linears in the prefill", "prefill / floor used"]
+    used = {"gemm-bf16": "bfloat16", "gemm-fp32": "float32", "gemm-int8": "int8"}.get(d["studio"][v["new"]]["kernel"])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for n in map(str, d["lengths"]):
+        st = [d["studio"][k]["by_length"][n] for k in kernels]
+        floor = [d["floors"].get(x, {}).get(n, {}).get("s") for x in ("bfloat16", "float32", "int8")]
+        cells = [f"{int(n):,}", *[f"{s['median']:.2f} s ({s['min']:.2f}–{s['max']:.2f})" for s in st],
+                 f"{ll['by_length'][n]['median']:.2f} s" if "by_length" in ll else "—",
+                 *[f"{f:.2f} s" if f else "—" for f in floor],
+                 f"{st[0]['linear_s']:.2f} s" if st[0].get("linear_s") else "—",
+                 f"{v['by_length'][n].get(f'prefill_over_{used}_floor') or '—'}×"]
+        rows.append("| " + " | ".join(cells) + " |")
+    enc = d["encoding"]
+    return [f"**Full prefill against the GEMM floor and llama.cpp** — `{d['command']}` ({machine_line(d)}; "
+            f"CPU capability {m['cpu_capability']}, bf16 matrix units: {'yes' if m['bf16_units'] else 'no'}; "
+            f"{d['model']} on its {d['weights']} weights; median of {d['repeats']} (min–max); the floors are the "
+            "24 layers' linears as bare `F.linear` at the model's shapes in the same run; `--prefill-kernel`, "
+            f"engine/model/prefill.py). Auto chose `{d['auto']['kernel']}`: {d['auto']['why']}. llama.cpp: "
+            + (ll["error"] if "error" in ll else f"{ll['version']}, {ll['threads']} threads") + ".", "", *rows, "",
+            f"Module encoding of an {enc[v['new']]['documents']}-document schema ({enc[v['new']]['tokens']:,} "
+            f"tokens): {enc[v['new']]['median']:.2f} s with `{v['new']}`, {enc[v['old']]['median']:.2f} s with "
+            f"`{v['old']}` ({v['encoding_speedup']}×). Decode ms/token after a 512-token prefill: "
+            f"{d['decode'][v['new']]['median']:.1f} against {d['decode'][v['old']]['median']:.1f} "
+            f"({v['decode_ratio']}×). Mean first-token KL of `{v['new']}` against an fp32 prefill: "
+            f"{v['mean_first_token_kl']:.2g}" + "".join(f"; `{k}` {x['mean_kl']:.2g}" for k, x in d["kl"].items()
+                                                    if k != v["new"]) + ".", ""]
 
 
 def needles_per_precision() -> list[str]:
@@ -1246,6 +1296,7 @@ def headline() -> str:
                       f" of {a['prefix']['n']})" if a["prefix"].get("same_answers_as_baseline") is not None else "")
                    + ".")
     out += routed_headline()
+    out += prefill_headline(load("prefill"))
     mem, same = [], True
     for comp in comps:
         s = comp["summary"]

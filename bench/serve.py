@@ -38,6 +38,7 @@ from xml.sax.saxutils import escape
 
 from common import RESULTS, ROOT, emit, essay_chunks, machine, result_name, spread, table
 
+from bench.llama_build import refusal
 from bench.needles import judge
 from bench.workload import make_workload
 from bench.workloads import SYSTEM, doc_schema, wilson
@@ -329,6 +330,9 @@ def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
 
     if not LLAMA_PYTHON.exists():
         raise SystemExit("llama.cpp's server is not set up: make peers (or --no-llama)")
+    refused = refusal(LLAMA_PYTHON)
+    if refused:
+        raise SystemExit(f"{refused} (or --no-llama)")
     import torch
 
     threads = str(torch.get_num_threads())

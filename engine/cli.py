@@ -24,6 +24,7 @@ from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
 from engine.cli_text import Progress, human
 from engine.files import read_text
+from engine.model import PREFILL_KERNELS
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -77,8 +78,10 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
 
     model_opts(_run_parser(sub, arm_options, words))
 
-    model_opts(_command(sub, "info", "load the model and print its name, dtype, parameters and KV bytes per "
-                              "token")).add_argument("--json", action="store_true")
+    info = model_opts(_command(sub, "info", "load the model and print its name, dtype, parameters and KV bytes per "
+                               "token"))
+    info.add_argument("--json", action="store_true")
+    add_prefill_option(info)
 
     cp = _command(sub, "compile", "print the PML schema of a prompt program (FILE.py:FUNC); the file is "
                         "imported, so its top-level code runs")
@@ -118,6 +121,15 @@ def _run_parser(sub, arm_options: bool, words: ArmWords) -> argparse.ArgumentPar
     return r
 
 
+def add_prefill_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefill-kernel", default=None, choices=PREFILL_KERNELS,
+                   help="what multiplies the packed linear weights in forwards of 16 tokens or more (prefill, module "
+                        "encoding, recompute): auto (default, or $PML_STUDIO_PREFILL_KERNEL): bf16 GEMM where the CPU "
+                        "has bf16 matrix units and it measures faster, else fp32 GEMM; gemm-bf16 / gemm-fp32 / "
+                        "gemm-int8 keep a copy of the weights laid out for it (0.5B: ~0.7 / 1.4 / 0.36 GB); blocks: "
+                        "the packed blocks, as decode (no copy; `info` says which ran)")
+
+
 def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True, words: ArmWords = ArmWords()) -> None:
     """The RunConfig options (`run`, and the bench scripts), choices read from engine.config; with
     ``arm_options`` the registered arms' own (:func:`add_arm_options`)."""
@@ -133,6 +145,7 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True, words:
                         "(activations stay in --dtype; int4 keeps the attention in int8), or gguf (a GGUF model's own "
                         "Q5_0 / Q4_K / Q8_0 / Q6_K blocks, exactly fp32's values, int8 elsewhere); every arm runs on "
                         "the same weights (default: gguf for the default model qwen2.5-coder-0.5b, fp32 for others)")
+    add_prefill_option(r)
     r.add_argument("--decode", default="together", choices=cfg.values("decode"),
                    help="together (default): each arm's first token from its own timed run, then the arms decode as "
                         "one batch, the weights read once per step for all (each arm's decode_ms_per_token is then "
@@ -271,6 +284,9 @@ def main(argv: list[str] | None = None, extra: dict | None = None, words: ArmWor
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(extra, arm_options=command == "run", words=words).parse_args(argv)
+    if getattr(args, "prefill_kernel", None):
+        from engine.model import prefill
+        prefill.ask(args.prefill_kernel)
     handlers = {"check": cmd_check, "layout": cmd_layout, "run": lambda a: cmd_run(a, words), "info": cmd_info,
                 "compile": cmd_compile}
     handlers.update({name: handler for name, (_, _, handler) in (extra or {}).items()})

@@ -72,6 +72,7 @@ class Comparison:
     decode: str = "apart"  # or "together": one batch
     repair: int = 0  # link tokens recomputed per link
     sink: int = 0  # sink tokens the isolated entries were encoded after
+    prefill_kernel: str = ""  # what multiplied the multi-token forwards' linears (engine/model/prefill.py)
 
     def __post_init__(self):
         if self.prompt is None and self.plan is not None:
@@ -120,7 +121,7 @@ class Comparison:
             "storage_dtype": st.dtype, "compression": st.compression, "store_stats": st.stats,
             "imported": list(p.imported), "scaffolds": list(p.scaffolds), "arms": [a.value for a in self.arms],
             "sampling": self.sampling.to_json(), "encode": self.encode, "repair": self.repair, "sink": self.sink,
-            "weights": self.weights, "decode": self.decode,
+            "weights": self.weights, "decode": self.decode, "prefill_kernel": self.prefill_kernel,
         }
         by_arm = {}
         for arm, spec in REGISTRY.items():
@@ -164,7 +165,7 @@ class Comparison:
                    sampling=Sampling.from_json(data.get("sampling")), arms=arms, mode=canonical_mode(data.get("mode", "")),
                    prompt=prompt, encode=data.get("encode"), repair=data.get("repair") or 0,
                    sink=data.get("sink") or 0, weights=data.get("weights") or "fp32",
-                   decode=data.get("decode") or "apart")
+                   decode=data.get("decode") or "apart", prefill_kernel=data.get("prefill_kernel") or "")
 
     def _run(self, arm: Arm):
         res = self.arms.get(arm)
@@ -203,7 +204,8 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
         model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=sampling,
         arms={a: r.with_agreement(base) for a, r in results.items()}, mode=encoded.mode,
         repair=getattr(cached, "repair", 0) if Arm.CACHED in wanted else 0, sink=encoded.sink,
-        weights=getattr(lm, "weights", "fp32"), decode="together" if together else "apart")
+        weights=getattr(lm, "weights", "fp32"), decode="together" if together else "apart",
+        prefill_kernel=lm.prefill.kernel)
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:

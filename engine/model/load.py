@@ -12,7 +12,7 @@ from pathlib import Path
 from engine.devices import check_device
 from engine.errors import ModelError, NonFiniteLogits
 from engine.files import check_model_folder
-from engine.model import KernelUse, default_model
+from engine.model import KernelUse, PrefillChoice, default_model
 from engine.model.chat import make_codec
 from engine.model.gguf import ensure_gguf_file
 from engine.model.packaged import PACKAGED, ensure_packaged, find_packaged, gguf_blocks
@@ -48,6 +48,7 @@ class LoadedModel:
     weight_bytes: int = 0
     weight_kernels: KernelUse = KernelUse()  # which kernels multiply them (weights.kernel_use)
     weights_from: str = "loaded"  # or "packed" at this load, or "saved" (packed_cache.py)
+    prefill: PrefillChoice = PrefillChoice()  # what multiplies multi-token forwards' linears (prefill.py)
 
     @property
     def family_tested(self) -> bool:
@@ -77,7 +78,9 @@ class LoadedModel:
                 "family_tested": self.family_tested, "weights": self.weights, "weight_bytes": self.weight_bytes,
                 "weight_kernel_use": asdict(self.weight_kernels), "weights_from": self.weights_from,
                 "decode_kernel": "modules" if fallback else "cpp", "decode_fallback": fallback,
-                "family": TESTED_FAMILIES.get(self.model_type, self.model_type)}
+                "family": TESTED_FAMILIES.get(self.model_type, self.model_type),
+                "prefill_kernel": self.prefill.kernel, "prefill_kernel_why": self.prefill.why,
+                "prefill_weight_bytes": self.prefill.nbytes}
 
 
 def resolve_model_path(spec: str | None) -> tuple[str, str]:
@@ -163,16 +166,18 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     except Exception as err:
         raise ModelError(f"cannot load model '{spec}': {short(err)}") from None
     model.to(device).eval()
+    from engine.model import prefill
     from engine.model.packed_cache import pack  # imported (with torch) when a model loads
     from engine.model.weights import kernel_use
 
     weight_bytes, weights_from = pack(model, weights, name, _fingerprint(name, where, dtype),
                                      lambda: gguf_blocks(spec, name))
     kernels = kernel_use(model)
+    choice = prefill.use(model, prefill.asked())
     # module KV depends on the weights and on the kernels that multiply them (their roundings differ)
-    precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}"
+    precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}+{choice.kernel}"
     lm = wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
-                    weights=weights, weight_bytes=weight_bytes, weight_kernels=kernels,
+                    weights=weights, weight_bytes=weight_bytes, weight_kernels=kernels, prefill_choice=choice,
                     max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),
                     codec=codec if tokenizer is not None else None)
     lm.weights_from = weights_from
@@ -182,10 +187,11 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
                max_positions: int | None = None, codec_fingerprint: str | None = None,
                codec: TextCodec | None = None, weights: str = "fp32", weight_bytes: int = 0,
-               weight_kernels: KernelUse = KernelUse()) -> LoadedModel:
-    """A LoadedModel around an in-memory model (tests' tiny random ones)."""
+               weight_kernels: KernelUse = KernelUse(), prefill_choice: PrefillChoice | None = None) -> LoadedModel:
+    """A LoadedModel around an in-memory model (tests' tiny random ones); ``prefill_choice``: prefill.use's."""
     import torch
 
+    from engine.model import prefill
     from engine.model.attend import use_pml_attention
 
     config = model.config
@@ -209,7 +215,8 @@ def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "f
                      max_positions=codec.max_positions, eos_ids=eos_ids, fingerprint=fp,
                      architecture=type(model).__name__, model_type=config.model_type, attention=attention,
                      sliding_window=sliding_window(config), sliding_layers=sliding_layers(config),
-                     weights=weights, weight_bytes=weight_bytes, weight_kernels=weight_kernels)
+                     weights=weights, weight_bytes=weight_bytes, weight_kernels=weight_kernels,
+                     prefill=prefill_choice or prefill.use(model, prefill.asked()))
     _warm_up(lm)
     return lm
 

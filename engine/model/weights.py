@@ -31,6 +31,7 @@ class PackedLinear(torch.nn.Module):
     BUFFERS: tuple[str, ...] = ()  # what a saved layer must hold
     OPTIONAL: tuple[str, ...] = ()
     nibbles: torch.Tensor | None = None  # saved beside the buffers (TorchInt4Linear)
+    prefill = None  # engine/model/prefill.py's Gemm: many rows' product from a copy laid out for it
 
     def __new__(cls, linear: torch.nn.Linear | None = None, kind: str = "", *args, **kwargs):
         if cls is PackedLinear:
@@ -64,8 +65,11 @@ class PackedLinear(torch.nn.Module):
         raise NotImplementedError
 
     def matmul(self, x2: torch.Tensor, bias: bool = False) -> torch.Tensor:
-        """``x2 @ W.T`` (+ bias) for ``x2`` [tokens, in]; from :data:`DENSE_FROM` tokens on by fp32's GEMM."""
+        """``x2 @ W.T`` (+ bias) for ``x2`` [tokens, in]: by the prefill GEMM where laid out, else from
+        :data:`DENSE_FROM` tokens on by fp32's GEMM over :meth:`dense` (today's path)."""
         b = self.bias if bias else None
+        if self.prefill is not None and x2.shape[0] >= self.prefill.start:
+            return self.prefill(x2, b)
         if x2.shape[0] >= DENSE_FROM.get(self.kernel, 1 << 62) and x2.device.type == "cpu":
             return F.linear(x2.float(), self.dense(), _float(b))
         return self.product(x2, b)

@@ -96,6 +96,7 @@ def model_info(studio: Studio) -> list[list]:
                   + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],
                  ["weight kernels", info.get("weight_kernels", "")],
                  ["decode step", info.get("decode_step", "")],
+                 ["prefill kernel", prefill_words(info)],
                  *[[label, paths[key]] for key, label in GPU_PATHS],
                  ["why this dtype", info["dtype_reason"]],
                  ["parameters", f"{info['parameters']:,}"],
@@ -112,6 +113,13 @@ def model_info(studio: Studio) -> list[list]:
     rows += [["GPU storage", why if ok else "unavailable: " + gpu_explanation(why)],
              ["run log", str(studio.runlog.path)]]
     return rows
+
+
+def prefill_words(info: dict) -> str:
+    """What multiplies the linear weights of forwards of many tokens, why, and its copy's size."""
+    copy = info.get("prefill_weight_bytes") or 0
+    size = f"; a {copy / 2**20:,.0f} MiB copy of the weights laid out for it" if copy else ""
+    return f"{info.get('prefill_kernel', '?')} ({info.get('prefill_kernel_why', '')}{size})"
 
 
 def packaged_choices() -> list[tuple[str, str]]:

@@ -1,0 +1,156 @@
+"""Multi-token forwards (prefill, module encoding, recompute) run a packed model's linear layers as large GEMMs over
+weights laid out once for them; decode keeps the packed blocks. The kernel is chosen by capability check and a short
+measurement (:func:`detect`); ``--prefill-kernel`` or ``PML_STUDIO_PREFILL_KERNEL`` asks for one. docs/models.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.errors import ModelError
+from engine.model import PREFILL_KERNELS as KERNELS
+from engine.model import PrefillChoice
+from engine.model.kernels import _cpu_flags
+from engine.model.weights import PackedLinear
+
+ENV = "PML_STUDIO_PREFILL_KERNEL"
+GEMM_FROM = 16  # rows from which a forward's linears run as GEMMs (fewer: decode steps and batches keep the blocks)
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU's bf16 matrix units (oneDNN uses them)
+
+_asked: list[str] = []  # the process's --prefill-kernel
+_detected: dict[str, tuple[str, str]] = {}
+
+
+def ask(kernel: str | None) -> None:
+    """The kernel models loaded from now on use (None: the environment's, else auto)."""
+    _asked[:] = [] if kernel is None else [check(kernel, "--prefill-kernel")]
+
+
+def asked() -> str:
+    return _asked[0] if _asked else check(os.environ.get(ENV) or "auto", ENV)
+
+
+def check(kernel: str, where: str) -> str:
+    if kernel not in KERNELS:
+        raise ModelError(f"{where}: unknown prefill kernel '{kernel}'; use one of {', '.join(KERNELS)}")
+    return kernel
+
+
+def bf16_units() -> str:
+    """Why this CPU has no bf16 matrix units ("" if it has them)."""
+    flags = _cpu_flags()
+    if not any(f in flags for f in BF16_FLAGS):
+        return f"this CPU has no bf16 matrix units ({' / '.join(BF16_FLAGS)}; torch sees " \
+               f"{torch.backends.cpu.get_cpu_capability()})"
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "torch's oneDNN does not run bf16 here"
+    return ""
+
+
+def detect() -> tuple[str, str]:
+    """(kernel, why) for auto: bf16 where the CPU has bf16 units and it measures faster than fp32, else fp32."""
+    if "auto" not in _detected:
+        lacking = bf16_units()
+        if lacking:
+            _detected["auto"] = ("gemm-fp32", f"{lacking}; fp32 GEMM (bf16 is emulated there, ~5x slower)")
+        else:
+            bf16, fp32 = _time_gemm(torch.bfloat16), _time_gemm(torch.float32)
+            _detected["auto"] = ("gemm-bf16", f"bf16 matrix units: bf16 GEMM {fp32 / bf16:.1f}x fp32's") \
+                if bf16 < fp32 else ("gemm-fp32", f"bf16 measured slower than fp32 ({bf16 / fp32:.1f}x its time)")
+    return _detected["auto"]
+
+
+def _time_gemm(dtype: torch.dtype, rows: int = 256, shape: tuple[int, int] = (2048, 896)) -> float:
+    x, w = torch.randn(rows, shape[1]).to(dtype), torch.randn(*shape).to(dtype)
+    F.linear(x, w)
+    start = time.perf_counter()
+    for _ in range(3):
+        F.linear(x, w)
+    return time.perf_counter() - start
+
+
+def use(model: torch.nn.Module, kernel: str = "auto") -> PrefillChoice:
+    """Lay ``model``'s packed layers out for ``kernel`` (auto: :func:`detect`); what runs, and its bytes."""
+    kernel = check(kernel, "prefill kernel")
+    layers = _layers(model)
+    for m in layers:
+        m.prefill = None
+    if not layers:
+        return PrefillChoice()
+    why = "asked for"
+    if kernel == "auto":
+        kernel, why = detect()
+    elif kernel == "gemm-bf16" and bf16_units():
+        why = f"asked for, though {bf16_units()}: slow here"
+    if kernel == "blocks":
+        return PrefillChoice("blocks", "asked for: every forward multiplies the packed blocks (today's path)")
+    gemm = GEMMS[kernel]
+    for m in layers:
+        m.prefill = gemm(m)
+    return PrefillChoice(kernel, why, sum(m.prefill.nbytes for m in layers))
+
+
+def _layers(model: torch.nn.Module) -> list[PackedLinear]:
+    """The packed layers a prefill multiplies by many rows (the output matrix reads one row per forward)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [m for m in model.modules() if isinstance(m, PackedLinear) and m is not head]
+
+
+class Gemm:
+    """A packed layer's weight laid out for one GEMM kernel; called as ``gemm(x2, bias)``."""
+
+    start = GEMM_FROM
+
+    def __init__(self, layer: PackedLinear):
+        self.weight = self.lay_out(layer)
+
+    def lay_out(self, layer: PackedLinear):
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class Fp32Gemm(Gemm):
+    def lay_out(self, layer):
+        return layer.dense().contiguous()
+
+    def __call__(self, x2, bias):
+        return F.linear(x2.float(), self.weight, None if bias is None else bias.float())
+
+
+class Bf16Gemm(Gemm):
+    def lay_out(self, layer):
+        own = getattr(layer, "weight_bf16", None)
+        return own if own is not None else layer.dense().to(torch.bfloat16)
+
+    def __call__(self, x2, bias):
+        y = F.linear(x2.to(torch.bfloat16), self.weight).float()
+        return y if bias is None else y.add_(bias.float())
+
+
+class Int8Gemm(Gemm):
+    """fbgemm / oneDNN dynamic quantization: int8 weights per row, activations quantized per call."""
+
+    def lay_out(self, layer):
+        w = layer.dense()
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+        q = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        self.rows, self.cols = w.shape
+        return torch.ops.quantized.linear_prepack(q, None)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols + 8 * self.rows
+
+    def __call__(self, x2, bias):
+        y = torch.ops.quantized.linear_dynamic(x2.float().contiguous(), self.weight, True)
+        return y if bias is None else y.add_(bias.float())
+
+
+GEMMS = {"gemm-fp32": Fp32Gemm, "gemm-bf16": Bf16Gemm, "gemm-int8": Int8Gemm}
