@@ -123,11 +123,10 @@ def _run_parser(sub, arm_options: bool, words: ArmWords) -> argparse.ArgumentPar
 
 def add_prefill_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-kernel", default=None, choices=PREFILL_KERNELS,
-                   help="what multiplies the packed linear weights in forwards of 16 tokens or more (prefill, module "
-                        "encoding, recompute): auto (default, or $PML_STUDIO_PREFILL_KERNEL): bf16 GEMM where the CPU "
-                        "has bf16 matrix units and it measures faster, else fp32 GEMM; gemm-bf16 / gemm-fp32 / "
-                        "gemm-int8 keep a copy of the weights laid out for it (0.5B: ~0.7 / 1.4 / 0.36 GB); blocks: "
-                        "the packed blocks, as decode (no copy; `info` says which ran)")
+                   help="what multiplies the packed weights in forwards of 16+ tokens (prefill, encoding, recompute): "
+                        "auto (default, or $PML_STUDIO_PREFILL_KERNEL): bf16 GEMM where the CPU has bf16 matrix units "
+                        "and it measures faster, else fp32 GEMM; gemm-bf16 / -fp32 / -int8 keep a copy of the weights "
+                        "for it (0.5B: ~0.7 / 1.4 / 0.36 GB); blocks: the packed blocks, no copy (`info` says which)")
 
 
 def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True, words: ArmWords = ArmWords()) -> None:
@@ -153,10 +152,9 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True, words:
     r.add_argument("--dtype", default=None, choices=cfg.COMPUTE_DTYPES,
                    help="compute dtype of the model (default: float32 on CPU, bfloat16 on CUDA; `info` says why)")
     r.add_argument("--storage-dtype", default=None, choices=cfg.values("storage_dtype"),
-                   help="precision of stored module KV (default: the compute dtype; cast back to it when "
-                        "assembled); int8 and "
-                        "int4 quantize keys per channel and values per token (KIVI), about 26 %% and 15 %% of fp32 "
-                        "with their scales")
+                   help="precision of stored module KV (default: the compute dtype; cast back to it when assembled); "
+                        "int8 and int4 quantize keys per channel and values per token (KIVI), about 26 %% and 15 %% "
+                        "of fp32 with their scales")
     r.add_argument("--retention", type=NumberArg("retention"), default=1.0,
                    help="mean fraction of each module's KV kept per layer (PyramidInfer's schedule); 1 keeps all")
     r.add_argument("--compression", default="pyramid", choices=cfg.values("method"),
