@@ -116,6 +116,7 @@ def _arm_toggle_checks(page, demo) -> None:
     _compare(page, 4)
     page.wait_for_selector("#compare-summary .speedup", timeout=120_000)
     assert not page.locator("#prefix-metrics").is_visible() and page.locator("#baseline-metrics").is_visible()
+    page.screenshot(path=str(OUT / "compare-arm-toggles.png"))
     assert set(demo.studio.runlog.runs()[0]["arms"]) == set(demo.studio.engine.config.arms) - {"prefix"}
     _arm_toggle(page, "prefix").check()
 
