@@ -401,24 +401,70 @@ def plot_frontier(panels: dict, path, model: str = "SmolLM2-135M") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5 * len(panels), 8), 4.6), dpi=120, squeeze=False)
     for ax, (title, summary) in zip(axes[0], panels.items()):
-        for k, (arm, s) in enumerate(summary.items()):
+        points, names = [], []
+        for arm, s in summary.items():
             x, y = s["ttft_ms"]["median"], s["accuracy"] * 100
             lo, hi = s["ci95"][0] * 100, s["ci95"][1] * 100
             ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", color=colour(arm), capsize=3, ms=5)
-            ax.annotate(arm.replace("prefixed+", "").replace("isolated+", "iso+"), (x, y),
-                        textcoords="offset points", xytext=(5, 4 + 9 * (k % 3)), fontsize=7)
+            points.append((x, y))
+            names.append(arm.replace("prefixed+", "").replace("isolated+", "iso+"))
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plain)  # 200 not 2×10², and only 2 and 5 between decades: none overlap
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+        ax.autoscale_view()
+        _label(ax, fig, points, names)
         ax.set_xlabel("TTFT, median (ms, log scale)")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=10, pad=LABEL_ROOM)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("needle found (%), 95 % interval")
     fig.suptitle(f"Reuse/fidelity frontier: modular → repair / blend → baseline ({model}, greedy)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+LABEL_PT = 7  # the points' labels' font size
+LABEL_ROOM = 40  # points above the axes for labels pushed up out of a cluster
+
+
+def _label(ax, fig, points: list[tuple[float, float]], names: list[str]) -> None:
+    """Each point's name beside it, moved (with a thin leader line) where it would cover another's."""
+    to_axes = ax.transAxes.inverted()
+    where = [tuple(to_axes.transform(ax.transData.transform(p))) for p in points]
+    width_pt = ax.get_position().width * fig.get_size_inches()[0] * 72
+    height_pt = ax.get_position().height * fig.get_size_inches()[1] * 72
+    sizes = [(0.6 * LABEL_PT * len(n) / width_pt, 1.3 * LABEL_PT / height_pt) for n in names]
+    for (u, v), (lx, ly), name in zip(where, spread_labels(where, sizes), names):
+        moved = abs(ly - v) > 0.03 or lx < u
+        ax.annotate(name, (u, v), xycoords="axes fraction", xytext=(lx, ly), textcoords="axes fraction",
+                    fontsize=LABEL_PT, va="bottom", annotation_clip=False,
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None)
+
+
+def spread_labels(points: list[tuple[float, float]], sizes: list[tuple[float, float]],
+                  gap: float = 0.01) -> list[tuple[float, float]]:
+    """Lower-left corners (axes fractions) of labels of ``sizes`` (width, height) for ``points``: each just right
+    of its point (left of it near the right edge), raised past any label already placed that it would cover,
+    lowest points first, so that no two labels overlap however the points cluster."""
+    placed: list[tuple[float, float, float, float]] = []
+    out: list[tuple[float, float] | None] = [None] * len(points)
+    for i in sorted(range(len(points)), key=lambda i: (points[i][1], points[i][0])):
+        (u, v), (w, h) = points[i], sizes[i]
+        x = u + gap if u + gap + w <= 1 else u - gap - w
+        y = v + gap
+        while True:
+            over = [top for (px, py, pw, top) in placed if px < x + w and x < px + pw and py < y + h and y < top]
+            if not over:
+                break
+            y = max(over)
+        placed.append((x, y, w, y + h))
+        out[i] = (x, y)
+    return out
 
 
 def frontier_panels(frontier: dict, confusable: dict, conf_modules: int) -> dict:

@@ -1,8 +1,8 @@
 """The studio's Gradio Blocks: ``build_app(engine, runlog)`` composes one module per tab (studio/tabs/).
 
 Tabs: Schema (editor, validation, layout), Prompt (builder generated from the schema, PML prompt,
-token view), Encode (run settings, per-unit sources, memory), Compare (one streaming column per
-arm), History (run log), Model and Benchmarks. Nothing here loads the model: that happens on the
+token view), Encode (storage, mode, precision, per-unit sources, Module memory), Compare (the arms to run, each
+arm's settings folded beside it, one streaming column per arm), History (run log), Model and Benchmarks. Nothing here loads the model: that happens on the
 first encode or compare, or from the Model tab (``studio.launch`` loads the tokenizer first).
 
 API: the compare action is the endpoint ``/compare``::

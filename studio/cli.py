@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+from engine.cli_encode import COMMAND as ENCODE
+
 
 def serve_arguments(sp, page: bool = True) -> None:
     """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp`` (``page`` False: those
@@ -87,7 +89,8 @@ def api_arguments(sp) -> None:
     sp.set_defaults(port=DEFAULT_PORT)
 
 
-EXTRA = {"serve": ("launch the studio (same as `python app.py`); the OpenAI-compatible API answers on its port too",
+EXTRA = {**ENCODE,  # `encode SCHEMA`: a schema's modules saved to disk ahead of traffic (engine/cli_encode.py)
+         "serve": ("launch the studio (same as `python app.py`); the OpenAI-compatible API answers on its port too",
                    serve_arguments, serve),
          "info": ("", None, info),  # the engine's command and options, the studio's handler
          "api": ("serve the OpenAI-compatible API alone, without the studio's page (docs/api.md)", api_arguments,

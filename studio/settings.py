@@ -5,7 +5,7 @@ titles from their views) and start at the engine's config; their values reach ha
 setting name (:class:`Panel`). :func:`run_config` is the one place those values become a
 config, validated by the engine. The arms to run come from the arms checkbox; each registered arm's
 settings (``engine.arms``: ``repair``, ``blend``, ``blend_rule``, ...) have one control each, made from
-the arm's declaration (tabs/encode.py ``_arm_controls``) and read here by key: a new arm adds its controls
+the arm's declaration (made in tabs/encode.py, drawn beside the arms in tabs/compare.py) and read here by key: a new arm adds its controls
 without an edit here.
 """
 
@@ -73,5 +73,5 @@ def _arms(chosen) -> tuple[str, ...] | None:
     if isinstance(chosen, str):
         chosen = [a for a in chosen.split(",") if a.strip()]
     if not chosen:
-        raise EngineError("choose at least one arm to run (the Arms checkboxes in the Encode tab)")
+        raise EngineError("choose at least one arm to run (the Arms checkboxes in the Compare tab)")
     return tuple(chosen)

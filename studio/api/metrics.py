@@ -1,7 +1,7 @@
 """Prometheus metrics of the API (``GET /metrics``, behind the launch token like every route).
 
 Counters of requests (by endpoint, arm, mode and status), prompt, cached and completion tokens, modules reused and
-encoded; histograms of each request's cached share of its prompt (the hit ratio, counted honestly: only tokens
+encoded, seconds spent encoding modules and the progress comments streamed meanwhile; histograms of each request's cached share of its prompt (the hit ratio, counted honestly: only tokens
 whose KV was reused and not recomputed), time to first token, decode time per token and time queued; gauges of
 the requests waiting for the engine and of the module store's bytes (read at each scrape). One registry per API
 app, not prometheus_client's global one, so that two apps in one process (tests) do not collide.
@@ -37,6 +37,10 @@ class Metrics:
                               "token", ["arm"], buckets=TTFT_BUCKETS, registry=r)
         self.decode = Histogram("pml_api_decode_seconds_per_token", "decode time per generated token", ["arm"],
                                 buckets=DECODE_BUCKETS, registry=r)
+        self.encode = Counter("pml_api_encode_seconds", "seconds requests spent encoding modules at their first sight "
+                              "(inside their TTFT)", ["arm"], registry=r)
+        self.progress = Counter("pml_api_progress_comments", "SSE comments sent to streamed requests while their "
+                                "modules were encoded", registry=r)
         self.queued = Histogram("pml_api_queue_seconds", "time a request waited for the engine", buckets=TTFT_BUCKETS,
                                 registry=r)
         Gauge("pml_api_waiting", "requests waiting for the engine", registry=r).set_function(waiting)
@@ -56,6 +60,7 @@ class Metrics:
         if pml.decode_ms_per_token is not None:
             self.decode.labels(arm).observe(pml.decode_ms_per_token / 1000)
         self.queued.observe(pml.queue_ms / 1000)
+        self.encode.labels(arm).inc(pml.encode_ms / 1000)
 
     def refused(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, "", "", str(status)).inc()

@@ -3,7 +3,9 @@
 
 Each POST is validated here (types by pydantic: 422; values, unsupported parameters, unknown model: 400 / 404),
 becomes a :class:`~.service.Work` and waits for its job on the engine thread. A streamed request answers once its
-first token (or its error) is there, so a request that fails still gets its status and OpenAI error body, then
+first token (or its error) is there, so a request that fails still gets its status and OpenAI error body, or once
+the first unit it sees for the first time is encoded: a comment per unit (``: encoding 2/5 units: ...``) then tells
+a client why the first token takes a while (an error after that comes in the stream). Then
 server-sent events (sse-starlette) ending with ``data: [DONE]``, the usage last when
 ``stream_options.include_usage`` asks. While a request waits or streams, a client that goes away stops its run
 within a token. :class:`ApiRoute` serves the app beside the studio (an ASGI middleware, as studio/live.py's route)
@@ -22,7 +24,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
 from engine.arms.registry import REGISTRY
@@ -237,7 +239,7 @@ async def _respond(service: ApiService, metrics: Metrics, request: Request, work
     watch = asyncio.ensure_future(_stop_when_gone(request, job))
     try:
         event = await job.next()
-        while event[0] == "token" and not work.stream:
+        while event[0] in ("token", "progress") and not work.stream:
             event = await job.next()
     finally:
         watch.cancel()
@@ -263,13 +265,20 @@ def _whole(work: Work, model: str, out: Outcome):
 
 async def _events(metrics: Metrics, endpoint: str, work: Work, job: Job, event: tuple, model: str,
                   include_usage: bool):
-    """The stream's events: the deltas of the text as it grows, the finish, the usage (if asked), [DONE]."""
+    """The stream's events: a comment per unit encoded before the first token (``: encoding 2/5 units: ...``;
+    clients ignore comments), the deltas of the text as it grows, the finish, the usage (if asked), [DONE]."""
     chunk = _Chunks(work, model, include_usage)
-    sent = ""
+    sent, opened = "", False
     try:
-        if work.endpoint == "chat":
-            yield chunk.delta("", role=True)
         while True:
+            if event[0] == "progress":
+                metrics.progress.inc()
+                yield ServerSentEvent(comment=event[1])
+                event = await job.next()
+                continue
+            if not opened and work.endpoint == "chat" and event[0] != "error":
+                yield chunk.delta("", role=True)
+            opened = True
             if event[0] == "error":  # the run failed after its first token: OpenAI's error object, then the end
                 yield json.dumps(event[1].body())
                 break

@@ -6,7 +6,8 @@ requests never time each other, and the studio's own Compares take their turn to
 requests waiting is a 429. On the engine thread a job compiles its request to PML (studio/api/modes.py), checks
 that the prompt and the answer fit the model's context (a transparent request whose documents sit too far in
 position space is placed again, compactly, once), runs ``Engine.compare`` with the one arm asked for, and sends
-its events to the route's event loop: ``("token", text so far)`` while streaming, then ``("done", Outcome)`` or
+its events to the route's event loop: ``("progress", words)`` as each unit a streamed request sees first is encoded
+(the route sends it as an SSE comment), ``("token", text so far)`` while streaming, then ``("done", Outcome)`` or
 ``("error", ApiError)``. The job's ``stop`` event (set when the client goes away) ends the run within a token
 (``Engine.compare(should_stop=)``); a job whose client left before it started does nothing.
 
@@ -157,8 +158,12 @@ class ApiService:
             if work.stream:
                 job.put(("token", shown(text)))
 
+        def progress(done: int, total: int, label: str) -> None:
+            if work.stream and label != "already encoded":  # only real encoding: a warm schema says nothing
+                job.put(("progress", f"encoding {done}/{total} units: {label}"))
+
         res = engine.compare(compiled.schema, compiled.prompt, sampling, config=cfg, on_token=on_token,
-                             should_stop=stop_asked(job.stop), schema_source="request schema",
+                             progress=progress, should_stop=stop_asked(job.stop), schema_source="request schema",
                              prompt_source="request prompt")
         ttft_ms = ((first[0] if first else time.perf_counter()) - start) * 1000
         return self._outcome(engine, work, compiled, sampling, res, ttft_ms, queue_ms)
@@ -210,7 +215,8 @@ class ApiService:
                       routed_path=getattr(detail, "path", None), recomputed_tokens=run.recomputed_tokens,
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
-                      queue_ms=round(queue_ms, 3), note=compiled.note)
+                      queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
+                      note=compiled.note)
         pml = pml.model_copy(update={"run_id": self._log(res, compiled)})
         return Outcome(text, finish_reason(run.token_ids, stopped, tuple(engine.lm.eos_ids), sampling.max_new_tokens),
                        usage, pml)

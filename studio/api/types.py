@@ -181,6 +181,7 @@ class PmlInfo(BaseModel):
     arm_ttft_ms: float  # the arm's own TTFT, as `pml-studio run` reports it (encoding not included)
     decode_ms_per_token: float | None
     queue_ms: float  # waiting for the engine (other requests, the studio's runs)
+    encode_ms: float = 0.0  # encoding the modules this request saw first (inside ttft_ms; 0 when all were stored)
     run_id: int | None = None  # its row in the run log (None when the log could not take it)
     note: str = ""
 

@@ -55,6 +55,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
                                 info="0 = greedy (default); applies to every arm")
         button = gr.Button("Compare", variant="primary", scale=1, elem_id="compare-btn", interactive=False)
         stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="compare-stop")
+    arm_controls(studio, panel)
     summary = gr.HTML(summary_html(None), elem_id="compare-summary")
     columns = []
     with gr.Row(equal_height=False):
@@ -80,6 +81,32 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
     return CompareTab(max_new, temperature, run, stream)
+
+
+ARM_ACCORDION = "{title}: settings"
+
+
+def arm_controls(studio: Studio, panel: Panel) -> None:
+    """Draw the arms checkbox (which columns the next Compare runs) and, beside it, each arm's own settings in a
+    closed accordion; the widgets were made unrendered with the other run settings (tabs/encode.py)."""
+    from engine.arms.registry import settings_specs
+
+    from .encode import REPAIR_NOTE
+
+    by_arm: dict[str, list] = {}
+    for spec, _, s in settings_specs():
+        by_arm.setdefault(spec.name, []).append(panel.widgets[s.key])
+    with gr.Row(equal_height=False, elem_id="arm-toggles"):
+        with gr.Column(scale=2):
+            panel.widgets["arms"].render()
+        with gr.Column(scale=3):
+            for arm, widgets in by_arm.items():
+                with gr.Accordion(ARM_ACCORDION.format(title=view_of(arm).title), open=False,
+                                  elem_id=f"{arm}-settings"):
+                    if arm == "cached":
+                        gr.Markdown(REPAIR_NOTE, elem_classes=["pml-note"])
+                    for widget in widgets:
+                        widget.render()
 
 
 def _api(studio: Studio) -> None:

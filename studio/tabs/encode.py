@@ -1,6 +1,9 @@
-"""Encode tab: the run settings (read by Compare too), the encode button, per-unit sources and memory readouts.
+"""Encode tab: storage, mode and precision (compression and sinks folded away), the encode button, per-unit
+sources, and the Module memory section (budget, persistence, store entries).
 
-The setting widgets take their choices from ``engine.config`` and start at the engine's config;
+The run settings (:class:`studio.settings.Panel`) are all made in :func:`_settings_panel`: the arms checkbox and
+each arm's settings are made unrendered there and drawn in the Compare tab (``compare.arm_controls``), where
+the arms run. The widgets take their choices from ``engine.config`` and start at the engine's config;
 :func:`studio.settings.run_config` turns their values into the run's RunConfig. A new run setting
 is one widget in :func:`_settings_panel` (keyed by its name) and one line in ``run_config``.
 """
@@ -55,13 +58,20 @@ def build(studio: Studio, editors: Editors, status: gr.HTML) -> EncodeTab:
     panel = _settings_panel(studio)
     button = gr.Button("Encode schema", variant="primary", elem_id="encode-btn", interactive=False)
     summary = gr.HTML(note_html(ENCODE_NOTE))
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=3):
-            units = gr.Dataframe(headers=UNIT_HEADERS, interactive=False, elem_id="unit-table", max_height=360,
-                                 label="Units: where each came from, and how long it took", wrap=True)
-        with gr.Column(scale=2):
-            memory = gr.HTML(note_html("Module memory before and after encoding appears here."), elem_id="memory-view")
-    entries = gr.Dataframe(headers=ENTRY_HEADERS, interactive=False, label="Store entries", max_height=360)
+    units = gr.Dataframe(headers=UNIT_HEADERS, interactive=False, elem_id="unit-table", max_height=360,
+                         label="Units: where each came from, and how long it took", wrap=True)
+    with gr.Accordion("Module memory: budget, persistence, store entries", open=True, elem_id="module-memory"):
+        with gr.Row(equal_height=True):
+            panel.widgets["budget_mib"] = gr.Number(
+                memory_defaults(studio)["budget_mib"], label="Module memory budget (MiB)", minimum=0.01, precision=1,
+                scale=1, elem_id="budget-mib", info="least recently used unpinned modules are evicted beyond it")
+            gr.HTML(persistence_html(studio), elem_id="persistence")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2):
+                memory = gr.HTML(note_html("Module memory before and after encoding appears here."),
+                                 elem_id="memory-view")
+            with gr.Column(scale=3):
+                entries = gr.Dataframe(headers=ENTRY_HEADERS, interactive=False, label="Store entries", max_height=360)
 
     def on_encode(schema_text: str, *values, progress=gr.Progress()):
         def report(done: int, total: int, label: str) -> None:
@@ -95,45 +105,36 @@ def _settings_panel(studio: Studio) -> Panel:
         w["storage_dtype"] = gr.Radio(radio_choices("storage_dtype"), value=cfg.storage_dtype, label="Storage precision",
                                       info="fp16 / bf16 halve module bytes; cast back to the model's dtype when "
                                            "assembled", elem_id="storage-dtype")
-        w["retention"] = gr.Slider(0.1, 1.0, value=cfg.compression.retention, step=0.05, label="Retention",
-                                   info="share of each module's KV kept (1 = all)", elem_id="retention")
-        w["method"] = gr.Radio(radio_choices("method"), value=cfg.compression.method, label="Compression method",
-                               info="used when retention < 1", elem_id="compression-method")
-    gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
-    with gr.Row():
+    with gr.Accordion("Compression and sinks (expert)", open=False, elem_id="encode-expert"):
+        with gr.Row():
+            w["retention"] = gr.Slider(0.1, 1.0, value=cfg.compression.retention, step=0.05, label="Retention",
+                                       info="share of each module's KV kept (1 = all)", elem_id="retention")
+            w["method"] = gr.Radio(radio_choices("method"), value=cfg.compression.method, label="Compression method",
+                                   info="used when retention < 1", elem_id="compression-method")
+        gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
         w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
                               elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
                                                    "(the chat template's opening); 0 = off")
-        w["arms"] = gr.CheckboxGroup(radio_choices("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
-                                     elem_id="arms", info="each arm is one way of reaching the first token; fewer "
-                                                          "arms, a shorter wait")
-    _arm_controls(cfg, w)
-    gr.Markdown(REPAIR_NOTE, elem_classes=["pml-note"])
-    with gr.Row(equal_height=True):
-        w["budget_mib"] = gr.Number(memory_defaults(studio)["budget_mib"], label="Module memory budget (MiB)",
-                                    minimum=0.01, precision=1, scale=1, elem_id="budget-mib",
-                                    info="least recently used unpinned modules are evicted beyond it")
-        gr.HTML(persistence_html(studio), elem_id="persistence")
+    # the arms and their settings are made here (the Panel holds every run setting) but drawn in the Compare tab,
+    # where the arms run (compare.arm_controls renders them)
+    w["arms"] = gr.CheckboxGroup(radio_choices("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
+                                 elem_id="arms", render=False, info="each arm is one way of reaching the first "
+                                                                    "token; fewer arms, a shorter wait")
+    for spec, name, s in settings_specs():
+        w[s.key] = _control(s, getattr(cfg.settings_of(spec.name), name))
     return Panel(w)
 
 
-def _arm_controls(cfg: RunConfig, w: dict) -> None:
-    """One control per setting of every registered arm (engine.arms), two to a row: a slider for a number, a
-    radio for a choice; keyed by the setting's key, as :func:`studio.settings.run_config` reads them."""
-    specs = settings_specs()
-    for row in range(0, len(specs), 2):
-        with gr.Row():
-            for spec, name, s in specs[row:row + 2]:
-                w[s.key] = _control(s, getattr(cfg.settings_of(spec.name), name))
-
-
 def _control(s, value):
+    """One arm setting's control, made unrendered (the Compare tab draws it): a slider for a number, a radio
+    for a choice; keyed by the setting's key, as :func:`studio.settings.run_config` reads them."""
     elem = s.key.replace("_", "-")
     if s.limit is None:
-        return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.help, elem_id=elem)
+        return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.help, elem_id=elem, render=False)
     top = s.limit.hi if s.widget_max is None else min(s.limit.hi, s.widget_max)
     whole = {"precision": 0} if s.limit.whole else {}  # Gradio then passes an int
-    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.title, info=s.help, elem_id=elem, **whole)
+    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.title, info=s.help, elem_id=elem,
+                     render=False, **whole)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -379,3 +379,24 @@ def test_committed_spanning_results_hold_together():
                         assert s["mean_ttft_vs_baseline"] == pytest.approx(ratio, abs=1e-3)
             if split == "heldout":
                 assert not {a for r in rows for a in r} & set(d["tune_only"])
+
+
+def test_fidelity_plot_labels_do_not_pile_up(monkeypatch, tmp_path):
+    """Issue 48 item 7: the Fidelity plot's labels of points that sit together are spread so that none covers
+    another (they piled up at one spot, unreadable); a point alone keeps its label beside it."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from fidelity import frontier_panels, plot_frontier, spread_labels
+
+    cluster = [(0.10, 0.90), (0.11, 0.90), (0.12, 0.90), (0.12, 0.91), (0.13, 0.90), (0.99, 0.90), (0.5, 0.2)]
+    sizes = [(0.15, 0.04)] * len(cluster)
+    spots = spread_labels(cluster, sizes)
+    boxes = [(x, y, x + w, y + h) for (x, y), (w, h) in zip(spots, sizes)]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)  # no two overlap
+    assert spots[-1] == pytest.approx((0.51, 0.21))  # alone: just beside its point
+    assert spots[5][0] + sizes[5][0] < 0.99  # at the right edge: left of its point, inside the axes
+    data = json.loads((ROOT / "bench" / "results" / "fidelity.json").read_text())
+    out = tmp_path / "frontier.png"
+    plot_frontier(frontier_panels(data["frontier"], data["confusable"], data["confusable_modules"]), out, data["model"])
+    assert out.stat().st_size > 10_000

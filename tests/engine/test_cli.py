@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT, SAMPLES, sample_pairs
 from engine.cli import build_parser, main
+from engine.cli import main as cli_main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -201,3 +202,29 @@ def test_the_encoding_mode_s_old_name_is_still_accepted():
     args = build_parser(EXTRA).parse_args(["run", "s.xml", "p.xml", "--mode", "prefixed"])
     assert config_from_args(args).mode == "contextual" == RunConfig(mode="prefixed").mode
     assert Comparison.from_json({"mode": "prefixed"}).mode == "contextual"
+
+
+def test_encode_warms_a_schema_so_the_next_run_encodes_nothing(tmp_path, capsys, monkeypatch):
+    """Issue 48 item 8 (the command, pml-studio's and `python -m engine.cli_encode`'s): `encode SCHEMA` saves a schema's modules on disk ahead of traffic; a later engine (here
+    `run`'s, as the studio's or the API's would) loads them from there and encodes nothing."""
+    from engine.cli_encode import COMMAND
+
+    def main(argv):
+        return cli_main(argv, COMMAND)
+
+    with pytest.raises(SystemExit):
+        main(["encode", "--help"])
+    assert "ahead of traffic" in capsys.readouterr().out
+    monkeypatch.setenv("PML_STUDIO_MODULES", str(tmp_path / "modules"))
+    schema, prompt = str(SAMPLES / "reference_compat.xml"), str(SAMPLES / "reference_compat.prompt.xml")
+    assert main(["encode", schema, "--no-persist"]) == 2  # refused before the model loads: it would warm nothing
+    err = capsys.readouterr().err
+    assert "--no-persist" in err and "Traceback" not in err
+    assert main(["encode", schema, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["encode"]["encoded"] == data["encode"]["units"] == len(data["units"]) > 0
+    saved = list((tmp_path / "modules").glob("*.safetensors"))
+    assert data["module_dir"] == str(tmp_path / "modules") and len(saved) == data["encode"]["units"]
+    assert main(["run", schema, prompt, "--max-new-tokens", "1", "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert after["encode"]["encoded"] == 0 and after["encode"]["disk"] == after["encode"]["units"]

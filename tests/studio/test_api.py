@@ -261,6 +261,40 @@ def test_every_request_is_a_run_log_row_and_metrics_count_them(served):
     assert httpx.get(f"http://127.0.0.1:{port}/metrics").status_code == 401  # behind the launch token too
 
 
+def test_first_sight_of_documents_streams_encoding_comments_and_counts_them(served):
+    """Issue 48 item 8: while a streamed request's new documents are encoded, the stream carries SSE comments
+    (`: encoding 2/3 units: ...`) before its first chunk; the openai client ignores them; /metrics counts them
+    and the encoding seconds; a second sight of the same documents encodes nothing and says nothing."""
+    client, port, _ = served
+    fresh = [essay(name) for name in ("Eero", "Fumiko", "Goran", "Hale")]
+    streamed = list(chat(client, parts(fresh[0], fresh[1], "Who wrote about maps?"), stream=True))
+    whole = chat(client, parts(fresh[0], fresh[1], "Who wrote about maps?"))
+    assert whole.model_extra["pml"]["modules_encoded"] == 0 and whole.model_extra["pml"]["encode_ms"] == 0
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == whole.choices[0].message.content
+
+    def raw(content) -> list[str]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3,
+                "temperature": 0, "stream": True, "pml": {"arm": "cached"}}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=AUTH,
+                          timeout=120) as r:
+            assert r.status_code == 200
+            return [line for line in r.iter_lines() if line.strip()]
+
+    lines = raw(parts(fresh[2], fresh[3], "Whose weather?"))
+    comments = [i for i, line in enumerate(lines) if line.startswith(": encoding ")]
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+    assert comments and max(comments) < first_data, lines[:6]
+    total = int(lines[comments[-1]].split()[2].split("/")[1])
+    assert lines[comments[-1]].startswith(f": encoding {total}/{total} units")  # the last unit is the last comment
+    assert lines[-1] == "data: [DONE]"
+    assert not any(line.startswith(":") and "encoding" in line for line in raw(parts(fresh[2], fresh[3], "Whose?")))
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=AUTH).text
+    assert "pml_api_progress_comments_total" in metrics
+    assert float(next(line.split()[1] for line in metrics.splitlines()
+                      if line.startswith("pml_api_progress_comments_total "))) > len(comments)  # the openai stream's too
+    assert _sample(metrics, "pml_api_encode_seconds_total", arm="cached") > 0
+
+
 def test_history_shows_the_api_source(served, tiny_lm):
     from studio.state import Studio
     from studio.tabs import history

@@ -4,7 +4,8 @@
   editor shows, and the layout table says it is stale while the schema does not parse.
 - Prompt tab: text pasted (clipboard, Ctrl+A Ctrl+V) or set by a script (an autocomplete: value + input event)
   into "New text (not cached)" reaches the PML prompt.
-- Compare tab: a finished run, then a slow one: its start clears the first run's figures, each arm's TTFT shows
+- Compare tab: the arm toggles sit there (not in Encode); turning the prefix arm off removes its column from
+  the next Compare. Then a finished run, then a slow one: its start clears the first run's figures, each arm's TTFT shows
   while the arms still decode, and Stop leaves no figure of the earlier run on screen.
 
 The tiny random model keeps it quick; the tokens are slowed on their way to the page (as tests/studio/
@@ -96,9 +97,36 @@ def _compare(page, tokens: int) -> None:
     page.click("#compare-btn")
 
 
-def _compare_checks(page, demo, shown: list) -> dict:
+def _arm_toggle(page, arm: str):
+    from studio.arm_views import view_of
+
+    return page.locator("#arms label").filter(has_text=view_of(arm).title).locator("input")
+
+
+def _arm_toggle_checks(page, demo) -> None:
+    """Issue 48 item 5: the arms are chosen where they run; one turned off has no column in the next Compare."""
+    page.get_by_role("tab", name="3 · Encode").click()
+    page.wait_for_selector("#encode-btn", timeout=30_000)
+    assert not page.locator("#arms").is_visible() and not page.locator("#repair").is_visible()
     page.get_by_role("tab", name="4 · Compare").click()
+    page.wait_for_selector("#arms", timeout=30_000)
+    assert "prefix" in demo.studio.engine.config.arms and _arm_toggle(page, "prefix").is_checked()
+    assert page.locator("#prefix-metrics").is_visible()
+    _arm_toggle(page, "prefix").uncheck()
     _compare(page, 4)
+    page.wait_for_selector("#compare-summary .speedup", timeout=120_000)
+    assert not page.locator("#prefix-metrics").is_visible() and page.locator("#baseline-metrics").is_visible()
+    page.screenshot(path=str(OUT / "compare-arm-toggles.png"))
+    assert set(demo.studio.runlog.runs()[0]["arms"]) == set(demo.studio.engine.config.arms) - {"prefix"}
+    _arm_toggle(page, "prefix").check()
+
+
+def _compare_checks(page, demo, shown: list) -> dict:
+    _arm_toggle_checks(page, demo)
+    _compare(page, 4)
+    page.wait_for_function("document.querySelector('#prefix-metrics') && "
+                           "document.querySelector('#prefix-metrics').innerText.includes('new tokens')",
+                           timeout=120_000)
     page.wait_for_selector("#compare-summary .speedup", timeout=120_000)
     first = {"summary": page.inner_text("#compare-summary"), "metrics": page.inner_text("#baseline-metrics")}
     assert "new tokens" in first["metrics"] and page.locator("#compare-tokens .pml-tokens").count() == 1
@@ -168,5 +196,5 @@ def test_a_newcomers_walk(tiny_engine, tmp_path, monkeypatch):
                 _compare_checks(page, demo, shown)
             finally:
                 browser.close()
-        assert demo.studio.runlog.count() == 1  # the stopped run is not logged
+        assert demo.studio.runlog.count() == 2  # the stopped run is not logged
         assert "Marrakesh" in demo.studio.runlog.runs()[0]["prompt_text"]  # the Compare ran the prompt shown

@@ -170,3 +170,42 @@ def test_restart_with_persistence_encodes_nothing(tiny_lm, travel, tmp_path):
     assert again.counts == {"memory": 0, "disk": len(view.units), "encoded": 0}
     assert {r[3] for r in again.units} == {"disk"} and "0 unit(s) encoded afresh" in again.summary
     assert '<tr class="changed"><th>disk loads</th>' in again.memory
+
+
+def _tab_of(demo) -> dict:
+    """elem_id -> (the tab's id, the titles of the accordions around it), by walking the rendered Blocks tree."""
+    found: dict = {}
+
+    def walk(block, tab, folds):
+        if isinstance(block, gr.Tab):
+            tab = block.id
+        if isinstance(block, gr.Accordion):
+            folds = folds + ((block.label, block.open),)
+        if getattr(block, "elem_id", None):
+            found[block.elem_id] = (tab, folds)
+        for child in getattr(block, "children", []):
+            walk(child, tab, folds)
+
+    walk(demo, None, ())
+    return found
+
+
+def test_arms_are_chosen_in_compare_with_their_settings_folded_beside_them(tmp_path, tiny_engine):
+    """Issue 48 item 5: the arm toggles sit in Compare, each arm's settings in a closed accordion of its own;
+    Encode keeps storage, mode and precision in view, the rest folded, and Module memory is a titled section."""
+    from engine.arms.registry import settings_specs
+    from studio.app import build_app
+    from studio.arm_views import view_of
+
+    demo = build_app(tiny_engine, RunLog(tmp_path / "r.db"))
+    where = _tab_of(demo)
+    assert where["arms"] == ("compare", ())
+    for spec, _, s in settings_specs():
+        tab, folds = where[s.key.replace("_", "-")]
+        assert tab == "compare" and folds == ((f"{view_of(spec.name).title}: settings", False),), s.key
+    for elem in ("storage-dtype", "encode-btn"):
+        assert where[elem] == ("encode", ()), elem
+    for elem in ("retention", "compression-method", "sink"):
+        assert where[elem][0] == "encode" and where[elem][1][0][1] is False, elem  # folded away
+    assert where["budget-mib"][0] == "encode" and where["budget-mib"][1][0][0].startswith("Module memory")
+    assert where["memory-view"][1] == where["budget-mib"][1]
