@@ -395,13 +395,13 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
     from engine.session import Engine
 
     schema, prompt = _read(args.schema, "schema"), _read(args.prompt, "prompt")  # before the model loads
-    eng = Engine(config_from_args(args))
+    eng = Engine(config := config_from_args(args))
     if args.cuda_graphs != "auto":
         from engine.model import graphs
         graphs.set_mode(eng.lm.model, args.cuda_graphs)
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
-    told = Progress(eng.config.arms, sampling.max_new_tokens, words)
+    told = Progress(config.arms, sampling.max_new_tokens, words)
     result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt,
                          progress=told.encoding, on_arm=told.first_token)
     data = titled(result.to_json(), words)
