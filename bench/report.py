@@ -463,7 +463,13 @@ def prefill_headline(d: dict | None) -> list[str]:
     return [f"- **Full prefill** ({d['model']}, {int(n):,} tokens, {d['machine']['threads']} threads, "
             f"`bench/prefill.py`): {new['median']:.1f} s with the `{v['new']}` prefill kernel, {old['median']:.1f} s "
             f"on the packed blocks" + (f", {ll['median']:.1f} s for llama.cpp" if ll else "")
-            + (f"; its linears alone as bare GEMMs {floor:.1f} s" if floor else "") + "."]
+            + (f"; its linears alone as bare GEMMs {floor:.1f} s" if floor else "")
+            + _busy(d["machine"].get("loadavg_1min")) + "."]
+
+
+def _busy(load) -> str:
+    """A warning for figures taken while other work shared the 2 cores (they are then several times too slow)."""
+    return f" (measured at load average {load:.1f}, on a busy machine: ratios only)" if load and load > 3 else ""
 
 
 def prefill_section(d: dict | None) -> list[str]:
