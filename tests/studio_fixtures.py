@@ -71,3 +71,21 @@ def settings(**kw) -> dict:
 def doc(data: dict) -> Comparison:
     """A comparison read back from a (partial) run --json document, as the History tab reads the run log."""
     return Comparison.from_json(data)
+
+
+@contextmanager
+def studio_page(sync_api, port: int, **context):
+    """A chromium page on the studio at ``port``, opened at the URL the console prints (the token in the fragment),
+    once the schema editor has validated; ``context``: Playwright's browser-context options besides the viewport."""
+    from studio.guard import page_url
+    from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport=VIEWPORT, **context).new_page()
+            page.goto(page_url("127.0.0.1", port, TOKEN))
+            page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
+            yield page
+        finally:
+            browser.close()

@@ -22,9 +22,7 @@ import pytest
 from engine.runlog import RunLog
 from studio import live
 from studio.files import load_sample
-from studio.guard import page_url
-from tests import studio_fixtures as fixtures
-from tests.studio_fixtures import served_studio
+from tests.studio_fixtures import served_studio, studio_page
 from tools.screenshot import CHROMIUM
 
 pytestmark = pytest.mark.browser
@@ -163,7 +161,6 @@ def test_a_newcomers_walk(tiny_engine, tmp_path, monkeypatch):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    from tools.screenshot import CHROMIUM_ARGS, VIEWPORT
 
     global OUT
     OUT = tmp_path
@@ -179,22 +176,12 @@ def test_a_newcomers_walk(tiny_engine, tmp_path, monkeypatch):
     monkeypatch.setattr(live.LiveRun, "show", slow)
     monkeypatch.setattr(live, "SLOW", False, raising=False)
     travel, _ = load_sample("travel")
-    token = getattr(fixtures, "TOKEN", None)
     with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
-        url = page_url("127.0.0.1", port, token)  # the URL the console prints
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                context = browser.new_context(viewport=VIEWPORT, permissions=["clipboard-read", "clipboard-write"])
-                page = context.new_page()
-                page.goto(url)
-                page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
-                # the page opens on the travel sample (picking it again would reload it while the checks edit it)
-                page.wait_for_selector("#schema-validation .pml-status.ok:has-text('travel')", timeout=30_000)
-                _schema_checks(page, travel)
-                _prompt_checks(page)
-                _compare_checks(page, demo, shown)
-            finally:
-                browser.close()
+        with studio_page(sync_api, port, permissions=["clipboard-read", "clipboard-write"]) as page:
+            # the page opens on the travel sample (picking it again would reload it while the checks edit it)
+            page.wait_for_selector("#schema-validation .pml-status.ok:has-text('travel')", timeout=30_000)
+            _schema_checks(page, travel)
+            _prompt_checks(page)
+            _compare_checks(page, demo, shown)
         assert demo.studio.runlog.count() == 2  # the stopped run is not logged
         assert "Marrakesh" in demo.studio.runlog.runs()[0]["prompt_text"]  # the Compare ran the prompt shown

@@ -10,9 +10,7 @@ import pytest
 
 from engine.runlog import RunLog
 from studio import live
-from studio.guard import page_url
-from tests import studio_fixtures as fixtures
-from tests.studio_fixtures import served_studio
+from tests.studio_fixtures import served_studio, studio_page
 from tools.screenshot import CHROMIUM
 
 pytestmark = pytest.mark.browser
@@ -22,7 +20,6 @@ def test_stop_in_the_page_ends_the_running_compare_and_the_next_one_runs(tiny_en
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    from tools.screenshot import CHROMIUM_ARGS, VIEWPORT
 
     shown: list[float] = []  # when each token reached the page's live run
     show = live.LiveRun.show
@@ -33,41 +30,32 @@ def test_stop_in_the_page_ends_the_running_compare_and_the_next_one_runs(tiny_en
         show(self, arm, text, message)
 
     monkeypatch.setattr(live.LiveRun, "show", slow)
-    token = getattr(fixtures, "TOKEN", None)
     with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
-        url = page_url("127.0.0.1", port, token)  # the URL the console prints
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport=VIEWPORT)
-                page.goto(url)
-                page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
-                page.get_by_role("tab", name="4 · Compare").click()
-                box = page.locator("#max-new-tokens input[type=number]")
-                box.fill("200")
-                box.press("Enter")
-                page.click("#compare-btn")
-                deadline = time.monotonic() + 120
-                while len(shown) < 5 and time.monotonic() < deadline:  # the arms are decoding
-                    time.sleep(0.05)
-                assert len(shown) >= 5
-                page.click("#compare-stop")
-                clicked = time.monotonic()
-                page.wait_for_function("document.querySelector('#compare-summary').innerText.includes('Stopped')",
-                                       timeout=30_000)
-                deadline = time.monotonic() + 30
-                while live.RUNS._runs and not next(reversed(live.RUNS._runs.values())).done \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                time.sleep(1.0)  # a run the stop missed would go on showing tokens, 4 a second
-                late = [t for t in shown if t > clicked]
-                assert len(late) <= 3, f"{len(late)} tokens after Stop"  # the batch step under way, at most
-                assert demo.studio.runlog.count() == 0  # a stopped run is not logged
-                monkeypatch.setattr(live.LiveRun, "show", show)
-                box.fill("8")
-                box.press("Enter")
-                page.click("#compare-btn")
-                page.wait_for_selector("#compare-summary .speedup", timeout=120_000)
-            finally:
-                browser.close()
+        with studio_page(sync_api, port) as page:
+            page.get_by_role("tab", name="4 · Compare").click()
+            box = page.locator("#max-new-tokens input[type=number]")
+            box.fill("200")
+            box.press("Enter")
+            page.click("#compare-btn")
+            deadline = time.monotonic() + 120
+            while len(shown) < 5 and time.monotonic() < deadline:  # the arms are decoding
+                time.sleep(0.05)
+            assert len(shown) >= 5
+            page.click("#compare-stop")
+            clicked = time.monotonic()
+            page.wait_for_function("document.querySelector('#compare-summary').innerText.includes('Stopped')",
+                                   timeout=30_000)
+            deadline = time.monotonic() + 30
+            while live.RUNS._runs and not next(reversed(live.RUNS._runs.values())).done \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # a run the stop missed would go on showing tokens, 4 a second
+            late = [t for t in shown if t > clicked]
+            assert len(late) <= 3, f"{len(late)} tokens after Stop"  # the batch step under way, at most
+            assert demo.studio.runlog.count() == 0  # a stopped run is not logged
+            monkeypatch.setattr(live.LiveRun, "show", show)
+            box.fill("8")
+            box.press("Enter")
+            page.click("#compare-btn")
+            page.wait_for_selector("#compare-summary .speedup", timeout=120_000)
         assert demo.studio.runlog.count() == 1
