@@ -1199,129 +1199,119 @@ def _blend_rule(arm: str) -> str:
     return rest[1] if len(rest) > 1 else "deviation"
 
 
-def routed_headline() -> list[str]:
-    """The routed arm's bullet: confusable and two-fact accuracy beside the baseline's, its workload TTFT."""
-    conf, two = load(f"fidelity-routed-{LEAD}"), load(f"fidelity-routed-two-{LEAD}")
-    work = load(f"workload-int8-{LEAD}")
-    parts = []
-    for f, label in ((conf, "confusable facts (24 prompts × 8 modules)"),
-                     (two, "two facts in one question (24 prompts × 8 modules, each answer with its own subject)")):
-        c = (f or {}).get("confusable") or (f or {}).get("two_fact")
-        if c and "prefixed+route 0" in c:
-            parts.append(f"{label}: routed {_found(c['prefixed+route 0'])}, baseline {_found(c['baseline'])}, "
-                         f"modular {_found(c['prefixed'])}")
-    if work and "routed" in work["arms"]:
-        a = work["arms"]
-        parts.append(f"mixed workload ({len(work['prompts'])} prompts of 2–4 of {work['modules']} modules): routed {a['routed']['needle_found']}/{a['routed']['n']} "
-                     f"found at a mean TTFT of {a['routed']['mean_ttft_ms'] / 1000:.2f} s, baseline "
-                     f"{a['baseline']['needle_found']}/{a['baseline']['n']} at {a['baseline']['mean_ttft_ms'] / 1000:.2f} s, "
-                     f"prefix cache {a['prefix']['mean_ttft_ms'] / 1000:.2f} s, modular "
-                     f"{a['cached']['needle_found']}/{a['cached']['n']} at {a['cached']['mean_ttft_ms'] / 1000:.2f} s")
-    if not parts:
+def _short(model: str) -> str:
+    """A model's name as the headline's short bullets give it."""
+    return model.removesuffix("-Instruct")
+
+
+def _pct(v: dict) -> str:
+    return f"{v['accuracy']:.0%}"
+
+
+def _ttft_bullets(ttft: dict | None, lead_ttft: dict | None) -> list[str]:
+    speed = [f"{_short(d['model'])} " + ", ".join(map(_speedup, rows)) for d in (ttft, lead_ttft) if d
+             for rows in [[r for r in (_near(d["results"], t) for t in (1024, 4096)) if r]] if rows]
+    return [("- **Time to first token**, modular cache against a full prefill (KV copy included): "
+             + "; ".join(speed) + ".")] if speed else []
+
+
+def _gpu_bullet() -> list[str]:
+    gpu, shaped = gpu_runs(), {d["storage"]: d for d in shape_runs()}
+    if not gpu:
         return []
-    model = (conf or two or work)["model"]
-    return [f"- **Question-routed reuse** (the `routed` arm, {model}, int8 weights; answer found, 95 % Wilson "
-            "interval): " + "; ".join(parts) + "."]
+    rows = [r for d in gpu for r in d["results"]]
+    base, sp = [r["baseline_ttft_ms"] for r in rows], [r["speedup"] for r in rows]
+    line = (f"- **On a lent {gpu[0]['machine'].get('gpu', 'GPU')}**: {_short(gpu[0]['model'])}'s full prefill takes "
+            f"{min(base):.0f}–{max(base):.0f} ms, so the modular arm has nothing to save ({min(sp):.2f}–{max(sp):.2f}×)")
+    if "cuda" in shaped:
+        r = _near(shaped["cuda"]["results"], 4096)
+        line += (f"; at Llama-2-7B's shape (random weights) {r['prompt_tokens']:,} tokens {r['baseline_ttft_ms']:.0f} ms"
+                 f" → {r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**) from GPU memory" if r else "")
+        if "cpu" in shaped:
+            cpu = [x["speedup"] for x in shaped["cpu"]["results"]]
+            line += f", {min(cpu):.2f}–{max(cpu):.2f}× from CPU memory"
+    return [line + "."]
+
+
+def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
+    """Confusable facts and two facts in one question: the share of answers found per arm."""
+    conf, two = load(f"fidelity-routed-{LEAD}"), load(f"fidelity-routed-two-{LEAD}")
+    out = []
+    if fid and fid.get("confusable"):
+        c = fid["confusable"]
+        parts = [f"baseline {_pct(c['baseline'])}", f"modular {_pct(c['prefixed'])}"]
+        blends = [v["accuracy"] for a, v in c.items() if "+blend " in a]
+        shares = sorted({int(a.split("+blend ", 1)[1].split()[0]) for a in c if "+blend " in a})
+        best = max(((a, v) for a, v in ((exp or {}).get("confusable") or {}).items() if "+blend " in a),
+                   key=lambda av: av[1]["accuracy"], default=None)
+        if blends:
+            parts.append(f"blend {min(blends):.0%}–{max(blends):.0%} recomputing {shares[0]}–{shares[-1]} % of the "
+                         "cached tokens" + (f" ({_pct(best[1])} recomputing {_arm_name(best[0]).removeprefix('blend ')})"
+                                            if best else ""))
+        routed = ((conf or {}).get("confusable") or {}).get("prefixed+route 0")
+        if routed:
+            parts.append(f"routed (int8 weights) {_pct(routed)}")
+        out.append(f"- **Confusable facts** ({_short(fid['model'])}, {next(iter(c.values()))['n']} prompts × "
+                   f"{fid['confusable_modules']} modules of one template, answer found): " + ", ".join(parts) + ".")
+    t = (two or {}).get("two_fact") or {}
+    if "prefixed+route 0" in t:
+        n = t["baseline"]["n"]
+        out.append(f"- **Two facts in one question** ({n} prompts × {two['confusable_modules']} modules): routed {_pct(t['prefixed+route 0'])}, "
+                   f"baseline {_pct(t['baseline'])}, modular {_pct(t['prefixed'])}.")
+    return out
+
+
+def _workload_bullet(work: dict | None) -> list[str]:
+    if not work or not {"baseline", "prefix", "cached"} <= set(work["arms"]):
+        return []
+    a, routed = work["arms"], load(f"workload-int8-{LEAD}")
+    names = {"baseline": "baseline", "prefix": "prefix cache", "cached": "modular"}
+    line = (f"- **Mixed workload** ({_short(work['model'])}, {len(work['prompts'])} prompts of 2–4 of "
+            f"{work['modules']} modules; found, mean TTFT): " + ", ".join(
+                f"{label} {a[k]['needle_found']}/{a[k]['n']} at {a[k]['mean_ttft_ms'] / 1000:.2f} s"
+                for k, label in names.items()))
+    if routed and "routed" in routed["arms"]:
+        r = routed["arms"]
+        line += (f"; with int8 weights routed {r['routed']['needle_found']}/{r['routed']['n']} at "
+                 f"{r['routed']['mean_ttft_ms'] / 1000:.2f} s, baseline {r['baseline']['mean_ttft_ms'] / 1000:.2f} s")
+    return [line + "."]
+
+
+def _memory_bullet(comps: list[dict]) -> list[str]:
+    per_model, same = [], True
+    for comp in comps:
+        s = comp["summary"]
+        ref = next((k for k in s if k.startswith("cached")), None)
+        quant = [k for k in ("int8", "int4") if k in s]
+        if ref and quant:
+            same &= all(s[k]["found"] == s[ref]["found"] for k in quant)
+            per_model.append(f"{_short(comp['model'])} fp32 {s[ref]['found']}/{s[ref]['n']}, "
+                             + ", ".join(f"{k} {s[k]['found']}/{s[k]['n']}" for k in quant))
+    if not per_model:
+        return []
+    s = comps[0]["summary"]
+    kinds = [k for k in ("int8", "int4") if k in s]
+    shares = " and ".join(f"{s[k]['bytes_ratio']:.0%}" for k in kinds)
+    return [f"- **Module memory**: {' and '.join(kinds)} storage take {shares} of fp32's bytes, "
+            + ("answers found as often" if same else "answers found") + " (" + "; ".join(per_model) + ")."]
 
 
 def headline() -> str:
-    """The README's headline block: TTFT at ~1K and ~4K tokens, confusable-facts accuracy per arm, storage, one plot."""
+    """The README's headline block: a short bullet per measure (the tables are in docs/benchmarks.md), one plot."""
     out = [HEAD_START, ""]
-    ttft, lead_ttft, gpu = load("ttft"), load(f"ttft-{LEAD}"), gpu_runs()
+    ttft, lead_ttft = load("ttft"), load(f"ttft-{LEAD}")
     fid, exp, work = load(f"fidelity-{LEAD}"), load(f"fidelity-blend-{LEAD}"), load(f"workload-{LEAD}")
     comps = [c for c in (load("compression"), load(f"compression-{LEAD}")) if c]
     ref = next((d for d in (ttft, lead_ttft, fid, work, *comps) if d), None)
     if ref is None:
         return "\n".join(out + ["No benchmark results yet: run `make bench`.", "", HEAD_END])
     m = ref["machine"]
-    out += [f"Measured on the reference machine ({m['threads']} CPU threads, {'a GPU' if m.get('cuda') else 'no GPU'}) "
-            "unless a GPU is named; greedy decoding; "
-            "generated from `bench/results/` by `python bench/report.py --write-readme`. Every table, with the "
-            "command and machine of each number, is in [docs/benchmarks.md](docs/benchmarks.md).", ""]
-    speed = []
-    for d in (ttft, lead_ttft):
-        rows = [r for r in (_near(d["results"], t) for t in (1024, 4096)) if r] if d else []
-        if rows:
-            speed.append(f"{d['model']} ({d['dtype']}) " + ", ".join(map(_speedup, rows)))
-    if speed:
-        line = ("- **Time to first token**, modular cache against a full prefill (the copy of the modules' KV "
-                "included): " + "; ".join(speed) + ".")
-        if gpu:
-            rows = [r for d in gpu for r in d["results"]]
-            base, sp = [r["baseline_ttft_ms"] for r in rows], [r["speedup"] for r in rows]
-            line += (f" On a lent {gpu[0]['machine'].get('gpu', 'GPU')} a full prefill of {gpu[0]['model']} takes "
-                     f"{min(base):.0f}–{max(base):.0f} ms at every length up to "
-                     f"{max(r['prompt_tokens'] for r in rows):,} tokens and the modular arm is "
-                     + ("slower" if max(sp) < 1 else "no faster") + f" (speedup {min(sp):.2f}–{max(sp):.2f}×): "
-                     "a model this small has no prefill to save there.")
-        shaped = {d["storage"]: d for d in shape_runs()}
-        if "cuda" in shaped:
-            picks = [r for r in (_near(shaped["cuda"]["results"], t) for t in (1024, 4096)) if r]
-            line += (f" At Llama-2-7B's shape ({shaped['cuda']['dtype']}, **random weights**: TTFT does not depend on "
-                     "their values) with the modules in GPU memory: "
-                     + ", ".join(f"{r['prompt_tokens']:,} tokens {r['baseline_ttft_ms']:.0f} ms → "
-                                 f"{r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**)" for r in picks))
-            if "cpu" in shaped:
-                sp = [r["speedup"] for r in shaped["cpu"]["results"]]
-                line += (f"; in CPU memory {min(sp):.2f}–{max(sp):.2f}×, the copy from CPU memory costing more than "
-                         "the prefill it saves" if max(sp) < 1 else f"; in CPU memory {min(sp):.2f}–{max(sp):.2f}×")
-            line += "."
-        out.append(line)
-    if fid and fid.get("confusable"):
-        c = fid["confusable"]
-        n = next(iter(c.values()))["n"]
-        plain = [a for a in c if "+blend " not in a]
-        blends = [a for a in c if "+blend " in a]
-        parts = [f"{_arm_name(a)} {_found(c[a])}" for a in plain]
-        if blends:
-            acc = [c[a]["accuracy"] for a in blends]
-            pct = sorted({int(a.split("+blend ", 1)[1].split()[0]) for a in blends})
-            rules = ", ".join(dict.fromkeys(map(_blend_rule, blends)))
-            parts.append(f"blend recomputing {pct[0]}–{pct[-1]} % of the cached tokens (rules: {rules}) "
-                         f"{min(acc):.0%}–{max(acc):.0%}")
-        if exp and exp.get("confusable"):
-            e = {a: v for a, v in exp["confusable"].items() if "+blend " in a}
-            best = max(e, key=lambda a: e[a]["accuracy"], default=None)
-            if best:
-                ratio = e[best]["ttft_ms"]["median"] / exp["confusable"]["baseline"]["ttft_ms"]["median"]
-                parts.append(f"blend at best {_found(e[best])}, with {_arm_name(best).removeprefix('blend ')} "
-                             f"recomputed, at {ratio:.2f}× the baseline's TTFT")
-        out.append(f"- **Confusable facts** ({fid['model']}, n = {n} prompts of {fid['confusable_modules']} modules, "
-                   "each module holding a fact of the same template about another subject; answer found, 95 % "
-                   "Wilson interval): " + "; ".join(parts) + ".")
-    if work and {"baseline", "prefix", "cached"} <= set(work["arms"]):
-        a = work["arms"]
-        names = {"baseline": "baseline", "prefix": "prefix cache", "cached": "modular cache"}
-        if "blend" in a:
-            names["blend"] = f"blend {work['blend']:.0%}"
-        out.append(f"- **Mixed workload** ({work['model']}, {len(work['prompts'])} prompts of 2–4 of "
-                   f"{work['modules']} modules of that kind, in any order; found, mean TTFT): " + ", ".join(
-                       f"{label} {a[k]['needle_found']}/{a[k]['n']} at {a[k]['mean_ttft_ms'] / 1000:.2f} s"
-                       for k, label in names.items())
-                   + (f". The prefix cache is exact (the baseline's answer in {a['prefix']['same_answers_as_baseline']}"
-                      f" of {a['prefix']['n']})" if a["prefix"].get("same_answers_as_baseline") is not None else "")
-                   + ".")
-    out += routed_headline()
-    out += prefill_headline(load("prefill"))
-    mem, same = [], True
-    for comp in comps:
-        s = comp["summary"]
-        ref_key = next((k for k in s if k.startswith("cached")), None)
-        quant = [k for k in ("int8", "int4") if k in s]
-        if ref_key and quant:
-            same &= all(s[k]["found"] == s[ref_key]["found"] for k in quant)
-            mem.append(f"{comp['model']}, {s[ref_key]['n']} single-fact prompts: fp32 {s[ref_key]['found']}/"
-                       f"{s[ref_key]['n']}, " + ", ".join(f"{k} {s[k]['found']}/{s[k]['n']}" for k in quant)
-                       + "".join(f", `question` retention {k.split()[1]} {s[k]['found']}/{s[k]['n']} decoding over "
-                                 f"{s[k]['buffer_ratio']:.0%} of the KV"
-                                 for k in s if k.startswith("question ") and k.endswith("50%")))
-    if mem:
-        s = comps[0]["summary"]
-        share = [f"{s[k]['bytes_ratio']:.0%}" for k in ("int8", "int4") if k in s]
-        out.append("- **Module memory**: " + " and ".join(k for k in ("int8", "int4") if k in s)
-                   + f" storage take {' and '.join(share)} of fp32's bytes (scales included), "
-                   + ("finding the answer as often as fp32 storage" if same else "answers found")
-                   + " (" + "; ".join(mem) + ").")
+    out += [f"On the reference machine ({m['threads']} CPU threads, {'a GPU' if m.get('cuda') else 'no GPU'}) unless a "
+            "GPU is named; greedy decoding; written by `python bench/report.py --write-readme` from `bench/results/`. "
+            "Every table, with its command, machine and 95 % intervals, is in [docs/benchmarks.md](docs/benchmarks.md).",
+            ""]
+    out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp) + _workload_bullet(work)
+    out += prefill_headline(load("prefill")) + _memory_bullet(comps)
     model = (fid or {}).get("model", LEAD)
     out += ["", f"![Needle accuracy against TTFT per arm, {model}: one fact asked, and confusable facts]"
                 f"(assets/{HEADLINE_PLOT}.png)", "", HEAD_END]
