@@ -18,8 +18,8 @@ def serve_arguments(sp, page: bool = True) -> None:
     of ``pml-studio api``, without the page's own)."""
     from .api.serve import api_arguments
 
-    from engine.cli import NumberArg
     from engine.config import COMPUTE_DTYPES, MAX_NEW_TOKENS, Limit
+    from engine.limits import NumberArg
     from engine.model import WEIGHTS
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.cli import ArmWords, titled
+from engine.words import ArmWords, titled
 
 PALETTE = ("#7c3aed", "#db2777", "#0891b2", "#65a30d", "#ca8a04", "#dc2626", "#2563eb", "#9333ea")
 
