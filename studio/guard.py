@@ -31,8 +31,9 @@ Every answer carries ``Referrer-Policy: no-referrer``.
 from __future__ import annotations
 
 import hashlib
-import os
 import hmac
+import json
+import os
 import re
 import secrets
 import time
@@ -365,11 +366,20 @@ async def _answer(scope, send, status: int, text: str, kind: str = "text/plain",
         return
     body = text.encode()
     if scope.get("path", "").startswith(API_PREFIX):  # the OpenAI-compatible API: its clients read OpenAI's shape
-        from .api.errors import refusal_body
-
-        body, kind = refusal_body(status, text), "application/json"
+        body, kind = api_refusal(status, text), "application/json"
     headers = [(b"content-type", f"{kind}; charset=utf-8".encode()), (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store")]
     headers += [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def api_refusal(status: int, text: str) -> bytes:
+    """The refusal as an OpenAI error body, the shape studio/api answers in."""
+    code = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}.get(status, "not_found")
+    if status == 401:  # the guard's words are for a browser; a program needs to hear about its key
+        text = ("missing or wrong API key: the key is the launch token this server printed to the console of the "
+                "user who started it (or $PML_STUDIO_TOKEN); send it as 'Authorization: Bearer TOKEN' (the openai "
+                "client's api_key)")
+    return json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
