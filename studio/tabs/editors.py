@@ -1,9 +1,5 @@
-"""The documents every tab reads or writes: the schema and prompt editors and the builder's state.
-
-They are created before the tabs (``render=False``) so any tab can target them; the Schema and
-Prompt tabs render them where they belong. :class:`Step` is an event a tab offers to others
-(``dependency.then(*step)``).
-"""
+"""The documents every tab reads or writes: the schema and prompt editors and the builder's state, made before
+the tabs (``render=False``) so any tab can target them."""
 
 from __future__ import annotations
 
@@ -28,12 +24,12 @@ class Editors:
     schema: gr.Code
     prompt: gr.Code
     spec: gr.State  # builder spec of the last valid schema
-    builder: gr.State  # BuilderState: what the builder shows
-    schema_ok: gr.State  # whether the schema in the editor is valid (enables Encode and Compare)
+    builder: gr.State  # BuilderState
+    schema_ok: gr.State  # enables Encode and Compare
 
     @property
     def sync(self) -> Step:
-        """Read the prompt editor back into the builder (after the prompt or the schema changed)."""
+        """Read the prompt editor back into the builder."""
         return Step(sync_builder, [self.spec, self.prompt, self.builder], [self.builder])
 
 
