@@ -65,7 +65,6 @@ class Result:
 
 
 def results_folder(folder: str | Path | None = None) -> Path:
-    """``folder`` when given, else ``$PML_STUDIO_RESULTS``, else :data:`RESULTS`."""
     return Path(folder or os.environ.get(RESULTS_ENV) or RESULTS)
 
 
@@ -285,7 +284,6 @@ def _breakdown(data: dict, key: str) -> pd.DataFrame:
 
 
 def plot_path(name: str, assets: str | Path | None = None) -> str | None:
-    """assets/scaling.png or assets/frontier.png when the benchmark has drawn it, else None."""
     path = Path(assets or ASSETS) / PLOTS[name]
     return str(path) if path.exists() else None
 
@@ -372,7 +370,6 @@ def small_rows(rows: list[dict]) -> pd.DataFrame:
 
 
 def small_plot(rows: list[dict]) -> pd.DataFrame:
-    """Long format for gr.LinePlot: one point per length and path."""
     points = []
     for r in rows:
         points.append({"prompt tokens": r["prompt_tokens"], "TTFT ms": r["baseline_ttft_ms"], "path": "baseline"})

@@ -20,8 +20,6 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """An argument box: a param of ``module`` with its token budget and default text."""
-
     name: str
     length: int
     default: str | None
@@ -66,8 +64,6 @@ Node = Union[ModuleNode, UnionNode]
 
 @dataclass(frozen=True)
 class BuilderSpec:
-    """What a prompt can import from one schema, as a tree in schema order."""
-
     schema: str
     tree: tuple[Node, ...]
 
@@ -155,12 +151,10 @@ def empty_values(spec: BuilderSpec) -> dict:
 
 
 def picked(node: ModuleNode, values: dict) -> bool:
-    """Whether the node's own widget (its checkbox, or its union's radio) picks it."""
     return values.get(node.union) == node.path if node.union else bool(values.get(node.path))
 
 
 def imported_modules(spec: BuilderSpec, values: dict) -> list[str]:
-    """Module paths the values import, schema order (only under imported parents)."""
     def visit(node, depth, descend):
         if isinstance(node, ModuleNode) and not picked(node, values):
             return []

@@ -61,14 +61,12 @@ def serve(args) -> int:
 
 
 def api(args) -> int:
-    """``pml-studio api``: the OpenAI-compatible API without the studio's page (studio/api/serve.py)."""
     from .api.serve import command
 
     return command(args)
 
 
 def info(args) -> int:
-    """``pml-studio info``: the engine's command, with the studio's words for its data (studio/kernel_words.py)."""
     from engine.cli import cmd_info
 
     from .kernel_words import info_words

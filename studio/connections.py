@@ -175,8 +175,6 @@ class Connections:
 
 
 class Watch:
-    """One connection's deadlines: headers due by a time, a body's rate while the application waits for it."""
-
     def __init__(self, connections: Connections, protocol):
         self.connections, self.protocol = connections, protocol
         self.limits = connections.limits
@@ -216,7 +214,6 @@ class Watch:
         transport.close()
 
     def wrap(self, app):
-        """``app`` with the request's start, its body's arrival and its response's end seen by this watch."""
         async def watched(scope, receive, send):
             if scope["type"] not in ("http", "websocket"):
                 return await app(scope, receive, send)
@@ -252,8 +249,6 @@ class Watch:
 
 
 class _Body:
-    """A request body's arrival: the time the application waited for it and the bytes that came."""
-
     def __init__(self, watch: Watch):
         self.watch, self.waited, self.got, self.done = watch, 0.0, 0, False
 

@@ -27,8 +27,6 @@ QUESTION = ("Using only the documents above, answer in one sentence: what is the
 
 @dataclass(frozen=True)
 class DocQA:
-    """One document-QA prompt of about ``target`` tokens, planned and encoded, ready to time."""
-
     target: int
     modules: int
     new_tokens: int
@@ -113,7 +111,6 @@ def essays_dir() -> Path:
 
 def doc_schema(name: str, docs: list[str], system: str = "You answer questions about the documents the user gives.",
                scaffold: list[str] | None = None, roles: bool = True) -> str:
-    """The documents as modules after a system text, in role tags (or plain text for models without a template)."""
     mods = "\n".join(f'    <module name="doc{i}">{escape(d)}</module>' for i, d in enumerate(docs))
     sc = f'\n  <scaffold name="joint" modules="{" ".join(scaffold)}"/>' if scaffold else ""
     if not roles:
@@ -131,7 +128,6 @@ def doc_prompt(name: str, n_docs: int, question: str = QUESTION, docs: list[int]
 
 
 def prompt_overhead(eng) -> int:
-    """Tokens a one-module prompt adds besides module text and question."""
     lay = eng.layout(doc_schema("probe", ["x"], roles=has_roles(eng)))
     plan = eng.plan(lay, doc_prompt("probe", 1, question="q"))
     return plan.prompt_tokens - len(eng.codec.encode("x")) - len(eng.codec.encode(" q"))

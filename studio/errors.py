@@ -45,7 +45,6 @@ def as_gr_error(what: str = "the run") -> Iterator[None]:
 
 
 def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
-    """(``line:col: message`` lines, line numbers) of an engine error, with the offending source line."""
     src = (text or "").splitlines()
     out: list[str] = []
     lines: list[int] = []
@@ -65,7 +64,6 @@ def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
 
 
 def source_line(line: str, number: int, col: int) -> str:
-    """The offending line and a caret under column ``col``, as a compiler shows them."""
     indent = len(line) - len(line.lstrip())
     head = f"    {number} | "
     shown = line.strip()

@@ -31,7 +31,6 @@ def sample_names() -> list[str]:
 
 
 def load_sample(name: str) -> tuple[str, str]:
-    """(schema text, example prompt text) of a sample; the prompt is '' when it has none."""
     if name not in sample_names():
         raise refusal(f"no sample schema named '{name}'; pick one of {', '.join(sample_names())}")
     schema = (SAMPLES / f"{name}.xml").read_text(encoding="utf-8")
@@ -40,7 +39,6 @@ def load_sample(name: str) -> tuple[str, str]:
 
 
 def read_upload(path: str | None) -> tuple[str, str]:
-    """(kind, text) of an uploaded .xml file; kind is 'schema' or 'prompt'."""
     from engine.schema.pml import document_kind
 
     if not path:
@@ -65,8 +63,6 @@ _PROGRAM_LOCK = threading.Lock()  # importing the file touches sys.path / sys.mo
 
 @dataclass(frozen=True)
 class ProgramImport:
-    """A prompt-program file imported: the schema of one root program and its example prompt."""
-
     ok: bool
     status: str  # HTML: what was imported, or the file's problems
     roots: tuple[str, ...] = ()
@@ -122,7 +118,6 @@ def _compile(p: Path, program: str | None) -> ProgramImport:
 
 
 def _too_big(p: Path) -> str | None:
-    """The message for a file over MAX_FILE_BYTES (None when it fits or cannot be sized)."""
     try:
         size = p.stat().st_size
     except OSError:

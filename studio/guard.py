@@ -44,7 +44,6 @@ class TokenError(ValueError):
 
 
 def make_token(given: str | None = None) -> str:
-    """The launch token: ``given`` (checked) or a new random one."""
     if given is None:
         return secrets.token_urlsafe(32)
     if len(given) < MIN_TOKEN or not _TOKEN.fullmatch(given):

@@ -108,7 +108,6 @@ def _say_open(host: str, port: int, token: str | None) -> None:
 
 
 def calm_queue(demo) -> None:
-    """Gradio's queue polls at :data:`QUEUE_POLL_S` and sends progress every :data:`PROGRESS_EVERY_S`."""
     queue = getattr(demo, "_queue", None)
     if hasattr(queue, "sleep_when_free"):
         queue.sleep_when_free = QUEUE_POLL_S

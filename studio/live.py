@@ -24,8 +24,6 @@ KEEP = 32  # runs remembered
 
 
 class LiveRun:
-    """One Compare's texts so far, the arms generating and the line the page shows above the columns."""
-
     def __init__(self, arms, owner: str = ""):
         self.id = secrets.token_urlsafe(16)
         self.owner = owner  # the Gradio session that started the run ('' for the API and tests)
@@ -61,7 +59,6 @@ class LiveRun:
             return {"texts": dict(self.texts), "active": active, "message": self.message, "done": self.done}
 
     def marker(self) -> str:
-        """The hidden element that tells the page which run to fetch."""
         return f'<span class="pml-live" data-live="{self.id}" hidden></span>'
 
 
@@ -83,7 +80,6 @@ class LiveRuns:
             return self._runs.get(run_id)
 
     def stop(self, owner: str) -> int:
-        """Ask every unfinished run of session ``owner`` to stop; the number asked."""
         if not owner:
             return 0
         with self._lock:

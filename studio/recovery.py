@@ -27,8 +27,6 @@ class RecoveryFileError(EngineError):
 
 @dataclass(frozen=True, eq=False)  # each run is itself (hashed by identity)
 class PendingRun:
-    """A finished run waiting for the run log, stamped with the time it finished."""
-
     data: dict  # the `run --json` document
     schema_text: str
     prompt_text: str
@@ -46,7 +44,6 @@ class PendingRun:
 
 
 def places(log_path: Path) -> list[Path]:
-    """Where the run log's runs are saved, in the order tried: beside it, then the cache."""
     from engine.devices import cache_root
 
     log_path = Path(log_path).expanduser().absolute()
@@ -72,7 +69,6 @@ def save(runs: list[PendingRun], log_path: Path) -> Path:
 
 
 def read(path: Path) -> list[PendingRun]:
-    """The runs of the recovery file at ``path``, oldest first; RecoveryFileError naming the line that is wrong."""
     try:
         if path.stat().st_size > MAX_BYTES:
             raise RecoveryFileError(f"{path}: {path.stat().st_size} bytes, more than the {MAX_BYTES} a stop writes")

@@ -17,7 +17,6 @@ from .errors import as_gr_error
 
 
 def radio_choices(setting: str) -> list[tuple[str, str]]:
-    """(words, value) pairs of ``setting`` for a radio or checkbox group; an arm is named by its view."""
     if setting == "arms":
         return [(view_of(arm).title, arm) for arm, _ in choices("arms")]
     return [(words, value) for value, words in choices(setting)]
@@ -45,8 +44,6 @@ def run_config(base: RunConfig, settings: dict) -> RunConfig:
 
 @dataclass(frozen=True)
 class Panel:
-    """The setting widgets, by setting name, in the order handlers receive their values."""
-
     widgets: dict
 
     @property

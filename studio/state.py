@@ -37,8 +37,6 @@ STOP_WAIT_S = 1.0  # a signal's stop ends within 5 s
 
 @dataclass(frozen=True)
 class StopSave:
-    """What :meth:`Studio.save_pending` did with the waiting runs."""
-
     written: int = 0
     saved: int = 0  # saved to ``where`` for the next start
     where: Path | None = None
@@ -48,10 +46,7 @@ class StopSave:
 
 
 class Studio:
-    """The engine, the run log, and the layouts of recently seen schema texts."""
-
     def __init__(self, engine, runlog: RunLog, recover: bool = True, max_new_tokens_cap: int | None = None):
-        """``recover``: write the runs a stop saved for this run log, saying so on stderr."""
         self.engine = engine
         self.runlog = runlog
         self.max_new_tokens_cap = max_new_tokens_cap or MAX_NEW_TOKENS_CAP
@@ -66,7 +61,6 @@ class Studio:
             print(line, file=sys.stderr, flush=True)
 
     def layout(self, schema_text: str) -> Layout:
-        """The schema's layout (cached by text); raises EngineError."""
         key = (id(self.engine), schema_text)
         lay = self._layouts.get(key)
         if lay is None:
@@ -225,7 +219,6 @@ class Studio:
                 "flushed": flushed, "dropped": self.dropped}
 
     def log_problem(self) -> str | None:
-        """Why runs are missing from the run log, or None."""
         if self.runlog.read_only:
             return f"{self.runlog.read_only}. Its runs are listed; new runs are not logged."
         n = len(self.pending)

@@ -19,19 +19,16 @@ STOPPING = threading.Event()  # set when the studio stops: every run ends within
 
 
 def stop_asked(flag: threading.Event) -> Callable[[], bool]:
-    """A run's ``should_stop``: ``flag`` or the studio stopping."""
     return lambda: flag.is_set() or STOPPING.is_set()
 
 
 def on_engine_thread(fn: Callable, *args, **kwargs) -> Any:
-    """``fn(*args, **kwargs)`` on the engine thread (directly when already there)."""
     if threading.current_thread().name.startswith(ENGINE_THREAD):
         return fn(*args, **kwargs)
     return _engine.submit(fn, *args, **kwargs).result()
 
 
 def on_engine_thread_soon(fn: Callable, *args) -> None:
-    """``fn(*args)`` queued on the engine thread, not waited for."""
     _engine.submit(fn, *args)
 
 
@@ -62,7 +59,6 @@ def in_thread(work: Callable[[Emit], Any], tick: float | None = None) -> Iterato
 
 def with_progress(work: Callable[[Callable[[int, int, str], None]], Any],
                   progress: Callable[[int, int, str], None] | None) -> Any:
-    """``work(report)`` on the engine thread, each ``report(done, total, label)`` passed to ``progress`` here."""
     for kind, *payload in in_thread(lambda emit: work(lambda *step: emit(("progress", *step)))):
         if kind == "progress" and progress is not None:
             progress(*payload)

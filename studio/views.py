@@ -25,7 +25,6 @@ def ok_html(text_html: str) -> str:
 
 
 def problems_html(title: str, problems: Iterable[str]) -> str:
-    """A red status box listing ``problems`` (plain text, escaped here)."""
     items = "".join(f"<li><code>{html.escape(p)}</code></li>" for p in problems)
     return f'<div class="pml-status err"><b>{html.escape(title)}</b><ul>{items}</ul></div>'
 
@@ -44,7 +43,6 @@ def kv_html(rows: Iterable[tuple]) -> str:
 
 
 def chips_html(model: str, state: str, runlog_path: str, warning: str = "", why: str = "") -> str:
-    """The header: the model, whether it is loaded, the run log (a warning chip, ``why`` on hover)."""
     short = runlog_path if len(runlog_path) <= 30 else "…" + runlog_path[-29:]
     warn = (f'<span class="chip pml-chip warn" title="{html.escape(why)}"><b>run log</b> {html.escape(warning)}</span>'
             if warning else "")
@@ -54,7 +52,6 @@ def chips_html(model: str, state: str, runlog_path: str, warning: str = "", why:
 
 
 def logged_html(logged: dict | None) -> str:
-    """Under a finished run: a chip when it was not logged, or when earlier waiting runs were written with it."""
     if not logged:
         return ""
     if not logged.get("ok"):
@@ -90,7 +87,6 @@ def retention_text(retention, method) -> str:
 
 
 def highlight_html(text: str, lines: Iterable[int] = ()) -> str:
-    """Read-only pygments rendering of a PML document, ``lines`` highlighted as errors."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import XmlLexer
@@ -129,7 +125,6 @@ SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("uncached", "module"): "new",
 }
 def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
-    """Positions a run puts in a class of their own (the tokens an arm recomputed), by class."""
     out: dict[str, set[int]] = {}
     for view in views():
         res = comparison.arm(view.arm) if comparison is not None and view.token_class else None
@@ -141,7 +136,6 @@ def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
 
 
 def prefix_stop(comparison: Comparison | None) -> int | None:
-    """How many leading prompt tokens the prefix arm reused, if it ran."""
     pre = comparison.arm(Arm.PREFIX) if comparison is not None else None
     return None if pre is None else pre.run.reused_tokens
 
@@ -261,7 +255,6 @@ def decode_row(run) -> tuple[str, str]:
 
 
 def first_token_html(run, arm: str) -> str:
-    """An arm's TTFT, as soon as its first token exists."""
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in first_rows(run, arm))
     return (f'<div class="pml-arm-chips"><span class="badge">first token in; decoding…</span></div>'
             f'<table class="pml-metrics pml-first">{cells}</table>')
@@ -284,7 +277,6 @@ def headline(comparison: Comparison) -> tuple[str | None, float | None, bool]:
 
 
 def bars_html(bars) -> str:
-    """An arm's small bars (its view's ``bars()``), e.g. each module's share of the question's attention."""
     rows = "".join(
         f'<div class="pml-bar{" on" if on else ""}" title="{html.escape(label)}: {share * 100:.1f} %">'
         f'<span class="pml-bar-label">{html.escape(label)}</span>'

@@ -52,7 +52,6 @@ VIEWS: dict[str, View] = {}
 
 
 def register(view: View) -> View:
-    """Make ``view`` the look of its arm (replacing an earlier one)."""
     _discover()
     VIEWS[view.arm] = view.filled()
     return view
@@ -89,7 +88,6 @@ WORDS = Words()
 
 
 def document(comparison) -> dict:
-    """``comparison``'s ``run --json`` document as ``pml-studio run`` writes it."""
     return titled(comparison.to_json(), WORDS)
 
 

@@ -77,7 +77,6 @@ ARM_ACCORDION = "{title}: settings"
 
 
 def arm_controls(studio: Studio, panel: Panel) -> None:
-    """The arms checkbox and, beside it, each arm's settings in a closed accordion (widgets made in tabs/encode.py)."""
     from engine.arms.registry import settings_specs
 
     from .encode import REPAIR_NOTE
@@ -102,22 +101,19 @@ def _api(studio: Studio) -> None:
     async def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
                       mode: str = "contextual", temperature: float = 0.0, storage_dtype: str = "float32",
                       retention: float = 1.0, compression: str = "pyramid") -> dict:
-        """Run the arms on a PML prompt and return the `pml-studio run --json` document, plus "logged".
-
-        "logged" says whether the run is in the run log: {"ok": bool, "run_id": int or null, "error": the
-        reason it is not (null when ok), "pending": runs kept in memory until the log takes them, "flushed":
-        earlier waiting runs written with this one, "dropped": runs lost from a full queue}.
+        """Run the arms on a PML prompt; the `pml-studio run --json` document plus "logged" ({"ok", "run_id",
+        "error", "pending", "flushed", "dropped"}: whether the run reached the run log).
 
         Args:
-            schema_text: the PML schema document (XML text).
+            schema_text: the PML schema (XML text).
             prompt_text: a PML prompt written against that schema.
-            max_new_tokens: tokens to generate in each arm (at least 1).
+            max_new_tokens: tokens to generate in each arm.
             storage: "cpu" or "cuda" (where module KV is stored).
-            mode: encoding mode, "contextual" (default; "prefixed", its old name, is accepted) or "isolated".
+            mode: "contextual" (default) or "isolated".
             temperature: 0 for greedy decoding (default).
-            storage_dtype: precision of stored modules, "float32" (default), "float16" or "bfloat16".
-            retention: share of each module's KV kept, in (0, 1]; 1.0 (default) keeps all.
-            compression: how tokens are chosen when retention < 1: "pyramid" (default), "uniform", "recent".
+            storage_dtype: "float32" (default), "float16" or "bfloat16".
+            retention: share of each module's KV kept, in (0, 1].
+            compression: "pyramid" (default), "uniform" or "recent", when retention < 1.
         """
         settings = {"storage": storage, "mode": mode, "storage_dtype": storage_dtype, "retention": retention,
                     "method": compression}
@@ -143,12 +139,11 @@ class CompareUpdate:
 STOPPED = "Stopped: the partial run is not in the run log."
 DECODING = "Every arm has its first token (TTFTs below); decoding…"
 
-# seconds between two updates through Gradio when no page fetches the texts itself (studio/live.py says why)
+# between two updates through Gradio when no page fetches the texts itself (studio/live.py says why)
 UPDATE_EVERY = 0.5
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0, cap: int | None = None):
-    """Sampling from widget or API values; gr.Error names a bad setting (``cap``: the studio's max new tokens)."""
     from engine.arms.registry import Sampling
 
     with as_gr_error("reading the sampling settings"):
@@ -162,8 +157,8 @@ def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int =
 
 def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens, temperature=0.0,
                    settings: dict | None = None, owner: str = "") -> Iterator[CompareUpdate]:
-    """Run the arms in a worker thread, yielding each arm's text as it grows; the last update is "done" (logged) or
-    "stopped" (``RUNS.stop(owner)`` or this generator closed: not logged). A failure raises gr.Error."""
+    """Run the arms on the engine thread, yielding each arm's text as it grows; the last update is "done" (logged)
+    or "stopped" (not logged). A failure raises gr.Error."""
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     texts = {arm: "" for arm in cfg.arms}
@@ -232,8 +227,7 @@ def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit)
 
 
 async def cancellable(work, *args):
-    """``work(*args, stop=flag)`` in a worker thread; a cancelled call or a caller gone sets ``flag``, so the engine
-    stops within a token and frees its thread."""
+    """``work(*args, stop=flag)`` in a worker thread; a cancelled call or a caller gone sets ``flag``."""
     stop, gone = threading.Event(), _caller_gone()
     task = asyncio.ensure_future(asyncio.to_thread(work, *args, stop=stop))
     task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a stopped run's error goes to no one
@@ -262,7 +256,6 @@ def _caller_gone():
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
                  settings: dict | None = None, stop: threading.Event | None = None) -> dict:
-    """One comparison, recorded in the run log: the `run --json` document plus ``logged``. ``stop`` set ends it."""
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     with as_gr_error():
@@ -300,7 +293,6 @@ def _chars(studio: Studio, run, k: int) -> int:
 
 
 def stop_ui(request: gr.Request):
-    """The Stop button: ask this page session's running Compare to stop."""
     asked = RUNS.stop(getattr(request, "session_hash", None) or "")
     return summary_html(None, STOPPED) if asked else gr.skip()
 
@@ -350,7 +342,6 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
 
 
 def _changed(sent: dict, key: str, value, update):
-    """``update`` when ``value`` differs from what was last sent under ``key``, else gr.skip()."""
     if sent.get(key, _changed) == value:
         return gr.skip()
     sent[key] = value

@@ -12,8 +12,6 @@ from ..builder import BuilderSpec, BuilderState, next_state
 
 
 class Step(NamedTuple):
-    """A handler with its inputs and outputs, for ``.then(*step)`` after another tab's event."""
-
     fn: Callable
     inputs: list
     outputs: list
@@ -29,7 +27,6 @@ class Editors:
 
     @property
     def sync(self) -> Step:
-        """Read the prompt editor back into the builder."""
         return Step(sync_builder, [self.spec, self.prompt, self.builder], [self.builder])
 
 

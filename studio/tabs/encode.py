@@ -121,7 +121,6 @@ def _settings_panel(studio: Studio) -> Panel:
 
 
 def _control(s, value):
-    """One arm setting's control, unrendered: a slider for a number, a radio for a choice."""
     elem = s.key.replace("_", "-")
     if s.limit is None:
         return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.help, elem_id=elem, render=False)
@@ -144,7 +143,6 @@ class EncodeView:
 
 def encode(studio: Studio, schema_text: str, settings: dict | None = None,
            progress: Callable[[int, int, str], None] | None = None) -> EncodeView:
-    """Encode the schema's modules with the panel's ``settings``; raises gr.Error."""
     cfg = studio.run_config(settings or {})
     with as_gr_error("encoding"):
         lay = studio.layout(schema_text)
@@ -176,7 +174,6 @@ def encode(studio: Studio, schema_text: str, settings: dict | None = None,
 
 
 def memory_defaults(studio: Studio, storage: str | None = None) -> dict:
-    """The encode panel's start: the store's budget (MiB) and the persistence settings."""
     from engine.errors import EngineError
 
     cfg = studio.engine.config
@@ -200,5 +197,4 @@ def persistence_html(studio: Studio) -> str:
 
 
 def gpu_explanation(why: str) -> str:
-    """gpu_status()'s explanation without the CLI's flag advice."""
     return why.replace("; use --storage cpu", "")

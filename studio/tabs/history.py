@@ -33,7 +33,6 @@ TABLE_PX = 1215  # in a 1,400 px window (tools/screenshot.py's VIEWPORT)
 
 
 def headers() -> list[str]:
-    """The run table's columns: the run's, then one per registered arm."""
     return RUN_HEADERS + [f"{v.title} TTFT" for v in arm_views()]
 
 
@@ -97,7 +96,6 @@ def ttft_plot() -> gr.ScatterPlot:
 
 
 def rows(studio: Studio, schema: str | None = None) -> list[list]:
-    """Rows of the history table, newest first."""
     out = []
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
         schema = r["schema_name"] + (f" · {r['source']}" if r.get("source") else "")
@@ -122,7 +120,6 @@ def arm_cell(arm: dict | None) -> str:
 
 
 def run_detail(studio: Studio, run_id) -> str:
-    """A logged run shown as the Compare tab shows a live one."""
     row = open_run(studio, run_id)
     try:
         comparison = Comparison.from_json(json.loads(row["result_json"] or "{}"))
@@ -139,7 +136,6 @@ def plot_points(studio: Studio, schema: str | None = None):
 
 
 def plot_points_of(runs: list[dict]):
-    """:func:`plot_points` of run-log rows: TTFT in whole milliseconds, each arm by its title."""
     import pandas as pd
 
     titles = {v.arm: v.title for v in arm_views()}
@@ -157,7 +153,6 @@ def schemas(studio: Studio) -> list[str]:
 
 
 def open_run(studio: Studio, run_id) -> dict:
-    """The stored run (schema text, prompt, settings) to load into the editors; raises gr.Error."""
     text = str(run_id if run_id is not None else "").strip()
     if not text:
         raise refusal("select a run in the table first")
@@ -172,7 +167,6 @@ def open_run(studio: Studio, run_id) -> dict:
 
 
 def stored_settings(row: dict) -> dict:
-    """The run settings a run-log row records, by setting name."""
     return {"storage": row["storage"], "mode": row["mode"], "storage_dtype": row.get("storage_dtype") or "float32",
             "retention": row.get("retention") or 1.0, "method": row.get("compression_method") or "pyramid"}
 
@@ -192,7 +186,6 @@ def storage_cell(r: dict) -> str:
 
 
 def notice_html(studio: Studio, read_error: str | None = None) -> str:
-    """Above the table: why runs are missing from it."""
     problems = [p for p in (read_error, studio.log_problem()) if p]
     return "".join(views.warn_html(p) for p in problems)
 

@@ -53,7 +53,6 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
 
 
 def load_button(studio: Studio) -> dict:
-    """The load button: the main action until the model is loaded, a quiet one after."""
     if studio.engine.loaded:
         return {"value": "Model loaded (load it again)", "variant": "secondary"}
     return {"value": "Load model now", "variant": "primary"}
@@ -181,7 +180,6 @@ def readable_model(path: Path) -> bool:
 
 
 def _replace_engine(studio: Studio, model: str, shown: str) -> list[list]:
-    """Load ``model`` into a new engine with the current settings and make it the studio's; raises gr.Error."""
     from engine.session import Engine
 
     with studio.lock:

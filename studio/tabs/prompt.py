@@ -66,7 +66,6 @@ def argument_info(studio: Studio, value: str | None, length: int, default: str |
 
 
 def render_builder(studio: Studio, state: BuilderState | None, prompt_code: gr.Code) -> None:
-    """The builder's widgets for one spec (inside ``gr.render``): nested modules sit in their parent's box."""
     if not state:
         gr.Markdown("_The builder appears once the schema is valid._", elem_classes=["pml-note"])
         return
@@ -112,7 +111,6 @@ def render_builder(studio: Studio, state: BuilderState | None, prompt_code: gr.C
 
 
 def builder_updates(studio: Studio, state: BuilderState, keys: list[str], trigger: str | None, *vals) -> list:
-    """After widget ``trigger`` changed: the new prompt text, then one update per widget in ``keys`` order."""
     spec = state.spec
     values, text = apply_change(spec, dict(zip(keys, vals[:-1])), vals[-1], trigger)
     params = spec.params()

@@ -142,7 +142,6 @@ def on_python(path: str | None, program: str | None = None):
 
 
 def download_name(schema_name: str) -> str:
-    """The download's file name: the schema's name, shortened with a hash past :data:`DOWNLOAD_NAME_CHARS`."""
     name = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in schema_name) or "schema"
     if len(name) > DOWNLOAD_NAME_CHARS:
         digest = hashlib.sha256(schema_name.encode()).hexdigest()[:10]
