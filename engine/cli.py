@@ -2,7 +2,7 @@
 
 Front ends that sit above the engine add their own commands through ``main(argv, extra)``:
 the studio's entry point (``studio/cli.py``, the ``pml-studio`` console script) adds ``serve``,
-and gives its words for the arms (:class:`ArmWords`), so nothing here imports the studio.
+and gives its words for the arms (:class:`engine.words.ArmWords`), so nothing here imports the studio.
 
 Exit codes: 0 success, 2 a problem with the input or the environment (one line per problem,
 ``FILE:LINE:COL: error: MESSAGE``), never a traceback. ``run --json`` prints one JSON object
@@ -24,24 +24,11 @@ from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
 from engine.cli_text import Progress, human
 from engine.files import read_text
+from engine.limits import NumberArg
 from engine.model import PREFILL_KERNELS
+from engine.words import ArmWords, titled
 
 EXIT_OK, EXIT_INPUT = 0, 2
-
-
-class ArmWords:
-    """How the text output and ``by_arm`` name an arm and its details. The engine has no words for arms: the
-    front end that starts the CLI gives its own (studio/cli.py: the studio's views); alone, an arm is its name."""
-
-    def title(self, arm: str) -> str:
-        return arm
-
-    def subtitle(self, arm: str) -> str:
-        return ""
-
-    def facts(self, arm: str, detail) -> list[str]:
-        """Short facts from the arm's detail (its spec's ``detail`` type, read back from the JSON)."""
-        return []
 
 
 class Parser(argparse.ArgumentParser):
@@ -228,25 +215,6 @@ class ApePair:
             raise argparse.ArgumentTypeError(str(err)) from None
 
 
-class NumberArg:
-    """argparse ``type=`` of every numeric option: the text checked by a :class:`engine.config.Limit` (a name
-    in ``cfg.LIMITS``, or a Limit), so a bad value exits 2 with ``error: argument --x: ...`` naming the range
-    and an example, before anything is loaded."""
-
-    def __init__(self, limit: "str | cfg.Limit"):
-        self.limit = cfg.LIMITS[limit] if isinstance(limit, str) else limit
-        self.__name__ = self.limit.name  # argparse names the type in its own messages
-
-    def __call__(self, text: str):
-        try:
-            return self.limit.check(text)
-        except EngineError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    def __repr__(self) -> str:
-        return f"NumberArg({self.limit.name!r})"
-
-
 def config_from_args(args) -> "cfg.RunConfig":
     """The RunConfig the `run` options describe (validated here, once)."""
     return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype, mode=args.mode,
@@ -412,13 +380,6 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
         return EXIT_OK
     print(run_text(data, words))
     return EXIT_OK
-
-
-def titled(data: dict, words: ArmWords) -> dict:
-    """A ``run --json`` document with each ``by_arm`` entry's ``title`` (the front end's name for the arm)."""
-    if not data.get("by_arm"):
-        return data
-    return {**data, "by_arm": {arm: {"title": words.title(arm), **entry} for arm, entry in data["by_arm"].items()}}
 
 
 def run_text(data: dict, words: ArmWords = ArmWords()) -> str:

@@ -25,7 +25,8 @@ def add_encode_arguments(enc: argparse.ArgumentParser) -> None:
 
 
 def cmd_encode(args) -> int:
-    from engine.cli import EXIT_INPUT, EXIT_OK, ArmWords, _read, config_from_args, strict_json
+    from engine.cli import EXIT_INPUT, EXIT_OK, _read, config_from_args, strict_json
+    from engine.words import ArmWords
     from engine.cli_text import Progress
     from engine.session import Engine, encode_summary
 

@@ -25,7 +25,7 @@ class Progress:
     """`run`'s phases as lines on stderr while a person watches (a terminal): each module encoded, each arm's
     first token, then the decoding; nothing when stderr is a file or a pipe, and never on stdout."""
 
-    def __init__(self, arms, max_new_tokens: int, words):  # words: engine.cli.ArmWords
+    def __init__(self, arms, max_new_tokens: int, words):  # words: engine.words.ArmWords
         self.arms, self.max_new, self.words, self.seen = tuple(arms), max_new_tokens, words, 0
 
     def say(self, line: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 from dataclasses import dataclass
@@ -72,6 +73,24 @@ def check_fields(obj, *names: str, limits: dict[str, Limit] | None = None) -> No
     limits = LIMITS if limits is None else limits
     for name in names:
         object.__setattr__(obj, name, limits[name].check(getattr(obj, name)))
+
+
+class NumberArg:
+    """argparse ``type=`` of every numeric option: the text checked by a :class:`Limit` (a name in ``LIMITS``, or
+    a Limit), so a bad value exits 2 with ``error: argument --x: ...`` naming the range, before anything loads."""
+
+    def __init__(self, limit: "str | Limit"):
+        self.limit = LIMITS[limit] if isinstance(limit, str) else limit
+        self.__name__ = self.limit.name  # argparse names the type in its own messages
+
+    def __call__(self, text: str):
+        try:
+            return self.limit.check(text)
+        except EngineError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    def __repr__(self) -> str:
+        return f"NumberArg({self.limit.name!r})"
 
 
 def _as_number(value, whole: bool) -> int | float | None:

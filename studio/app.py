@@ -1,16 +1,6 @@
 """The studio's Gradio Blocks: ``build_app(engine, runlog)`` composes one module per tab (studio/tabs/).
 
-Tabs: Schema (editor, validation, layout), Prompt (builder generated from the schema, PML prompt,
-token view), Encode (storage, mode, precision, per-unit sources, Module memory), Compare (the arms to run, each
-arm's settings folded beside it, one streaming column per arm), History (run log), Model and Benchmarks. Nothing here loads the model: that happens on the
-first encode or compare, or from the Model tab (``studio.launch`` loads the tokenizer first).
-
-API: the compare action is the endpoint ``/compare``::
-
-    from gradio_client import Client
-    client = Client("http://127.0.0.1:7860/", headers={"Authorization": f"Bearer {token}"})  # the launch token
-    result = client.predict(schema_text, prompt_text, 32, "cpu", "contextual", 0.0, api_name="/compare")
-    # result is the `pml-studio run --json` document (dict); the run is also recorded in the run log
+Nothing here loads the model. The compare action is also the API endpoint ``/compare`` (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -32,8 +22,7 @@ from .tabs import benchmarks, compare, editors, encode, history, model, prompt, 
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "studio.css"
-JS_PATH = ASSETS / "studio.js"  # first in the page's <head> (studio/pagescript.py): Gradio's status tracker 4 frames a
-# second, not 60; a running Compare's texts read from studio/live.py (one streamed response per run)
+JS_PATH = ASSETS / "studio.js"  # first in the page's <head> (studio/pagescript.py)
 DEFAULT_SAMPLE = "travel"
 TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
@@ -41,15 +30,10 @@ TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
 
 def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1",
                    allow_hosts: tuple[str, ...] = (), api: dict | None = None, connections=None) -> dict:
-    """Keyword arguments of ``demo.launch``: the guard that lets only the user holding the launch ``token`` drive
-    the studio (studio/guard.py; None: any local request, ``--no-token``), no CORS, the upload cap, and theme
-    and CSS (Gradio 6 takes them at launch). Behind the guard, the OpenAI-compatible API (studio/api/) answers
-    ``/v1/`` and ``/metrics`` on the same port; ``api``: its options (:func:`studio.api.serve.studio_api`).
-    The server Gradio starts closes slow senders' connections (studio/connections.py) under ``connections``, a
-    :class:`~studio.connections.Limits` (None: its defaults).
-
-    The theme's fonts are the system's: the page asks no font server for anything.
-    """
+    """Keyword arguments of ``demo.launch``: the launch-token guard (studio/guard.py), no CORS, the upload cap,
+    theme and CSS (Gradio 6 takes them at launch), the OpenAI-compatible API on ``/v1/`` behind the guard, and
+    deadlines for slow senders (``connections``: a :class:`~studio.connections.Limits`). The fonts are the
+    system's: the page asks no font server for anything."""
     from contextlib import asynccontextmanager
 
     from starlette.middleware import Middleware
@@ -63,7 +47,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
 
     @asynccontextmanager
     async def lifespan(app):
-        no_cors(app)  # before the first request: Gradio adds its CORS middleware after ours, outside the guard
+        no_cors(app)  # Gradio adds its CORS middleware after ours, outside the guard
         yield
 
     guard_gradio(connections)  # before launch: Gradio's server is made there
@@ -75,16 +59,14 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
     middleware = [guard, Middleware(ApiRoute, api=studio_api(demo.studio, **(api or {})))]
     first = "\n".join(p.read_text(encoding="utf-8") for p in (AUTH_JS, JS_PATH) if p.exists())  # the credential first
     middleware += [Middleware(FirstScript, script=first)] if first else []
-    middleware.append(Middleware(LiveRoute))  # a running Compare's texts, streamed to the page (studio/live.py)
+    middleware.append(Middleware(LiveRoute))
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
             "app_kwargs": {"middleware": middleware, "lifespan": lifespan}, "max_file_size": MAX_FILE_BYTES}
 
 
 def private_temp() -> Path:
-    """The studio's temporary folder (0700, :func:`tempfile.mkdtemp`): schema downloads, the CSV export, and Gradio's
-    own cache (``GRADIO_TEMP_DIR``: uploads and the copies of every file it serves), which would otherwise go to
-    /tmp/gradio, readable by every account and left after the studio stops. Set before the Blocks are built: each
-    component reads it when made, Gradio's routes at launch."""
+    """The studio's temporary folder (0700): downloads, exports and Gradio's own cache, which would otherwise go to
+    /tmp/gradio, readable by every account. Set before the Blocks are built: components read it when made."""
     folder = Path(tempfile.mkdtemp(prefix="pml-studio-"))
     (folder / "gradio").mkdir(mode=0o700)
     os.environ["GRADIO_TEMP_DIR"] = str(folder / "gradio")
@@ -93,27 +75,17 @@ def private_temp() -> Path:
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
               assets_dir: str | Path | None = None, max_new_tokens_cap: int | None = None) -> gr.Blocks:
-    """The studio around ``engine`` (an ``engine.session.Engine``) and ``runlog``.
-
-    The compare action is also an API endpoint, ``api_name="compare"``::
-
-        Client(url).predict(schema_text, prompt_text, max_new_tokens, storage, mode, temperature,
-                            storage_dtype, retention, compression, api_name="/compare")
-
-    (the last three are optional) returns the same JSON document as ``pml-studio run --json`` and
-    records the run. The Benchmarks tab reads ``results_dir`` (default: ``$PML_STUDIO_RESULTS``, else
-    bench/results, else the results installed with the package) and the plots in ``assets_dir``
-    (default assets/).
-    """
-    studio = Studio(engine, runlog, max_new_tokens_cap=max_new_tokens_cap)  # None: state.MAX_NEW_TOKENS_CAP
+    """The studio around ``engine`` and ``runlog``. The Benchmarks tab reads ``results_dir`` (default:
+    ``$PML_STUDIO_RESULTS``, else bench/results, else the installed results) and the plots in ``assets_dir``."""
+    studio = Studio(engine, runlog, max_new_tokens_cap=max_new_tokens_cap)
     downloads = private_temp()
     names = sample_names()
     first = DEFAULT_SAMPLE if DEFAULT_SAMPLE in names else (names[0] if names else None)
 
     with gr.Blocks(title="PML Studio") as demo:
         demo.studio = studio  # tests and launch reach the run log and engine through this
-        demo.downloads = downloads  # studio/shutdown.py removes it at SIGTERM and SIGHUP too (Gradio's cache with it)
-        weakref.finalize(demo, shutil.rmtree, downloads, True)  # schema downloads and CSV exports go with the app
+        demo.downloads = downloads  # studio/shutdown.py removes it at a signal too
+        weakref.finalize(demo, shutil.rmtree, downloads, True)
         with gr.Row(elem_classes=["pml-header"]):
             gr.HTML(TITLE_HTML)
             status = gr.HTML(studio.status_html())
@@ -135,11 +107,10 @@ def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
                 benchmarks.build(studio, bench_tab, bench.results_folder(results_dir),
                                  Path(assets_dir or bench.ASSETS), status)
 
-        # First paint: validate the preloaded sample, fill the builder, preview the prompt, list runs.
         demo.load(*schema_tab.validate).then(*docs.sync).then(*prompt_tab.preview).then(*refresh)
         demo.load(studio.status_html, None, status, show_progress="hidden")  # the model's state now, not at build
 
-        # Only /compare is an API; the page's own events stay callable by the page alone.
+        # only /compare is an API; the page's own events stay the page's
         for fn in demo.fns.values():
             if fn.api_name != "compare":
                 fn.api_visibility = "private"

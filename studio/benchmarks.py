@@ -1,12 +1,7 @@
 """The Benchmarks tab's handlers: read bench/results/*.json into tables, and run scaling at small sizes.
 
-The results folder is, first found: the folder given (``pml-studio serve --results DIR``, tests'
-temporary folders), ``$PML_STUDIO_RESULTS``, the checkout's bench/results, or the copy of it that
-``pip install`` puts inside this package (``studio/results``, see pyproject's package-dir). Every
-reader takes the folder as a parameter and never fails on a missing or unreadable file: it says
-how to produce it instead. The small scaling run measures with ``studio.docqa`` — the code
-bench/scaling.py runs through bench/workloads.py — and never writes into bench/results (that is
-the benchmarks' job).
+Every reader takes the results folder as a parameter and, for a missing or unreadable file, says how to produce
+it. The small scaling run measures with ``studio.docqa``, as bench/scaling.py does, and writes no file.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from .errors import refusal
 log = logging.getLogger("pml-studio")
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKOUT_RESULTS = ROOT / "bench" / "results"  # where the bench scripts write
+CHECKOUT_RESULTS = ROOT / "bench" / "results"
 INSTALLED_RESULTS = Path(__file__).resolve().parent / "results"  # the copy an installed package carries
 RESULTS = CHECKOUT_RESULTS if CHECKOUT_RESULTS.is_dir() else INSTALLED_RESULTS
 RESULTS_ENV = "PML_STUDIO_RESULTS"
@@ -55,9 +50,7 @@ FIT_NAMES = {"cached_ttft_vs_cached_tokens_linear": "cached TTFT vs cached token
              "baseline_ttft_power": "baseline TTFT ∝ tokens^k"}
 
 
-# ----------------------------------------------------------------------------------------------
 # Reading results
-# ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Result:
@@ -72,7 +65,6 @@ class Result:
 
 
 def results_folder(folder: str | Path | None = None) -> Path:
-    """``folder`` when given, else ``$PML_STUDIO_RESULTS``, else :data:`RESULTS`."""
     return Path(folder or os.environ.get(RESULTS_ENV) or RESULTS)
 
 
@@ -92,7 +84,6 @@ def read_result(name: str, folder: str | Path | None = None) -> Result:
 
 
 def recorded_settings(name: str, d: dict) -> dict:
-    """The flags a result file lets us recover, as ``{flag: value}``."""
     rows = d.get("results") or []
     out: dict = {}
     if name in ("scaling", "ttft"):
@@ -117,8 +108,7 @@ def recorded_settings(name: str, d: dict) -> dict:
 
 
 def command(name: str, data: dict | None = None) -> str:
-    """The command that produced a result: the one it records (bench/common.emit writes it), else one
-    rebuilt from the settings it records, every one given explicitly (no script is read or imported)."""
+    """The command that produced a result: the one it records, else one rebuilt from its settings."""
     if data and isinstance(data.get("command"), str):
         return data["command"]
     flags: list[str] = []
@@ -145,7 +135,6 @@ def machine_text(data: dict) -> str:
 
 
 def header_md(res: Result, title: str, what: str) -> str:
-    """Title, what the benchmark measures, and where/when/how the shown result was made."""
     if not res.ok:
         return f"### {title}\n{what}\n\n**{res.problem}**"
     d = res.data
@@ -176,9 +165,7 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * float(x):.0f} %"
 
 
-# ----------------------------------------------------------------------------------------------
 # One view per benchmark
-# ----------------------------------------------------------------------------------------------
 
 def scaling_view(folder: str | Path | None = None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
     """(header markdown, TTFT per length, fits) of bench/results/scaling.json."""
@@ -297,7 +284,6 @@ def _breakdown(data: dict, key: str) -> pd.DataFrame:
 
 
 def plot_path(name: str, assets: str | Path | None = None) -> str | None:
-    """assets/scaling.png or assets/frontier.png when the benchmark has drawn it, else None."""
     path = Path(assets or ASSETS) / PLOTS[name]
     return str(path) if path.exists() else None
 
@@ -308,11 +294,9 @@ def plot_note(name: str, assets: str | Path | None = None) -> str:
     return f"_No plot yet: `python bench/{name}.py` draws `assets/{PLOTS[name]}`._"
 
 
-# ----------------------------------------------------------------------------------------------
 # Scaling at small sizes, in the studio
-# ----------------------------------------------------------------------------------------------
 
-_CHUNKS: dict[str, list[str]] = {}  # essay chunks per tokenizer (cutting them takes a few seconds)
+_CHUNKS: dict[str, list[str]] = {}  # per tokenizer: cutting them takes a few seconds
 
 
 def parse_lengths(lengths, max_positions: int | None = None) -> list[int]:
@@ -338,18 +322,14 @@ def parse_lengths(lengths, max_positions: int | None = None) -> list[int]:
 
 def run_small_scaling(engine, lengths, progress: Callable[[int, int, str], None] | None = None,
                       reps: int = 1) -> tuple[list[dict], str]:
-    """Baseline vs cached TTFT at each length with ``engine``'s model (1 rep after a warm-up pair).
-
-    Runs in a throw-away, non-persisting engine around the loaded model (its modules are not kept),
-    under ``engine.run_lock`` so no comparison runs at the same time. Returns the ttft_point dicts
-    and a one-line note; raises gr.Error on problems. Writes no file.
-    """
+    """Baseline vs cached TTFT at each length (1 rep after a warm-up pair), in a throw-away engine around the loaded
+    model under ``engine.run_lock``; the ttft_point dicts and a one-line note. Raises gr.Error; writes no file."""
     from engine.session import Engine
 
     from .docqa import doc_qa, essay_chunks, ttft_point
     from .streaming import with_progress
 
-    def work(report) -> tuple:  # on the engine thread (studio/streaming.py)
+    def work(report) -> tuple:  # on the engine thread
         report(0, 1, "loading the model" if not engine.loaded else "preparing")
         lm = engine.lm
         targets = parse_lengths(lengths, getattr(lm, "max_positions", None))
@@ -390,7 +370,6 @@ def small_rows(rows: list[dict]) -> pd.DataFrame:
 
 
 def small_plot(rows: list[dict]) -> pd.DataFrame:
-    """Long format for gr.LinePlot: one point per length and path."""
     points = []
     for r in rows:
         points.append({"prompt tokens": r["prompt_tokens"], "TTFT ms": r["baseline_ttft_ms"], "path": "baseline"})

@@ -1,17 +1,7 @@
 """The prompt builder's model: what a prompt can import from a schema, as typed nodes, and PML both ways.
 
-A :class:`BuilderSpec` is the schema's importable structure — :class:`ModuleNode` (a checkbox,
-or a union member), :class:`UnionNode` (a radio: at most one member) and :class:`ParamSpec` (an
-argument box) — made once per valid layout by :func:`spec_of`. Every consumer goes through one
-walker, :meth:`BuilderSpec.walk`: the widgets (tabs/prompt.py), the imported modules, the
-composed prompt and the empty selection.
-
-Widget values are a flat dict keyed by :attr:`ModuleNode.key` (the module path: checked or not),
-:attr:`UnionNode.key` (the union id: the picked member's path, or :data:`NONE`) and
-:attr:`ParamSpec.key` (``path@param``: the argument text). :func:`compose_prompt` turns values
-into PML; :func:`selection_from_prompt` reads a hand-written prompt back into values.
-
-No gradio here: everything is a plain function of plain values.
+A :class:`BuilderSpec` (modules, unions, params) is made once per layout by :func:`spec_of`; every consumer goes
+through :meth:`BuilderSpec.walk`. Widget values are a flat dict keyed by each node's ``key``. No gradio here.
 """
 
 from __future__ import annotations
@@ -30,8 +20,6 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """An argument box: a param of ``module`` with its token budget and default text."""
-
     name: str
     length: int
     default: str | None
@@ -44,14 +32,14 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class ModuleNode:
-    """An importable module; a union member when ``union`` is set (picked by its union's radio)."""
+    """An importable module; a union member when ``union`` is set."""
 
     path: str
     name: str
-    parent: str  # parent module path, "" at top level
+    parent: str  # "" at top level
     union: str | None
     params: tuple[ParamSpec, ...]
-    children: tuple["Node", ...]  # nested modules and unions, schema order
+    children: tuple["Node", ...]  # schema order
 
     @property
     def key(self) -> str:
@@ -76,18 +64,13 @@ Node = Union[ModuleNode, UnionNode]
 
 @dataclass(frozen=True)
 class BuilderSpec:
-    """What a prompt can import from one schema, as a tree in schema order."""
-
     schema: str
     tree: tuple[Node, ...]
 
     def walk(self, visit: Callable[[Node, int, Callable[[], list]], T], nodes: tuple[Node, ...] | None = None,
              depth: int = 0) -> list[T]:
-        """``visit(node, depth, descend)`` for each node of ``nodes`` (default: the top level), in order.
-
-        ``descend()`` visits the node's children one level deeper and returns their results; a
-        visitor that does not call it skips the subtree (or wraps it, e.g. in a widget group).
-        """
+        """``visit(node, depth, descend)`` for each node of ``nodes`` (default: the top level), in order;
+        ``descend()`` visits the children and returns their results (a visitor that does not call it skips them)."""
         return [visit(n, depth, partial(self.walk, visit, n.children, depth + 1))
                 for n in (self.tree if nodes is None else nodes)]
 
@@ -100,7 +83,6 @@ class BuilderSpec:
         return {n.id: n for n in self.nodes() if isinstance(n, UnionNode)}
 
     def nodes(self, under: Node | None = None) -> list[Node]:
-        """Every node (or every node strictly inside ``under``), depth first."""
         def visit(node, depth, descend):
             return [node] + [x for sub in descend() for x in sub]
         return [x for sub in self.walk(visit, None if under is None else under.children) for x in sub]
@@ -120,7 +102,7 @@ class BuilderSpec:
 
 @dataclass(frozen=True)
 class BuilderState:
-    """What the builder shows: the spec, the widget values, the free text; ``nonce`` forces a redraw."""
+    """What the builder shows; ``nonce`` forces a redraw."""
 
     spec: BuilderSpec
     values: dict = field(default_factory=dict)
@@ -131,12 +113,9 @@ class BuilderState:
         return hash((self.spec, tuple(sorted(self.values.items())), self.text, self.nonce))
 
 
-# ----------------------------------------------------------------------------------------------
 # From a layout, and the selection rules
-# ----------------------------------------------------------------------------------------------
 
 def spec_of(lay: Layout) -> BuilderSpec:
-    """The builder spec of a laid-out schema."""
     from engine.schema.pml import Param
 
     defaults = {(path, c.name): c.default for path, mod in lay.schema.modules() for c in mod.children
@@ -160,7 +139,6 @@ def spec_of(lay: Layout) -> BuilderSpec:
 
 
 def empty_values(spec: BuilderSpec) -> dict:
-    """Every widget's value when nothing is picked."""
     out: dict = {}
     for node in spec.nodes():
         if isinstance(node, UnionNode):
@@ -173,12 +151,10 @@ def empty_values(spec: BuilderSpec) -> dict:
 
 
 def picked(node: ModuleNode, values: dict) -> bool:
-    """Whether the node's own widget picks it (its checkbox, or its union's radio)."""
     return values.get(node.union) == node.path if node.union else bool(values.get(node.path))
 
 
 def imported_modules(spec: BuilderSpec, values: dict) -> list[str]:
-    """Module paths the values import, schema order (a module counts only when its parents are imported)."""
     def visit(node, depth, descend):
         if isinstance(node, ModuleNode) and not picked(node, values):
             return []
@@ -188,11 +164,8 @@ def imported_modules(spec: BuilderSpec, values: dict) -> list[str]:
 
 
 def normalise(spec: BuilderSpec, values: dict, trigger: str | None = None) -> dict:
-    """Make the selection consistent after widget ``trigger`` changed.
-
-    Unpicking a module (or switching a union away from a member) clears what was picked inside
-    it (arguments are kept); picking a nested module picks its parents.
-    """
+    """Make the selection consistent after widget ``trigger`` changed: unpicking a module clears what was picked
+    inside it (arguments kept); picking a nested module picks its parents."""
     values = dict(values)
 
     def clear_inside(node: Node) -> None:
@@ -216,7 +189,7 @@ def normalise(spec: BuilderSpec, values: dict, trigger: str | None = None) -> di
 
 
 def pick(spec: BuilderSpec, values: dict, path: str) -> dict:
-    """Values with module ``path`` (and its parents) picked: typing an argument imports its module."""
+    """Values with module ``path`` and its parents picked: typing an argument imports its module."""
     node = spec.modules[path]
     values = dict(values)
     values[node.union or node.path] = node.path if node.union else True
@@ -224,7 +197,6 @@ def pick(spec: BuilderSpec, values: dict, path: str) -> dict:
 
 
 def apply_change(spec: BuilderSpec, values: dict, free_text: str, trigger: str | None) -> tuple[dict, str]:
-    """(consistent values, PML prompt) after widget ``trigger`` changed (None: the free text)."""
     values = normalise(spec, values, trigger)
     param = spec.params().get(trigger)
     if param is not None and (values.get(trigger) or "").strip():
@@ -232,12 +204,9 @@ def apply_change(spec: BuilderSpec, values: dict, free_text: str, trigger: str |
     return values, compose_prompt(spec, values, free_text)
 
 
-# ----------------------------------------------------------------------------------------------
 # Values <-> PML prompt text
-# ----------------------------------------------------------------------------------------------
 
 def compose_prompt(spec: BuilderSpec, values: dict, free_text: str) -> str:
-    """The PML prompt for the builder's values and free text."""
     def visit(node, depth, descend) -> str:
         if isinstance(node, UnionNode):
             return "".join(descend())
@@ -255,9 +224,8 @@ def compose_prompt(spec: BuilderSpec, values: dict, free_text: str) -> str:
     lines += ["  " + element for element in spec.walk(visit) if element]
     text = (free_text or "").strip()
     if text:
-        safe = text.replace("&", "&amp;").replace("<", "&lt;")  # '>' is legal in XML text and reads better
-        # only the first line is indented: its leading space is compacted away, but an indent on a
-        # later line would become part of the text the model reads
+        safe = text.replace("&", "&amp;").replace("<", "&lt;")  # '>' is legal in XML text
+        # an indent on a later line would become part of the text the model reads
         lines.append("  " + safe)
     lines.append("</prompt>")
     return "\n".join(lines) + "\n"
@@ -298,11 +266,8 @@ def selection_from_prompt(spec: BuilderSpec, prompt_text: str) -> tuple[dict, st
 
 
 def next_state(spec: BuilderSpec | None, prompt_text: str, prev: BuilderState | None) -> BuilderState | None:
-    """The builder's next state for ``prompt_text``; None when it should stay as it is.
-
-    A prompt the builder cannot read leaves it alone while the spec is unchanged (the user is
-    typing); with a new spec the builder starts empty.
-    """
+    """The builder's next state for ``prompt_text``; None to leave it (an unreadable prompt under the same spec:
+    the user is typing)."""
     if spec is None:
         return None
     found = selection_from_prompt(spec, prompt_text)
@@ -315,7 +280,6 @@ def next_state(spec: BuilderSpec | None, prompt_text: str, prev: BuilderState | 
 
 
 def param_info(codec, value: str | None, length: int, default: str | None) -> str:
-    """Live token count of an argument against its param's budget."""
     value = (value or "").strip()
     if not value:
         return f"empty: uses the default “{default}”" if default is not None else f"required · up to {length} tokens"
@@ -327,9 +291,6 @@ def empty_prompt(schema_name: str) -> str:
     return f'<prompt schema="{_attr(schema_name)}">\n</prompt>\n'
 
 
-# ----------------------------------------------------------------------------------------------
-# Internal helpers
-# ----------------------------------------------------------------------------------------------
 
 def _in_order(items: list[tuple[int, Node]]) -> tuple[Node, ...]:
     return tuple(n for _, n in sorted(items, key=lambda t: t[0]))

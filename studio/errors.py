@@ -1,11 +1,7 @@
 """Error translation at the studio's edge: engine errors become ``gr.Error`` or inline problem lines.
 
-Validation shows problems inline (:func:`problem_lines`); actions (encode, compare, load a
-model) raise ``gr.Error`` with the engine's message (:func:`user_error`, :func:`as_gr_error`).
-An exception the engine did not anticipate (a torch failure...) is logged with its traceback
-and shown as one line: no traceback reaches the page. A user's error prints nothing to the console
-(Gradio prints a traceback for every exception a handler raises, unless it is a ``gr.Error`` made
-with ``print_exception=False``: :func:`refusal`).
+No traceback reaches the page: an unanticipated exception is logged once and shown as one line, and a user's error
+prints nothing (Gradio prints every exception but a ``gr.Error`` with ``print_exception=False``).
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ def refusal(message: str) -> gr.Error:
 
 @contextmanager
 def as_gr_error(what: str = "the run") -> Iterator[None]:
-    """Run the block; any exception leaves it as a ``gr.Error`` (see :func:`user_error`)."""
     try:
         yield
     except gr.Error:
@@ -50,7 +45,6 @@ def as_gr_error(what: str = "the run") -> Iterator[None]:
 
 
 def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
-    """(``line:col: message`` lines, line numbers) of an engine error, with the offending source line."""
     src = (text or "").splitlines()
     out: list[str] = []
     lines: list[int] = []
@@ -70,7 +64,6 @@ def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
 
 
 def source_line(line: str, number: int, col: int) -> str:
-    """The offending line (indentation dropped) and a caret under column ``col``, as a compiler shows them."""
     indent = len(line) - len(line.lstrip())
     head = f"    {number} | "
     shown = line.strip()

@@ -1,7 +1,6 @@
 """Documents coming in: sample schemas, uploaded .xml files, prompt programs imported from a .py file.
 
-Samples and uploads raise ``gr.Error`` for a file that cannot be used; a prompt-program import
-reports its problems inline (:class:`ProgramImport` ``ok`` False), never as an exception.
+Samples and uploads raise ``gr.Error``; a prompt-program import reports its problems inline.
 """
 
 from __future__ import annotations
@@ -23,17 +22,15 @@ from .views import problems_html
 log = logging.getLogger("pml-studio")
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_FILE_BYTES = DOCUMENT_BYTES  # schema, prompt and prompt-program files; Gradio refuses larger uploads too (app.py)
+MAX_FILE_BYTES = DOCUMENT_BYTES  # Gradio refuses larger uploads too (app.py)
 SAMPLES = ROOT / "sample_schemas"
 
 
 def sample_names() -> list[str]:
-    """Every schema in sample_schemas/ (prompt files excluded), by file stem."""
     return sorted(p.stem for p in SAMPLES.glob("*.xml") if not p.name.endswith(".prompt.xml"))
 
 
 def load_sample(name: str) -> tuple[str, str]:
-    """(schema text, example prompt text) of a sample; the prompt is '' when it has none."""
     if name not in sample_names():
         raise refusal(f"no sample schema named '{name}'; pick one of {', '.join(sample_names())}")
     schema = (SAMPLES / f"{name}.xml").read_text(encoding="utf-8")
@@ -42,7 +39,6 @@ def load_sample(name: str) -> tuple[str, str]:
 
 
 def read_upload(path: str | None) -> tuple[str, str]:
-    """(kind, text) of an uploaded .xml file; kind is 'schema' or 'prompt'."""
     from engine.schema.pml import document_kind
 
     if not path:
@@ -60,28 +56,24 @@ def read_upload(path: str | None) -> tuple[str, str]:
     return kind, text
 
 
-# ----------------------------------------------------------------------------------------------
 # Import from Python (prompt programs)
-# ----------------------------------------------------------------------------------------------
 
-_PROGRAM_LOCK = threading.Lock()  # load_program_file imports the file and touches sys.path / sys.modules
+_PROGRAM_LOCK = threading.Lock()  # importing the file touches sys.path / sys.modules
 
 
 @dataclass(frozen=True)
 class ProgramImport:
-    """The result of importing a prompt-program file: the schema of one root program and its example prompt."""
-
     ok: bool
-    status: str  # HTML: what was imported, or the file's problems as line:col lines
+    status: str  # HTML: what was imported, or the file's problems
     roots: tuple[str, ...] = ()
     program: str | None = None
     schema: str | None = None
-    prompt: str | None = None  # the example call's prompt (None when the file has none for this program)
+    prompt: str | None = None
 
 
 def import_program(path: str | None, program: str | None = None) -> ProgramImport:
-    """Import the prompt programs of a .py file and compile ``program`` (default: the first root with an
-    example call). Problems come back inline (``ok`` False), never as exceptions."""
+    """Import the prompt programs of a .py file and compile ``program`` (default: the first root with an example
+    call); problems come back inline."""
     if not path:
         return _problem(["no file was uploaded"])
     p = Path(path)
@@ -98,7 +90,7 @@ def import_program(path: str | None, program: str | None = None) -> ProgramImpor
             return _compile(p, program)
         except EngineError as err:
             return _problem(problem_lines(err, text)[0])
-        except Exception as err:  # compiling a program the engine did not anticipate: a message, not a traceback
+        except Exception as err:  # a program the engine did not anticipate: a message, not a traceback
             log.exception("importing %s failed", p)
             return _problem([f"cannot compile {p.name}: {type(err).__name__}: {err}"])
 
@@ -126,7 +118,6 @@ def _compile(p: Path, program: str | None) -> ProgramImport:
 
 
 def _too_big(p: Path) -> str | None:
-    """The message for a file over MAX_FILE_BYTES (None when it fits or cannot be sized: reading says why)."""
     try:
         size = p.stat().st_size
     except OSError:

@@ -1,38 +1,17 @@
 """Only the user who started the studio drives it: an ASGI guard in front of every route.
 
-Binding to 127.0.0.1 keeps other machines out, but not other *accounts* on this machine, nor other web pages
-the user's browser opens. Every request passes three checks here, before Gradio sees it:
-
-1. **Host**: the ``Host`` header names the address the studio serves — 127.0.0.1, localhost, [::1] or the
-   ``--host`` given (plus ``--allow-host`` names), with the port it listens on. A DNS-rebinding page sends its
-   own name and is refused. A request with two Host (or two Origin) headers is refused whole.
-2. **Origin**: a request that carries an ``Origin`` (any method: browsers send it on cross-origin reads too)
-   must come from one of those addresses, port included. Another local server's page is refused, and no
-   response carries CORS headers for it (Gradio's own CORS middleware is taken out at start: :func:`no_cors`).
-3. **Launch token** (Jupyter's model): a random token made at start and printed only to the console of the
-   user who started the studio, in the URL it says to open, ``http://127.0.0.1:PORT/#token=…``. The fragment
-   never leaves the browser; the page keeps the token in the tab's ``sessionStorage`` (this origin's, port
-   included) and sends it as ``Authorization: Bearer`` on its own requests (assets/auth.js). No cookie: a
-   browser sends a cookie for 127.0.0.1 to every port of 127.0.0.1, so another account's server on another port
-   would receive it and could replay it. Programs send the bearer header (``/compare``, gradio_client, the
-   OpenAI API) or ``?token=``. Files the page loads by URL carry a link signed with the token that expires
-   within :data:`LINK_S` s (:func:`link_signature`). Without the token ``GET /`` is the bootstrap page (a login
-   form when the browser holds no token), Gradio's built scripts and styles (no user data: :data:`PUBLIC`) are
-   served, and every other route answers 401; past :data:`FAILS_PER_S` wrong tokens a second from one account,
-   429, and that account's tokens go unread until the second has passed (:class:`Failures`).
-   ``token=None`` (``--no-token``, loopback only) skips this check.
-
-Gradio's monitoring routes are not served (they print a key to the console). Refusals are plain-text answers
-that say what was refused and how to reach the studio instead; under ``/v1/`` (the OpenAI-compatible API, whose
-key is the launch token) they are OpenAI's JSON error bodies, 401 ``invalid_api_key`` and 403 ``forbidden``.
-Every answer carries ``Referrer-Policy: no-referrer``.
+Every request passes three checks before Gradio sees it: its ``Host`` is one of the studio's addresses (against
+DNS rebinding), its ``Origin``, if any, is the studio's page, and it carries the launch token (as a bearer
+header, ``?token=`` or a signed file link). No cookie: a browser would send it to every port of 127.0.0.1.
+docs/security.md explains the design and what each refusal says.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import hmac
+import json
+import os
 import re
 import secrets
 import time
@@ -42,21 +21,20 @@ from urllib.parse import parse_qsl, urlencode
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 TOKEN_ENV = "PML_STUDIO_TOKEN"
-MIN_TOKEN = 16  # characters of a token given by the user (a made one has 43)
-MIN_DISTINCT = 8  # different characters in it: 16 of one character, or 'abababab…', are guessed first
+MIN_TOKEN = 16  # a made token has 43 characters
+MIN_DISTINCT = 8  # 16 of one character, or 'abababab…', are guessed first
 _HOST = re.compile(r"(\[[^\]]+\]|[^:/\[\]]+)(?::(\d{1,5}))?")
 _ORIGIN = re.compile(r"https?://" + _HOST.pattern + "/?")
 _TOKEN = re.compile(r"[A-Za-z0-9._~-]+")  # safe in a URL, a fragment and a header without quoting
-# Gradio's launch calls this itself, without the token: it starts the queue once and returns False ever after
+# Gradio's launch calls this itself, without the token
 OPEN_PATHS = ("/gradio_api/startup-events",)
-# What the browser loads by URL before the page can send its token: Gradio's built scripts, styles and icons and the
-# theme's CSS, the same for every studio (the page's data comes from /config and the event routes, both guarded)
+# Gradio's built scripts, styles and theme: the same for every studio, loaded before the page holds the token
 PUBLIC = re.compile(r"/(?:assets/|static/|svelte/|favicon\.ico$|manifest\.json$|(?:gradio_api/)?theme\.css$)")
 _MONITORING = re.compile(r"^(?:/gradio_api)?/monitoring(?:/.*)?$")
-API_PREFIX = "/v1/"  # the OpenAI-compatible API (studio/api/): refusals there are OpenAI-shaped JSON
-FILE_LINKS = "/gradio_api/file="  # files the page shows or downloads by URL: signed links (assets/auth.js)
-LINK_S = 120  # seconds a signed file link stays valid (the page signs it again at each click)
-FAILS_PER_S = 20  # wrong tokens answered 401 in any second; more get 429 until the second has passed
+API_PREFIX = "/v1/"
+FILE_LINKS = "/gradio_api/file="
+LINK_S = 120  # the page signs a link again at each click
+FAILS_PER_S = 20  # wrong tokens answered 401 in any second; more get 429
 AUTH_JS = Path(__file__).resolve().parent.parent / "assets" / "auth.js"
 _NO_REFERRER = (b"referrer-policy", b"no-referrer")
 
@@ -66,7 +44,6 @@ class TokenError(ValueError):
 
 
 def make_token(given: str | None = None) -> str:
-    """The launch token: ``given`` (checked) or a new random one."""
     if given is None:
         return secrets.token_urlsafe(32)
     if len(given) < MIN_TOKEN or not _TOKEN.fullmatch(given):
@@ -80,20 +57,17 @@ def make_token(given: str | None = None) -> str:
 
 
 def page_url(host: str, port: int, token: str | None) -> str:
-    """The URL the console prints: the studio's page with its token in the fragment, which the browser keeps to
-    itself (loopback when bound to every address)."""
+    """The URL the console prints, the token in the fragment, which the browser keeps to itself."""
     name = _bare(host) or "127.0.0.1"
     return f"http://{name}:{port}/" + (f"#token={token}" if token else "")
 
 
 def link_signature(token: str, path: str, expires: int) -> str:
-    """The signature of a file link (assets/auth.js makes the same): HMAC-SHA256 of the expiry and the request's
-    path (percent-decoded, as the server sees it), keyed by the launch token."""
+    """HMAC-SHA256 of the expiry and the percent-decoded path, keyed by the launch token (assets/auth.js agrees)."""
     return hmac.new(token.encode(), f"{expires}\n{path}".encode(), hashlib.sha256).hexdigest()
 
 
 def allowed_hosts(host: str) -> tuple[str, ...]:
-    """Host names (lower case, without port) the studio answers on its port: loopback and the bound address."""
     return tuple(dict.fromkeys((*LOOPBACK_NAMES, *filter(None, [_bare(host)]))))
 
 
@@ -102,7 +76,6 @@ def is_loopback(host: str) -> bool:
 
 
 def _bare(name: str) -> str | None:
-    """A host name as a Host header spells it ('[::1]' for IPv6); None for the wildcard addresses."""
     name = name.strip().lower()
     if not name or name in ("0.0.0.0", "::", "[::]"):
         return None
@@ -110,10 +83,8 @@ def _bare(name: str) -> str | None:
 
 
 def no_cors(app) -> None:
-    """Take Gradio's CORS middleware out of ``app`` (a started Gradio App): it answers any localhost origin with
-    credentials, so a page on another local port could read the studio's answers. The studio's page is
-    same-origin and needs no CORS; the guard refuses foreign origins. Call it in the app's lifespan startup:
-    Starlette builds its middleware stack again at the next request."""
+    """Take Gradio's CORS middleware out of a started App: it answers any localhost origin with credentials, so
+    another local port's page could read the studio's answers. Call it at lifespan startup."""
     kept = [m for m in app.user_middleware if m.cls.__name__ != "CustomCORSMiddleware"]
     if len(kept) != len(app.user_middleware):
         app.user_middleware[:] = kept
@@ -121,17 +92,14 @@ def no_cors(app) -> None:
 
 
 class Failures:
-    """Wrong tokens of the last second, per account (``None``: accounts not told apart). Past ``limit`` of them
-    the account is *locked* for the rest of that second: its tokens are not even compared, so a guesser learns
-    nothing and guesses at most ``limit`` a second. The studio's own account is never locked (it could read the
-    token anyway), so another account's flood cannot lock the user out."""
+    """Wrong tokens of the last second, per account. Past ``limit`` an account's tokens go unread for the rest of the
+    second; the studio's own account is never locked, so another account's flood cannot lock the user out."""
 
     def __init__(self, limit: int = FAILS_PER_S, clock=time.monotonic, own=None):
         self.limit, self.clock, self.own = limit, clock, own
-        self.times: dict = {}  # account -> deque of failure times
+        self.times: dict = {}
 
     def full(self, account=None) -> bool:
-        """Count one more wrong token of ``account``; whether its second already held ``limit`` of them."""
         times = self._recent(account)
         if len(times) >= self.limit:
             return True
@@ -139,7 +107,6 @@ class Failures:
         return False
 
     def locked(self, account) -> bool:
-        """``account`` (another account, told apart) is past the limit: refuse its tokens unread."""
         return account is not None and account != self.own and len(self._recent(account)) >= self.limit
 
     def any_full(self) -> bool:
@@ -172,15 +139,12 @@ def peer_account(scope) -> int | None:
 
 
 class LocalGuard:
-    """ASGI middleware: refuse foreign Hosts, foreign Origins and requests without the launch token.
-
-    ``hosts`` are bare host names (see :func:`allowed_hosts`); the port is the one the request reached.
-    ``token`` None lets every local request through (``--no-token``).
-    """
+    """ASGI middleware: refuse foreign Hosts, foreign Origins and requests without the launch token (``token``
+    None: ``--no-token``)."""
 
     def __init__(self, app, hosts: tuple[str, ...], proxied: tuple[str, ...] = (), token: str | None = None):
         self.app = app
-        self.hosts = tuple(h.lower() for h in hosts)  # answered on the port the studio listens on
+        self.hosts = tuple(h.lower() for h in hosts)
         self.proxied = tuple(filter(None, map(_bare, proxied)))  # --allow-host: any port (a proxy's)
         self.token = token
         self.failures = Failures(own=os.getuid() if hasattr(os, "getuid") else None)
@@ -221,12 +185,7 @@ class LocalGuard:
         return await _answer(scope, send, 429, "PML Studio: too many wrong tokens in the last second; try again "
                              "in a second with the token the studio printed.", retry_after=1)
 
-    # ------------------------------------------------------------------------------------------
-    # The checks
-    # ------------------------------------------------------------------------------------------
-
     def _place_refusal(self, scope) -> str | None:
-        """Why the request's Host or Origin is not the studio's own (None: they are)."""
         headers, twice = _headers(scope)
         if twice:
             return (f"PML Studio refuses a request with more than one {' and '.join(sorted(twice))} header: a "
@@ -243,7 +202,7 @@ class LocalGuard:
 
     def _origin_refusal(self, origin: str | None, port: int | None) -> str | None:
         if origin is None or self._known(_ORIGIN.fullmatch(origin.strip().lower()), port):
-            return None  # no Origin: not a cross-origin browser request (a program, or the page loading itself)
+            return None  # a program, or the page loading itself
         return (f"PML Studio refuses requests from another site: Origin '{origin}' is not the studio's page. "
                 f"Use the studio at http://127.0.0.1:{port}/, or its API from a program with the launch token.")
 
@@ -251,26 +210,23 @@ class LocalGuard:
         return given is not None and secrets.compare_digest(given.encode(), self.token.encode())
 
     def _signed(self, path: str, query: dict) -> bool:
-        """A file link the page signed (assets/auth.js) that has not expired."""
         try:
             expires = int(query.get("pml_exp", ""))
         except ValueError:
             return False
-        if not time.time() <= expires <= time.time() + LINK_S + 5:  # 5 s: the browser's clock and ours
+        if not time.time() <= expires <= time.time() + LINK_S + 5:  # 5 s for the browser's clock
             return False
         want = link_signature(self.token, path, expires)
         return secrets.compare_digest(want.encode(), query["pml_sig"].encode("utf-8", "replace"))
 
     def _known(self, match, port: int | None) -> bool:
-        """A parsed host[:port] is the studio's own address (or a --allow-host name, on any port)."""
         if match is None:
             return False
         name, given = match.group(1), match.group(2)
         return name in self.proxied or (name in self.hosts and (port is None or int(given or 80) == port))
 
     async def _to_fragment(self, send, query: dict):
-        """The page opened the old way, ``/?token=…``: the same page with the token in the fragment (the bootstrap
-        page keeps it in the tab and takes it out of the address bar); no cookie."""
+        """``/?token=…``: a redirect to the same page with the token in the fragment; no cookie."""
         rest = urlencode({k: v for k, v in query.items() if k != "token"})
         where = "/" + (f"?{rest}" if rest else "") + f"#token={self.token}"
         await send({"type": "http.response.start", "status": 303,
@@ -279,8 +235,7 @@ class LocalGuard:
         await send({"type": "http.response.body", "body": b""})
 
 
-# The bootstrap page: moves a token from the fragment to sessionStorage, takes it out of the address bar, and loads
-# the studio's page with it (assets/auth.js adds the header), written over this one; without a token, the form.
+# Moves a token from the fragment to sessionStorage and loads the studio's page over this one; else the form.
 _BOOT = """
 (() => {
   const {KEY} = window.__pmlAuth, form = document.getElementById("login"), wrong = document.getElementById("wrong");
@@ -314,8 +269,6 @@ _BOOT = """
 
 
 def bootstrap_page(wrong: bool) -> str:
-    """The page a browser gets at ``/`` before it sends the token: it loads the studio with the token the tab holds
-    (or the URL's fragment carries); else where to find the token, and a box to paste it."""
     script = AUTH_JS.read_text(encoding="utf-8") if AUTH_JS.exists() else "window.__pmlAuth = {KEY: 'pml'};"
     return (
         "<!doctype html><html><head><meta charset=utf-8><meta name=referrer content=no-referrer>"
@@ -338,7 +291,6 @@ def _bearer(headers: dict) -> str | None:
 
 
 def _headers(scope) -> tuple[dict[str, str], set[str]]:
-    """The request's headers by lower-case name, and which of Host and Origin came more than once."""
     headers: dict[str, str] = {}
     twice: set[str] = set()
     for k, v in scope.get("headers", []):
@@ -350,8 +302,7 @@ def _headers(scope) -> tuple[dict[str, str], set[str]]:
 
 
 def _no_referrer(send):
-    """``send`` adding ``Referrer-Policy: no-referrer`` to the answer: a link the page follows names no page of the
-    studio (nor a query of it) to the site it opens."""
+    """``send`` with ``Referrer-Policy: no-referrer``: a followed link names no page of the studio."""
     async def sending(message):
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", []), _NO_REFERRER]}
@@ -364,12 +315,21 @@ async def _answer(scope, send, status: int, text: str, kind: str = "text/plain",
         await send({"type": "websocket.close", "code": 1008})
         return
     body = text.encode()
-    if scope.get("path", "").startswith(API_PREFIX):  # the OpenAI-compatible API: its clients read OpenAI's shape
-        from .api.errors import refusal_body
-
-        body, kind = refusal_body(status, text), "application/json"
+    if scope.get("path", "").startswith(API_PREFIX):
+        body, kind = api_refusal(status, text), "application/json"
     headers = [(b"content-type", f"{kind}; charset=utf-8".encode()), (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store")]
     headers += [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def api_refusal(status: int, text: str) -> bytes:
+    """The refusal as an OpenAI error body, the shape studio/api answers in."""
+    code = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}.get(status, "not_found")
+    if status == 401:  # a program needs to hear about its key
+        text = ("missing or wrong API key: the key is the launch token this server printed to the console of the "
+                "user who started it (or $PML_STUDIO_TOKEN); send it as 'Authorization: Bearer TOKEN' (the openai "
+                "client's api_key)")
+    return json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()

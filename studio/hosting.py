@@ -7,14 +7,13 @@ import socket
 
 
 def keep_private() -> None:
-    """Files the studio makes from now on are the user's alone (0600, folders 0700): the run log, saved runs,
-    uploads, downloads and Gradio's copies hold schemas, prompts, documents and answers."""
+    """Files made from now on are the user's alone (0600, folders 0700): they hold prompts, documents and answers."""
     os.umask(0o077)
 
 
 
 def check_address(host: str) -> None:
-    """OSError naming the address when ``host`` is not one this machine can serve on (before any port is tried)."""
+    """OSError naming ``host`` when this machine cannot serve on it (before any port is tried)."""
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as err:

@@ -1,5 +1,4 @@
-"""What the studio and ``pml-studio info`` say about a model's weight kernels; the engine gives the data
-(``info()["weight_kernel_use"]``: engine.model.KernelUse as a dict)."""
+"""What the studio and ``pml-studio info`` say about a model's weight kernels (the engine gives the data)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ def weight_kernels(use: dict, status: str, row_tile: int) -> str:
 
 
 def info_words(info: dict) -> dict:
-    """The studio's words for a loaded model's ``info()``: ``weight_kernels``."""
     use = info.get("weight_kernel_use") or {}
     if not use.get("packed"):
         return {"weight_kernels": weight_kernels(use, "", 0)}

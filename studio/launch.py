@@ -1,9 +1,7 @@
 """Start the studio: build the engine and the run log, build the Blocks, serve on 127.0.0.1.
 
-Used by ``python app.py`` and ``pml-studio serve``. Nothing is loaded before ``serve`` is called;
-``serve`` loads the tokenizer before the page is served (startup takes those seconds instead of
-the first validation), so the first schema validation and the prompt builder answer at once.
-The model's weights then load in a background thread (``preload``), so the first Compare finds them loaded.
+The tokenizer loads before the page is served, so the first validation answers at once; the weights then load in
+the background, so the first Compare finds them loaded.
 """
 
 from __future__ import annotations
@@ -16,18 +14,11 @@ from engine.model import START_MODEL, START_WEIGHTS
 from .guard import TOKEN_ENV, TokenError, is_loopback, make_token, page_url
 from .hosting import check_address, keep_private
 
-# The studio's default: the packaged model that answers (`make setup` installs it), its linear weights as its GGUF
-# file holds them (--weights gguf, engine/model/weights.py): its Q5_0, Q4_K, Q8_0 and Q6_K blocks, exactly the
-# values fp32 runs, all through the engine's kernels (engine/model/kernels.py). It decodes faster than
-# int8 (fewer bytes a token, bench/decode.py) and on the default sample every arm gives fp32's answer. int4 is
-# faster still but its baseline got the travel sample's train time wrong ("1 hour and 30 minutes" for 45
-# minutes): one flag away, --weights int4, not the default. A model given with --model runs on the weights
-# --weights names (fp32 unless told).
-STUDIO_MODEL, STUDIO_WEIGHTS = START_MODEL, START_WEIGHTS  # the engine's own default (engine/model/__init__.py)
-# How often Gradio's queue looks for a new event (s). Gradio polls every 1 ms off Windows (queueing.Queue
-# sleep_when_free) and sends progress every 10 ms: an event loop waking ~1,100 times a second, ~7 % of a core with
-# no page open, and during a Compare each wake-up takes the GIL and a core from the decoding (on 2 cores torch's two
-# threads then wait for each other). 20 ms between looks costs an event at most 20 ms before it starts.
+# The packaged model on its GGUF weights as the file holds them: fp32's values, faster than int8 (bench/decode.py);
+# int4 is faster still but got the travel sample wrong, so it is one flag away.
+STUDIO_MODEL, STUDIO_WEIGHTS = START_MODEL, START_WEIGHTS
+# Gradio's queue polls every 1 ms and sends progress every 10 ms: ~7 % of a core idle, and during a Compare each
+# wake-up takes the GIL from the decoding. 20 ms delays an event by at most 20 ms.
 QUEUE_POLL_S, PROGRESS_EVERY_S = 0.02, 0.1
 
 
@@ -38,15 +29,9 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
           api: dict | None = None):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
-    Only a request with the launch ``token`` (:func:`launch_token`), naming ``host``, loopback or one of
-    ``allow_hosts``, drives it (studio/guard.py). ``share`` creates a public Gradio link. ``results`` is the folder of
-    benchmark results the Benchmarks tab shows (:func:`studio.benchmarks.results_folder`); ``dtype`` the
-    compute precision (None: the device's default). ``model`` None is the engine's default model (:data:`STUDIO_MODEL`
-    unless ``$PML_STUDIO_MODEL`` names another), on its default weights (:data:`STUDIO_WEIGHTS` for it, fp32 for any
-    other) unless ``weights`` says otherwise: what ``pml-studio run`` and ``Engine()`` start on.
-    ``preload``: load the model's weights in a background thread as soon as the page is served, so the first
-    Compare does not wait for them (a Compare clicked earlier waits for that load, not for a second one).
-    ``api``: options of the OpenAI-compatible API served on the same port (:func:`studio.api.serve.studio_api`).
+    Only a request with the launch token, naming ``host``, loopback or one of ``allow_hosts``, drives it
+    (studio/guard.py). ``results``: the Benchmarks tab's folder; ``preload``: load the weights in the background as
+    soon as the page is served; ``api``: options of the OpenAI-compatible API served on the same port.
     """
     from engine.errors import EngineError
     from engine.runlog import RunLog
@@ -60,12 +45,12 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     keep_private()
     try:
         token = launch_token(host, token, no_token, share)
-        connections = Limits.from_env()  # the deadlines for slow clients (studio/connections.py)
+        connections = Limits.from_env()
     except (OSError, ValueError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     try:
-        engine = Engine(model=model, dtype=dtype, weights=weights)  # None: the engine's defaults, as pml-studio run
+        engine = Engine(model=model, dtype=dtype, weights=weights)
         runlog = RunLog(db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:
@@ -77,7 +62,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     calm_queue(demo)
     if preload:
         on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
-    stop = on_stop(demo) if block else None  # SIGTERM, SIGHUP, exit: runs saved, downloads removed
+    stop = on_stop(demo) if block else None
     try:
         demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=True, quiet=True,
                     show_error=False, **launch_options(demo, token=token, host=host, allow_hosts=allow_hosts, api=api,
@@ -94,9 +79,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
 
 
 def launch_token(host: str, token: str | None, no_token: bool, share: bool = False) -> str | None:
-    """The token to serve with: ``token``, else ``$PML_STUDIO_TOKEN``, else a random one; None for ``no_token``,
-    which a non-loopback ``host`` or ``share`` refuses. OSError (:func:`check_address`) or TokenError say what is
-    wrong."""
+    """``token``, else ``$PML_STUDIO_TOKEN``, else a random one; None for ``no_token``, which a non-loopback ``host``
+    or ``share`` refuses (TokenError)."""
     check_address(host)
     if no_token and share:
         raise TokenError("--no-token cannot go with --share: the public link would let anyone on the internet drive "
@@ -124,8 +108,6 @@ def _say_open(host: str, port: int, token: str | None) -> None:
 
 
 def calm_queue(demo) -> None:
-    """Gradio's queue polls at :data:`QUEUE_POLL_S` and sends progress every :data:`PROGRESS_EVERY_S` (its own
-    values: 1 and 10 ms); a Gradio without those attributes is left as it is."""
     queue = getattr(demo, "_queue", None)
     if hasattr(queue, "sleep_when_free"):
         queue.sleep_when_free = QUEUE_POLL_S
@@ -134,8 +116,8 @@ def calm_queue(demo) -> None:
 
 
 def _preload(engine) -> None:
-    """Load the weights now; a failure is left for the first encode or compare to report (with its message)."""
+    """Load the weights now; a failure is left for the first encode or compare to report."""
     try:
         engine.lm
-    except Exception as err:  # noqa: BLE001 (reported again, in the page, by the action that needs the model)
+    except Exception as err:  # noqa: BLE001 (reported again by the action that needs the model)
         print(f"pml-studio: the model did not load in the background: {err}", file=sys.stderr, flush=True)

@@ -1,9 +1,7 @@
 """An ASGI middleware that puts the studio's script first in the ``<head>`` of every HTML page Gradio serves.
 
-Gradio's own ``head=`` option adds its HTML from the page's JavaScript, after Gradio's modules have run, which is
-too late for assets/studio.js: it must replace ``requestAnimationFrame`` before Gradio's status tracker keeps a
-reference to it (see that file). Only GET answers with ``Content-Type: text/html`` and no content encoding are
-rewritten; everything else (the event stream, files, the API) passes through untouched.
+Gradio's ``head=`` adds its HTML after Gradio's modules have run: too late for assets/studio.js, which must replace
+``requestAnimationFrame`` before Gradio's status tracker holds it. Only plain GET HTML answers are rewritten.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The recovery file: finished runs the run log could not take when the studio stopped, read back at the next start.
 
-    where = save(runs, log_path)     # PendingRuns as JSON lines, oldest first; a private temp file + os.replace
-    for path in existing(log_path):  # the files a stop left for this run log, in the order they are read
-        runs = read(path)            # PendingRuns; RecoveryFileError for a file that is not one of ours
-
-A line is :meth:`PendingRun.to_json` (:data:`FIELDS`), read back by :meth:`PendingRun.from_json`. The file is the
-user's alone (0600: it holds prompts and answers). It lives beside the run
-log (``runs.db`` → ``runs.db.pending.jsonl``); where that folder cannot be written, in ``$PML_STUDIO_CACHE``
-under a name that holds a hash of the run log's full path, so two run logs never share one.
+One :meth:`PendingRun.to_json` per line, 0600 (it holds prompts and answers), beside the run log or else in
+``$PML_STUDIO_CACHE`` under a hash of the run log's path, so two run logs never share one.
 """
 
 from __future__ import annotations
@@ -23,28 +17,24 @@ from engine.errors import EngineError
 
 FIELDS = ("created_at", "schema_text", "prompt_text", "data")  # and "source", absent from older files
 SUFFIX = ".pending.jsonl"
-# At most 100 waiting runs (studio.state.PENDING_MAX), each under a few MB (schema and prompt files are capped at
-# 5 MB): a larger file is not one the studio wrote.
+# 100 waiting runs of a few MB each at most: a larger file is not one the studio wrote
 MAX_BYTES = 1 << 30
 
 
 class RecoveryFileError(EngineError):
-    """A recovery file that cannot be read back as runs (damaged, edited, or not written by the studio)."""
+    """A recovery file that cannot be read back as runs."""
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: each run is itself (hashed by identity)
+@dataclass(frozen=True, eq=False)  # each run is itself (hashed by identity)
 class PendingRun:
-    """A finished run waiting for the run log, stamped with the time it finished."""
-
-    data: dict  # the `run --json` document (its unit names are EntryName strings)
+    data: dict  # the `run --json` document
     schema_text: str
     prompt_text: str
     created_at: str
-    source: str | None = None  # the run log's source column: "api", None for the studio's Compare
+    source: str | None = None  # "api", None for the studio's Compare
 
     def to_json(self) -> dict:
-        """The run as plain JSON values: a dumps/loads round trip, since ``data`` holds str subclasses
-        (EntryName) that neither ``dataclasses.asdict`` nor ``copy.deepcopy`` can rebuild."""
+        """The run as plain JSON values (``data`` holds str subclasses that ``copy.deepcopy`` cannot rebuild)."""
         return json.loads(json.dumps({"created_at": self.created_at, "schema_text": self.schema_text,
                                       "prompt_text": self.prompt_text, "data": self.data, "source": self.source}))
 
@@ -54,7 +44,6 @@ class PendingRun:
 
 
 def places(log_path: Path) -> list[Path]:
-    """Where the runs of the run log at ``log_path`` are saved, in the order tried: beside it, then the cache."""
     from engine.devices import cache_root
 
     log_path = Path(log_path).expanduser().absolute()
@@ -63,14 +52,11 @@ def places(log_path: Path) -> list[Path]:
 
 
 def existing(log_path: Path) -> list[Path]:
-    """The recovery files of the run log at ``log_path`` that exist now."""
     return [p for p in places(log_path) if p.is_file()]
 
 
 def save(runs: list[PendingRun], log_path: Path) -> Path:
-    """Write ``runs`` (oldest first) to the first of :func:`places` that takes them; its path.
-
-    Raises the last OSError when no place could be written (a full disk everywhere)."""
+    """Write ``runs`` to the first of :func:`places` that takes them; its path (or the last OSError)."""
     text = "".join(json.dumps(run.to_json()) + "\n" for run in runs)
     error: OSError | None = None
     for path in places(log_path):
@@ -83,7 +69,6 @@ def save(runs: list[PendingRun], log_path: Path) -> Path:
 
 
 def read(path: Path) -> list[PendingRun]:
-    """The runs of the recovery file at ``path``, oldest first; RecoveryFileError naming the line that is wrong."""
     try:
         if path.stat().st_size > MAX_BYTES:
             raise RecoveryFileError(f"{path}: {path.stat().st_size} bytes, more than the {MAX_BYTES} a stop writes")
@@ -98,8 +83,7 @@ def read(path: Path) -> list[PendingRun]:
 
 
 def set_aside(path: Path) -> Path | None:
-    """Rename a damaged recovery file to ``NAME.corrupt`` (``NAME.corrupt.2``... when taken); the new path, or
-    None when it could not be renamed (it then stays where it is)."""
+    """Rename a damaged recovery file to ``NAME.corrupt`` (``.corrupt.2``... when taken); None when it cannot be."""
     for n in range(1, 100):
         aside = path.with_name(path.name + ".corrupt" + (f".{n}" if n > 1 else ""))
         if aside.exists():
@@ -113,8 +97,7 @@ def set_aside(path: Path) -> Path | None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """``text`` in ``path``, whole or not at all, readable by this user only: written to a temp file in the same
-    folder (mkstemp: mode 0600), then renamed."""
+    """``text`` in ``path``, whole or not at all, readable by this user only (mkstemp, then a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
@@ -129,11 +112,10 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-# -- internal helpers -----------------------------------------------------------------------------
 
 
 def _run(line: str, where: str) -> PendingRun:
-    """One line's run, checked as the run log will read it (so that a bad line fails before any run is written)."""
+    """One line's run, checked as the run log will read it, so a bad line fails before any run is written."""
     from engine.runlog import arm_rows, row_from_comparison
 
     try:

@@ -1,12 +1,7 @@
 """Run settings: the encode panel's widget values → one :class:`engine.config.RunConfig`.
 
-The widgets (tabs/encode.py) read their choices from ``engine.config`` (:func:`radio_choices`, the arms'
-titles from their views) and start at the engine's config; their values reach handlers as a dict keyed by
-setting name (:class:`Panel`). :func:`run_config` is the one place those values become a
-config, validated by the engine. The arms to run come from the arms checkbox; each registered arm's
-settings (``engine.arms``: ``repair``, ``blend``, ``blend_rule``, ...) have one control each, made from
-the arm's declaration (made in tabs/encode.py, drawn beside the arms in tabs/compare.py) and read here by key: a new arm adds its controls
-without an edit here.
+Widget values reach handlers as a dict keyed by setting name (:class:`Panel`); :func:`run_config` is the one place
+they become a config. Each arm's settings are read by key, so a new arm adds its controls without an edit here.
 """
 
 from __future__ import annotations
@@ -22,14 +17,13 @@ from .errors import as_gr_error
 
 
 def radio_choices(setting: str) -> list[tuple[str, str]]:
-    """(words, value) pairs of ``setting`` for a Gradio radio or checkbox group; an arm is named by its view."""
     if setting == "arms":
         return [(view_of(arm).title, arm) for arm, _ in choices("arms")]
     return [(words, value) for value, words in choices(setting)]
 
 
 def run_config(base: RunConfig, settings: dict) -> RunConfig:
-    """``base`` with the panel's ``settings`` applied (missing or empty ones keep base's); raises gr.Error."""
+    """``base`` with the panel's ``settings`` applied (empty ones keep base's); raises gr.Error."""
     given = {k: v for k, v in settings.items() if v not in (None, "")}
     with as_gr_error("reading the run settings"):
         changes = {
@@ -41,17 +35,15 @@ def run_config(base: RunConfig, settings: dict) -> RunConfig:
             "budget_bytes": budget_from_mib(given.get("budget_mib")),
             "sink": given.get("sink"),
             "arms": _arms(settings.get("arms")),
-            # every arm's settings, by key; checked by the arm's settings class (4.0 from a slider is 4)
+            # checked by the arm's settings class (4.0 from a slider is 4)
             **{s.key: given.get(s.key) for _, _, s in settings_specs()},
         }
-        # the model, its device and dtype belong to the engine: a run changes only how modules are kept
+        # the model, its device and dtype belong to the engine
         return base.with_(device=base.device, **{k: v for k, v in changes.items() if v is not None})
 
 
 @dataclass(frozen=True)
 class Panel:
-    """The setting widgets, by setting name, in the order handlers receive their values."""
-
     widgets: dict
 
     @property
@@ -59,7 +51,6 @@ class Panel:
         return list(self.widgets.values())
 
     def values(self, args) -> dict:
-        """{setting: value} from the values Gradio passes for :attr:`inputs`."""
         return dict(zip(self.widgets, args))
 
     def __len__(self) -> int:
@@ -67,7 +58,7 @@ class Panel:
 
 
 def _arms(chosen) -> tuple[str, ...] | None:
-    """The arms checkbox's choice (None: the widget was not given, keep the base's); at least one arm."""
+    """The arms checkbox's choice (None: not given, keep the base's); at least one arm."""
     if chosen is None:
         return None
     if isinstance(chosen, str):

@@ -1,16 +1,9 @@
 """What the served studio does when it stops, however it stops: Ctrl-C, SIGTERM, SIGHUP or a normal exit.
 
-    stop = install(demo)   # before demo.launch, in the main thread
-    demo.launch(...)       # blocks until the server is closed
-    stop()                 # runs once, whoever calls it first: this, a signal or atexit
-
-:func:`stop` writes the runs waiting for the run log (or saves them to the recovery file), removes the temporary
-download folder, and prints one line saying so. On SIGINT, SIGTERM and SIGHUP the handler first sets
-:data:`studio.streaming.STOPPING` (every run on the engine thread ends within a token), runs the cleanup and ends
-the process at once (``os._exit``: a model load or a run being logged would hold a normal exit), within 5 s.
-SIGINT's handler is installed even when the studio was started with SIGINT ignored (a background shell's
-children inherit that); a SIGTERM or SIGHUP ignored by the parent (``nohup``) stays ignored, and a Python handler
-installed before is called after the cleanup.
+Once: the waiting runs are written or saved, the download folder removed, one line printed. A signal first sets
+:data:`studio.streaming.STOPPING` and ends with ``os._exit``, since a model load or a run being logged would hold
+a normal exit. SIGINT is handled even when inherited as ignored (a background shell); an ignored SIGTERM or SIGHUP
+(``nohup``) stays ignored.
 """
 
 from __future__ import annotations
@@ -30,9 +23,8 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
 
 
 def stop(studio, downloads: Path | None) -> None:
-    """Remove ``downloads``; write or save the studio's waiting runs; print one line saying what was done."""
     removed = downloads is not None and downloads.exists()
-    if downloads is not None:  # first: it holds the whole run log, and saving runs may wait for a locked log
+    if downloads is not None:  # first: saving runs may wait for a locked log
         shutil.rmtree(downloads, ignore_errors=True)
     done = studio.save_pending()
     for line in done.notes:
@@ -41,7 +33,6 @@ def stop(studio, downloads: Path | None) -> None:
 
 
 def stop_line(done, log_path: Path, removed: Path | None) -> str:
-    """The console's one line for a stop: runs written, saved (where, why) or lost, and the folder removed."""
     said = []
     if done.written:
         said.append(f"{_runs(done.written)} waiting in memory written to the run log {log_path}")
@@ -56,9 +47,8 @@ def stop_line(done, log_path: Path, removed: Path | None) -> str:
 
 
 def install(demo) -> Callable[[], bool]:
-    """Run :func:`stop` for ``demo`` (built by :func:`studio.app.build_app`) at exit and on SIGINT, SIGTERM and
-    SIGHUP. Returns the cleanup, to call once the server has stopped; it runs once. The signal handlers are
-    installed only from the main thread (Python allows no other)."""
+    """Run :func:`stop` for ``demo`` at exit and on SIGINT, SIGTERM and SIGHUP (handlers from the main thread
+    only); returns the cleanup, to call once the server has stopped."""
     cleanup = Once(lambda: stop(demo.studio, getattr(demo, "downloads", None)))
     atexit.register(cleanup)
     if threading.current_thread() is threading.main_thread():
@@ -72,16 +62,14 @@ def install(demo) -> Callable[[], bool]:
 
 
 class Once:
-    """``fn`` as a call that runs it the first time only; a signal that arrives during the cleanup does not
-    restart it (signal handlers run in the main thread, between two of its steps)."""
+    """``fn``, run the first time only; a signal that arrives during the cleanup does not restart it."""
 
     def __init__(self, fn: Callable[[], None]):
         self.fn = fn
         self.state = "waiting"  # waiting | running | done
-        self._lock = threading.RLock()  # reentrant: a handler may interrupt the thread that holds it
+        self._lock = threading.RLock()  # a handler may interrupt the thread that holds it
 
     def __call__(self) -> bool:
-        """Run ``fn`` unless it ran or is running; whether it has finished (now or before)."""
         with self._lock:
             if self.state != "waiting":
                 return self.state == "done"
@@ -94,18 +82,15 @@ class Once:
 
 
 def _handler(cleanup: Once, previous, status: int | None = None) -> Callable:
-    """A signal handler: stop the engine's runs, the cleanup, then ``previous`` when it is Python code, else exit
-    with ``status`` (None: 128 + signum; Ctrl-C exits 0, as a studio closed by Ctrl-C always has).
-
-    A signal that interrupts a cleanup under way returns at once: that cleanup finishes, then the process ends
-    the way it was already ending."""
+    """Stop the engine's runs, clean up, then call ``previous`` when it is Python code, else exit with ``status``
+    (None: 128 + signum). A signal during a cleanup under way returns at once."""
 
     def handle(signum, frame) -> None:
         STOPPING.set()
         try:
             if not cleanup():
                 return
-        except Exception as err:  # noqa: BLE001 (the process is ending: say why the cleanup failed, then end it)
+        except Exception as err:  # noqa: BLE001 (the process is ending: say why, then end it)
             print(f"pml-studio: error: the cleanup at stop failed: {err}", file=sys.stderr)
         if callable(previous):
             previous(signum, frame)

@@ -1,17 +1,8 @@
 """What every tab shares: the engine (replaced when another model is loaded), the run log, layouts.
 
-Handlers take a :class:`Studio` as their first argument and are plain functions of plain values
-(tests call them without a server). Nothing here loads the model; the tokenizer is the engine's
-own (``Engine.tokenizer``), loaded once.
-
-A finished run the run log cannot take (locked by another writer past its timeout, read-only file)
-is not lost: it waits in memory (at most :data:`PENDING_MAX` runs, the oldest dropped first, which
-the report says) and is written, oldest first, before the next run. :meth:`Studio.record` returns the
-``logged`` report the Compare tab shows and the ``/compare`` API returns.
-
-At stop (studio/shutdown.py) :meth:`Studio.save_pending` tries the waiting runs once more and saves the rest to
-the recovery file (studio/recovery.py); a Studio built over the same run log writes them back, oldest first with
-their own times, and removes the file once all are written (:meth:`Studio.recover_pending`).
+Handlers take a :class:`Studio` first and are plain functions of plain values, tested without a server. A run the
+run log cannot take waits in memory (at most :data:`PENDING_MAX`) and is written before the next run; at a stop
+the rest go to the recovery file (studio/recovery.py), written back at the next start.
 """
 
 from __future__ import annotations
@@ -37,51 +28,39 @@ from .errors import as_gr_error
 from .recovery import PendingRun  # noqa: F401 (the studio's name for it)
 from .views import chips_html
 
-DEFAULT_MODEL = START_MODEL  # the engine's default (engine/model/__init__.py)
-PENDING_MAX = 100  # finished runs kept in memory while the run log cannot take them
-# the most new tokens one Compare may ask for (each arm; `serve --max-new-tokens-cap N` changes it): one /compare
-# call holds the studio's single run queue, and 30,000 tokens held it for hours while its KV grew by gigabytes
+DEFAULT_MODEL = START_MODEL
+PENDING_MAX = 100
+# one /compare call holds the studio's single run queue: 30,000 tokens held it for hours
 MAX_NEW_TOKENS_CAP = 2048
-# at a stop, how long a locked run log (and a run being logged on another thread) is waited for: a signal's stop
-# ends within 5 s
-STOP_WAIT_S = 1.0
+STOP_WAIT_S = 1.0  # a signal's stop ends within 5 s
 
 
 @dataclass(frozen=True)
 class StopSave:
-    """What :meth:`Studio.save_pending` did with the waiting runs."""
-
-    written: int = 0  # written to the run log now
+    written: int = 0
     saved: int = 0  # saved to ``where`` for the next start
     where: Path | None = None
     error: str | None = None  # why the run log refused them
-    lost: int = 0  # neither written nor saved (``error`` says why)
+    lost: int = 0
     notes: tuple[str, ...] = ()  # warnings about recovery files
 
 
 class Studio:
-    """The engine, the run log, and the layouts of recently seen schema texts."""
-
     def __init__(self, engine, runlog: RunLog, recover: bool = True, max_new_tokens_cap: int | None = None):
-        """``recover``: write the runs a stop saved for this run log (:meth:`recover_pending`), saying so on stderr.
-        ``max_new_tokens_cap``: the most new tokens a Compare may ask for (None: :data:`MAX_NEW_TOKENS_CAP`)."""
         self.engine = engine
         self.runlog = runlog
         self.max_new_tokens_cap = max_new_tokens_cap or MAX_NEW_TOKENS_CAP
         self.lock = threading.Lock()  # model loads
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._log_lock = threading.Lock()  # the pending runs and their writing
-        self.pending: deque[PendingRun] = deque()  # runs not logged yet, oldest first
-        self.dropped = 0  # runs dropped from a full pending queue since the studio started
-        self.log_error: str | None = None  # why the last write failed (None: it succeeded)
-        self._saved: list = []  # recovery files holding runs that wait in self.pending (recover_pending)
+        self.pending: deque[PendingRun] = deque()  # oldest first
+        self.dropped = 0
+        self.log_error: str | None = None  # why the last write failed
+        self._saved: list = []  # recovery files holding runs that wait in self.pending
         for line in self.recover_pending() if recover else ():
             print(line, file=sys.stderr, flush=True)
 
-    # -- documents --------------------------------------------------------------------------------
-
     def layout(self, schema_text: str) -> Layout:
-        """The schema's layout (cached by text); raises EngineError."""
         key = (id(self.engine), schema_text)
         lay = self._layouts.get(key)
         if lay is None:
@@ -95,16 +74,12 @@ class Studio:
 
     @property
     def tokenizer(self):
-        """The engine's tokenizer (loaded without the weights when they are not loaded yet)."""
         return self.engine.tokenizer
 
     def decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    # -- runs -------------------------------------------------------------------------------------
-
     def run_config(self, settings: dict) -> RunConfig:
-        """The RunConfig of the panel's ``settings``, its store ready (device checked, budget applied)."""
         cfg = run_settings.run_config(self.engine.config, settings)
         with as_gr_error():
             self.engine.store(cfg.storage)  # a GPU store without a GPU fails here, with the reason
@@ -114,16 +89,11 @@ class Studio:
 
     def record(self, data: dict, schema_text: str, prompt_text: str, source: str | None = None,
                toast: bool = True) -> dict:
-        """Write a finished run to the run log, after the runs waiting before it; return the ``logged`` report:
-
-        ``{"ok": bool, "run_id": int | None, "error": str | None, "pending": int, "flushed": int, "dropped": int}``
-        (``flushed``: earlier runs written now; ``pending``: runs still in memory; ``dropped``: runs lost
-        from a full queue since the studio started). A run that cannot be written stays in memory.
-        ``source``: the run log's source column ("api"); ``toast``: a failure is a warning in the page too.
-        """
+        """Write a finished run to the run log, after the runs waiting before it; return the ``logged`` report
+        (``{"ok", "run_id", "error", "pending", "flushed", "dropped"}``). A run that cannot be written waits."""
         run = PendingRun(data, schema_text, prompt_text, utc_now(), source)
         with self._log_lock:
-            if self.runlog.read_only:  # nothing this process does can make it writable: nothing to keep
+            if self.runlog.read_only:  # nothing can make it writable: nothing to keep
                 return self._report(None, 0, f"not logged: {self.runlog.read_only}", toast)
             self.pending.append(run)
             written, err = self._flush()
@@ -137,25 +107,23 @@ class Studio:
             return self._report(None, len(written), f"not logged: {err}; {kept}{lost}", toast)
 
     def save_pending(self, wait_s: float = STOP_WAIT_S) -> StopSave:
-        """At stop: write the waiting runs, and save those the run log still refuses to the recovery file.
-
-        A locked log, or a run being logged on another thread, is waited for ``wait_s`` at most: then the runs
-        waiting are saved as they are (a run is in :attr:`pending` until it is written)."""
-        self.runlog.timeout = min(self.runlog.timeout, wait_s)  # the process is ending: no later write waits longer
+        """At stop: write the waiting runs, and save those the run log refuses (or a lock held past ``wait_s``) to
+        the recovery file."""
+        self.runlog.timeout = min(self.runlog.timeout, wait_s)
         held = self._log_lock.acquire(timeout=wait_s)
         try:
             if not self.pending:
                 return StopSave()
             written, err = self._flush() if held else ({}, RunLogError("another thread was writing to it"))
             notes = tuple(self._resave_or_warn(written))
-            if err is None:  # recovered runs among them: their file goes
+            if err is None:
                 return StopSave(written=len(written), notes=notes)
             n = len(self.pending)
             try:
                 self._resave()
             except OSError as saving:
                 return StopSave(len(written), lost=n, error=f"{err}; and no recovery file could be written ({saving})")
-            where, self._saved = self._saved[0], []  # the next start's to read, no longer this studio's
+            where, self._saved = self._saved[0], []  # the next start's to read
             self.pending.clear()
             return StopSave(len(written), n, where, str(err), notes=notes)
         finally:
@@ -163,11 +131,8 @@ class Studio:
                 self._log_lock.release()
 
     def recover_pending(self) -> list[str]:
-        """At start: write the runs a stop saved for this run log (oldest first, with their own times) and remove
-        their files once all are written; the console lines saying so.
-
-        A damaged file is renamed aside (``.corrupt``) with a warning. Runs the log refuses now wait in memory as
-        any unlogged run does, and stay in their file until written. A read-only log leaves the files as they are."""
+        """At start: write the runs a stop saved for this run log, oldest first with their own times; the console
+        lines saying so. A damaged file is renamed aside; runs the log refuses wait in memory and in their file."""
         notes, runs, files = [], [], []
         for path in recovery.existing(self.runlog.path):
             try:
@@ -196,8 +161,7 @@ class Studio:
                         f"{len(self.pending)} wait in memory and in {self._saved[0]} ({err})"]
 
     def _resave(self) -> None:
-        """Make the recovery files hold exactly the waiting runs: saved anew (a file another stop left elsewhere
-        removed), or every file removed when none waits. Raises OSError when the runs cannot be saved."""
+        """Make the recovery files hold exactly the waiting runs (none: every file removed); raises OSError."""
         keep = recovery.save(self._snapshot(), self.runlog.path) if self.pending else None
         for path in self._saved:
             if path != keep:
@@ -214,7 +178,6 @@ class Studio:
         return list(self.pending)
 
     def _resave_or_warn(self, written: dict) -> list[str]:
-        """:meth:`_resave` when runs of a recovery file were just written; a warning, or []."""
         if not (written and self._saved):
             return []
         try:
@@ -225,7 +188,6 @@ class Studio:
         return []
 
     def _trim(self) -> str:
-        """Drop the oldest pending runs beyond PENDING_MAX; '' or the sentence saying so."""
         n = 0
         while len(self.pending) > PENDING_MAX:
             self.pending.popleft()
@@ -237,9 +199,8 @@ class Studio:
                 f"(fix the run log, or restart with --db another.db)")
 
     def _flush(self) -> tuple[dict[PendingRun, int], RunLogError | None]:
-        """Write the pending runs, oldest first, until one fails; ({run: id} written, the failure or None).
-
-        A run leaves :attr:`pending` once written, not before: a stop that cannot wait for this saves it."""
+        """Write the pending runs, oldest first, until one fails. A run leaves :attr:`pending` once written, so a
+        stop that cannot wait saves it."""
         written: dict[PendingRun, int] = {}
         while self.pending:
             run = self.pending[0]
@@ -252,14 +213,12 @@ class Studio:
         return written, None
 
     def _report(self, run_id: int | None, flushed: int, error: str | None, toast: bool = True) -> dict:
-        """The ``logged`` report (see :meth:`record`); a failure is also a warning toast in the page."""
         if error and toast:
             gr.Warning(error)
         return {"ok": error is None, "run_id": run_id, "error": error, "pending": len(self.pending),
                 "flushed": flushed, "dropped": self.dropped}
 
     def log_problem(self) -> str | None:
-        """Why runs are missing from the run log (read-only, runs waiting in memory), or None when none are."""
         if self.runlog.read_only:
             return f"{self.runlog.read_only}. Its runs are listed; new runs are not logged."
         n = len(self.pending)
@@ -270,8 +229,6 @@ class Studio:
         if self.dropped:
             text += f"{'; ' if text else ''}{self.dropped} unlogged runs were dropped (more than {PENDING_MAX} waited)"
         return text
-
-    # -- model ------------------------------------------------------------------------------------
 
     def replace_engine(self, engine) -> None:
         self.engine = engine

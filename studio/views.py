@@ -1,11 +1,7 @@
 """HTML the studio draws: status boxes, the token view, memory readouts, the compare columns, chips.
 
-Every function takes typed values (a :class:`engine.arms.compare.Comparison` and its
-:class:`engine.arms.ArmResult` s, plans, store stats) and returns an HTML string; the user's text
-is always escaped. A live run and one reopened from the run log (``Comparison.from_json``) take the
-same path. The compare view is generic over the registered arms (their looks: studio/arm_views/), and the
-token view over token classes (:func:`token_classes`): a new arm or a new kind of token is one entry in a
-table.
+Every function takes typed values (a Comparison, plans, store stats) and returns HTML, the user's text escaped. A
+live run and one reopened from the run log take the same path; arms look as their views say (studio/arm_views/).
 """
 
 from __future__ import annotations
@@ -20,20 +16,15 @@ from engine.config import short_dtype
 from .arm_views import View, view_of, views
 
 MB = 1_000_000
-MIB = 2**20  # the module memory budget is set in MiB, like the CLI's --budget-mb
+MIB = 2**20  # the budget is set in MiB, like the CLI's --budget-mb
 
 
-# ----------------------------------------------------------------------------------------------
-# Status boxes, chips, key/value tables
-# ----------------------------------------------------------------------------------------------
 
 def ok_html(text_html: str) -> str:
-    """A green status box (``text_html`` is already escaped)."""
     return f'<div class="pml-status ok">✓ {text_html}</div>'
 
 
 def problems_html(title: str, problems: Iterable[str]) -> str:
-    """A red status box listing ``problems`` (plain text, escaped here)."""
     items = "".join(f"<li><code>{html.escape(p)}</code></li>" for p in problems)
     return f'<div class="pml-status err"><b>{html.escape(title)}</b><ul>{items}</ul></div>'
 
@@ -47,14 +38,11 @@ def note_html(text_html: str) -> str:
 
 
 def kv_html(rows: Iterable[tuple]) -> str:
-    """A key/value table (the model panel)."""
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f'<table class="pml-kv">{cells}</table>'
 
 
 def chips_html(model: str, state: str, runlog_path: str, warning: str = "", why: str = "") -> str:
-    """The header: which model, whether it is loaded, where the run log is (and a warning chip, ``why`` on hover,
-    when runs are not being logged)."""
     short = runlog_path if len(runlog_path) <= 30 else "…" + runlog_path[-29:]
     warn = (f'<span class="chip pml-chip warn" title="{html.escape(why)}"><b>run log</b> {html.escape(warning)}</span>'
             if warning else "")
@@ -64,8 +52,6 @@ def chips_html(model: str, state: str, runlog_path: str, warning: str = "", why:
 
 
 def logged_html(logged: dict | None) -> str:
-    """Under a finished run: a warning chip when it was not logged (the reason, kept in memory or not), a
-    plain chip when earlier runs that were waiting were written with it; nothing when all is well."""
     if not logged:
         return ""
     if not logged.get("ok"):
@@ -85,12 +71,10 @@ def logged_html(logged: dict | None) -> str:
 
 
 def warn_html(text: str) -> str:
-    """An amber status box (plain text, escaped here)."""
     return f'<div class="pml-status warn">{html.escape(text)}</div>'
 
 
 def cards_html(cards: Iterable[tuple[str, str]], note: str = "") -> str:
-    """Figure cards (label, value) and a note under them."""
     body = "".join(f'<div class="card"><span class="k">{html.escape(k)}</span><span class="v">{html.escape(v)}</span>'
                    "</div>" for k, v in cards)
     return f'<div class="pml-cards">{body}</div>' + (note_html(html.escape(note)) if note else "")
@@ -101,12 +85,8 @@ def retention_text(retention, method) -> str:
     return "100 % (full)" if r >= 1.0 else f"{r:.0%} {method or 'pyramid'}".replace("%", " %")
 
 
-# ----------------------------------------------------------------------------------------------
-# Highlighted source
-# ----------------------------------------------------------------------------------------------
 
 def highlight_html(text: str, lines: Iterable[int] = ()) -> str:
-    """Read-only pygments rendering of a PML document, ``lines`` highlighted as errors."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import XmlLexer
@@ -122,11 +102,8 @@ def highlight_html(text: str, lines: Iterable[int] = ()) -> str:
     return f'<div class="pml-code">{highlight(text or " ", XmlLexer(), fmt)}</div>'
 
 
-# ----------------------------------------------------------------------------------------------
-# Token view
-# ----------------------------------------------------------------------------------------------
 
-BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); each arm's view may add one (View.token_class)
+BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); a view may add one (View.token_class)
     "cached": ("tok-cached", "cached module"),
     "anonymous": ("tok-anon", "cached system / template text"),
     "argument": ("tok-arg", "argument (prefilled at its param's positions)"),
@@ -136,7 +113,6 @@ BASE_TOKEN_CLASSES = {  # token class -> (css class, legend label); each arm's v
 
 
 def token_classes() -> dict[str, tuple[str, str]]:
-    """Every token class: the plan's, then each registered arm's (its view's ``token_class``)."""
     arms = {v.token_class[0]: (f"tok-{v.token_class[0]}", v.token_class[1]) for v in views() if v.token_class}
     return {**BASE_TOKEN_CLASSES, **arms}
 SEGMENT_CLASSES = {  # (segment kind, source) -> token class
@@ -149,36 +125,31 @@ SEGMENT_CLASSES = {  # (segment kind, source) -> token class
     ("uncached", "module"): "new",
 }
 def token_marks(comparison: Comparison | None) -> dict[str, set[int]]:
-    """Positions a run puts in a class of their own (the tokens an arm recomputed), by class."""
     out: dict[str, set[int]] = {}
     for view in views():
         res = comparison.arm(view.arm) if comparison is not None and view.token_class else None
         if res is not None and res.run.recomputed_positions:
             out[view.token_class[0]] = set(res.run.recomputed_positions)
         if res is not None and res.detail is not None and comparison.plan is not None:
-            out.update(view.marks(res.detail, comparison.plan))  # an arm's own classes (a routed run's unread modules)
+            out.update(view.marks(res.detail, comparison.plan))
     return out
 
 
 def prefix_stop(comparison: Comparison | None) -> int | None:
-    """How many leading prompt tokens the prefix arm reused (where its reuse stopped), if it ran."""
     pre = comparison.arm(Arm.PREFIX) if comparison is not None else None
     return None if pre is None else pre.run.reused_tokens
 
 
 def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int]] | None = None,
                     stop: int | None = None) -> str:
-    """The prompt as coloured tokens; hover shows owner, kind and position.
-
-    ``marks`` ({token class: positions}) overrides the class of the tokens at those positions;
-    ``stop`` puts a mark before the prompt's ``stop``-th token (where prefix-cache reuse stopped).
-    """
+    """The prompt as coloured tokens, hover showing owner, kind and position; ``marks`` ({class: positions})
+    overrides classes, ``stop`` marks where prefix-cache reuse stopped."""
     legend: dict[str, str] = {}
     classes = token_classes()
     spans = []
     if stop is not None:
         legend["tok-stop"] = f"prefix cache reused {stop} tokens, up to ▌"
-    index = 0  # the token's place in the prompt
+    index = 0
     for seg in plan.segments:
         base = SEGMENT_CLASSES.get((seg.kind, seg.source), "new")
         owner = seg.owner or ("prompt text" if seg.source in ("text", "argument") else "system / template")
@@ -200,9 +171,6 @@ def token_view_html(plan, decode: Callable[[int], str], marks: dict[str, set[int
             f'<div class="tok-body">{"".join(spans)}</div></div>')
 
 
-# ----------------------------------------------------------------------------------------------
-# Module memory
-# ----------------------------------------------------------------------------------------------
 
 MEMORY_ROWS = [("module memory", "bytes"), ("entries", "entries"), ("budget", "budget_bytes"), ("pinned", "pinned"),
                ("evictions", "evictions"), ("disk loads", "disk_loads"), ("disk writes", "disk_writes"),
@@ -210,7 +178,6 @@ MEMORY_ROWS = [("module memory", "bytes"), ("entries", "entries"), ("budget", "b
 
 
 def memory_html(before: dict, after: dict) -> str:
-    """The module store's readouts before and after an action, changed values marked."""
     def fmt(key: str, value) -> str:
         if key in ("bytes", "budget_bytes"):
             return "none" if value is None else f"{value / MIB:,.1f} MiB"
@@ -227,16 +194,13 @@ def memory_html(before: dict, after: dict) -> str:
             f'</thead><tbody>{"".join(rows)}</tbody></table>{note}')
 
 
-# ----------------------------------------------------------------------------------------------
-# Compare: one column per arm
-# ----------------------------------------------------------------------------------------------
 
 def head_html(view: View) -> str:
     return f'<div class="col-head">{view.title} <span>{view.subtitle}</span></div>'
 
 
 def column_html(text: str, active: bool, marker: int | None = None) -> str:
-    """A generated-text column; text from ``marker`` (a character offset) on is marked as divergent."""
+    """A generated-text column; text from the character offset ``marker`` on is marked as divergent."""
     if marker is not None and 0 <= marker <= len(text):
         body = html.escape(text[:marker]) + f'<mark class="diverge">{html.escape(text[marker:]) or "∅"}</mark>'
     else:
@@ -246,13 +210,11 @@ def column_html(text: str, active: bool, marker: int | None = None) -> str:
 
 
 def reuse_counts(comparison: Comparison, arm: str) -> tuple[int, int]:
-    """(prompt tokens reused from a cache, tokens prefilled) by ``arm``."""
     run = comparison.arm(arm).run
     return run.reused_tokens, run.prefill_tokens
 
 
 def metrics_html(comparison: Comparison | None, arm: str) -> str:
-    """An arm's readouts (TTFT, copy, decode, memory) and a chip with what it reused."""
     res = comparison.arm(arm) if comparison is not None else None
     if res is None:
         return '<div class="pml-metrics empty">TTFT, decode speed and memory appear here after a run.</div>'
@@ -276,7 +238,6 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
 
 
 def first_rows(run, arm: str) -> list[tuple[str, str]]:
-    """The rows of an arm's first token: TTFT, its prefill and what came before the prefill (the view names it)."""
     rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
     if arm != Arm.BASELINE:
         rows.append((view_of(arm).copy_label, f"{run.copy_ms:.1f} ms"))
@@ -284,26 +245,24 @@ def first_rows(run, arm: str) -> list[tuple[str, str]]:
 
 
 def decode_row(run) -> tuple[str, str]:
-    """Decode speed, named as what it measured: arms decoded together share one batch's steps, so the figure is
-    the batch's, the same for each of them."""
+    """Decode speed; arms decoded together share one batch's steps, so the figure is the batch's."""
     dec = run.decode_ms_per_token
     if dec is None:
         return "decode", "–"
-    if run.decode_batch > 1:  # the batch shrinks as arms end: an arm that decodes longer averages smaller steps
+    if run.decode_batch > 1:  # the batch shrinks as arms end
         return "decode (shared batch)", f"{dec:.1f} ms/step, a batch of up to {run.decode_batch} arms"
     return "decode", f"{dec:.1f} ms/token"
 
 
 def first_token_html(run, arm: str) -> str:
-    """An arm's readouts while the run goes on: its TTFT, as soon as its first token exists."""
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in first_rows(run, arm))
     return (f'<div class="pml-arm-chips"><span class="badge">first token in; decoding…</span></div>'
             f'<table class="pml-metrics pml-first">{cells}</table>')
 
 
 def headline(comparison: Comparison) -> tuple[str | None, float | None, bool]:
-    """(arm, speedup, whether its text is the baseline's) of the arm the summary leads with: the fastest first
-    token among the arms whose answer is the baseline's, else the fastest of all."""
+    """(arm, speedup, agrees) of the arm the summary leads with: the fastest first token among the arms that agree
+    with the baseline, else the fastest of all."""
     ranked = []
     for res in comparison.arms.values():
         speedup = comparison.speedup(res.arm)
@@ -318,8 +277,6 @@ def headline(comparison: Comparison) -> tuple[str | None, float | None, bool]:
 
 
 def bars_html(bars) -> str:
-    """An arm's small bars (its view's ``bars()``: (label, share 0..1, highlighted) each), e.g. the share of the
-    question's attention each module got, the modules a routed run read highlighted."""
     rows = "".join(
         f'<div class="pml-bar{" on" if on else ""}" title="{html.escape(label)}: {share * 100:.1f} %">'
         f'<span class="pml-bar-label">{html.escape(label)}</span>'
@@ -329,8 +286,7 @@ def bars_html(bars) -> str:
 
 
 def kv_rows(run, arm: str) -> list[tuple[str, str]]:
-    """The KV bytes an arm held (``run``: its RunResult): baseline its prompt buffer; prefix and cached what
-    they read from a store plus the run's buffer; and, after question retention, what decoding ran over."""
+    """The KV bytes an arm held: what it read from a store plus the run's buffer, and what decoding ran over."""
     held = run.kv_held_bytes
     if not held:
         return []  # a run logged before these figures existed
@@ -346,9 +302,8 @@ def kv_rows(run, arm: str) -> list[tuple[str, str]]:
 
 
 def summary_html(comparison: Comparison | None, message: str = "", live: str = "") -> str:
-    """The line above the columns: the speedup of the arm :func:`headline` picks and how it agrees with the
-    baseline (while a
-    run goes, its ``message`` and the ``live`` marker by which the page reads its texts: studio/live.py)."""
+    """The line above the columns: the headline arm's speedup and agreement (while a run goes, its ``message`` and
+    the ``live`` marker the page reads its texts by)."""
     if comparison is None:
         text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
         return f'<div class="pml-summary idle"><span class="pml-live-message">{text}</span>{live}</div>'
@@ -378,7 +333,6 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
 
 
 def _repair_badges(comparison: Comparison) -> list[str]:
-    """How many cached tokens repair recomputed, and the share of the cached prefill they were."""
     cached = comparison.cached
     n = cached.recomputed_tokens if cached is not None else 0
     if not comparison.repair and not n:
@@ -392,7 +346,6 @@ def _repair_badges(comparison: Comparison) -> list[str]:
 
 
 def _memory_badges(comparison: Comparison) -> str:
-    """Storage precision, retention and how the schema's units were obtained, as badges."""
     comp = comparison.store.compression or {}
     kept = comp.get("retention")
     extra = "" if kept is None or kept >= 1.0 else f' · {retention_text(kept, comp.get("method"))} kept'

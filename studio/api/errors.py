@@ -1,14 +1,13 @@
 """Errors as OpenAI answers them: ``{"error": {"message", "type", "param", "code"}}`` with OpenAI's statuses.
 
 Every refusal of the API is an :class:`ApiError`; :func:`from_engine` translates the engine's errors (their
-messages already name the place and the fix), and :func:`refusal_body` gives the launch-token guard
-(studio/guard.py) the same shape for ``/v1/`` paths. No traceback reaches a client: an exception nobody
+messages already name the place and the fix); the launch-token guard (studio/guard.py) refuses ``/v1/``
+paths in the same shape. No traceback reaches a client: an exception nobody
 anticipated is logged once and answered as a 500 naming its type.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 
 from engine.errors import ContextLengthError, EngineError, ModelError, PMLError, RunStopped, StorageError
@@ -50,17 +49,6 @@ def from_engine(err: BaseException, param: str | None = None) -> ApiError:
         return ApiError(400, _plain(str(err)), param=param, code="invalid_request")
     log.error("an API request failed", exc_info=err)  # the one traceback, for a failure nobody anticipated
     return ApiError(500, f"the request failed: {type(err).__name__}: {err}", type=SERVER, code="internal_error")
-
-
-def refusal_body(status: int, text: str) -> bytes:
-    """The launch-token guard's refusal (plain ``text``) as an OpenAI error body: 401 ``invalid_api_key``,
-    403 ``forbidden``, 429 ``rate_limit_exceeded`` (wrong keys), otherwise ``not_found``."""
-    code = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}.get(status, "not_found")
-    if status == 401:  # the guard's words are for a browser; a program needs to hear about its key
-        text = ("missing or wrong API key: the key is the launch token this server printed to the console of the "
-                "user who started it (or $PML_STUDIO_TOKEN); send it as 'Authorization: Bearer TOKEN' (the openai "
-                "client's api_key)")
-    return json.dumps(ApiError(status, text, code=code).body()).encode()
 
 
 def _plain(text: str) -> str:

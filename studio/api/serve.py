@@ -33,8 +33,8 @@ def api_app(engine_of, runlog, **options):
 
 def api_arguments(sp) -> None:
     """The API's options, for ``pml-studio serve`` and ``pml-studio api`` (read without importing torch)."""
-    from engine.cli import NumberArg
     from engine.config import Limit
+    from engine.limits import NumberArg
 
     sp.add_argument("--default-arm", default=None, type=_arm, metavar="ARM",
                     help=f"the arm that answers an API request that names none in pml.arm: baseline, prefix, cached, "

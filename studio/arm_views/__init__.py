@@ -1,10 +1,7 @@
 """How the studio shows each arm: its column title, subtitle, colour, progress text, chips and bars.
 
-The engine returns an arm's details as typed data (``ArmResult.detail``); a :class:`View` turns them into
-words. Views are found by arm name (:func:`view_of`); an arm with no view file gets the default view, its
-title made from its name and its colour from :data:`PALETTE`. A look of its own is one file in this
-folder that calls :func:`register` (every module here is imported when a view is first asked for).
-:data:`WORDS` gives the same words to ``pml-studio run``'s text and ``by_arm`` titles.
+A :class:`View` turns an arm's typed detail into words, found by arm name; an arm without a view file gets a title
+from its name and a colour from :data:`PALETTE`. :data:`WORDS` gives the same words to ``pml-studio run``.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.cli import ArmWords, titled
+from engine.words import ArmWords, titled
 
 PALETTE = ("#7c3aed", "#db2777", "#0891b2", "#65a30d", "#ca8a04", "#dc2626", "#2563eb", "#9333ea")
 
@@ -31,22 +28,21 @@ class View:
     subtitle: str = ""
     color: str = ""
     progress: str = ""  # what the page says while the arm runs
-    token_class: tuple[str, str] | None = None  # (name, legend) in the token view: its recomputed tokens, its marks
-    copy_label: str = "KV copy (in TTFT)"  # what the arm's copy_ms measured before its prefill
+    token_class: tuple[str, str] | None = None  # (name, legend) of its recomputed tokens in the token view
+    copy_label: str = "KV copy (in TTFT)"
 
     def chips(self, detail: Any) -> list[str]:
-        """Short facts under the arm's column (and in `pml-studio run`'s text) from its detail."""
+        """Short facts under the arm's column (and in `pml-studio run`'s text)."""
         return []
 
     def bars(self, detail: Any) -> list[Bar]:
         return []
 
     def marks(self, detail: Any, plan) -> dict[str, set[int]]:
-        """Token view classes of its own: {token class: positions} (a routed run's unread modules)."""
+        """Token view classes of its own: {token class: positions}."""
         return {}
 
     def filled(self) -> "View":
-        """This view with every empty field given its default."""
         title = self.title or self.arm.replace("_", " ").capitalize()
         return replace(self, title=title, color=self.color or _palette(self.arm),
                        progress=self.progress or f"{title}: running…")
@@ -56,7 +52,6 @@ VIEWS: dict[str, View] = {}
 
 
 def register(view: View) -> View:
-    """Make ``view`` the look of its arm (a view registered again under its arm replaces the old one)."""
     _discover()
     VIEWS[view.arm] = view.filled()
     return view
@@ -67,7 +62,6 @@ def unregister(arm: str) -> None:
 
 
 def view_of(arm: str) -> View:
-    """``arm``'s view, or the default one."""
     _discover()
     return VIEWS.get(str(arm)) or View(str(arm)).filled()
 
@@ -80,8 +74,6 @@ def views() -> tuple[View, ...]:
 
 
 class Words(ArmWords):
-    """The views' words for the CLI's text and ``by_arm`` titles."""
-
     def title(self, arm: str) -> str:
         return view_of(arm).title
 
@@ -96,12 +88,11 @@ WORDS = Words()
 
 
 def document(comparison) -> dict:
-    """``comparison``'s ``run --json`` document as ``pml-studio run`` writes it (``by_arm`` titled)."""
     return titled(comparison.to_json(), WORDS)
 
 
 def _palette(arm: str) -> str:
-    return PALETTE[zlib.crc32(arm.encode()) % len(PALETTE)]  # stable: an arm keeps its colour as others come
+    return PALETTE[zlib.crc32(arm.encode()) % len(PALETTE)]  # an arm keeps its colour as others come
 
 
 _found = False

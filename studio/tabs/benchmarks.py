@@ -68,7 +68,6 @@ def _small_run(studio: Studio, status: gr.HTML) -> None:
 
 
 def show_results(results: Path, assets: Path) -> tuple:
-    """Every view's value, in the order :func:`build` lays the views out (empty tables hidden)."""
     def table(df):
         return gr.Dataframe(df, visible=not df.empty)
 

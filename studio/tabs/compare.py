@@ -1,16 +1,7 @@
 """Compare tab: the arms stream side by side (one column per arm that runs), then figures and the token view.
 
-Columns follow the registered arms' views (studio/arm_views/: Baseline · Prefix cache · Modular cache); a column
-whose arm did not run is hidden. The same comparison is the ``/compare`` API endpoint, which
-returns the ``pml-studio run --json`` document plus a ``logged`` key (:meth:`Studio.record`'s report).
-Every finished run is written to the run log; one the log cannot take says so (a warning chip in the
-page, ``logged.ok`` false in the API) and waits in memory for the next run.
-
-``max_new_tokens`` is capped twice: by the studio's ceiling (:attr:`Studio.max_new_tokens_cap`, ``pml-studio serve
---max-new-tokens-cap N``), and by the model's context less the prompt (the engine's ContextLengthError says how
-many fit). The Stop button asks the running Compare of its page session to stop (studio/live.py: the run's
-``stop`` event, which the engine asks once per token) and cancels the event; a stopped run shows its partial
-texts marked stopped and is **not** written to the run log (its timings and agreement would be a partial run's).
+The same comparison is the ``/compare`` API endpoint. A finished run goes to the run log (one the log cannot take
+waits in memory, and the page says so); a stopped one shows its partial texts and is not logged.
 """
 
 from __future__ import annotations
@@ -42,7 +33,7 @@ class CompareTab:
     max_new: gr.Slider
     temperature: gr.Slider
     run: object  # the Compare button's event (history chains a refresh after it)
-    stream: Step  # the streaming run, for Re-run
+    stream: Step
 
 
 def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> CompareTab:
@@ -73,10 +64,9 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     inputs = [editors.schema, editors.prompt, max_new, temperature] + panel.inputs
     outputs = [summary] + columns + [tokens, result, status]
     stream = Step(_streamer(studio, panel), inputs, outputs)
-    # no progress overlay on the ~14 outputs: its animations, redrawn by the browser while the arms decode, took
-    # CPU from the decoding (the summary says what runs)
+    # no progress overlay: its animations took CPU from the decoding
     run = button.click(*stream, api_visibility="private", show_progress="hidden")
-    # outside the queue (the Compare holds it); cancels=[run] also drops a Compare still waiting in the queue
+    # outside the queue, which the Compare holds; cancels=[run] also drops a Compare still waiting
     stop.click(stop_ui, None, summary, queue=False, cancels=[run], api_visibility="private", show_progress="hidden")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
@@ -87,8 +77,6 @@ ARM_ACCORDION = "{title}: settings"
 
 
 def arm_controls(studio: Studio, panel: Panel) -> None:
-    """Draw the arms checkbox (which columns the next Compare runs) and, beside it, each arm's own settings in a
-    closed accordion; the widgets were made unrendered with the other run settings (tabs/encode.py)."""
     from engine.arms.registry import settings_specs
 
     from .encode import REPAIR_NOTE
@@ -113,22 +101,19 @@ def _api(studio: Studio) -> None:
     async def compare(schema_text: str, prompt_text: str, max_new_tokens: int = 32, storage: str = "cpu",
                       mode: str = "contextual", temperature: float = 0.0, storage_dtype: str = "float32",
                       retention: float = 1.0, compression: str = "pyramid") -> dict:
-        """Run the arms on a PML prompt and return the `pml-studio run --json` document, plus "logged".
-
-        "logged" says whether the run is in the run log: {"ok": bool, "run_id": int or null, "error": the
-        reason it is not (null when ok), "pending": runs kept in memory until the log takes them, "flushed":
-        earlier waiting runs written with this one, "dropped": runs lost from a full queue}.
+        """Run the arms on a PML prompt; the `pml-studio run --json` document plus "logged" ({"ok", "run_id",
+        "error", "pending", "flushed", "dropped"}: whether the run reached the run log).
 
         Args:
-            schema_text: the PML schema document (XML text).
+            schema_text: the PML schema (XML text).
             prompt_text: a PML prompt written against that schema.
-            max_new_tokens: tokens to generate in each arm (at least 1).
+            max_new_tokens: tokens to generate in each arm.
             storage: "cpu" or "cuda" (where module KV is stored).
-            mode: encoding mode, "contextual" (default; "prefixed", its old name, is accepted) or "isolated".
+            mode: "contextual" (default) or "isolated".
             temperature: 0 for greedy decoding (default).
-            storage_dtype: precision of stored modules, "float32" (default), "float16" or "bfloat16".
-            retention: share of each module's KV kept, in (0, 1]; 1.0 (default) keeps all.
-            compression: how tokens are chosen when retention < 1: "pyramid" (default), "uniform", "recent".
+            storage_dtype: "float32" (default), "float16" or "bfloat16".
+            retention: share of each module's KV kept, in (0, 1].
+            compression: "pyramid" (default), "uniform" or "recent", when retention < 1.
         """
         settings = {"storage": storage, "mode": mode, "storage_dtype": storage_dtype, "retention": retention,
                     "method": compression}
@@ -137,37 +122,28 @@ def _api(studio: Studio) -> None:
     gr.api(compare, api_name="compare")
 
 
-# ----------------------------------------------------------------------------------------------
-# Handlers
-# ----------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class CompareUpdate:
-    """One step of a streaming comparison."""
-
-    phase: str  # "encoding", an arm's name while it generates, "first" (an arm's first token), "stopped" or "done"
+    phase: str  # "encoding", an arm's name while it generates, "first", "stopped" or "done"
     texts: dict  # arm -> text so far
-    arms: tuple[str, ...]  # the arms this run has
+    arms: tuple[str, ...]
     message: str = ""
     result: dict | None = None  # the `run --json` document, on "done"
-    run_id: int | None = None  # None when the run could not be logged (see `logged`)
+    run_id: int | None = None  # None when the run could not be logged
     comparison: object = field(default=None, repr=False)
     logged: dict | None = None  # Studio.record's report, on "done"
-    live: object = field(default=None, repr=False)  # the run's studio.live.LiveRun (the page fetches its texts)
-    firsts: dict = field(default_factory=dict)  # arm -> its RunResult, once its first token exists (its TTFT)
+    live: object = field(default=None, repr=False)  # studio.live.LiveRun
+    firsts: dict = field(default_factory=dict)  # arm -> its RunResult, once it has its first token
 
 
 STOPPED = "Stopped: the partial run is not in the run log."
 DECODING = "Every arm has its first token (TTFTs below); decoding…"
 
-# seconds between two streamed updates of the arms' texts through Gradio, for a Compare no page is fetching
-# (studio/live.py: the page fetches them itself, because each Gradio message costs the browser ~25-40 ms of CPU)
+# between two updates through Gradio when no page fetches the texts itself (studio/live.py says why)
 UPDATE_EVERY = 0.5
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0, cap: int | None = None):
-    """Sampling from widget or API values; raises gr.Error naming the setting and its range (``cap``: the studio's
-    ceiling on max new tokens, :attr:`Studio.max_new_tokens_cap`)."""
     from engine.arms.registry import Sampling
 
     with as_gr_error("reading the sampling settings"):
@@ -181,13 +157,8 @@ def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int =
 
 def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens, temperature=0.0,
                    settings: dict | None = None, owner: str = "") -> Iterator[CompareUpdate]:
-    """Run the arms in a worker thread, yielding each arm's text as it grows.
-
-    The last update (phase "done") carries the `run --json` document, the run-log id and the ``logged``
-    report. A failure raises gr.Error with the engine's message and writes nothing to the run log. A run
-    stopped (``RUNS.stop(owner)``, or this generator closed before its end) ends the engine's work within a
-    token; its last update has phase "stopped" and the partial texts, and nothing is logged.
-    """
+    """Run the arms on the engine thread, yielding each arm's text as it grows; the last update is "done" (logged)
+    or "stopped" (not logged). A failure raises gr.Error."""
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     texts = {arm: "" for arm in cfg.arms}
@@ -195,8 +166,9 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
     work = partial(_work, studio.engine, schema_text, prompt_text, sampling, cfg, live)
-    shown, held = time.monotonic(), None  # one update per UPDATE_EVERY at most, and none while a page fetches
-    stopped, firsts = False, {}            # the texts itself: each one costs the page CPU the decoding needs
+    # one update per UPDATE_EVERY at most, none while the page fetches the texts itself: each costs it CPU
+    shown, held = time.monotonic(), None
+    stopped, firsts = False, {}
     try:
         for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
             if kind == "encode":
@@ -206,26 +178,26 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
             elif kind == "token":
                 arm, text = payload
                 texts[arm], held = text, arm
-            elif kind == "first":  # an arm's TTFT: shown at once (one update an arm)
+            elif kind == "first":  # an arm's TTFT is shown at once
                 firsts[str(payload[0].arm)] = payload[0].run
-                rest = [v.arm for v in arm_views() if v.arm in cfg.arms and v.arm not in firsts]  # in run order
+                rest = [v.arm for v in arm_views() if v.arm in cfg.arms and v.arm not in firsts]
                 yield CompareUpdate("first", dict(texts), cfg.arms, _progress(rest[0]) if rest else DECODING,
                                     live=live, firsts=dict(firsts))
             elif kind == "done":
                 res = payload[0]
             if held is not None and live.watched:
-                held = None  # the page has it
+                held = None
             if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
                 yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
                 shown, held = time.monotonic(), None
     except RunStopped:
         stopped = True
     except Exception as err:
-        if held is not None:  # what had come before the failure is shown with it
+        if held is not None:  # show what came before the failure
             yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
         raise user_error(err) from None
     finally:
-        live.stop.set()  # a reader gone before the end (Gradio's cancel closes this generator) stops the engine too
+        live.stop.set()  # a reader gone before the end (Gradio's cancel) stops the engine too
         live.finish()
     if stopped:
         yield CompareUpdate("stopped", dict(live.texts), cfg.arms, STOPPED, live=live, firsts=dict(firsts))
@@ -237,13 +209,13 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
 
 
 def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit):
-    """The comparison on the engine thread, its events handed to :func:`compare_stream` through ``emit``."""
-    firsts: set[str] = set()  # arms past their first token: they decode (together, unless decode="apart")
+    firsts: set[str] = set()
 
     def on_token(arm, text):  # on the engine thread, for every token of every arm
         live.show(arm, text, DECODING if arm in firsts else _progress(arm))
-        if not live.watched:  # nobody fetches the texts: hand them to the reader. Each hand-over wakes it, and
-            emit(("token", arm, text))  # on two busy cores a woken thread takes one from the decoding
+        # hand a token to the reader only when no page fetches the texts: each hand-over wakes a thread
+        if not live.watched:
+            emit(("token", arm, text))
 
     def on_arm(res):
         firsts.add(str(res.arm))
@@ -255,9 +227,7 @@ def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit)
 
 
 async def cancellable(work, *args):
-    """``work(*args, stop=flag)`` in a worker thread, awaited; a cancel of this call (gradio_client's
-    ``job.cancel()``) or its caller gone (Gradio marks its event not alive) sets ``flag``: the engine stops
-    within a token and the next request gets the engine thread."""
+    """``work(*args, stop=flag)`` in a worker thread; a cancelled call or a caller gone sets ``flag``."""
     stop, gone = threading.Event(), _caller_gone()
     task = asyncio.ensure_future(asyncio.to_thread(work, *args, stop=stop))
     task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a stopped run's error goes to no one
@@ -272,8 +242,7 @@ async def cancellable(work, *args):
 
 
 def _caller_gone():
-    """Whether the caller of the Gradio event running now has gone (its stream closed: Gradio's queue marks the
-    event not alive, but lets a function that is not a generator run on)."""
+    """Whether the current Gradio event's caller has gone (Gradio lets a non-generator run on)."""
     from gradio.context import LocalContext
 
     blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
@@ -287,24 +256,19 @@ def _caller_gone():
 
 def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tokens=32, temperature=0.0,
                  settings: dict | None = None, stop: threading.Event | None = None) -> dict:
-    """One comparison, recorded in the run log; returns the `pml-studio run --json` document with one more key,
-    ``logged`` (:meth:`Studio.record`'s report: whether the run is in the run log, and if not why). ``stop`` set:
-    the run ends within a token (gr.Error), nothing logged."""
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
     with as_gr_error():
         res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg,
                                should_stop=stop_asked(stop or threading.Event()))
     data = document(res)
-    logged = studio.record(data, schema_text, prompt_text)  # the log keeps the document as `run --json` writes it
+    logged = studio.record(data, schema_text, prompt_text)
     return {**data, "logged": logged}
 
 
 def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
-    """Character offset, per arm, where its text starts to differ from the baseline's (None: no difference).
-
-    The baseline is marked at the earliest divergence of any other arm.
-    """
+    """Character offset, per arm, where its text starts to differ from the baseline's; the baseline is marked at the
+    earliest divergence of any arm."""
     from engine.arms.registry import first_divergence
 
     base = comparison.baseline
@@ -329,15 +293,12 @@ def _chars(studio: Studio, run, k: int) -> int:
 
 
 def stop_ui(request: gr.Request):
-    """The Stop button: ask this page session's running Compare to stop (the summary says so; nothing running:
-    the page is left as it is)."""
     asked = RUNS.stop(getattr(request, "session_hash", None) or "")
     return summary_html(None, STOPPED) if asked else gr.skip()
 
 
 def _streamer(studio: Studio, panel: Panel):
-    """:func:`_stream_ui` as the Compare button's handler: Gradio hands it the request, whose session owns the run
-    (the Stop button stops that session's run only)."""
+    """:func:`_stream_ui` with the request, whose session owns the run (Stop stops that session's run only)."""
     def stream(request: gr.Request, schema_text, prompt_text, max_new, temperature, *values):
         owner = getattr(request, "session_hash", None) or ""
         yield from _stream_ui(studio, panel, schema_text, prompt_text, max_new, temperature, *values, owner=owner)
@@ -347,10 +308,10 @@ def _streamer(studio: Studio, panel: Panel):
 def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, temperature, *values, owner: str = ""):
     """compare_stream as component updates: summary, (column, text, metrics) per arm, tokens, JSON, status."""
     try:
-        sent: dict = {}  # what the page shows: an update carries only what changed (each part costs a re-render)
+        sent: dict = {}  # an update carries only what changed: each part costs a re-render
         for upd in compare_stream(studio, schema_text, prompt_text, max_new, temperature, panel.values(values),
                                   owner):
-            if upd.phase != "done":  # the last run's figures go at once: nothing on screen is from another run
+            if upd.phase != "done":
                 cols = []
                 for view in arm_views():
                     shown = view.arm in upd.arms
@@ -381,7 +342,6 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
 
 
 def _changed(sent: dict, key: str, value, update):
-    """``update`` when ``value`` differs from what was last sent under ``key``, else gr.skip()."""
     if sent.get(key, _changed) == value:
         return gr.skip()
     sent[key] = value
@@ -389,5 +349,4 @@ def _changed(sent: dict, key: str, value, update):
 
 
 def _progress(arm: str) -> str:
-    """What the page says while ``arm`` runs (its view's progress text)."""
     return view_of(arm).progress

@@ -1,9 +1,5 @@
-"""The documents every tab reads or writes: the schema and prompt editors and the builder's state.
-
-They are created before the tabs (``render=False``) so any tab can target them; the Schema and
-Prompt tabs render them where they belong. :class:`Step` is an event a tab offers to others
-(``dependency.then(*step)``).
-"""
+"""The documents every tab reads or writes: the schema and prompt editors and the builder's state, made before
+the tabs (``render=False``) so any tab can target them."""
 
 from __future__ import annotations
 
@@ -16,8 +12,6 @@ from ..builder import BuilderSpec, BuilderState, next_state
 
 
 class Step(NamedTuple):
-    """A handler with its inputs and outputs, for ``.then(*step)`` after another tab's event."""
-
     fn: Callable
     inputs: list
     outputs: list
@@ -28,12 +22,11 @@ class Editors:
     schema: gr.Code
     prompt: gr.Code
     spec: gr.State  # builder spec of the last valid schema
-    builder: gr.State  # BuilderState: what the builder shows
-    schema_ok: gr.State  # whether the schema in the editor is valid (enables Encode and Compare)
+    builder: gr.State  # BuilderState
+    schema_ok: gr.State  # enables Encode and Compare
 
     @property
     def sync(self) -> Step:
-        """Read the prompt editor back into the builder (after the prompt or the schema changed)."""
         return Step(sync_builder, [self.spec, self.prompt, self.builder], [self.builder])
 
 

@@ -1,11 +1,8 @@
 """Encode tab: storage, mode and precision (compression and sinks folded away), the encode button, per-unit
 sources, and the Module memory section (budget, persistence, store entries).
 
-The run settings (:class:`studio.settings.Panel`) are all made in :func:`_settings_panel`: the arms checkbox and
-each arm's settings are made unrendered there and drawn in the Compare tab (``compare.arm_controls``), where
-the arms run. The widgets take their choices from ``engine.config`` and start at the engine's config;
-:func:`studio.settings.run_config` turns their values into the run's RunConfig. A new run setting
-is one widget in :func:`_settings_panel` (keyed by its name) and one line in ``run_config``.
+Every run setting (:class:`studio.settings.Panel`) is made in :func:`_settings_panel`; the arms and their settings
+are made unrendered there and drawn in the Compare tab, where the arms run.
 """
 
 from __future__ import annotations
@@ -115,8 +112,6 @@ def _settings_panel(studio: Studio) -> Panel:
         w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
                               elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
                                                    "(the chat template's opening); 0 = off")
-    # the arms and their settings are made here (the Panel holds every run setting) but drawn in the Compare tab,
-    # where the arms run (compare.arm_controls renders them)
     w["arms"] = gr.CheckboxGroup(radio_choices("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
                                  elem_id="arms", render=False, info="each arm is one way of reaching the first "
                                                                     "token; fewer arms, a shorter wait")
@@ -126,8 +121,6 @@ def _settings_panel(studio: Studio) -> Panel:
 
 
 def _control(s, value):
-    """One arm setting's control, made unrendered (the Compare tab draws it): a slider for a number, a radio
-    for a choice; keyed by the setting's key, as :func:`studio.settings.run_config` reads them."""
     elem = s.key.replace("_", "-")
     if s.limit is None:
         return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.help, elem_id=elem, render=False)
@@ -137,31 +130,25 @@ def _control(s, value):
                      render=False, **whole)
 
 
-# ----------------------------------------------------------------------------------------------
-# Handlers
-# ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class EncodeView:
-    """What the encode panel shows after encoding."""
-
-    summary: str  # cards + one line on where the units came from (HTML)
+    summary: str  # HTML
     entries: list[list]  # ENTRY_HEADERS rows
     units: list[list]  # UNIT_HEADERS rows
     memory: str  # store readouts before / after (HTML)
     counts: dict  # units by source: memory, disk, encoded
-    nbytes: dict = field(default_factory=dict)  # store entry -> bytes (exact; the table rounds)
+    nbytes: dict = field(default_factory=dict)  # store entry -> bytes (the table rounds)
 
 
 def encode(studio: Studio, schema_text: str, settings: dict | None = None,
            progress: Callable[[int, int, str], None] | None = None) -> EncodeView:
-    """Encode the schema's modules with the panel's ``settings``; raises gr.Error."""
     cfg = studio.run_config(settings or {})
     with as_gr_error("encoding"):
         lay = studio.layout(schema_text)
         store = studio.engine.store(cfg.storage)
         before = store.stats()
-        res = with_progress(lambda report: studio.engine.encode(lay, cfg, report), progress)  # on the engine thread
+        res = with_progress(lambda report: studio.engine.encode(lay, cfg, report), progress)
     tokens = lay.entry_tokens()
     entries = []
     for name, nbytes in res.bytes_by_module.items():
@@ -187,13 +174,12 @@ def encode(studio: Studio, schema_text: str, settings: dict | None = None,
 
 
 def memory_defaults(studio: Studio, storage: str | None = None) -> dict:
-    """What the encode panel starts with: the store's budget (MiB) and the persistence settings."""
     from engine.errors import EngineError
 
     cfg = studio.engine.config
     try:
         budget = studio.engine.store(storage or cfg.storage).budget_bytes
-    except EngineError:  # e.g. GPU storage without a GPU: no store, no budget
+    except EngineError:  # e.g. GPU storage without a GPU
         budget = None
     return {"budget_mib": None if budget is None else round(budget / MIB, 1), "persist": cfg.persist,
             "module_dir": str(cfg.modules_path)}
@@ -211,5 +197,4 @@ def persistence_html(studio: Studio) -> str:
 
 
 def gpu_explanation(why: str) -> str:
-    """gpu_status()'s explanation without the CLI's flag advice."""
     return why.replace("; use --storage cpu", "")

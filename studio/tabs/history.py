@@ -23,31 +23,28 @@ from .compare import CompareTab
 from .editors import Editors, Step
 from .schema import SchemaTab
 
-# the prompt's size; what each arm reused from a cache is in its own cell (the schema's module tokens are not what a
-# run reused: a prefix run may reuse all but one token, a routed one a few)
+# what each arm reused from a cache is in its own cell
 RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "prompt tokens"]
-# Each column's least width, in characters of the table's monospace font: the longest word its header or its
-# cells hold ("2026-11-26", "contextual", "(cached)"); an arm's cell reads "812 ms · 6.1× · diverges at 3".
+# each column's least width, in characters: the longest word its header or cells hold
 RUN_CHARS = [5, 10, 10, 14, 10, 8]
 ARM_CHARS = 11
-CHAR_PX, PAD_PX = 8.4, 16  # Gradio's table: 14 px monospace, 8 px padding each side of a cell
-TABLE_PX = 1215  # the table's width in a 1,400 px window (tools/screenshot.py's VIEWPORT)
+CHAR_PX, PAD_PX = 8.4, 16  # Gradio's table: 14 px monospace, 8 px padding each side
+TABLE_PX = 1215  # in a 1,400 px window (tools/screenshot.py's VIEWPORT)
 
 
 def headers() -> list[str]:
-    """The run table's columns: the run's, then one per registered arm (TTFT · speedup · agreement)."""
     return RUN_HEADERS + [f"{v.title} TTFT" for v in arm_views()]
 
 
 def column_widths() -> list[str]:
-    """Each column's share of the table, in proportion to the pixels its longest word needs, so that no word is
-    cut in two (Gradio breaks a word wider than its column) while the table is at least as wide as their sum."""
+    """Each column's share of the table, in proportion to the pixels its longest word needs (Gradio breaks a word
+    wider than its column)."""
     needs = [chars * CHAR_PX + PAD_PX for chars in RUN_CHARS + [ARM_CHARS] * len(arm_views())]
     return [f"{100 * need / sum(needs):.2f}%" for need in needs]
 
 
-PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "arm", "run", "schema"]  # display names; the run log's are its own
-AXIS_FORMAT = ",d"  # d3: whole numbers with thousands separators ("4,090"), never "193.000000"
+PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "arm", "run", "schema"]
+AXIS_FORMAT = ",d"  # d3: whole numbers with thousands separators, never "193.000000"
 
 
 def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: SchemaTab, panel: Panel,
@@ -91,22 +88,17 @@ def runs_table() -> gr.Dataframe:
 
 
 def ttft_plot() -> gr.ScatterPlot:
-    """TTFT over prompt length, a colour per arm. No fixed height: Gradio sizes the chart to it and clips the
-    legend below the axis."""
+    """TTFT over prompt length, a colour per arm (a fixed height would clip the legend)."""
     return gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="arm", label="TTFT over prompt length",
                           y_title="TTFT (ms)", x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
                           color_map={v.title: v.color for v in arm_views()})
 
 
-# ----------------------------------------------------------------------------------------------
-# Handlers
-# ----------------------------------------------------------------------------------------------
 
 def rows(studio: Studio, schema: str | None = None) -> list[list]:
-    """Rows of the history table, newest first: the run, then each registered arm's cell."""
     out = []
     for r in studio.runlog.runs(schema=_filter(schema), limit=500):
-        schema = r["schema_name"] + (f" · {r['source']}" if r.get("source") else "")  # "· api": an API request
+        schema = r["schema_name"] + (f" · {r['source']}" if r.get("source") else "")
         cells = [r["id"], (r["created_at"] or "").replace("T", " ").replace("+00:00", ""), schema,
                  r["model"], storage_cell(r), r["prompt_tokens"]]
         out.append(cells + [arm_cell(r["arms"].get(v.arm)) for v in arm_views()])
@@ -114,7 +106,7 @@ def rows(studio: Studio, schema: str | None = None) -> list[list]:
 
 
 def arm_cell(arm: dict | None) -> str:
-    """'812 ms · 6.1× · same · 348 reused' / '… · diverges at 3' from an arm row; '–' for an arm that did not run."""
+    """'812 ms · 6.1× · same · 348 reused' from an arm row; '–' for an arm that did not run."""
     if not arm or arm.get("ttft_ms") is None:
         return "–"
     parts = [_ms(arm["ttft_ms"])]
@@ -122,14 +114,12 @@ def arm_cell(arm: dict | None) -> str:
         parts.append(f"{arm['speedup']:.1f}×")
     if arm.get("same_text") is not None:
         parts.append("same" if arm["same_text"] else f"diverges at {arm['first_divergence']}")
-    if arm.get("speedup") is not None and arm.get("reused_tokens") is not None:  # not the baseline's (it reuses none)
+    if arm.get("speedup") is not None and arm.get("reused_tokens") is not None:  # not the baseline's
         parts.append(f"{arm['reused_tokens']:,} reused")
     return " · ".join(parts)
 
 
 def run_detail(studio: Studio, run_id) -> str:
-    """A logged run shown as the Compare tab shows a live one: its document read back once
-    (``Comparison.from_json``), then the same summary and per-arm readouts."""
     row = open_run(studio, run_id)
     try:
         comparison = Comparison.from_json(json.loads(row["result_json"] or "{}"))
@@ -142,13 +132,10 @@ def run_detail(studio: Studio, run_id) -> str:
 
 
 def plot_points(studio: Studio, schema: str | None = None):
-    """Long-format table for the TTFT plot: one point per run and arm."""
     return plot_points_of(studio.runlog.runs(schema=_filter(schema), limit=500))
 
 
 def plot_points_of(runs: list[dict]):
-    """:func:`plot_points` of run-log rows (an empty table for none): TTFT in whole milliseconds, each arm by
-    its title as the columns name it (an arm no longer registered by its run-log name)."""
     import pandas as pd
 
     titles = {v.arm: v.title for v in arm_views()}
@@ -166,7 +153,6 @@ def schemas(studio: Studio) -> list[str]:
 
 
 def open_run(studio: Studio, run_id) -> dict:
-    """The stored run (schema text, prompt, settings) to load into the editors; raises gr.Error."""
     text = str(run_id if run_id is not None else "").strip()
     if not text:
         raise refusal("select a run in the table first")
@@ -174,14 +160,13 @@ def open_run(studio: Studio, run_id) -> dict:
     if not (text.isascii() and text.isdigit()):
         raise refusal(f"'{shown}' is not a run id (the whole number in the table's id column); click a row in "
                        "the table")
-    row = studio.runlog.get(int(text)) if len(text) <= 19 else None  # more digits: beyond any SQLite row id
+    row = studio.runlog.get(int(text)) if len(text) <= 19 else None  # beyond any SQLite row id
     if row is None:
         raise refusal(f"there is no run {shown} in {studio.runlog.path}; click a row in the table")
     return row
 
 
 def stored_settings(row: dict) -> dict:
-    """The run settings a run-log row records, by setting name (settings it does not record are absent)."""
     return {"storage": row["storage"], "mode": row["mode"], "storage_dtype": row.get("storage_dtype") or "float32",
             "retention": row.get("retention") or 1.0, "method": row.get("compression_method") or "pyramid"}
 
@@ -192,7 +177,6 @@ def export_csv(studio: Studio, schema: str | None, folder: str | Path) -> str:
 
 
 def storage_cell(r: dict) -> str:
-    """'cpu · contextual', plus the storage precision and retention when they are not the defaults."""
     out = f"{r['storage']} · {r['mode']}"
     if r.get("storage_dtype") and r["storage_dtype"] != "float32":
         out += f" · {short_dtype(r['storage_dtype'])}"
@@ -202,7 +186,6 @@ def storage_cell(r: dict) -> str:
 
 
 def notice_html(studio: Studio, read_error: str | None = None) -> str:
-    """Above the table: why runs are missing from it (runs waiting in memory, a read-only or unreadable log)."""
     problems = [p for p in (read_error, studio.log_problem()) if p]
     return "".join(views.warn_html(p) for p in problems)
 

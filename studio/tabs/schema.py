@@ -24,8 +24,7 @@ log = logging.getLogger("pml-studio")
 LAYOUT_HEADERS = ["module", "positions", "tokens", "params", "cached"]
 LAYOUT = "Layout"
 STALE = "Layout — STALE: the last valid schema's (the editor's schema does not parse; fix it to refresh)"
-# characters of a schema's name kept in its download's file name: file systems refuse names over 255 bytes, and a
-# schema name may be longer (identifiers are ASCII: one byte a character)
+# file systems refuse names over 255 bytes, and a schema name may be longer
 DOWNLOAD_NAME_CHARS = 100
 PY_NOTE = ('<div class="pml-note">Import from Python compiles a prompt program (@prompt_program) into the editor '
            "and its example call into the prompt; the file is imported, so its top-level code runs on this "
@@ -34,7 +33,7 @@ PY_NOTE = ('<div class="pml-note">Import from Python compiles a prompt program (
 
 @dataclass(frozen=True)
 class SchemaTab:
-    validate: Step  # validate the editor's schema (other tabs run it after they replace the schema)
+    validate: Step  # other tabs run it after they replace the schema
 
 
 def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str | None) -> SchemaTab:
@@ -53,7 +52,7 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
             py_confirm = gr.Button("Run its code and import it", variant="stop", size="sm", visible=False,
                                    elem_id="py-confirm")
             py_path = gr.State(None)  # the file last imported (its code ran with the user's consent)
-            py_pending = gr.State(None)  # the file uploaded and waiting for the confirm click, in this session only
+            py_pending = gr.State(None)  # uploaded, waiting for the confirm click, in this session only
             editors.schema.render()
         with gr.Column(scale=1):
             validation = gr.HTML(elem_id="schema-validation")
@@ -78,18 +77,13 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
     return SchemaTab(validate_step)
 
 
-# ----------------------------------------------------------------------------------------------
-# Handlers
-# ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Validation:
-    """What the schema editor shows for one version of the schema text."""
-
     ok: bool
-    name: str  # schema name ('' when it cannot be parsed)
+    name: str  # '' when it cannot be parsed
     problems: tuple[str, ...]  # "line:col: message; hint: ..." lines
-    lines: tuple[int, ...]  # offending line numbers (highlighted)
+    lines: tuple[int, ...]  # highlighted
     rows: tuple[tuple, ...]  # layout table rows
     positions: int
     spec: BuilderSpec | None = field(default=None, repr=False)
@@ -115,13 +109,12 @@ def validate(studio: Studio, schema_text: str) -> Validation:
 
 
 def on_upload(path: str | None):
-    """An uploaded .xml goes to the schema or the prompt editor, by its root tag."""
     kind, text = read_upload(path)
     return (text, gr.skip()) if kind == "schema" else (gr.skip(), text)
 
 
 def on_python_upload(path: str | None):
-    """A .py file arrived: keep it for this session and ask before its code runs (:func:`on_python_confirm`)."""
+    """A .py file arrived: keep it for this session and ask before its code runs."""
     if not path:
         return None, gr.Button(visible=False), PY_NOTE
     ask = (f'<div class="pml-status warn">Importing <b>{html.escape(Path(path).name)}</b> runs its top-level code on '
@@ -130,8 +123,8 @@ def on_python_upload(path: str | None):
 
 
 def on_python_confirm(pending: str | None):
-    """The user confirmed the file this session uploaded: import it. ``pending`` is session state the server keeps,
-    set only by an upload of this session, so a request cannot name a file of its own to run."""
+    """Import the file this session uploaded: ``pending`` is server-side session state, so a request cannot name a
+    file of its own to run."""
     if not pending:
         status = problems_html("cannot import the program", ["no .py file is waiting: upload one with "
                                                               "Import from Python, then confirm"])
@@ -140,7 +133,6 @@ def on_python_confirm(pending: str | None):
 
 
 def on_python(path: str | None, program: str | None = None):
-    """Compile a program of an uploaded .py file into the editors (problems inline, editors untouched)."""
     imp = import_program(path, program)
     if not imp.ok:
         return gr.skip(), gr.skip(), gr.skip(), imp.status, gr.skip()
@@ -150,8 +142,6 @@ def on_python(path: str | None, program: str | None = None):
 
 
 def download_name(schema_name: str) -> str:
-    """The download's file name for a schema: its name, shortened past :data:`DOWNLOAD_NAME_CHARS` characters (a
-    hash of the whole name keeps two long names apart), with anything but an identifier's characters replaced."""
     name = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in schema_name) or "schema"
     if len(name) > DOWNLOAD_NAME_CHARS:
         digest = hashlib.sha256(schema_name.encode()).hexdigest()[:10]
@@ -160,7 +150,6 @@ def download_name(schema_name: str) -> str:
 
 
 def _download(downloads: Path, schema_name: str, schema_text: str) -> Path | None:
-    """The schema written for the Download button; None (no download) when it cannot be written."""
     file = downloads / download_name(schema_name)
     try:
         file.write_text(schema_text, encoding="utf-8")

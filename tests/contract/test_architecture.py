@@ -35,6 +35,16 @@ LAYERS = (
     ("arms", ("engine.arms",)),
     ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine")),
 )
+# studio/'s own floors, bottom to top (docs/architecture.md draws them beside the engine's): the same rule
+STUDIO_LAYERS = (
+    ("studio base", ("studio.errors", "studio.hosting", "studio.connections", "studio.streaming", "studio.shutdown",
+               "studio.guard", "studio.live", "studio.pagescript", "studio.kernel_words", "studio.recovery",
+               "studio.builder", "studio.docqa")),
+    ("studio views", ("studio.arm_views", "studio.views", "studio.settings", "studio.files")),
+    ("studio api", ("studio.api",)),
+    ("studio tabs", ("studio.state", "studio.benchmarks", "studio.tabs")),
+    ("studio launch", ("studio.app", "studio.launch", "studio.cli", "studio")),
+)
 FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}}
 DYNAMIC = {"import_module", "__import__"}
 MAX_FUNCTION_LINES = 60
@@ -72,10 +82,10 @@ def _is_module(name: str) -> bool:
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
-def layer_of(module: str) -> int | None:
-    """The index of ``module``'s layer (the longest matching prefix); None outside the engine."""
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index of ``module``'s layer (the longest matching prefix); None outside the map."""
     best, index = -1, None
-    for i, (_, prefixes) in enumerate(LAYERS):
+    for i, (_, prefixes) in enumerate(layers):
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
                 best, index = len(prefix), i
@@ -91,14 +101,14 @@ def graph(package: str = "engine") -> dict[str, list[tuple[str, int]]]:
     return out
 
 
-def upward(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+def upward(edges: dict[str, list[tuple[str, int]]], layers=LAYERS) -> list[str]:
     bad = []
     for module, targets in edges.items():
-        mine = layer_of(module)
+        mine = layer_of(module, layers)
         for target, line in targets:
-            theirs = layer_of(target)
+            theirs = layer_of(target, layers)
             if mine is not None and theirs is not None and theirs > mine:
-                bad.append(f"{module}:{line} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
+                bad.append(f"{module}:{line} ({layers[mine][0]}) imports {target} ({layers[theirs][0]})")
     return bad
 
 
@@ -145,6 +155,17 @@ def test_every_engine_module_has_a_layer():
 
 def test_no_engine_import_runs_up_a_layer():
     assert upward(graph()) == []
+
+
+def test_no_studio_import_runs_up_a_layer():
+    assert len(upward({"studio.guard": [("studio.api.errors", 1)]}, STUDIO_LAYERS)) == 1
+    assert upward(graph("studio"), STUDIO_LAYERS) == []
+
+
+def test_every_studio_module_is_named_in_the_studio_map():
+    """Only studio/__init__ falls back on the bare "studio" prefix: a new module is placed on purpose."""
+    named = {p for _, prefixes in STUDIO_LAYERS for p in prefixes if p != "studio"}
+    assert [m for m in graph("studio") if m != "studio" and not any(m == p or m.startswith(p + ".") for p in named)] == []
 
 
 @pytest.mark.parametrize("package", ["engine", "studio"])
@@ -219,3 +240,9 @@ def test_the_layer_map_is_drawn_in_the_docs():
     page = (ROOT / "docs" / "architecture.md").read_text()
     for name, prefixes in LAYERS:
         assert name in page and all(p.split(".")[-1] in page for p in prefixes if p != "engine"), name
+
+
+def test_the_studio_layer_map_is_drawn_in_the_docs():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    for name, prefixes in STUDIO_LAYERS:
+        assert name in page and all(p.split(".")[-1] in page for p in prefixes if p != "studio"), name

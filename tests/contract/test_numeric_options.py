@@ -19,9 +19,10 @@ from hypothesis import given, strategies as st
 
 import app
 from conftest import ROOT, SAMPLES
-from engine.cli import NumberArg, build_parser
+from engine.cli import build_parser
 from engine.config import LIMITS, Compression, Limit, RunConfig, budget_from_mib, limit_of
 from engine.errors import EngineError
+from engine.limits import NumberArg
 from studio.cli import EXTRA
 
 BAD_VALUES = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", str(2**70), str(-2**70), "1e400", "-1e400", "",
@@ -60,7 +61,7 @@ def test_the_walk_finds_every_numeric_option_and_each_uses_the_shared_check():
     assert EXPECTED <= found, EXPECTED - found
     for label, parser, before, after, opt in OPTIONS:
         action = next(a for a in _all_actions(parser, before) if opt in a.option_strings)
-        assert isinstance(action.type, NumberArg), f"{label}: use engine.cli.NumberArg, not {action.type!r}"
+        assert isinstance(action.type, NumberArg), f"{label}: use engine.limits.NumberArg, not {action.type!r}"
 
 
 def _all_actions(top: argparse.ArgumentParser, command: list[str]):
