@@ -1,10 +1,5 @@
-"""Errors as OpenAI answers them: ``{"error": {"message", "type", "param", "code"}}`` with OpenAI's statuses.
-
-Every refusal of the API is an :class:`ApiError`; :func:`from_engine` translates the engine's errors (their
-messages already name the place and the fix), and :func:`refusal_body` gives the launch-token guard
-(studio/guard.py) the same shape for ``/v1/`` paths. No traceback reaches a client: an exception nobody
-anticipated is logged once and answered as a 500 naming its type.
-"""
+"""Errors as OpenAI answers them: ``{"error": {"message", "type", "param", "code"}}``; no traceback reaches a
+client."""
 
 from __future__ import annotations
 
@@ -20,7 +15,6 @@ SERVER = "server_error"
 
 
 class ApiError(Exception):
-    """A refused or failed API request: its HTTP status and OpenAI's four error fields."""
 
     def __init__(self, status: int, message: str, type: str = INVALID, param: str | None = None,
                  code: str | None = None):
@@ -32,8 +26,7 @@ class ApiError(Exception):
 
 
 def from_engine(err: BaseException, param: str | None = None) -> ApiError:
-    """The ApiError a client gets for ``err``, raised while running its request (``param``: the request field
-    that held the documents, named in input errors)."""
+    """``param``: the request field that held the documents, named in input errors."""
     if isinstance(err, ApiError):
         return err
     if isinstance(err, ContextLengthError):
@@ -48,15 +41,14 @@ def from_engine(err: BaseException, param: str | None = None) -> ApiError:
         return ApiError(400, str(err), code="module_store")
     if isinstance(err, EngineError):
         return ApiError(400, _plain(str(err)), param=param, code="invalid_request")
-    log.error("an API request failed", exc_info=err)  # the one traceback, for a failure nobody anticipated
+    log.error("an API request failed", exc_info=err)  # the one traceback, for the unanticipated
     return ApiError(500, f"the request failed: {type(err).__name__}: {err}", type=SERVER, code="internal_error")
 
 
 def refusal_body(status: int, text: str) -> bytes:
-    """The launch-token guard's refusal (plain ``text``) as an OpenAI error body: 401 ``invalid_api_key``,
-    403 ``forbidden``, 429 ``rate_limit_exceeded`` (wrong keys), otherwise ``not_found``."""
+    """The launch-token guard's refusal as an OpenAI error body."""
     code = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}.get(status, "not_found")
-    if status == 401:  # the guard's words are for a browser; a program needs to hear about its key
+    if status == 401:  # the guard's words are for a browser
         text = ("missing or wrong API key: the key is the launch token this server printed to the console of the "
                 "user who started it (or $PML_STUDIO_TOKEN); send it as 'Authorization: Bearer TOKEN' (the openai "
                 "client's api_key)")
