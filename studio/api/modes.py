@@ -15,7 +15,7 @@ from .positions import PositionRegistry
 
 MIN_MODULE_CHARS = 256  # a transparent module's shortest text
 SEPARATOR = " # # "  # LMCache's blend_special_str
-ROOM_SHARE = 4  # the last quarter of the context is the question's and the answer's
+ROOM_SHARE = 4  # the context's last quarter is for the question and the answer
 JOIN = "\n"  # between the text parts of one message
 PLAIN_SCHEMA = "api_plain"
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")  # not in XML 1.0
@@ -42,10 +42,12 @@ class Compiled:
     schema: str
     prompt: str
     mode: str
-    documents: tuple[str, ...] = ()  # their module names
-    context: str = ""  # the registry's context key
-    note: str = ""  # why a request with documents runs without them
-    spare: int = 0  # positions the documents would give back placed from their context's start
+    documents: tuple[str, ...] = ()  # module names
+    context: str = ""  # the registry's key
+    note: str = ""  # why documents ran as new text
+    end: int = 0  # the prompt's last position + 1, counted before the layout
+    prompt_tokens: int = 0
+    spare: int = 0  # positions freed with the documents from the context's start
 
 
 def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRegistry,
@@ -65,7 +67,8 @@ def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRe
     after = "".join(_role(t) for t in turns[at + 1:])
     schema = f'<schema name="{room.name}">{room.before}<{role}>{room.body(placed)}</{role}></schema>'
     prompt = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}{after}</prompt>'
-    return Compiled(schema, prompt, mode, tuple(_name(k) for k in placed), room.context, spare=room.spare(placed))
+    tail = len(codec.role_ids(role, False)) + sum(_turn_tokens(codec, t) for t in turns[at + 1:])
+    return room.compiled(schema, prompt, mode, placed, lead, rest, tail)
 
 
 def completion_pml(prompt: str, how: str, codec: TextCodec, registry: PositionRegistry,
@@ -81,8 +84,7 @@ def completion_pml(prompt: str, how: str, codec: TextCodec, registry: PositionRe
         return plain_completion(prompt.replace(SEPARATOR, JOIN), note=room.note)
     schema = f'<schema name="{room.name}">{room.body(placed)}</schema>'
     text = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}</prompt>'
-    return Compiled(schema, text, "transparent", tuple(_name(k) for k in placed), room.context,
-                    spare=room.spare(placed))
+    return room.compiled(schema, text, "transparent", placed, lead, rest, 0)
 
 
 def plain_chat(turns: list[Turn], note: str = "") -> Compiled:
@@ -105,7 +107,7 @@ def document_key(text: str) -> str:
 
 
 class _Room:
-    """A request's documents after their context (``before``, ``role``'s tag; None: a completion)."""
+    """A request's documents after their context (``before`` and ``role``'s tag)."""
 
     def __init__(self, before: tuple[Turn, ...], role: str | None, codec: TextCodec, registry: PositionRegistry):
         self.turns, self.role, self.codec, self.registry = before, role, codec, registry
@@ -143,12 +145,19 @@ class _Room:
             out.append(_gap("g_end", self.end - cursor))
         return "".join(out)
 
-    def spare(self, placed: dict[str, int]) -> int:
+    def compiled(self, schema: str, prompt: str, mode: str, placed: dict[str, int], lead: str, rest: str,
+                 tail: int) -> Compiled:
+        """Counted as the plan places it: lead text, documents, then the rest from the last document's end."""
+        docs = sum(self.sizes[key] for key in placed)
         last = max(start + self.sizes[key] for key, start in placed.items())
-        return last - self.first - sum(self.sizes[key] for key in placed)
+        tail += _tokens(self.codec, rest) + len(self.codec.generation_prompt)
+        lead_end = self.first + _tokens(self.codec, lead)
+        return Compiled(schema, prompt, mode, tuple(_name(k) for k in placed), self.context,
+                        end=max(lead_end, last + tail), prompt_tokens=lead_end + docs + tail,
+                        spare=last - self.first - docs)
 
     def _measure(self) -> int:
-        """The context's first document position; the size of each new document learnt."""
+        """The context's first document position; new documents' sizes learnt."""
         for key, text in self.texts.items():
             if self.registry.size(key) is None:
                 self.registry.learn(key, _tokens(self.codec, text))

@@ -167,15 +167,17 @@ class ApiService:
         return self._outcome(engine, work, fitted, res, ttft_ms, queue_ms)
 
     def _fit(self, engine: Engine, work: Work) -> Fitted:
-        """The request prepared, max new tokens checked against (or taken from) the room its prompt leaves.
-        Documents placed too far along are placed again from their context's start when that makes room (new
-        positions: a second layout)."""
+        """The request prepared, max new tokens checked against (or taken from) the room its prompt leaves;
+        documents placed from their context's start when the counts (before the layout, else the plan's) say
+        that makes room."""
         asked = work.max_tokens or min(DEFAULT_MAX_TOKENS[work.endpoint], self.max_tokens_cap)
+        limit = engine.codec.max_positions
         compiled = self._compile(engine, work, compact=False)
+        if _compacts(limit, compiled.end, compiled.prompt_tokens, compiled.spare, asked, work):
+            compiled = self._compile(engine, work, compact=True)
         prepared = _prepare(engine, compiled)
         plan = prepared.plan
-        compact_room = engine.codec.max_positions - max(plan.max_position + 1 - compiled.spare, plan.prompt_tokens)
-        if not _fits(plan.room, asked, work) and compiled.spare and _fits(compact_room, asked, work):
+        if _compacts(limit, plan.max_position + 1, plan.prompt_tokens, compiled.spare, asked, work):
             compiled = self._compile(engine, work, compact=True)
             prepared = _prepare(engine, compiled)
             plan = prepared.plan
@@ -244,6 +246,12 @@ def random_seed() -> int:
 def _prepare(engine: Engine, compiled: modes.Compiled) -> Prepared:
     return engine.prepare(compiled.schema, compiled.prompt, schema_source="request schema",
                           prompt_source="request prompt")
+
+
+def _compacts(limit: int, end: int, prompt_tokens: int, spare: int, asked: int, work: Work) -> bool:
+    """Whether the answer fits only with the documents placed ``spare`` positions earlier."""
+    return spare > 0 and not _fits(limit - max(end, prompt_tokens), asked, work) \
+        and _fits(limit - max(end - spare, prompt_tokens), asked, work)
 
 
 def _fits(room: int, asked: int, work: Work) -> bool:

@@ -8,7 +8,8 @@ import pytest
 
 from engine.runlog import RunLog
 from engine.schema.layout import layout
-from engine.schema.pml import parse_schema
+from engine.schema.plan import plan_prompt
+from engine.schema.pml import parse_prompt, parse_schema
 from engine.session import Engine
 from studio.api import modes
 from studio.api.positions import PositionRegistry
@@ -70,9 +71,9 @@ def test_a_completion_is_laid_out_once(counted):
                                                             temperature=0)) == 1
 
 
-def test_documents_placed_again_compactly_are_laid_out_once_more(counted, tiny_lm):
-    """Documents that filled their context's positions so far that the answer does not fit are placed again from
-    the context's start: new positions, so the request is laid out a second time (not a third)."""
+def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm):
+    """Documents placed so far along their context's positions that the answer does not fit are placed from the
+    context's start, decided from the tokenizer's counts: the request is laid out once."""
     client, calls = counted
     system = "Answer from the long essays."  # a context of its own
     limit = tiny_lm.codec.max_positions
@@ -85,25 +86,36 @@ def test_documents_placed_again_compactly_are_laid_out_once_more(counted, tiny_l
     stream = ask(client, [essay("Last")], "Who?", system=system, max_tokens=asked, stream=True)
     next(iter(stream))  # laid out before its first token; closing the stream stops the run
     stream.close()
-    assert calls == ["request schema"] * 2
+    assert calls == ["request schema"]
 
 
 def test_documents_are_measured_where_the_layout_puts_them(tokenizer_bundle):
-    """The tokenizer's counts give each document the positions the layout gives it, line ends, markup,
-    surrounding spaces and characters XML cannot hold included."""
+    """The tokenizer's counts give each document the positions the layout gives it, and the prompt the length and
+    last position the plan gives it: line ends, markup, surrounding spaces and characters XML cannot hold
+    included."""
     codec = tokenizer_bundle[2]
     reg = PositionRegistry()
     odd = ["  Lines\r\nend \r here & <there> " + essay("Dora") + "\x01 \n", essay("Emil") + "\t ", essay("Fay")]
     turns = [modes.Turn("system", (modes.Part(" Be brief.\r\n"),)),
              modes.Turn("user", (modes.Part("Earlier question"),)),
              modes.Turn("assistant", (modes.Part(""),)),
-             modes.Turn("user", tuple(modes.Part(t) for t in [*odd, "Which?"]))]
+             modes.Turn("user", tuple(modes.Part(t) for t in ["Read these:\r\n ", *odd, "Which?", " & why"])),
+             modes.Turn("assistant", (modes.Part("Fay."),)), modes.Turn("user", (modes.Part("Sure?"),))]
     end = codec.max_positions - codec.max_positions // modes.ROOM_SHARE
-    for order in (turns, [*turns[:3], modes.Turn("user", turns[3].parts[::-1])]):
+    for order in (turns, [*turns[:3], modes.Turn("user", turns[3].parts[::-1]), *turns[4:]]):
         c = modes.chat_pml(order, "auto", codec, reg)
         lay = layout(parse_schema(c.schema), codec)
-        assert len(c.documents) == 3
+        plan = plan_prompt(lay, parse_prompt(c.prompt))
+        assert len(c.documents) == 3 and (c.end, c.prompt_tokens) == (plan.max_position + 1, plan.prompt_tokens)
         for name in c.documents:
             key, m = name.removeprefix("d_"), lay.modules[name]
             placed = reg.place(c.context, [(key, reg.size(key))], reg.first(c.context), end)[key]
             assert (m.start, m.end - m.start) == (placed, reg.size(key))
+
+
+def test_a_completion_is_counted_as_the_plan_counts_it(tokenizer_bundle):
+    codec = tokenizer_bundle[2]
+    prompt = modes.SEPARATOR.join(["Context:\r\n", essay("Gil"), essay("Hana") + " \r", "Question: whose maps?  "])
+    c = modes.completion_pml(prompt, "auto", codec, PositionRegistry())
+    plan = plan_prompt(layout(parse_schema(c.schema), codec), parse_prompt(c.prompt))
+    assert len(c.documents) == 2 and (c.end, c.prompt_tokens) == (plan.max_position + 1, plan.prompt_tokens)
