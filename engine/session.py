@@ -5,7 +5,8 @@ encoded schemas and serialises runs, so that two callers never time each other's
 
     eng = Engine()
     result = eng.compare(schema_xml, prompt_xml, Sampling(max_new_tokens=16))
-    eng.compare(schema_xml, prompt_xml, config=eng.config.with_(mode="isolated"))
+    prepared = eng.prepare(schema_xml, prompt_xml)  # parsed and tokenized once, run as often as asked
+    eng.run(prepared, Sampling(max_new_tokens=16), config=eng.config.with_(mode="isolated"))
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from engine.kv import stored_bytes_per_token
 from engine.model.load import LoadedModel, kv_shape, load_config, load_model, load_tokenizer
 from engine.schema.layout import Layout, TextCodec
 from engine.schema.layout import layout as make_layout
-from engine.schema.plan import PromptPlan, plan_prompt
+from engine.schema.plan import PromptPlan, check_room, plan_prompt
 from engine.schema.pml import parse_prompt, parse_schema
 
 
@@ -44,6 +45,18 @@ class EncodeResult:
     reused: bool  # nothing was computed
     store_bytes: int
     bytes_by_module: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A schema laid out and a prompt planned on it: what :meth:`Engine.run` runs, parsed once."""
+
+    layout: Layout
+    plan: PromptPlan
+
+    @property
+    def prompt_source(self) -> str:
+        return self.plan.prompt.source
 
 
 class Engine:
@@ -171,26 +184,46 @@ class Engine:
         return EncodeResult(encoded=enc, reused=all(u.reused for u in enc.units), store_bytes=enc.nbytes(store),
                             bytes_by_module=enc.bytes_by_module(store))
 
+    def prepare(self, schema_text: str, prompt_text: str, max_new_tokens: int = 0, *,
+                schema_source: str = "<schema>", prompt_source: str = "<prompt>") -> Prepared:
+        """Lay out the schema and plan the prompt on it (PMLError, ContextLengthError with ``max_new_tokens``)."""
+        lay = self.layout(schema_text, schema_source)
+        return Prepared(lay, self.plan(lay, prompt_text, prompt_source, max_new_tokens))
+
     def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
                 config: RunConfig | None = None, on_token: TokenFn | None = None,
                 progress: ProgressFn | None = None, schema_source: str = "<schema>",
                 prompt_source: str = "<prompt>", should_stop: Callable[[], bool] | None = None,
                 on_arm: Callable | None = None) -> Comparison:
-        """Encode if needed, run the configured arms and compare them; RunStopped once ``should_stop()`` says so;
-        ``on_arm(ArmResult)`` as each arm has its first token."""
+        """:meth:`prepare` then :meth:`run`."""
+        self._config(config)
+        sampling = sampling or Sampling()
+        prepared = self.prepare(schema_text, prompt_text, sampling.max_new_tokens, schema_source=schema_source,
+                                prompt_source=prompt_source)
+        return self.run(prepared, sampling, config=config, on_token=on_token, progress=progress,
+                        should_stop=should_stop, on_arm=on_arm)
+
+    def run(self, prepared: Prepared, sampling: Sampling | None = None, *, config: RunConfig | None = None,
+            on_token: TokenFn | None = None, progress: ProgressFn | None = None,
+            should_stop: Callable[[], bool] | None = None, on_arm: Callable | None = None) -> Comparison:
+        """Encode if needed, run the configured arms on ``prepared`` and compare them; RunStopped once
+        ``should_stop()`` says so; ``on_arm(ArmResult)`` as each arm has its first token."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
-        lay = self.layout(schema_text, schema_source)
-        plan = self.plan(lay, prompt_text, prompt_source, sampling.max_new_tokens)
+        lay, plan, source = prepared.layout, prepared.plan, prepared.prompt_source
+        if lay.codec.fingerprint != self.codec.fingerprint:
+            raise EngineError(f"prompt {source} was prepared with another tokenizer than this engine's: prepare it "
+                              "again with this engine")
+        check_room(plan, sampling.max_new_tokens)
         store = self.store(cfg.storage)
-        self._check_budget(plan, cfg, store, prompt_source)
+        self._check_budget(plan, cfg, store, source)
         if should_stop is not None:
             progress, on_token = _stopping(progress, should_stop), _stopping_tokens(on_token, should_stop)
         with self.run_lock:
             if should_stop is not None and should_stop():
                 raise RunStopped("the run was stopped on request before it started")
             enc = self._encode(lay, cfg, progress)
-            store.check_fits(used_keys(plan, enc), f"prompt {prompt_source}")
+            store.check_fits(used_keys(plan, enc), f"prompt {source}")
             enc = self._fetched(plan, lay, cfg, enc, progress)
             prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) \
                 else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there

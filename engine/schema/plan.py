@@ -62,6 +62,11 @@ class PromptPlan:
     def max_position(self) -> int:
         return max((p for s in self.segments for p in s.positions), default=-1)
 
+    @property
+    def room(self) -> int:
+        """New tokens that fit in the model's context after this prompt."""
+        return self.layout.codec.max_positions - max(self.max_position + 1, self.prompt_tokens)
+
     def entry_tokens(self) -> dict[EntryName, int]:
         """Tokens of each store entry a cached run of this plan reads."""
         every = self.layout.entry_tokens()
@@ -91,18 +96,24 @@ def plan_prompt(layout: Layout, prompt: Prompt, max_new_tokens: int = 0) -> Prom
     plan = PromptPlan(layout=layout, prompt=prompt, imported=tuple(p for p in layout.modules if p in r.imported),
                       arguments=tuple((m, k, v) for (m, k), v in r.args.items()), scaffolds=tuple(r.scaffolds),
                       segments=tuple(segments))
-    limit = layout.codec.max_positions
+    check_room(plan, max_new_tokens)
+    return plan
+
+
+def check_room(plan: PromptPlan, max_new_tokens: int) -> None:
+    """ContextLengthError when ``max_new_tokens`` do not fit after the prompt."""
+    if max_new_tokens <= plan.room:
+        return
+    limit, prompt = plan.layout.codec.max_positions, plan.prompt
     need_pos = plan.max_position + 1 + max_new_tokens
     need_len = plan.prompt_tokens + max_new_tokens
-    if max(need_pos, need_len) > limit:
-        room = limit - max(plan.max_position + 1, plan.prompt_tokens)
-        fix = (f"at most {room} new tokens fit after this prompt: lower max new tokens to {room} or less, or import "
-               "fewer modules" if room >= 1 else "import fewer modules, shorten the text or lower max new tokens")
-        raise ContextLengthError(
-            f"{prompt.source}:{prompt.line}:1: error: the prompt needs {max(need_pos, need_len)} positions "
-            f"({plan.prompt_tokens} prompt tokens, last position {plan.max_position}, {max_new_tokens} new tokens) "
-            f"but the model's context is {limit}; hint: {fix}")
-    return plan
+    room = plan.room
+    fix = (f"at most {room} new tokens fit after this prompt: lower max new tokens to {room} or less, or import "
+           "fewer modules" if room >= 1 else "import fewer modules, shorten the text or lower max new tokens")
+    raise ContextLengthError(
+        f"{prompt.source}:{prompt.line}:1: error: the prompt needs {max(need_pos, need_len)} positions "
+        f"({plan.prompt_tokens} prompt tokens, last position {plan.max_position}, {max_new_tokens} new tokens) "
+        f"but the model's context is {limit}; hint: {fix}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,10 +1,5 @@
-"""Errors as OpenAI answers them: ``{"error": {"message", "type", "param", "code"}}`` with OpenAI's statuses.
-
-Every refusal of the API is an :class:`ApiError`; :func:`from_engine` translates the engine's errors (their
-messages already name the place and the fix); the launch-token guard (studio/guard.py) refuses ``/v1/``
-paths in the same shape. No traceback reaches a client: an exception nobody
-anticipated is logged once and answered as a 500 naming its type.
-"""
+"""Errors as OpenAI answers them: ``{"error": {"message", "type", "param", "code"}}``; no traceback reaches a
+client."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ SERVER = "server_error"
 
 
 class ApiError(Exception):
-    """A refused or failed API request: its HTTP status and OpenAI's four error fields."""
 
     def __init__(self, status: int, message: str, type: str = INVALID, param: str | None = None,
                  code: str | None = None):
@@ -31,8 +25,7 @@ class ApiError(Exception):
 
 
 def from_engine(err: BaseException, param: str | None = None) -> ApiError:
-    """The ApiError a client gets for ``err``, raised while running its request (``param``: the request field
-    that held the documents, named in input errors)."""
+    """``param``: the request field that held the documents, named in input errors."""
     if isinstance(err, ApiError):
         return err
     if isinstance(err, ContextLengthError):
@@ -47,7 +40,7 @@ def from_engine(err: BaseException, param: str | None = None) -> ApiError:
         return ApiError(400, str(err), code="module_store")
     if isinstance(err, EngineError):
         return ApiError(400, _plain(str(err)), param=param, code="invalid_request")
-    log.error("an API request failed", exc_info=err)  # the one traceback, for a failure nobody anticipated
+    log.error("an API request failed", exc_info=err)  # the one traceback, for the unanticipated
     return ApiError(500, f"the request failed: {type(err).__name__}: {err}", type=SERVER, code="internal_error")
 
 

@@ -1,11 +1,5 @@
-"""Prometheus metrics of the API (``GET /metrics``, behind the launch token like every route).
-
-Counters of requests (by endpoint, arm, mode and status), prompt, cached and completion tokens, modules reused and
-encoded, seconds spent encoding modules and the progress comments streamed meanwhile; histograms of each request's cached share of its prompt (the hit ratio, counted honestly: only tokens
-whose KV was reused and not recomputed), time to first token, decode time per token and time queued; gauges of
-the requests waiting for the engine and of the module store's bytes (read at each scrape). One registry per API
-app, not prometheus_client's global one, so that two apps in one process (tests) do not collide.
-"""
+"""Prometheus metrics of the API (``GET /metrics``); one registry per app, not prometheus_client's global one,
+so two apps in one process do not collide."""
 
 from __future__ import annotations
 

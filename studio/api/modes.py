@@ -1,57 +1,35 @@
-"""How an API request names what is reusable: a request's messages (or completion prompt) → one PML schema + prompt.
-
-Four ways, one per :class:`Compiled` ``mode``:
-
-- **explicit**: the request gives PML itself (``pml.schema``, ``pml.prompt``); nothing is compiled.
-- **marked**: content parts carrying ``cache_control`` (Anthropic's and OpenRouter's mark) are modules.
-- **transparent**: with no marks, every content part of at least :data:`MIN_MODULE_CHARS` characters is a module;
-  a ``/v1/completions`` prompt is cut into chunks at :data:`SEPARATOR` (LMCache's convention) first.
-- **plain**: no modules (the arms that read none, or a request without long parts): every message is new text in
-  the PML prompt, in the request's order, over an empty schema.
-
-The modules come from the **document message**: the first user message holding a module part (a completions prompt
-is one). The messages before it are the schema's anonymous text (system message, earlier turns: cached as the
-prefix, exactly); the messages after it are new turns of the prompt. In the document message, the text parts
-before its first module go before the documents and every other text part after them, in order; the documents
-sit at the positions studio/api/positions.py keeps for them, so the same text gets the same KV in any order and
-any subset (a gap module of ``cache="false"`` fills the positions in between), and the prompt imports them in
-position order: a set of documents that recurs in another order is the same prompt, which the routed arm reads
-back whole from the prefix tree (engine/arms/joint.py). In transparent mode, new documents are placed in the order
-of their content hashes; explicit PML is never reordered (its order is the user's). A system message's parts are never
-modules: it is the context the modules are encoded after (``contextual`` mode), cached whole as the prefix.
-
-Everything here is pure apart from the registry and the layout function it is given (``Engine.layout``).
-"""
+"""A request's messages (or completion prompt) as one PML schema + prompt: explicit, marked, transparent or
+plain (docs/api.md). Documents are measured with the tokenizer: the engine lays the request out once."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Callable
 from xml.sax.saxutils import escape
+
+from engine.schema.layout import TextCodec
+from engine.schema.pml import compact as as_parsed
 
 from .positions import PositionRegistry
 
-MIN_MODULE_CHARS = 256  # a transparent module's shortest text (about 60 tokens): shorter parts are new text
-SEPARATOR = " # # "  # between the chunks of a /v1/completions prompt (LMCache's blend_special_str)
-ROOM_SHARE = 4  # documents end by the context's last quarter: the rest is left to the question and the answer
+MIN_MODULE_CHARS = 256  # a transparent module's shortest text
+SEPARATOR = " # # "  # LMCache's blend_special_str
+ROOM_SHARE = 4  # the context's last quarter is for the question and the answer
 JOIN = "\n"  # between the text parts of one message
 PLAIN_SCHEMA = "api_plain"
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")  # characters XML 1.0 cannot hold
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")  # not in XML 1.0
 
 
 @dataclass(frozen=True)
 class Part:
-    """One content part of a message (a string content is one part)."""
-
     text: str
     marked: bool = False  # it carries cache_control
 
 
 @dataclass(frozen=True)
 class Turn:
-    role: str  # system | user | assistant
+    role: str
     parts: tuple[Part, ...]
 
     @property
@@ -61,63 +39,55 @@ class Turn:
 
 @dataclass(frozen=True)
 class Compiled:
-    """A request as PML: what the engine runs, and how it was made."""
-
     schema: str
     prompt: str
-    mode: str  # explicit | marked | transparent | plain
-    documents: tuple[str, ...] = ()  # module names of the request's documents
-    context: str = ""  # the registry's context key ('' without documents)
-    note: str = ""  # why a request with documents runs without them (they do not fit the context)
+    mode: str
+    documents: tuple[str, ...] = ()  # module names
+    context: str = ""  # the registry's key
+    note: str = ""  # why documents ran as new text
+    end: int = 0  # the prompt's last position + 1, counted before the layout
+    prompt_tokens: int = 0
+    spare: int = 0  # positions freed with the documents from the context's start
 
 
-# ----------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------
-
-def chat_pml(turns: list[Turn], how: str, layout: Callable, registry: PositionRegistry, max_positions: int,
+def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRegistry,
              compact: bool = False) -> Compiled:
-    """The chat request ``turns`` as PML. ``how``: "auto" (marked when a part is marked, else transparent),
-    "marked", "transparent" or "plain". ``layout``: ``Engine.layout`` (to measure new documents); ``compact``:
-    place this request's documents from their context's start (a new generation: their question did not fit)."""
+    """``how``: auto | marked | transparent | plain; ``compact``: place the documents from the context's start."""
     mode = ("marked" if any(p.marked for t in turns for p in t.parts) else "transparent") if how == "auto" else how
     at = next((i for i, t in enumerate(turns) if t.role == "user" and any(_module(p, mode) for p in t.parts)),
-              None) if mode != "plain" else None
+              None) if mode != "plain" and not codec.roles_error else None
     if at is None:
         return plain_chat(turns)
-    before = "".join(_role(t) for t in turns[:at])
     role = turns[at].role
     docs, lead, rest = _split(turns[at].parts, mode)
-    room = _Room(before, role, layout, registry, max_positions)
+    room = _Room(turns[:at], role, codec, registry)
     placed = room.place(docs, compact, canonical=mode == "transparent")
     if placed is None:
         return plain_chat(turns, note=room.note)
     after = "".join(_role(t) for t in turns[at + 1:])
-    schema = f'<schema name="{room.name}">{before}<{role}>{room.body(placed)}</{role}></schema>'
+    schema = f'<schema name="{room.name}">{room.before}<{role}>{room.body(placed)}</{role}></schema>'
     prompt = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}{after}</prompt>'
-    return Compiled(schema, prompt, mode, tuple(_name(k) for k in placed), room.context)
+    tail = len(codec.role_ids(role, False)) + sum(_turn_tokens(codec, t) for t in turns[at + 1:])
+    return room.compiled(schema, prompt, mode, placed, lead, rest, tail)
 
 
-def completion_pml(prompt: str, how: str, layout: Callable, registry: PositionRegistry, max_positions: int,
+def completion_pml(prompt: str, how: str, codec: TextCodec, registry: PositionRegistry,
                    compact: bool = False) -> Compiled:
-    """A ``/v1/completions`` prompt as PML: its chunks (cut at :data:`SEPARATOR`) of at least
-    :data:`MIN_MODULE_CHARS` are modules ("auto" and "transparent"; "plain": none). The engine closes every
-    prompt with the chat template's generation prompt, as it does for a PML prompt."""
+    """Chunks (cut at :data:`SEPARATOR`) of :data:`MIN_MODULE_CHARS` or more are modules."""
     parts = tuple(Part(c) for c in prompt.split(SEPARATOR))
     if how == "plain" or not any(_module(p, "transparent") for p in parts):
         return plain_completion(prompt.replace(SEPARATOR, JOIN))
     docs, lead, rest = _split(parts, "transparent")
-    room = _Room("", None, layout, registry, max_positions)
+    room = _Room((), None, codec, registry)
     placed = room.place(docs, compact, canonical=True)
     if placed is None:
         return plain_completion(prompt.replace(SEPARATOR, JOIN), note=room.note)
     schema = f'<schema name="{room.name}">{room.body(placed)}</schema>'
     text = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}</prompt>'
-    return Compiled(schema, text, "transparent", tuple(_name(k) for k in placed), room.context)
+    return room.compiled(schema, text, "transparent", placed, lead, rest, 0)
 
 
 def plain_chat(turns: list[Turn], note: str = "") -> Compiled:
-    """Every message as a new turn of the prompt, in order, over the empty schema."""
     body = "".join(_role(t) for t in turns)
     return Compiled(f'<schema name="{PLAIN_SCHEMA}"></schema>', f'<prompt schema="{PLAIN_SCHEMA}">{body}</prompt>',
                     "plain", note=note)
@@ -129,39 +99,30 @@ def plain_completion(prompt: str, note: str = "") -> Compiled:
 
 
 def clean(text: str) -> str:
-    """``text`` with the characters XML cannot hold (control characters, lone surrogates) made spaces."""
     return _NOT_XML.sub(" ", text)
 
 
 def document_key(text: str) -> str:
-    """A document's identity: a hash of its text (its module is named ``d_KEY``)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-# ----------------------------------------------------------------------------------------------
-# Internal helpers
-# ----------------------------------------------------------------------------------------------
-
 class _Room:
-    """The documents of one request in their context: measured, placed, written as the schema's body."""
+    """A request's documents after their context (``before`` and ``role``'s tag)."""
 
-    def __init__(self, before: str, role: str | None, layout: Callable, registry: PositionRegistry,
-                 max_positions: int):
-        """``before``: the schema's anonymous text before the document message (PML); ``role``: that message's
-        role tag (None: a completions prompt, no tags)."""
-        self.context = hashlib.sha256(f"{before}<{role}>".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    def __init__(self, before: tuple[Turn, ...], role: str | None, codec: TextCodec, registry: PositionRegistry):
+        self.turns, self.role, self.codec, self.registry = before, role, codec, registry
+        self.before = "".join(_role(t) for t in before)
+        self.context = hashlib.sha256(f"{self.before}<{role}>".encode("utf-8", "surrogatepass")).hexdigest()[:16]
         self.name = f"api_{self.context[:12]}"
-        self.before, self.role, self.layout, self.registry = before, role, layout, registry
-        self.end = max_positions - max_positions // ROOM_SHARE
+        self.end = codec.max_positions - codec.max_positions // ROOM_SHARE
         self.texts: dict[str, str] = {}
         self.sizes: dict[str, int] = {}
         self.first = 0
         self.note = ""
 
     def place(self, docs: list[str], compact: bool, canonical: bool = False) -> dict[str, int] | None:
-        """{document key: first position}, in position order; None (and ``note``) when they do not fit.
-        ``canonical``: new documents are placed in the order of their keys (content hashes), not the request's, so
-        one set gets one layout whatever order it first came in (transparent mode: the order is not the user's)."""
+        """{key: first position} in position order; None (and ``note``) when they do not fit. ``canonical``: new
+        documents in key order, so one set gets one layout in any order."""
         self.texts = {document_key(d): d for d in docs}
         self.first = first = self._measure()
         sizes = [(k, self.registry.size(k)) for k in (sorted(self.texts) if canonical else self.texts)]
@@ -175,31 +136,47 @@ class _Room:
         return dict(sorted(placed.items(), key=lambda kv: kv[1]))
 
     def body(self, placed: dict[str, int]) -> str:
-        """Gap modules and documents at their positions (and a last gap up to ``end`` before a closing tag)."""
         out, cursor = [], self.first
         for i, (key, start) in enumerate(placed.items()):
             out.append(_gap(f"g{i}", start - cursor))
             out.append(f'<module name="{_name(key)}">{_xml(self.texts[key])}</module>')
             cursor = start + self.sizes[key]
-        if self.role is not None:  # its closing tag then sits at `end`, whatever the documents: the anonymous
-            out.append(_gap("g_end", self.end - cursor))  # entry stays one per context, not one per request
+        if self.role is not None:  # the closing tag at `end`: one anonymous entry a context
+            out.append(_gap("g_end", self.end - cursor))
         return "".join(out)
 
+    def compiled(self, schema: str, prompt: str, mode: str, placed: dict[str, int], lead: str, rest: str,
+                 tail: int) -> Compiled:
+        """Counted as the plan places it: lead text, documents, then the rest from the last document's end."""
+        docs = sum(self.sizes[key] for key in placed)
+        last = max(start + self.sizes[key] for key, start in placed.items())
+        tail += _tokens(self.codec, rest) + len(self.codec.generation_prompt)
+        lead_end = self.first + _tokens(self.codec, lead)
+        return Compiled(schema, prompt, mode, tuple(_name(k) for k in placed), self.context,
+                        end=max(lead_end, last + tail), prompt_tokens=lead_end + docs + tail,
+                        spare=last - self.first - docs)
+
     def _measure(self) -> int:
-        """The context's first document position; every document's token count learned (one layout of the
-        context and the documents not seen before, side by side)."""
+        """The context's first document position; new documents' sizes learnt."""
+        for key, text in self.texts.items():
+            if self.registry.size(key) is None:
+                self.registry.learn(key, _tokens(self.codec, text))
         first = self.registry.first(self.context)
-        new = [k for k in self.texts if self.registry.size(k) is None]
-        if first is not None and not new:
+        if first is not None:
             return first
-        keys = new or list(self.texts)[:1]
-        modules = "".join(f'<module name="{_name(k)}">{_xml(self.texts[k])}</module>' for k in keys)
-        wrapped = modules if self.role is None else f"<{self.role}>{modules}</{self.role}>"
-        lay = self.layout(f'<schema name="{self.name}">{self.before}{wrapped}</schema>')
-        for k in keys:
-            m = lay.modules[_name(k)]
-            self.registry.learn(k, m.end - m.start)
-        return lay.modules[_name(keys[0])].start if first is None else first
+        opening = len(self.codec.role_ids(self.role, True)) if self.role is not None else 0
+        return len(self.codec.bos) + sum(_turn_tokens(self.codec, t) for t in self.turns) + opening
+
+
+def _tokens(codec: TextCodec, text: str) -> int:
+    """Tokens the layout gives ``text`` written by :func:`_xml` (XML reads line ends as \\n)."""
+    parsed = as_parsed(clean(text).replace("\r\n", "\n").replace("\r", "\n"))
+    return len(codec.encode(parsed)) if parsed else 0
+
+
+def _turn_tokens(codec: TextCodec, turn: Turn) -> int:
+    tags = len(codec.role_ids(turn.role, True)) + len(codec.role_ids(turn.role, False))
+    return tags + _tokens(codec, turn.text)
 
 
 def _module(part: Part, mode: str) -> bool:
@@ -209,7 +186,7 @@ def _module(part: Part, mode: str) -> bool:
 
 
 def _split(parts, mode: str) -> tuple[list[str], str, str]:
-    """(documents in request order, once each; the text before the first; every other text part after)."""
+    """(documents, once each; the text before the first; every other text part)."""
     docs: list[str] = []
     lead: list[str] = []
     rest: list[str] = []

@@ -1,15 +1,6 @@
-"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, and
-``GET /metrics`` (Prometheus), as one FastAPI app (:func:`create_api`).
-
-Each POST is validated here (types by pydantic: 422; values, unsupported parameters, unknown model: 400 / 404),
-becomes a :class:`~.service.Work` and waits for its job on the engine thread. A streamed request answers once its
-first token (or its error) is there, so a request that fails still gets its status and OpenAI error body, or once
-the first unit it sees for the first time is encoded: a comment per unit (``: encoding 2/5 units: ...``) then tells
-a client why the first token takes a while (an error after that comes in the stream). Then
-server-sent events (sse-starlette) ending with ``data: [DONE]``, the usage last when
-``stream_options.include_usage`` asks. While a request waits or streams, a client that goes away stops its run
-within a token. :class:`ApiRoute` serves the app beside the studio (an ASGI middleware, as studio/live.py's route)
-with the request body bounded (413).
+"""The OpenAI-compatible routes (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/metrics``) as one
+FastAPI app. A POST is validated here (types: 422; values: 400 / 404), becomes a :class:`~.service.Work` and waits
+for its job on the engine thread; a stream answers once its first token, error or encoding comment is there.
 """
 
 from __future__ import annotations
@@ -37,15 +28,14 @@ from .types import (ChatChoice, ChatChunk, ChatCompletion, ChatMessage, ChatRequ
                     CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, unsupported)
 
 API_PATHS = ("/v1/", "/metrics")  # what ApiRoute hands to the API app
-MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413) before it is read whole
-DEFAULT_TEMPERATURE = 1.0  # OpenAI's, when a request gives none (temperature 0 is greedy)
+MAX_BODY_BYTES = 4 << 20  # larger is a 413, before it is read whole
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's
 MAX_STOP = 4  # stop strings per request, as OpenAI
-MAX_JSON_DEPTH = 100  # nesting of a request body's arrays and objects (OpenAI's requests nest under 10)
+MAX_JSON_DEPTH = 100  # OpenAI's requests nest under 10
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _TAG = re.compile(r"str|int|float|bool|none|bytes|[A-Z]\w*|[\w-]+\[.*\]")  # pydantic's names of union members
-# content parts (or completion chunks) per request: each may be a module, laid out and measured on the engine
-# thread, and 40,000 held the engine 21.7 s before their 400; counted here, before any engine work
+# each part may be a module measured on the engine thread: 40,000 held it 21.7 s before their 400
 MAX_PARTS = 1024
 
 
@@ -115,10 +105,6 @@ class ApiRoute:
 
         await self.api(scope, replay, send)
 
-
-# ----------------------------------------------------------------------------------------------
-# Requests
-# ----------------------------------------------------------------------------------------------
 
 def _model(service: ApiService, name: str, param: str = "model") -> str:
     """The served model's id for ``name``; 404 model_not_found when this server does not serve it."""
@@ -228,10 +214,6 @@ def _card(service: ApiService, name: str, created: int) -> ModelCard:
                                                     "arms": list(REGISTRY), "separator": modes.SEPARATOR,
                                                     "min_module_chars": modes.MIN_MODULE_CHARS})
 
-
-# ----------------------------------------------------------------------------------------------
-# Responses
-# ----------------------------------------------------------------------------------------------
 
 async def _respond(service: ApiService, metrics: Metrics, request: Request, work: Work, model: str, options):
     endpoint = request.url.path
@@ -418,10 +400,6 @@ def _deeper_than(body: bytes, limit: int) -> bool:
 def _id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
-
-# ----------------------------------------------------------------------------------------------
-# Errors
-# ----------------------------------------------------------------------------------------------
 
 def _handlers(app: FastAPI, metrics: Metrics) -> None:
     """Every refusal as OpenAI's error body: ApiError, pydantic's validation (422; bad JSON and unknown

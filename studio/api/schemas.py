@@ -1,9 +1,5 @@
-"""The schemas an explicit-PML request may name (``pml.schema``): its PML text, or the name of a saved schema.
-
-A name is looked up, in order, among the schemas sent inline to this server before (the last :data:`KEPT`, by
-their ``name``), the run log's runs (the newest run of a schema of that name: what the studio's History holds)
-and the sample schemas shipped in ``sample_schemas/``. An unknown name is a 400 naming where it was looked for.
-"""
+"""The schema an explicit-PML request gives (``pml.schema``): PML text, or the name of one sent inline before,
+of the run log's newest run of that schema, or of a sample schema."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from engine.schema.pml import IDENT, parse_schema
 from .errors import ApiError
 
 KEPT = 64  # inline schemas remembered by name
-MAX_SAMPLE_NAME = 200  # a sample's file, NAME.xml, within the 255 bytes of a file name: longer names are none
+MAX_SAMPLE_NAME = 200  # NAME.xml within a file name's 255 bytes
 SAMPLES = Path(__file__).resolve().parent.parent.parent / "sample_schemas"
 
 

@@ -1,27 +1,57 @@
-"""Serving the API: beside the studio (:func:`studio_api`, which studio/app.py's ``launch_options`` puts behind the
-guard), or alone (``pml-studio api``: :func:`serve`, uvicorn on the same guard and launch token, no page).
-
-The launch token is the API key: OpenAI clients send ``Authorization: Bearer KEY``, which the guard checks
-(studio/guard.py). ``pml-studio api`` prints the base URL and the key to its own console only.
+"""Serving the API: beside the studio (:func:`studio_api`) or alone (``pml-studio api``: :func:`serve`, uvicorn
+behind the same guard). The launch token is the API key (``Authorization: Bearer KEY``, studio/guard.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .defaults import DEFAULT_ARM, DEFAULT_PORT, MAX_QUEUE, MAX_TOKENS_CAP
 
+if TYPE_CHECKING:
+    from .service import EngineOf
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``pml-studio api`` serves, as its flags give it."""
+
+    model: str | None = None  # None: the engine's default
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    db: str | None = None
+    dtype: str | None = None
+    weights: str | None = None
+    allow_hosts: tuple[str, ...] = ()
+    token: str | None = None
+    no_token: bool = False
+    default_arm: str | None = None
+    max_queue: int = MAX_QUEUE
+    max_tokens_cap: int = MAX_TOKENS_CAP
+
+    @classmethod
+    def from_args(cls, args) -> ServeOptions:
+        return cls(model=args.model, host=args.host, port=args.port, db=args.db, dtype=args.dtype,
+                   weights=args.weights, allow_hosts=tuple(args.allow_hosts), token=args.token,
+                   no_token=args.no_token, default_arm=args.default_arm, max_queue=args.max_queue,
+                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP)
+
+    def api(self) -> dict:
+        """The options of :class:`~.service.ApiService`."""
+        return {"default_arm": self.default_arm, "max_queue": self.max_queue, "max_tokens_cap": self.max_tokens_cap}
+
 
 def studio_api(studio, default_arm: str | None = None, max_queue: int = MAX_QUEUE):
-    """The API app over a studio's engine (read at each request: the Model tab may load another) and run log (its
-    runs the log refuses wait with the studio's, :meth:`studio.state.Studio.record`)."""
+    """The API app over a studio's engine and run log (a run the log refuses waits with the studio's)."""
     return api_app(lambda: studio.engine, studio.runlog, default_arm=default_arm, max_queue=max_queue,
                    max_tokens_cap=studio.max_new_tokens_cap, record=studio.record)
 
 
-def api_app(engine_of, runlog, **options):
-    """The FastAPI app around an :class:`~.service.ApiService` made with ``options``, with its metrics."""
+def api_app(engine_of: EngineOf, runlog, **options):
+    """The FastAPI app around an :class:`~.service.ApiService` made with ``options``."""
     from .metrics import Metrics
     from .routes import create_api
     from .service import ApiService
@@ -32,7 +62,7 @@ def api_app(engine_of, runlog, **options):
 
 
 def api_arguments(sp) -> None:
-    """The API's options, for ``pml-studio serve`` and ``pml-studio api`` (read without importing torch)."""
+    """The API's options, for ``pml-studio serve`` and ``pml-studio api``."""
     from engine.config import Limit
     from engine.limits import NumberArg
 
@@ -46,15 +76,11 @@ def api_arguments(sp) -> None:
 
 def command(args) -> int:
     """``pml-studio api``: the API alone, served by uvicorn until Ctrl-C."""
-    return serve(model=args.model, host=args.host, port=args.port, db=args.db, dtype=args.dtype,
-                 weights=args.weights, allow_hosts=tuple(args.allow_hosts), token=args.token, no_token=args.no_token,
-                 default_arm=args.default_arm, max_queue=args.max_queue,
-                 max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP)
+    return serve(ServeOptions.from_args(args))
 
 
-def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, weights=None, allow_hosts=(),
-          token=None, no_token=False, **options) -> int:
-    """Serve the API alone on ``host:port`` behind the launch-token guard; 0 after Ctrl-C, 2 on a start error."""
+def serve(options: ServeOptions) -> int:
+    """Serve the API alone behind the launch-token guard; 0 after Ctrl-C, 2 on a start error."""
     import uvicorn
 
     from engine.errors import EngineError
@@ -66,20 +92,21 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
     from ..hosting import check_address, keep_private
     from ..streaming import on_engine_thread_soon
 
-    keep_private()  # the run log and saved runs: 0600 (studio/hosting.py)
+    host, port = options.host, options.port
+    keep_private()
     try:
         check_address(host)
         limits = Limits.from_env()
-        token = None if no_token else make_token(token or os.environ.get(TOKEN_ENV) or None)
-        if no_token and not is_loopback(host):
+        token = None if options.no_token else make_token(options.token or os.environ.get(TOKEN_ENV) or None)
+        if options.no_token and not is_loopback(host):
             raise TokenError(f"--no-token serves only a loopback address, not {host}; drop --no-token")
-        engine = Engine(model=model, dtype=dtype, weights=weights)  # None: the engine's defaults, as everywhere
-        runlog = RunLog(db)
+        engine = Engine(model=options.model, dtype=options.dtype, weights=options.weights)
+        runlog = RunLog(options.db)
         engine.codec  # the tokenizer, before the first request
     except (OSError, ValueError, EngineError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
-    app = headless_app(engine, runlog, token, host, allow_hosts, **options)
+    app = headless_app(engine, runlog, token, host, options.allow_hosts, **options.api())
     on_engine_thread_soon(_preload, engine)
     print(f"PML Studio API: base URL http://{host}:{port}/v1, model {engine.config.model} "
           f"({engine.config.weights} weights), run log {runlog.path}", flush=True)
@@ -87,15 +114,14 @@ def serve(model=None, host="127.0.0.1", port=DEFAULT_PORT, db=None, dtype=None, 
                                 "--no-token: every account on this machine can use the API"), flush=True)
     server = uvicorn.Server(server_config(app, host, port, limits))
     try:
-        server.run()  # a port already taken: uvicorn says so and exits, as uvicorn.run does
+        server.run()
     except KeyboardInterrupt:
         pass
     return 0
 
 
 def server_config(app, host: str, port: int, limits=None):
-    """uvicorn's configuration for ``pml-studio api``: its connections closed when a client sends its request
-    too slowly (studio/connections.py, under ``limits``), the open-files limit raised."""
+    """uvicorn's configuration: slow clients cut off under ``limits`` (studio/connections.py)."""
     import uvicorn
 
     from ..connections import guarded, quiet_resource_errors, raise_open_files
@@ -107,7 +133,7 @@ def server_config(app, host: str, port: int, limits=None):
 
 
 def _arm(name: str) -> str:
-    """``--default-arm``'s value, checked against the registered arms (imported only when the option is given)."""
+    """``--default-arm``'s value, checked against the registered arms."""
     import argparse
 
     from engine.config import values
@@ -118,7 +144,7 @@ def _arm(name: str) -> str:
 
 
 def headless_app(engine, runlog, token: str | None, host: str = "127.0.0.1", allow_hosts=(), **options):
-    """The ASGI app ``pml-studio api`` serves: the launch-token guard, then the API, then OpenAI's 404."""
+    """The launch-token guard, then the API, then OpenAI's 404."""
     from ..guard import LocalGuard, allowed_hosts
     from .errors import ApiError
     from .routes import ApiRoute
@@ -129,7 +155,6 @@ def headless_app(engine, runlog, token: str | None, host: str = "127.0.0.1", all
 
 
 def _not_found(error):
-    """The ASGI app answering every path the API does not serve with OpenAI's 404."""
     async def app(scope, receive, send):
         from fastapi.responses import JSONResponse
 
@@ -142,5 +167,5 @@ def _not_found(error):
 def _preload(engine) -> None:
     try:
         engine.lm
-    except Exception as err:  # noqa: BLE001 (every request then says why, as a 503)
+    except Exception as err:  # noqa: BLE001 (each request then says why, as a 503)
         print(f"pml-studio: the model did not load: {err}", file=sys.stderr, flush=True)

@@ -1,20 +1,5 @@
-"""The API's requests on the engine: one at a time on the studio's engine thread, a bounded queue before it.
-
-A route turns a request into a :class:`Work` (validated, nothing run yet) and :meth:`ApiService.submit` queues it
-as a :class:`Job` on the engine thread (studio/streaming.py: all torch work of the process runs there, so two
-requests never time each other, and the studio's own Compares take their turn too). More than ``max_queue``
-requests waiting is a 429. On the engine thread a job compiles its request to PML (studio/api/modes.py), checks
-that the prompt and the answer fit the model's context (a transparent request whose documents sit too far in
-position space is placed again, compactly, once), runs ``Engine.compare`` with the one arm asked for, and sends
-its events to the route's event loop: ``("progress", words)`` as each unit a streamed request sees first is encoded
-(the route sends it as an SSE comment), ``("token", text so far)`` while streaming, then ``("done", Outcome)`` or
-``("error", ApiError)``. The job's ``stop`` event (set when the client goes away) ends the run within a token
-(``Engine.compare(should_stop=)``); a job whose client left before it started does nothing.
-
-Every answered request is a row of the run log with source ``api``: written at once, or, when the log refuses it
-(locked, full disk), kept with the studio's waiting runs (``record``: :meth:`studio.state.Studio.record`), written
-with the next run or saved at stop for the next start.
-"""
+"""The API's requests on the studio's engine thread, one at a time, a bounded queue before it: each compiled to
+PML (modes.py), prepared once (``Engine.prepare``), run (``Engine.run``) and logged (source ``api``)."""
 
 from __future__ import annotations
 
@@ -23,7 +8,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from engine.arms.registry import REGISTRY, Reads, Sampling
 from engine.errors import ContextLengthError, EngineError
@@ -39,27 +24,46 @@ from .schemas import SchemaBook
 from .types import PmlInfo, PromptTokensDetails, Usage
 from .usage import Visible, cached_tokens, cut, finish_reason, module_sources
 
-DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # without max_tokens (OpenAI's completions default: 16)
-SOURCE = "api"  # the run log's source column for API requests
+if TYPE_CHECKING:
+    from engine.arms.compare import Comparison
+    from engine.session import Engine, Prepared
+
+DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # OpenAI's completions default: 16
+SOURCE = "api"  # the run log's source column
+EngineOf = Callable[[], "Engine"]  # read at each request: the studio may load another model
 
 
 @dataclass(frozen=True)
 class Work:
-    """One validated request, ready for the engine."""
+    """One validated request; nothing run yet."""
 
-    endpoint: str  # "chat" | "completion"
+    endpoint: str  # chat | completion
     arm: str
     how: str  # explicit | auto | marked | transparent | plain
-    max_tokens: int | None  # None: the endpoint's default, or the room the prompt leaves
+    max_tokens: int | None  # None: the default, or the room the prompt leaves
     temperature: float
     top_p: float
     seed: int
     stop: tuple[str, ...] = ()
     turns: tuple[modes.Turn, ...] = ()
     prompt: str = ""  # a completions prompt
-    schema: str = ""  # explicit PML (a name or the text)
+    schema: str = ""  # explicit PML: a name or the text
     pml_prompt: str = ""
     stream: bool = False
+
+
+class Event(NamedTuple):
+    kind: str  # progress | token | done | error
+    value: str | Outcome | ApiError
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A request as the engine runs it: its PML, prepared once, and its sampling."""
+
+    compiled: modes.Compiled
+    prepared: "Prepared"
+    sampling: Sampling
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class Outcome:
 
 
 class Job:
-    """A Work on its way through the engine: its events (read on the route's loop) and its stop flag."""
+    """A Work on the engine thread: its events (read on the route's loop), its stop flag."""
 
     def __init__(self, work: Work, loop: asyncio.AbstractEventLoop):
         self.work, self.loop = work, loop
@@ -79,48 +83,44 @@ class Job:
         self.events: asyncio.Queue = asyncio.Queue()
         self.queued_at = time.perf_counter()
 
-    def put(self, event: tuple) -> None:
-        """Hand ``event`` to the route's loop (from the engine thread); dropped when the loop has closed."""
+    def put(self, event: Event) -> None:
+        """Hand ``event`` to the route's loop; dropped when the loop has closed."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             self.stop.set()
 
-    async def next(self) -> tuple:
+    async def next(self) -> Event:
         return await self.events.get()
 
 
 class ApiService:
-    """What the routes call: the engine (through ``engine_of``, read at each request: the studio may swap it), the
-    run log, the position registry of transparent documents and the bounded queue."""
+    """The engine, the run log, the documents' positions and the bounded queue, for the routes."""
 
-    def __init__(self, engine_of: Callable, runlog=None, *, default_arm: str | None = None,
+    def __init__(self, engine_of: EngineOf, runlog=None, *, default_arm: str | None = None,
                  max_queue: int = MAX_QUEUE, max_tokens_cap: int = MAX_TOKENS_CAP, metrics=None,
-                 record: Callable | None = None):
-        """``record(data, schema, prompt, source=, toast=)``: where a run goes instead of ``runlog.record``
-        (the studio's, which keeps a run the log refuses); its ``logged`` report gives the run's id."""
+                 record: Callable[..., dict] | None = None):
+        """``record``: :meth:`studio.state.Studio.record`, which keeps a run the log refuses."""
         default_arm = default_arm or DEFAULT_ARM
         if default_arm not in REGISTRY:
             raise EngineError(f"unknown arm '{default_arm}' as the API's default; arms: {', '.join(REGISTRY)}")
         self.engine_of, self.runlog, self.metrics, self.record = engine_of, runlog, metrics, record
         self.default_arm, self.max_queue, self.max_tokens_cap = default_arm, max_queue, max_tokens_cap
-        self.positions: dict[str, PositionRegistry] = {}  # by tokenizer + template (the studio may load another model)
+        self.positions: dict[str, PositionRegistry] = {}  # by codec fingerprint
         self.schemas = SchemaBook(runlog)
         self.waiting = 0
         self._lock = threading.Lock()
 
-    # -- public API -----------------------------------------------------------------------------
-
     def model_ids(self) -> tuple[str, ...]:
-        """The names a request may give as ``model``: the engine's model as configured (first), and as loaded."""
+        """The engine's model as configured (first), and as loaded."""
         engine = self.engine_of()
-        names = [engine.config.model]  # never None: RunConfig names the default model
+        names = [engine.config.model]
         if engine.loaded and engine.lm.name not in names:
             names.append(engine.lm.name)
         return tuple(names)
 
     def submit(self, work: Work, loop: asyncio.AbstractEventLoop) -> Job:
-        """Queue ``work`` on the engine thread; ApiError 429 when :attr:`max_queue` requests wait already."""
+        """Queue ``work`` on the engine thread; 429 when :attr:`max_queue` requests wait already."""
         with self._lock:
             if self.waiting >= self.max_queue:
                 raise ApiError(429, f"{self.waiting} requests are waiting for the engine, the most this server "
@@ -131,75 +131,77 @@ class ApiService:
         on_engine_thread_soon(self._run, job)
         return job
 
-    # -- on the engine thread -------------------------------------------------------------------
-
     def _run(self, job: Job) -> None:
         with self._lock:
             self.waiting -= 1
-        if stop_asked(job.stop)():  # the client left while it waited, or the studio is stopping
-            return job.put(("error", ApiError(499, "the client closed the request", code="client_closed_request")))
+        if stop_asked(job.stop)():
+            return job.put(Event("error", ApiError(499, "the client closed the request",
+                                                   code="client_closed_request")))
         try:
-            job.put(("done", self._answer(job)))
-        except Exception as err:  # every failure goes to the client as an OpenAI error, none escapes the thread
-            job.put(("error", from_engine(err, "messages" if job.work.endpoint == "chat" else "prompt")))
+            job.put(Event("done", self._answer(job)))
+        except Exception as err:  # every failure goes to the client, none escapes the thread
+            job.put(Event("error", from_engine(err, "messages" if job.work.endpoint == "chat" else "prompt")))
 
     def _answer(self, job: Job) -> Outcome:
         work, engine = job.work, self.engine_of()
         queue_ms = (time.perf_counter() - job.queued_at) * 1000
         start = time.perf_counter()
-        compiled, sampling = self._fit(engine, work)
-        cfg = engine.config.with_(arms=(work.arm,), warmup=False)  # a server's prefix cache holds what it served
+        fitted = self._fit(engine, work)
+        cfg = engine.config.with_(arms=(work.arm,), warmup=False)  # its prefix cache: what it served
         first: list[float] = []
-        shown = Visible(sampling.stop)  # the stop strings checked here, on the engine thread, not on the loop
+        shown = Visible(fitted.sampling.stop)  # stop strings checked here, not on the route's loop
 
         def on_token(arm: str, text: str) -> None:
             if not first:
                 first.append(time.perf_counter())
             if work.stream:
-                job.put(("token", shown(text)))
+                job.put(Event("token", shown(text)))
 
         def progress(done: int, total: int, label: str) -> None:
-            if work.stream and label != "already encoded":  # only real encoding: a warm schema says nothing
-                job.put(("progress", f"encoding {done}/{total} units: {label}"))
+            if work.stream and label != "already encoded":
+                job.put(Event("progress", f"encoding {done}/{total} units: {label}"))
 
-        res = engine.compare(compiled.schema, compiled.prompt, sampling, config=cfg, on_token=on_token,
-                             progress=progress, should_stop=stop_asked(job.stop), schema_source="request schema",
-                             prompt_source="request prompt")
+        res = engine.run(fitted.prepared, fitted.sampling, config=cfg, on_token=on_token, progress=progress,
+                         should_stop=stop_asked(job.stop))
         ttft_ms = ((first[0] if first else time.perf_counter()) - start) * 1000
-        return self._outcome(engine, work, compiled, sampling, res, ttft_ms, queue_ms)
+        return self._outcome(engine, work, fitted, res, ttft_ms, queue_ms)
 
-    def _fit(self, engine, work: Work) -> tuple[modes.Compiled, Sampling]:
-        """The request's PML and its sampling, with max new tokens checked against (or taken from) the room the
-        prompt leaves in the model's context; transparent documents too far along are placed compactly once."""
-        compiled = self._compile(engine, work, compact=False)
+    def _fit(self, engine: Engine, work: Work) -> Fitted:
+        """The request prepared, max new tokens checked against (or taken from) the room its prompt leaves;
+        documents placed from their context's start when the counts (before the layout, else the plan's) say
+        that makes room."""
+        asked = work.max_tokens or min(DEFAULT_MAX_TOKENS[work.endpoint], self.max_tokens_cap)
         limit = engine.codec.max_positions
-        for compact in (False, True):
-            if compact:
-                compiled = self._compile(engine, work, compact=True)
-            plan = engine.plan(engine.layout(compiled.schema, "request schema"), compiled.prompt, "request prompt")
-            room = limit - max(plan.max_position + 1, plan.prompt_tokens)
-            asked = work.max_tokens or min(DEFAULT_MAX_TOKENS[work.endpoint], self.max_tokens_cap)
-            if room >= asked or (room >= 1 and work.max_tokens is None):
-                return compiled, Sampling(max_new_tokens=min(asked, room), temperature=work.temperature,
-                                          top_p=work.top_p, seed=work.seed, stop=work.stop)
-            if not compiled.documents:
-                break
+        compiled = self._compile(engine, work, compact=False)
+        if _compacts(limit, compiled.end, compiled.prompt_tokens, compiled.spare, asked, work):
+            compiled = self._compile(engine, work, compact=True)
+        prepared = _prepare(engine, compiled)
+        plan = prepared.plan
+        if _compacts(limit, plan.max_position + 1, plan.prompt_tokens, compiled.spare, asked, work):
+            compiled = self._compile(engine, work, compact=True)
+            prepared = _prepare(engine, compiled)
+            plan = prepared.plan
+        if _fits(plan.room, asked, work):
+            sampling = Sampling(max_new_tokens=min(asked, plan.room), temperature=work.temperature, top_p=work.top_p,
+                                seed=work.seed, stop=work.stop)
+            return Fitted(compiled, prepared, sampling)
         raise ContextLengthError(
-            f"this model's context is {limit} tokens; the prompt takes {plan.prompt_tokens} (its last position "
-            f"{plan.max_position}) and {asked} new tokens were asked for: at most {max(room, 0)} fit after it; "
-            "ask for fewer max_tokens or send shorter messages")
+            f"this model's context is {engine.codec.max_positions} tokens; the prompt takes {plan.prompt_tokens} (its "
+            f"last position {plan.max_position}) and {asked} new tokens were asked for: at most "
+            f"{max(plan.room, 0)} fit after it; ask for fewer max_tokens or send shorter messages")
 
-    def _compile(self, engine, work: Work, compact: bool) -> modes.Compiled:
+    def _compile(self, engine: Engine, work: Work, compact: bool) -> modes.Compiled:
         if work.how == "explicit":
             return modes.Compiled(self.schemas.text(work.schema), work.pml_prompt, "explicit")
-        how = work.how if REGISTRY[work.arm].reads == Reads.MODULES else "plain"  # the others read no modules
+        how = work.how if REGISTRY[work.arm].reads == Reads.MODULES else "plain"
         positions = self.positions.setdefault(engine.codec.fingerprint, PositionRegistry())
         if work.endpoint == "completion":
-            return modes.completion_pml(work.prompt, how, engine.layout, positions, engine.codec.max_positions, compact)
-        return modes.chat_pml(list(work.turns), how, engine.layout, positions, engine.codec.max_positions, compact)
+            return modes.completion_pml(work.prompt, how, engine.codec, positions, compact)
+        return modes.chat_pml(list(work.turns), how, engine.codec, positions, compact)
 
-    def _outcome(self, engine, work: Work, compiled: modes.Compiled, sampling: Sampling, res, ttft_ms: float,
+    def _outcome(self, engine: Engine, work: Work, fitted: Fitted, res: Comparison, ttft_ms: float,
                  queue_ms: float) -> Outcome:
+        compiled, sampling = fitted.compiled, fitted.sampling
         run = res.arm(work.arm).run
         text, stopped = cut(run.text, sampling.stop)
         prompt_tokens, completion = res.prompt.prompt_tokens, len(run.token_ids)
@@ -221,9 +223,8 @@ class ApiService:
         return Outcome(text, finish_reason(run.token_ids, stopped, tuple(engine.lm.eos_ids), sampling.max_new_tokens),
                        usage, pml)
 
-    def _log(self, res, compiled: modes.Compiled) -> int | None:
-        """The run's row in the run log (source ``api``); None when there is no log or it refused the row (kept
-        to be written later, with ``record``)."""
+    def _log(self, res: Comparison, compiled: modes.Compiled) -> int | None:
+        """The run's row id; None without a log or when it refused the row."""
         if self.record is not None:
             return self.record(document(res), compiled.schema, compiled.prompt, source=SOURCE, toast=False)["run_id"]
         if self.runlog is None:
@@ -238,5 +239,21 @@ class ApiService:
 
 
 def random_seed() -> int:
-    """A seed for a sampled request that gives none (OpenAI's: each such request samples anew)."""
+    """A sampled request without a seed samples anew, as OpenAI's."""
     return secrets.randbits(63)
+
+
+def _prepare(engine: Engine, compiled: modes.Compiled) -> Prepared:
+    return engine.prepare(compiled.schema, compiled.prompt, schema_source="request schema",
+                          prompt_source="request prompt")
+
+
+def _compacts(limit: int, end: int, prompt_tokens: int, spare: int, asked: int, work: Work) -> bool:
+    """Whether the answer fits only with the documents placed ``spare`` positions earlier."""
+    return spare > 0 and not _fits(limit - max(end, prompt_tokens), asked, work) \
+        and _fits(limit - max(end - spare, prompt_tokens), asked, work)
+
+
+def _fits(room: int, asked: int, work: Work) -> bool:
+    """Without max_tokens, any room fits (the answer takes what is left)."""
+    return room >= asked or (room >= 1 and work.max_tokens is None)

@@ -1,13 +1,7 @@
-"""The API's request and response shapes: OpenAI's, as pydantic models (vLLM's ``protocol.py``, llama-cpp-python's
-``types.py``), plus the ``pml`` extension object.
+"""OpenAI's request and response shapes as pydantic models, plus the ``pml`` extension (docs/api.md).
 
-Requests refuse fields OpenAI does not define (``extra="forbid"``: a misspelt parameter is a named 400, as OpenAI
-answers it, never silently ignored). OpenAI parameters this server does not implement are declared so that
-:func:`unsupported` can name them in a 400 when they would change the answer (``n`` > 1, ``logprobs``, tools,
-``response_format`` other than text, penalties, ``logit_bias``, ...); the ones that cannot change it (``user``,
-``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``, ``parallel_tool_calls`` without tools, ...) are
-accepted and ignored. Ranges are checked by the routes (a 400 naming the parameter); pydantic checks only types
-(a 422).
+Requests refuse fields OpenAI does not define (a misspelt parameter is a named 400, as OpenAI's); parameters that
+would change the answer and are not implemented are declared so that :func:`unsupported` names them in a 400.
 """
 
 from __future__ import annotations
@@ -150,12 +144,8 @@ def unsupported(req: _Sampling) -> tuple[str, str] | None:
     return next(((param, why) for param, bad, why in checks if bad), None)
 
 
-# ----------------------------------------------------------------------------------------------
-# Responses
-# ----------------------------------------------------------------------------------------------
-
 class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # prompt tokens whose KV was reused and not recomputed
+    cached_tokens: int = 0  # reused and not recomputed
 
 
 class Usage(BaseModel):
@@ -166,23 +156,23 @@ class Usage(BaseModel):
 
 
 class PmlInfo(BaseModel):
-    """What the server did for the request: its ``pml`` extension object."""
+    """The ``pml`` object of an answer (docs/api.md lists its fields)."""
 
     arm: str
-    mode: str  # explicit | marked | transparent | plain
+    mode: str
     schema_name: str
-    modules_reused: int  # the request's modules whose KV came from the store (memory or disk)
-    modules_encoded: int  # ... encoded by this request, at their first sight
-    routed_kept: list[str] | None = None  # modules the routed arm read (None for other arms)
-    routed_path: str | None = None  # how it read them: stored | partial | full | repeat (None for other arms)
-    recomputed_tokens: int = 0  # cached tokens the arm prefilled again (never counted in cached_tokens)
-    cached_tokens: int  # as usage.prompt_tokens_details.cached_tokens
-    ttft_ms: float  # from the start of the request's work on the engine to its first token (encoding included)
-    arm_ttft_ms: float  # the arm's own TTFT, as `pml-studio run` reports it (encoding not included)
+    modules_reused: int
+    modules_encoded: int
+    routed_kept: list[str] | None = None
+    routed_path: str | None = None  # stored | partial | full | repeat
+    recomputed_tokens: int = 0  # never counted in cached_tokens
+    cached_tokens: int
+    ttft_ms: float  # encoding included
+    arm_ttft_ms: float  # as `pml-studio run` reports it
     decode_ms_per_token: float | None
-    queue_ms: float  # waiting for the engine (other requests, the studio's runs)
-    encode_ms: float = 0.0  # encoding the modules this request saw first (inside ttft_ms; 0 when all were stored)
-    run_id: int | None = None  # its row in the run log (None when the log could not take it)
+    queue_ms: float
+    encode_ms: float = 0.0
+    run_id: int | None = None
     note: str = ""
 
 

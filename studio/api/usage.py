@@ -1,11 +1,4 @@
-"""What a finished run reports to the client: its text cut at a stop string, why it ended, and honest usage.
-
-``cached_tokens`` counts the prompt tokens whose KV the answering arm **reused and did not recompute**, read from
-the comparison: the arm's ``reused_tokens`` (already without recomputed tokens: repair, blend; and without the
-modules the routed arm left out) less the tokens of units this very request encoded (a module seen for the first
-time was computed now, not reused). The prefix arm's reuse comes from earlier requests' prompts (the API runs it
-without the schema-order warm-up, as a server holds only what it served). The baseline reuses nothing.
-"""
+"""A finished run as the client sees it: its text cut at a stop string, why it ended, honest usage."""
 
 from __future__ import annotations
 
@@ -15,12 +8,12 @@ from engine.schema.plan import CACHED
 
 
 def cached_tokens(comparison, arm: str) -> int:
-    """Prompt tokens of ``arm``'s run whose KV was reused, not computed by this request nor recomputed."""
+    """The arm's reused tokens (recomputed ones already out) less those of units this request encoded."""
     run = comparison.arm(arm).run
     if REGISTRY[arm].reads != Reads.MODULES or comparison.plan is None:
         return run.reused_tokens
     fresh = {u["unit"].split(" [")[0] for u in (comparison.encode or {}).get("detail", ()) if u["source"] == "encoded"}
-    kept = getattr(comparison.arm(arm).detail, "kept", None)  # the routed arm's modules read
+    kept = getattr(comparison.arm(arm).detail, "kept", None)  # the routed arm's modules
     redo = set(run.recomputed_positions)
     layout, new = comparison.plan.layout, 0
     for s in comparison.plan.segments:
@@ -35,21 +28,19 @@ def cached_tokens(comparison, arm: str) -> int:
 
 
 def module_sources(comparison) -> tuple[int, int]:
-    """(modules whose KV came from the store, modules encoded by this request) of the run's schema."""
+    """(modules read from the store, modules encoded now)."""
     units = [u for u in (comparison.encode or {}).get("detail", ()) if u["kind"] == "module"]
     encoded = sum(u["source"] == "encoded" for u in units)
     return len(units) - encoded, encoded
 
 
 def cut(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
-    """(``text`` up to the first stop string, whether one was found)."""
     at = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     return (text, False) if at < 0 else (text[:at], True)
 
 
 def visible(text: str, stop: tuple[str, ...]) -> str:
-    """What may be streamed of a growing ``text``: up to a stop string, less a tail that may still become one or
-    a character the next token completes (the tokenizer shows a partial one as U+FFFD)."""
+    """A growing ``text`` up to a stop string, less a tail that may become one or a partial character (U+FFFD)."""
     text, found = cut(text, stop)
     if found:
         return text
@@ -59,10 +50,7 @@ def visible(text: str, stop: tuple[str, ...]) -> str:
 
 
 class Visible:
-    """:func:`visible` for one growing text, computed incrementally: each call reads only the characters that are
-    new since the last (one KMP automaton per stop string), so a long stop string or a long answer costs a few
-    operations per character, not the stop string's length squared per token. A text whose last characters changed
-    (a character completed by the next token) is read again from where it changed."""
+    """:func:`visible`, incrementally: a KMP automaton per stop string reads only the new characters."""
 
     def __init__(self, stop: tuple[str, ...]):
         self.scans = [_Scan(s) for s in stop]
@@ -79,8 +67,7 @@ class Visible:
 
 
 class _Scan:
-    """A stop string's automaton over a text: after each character, the longest prefix of the stop string that
-    ends there (Knuth-Morris-Pratt; the failure table grows only as far as a match does)."""
+    """After each character, the longest prefix of the stop string ending there (Knuth-Morris-Pratt)."""
 
     def __init__(self, stop: str):
         self.stop, self.fail, self.states = stop, [0], []
@@ -90,8 +77,7 @@ class _Scan:
         return self.states[-1] if self.states else 0
 
     def read(self, text: str, same: int) -> int | None:
-        """Read ``text`` from its ``same``-th character (the ones before are those read already); the start of
-        the first match, or None."""
+        """Read ``text`` from its ``same``-th character; the start of the first match, or None."""
         if self.found is not None and self.found + len(self.stop) <= same:
             return self.found
         del self.states[same:]
@@ -108,7 +94,6 @@ class _Scan:
         return None
 
     def _fail(self, i: int) -> int:
-        """The failure table at ``i``, computed up to it first."""
         s, fail = self.stop, self.fail
         for j in range(len(fail), i + 1):
             k = fail[j - 1]
@@ -119,7 +104,6 @@ class _Scan:
 
 
 def _common(a: str, b: str) -> int:
-    """The length of the common start of ``a`` and ``b`` (a binary search over C-speed comparisons)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -128,7 +112,6 @@ def _common(a: str, b: str) -> int:
 
 
 def finish_reason(token_ids: tuple[int, ...], stopped: bool, eos: tuple[int, ...], max_new: int) -> str:
-    """OpenAI's ``finish_reason``: "stop" (end of sequence, a stop string) or "length" (``max_new`` reached)."""
     if stopped or (token_ids and token_ids[-1] in eos) or len(token_ids) < max_new:
         return "stop"
     return "length"

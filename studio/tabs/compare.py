@@ -221,9 +221,10 @@ def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit)
         firsts.add(str(res.arm))
         emit(("first", res))
 
-    return engine.compare(schema_text, prompt_text, sampling, config=cfg, on_token=on_token,
-                          progress=lambda done, total, label: emit(("encode", done, total, label)),
-                          should_stop=stop_asked(live.stop), on_arm=on_arm)
+    prepared = engine.prepare(schema_text, prompt_text, sampling.max_new_tokens)
+    return engine.run(prepared, sampling, config=cfg, on_token=on_token,
+                      progress=lambda done, total, label: emit(("encode", done, total, label)),
+                      should_stop=stop_asked(live.stop), on_arm=on_arm)
 
 
 async def cancellable(work, *args):

@@ -189,7 +189,7 @@ def test_the_same_document_gets_the_same_positions_in_any_order(tokenizer_bundle
 
     def spans(texts):
         turns = [modes.Turn("user", tuple(modes.Part(t) for t in texts))]
-        c = modes.chat_pml(turns, "auto", lambda s, src="": layout(parse_schema(s), codec), reg, 2048)
+        c = modes.chat_pml(turns, "auto", codec, reg)
         lay = layout(parse_schema(c.schema), codec)
         return {name: (lay.modules[name].start, lay.modules[name].end) for name in c.documents}
 

@@ -171,7 +171,7 @@ def test_a_client_that_disconnects_stops_the_decoding(served, monkeypatch):
     one token after its stop flag first said stop."""
     port, engine, log = served
     seen: dict = {"tokens": 0, "at_stop": None, "ended": threading.Event()}
-    compare = engine.compare
+    run = engine.run
 
     def watched(*args, should_stop, on_token, **kw):
         def count(arm, text):
@@ -183,14 +183,14 @@ def test_a_client_that_disconnects_stops_the_decoding(served, monkeypatch):
                 seen["at_stop"] = seen["tokens"]
             return should_stop()
         try:
-            return compare(*args, should_stop=asked, on_token=count, **kw)
+            return run(*args, should_stop=asked, on_token=count, **kw)
         except RunStopped as err:
             seen["stopped"] = err
             raise
         finally:
             seen["ended"].set()
 
-    monkeypatch.setattr(engine, "compare", watched)
+    monkeypatch.setattr(engine, "run", watched)
     runs_before = log.count()
     stream = client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=1500, temperature=0,
                                                       stream=True)

@@ -192,7 +192,7 @@ def test_crash_mid_run_is_a_gr_error_without_traceback_and_no_row(studio, travel
         on_token("baseline", "partial")
         raise RuntimeError("simulated out of memory")
 
-    monkeypatch.setattr(studio.engine, "compare", broken)
+    monkeypatch.setattr(studio.engine, "run", broken)
     seen = []
     with pytest.raises(gr.Error) as err:
         for upd in cmp.compare_stream(studio, schema, prompt, 2, settings=settings()):
