@@ -292,7 +292,7 @@ def main() -> None:
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "modules": args.modules,
         "module_tokens": [lay.modules[f"doc{i}"].end - lay.modules[f"doc{i}"].start for i in range(args.modules)],
         "schema_tokens": lay.length, "ttft_includes_copy": True,
-        "warmup": cache.summary(lay.fingerprint)["warmup"] if "prefix" in arms else None,
+        "warmup": cache.held(lay.fingerprint).to_json()["warmup"] if "prefix" in arms else None,
         "arms": summary, "ratios": ratios(summary), "prompts": rows}, write=not args.quick)
 
 
