@@ -181,9 +181,9 @@ class PrefixCache:
     def held(self, fingerprint: str | None = None) -> "Held":
         """What the cache holds before a run of the schema ``fingerprint``."""
         warm = self.warmed.get(fingerprint) if fingerprint else None
+        others = sum(1 for k in self.warmed if k != fingerprint)
         return Held(None if warm is None else WarmUp(warm.schema, warm.modules, len(warm.token_ids), warm.placeholders),
-                    earlier_runs=self.inserted_runs, other_schemas_warmed=sum(1 for k in self.warmed if k != fingerprint),
-                    stored_tokens=self.stored_tokens())
+                    earlier_runs=self.inserted_runs, other_schemas_warmed=others, stored_tokens=self.stored_tokens())
 
     def __len__(self) -> int:
         return len(self._by_key)
