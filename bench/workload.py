@@ -283,15 +283,16 @@ def main() -> None:
     if not args.quick:
         plot(rows, arms, ROOT / "assets" / f"{name}.png", eng.lm.name)
     cache = eng.prefix_cache()
+    repair, blend = config.settings_of("cached").repair, config.settings_of("blend")
     emit(name, {
         "benchmark": "workload", "model": eng.lm.name, "dtype": eng.lm.dtype, "mode": config.mode,
-        "storage": config.storage, "variant": " ".join(variant(config)) or "default", "repair": config.repair,
-        "sink": config.sink, "blend": config.blend if "blend" in config.arms else None,
-        "blend_rule": config.blend_rule, "blend_sweep": args.blend_sweep, "storage_dtype": config.storage_dtype, "greedy": True, "new_tokens": args.new_tokens, "seed": args.seed,
+        "storage": config.storage, "variant": " ".join(variant(config)) or "default", "repair": repair,
+        "sink": config.sink, "blend": blend.ratio if "blend" in config.arms else None,
+        "blend_rule": blend.rule, "blend_sweep": args.blend_sweep, "storage_dtype": config.storage_dtype, "greedy": True, "new_tokens": args.new_tokens, "seed": args.seed,
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "modules": args.modules,
         "module_tokens": [lay.modules[f"doc{i}"].end - lay.modules[f"doc{i}"].start for i in range(args.modules)],
         "schema_tokens": lay.length, "ttft_includes_copy": True,
-        "warmup": cache.summary(lay.fingerprint)["warmup"] if "prefix" in arms else None,
+        "warmup": cache.held(lay.fingerprint).to_json()["warmup"] if "prefix" in arms else None,
         "arms": summary, "ratios": ratios(summary), "prompts": rows}, write=not args.quick)
 
 
@@ -300,7 +301,8 @@ def variant(config) -> list[str]:
     bench/results/workload-PARTS.json (the README shows its modular arm beside the default's)."""
     parts = [config.mode] if config.mode != "contextual" else []  # the default mode (its old name: prefixed)
     parts += [f"sink{config.sink}"] if config.sink else []
-    parts += [f"repair{config.repair}"] if config.repair else []
+    repair = config.settings_of("cached").repair
+    parts += [f"repair{repair}"] if repair else []
     parts += [config.storage_dtype] if config.storage_dtype != "float32" else []
     parts += [config.weights] if config.weights != "fp32" else []
     comp = config.compression

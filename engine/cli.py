@@ -217,11 +217,11 @@ class ApePair:
 
 def config_from_args(args) -> "cfg.RunConfig":
     """The RunConfig the `run` options describe (validated here, once)."""
-    return cfg.RunConfig(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype, mode=args.mode,
-                         storage_dtype=args.storage_dtype, weights=args.weights, decode=args.decode,
-                         compression=cfg.Compression(args.retention, args.compression),
-                         budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
-                         arms=_arms(args), warmup=not args.no_warmup, sink=args.sink, **_arm_settings(args))
+    return cfg.RunConfig.make(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype,
+                              mode=args.mode, storage_dtype=args.storage_dtype, weights=args.weights,
+                              decode=args.decode, compression=cfg.Compression(args.retention, args.compression),
+                              budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
+                              arms=_arms(args), warmup=not args.no_warmup, sink=args.sink, **_arm_settings(args))
 
 
 def _arm_settings(args) -> dict:

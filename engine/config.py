@@ -82,12 +82,13 @@ def short_dtype(dtype: str | None) -> str:
     return dict(CHOICES["storage_dtype"]).get(dtype or "float32", dtype or "fp32")
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class RunConfig:
     """Everything a run needs besides the documents and the sampling settings.
 
     None means the default (``device`` follows storage, ``storage_dtype`` the compute dtype, ``budget_bytes``
-    half the free memory). Arm settings are given and read by key: ``RunConfig(repair=4)``, ``config.repair``.
+    half the free memory). Arm settings are (arm, ArmSettings) pairs, given by key with :meth:`make`
+    (``RunConfig.make(repair=4)``) and read with :meth:`settings_of` (``config.settings_of("cached").repair``).
     """
 
     model: str | None = None
@@ -107,16 +108,13 @@ class RunConfig:
     decode: str = "together"  # "together": the arms decode as one batch
     arm_settings: tuple[tuple[str, "ArmSettings"], ...] = ()  # (arm, settings) not at their defaults
 
-    def __init__(self, model=None, device=None, dtype=None, storage="cpu", mode="contextual", storage_dtype=None,
-                 compression=None, budget_bytes=None, persist=True, module_dir=None, arms=None, sink=0, warmup=True,
-                 weights=None, decode="together", arm_settings=(), **keys):
-        given = dict(model=model, device=device, dtype=dtype, storage=storage, mode=mode,
-                     storage_dtype=storage_dtype, compression=Compression() if compression is None else compression,
-                     budget_bytes=budget_bytes, persist=persist, module_dir=module_dir, arms=arms, sink=sink,
-                     warmup=warmup, weights=weights, decode=decode, arm_settings=_with_keys(dict(arm_settings), keys))
-        for name, value in given.items():
-            object.__setattr__(self, name, value)
-        self.__post_init__()
+    @classmethod
+    def make(cls, **keys) -> "RunConfig":
+        """A config from run fields and arm settings by their keys (``repair=4``, ``route_k=2``)."""
+        names = {f.name for f in fields(cls)}
+        given = {k: v for k, v in keys.items() if k in names}
+        by_key = {k: v for k, v in keys.items() if k not in names}
+        return cls(**{**given, "arm_settings": _with_keys(dict(given.get("arm_settings", ())), by_key)})
 
     def __post_init__(self):
         object.__setattr__(self, "model", self.model or default_model())
@@ -149,21 +147,11 @@ class RunConfig:
             raise EngineError(f"warmup must be True or False, got {self.warmup!r}")
         if self.module_dir is not None:
             object.__setattr__(self, "module_dir", str(self.module_dir))
-        object.__setattr__(self, "arm_settings", tuple(sorted(self.arm_settings)))
+        object.__setattr__(self, "arm_settings", tuple(sorted(dict(self.arm_settings).items())))
         for arm in self.arms:
             settings = self.settings_of(arm)
             if settings is not None:
                 settings.check_with(self)
-
-    def __getattr__(self, key: str):
-        """An arm's setting by its key (``config.repair``, ``config.blend``)."""
-        if key.startswith("_"):
-            raise AttributeError(key)
-        try:
-            arm, name, _ = arm_setting(key)
-        except KeyError:
-            raise AttributeError(f"'RunConfig' has no setting '{key}'") from None
-        return getattr(self.settings_of(arm), name)
 
     # -- derived --
 
@@ -196,7 +184,6 @@ class RunConfig:
             retention = changes.pop("retention", self.compression.retention)
             method = changes.pop("method", self.compression.method)
             changes["compression"] = Compression(1.0 if retention in (None, "") else retention, method or "pyramid")
-        keys = {k: changes.pop(k) for k in list(changes) if k not in {f.name for f in fields(self)}}
         if "storage" in changes and "device" not in changes:
             changes["device"] = None  # re-derived from the new storage
         if "dtype" not in changes and self.dtype == default_dtype(self.device) \
@@ -207,7 +194,7 @@ class RunConfig:
         if "weights" not in changes and self.weights == default_weights(self.model):
             changes["weights"] = None  # the (new) model's default
         current = {f.name: getattr(self, f.name) for f in fields(self)}
-        return RunConfig(**{**current, **changes}, **keys)
+        return RunConfig.make(**{**current, **changes})
 
     def to_json(self) -> dict:
         out = {"model": self.model, "device": self.device, "dtype": self.dtype, "storage": self.storage,

@@ -66,7 +66,7 @@ class Engine:
     def __init__(self, config: RunConfig | None = None, **settings):
         if config is not None and settings:
             raise EngineError("pass either a RunConfig or settings, not both")
-        self.config = config if config is not None else RunConfig(**settings)
+        self.config = config if config is not None else RunConfig.make(**settings)
         check_device(self.config.storage)
         check_device(self.config.device)
         self._lm: LoadedModel | None = None
@@ -83,7 +83,7 @@ class Engine:
     def from_loaded(cls, lm: LoadedModel, config: RunConfig | None = None, **settings) -> "Engine":
         """An Engine around a loaded model; no persistence unless asked."""
         settings.setdefault("persist", False)
-        base = config or RunConfig(**settings)
+        base = config or RunConfig.make(**settings)
         eng = cls(base.with_(model=lm.name, device=lm.device, dtype=lm.dtype, weights=lm.weights))
         eng._lm, eng._codec, eng._tokenizer = lm, lm.codec, lm.tokenizer
         return eng

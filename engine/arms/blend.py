@@ -18,7 +18,7 @@ from engine.arms.modular import run_cached
 from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
                                   setting)
 from engine.arms.repair import select_repair
-from engine.arms.timing import Fill, timed_run
+from engine.arms.timing import Fill, timed_detail
 from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
@@ -120,7 +120,6 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
     check_recompute(lm, "blend", "set blend to 0")
     decoder_layers(lm.model, "blend", "set blend to 0")
     ranges = _cached_ranges(plan, encoded, store)  # store lookups before TTFT
-    chose: dict = {}
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
@@ -129,12 +128,13 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
             ranks = select_blend(plan, encoded.mode, probe, stored_at(ranges, check_layer), rule, n, seed)
         else:  # everything is recomputed: nothing to choose
             probe, ranks = None, tuple(cached)
-        chose.update(ranks=ranks, ms=(time.perf_counter() - t0) * 1000)
-        return _recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None)
+        chosen = replace(info, ranks=ranks, selection_ms=(time.perf_counter() - t0) * 1000)
+        return replace(_recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None),
+                       detail=chosen)
 
-    run, _ = timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
-                       sampling, on_token, batch=batch)
-    return run, replace(info, ranks=chose["ranks"], selection_ms=chose["ms"])
+    run, _, info = timed_detail(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1,
+                                fill, sampling, on_token, batch=batch)
+    return run, info
 
 
 def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question: bool = False) -> Probe:

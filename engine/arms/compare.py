@@ -199,12 +199,11 @@ def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: Mo
         results = {a: replace(r, run=batch.finish(r.run)) for a, r in results.items()}
     together = any(r.run.decode_batch > 1 for r in results.values())
     base = results.get(Arm.BASELINE)
-    cached = ctx.settings_of("cached")
     return Comparison(
         model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=sampling,
         arms={a: r.with_agreement(base) for a, r in results.items()}, mode=encoded.mode,
-        repair=getattr(cached, "repair", 0) if Arm.CACHED in wanted else 0, sink=encoded.sink,
-        weights=getattr(lm, "weights", "fp32"), decode="together" if together else "apart",
+        repair=ctx.settings_of("cached").repair if Arm.CACHED in wanted else 0,
+        sink=encoded.sink, weights=lm.weights, decode="together" if together else "apart",
         prefill_kernel=lm.prefill.kernel)
 
 

@@ -12,7 +12,7 @@ from engine.arms.registry import Arm, ArmResult, ArmSpec, Reads, RunResult, Samp
 from engine.arms.timing import Fill, timed_run
 from engine.arms.workspace import workspace
 from engine.cache.assemble import token_place
-from engine.cache.prefix import PrefixCache
+from engine.cache.prefix import Held, PrefixCache
 from engine.errors import EngineError
 from engine.kv import KVBuffer
 from engine.model.attend import PLAIN
@@ -27,7 +27,7 @@ class PrefixReuse:
     reused_tokens: int  # leading prompt tokens taken from the cache
     repeat: bool  # the whole prompt was cached; its last token is prefilled for its logits
     stopped_at: dict  # the first prefilled token: {"token", "source", "owner"}
-    warmed_with: dict  # PrefixCache.summary before this run
+    held: Held  # what the cache held before this run
     stored_tokens: int = 0  # tokens this run added to the cache
     prefilled_tokens: int = 0
 
@@ -36,11 +36,29 @@ class PrefixReuse:
                 "repeat": self.repeat, "stopped_at": self.stopped_at, "warmed_with": self.warmed_with,
                 "stored_tokens": self.stored_tokens}
 
+    @property
+    def warmed_with(self) -> dict:
+        """``held`` as run --json writes it; its ``summary`` sentence is that field's, kept for its readers."""
+        return {"summary": _summary(self.held), **self.held.to_json()}
+
     @classmethod
     def from_json(cls, data: dict) -> "PrefixReuse":
         return cls(reused_tokens=data.get("reused_tokens", 0), repeat=bool(data.get("repeat")),
-                   stopped_at=data.get("stopped_at") or {}, warmed_with=data.get("warmed_with") or {},
+                   stopped_at=data.get("stopped_at") or {}, held=Held.from_json(data.get("warmed_with") or {}),
                    stored_tokens=data.get("stored_tokens", 0), prefilled_tokens=data.get("prefilled_tokens", 0))
+
+
+def _summary(held: Held) -> str:
+    """run --json's ``warmed_with.summary`` (a contract field; the front ends write their own words)."""
+    parts = []
+    if held.warmup is not None:
+        n = len(held.warmup.modules)
+        parts.append(f"schema-order warm-up ({n} module{'s' if n != 1 else ''}, {held.warmup.tokens} tokens)")
+    if held.other_schemas_warmed:
+        others = held.other_schemas_warmed
+        parts.append(f"{others} other schema warm-up{'s' if others != 1 else ''}")
+    parts.append(f"{held.earlier_runs} earlier run{'s' if held.earlier_runs != 1 else ''}")
+    return " + ".join(parts)
 
 
 def prefix_arm(ctx: DecodingContext) -> ArmResult:
@@ -61,7 +79,7 @@ def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling
                 batch: DecodeBatch | None = None) -> tuple:
     """Reuse the longest cached prefix, prefill, decode; then store the prompt (never evicting ``keep``)."""
     ids = list(plan.token_ids)
-    warmed_with = prefix.summary(plan.layout.fingerprint)
+    held = prefix.held(plan.layout.fingerprint)
     match = prefix.match(ids, limit=len(ids) - 1)
     k = match.reused
 
@@ -73,7 +91,7 @@ def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling
     run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, fill, sampling, on_token, batch=batch)
     stored = prefix.insert(ids, buf.data[:, :, 0], list(keep), run=True) if insert else 0  # before another run reuses it
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),
-                        warmed_with=warmed_with, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
+                        held=held, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
     return run, reuse
 
 

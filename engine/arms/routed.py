@@ -18,7 +18,7 @@ from engine.arms.joint import keep_run, module_ranks, recall, recompute_fill, ru
 from engine.arms.layers import run_until
 from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
                                   setting)
-from engine.arms.timing import Fill, timed_run
+from engine.arms.timing import Fill, timed_detail, timed_run
 from engine.arms.workspace import workspace
 from engine.cache.assemble import module_ranges, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
@@ -147,6 +147,19 @@ class RoutedInfo:
                    sinks=data.get("route_sinks", 0), repeat_tokens=data.get("route_repeat_tokens", 0))
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """What a routed fill chose inside TTFT (its Fill's detail)."""
+
+    seen: Scouted | None
+    kept: tuple[str, ...]
+    ms: float  # choosing, inside TTFT
+    joint: tuple[str, ...]  # modules prefilled together
+    path: str
+    focus: Focus | None = None  # its ``changes`` fill in while decoding
+    slots: list[int] | None = None  # each buffer slot's prompt rank, when the run can be kept for a repeat
+
+
 # -- public API --
 
 def routed_arm(ctx: DecodingContext) -> ArmResult:
@@ -177,7 +190,6 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks))
     if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
         return _repeat(lm, *hit, sampling, on_token, batch)
-    chose: dict = {}
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
@@ -187,25 +199,26 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
         together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
-        chose.update(seen=seen, kept=kept, ms=(time.perf_counter() - t0) * 1000, joint=together, focus=None, path=path)
+        choice = _Choice(seen, kept, (time.perf_counter() - t0) * 1000, together, path)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
-            work, chose["slots"] = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
-            return work
+            work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
+            return replace(work, detail=replace(choice, slots=slots))
         read = [r for r in ranges if r[3] is None or r[3] in kept]
         for entry, a, b, _ in read:
             entry.write_into(buf, a, b)
-        chose["focus"] = _focus(read, kept, modules, seen, ids, min_pull) if focus == "on" else None
+        focused = _focus(read, kept, modules, seen, ids, min_pull) if focus == "on" else None
         scale = ape_scale(lm, read, ape)
-        chose["slots"] = _stored_slots(plan, ranges, kept) if scale is None and chose["focus"] is None else None
+        slots = _stored_slots(plan, ranges, kept) if scale is None and focused is None else None
         return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
-                    prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=chose["focus"]))
+                    prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
+                    detail=replace(choice, focus=focused, slots=slots))
 
-    run, buf = timed_run(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                         on_token, batch=batch)
-    info = _info(chose, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
-    if key is not None and chose.get("slots") is not None:  # after TTFT, as the prefix arm's insert
-        keep_run(prefix, key, plan, buf, chose["slots"], [e for e, *_ in ranges], info,
+    run, buf, choice = timed_detail(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill,
+                                    sampling, on_token, batch=batch)
+    info = _info(choice, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
+    if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
+        keep_run(prefix, key, plan, buf, choice.slots, [e for e, *_ in ranges], info,
                  list(keep_entries) + used_keys(plan, encoded))
     return run, info
 
@@ -312,15 +325,15 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
-def _info(chose: dict, k: int, min_pull: float, layers: tuple[int, ...], focus: str, share: float, sinks: int,
+def _info(choice: _Choice, k: int, min_pull: float, layers: tuple[int, ...], focus: str, share: float, sinks: int,
           recomputed: int) -> RoutedInfo:
-    """A routed run's detail, from what its fill chose."""
-    seen: Scouted | None = chose["seen"]
-    moves = tuple((step, chose["kept"][m]) for step, m in chose["focus"].changes) if chose["focus"] else ()
+    """A routed run's detail, from what its fill chose (and where its focus moved while decoding)."""
+    seen = choice.seen
+    moves = tuple((step, choice.kept[m]) for step, m in choice.focus.changes) if choice.focus else ()
     shares, pull = ({}, {}) if seen is None else (seen.shares(), dict(zip(seen.modules, seen.strength().tolist())))
-    return RoutedInfo(k=k, min_pull=min_pull, kept=chose["kept"], attention=shares, layers=layers,
-                      scout_ms=chose["ms"], pull=pull, focus=focus, moves=moves, joint=chose["joint"],
-                      path=chose["path"], recomputed=recomputed, share=share, sinks=sinks)
+    return RoutedInfo(k=k, min_pull=min_pull, kept=choice.kept, attention=shares, layers=layers,
+                      scout_ms=choice.ms, pull=pull, focus=focus, moves=moves, joint=choice.joint,
+                      path=choice.path, recomputed=recomputed, share=share, sinks=sinks)
 
 
 def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], seen: "Scouted | None", ids,

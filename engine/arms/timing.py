@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -36,6 +36,7 @@ class Fill:
     prefill: AttentionSpec = PLAIN  # what the prefill attends to
     decode: AttentionSpec = PLAIN  # what every decode step attends to
     copies: bool = True  # False: fill writes nothing; copy_ms 0
+    detail: Any = None  # what the arm chose inside TTFT (read back by timed_detail)
 
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
@@ -68,6 +69,19 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
         out.waiting.run = run
         batch.waiting.append(out.waiting)
     return run, buf
+
+
+def timed_detail(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
+                 on_token: TokenFn | None = None, batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer, Any]:
+    """:func:`timed_run`, and the ``detail`` of the Fill that ``fill`` made."""
+    made: list[Fill] = []
+
+    def fill_and_keep(buf: KVBuffer) -> Fill:
+        made.append(fill(buf))
+        return made[-1]
+
+    run, buf = timed_run(lm, arm, capacity, fill_and_keep, sampling, on_token, batch=batch)
+    return run, buf, made[-1].detail
 
 
 # -- internal helpers --

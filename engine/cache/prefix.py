@@ -41,6 +41,45 @@ class WarmPrompt:
     placeholders: tuple[str, ...]  # "module/param"
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """A schema-order warm-up as a run reports it."""
+
+    schema: str
+    modules: tuple[str, ...]
+    tokens: int
+    placeholders: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"schema": self.schema, "modules": list(self.modules), "tokens": self.tokens,
+                "placeholders": list(self.placeholders)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "WarmUp":
+        return cls(data.get("schema", ""), tuple(data.get("modules") or ()), data.get("tokens", 0),
+                   tuple(data.get("placeholders") or ()))
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a prefix cache held before a run."""
+
+    warmup: WarmUp | None  # the run's schema's warm-up, if it was warmed
+    earlier_runs: int = 0  # runs inserted before this one
+    other_schemas_warmed: int = 0
+    stored_tokens: int = 0
+
+    def to_json(self) -> dict:
+        return {"warmup": None if self.warmup is None else self.warmup.to_json(), "earlier_runs": self.earlier_runs,
+                "other_schemas_warmed": self.other_schemas_warmed, "stored_tokens": self.stored_tokens}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Held":
+        warm = data.get("warmup")
+        return cls(None if warm is None else WarmUp.from_json(warm), data.get("earlier_runs", 0),
+                   data.get("other_schemas_warmed", 0), data.get("stored_tokens", 0))
+
+
 @dataclass(eq=False)
 class _Node:
     tokens: tuple[int, ...]  # the edge's
@@ -139,23 +178,12 @@ class PrefixCache:
         with self._lock:
             return sum(len(n.tokens) for n in self._by_key.values() if n.key in self.store)
 
-    def summary(self, fingerprint: str | None = None) -> dict:
-        """``warmed_with``: what the cache held before a run."""
+    def held(self, fingerprint: str | None = None) -> "Held":
+        """What the cache holds before a run of the schema ``fingerprint``."""
         warm = self.warmed.get(fingerprint) if fingerprint else None
-        runs = self.inserted_runs
         others = sum(1 for k in self.warmed if k != fingerprint)
-        parts = []
-        if warm is not None:
-            parts.append(f"schema-order warm-up ({len(warm.modules)} module{'s' if len(warm.modules) != 1 else ''}, "
-                         f"{len(warm.token_ids)} tokens)")
-        if others:
-            parts.append(f"{others} other schema warm-up{'s' if others != 1 else ''}")
-        parts.append(f"{runs} earlier run{'s' if runs != 1 else ''}")
-        return {"summary": " + ".join(parts),
-                "warmup": None if warm is None else {"schema": warm.schema, "modules": list(warm.modules),
-                                                     "tokens": len(warm.token_ids),
-                                                     "placeholders": list(warm.placeholders)},
-                "earlier_runs": runs, "other_schemas_warmed": others, "stored_tokens": self.stored_tokens()}
+        return Held(None if warm is None else WarmUp(warm.schema, warm.modules, len(warm.token_ids), warm.placeholders),
+                    earlier_runs=self.inserted_runs, other_schemas_warmed=others, stored_tokens=self.stored_tokens())
 
     def __len__(self) -> int:
         return len(self._by_key)

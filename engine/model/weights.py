@@ -1,5 +1,5 @@
 """Weight precision: linear layers kept in bf16, int8, int4 or as a GGUF file's blocks, one :class:`PackedLinear`
-subclass per layout (:func:`scheme_class`); :func:`quantize_weights` packs a model. Measured: docs/models.md.
+subclass per layout (:func:`pack_linear`); :func:`quantize_weights` packs a model. Measured: docs/models.md.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # int8 under i
 
 
 class PackedLinear(torch.nn.Module):
-    """A linear layer with a packed weight. ``PackedLinear(linear, kind)`` builds :func:`scheme_class`'s subclass;
-    ``saved=`` restores :meth:`saved` tensors."""
+    """A linear layer with a packed weight, one subclass per layout; :func:`pack_linear` builds the one a scheme
+    takes. ``saved=`` restores :meth:`saved` tensors."""
 
     kernel = ""  # "int8" / "int4": :data:`DENSE_FROM`'s key
     own = False  # multiplied by the engine's kernels
@@ -32,11 +32,6 @@ class PackedLinear(torch.nn.Module):
     OPTIONAL: tuple[str, ...] = ()
     nibbles: torch.Tensor | None = None  # saved beside the buffers (TorchInt4Linear)
     prefill = None  # engine/model/prefill.py's Gemm: many rows' product from a copy laid out for it
-
-    def __new__(cls, linear: torch.nn.Linear | None = None, kind: str = "", *args, **kwargs):
-        if cls is PackedLinear:
-            cls = scheme_class(kind, linear.out_features, linear.in_features)
-        return super().__new__(cls)
 
     def __init__(self, linear: torch.nn.Linear, kind: str, codes=None, saved: dict | None = None):
         super().__init__()
@@ -243,6 +238,11 @@ def scheme_class(kind: str, rows: int, cols: int) -> type[PackedLinear]:
     raise ModelError(f"unknown weight precision '{kind}'; use one of {', '.join(WEIGHTS)}")
 
 
+def pack_linear(linear: torch.nn.Linear, kind: str, codes=None, saved: dict | None = None) -> PackedLinear:
+    """``linear`` kept as ``kind`` by :func:`scheme_class`'s layout (``codes``: the GGUF file's blocks)."""
+    return scheme_class(kind, linear.out_features, linear.in_features)(linear, kind, codes, saved)
+
+
 def _file_blocks(codes, kind: str):
     if codes is None:
         raise ModelError(f"{kind} weights need the GGUF file's blocks (gguf.file_blocks); use --weights int8")
@@ -307,7 +307,7 @@ class PackedMLP(torch.nn.Module):
             both = torch.nn.Linear(gate.in_features, 2 * self.inter, bias=gate.bias is not None, device="meta")
             both.bias = None if gate.bias is None else torch.nn.Parameter(torch.cat([gate.bias, up.bias]))
             saved_kind, tensors = saved[f"{name}.gate_up"]
-            self.gate_up = PackedLinear(both, saved_kind, saved=tensors)
+            self.gate_up = pack_linear(both, saved_kind, saved=tensors)
             return
         both = torch.nn.Linear(gate.in_features, 2 * self.inter, bias=gate.bias is not None)
         with torch.no_grad():
@@ -317,9 +317,9 @@ class PackedMLP(torch.nn.Module):
         pair = [file_codes(codes, f"{name}.{n}", getattr(mlp, n)) for n in ("gate_proj", "up_proj")] \
             if kind == "gguf" else [None]
         if None not in pair and pair[0].kind == pair[1].kind:  # both as the file holds them: one matrix of codes
-            self.gate_up = PackedLinear(both, pair[0].kind, _stacked(*pair))
+            self.gate_up = pack_linear(both, pair[0].kind, _stacked(*pair))
         else:
-            self.gate_up = PackedLinear(both, "int8" if kind == "gguf" else kind)
+            self.gate_up = pack_linear(both, "int8" if kind == "gguf" else kind)
 
     @classmethod
     def fits(cls, module: torch.nn.Module) -> bool:
@@ -373,11 +373,11 @@ def _packed(linear: torch.nn.Linear, name: str, kind: str, codes: dict | None, s
     """Layer ``name`` packed for weights ``kind``, or as ``saved`` holds it."""
     if saved is not None:
         saved_kind, tensors = saved[name]
-        return PackedLinear(linear, saved_kind, saved=tensors)
+        return pack_linear(linear, saved_kind, saved=tensors)
     if kind != "gguf":
-        return PackedLinear(linear, layer_kind(name.rsplit(".", 1)[-1], kind))
+        return pack_linear(linear, layer_kind(name.rsplit(".", 1)[-1], kind))
     taken = file_codes(codes, name, linear)
-    return PackedLinear(linear, "int8") if taken is None else PackedLinear(linear, taken.kind, taken)
+    return pack_linear(linear, "int8") if taken is None else pack_linear(linear, taken.kind, taken)
 
 
 def quantize_weights(model: torch.nn.Module, kind: str, codes: dict | None = None, saved: dict | None = None) -> int:

@@ -1,14 +1,30 @@
 """The prefix-cache arm's look: what the cache held before the run."""
 
 from engine.arms.prefix import PrefixReuse
+from engine.cache.prefix import Held
 
 from . import View, register
 
 
 class PrefixView(View):
     def chips(self, detail: PrefixReuse) -> list[str]:
-        held = (detail.warmed_with or {}).get("summary")
-        return [f"held before this run: {held}"] if held else []
+        return [f"held before this run: {held_words(detail.held)}"]
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def held_words(held: Held) -> str:
+    """'schema-order warm-up (3 modules, 516 tokens) + 2 earlier runs'."""
+    parts = []
+    if held.warmup is not None:
+        parts.append(f"schema-order warm-up ({_plural(len(held.warmup.modules), 'module')}, "
+                     f"{held.warmup.tokens} tokens)")
+    if held.other_schemas_warmed:
+        parts.append(_plural(held.other_schemas_warmed, "other schema warm-up"))
+    parts.append(_plural(held.earlier_runs, "earlier run"))
+    return " + ".join(parts)
 
 
 register(PrefixView("prefix", "Prefix cache", "the longest cached prefix reused, the rest prefilled", "#0d9488",

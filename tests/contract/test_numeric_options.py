@@ -163,7 +163,7 @@ def test_library_dataclasses_refuse_non_finite_and_huge_values(bad):
     for field in ("blend", "repair", "sink", "budget_bytes"):
         if bad is not None or field != "budget_bytes":  # budget_bytes None is the default budget
             with pytest.raises(EngineError, match=limit_of(field).name):
-                RunConfig(**{field: bad})
+                RunConfig.make(**{field: bad})
     for field in ("retention", "recent_frac", "window_frac"):
         with pytest.raises(EngineError, match=LIMITS[field].name):
             Compression(**{field: bad})

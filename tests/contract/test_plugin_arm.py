@@ -86,7 +86,8 @@ def test_the_cli_offers_the_arm_and_its_setting(echo):
     parser = cli.build_parser(EXTRA)
     args = parser.parse_args(["run", "s.xml", "p.xml", "--arms", "baseline,echo", "--echo-k", "5"])
     cfg = cli.config_from_args(args)
-    assert cfg.arms == ("baseline", "echo") and cfg.echo_k == 5 and cfg.settings_of("echo") == EchoSettings(5)
+    assert cfg.arms == ("baseline", "echo") and cfg.settings_of("echo").k == 5
+    assert cfg.settings_of("echo") == EchoSettings(5)
     alone = cli.config_from_args(parser.parse_args(["run", "s.xml", "p.xml", "--echo-k", "3"]))
     assert alone.arms[-1] == "echo"  # an enabling setting above 0 adds its arm
     with pytest.raises(SystemExit):  # its range is checked like every numeric option
@@ -139,5 +140,5 @@ def test_the_studio_makes_its_column_control_and_checkbox(echo, tiny_engine, tmp
     assert isinstance(by_id["echo-k"], gr.Slider) and by_id["echo-k"].maximum == 8  # its Encode control
     assert ("Echo", "echo") in [tuple(c) for c in by_id["arms"].choices]  # the arms checkbox
     cfg = run_config(tiny_engine.config, {"arms": ["baseline", "echo"], "echo_k": 6.0})
-    assert cfg.arms == ("baseline", "echo") and cfg.echo_k == 6
+    assert cfg.arms == ("baseline", "echo") and cfg.settings_of("echo").k == 6
     assert compare._progress("echo") == "Echo: running…"  # the default view's

@@ -111,11 +111,11 @@ def test_ape_settings_are_checked_where_made():
         ModularSettings(ape_t=0.0)
     with pytest.raises(EngineError, match="ape_s"):
         ModularSettings(ape_s=1.5)
-    assert RunConfig(ape_t=0.9, ape_s=0.8).ape_s == 0.8
+    assert RunConfig.make(ape_t=0.9, ape_s=0.8).settings_of("cached").ape_s == 0.8
     with pytest.raises(EngineError, match="APE cannot be combined with repair"):
-        RunConfig(ape_t=0.9, repair=4)
+        RunConfig.make(ape_t=0.9, repair=4)
     with pytest.raises(EngineError, match="question-aware retention"):
-        RunConfig(ape_t=0.9, compression=Compression(0.5, "question"))
+        RunConfig.make(ape_t=0.9, compression=Compression(0.5, "question"))
 
 
 def test_the_cli_takes_ape_as_one_pair(capsys):

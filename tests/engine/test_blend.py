@@ -251,7 +251,7 @@ def test_blend_is_an_arm_of_compare_the_json_the_run_log_and_the_studio(tiny_lm,
     schema, prompt = (SAMPLES / "travel.xml").read_text(), (SAMPLES / "travel.prompt.xml").read_text()
     # the studio: the arms checkbox picks the columns, the blend controls set its settings
     cfg = run_config(eng.config, {"arms": ["baseline", "prefix", "cached", "blend"], "blend": 0.25, "mode": "isolated"})
-    assert cfg.arms == ("baseline", "prefix", "cached", "blend") and cfg.blend == 0.25
+    assert cfg.arms == ("baseline", "prefix", "cached", "blend") and cfg.settings_of("blend").ratio == 0.25
     assert run_config(cfg, {"arms": ["baseline", "cached"]}).arms == ("baseline", "cached")
     c = eng.compare(schema, prompt, Sampling(3), config=cfg.with_(arms=("baseline", "cached", "blend")))
     doc = c.to_json()
@@ -284,6 +284,6 @@ def test_blend_settings_are_checked_where_they_are_made():
 
     for bad in (-0.1, 1.5, True, "x"):
         with pytest.raises(EngineError, match="blend must be a share"):
-            RunConfig(blend=bad)
+            RunConfig.make(blend=bad)
     with pytest.raises(EngineError, match="blend rule"):
-        RunConfig(blend_rule="loudest")
+        RunConfig.make(blend_rule="loudest")

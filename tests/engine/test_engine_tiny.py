@@ -162,5 +162,5 @@ def test_repair_with_question_retention_is_refused_up_front():
     from engine.errors import EngineError
 
     with pytest.raises(EngineError, match="cannot be combined"):
-        RunConfig(repair=4, compression=Compression(0.5, "question"))
-    assert RunConfig(repair=4, compression=Compression(0.5, "pyramid")).repair == 4
+        RunConfig.make(repair=4, compression=Compression(0.5, "question"))
+    assert RunConfig.make(repair=4, compression=Compression(0.5, "pyramid")).settings_of("cached").repair == 4

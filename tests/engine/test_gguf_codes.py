@@ -10,7 +10,7 @@ import torch
 
 from engine.model import kernels
 from engine.model.gguf import file_blocks
-from engine.model.weights import FILE_KINDS, PackedLinear, file_codes
+from engine.model.weights import FILE_KINDS, pack_linear, file_codes
 
 BLOCK_BYTES = {"Q4_K": (256, 144), "Q6_K": (256, 210)}  # ggml's K-quant blocks: weights, bytes
 SCALE_AT = {"Q4_K": (0, 4), "Q6_K": (208, 210)}  # where a block's fp16 scales lie (Q4_K: d then dmin)
@@ -84,7 +84,7 @@ def test_a_layer_from_the_files_codes_is_the_loaded_layer(tmp_path, kind):
     linear.weight.data = _dequantized(kind, blocks)  # what the converted model holds
     taken = file_codes(codes, "model.layers.3.self_attn.q_proj", linear)
     assert taken is not None
-    layer = PackedLinear(linear, kind, taken)
+    layer = pack_linear(linear, kind, taken)
     assert torch.equal(layer.dense(), linear.weight)  # the file's values exactly
     for tokens in (1, 3, 300):  # the kernel (4 tokens a pass), a remainder, the dense path of a prefill
         x = torch.randn(tokens, 512)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import kernels
-from engine.model.weights import PackedLinear
+from engine.model.weights import pack_linear
 
 needs_kernels = pytest.mark.skipif(kernels.ops() is None, reason=kernels.status())
 TOKENS = [1, 2, 3, 4, 5, 7, 9]  # the kernels take 4 (int8) or 2 (int4) tokens per pass: every remainder
@@ -105,14 +105,14 @@ def test_a_layer_on_the_engines_kernels_agrees_with_torchs(kind, monkeypatch):
     torch.manual_seed(4)
     linear = torch.nn.Linear(128, 192, bias=True)
     x = torch.randn(3, 128)
-    own = PackedLinear(linear, kind)
+    own = pack_linear(linear, kind)
     mine = own(x)
     assert own.own and rel(mine, F.linear(x, own.dense(), linear.bias)) < 3e-4  # 16- or 15-bit activations
     monkeypatch.setitem(kernels._state, "ops", None)
-    theirs = PackedLinear(linear, kind)
+    theirs = pack_linear(linear, kind)
     assert not theirs.own and rel(mine, theirs(x)) < 0.01
     monkeypatch.undo()
-    assert not PackedLinear(torch.nn.Linear(128, 80), kind).own  # 80 rows: not a multiple of 64
+    assert not pack_linear(torch.nn.Linear(128, 80), kind).own  # 80 rows: not a multiple of 64
 
 
 def test_without_the_kernels_the_status_says_why(monkeypatch):

@@ -224,7 +224,7 @@ def test_compressed_entries_repair_per_layer(tiny_engine):
 def test_repair_and_sink_out_of_range_are_refused(bad):
     for name in ("repair", "sink"):
         with pytest.raises(EngineError, match=f"{name} must be a whole number from 0 to 64"):
-            RunConfig(**{name: bad})
+            RunConfig.make(**{name: bad})
 
 
 def test_repair_is_refused_for_sliding_window_models(tokenizer_bundle):
@@ -249,9 +249,10 @@ def test_cli_flags_reach_the_config():
 
     args = build_parser().parse_args(["run", "s.xml", "p.xml", "--repair", "8", "--sink", "3", "--mode", "isolated"])
     cfg = config_from_args(args)
-    assert (cfg.repair, cfg.sink, cfg.mode) == (8, 3, "isolated")
+    assert (cfg.settings_of("cached").repair, cfg.sink, cfg.mode) == (8, 3, "isolated")
     defaults = config_from_args(build_parser().parse_args(["run", "s.xml", "p.xml"]))
-    assert (defaults.repair, defaults.sink) == (RunConfig().repair, RunConfig().sink)
+    assert (defaults.settings_of("cached").repair, defaults.sink) == (RunConfig().settings_of("cached").repair,
+                                                                   RunConfig().sink)
 
 
 @pytest.mark.real_model

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from engine.errors import ModelError
 from engine.arms.registry import Sampling
-from engine.model.weights import ATTENTION_PROJECTIONS, INT4_GROUP, WEIGHTS, PackedLinear, PackedMLP, quantize_weights
+from engine.model.weights import (ATTENTION_PROJECTIONS, INT4_GROUP, WEIGHTS, PackedLinear, PackedMLP, pack_linear,
+                                  quantize_weights)
 
 # relative error of the layer's output against fp32, for gaussian weights (int4: 16 levels per group of 32)
 TOLERANCE = {"bf16": 0.01, "int8": 0.02, "int4": 0.15}
@@ -20,7 +21,7 @@ def test_a_packed_layer_computes_the_float_layer(kind):
     torch.manual_seed(0)
     linear = torch.nn.Linear(4 * INT4_GROUP, 128, bias=True)  # 128 rows: int4 keeps only the kernel's tiles
     x = torch.randn(3, 5, 4 * INT4_GROUP)
-    packed = PackedLinear(linear, kind)
+    packed = pack_linear(linear, kind)
     want = F.linear(x, linear.weight, linear.bias)
     got = packed(x)
     assert got.dtype == x.dtype and got.shape == want.shape
@@ -40,7 +41,7 @@ def test_int4_dequantizes_exactly_what_it_packed():
     linear = torch.nn.Linear(2 * INT4_GROUP, 16, bias=False)
     linear.weight.data = w
     eye = torch.eye(2 * INT4_GROUP)
-    got = PackedLinear(linear, "int4")(eye).T  # column j of W
+    got = pack_linear(linear, "int4")(eye).T  # column j of W
     assert float((got - w).abs().max()) < 3e-3
 
 
@@ -77,8 +78,8 @@ def test_a_packed_mlp_computes_its_gate_and_up_layers(tiny_lm, kind):
     x = torch.randn(2, 3, mlp.gate_proj.in_features)
     with torch.inference_mode():
         want = mlp(x)
-        gate, up = PackedLinear(mlp.gate_proj, kind), PackedLinear(mlp.up_proj, kind)
-        two = PackedLinear(mlp.down_proj, kind)(mlp.act_fn(gate(x)) * up(x))
+        gate, up = pack_linear(mlp.gate_proj, kind), pack_linear(mlp.up_proj, kind)
+        two = pack_linear(mlp.down_proj, kind)(mlp.act_fn(gate(x)) * up(x))
         got = PackedMLP(mlp, kind)(x)
     assert PackedMLP.fits(mlp) and got.shape == want.shape and got.dtype == x.dtype
     assert torch.allclose(got, two, rtol=0.02, atol=1e-3 * float(two.abs().max()))
@@ -129,7 +130,7 @@ def test_a_long_input_takes_the_dequantized_weight_and_gets_the_kernels_result(k
 
     torch.manual_seed(3)
     linear = torch.nn.Linear(4 * INT4_GROUP, out, bias=True)
-    packed = PackedLinear(linear, kind)
+    packed = pack_linear(linear, kind)
     assert (packed.nibbles is None) == (kind == "int8" or out % weights.int4_tile() == 0)
     x = torch.randn(40, 4 * INT4_GROUP)
     monkeypatch.setitem(weights.DENSE_FROM, kind, 1 << 30)

@@ -107,7 +107,8 @@ def test_arm_columns_follow_the_arms_that_ran():
     data = {"arms": ["baseline", "prefix", "cached"], "cached_tokens": 280, "baseline": base,
            "prefix": {**base, "ttft_ms": 40.0, "reused_tokens": 200, "prefilled_tokens": 100, "prefill_tokens": 100,
                       "warmed_with": {"summary": "schema-order warm-up (3 modules, 516 tokens) + 0 earlier runs",
-                                      "warmup": {"schema": "travel", "tokens": 516}, "earlier_runs": 0}},
+                                      "warmup": {"schema": "travel", "modules": ["flights", "hotels", "visas"],
+                                                 "tokens": 516}, "earlier_runs": 0}},
            "cached": {**base, "ttft_ms": 10.0, "prefill_tokens": 20, "reused_tokens": 280}}
     c = doc(data)
     assert "200 reused · 100 prefilled" in views.metrics_html(c, "prefix")
