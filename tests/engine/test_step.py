@@ -132,7 +132,7 @@ def test_contexts_that_change_attention_send_the_step_to_the_model():
 
 def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch):
     """decode_step: the same greedy tokens through the C++ step as through the model (PML_STUDIO_STEP=0)."""
-    from engine.arms.decode import decode_step
+    from engine.run.decode import decode_step
 
     model, kind = packed
     lm = type("LM", (), {"model": model, "weights": kind, "device": "cpu"})()

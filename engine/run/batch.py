@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.arms.decode import decode, decode_step, ended, sync
-from engine.arms.registry import ArmContext, RunResult, Sampling, TokenFn
-from engine.arms.sampling import sample
-from engine.arms.workspace import workspace
 from engine.kv import BatchedKV, KVBuffer
 from engine.model.load import LoadedModel
 from engine.model.positions import needs_positions
+from engine.run.decode import decode, decode_step, ended, sync
+from engine.run.sampling import sample
+from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.workspace import workspace
 
 
 @dataclass
@@ -68,13 +68,6 @@ class DecodeBatch:
                                            decode_ms_per_token=w.spent * 1000 / w.steps if w.steps else None,
                                            decode_batch=self.size)
         return run
-
-
-@dataclass(frozen=True)
-class DecodingContext(ArmContext):
-    """An arm's context in a comparison; its runs wait in ``batch``."""
-
-    batch: DecodeBatch | None = None
 
 
 def _decode_alone(lm: LoadedModel, w: Waiting) -> None:

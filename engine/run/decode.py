@@ -8,12 +8,12 @@ from typing import Callable
 
 import torch
 
-from engine.arms.registry import Sampling, TokenFn
-from engine.arms.sampling import sample
 from engine.model import graphs
 from engine.model import step as cpp
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
+from engine.run.sampling import sample
+from engine.run.types import Sampling, TokenFn
 
 
 def decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: Sampling, gen, arm: str,

@@ -10,18 +10,18 @@ from typing import Callable, Sequence
 
 import torch
 
-from engine.arms import memory
-from engine.arms.batch import DecodeBatch, Waiting
-from engine.arms.decode import decode, sync
-from engine.arms.registry import RunResult, Sampling, TokenFn
-from engine.arms.sampling import sample
-from engine.arms.workspace import workspace
 from engine.cache.compress import QuestionRetention
 from engine.kv import KVBuffer
 from engine.model import graphs
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import attach
+from engine.run import memory
+from engine.run.batch import DecodeBatch, Waiting
+from engine.run.decode import decode, sync
+from engine.run.sampling import sample
+from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.workspace import workspace
 
 
 @dataclass(frozen=True)
