@@ -115,13 +115,11 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
                               gen, on_token)
             return _Decoded(*first, 0.0, used, after, retention_ms, waiting)
         decode_s = decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, on_token, work.decode)
-    cache.sync_length()
     return _Decoded(*first, decode_s, used, after, retention_ms)
 
 
 def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:
     """(cache to decode over, bytes after the prefill, after retention, ms thinning)."""
-    cache.sync_length()
     used = buf.used_bytes
     if retain is None:
         return cache, used, used, 0.0
