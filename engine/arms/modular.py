@@ -87,10 +87,10 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         for entry, a, b in copies:
             entry.write_into(buf, a, b)
         return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, prefill=prefill,
-                    decode=AttentionSpec(ape=scale))
+                    decode=AttentionSpec(ape=scale), retain=retain, key_positions=key_pos)
 
     run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                       on_token, retain=retain, key_positions=key_pos, batch=batch)
+                       on_token, batch=batch)
     return run
 
 
