@@ -3,7 +3,7 @@
 Every timed run reports the process's peak resident memory. It used to be sampled by a thread every 5 ms
 inside the timed block — on a 2-core machine that thread competes with the prefill, while the floor the
 cached path is compared with (bench/workloads.py) runs without it. The engine now resets ``VmHWM``
-through ``/proc/self/clear_refs`` before the run and reads it after (``engine.arms.memory.PeakMemory``).
+through ``/proc/self/clear_refs`` before the run and reads it after (``engine.run.memory.PeakMemory``).
 
 This measures, on document-QA prompts of the default model, the baseline's and the modular arm's TTFT
 with each way of reading the peak and with none: one warm-up, then ``--reps`` rounds, each round running
@@ -21,7 +21,7 @@ import contextlib
 
 from common import emit, essay_chunks, machine, result_name, spread, table
 
-from engine.arms import memory
+from engine.run import memory
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached
 from engine.arms.registry import Sampling

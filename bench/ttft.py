@@ -83,7 +83,7 @@ PATHS = {"pinned": "page-locked CPU storage of module KV, copied asynchronously"
 
 def set_paths(eng, paths: dict[str, str]) -> None:
     """Turn the GPU paths of ``eng`` on or off ("auto": on where the model computes on CUDA); before encoding."""
-    from engine.arms.workspace import workspace
+    from engine.run.workspace import workspace
     from engine.kv.pinned import PinState
     from engine.model import graphs
 
@@ -100,7 +100,7 @@ def set_paths(eng, paths: dict[str, str]) -> None:
 
 def gpu_paths(eng) -> dict:
     """What the GPU paths did in ``eng``'s runs: the store's pinning, layer-wise copies, CUDA graphs."""
-    from engine.arms.workspace import workspace
+    from engine.run.workspace import workspace
     from engine.model import graphs
 
     return {"pinned_storage": eng.store().pinning.why, "pinned_bytes": eng.store().pinning.pinned_bytes,

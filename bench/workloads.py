@@ -42,7 +42,7 @@ def floor_point(eng, plan, encoded, reps: int, cached_ms: float) -> dict:
 
     from engine.arms.modular import run_cached
     from engine.arms.registry import Sampling
-    from engine.arms.workspace import workspace
+    from engine.run.workspace import workspace
     from engine.model.attend import ATTENTION
 
     lm = eng.lm

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from engine.arms.batch import DecodeBatch, DecodingContext
-from engine.arms.registry import Arm, ArmResult, ArmSpec, Reads, RunResult, Sampling, TokenFn, register
-from engine.arms.timing import Fill, timed_run
+from engine.arms.registry import Arm, ArmResult, ArmSpec, DecodingContext, Reads, register
 from engine.model.load import LoadedModel
+from engine.run.batch import DecodeBatch
+from engine.run.timing import Fill, timed_run
+from engine.run.types import RunResult, Sampling, TokenFn
 from engine.schema.plan import PromptPlan
 
 

@@ -11,14 +11,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.arms.attention import check_recompute, rank_mask
-from engine.arms.batch import DecodeBatch, DecodingContext
-from engine.arms.layers import decoder_layers, run_until
 from engine.arms.modular import run_cached
-from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
-                                  setting)
+from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.arms.repair import select_repair
-from engine.arms.timing import Fill, timed_detail
 from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
@@ -27,6 +22,11 @@ from engine.kv import KVBuffer, LayeredKV, QuantKV
 from engine.limits import Limit
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
+from engine.run.attention import check_recompute, rank_mask
+from engine.run.batch import DecodeBatch
+from engine.run.layers import decoder_layers, run_until
+from engine.run.timing import Fill, timed_detail
+from engine.run.types import RunResult, Sampling, TokenFn
 from engine.schema.plan import CACHED, PromptPlan
 
 # rule -> what picks the recomputed tokens

@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from engine.arms.batch import DecodeBatch, DecodingContext
-from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmResult, ArmSettings, Reads, RunResult, Sampling,
-                                  TokenFn)
+from engine.arms.registry import REGISTRY, Agreement, Arm, ArmResult, ArmSettings, DecodingContext, Reads
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.settings import canonical_mode
 from engine.cache.store import ModuleStore
 from engine.model.load import LoadedModel
+from engine.run.batch import DecodeBatch
+from engine.run.types import RunResult, Sampling, TokenFn
 from engine.schema.plan import PromptPlan
 
 

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.arms.attention import ape_scale, check_recompute, rank_mask
-from engine.arms.batch import DecodeBatch, DecodingContext
-from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
-                                  setting)
+from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.arms.repair import select_repair
-from engine.arms.timing import Fill, timed_run
 from engine.cache.assemble import copy_list, copy_list_ranked, module_ranges, prefilled, question_retention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
@@ -21,6 +17,10 @@ from engine.limits import MAX_REPAIR, Limit
 from engine.model.attend import AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import copied_positions, needs_positions
+from engine.run.attention import ape_scale, check_recompute, rank_mask
+from engine.run.batch import DecodeBatch
+from engine.run.timing import Fill, timed_run
+from engine.run.types import RunResult, Sampling, TokenFn
 from engine.schema.plan import PromptPlan
 
 
@@ -87,10 +87,10 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         for entry, a, b in copies:
             entry.write_into(buf, a, b)
         return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, prefill=prefill,
-                    decode=AttentionSpec(ape=scale))
+                    decode=AttentionSpec(ape=scale), retain=retain, key_positions=key_pos)
 
     run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                       on_token, retain=retain, key_positions=key_pos, batch=batch)
+                       on_token, batch=batch)
     return run
 
 

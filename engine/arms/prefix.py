@@ -7,16 +7,17 @@ from typing import Sequence
 
 import torch
 
-from engine.arms.batch import DecodeBatch, DecodingContext
-from engine.arms.registry import Arm, ArmResult, ArmSpec, Reads, RunResult, Sampling, TokenFn, register
-from engine.arms.timing import Fill, timed_run
-from engine.arms.workspace import workspace
+from engine.arms.registry import Arm, ArmResult, ArmSpec, DecodingContext, Reads, register
 from engine.cache.assemble import token_place
 from engine.cache.prefix import Held, PrefixCache
 from engine.errors import EngineError
 from engine.kv import KVBuffer
 from engine.model.attend import PLAIN
 from engine.model.load import LoadedModel
+from engine.run.batch import DecodeBatch
+from engine.run.timing import Fill, timed_run
+from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.workspace import workspace
 from engine.schema.plan import PromptPlan
 
 

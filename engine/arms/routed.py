@@ -12,14 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.arms.attention import ape_scale, check_recompute
-from engine.arms.batch import DecodeBatch, DecodingContext
-from engine.arms.joint import keep_run, module_ranks, recall, recompute_fill, run_key, select_tokens
-from engine.arms.layers import run_until
-from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, Reads, RunResult, Sampling, TokenFn, register,
-                                  setting)
-from engine.arms.timing import Fill, timed_detail, timed_run
-from engine.arms.workspace import workspace
+from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.cache.assemble import module_ranges, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
@@ -29,6 +22,13 @@ from engine.kv import KVBuffer, LayeredKV
 from engine.limits import Limit
 from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
+from engine.run.attention import ape_scale, check_recompute
+from engine.run.batch import DecodeBatch
+from engine.run.joint import keep_run, module_ranks, recall, recompute_fill, run_key, select_tokens
+from engine.run.layers import run_until
+from engine.run.timing import Fill, timed_detail, timed_run
+from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.workspace import workspace
 from engine.schema.plan import CACHED, PromptPlan
 
 # Each default's split and figures: docs/arms.md (routed) and bench/results/.

@@ -155,7 +155,7 @@ class PrefixCache:
             return len(ids) - matched
 
     def remember(self, name, note) -> None:
-        """Keep ``note`` under ``name``, the first token of the branch a run stored its KV in (engine/arms/joint.py);
+        """Keep ``note`` under ``name``, the first token of the branch a run stored its KV in (engine/run/joint.py);
         a forgotten note's branch goes with it."""
         with self._lock:
             self._notes[name] = note

@@ -163,11 +163,20 @@ class PreallocatedLayer(CacheLayerMixin):
 
 
 class _BufferedLayer(PreallocatedLayer):
+    """Layer ``index`` of a KVBuffer; its length is the buffer's, advanced where tokens are written."""
+
     def __init__(self, buffer: KVBuffer, index: int):
         super().__init__(buffer.raw, index)
         self.buffer, self.index = buffer, index
-        self.length = buffer.lengths[index]
         self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+    @property
+    def length(self) -> int:
+        return self.buffer.lengths[self.index]
+
+    @length.setter
+    def length(self, n: int) -> None:
+        self.buffer.lengths[self.index] = n
 
     def update(self, key_states, value_states, *args, **kwargs):
         self.buffer.ready(self.index)  # this layer's stored KV is in place before attention reads it
@@ -213,7 +222,3 @@ class BufferedCache(Cache):
     def advance(self, n: int = 1) -> None:
         for layer in self.layers:
             layer.advance(n)
-
-    def sync_length(self) -> None:
-        """Store the layers' lengths in the buffer."""
-        self.buffer.lengths = [layer.length for layer in self.layers]

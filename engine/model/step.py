@@ -1,5 +1,5 @@
 """A decode step in one C++ call (csrc/decode_step.cpp) for Llama and Qwen2 models on packed weights, float32,
-CPU, full attention; the arms' decode steps (engine/arms/decode.py) call it when their attention spec is plain.
+CPU, full attention; the arms' decode steps (engine/run/decode.py) call it when their attention spec is plain.
 ``PML_STUDIO_STEP=0`` turns it off (docs/models.md)."""
 
 from __future__ import annotations

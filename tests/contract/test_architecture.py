@@ -9,6 +9,7 @@ below, never one above — imports inside functions and under ``TYPE_CHECKING`` 
     containers   engine.kv
     model        engine.model
     cache        engine.cache
+    run          engine.run
     arms         engine.arms
     application  engine.config · engine.session · engine.runlog · engine.cli · engine (its __init__)
 
@@ -32,6 +33,7 @@ LAYERS = (
     ("containers", ("engine.kv",)),
     ("model", ("engine.model",)),
     ("cache", ("engine.cache",)),
+    ("run", ("engine.run",)),
     ("arms", ("engine.arms",)),
     ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine")),
 )
@@ -173,6 +175,18 @@ def test_no_import_circle(package):
     assert circles(graph(package)) == []
 
 
+def test_the_generate_loop_sits_below_the_arms():
+    """engine.run never reaches up into engine.arms, and engine/arms/ holds only the registry, compare, repair and
+    files that each register an arm."""
+    up = [f"{m}:{line} imports {t}" for m, ts in graph().items() if m.split(".")[:2] == ["engine", "run"]
+          for t, line in ts if t.startswith("engine.arms")]
+    assert up == []
+    shared = {"__init__", "registry", "compare", "repair"}
+    loose = [f.name for f in sorted((ROOT / "engine" / "arms").glob("*.py"))
+             if f.stem not in shared and "register(ArmSpec(" not in f.read_text(encoding="utf-8")]
+    assert loose == []
+
+
 def test_nothing_imports_a_front_end_above_it():
     offenders = [f"{module}:{line} imports {target}"
                  for package, forbidden in FRONT_ENDS.items()
@@ -224,13 +238,13 @@ def test_no_long_function_class_or_engine_file():
 # ----------------------------------------------------------------------------------------------
 
 def test_the_checkers_see_upward_imports_circles_and_long_code():
-    tree = ast.parse("from engine.kv import KVBuffer\nimport bench.common\ndef f():\n    from ..arms import timing\n"
+    tree = ast.parse("from engine.kv import KVBuffer\nimport bench.common\ndef f():\n    from ..run import timing\n"
                      "    importlib.import_module('studio.app')\nif TYPE_CHECKING:\n    from engine.session import Engine\n")
     found = imports(tree, "engine.cache.store", False)
-    assert ("engine.arms.timing", 4) in found and ("engine.session", 7) in found and ("studio.app", 5) in found
-    edges = {"engine.cache.store": found, "engine.arms.timing": [("engine.cache.store", 1)]}
-    assert len(upward(edges)) == 2  # cache -> arms, cache -> application
-    assert circles(edges) == [["engine.arms.timing", "engine.cache.store"]]
+    assert ("engine.run.timing", 4) in found and ("engine.session", 7) in found and ("studio.app", 5) in found
+    edges = {"engine.cache.store": found, "engine.run.timing": [("engine.cache.store", 1)]}
+    assert len(upward(edges)) == 2  # cache -> run, cache -> application
+    assert circles(edges) == [["engine.cache.store", "engine.run.timing"]]
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES + 1))
     methods = "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(MAX_CLASS_LINES // 3 + 1))
     assert [name for _, name, _ in oversized(ast.parse(f"def f():\n{body}\n\n\nclass C:\n{methods}"))] == ["f", "C"]

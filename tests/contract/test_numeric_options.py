@@ -182,7 +182,7 @@ def test_sampling_survives_the_extremes_of_its_ranges():
     import torch
 
     from engine.arms.registry import Sampling
-    from engine.arms.sampling import sample as _sample
+    from engine.run.sampling import sample as _sample
 
     logits = torch.randn(500) * 30
     best = int(torch.argmax(logits))

@@ -10,7 +10,7 @@ import torch
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached
 from engine.arms.registry import Sampling
-from engine.arms.workspace import workspace
+from engine.run.workspace import workspace
 from engine.cache.store import ModuleStore
 from engine.kv import KVBuffer, KVWorkspace, ModuleKV
 from engine.kv import pinned as pinning

@@ -34,7 +34,7 @@ def test_an_entry_missing_at_run_time_is_fetched_again_before_timing(tiny_lm, mo
     monkeypatch.setattr(store, "get", flaky)
     from engine.arms import baseline, modular, prefix
 
-    real_timed = baseline.timed_run  # every arm's run goes through engine.arms.timing.timed_run
+    real_timed = baseline.timed_run  # every arm's run goes through engine.run.timing.timed_run
     for arm in (baseline, prefix, modular):
         monkeypatch.setattr(arm, "timed_run", lambda *a, **k: timed.append(missed[:]) or real_timed(*a, **k))
     again = eng.compare(schema, prompt, Sampling(3))

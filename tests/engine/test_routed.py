@@ -391,7 +391,7 @@ def module_tokens(t: Tiny, kept) -> int:
 @pytest.mark.parametrize("share,sinks", [(0.3, 2), (0.1, 0), (0.0, 3)])
 def test_a_partial_recompute_is_stock_transformers_reading_the_rest_as_stored(flat, monkeypatch, share, sinks):
     from engine.arms import routed
-    from engine.arms.joint import module_ranks, select_tokens
+    from engine.run.joint import module_ranks, select_tokens
 
     picked: list = []
     monkeypatch.setattr(routed, "select_tokens", lambda *a: picked.append(select_tokens(*a)) or picked[-1])
@@ -425,7 +425,7 @@ def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest():
     """Hand-made scores over a plan of two modules of 10 tokens: the rule, computed by hand."""
     from types import SimpleNamespace
 
-    from engine.arms.joint import select_tokens
+    from engine.run.joint import select_tokens
 
     plan = SimpleNamespace(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"),
                                                            "b": SimpleNamespace(top="b")}))

@@ -40,7 +40,7 @@ def runs(lm, storage: str, layerwise: bool, graphs_on: bool):
     from engine.arms.baseline import run_baseline
     from engine.arms.modular import run_cached
     from engine.arms.registry import Sampling
-    from engine.arms.workspace import workspace
+    from engine.run.workspace import workspace
     from engine.model import graphs
     from engine.session import Engine
 

@@ -187,7 +187,7 @@ CHILD = textwrap.dedent("""
         return demo
     app.build_app = build_app
     from engine import session
-    from engine.arms import batch, decode
+    from engine.run import batch, decode
     from engine.model import SMALL_MODEL
     from engine.model.load import load_tokenizer
     from tests.conftest import make_tiny_llama

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engine.arms import batch, decode
+from engine.run import batch, decode
 from engine.arms.compare import Comparison
 from engine.runlog import RunLog
 from studio import recovery

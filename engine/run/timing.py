@@ -10,18 +10,19 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from engine.arms import memory
-from engine.arms.batch import DecodeBatch, Waiting
-from engine.arms.decode import decode, sync
-from engine.arms.registry import RunResult, Sampling, TokenFn
-from engine.arms.sampling import sample
-from engine.arms.workspace import workspace
 from engine.cache.compress import QuestionRetention
 from engine.kv import KVBuffer
 from engine.model import graphs
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import attach
+from engine.run import memory
+from engine.run.batch import DecodeBatch, Waiting
+from engine.run.decode import decode, sync
+from engine.run.sampling import sample
+from engine.run.stream import token_sink
+from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.workspace import workspace
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,21 @@ class Fill:
     decode: AttentionSpec = PLAIN  # what every decode step attends to
     copies: bool = True  # False: fill writes nothing; copy_ms 0
     detail: Any = None  # what the arm chose inside TTFT (read back by timed_detail)
+    retain: QuestionRetention | None = None  # thins the buffer after the first token
+    key_positions: list[torch.Tensor] | None = None  # per layer, the buffer's key positions (sliding windows, ALiBi)
 
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
-              on_token: TokenFn | None = None, retain: QuestionRetention | None = None,
-              key_positions: list[torch.Tensor] | None = None,
-              batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer]:
+              on_token: TokenFn | None = None, batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer]:
     """Allocate ``capacity`` tokens, ``fill``, prefill, sample, decode (or wait in ``batch``); the run and its
     buffer (valid until the model's next run)."""
+    run, buf, _ = timed_detail(lm, arm, capacity, fill, sampling, on_token, batch)
+    return run, buf
+
+
+def timed_detail(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
+                 on_token: TokenFn | None = None, batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer, Any]:
+    """:func:`timed_run`, and the ``detail`` of the Fill that ``fill`` made."""
     with memory.PEAK_MEMORY(lm.device) as mem:
         sync(lm.device)
         t0 = time.perf_counter()
@@ -52,7 +60,7 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
         work = fill(buf)
         sync(lm.device)
         copy_s = time.perf_counter() - t0
-        out = _prefill_and_decode(lm, buf, work, sampling, arm, on_token, retain, key_positions, batch)
+        out = _prefill_and_decode(lm, buf, work, sampling, arm, token_sink(arm, lm.tokenizer, on_token), batch)
     read = sum(e.nbytes for e in {id(e): e for e in work.entries}.values())
     steps = len(out.tokens) - 1
     run = RunResult(
@@ -68,20 +76,19 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
     if out.waiting is not None:
         out.waiting.run = run
         batch.waiting.append(out.waiting)
-    return run, buf
+    return run, buf, work.detail
 
 
-def timed_detail(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
-                 on_token: TokenFn | None = None, batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer, Any]:
-    """:func:`timed_run`, and the ``detail`` of the Fill that ``fill`` made."""
-    made: list[Fill] = []
-
-    def fill_and_keep(buf: KVBuffer) -> Fill:
-        made.append(fill(buf))
-        return made[-1]
-
-    run, buf = timed_run(lm, arm, capacity, fill_and_keep, sampling, on_token, batch=batch)
-    return run, buf, made[-1].detail
+def prefill(lm: LoadedModel, cache, work: Fill) -> torch.Tensor:
+    """Logits [vocab] after ``work.ids``: a CUDA graph's replay where one applies, else the model's forward."""
+    plain = work.retain is None and work.key_positions is None  # a graph neither scores nor tracks positions
+    graphed = graphs.forward(lm, cache, work.ids, work.pos, work.prefill) if plain else None
+    if graphed is not None:
+        return graphed[0]
+    device = lm.device
+    return lm.model(input_ids=torch.tensor([list(work.ids)], device=device),
+                    position_ids=torch.tensor([list(work.pos)], device=device),
+                    past_key_values=cache, use_cache=True, logits_to_keep=1, attn_spec=work.prefill).logits[0, -1]
 
 
 # -- internal helpers --
@@ -100,42 +107,34 @@ class _Decoded:
 
 
 def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling, arm: str,
-                        on_token: TokenFn | None, retain: QuestionRetention | None,
-                        key_positions: list[torch.Tensor] | None, batch: DecodeBatch | None) -> _Decoded:
-    """Prefill, sample the first token, decode the rest."""
+                        emit: Callable[[int], None] | None, batch: DecodeBatch | None) -> _Decoded:
+    """Prefill, sample the first token, decode the rest (each token to ``emit``)."""
     device = lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
-    attach(cache, key_positions)
+    attach(cache, work.key_positions)
     with torch.inference_mode():
         t1 = time.perf_counter()
-        graphed = graphs.forward(lm, cache, work.ids, work.pos, work.prefill) \
-            if retain is None and key_positions is None else None  # a CUDA graph's replay, where one applies
-        logits = graphed[0] if graphed is not None else lm.model(
-            input_ids=torch.tensor([list(work.ids)], device=device),
-            position_ids=torch.tensor([list(work.pos)], device=device),
-            past_key_values=cache, use_cache=True, logits_to_keep=1, attn_spec=work.prefill).logits[0, -1]
+        logits = prefill(lm, cache, work)
         sync(device)
         t_fwd = time.perf_counter()
         tokens = [sample(logits, sampling, gen, arm, 0)]
         sync(device)
         t2 = time.perf_counter()
-        if on_token:
-            on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
-        cache, used, after, retention_ms = _retain(buf, cache, retain, device)
+        if emit:
+            emit(tokens[0])
+        cache, used, after, retention_ms = _retain(buf, cache, work.retain, device)
         first = (tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd)
         if batch is not None and work.decode.plain and batch.takes(lm, buf, tokens, sampling):
             waiting = Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
-                              gen, on_token)
+                              gen, emit)
             return _Decoded(*first, 0.0, used, after, retention_ms, waiting)
-        decode_s = decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, on_token, work.decode)
-    cache.sync_length()
+        decode_s = decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, emit, work.decode)
     return _Decoded(*first, decode_s, used, after, retention_ms)
 
 
 def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:
     """(cache to decode over, bytes after the prefill, after retention, ms thinning)."""
-    cache.sync_length()
     used = buf.used_bytes
     if retain is None:
         return cache, used, used, 0.0

@@ -6,16 +6,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from engine.arms.decode import decode, decode_step, ended, sync
-from engine.arms.registry import ArmContext, RunResult, Sampling, TokenFn
-from engine.arms.sampling import sample
-from engine.arms.workspace import workspace
 from engine.kv import BatchedKV, KVBuffer
 from engine.model.load import LoadedModel
 from engine.model.positions import needs_positions
+from engine.run.decode import decode, decode_step, ended, sync
+from engine.run.sampling import sample
+from engine.run.types import RunResult, Sampling
+from engine.run.workspace import workspace
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Waiting:
     next_pos: int
     sampling: Sampling
     gen: torch.Generator | None
-    on_token: TokenFn | None
+    emit: Callable[[int], None] | None  # each new token, to the run's text stream
     run: RunResult | None = None  # first token only
     spent: float = 0.0  # seconds of the steps this run generated in
     steps: int = 0
@@ -70,18 +71,11 @@ class DecodeBatch:
         return run
 
 
-@dataclass(frozen=True)
-class DecodingContext(ArmContext):
-    """An arm's context in a comparison; its runs wait in ``batch``."""
-
-    batch: DecodeBatch | None = None
-
-
 def _decode_alone(lm: LoadedModel, w: Waiting) -> None:
     buf = workspace(lm).buffer(w.kv.shape[3] + w.sampling.max_new_tokens + 1)
     buf.write(w.kv)
     with torch.inference_mode():
-        w.spent = decode(lm, buf.cache(), w.tokens, w.next_pos, w.sampling, w.gen, w.arm, w.on_token)
+        w.spent = decode(lm, buf.cache(), w.tokens, w.next_pos, w.sampling, w.gen, w.arm, w.emit)
     w.steps = len(w.tokens) - 1
 
 
@@ -109,5 +103,5 @@ def _decode_batch(lm: LoadedModel, waiting: list[Waiting]) -> None:
                     w.steps += 1
                     live[row] = not ended(lm, w.tokens, w.sampling)
             for w in grew:
-                if w.on_token:
-                    w.on_token(w.arm, lm.tokenizer.decode(w.tokens, skip_special_tokens=True))
+                if w.emit:
+                    w.emit(w.tokens[-1])

@@ -8,17 +8,18 @@ from typing import Callable
 
 import torch
 
-from engine.arms.registry import Sampling, TokenFn
-from engine.arms.sampling import sample
 from engine.model import graphs
 from engine.model import step as cpp
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
+from engine.run.sampling import sample
+from engine.run.types import Sampling
 
 
 def decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: Sampling, gen, arm: str,
-           on_token: TokenFn | None, spec: AttentionSpec = PLAIN) -> float:
-    """Decode after ``tokens`` (appended to), each step attending as ``spec``; seconds spent."""
+           emit: Callable[[int], None] | None, spec: AttentionSpec = PLAIN) -> float:
+    """Decode after ``tokens`` (appended to, each new one given to ``emit``), each step attending as ``spec``;
+    seconds spent."""
     spent = 0.0
     while not ended(lm, tokens, sampling):
         s = time.perf_counter()
@@ -27,8 +28,8 @@ def decode(lm: LoadedModel, cache, tokens: list[int], next_pos: int, sampling: S
         spent += time.perf_counter() - s
         tokens.append(tok)
         next_pos += 1
-        if on_token:
-            on_token(arm, lm.tokenizer.decode(tokens, skip_special_tokens=True))
+        if emit:
+            emit(tok)
     return spent
 
 

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from engine.arms.registry import Sampling
 from engine.errors import NonFiniteLogits
+from engine.run.types import Sampling
 
 
 def sample(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator | None, arm: str = "", at: int = 0) -> int:

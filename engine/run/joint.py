@@ -9,8 +9,6 @@ from typing import Any
 
 import torch
 
-from engine.arms.attention import rank_mask
-from engine.arms.timing import Fill
 from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
@@ -18,6 +16,8 @@ from engine.cache.store import ModuleStore
 from engine.kv import KVBuffer, LayeredKV
 from engine.model.attend import AttentionSpec
 from engine.model.load import LoadedModel
+from engine.run.attention import rank_mask
+from engine.run.timing import Fill
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
