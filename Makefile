@@ -32,12 +32,8 @@ $(STAMP):
 run: setup
 	$(BIN)/python app.py $(ARGS)
 
-# The suite runs on every core (up to 4; JOBS=0 runs it in one process), a test file to a worker: most tests
-# are bound by one Python thread, and a file's served studio or loaded model is then made once.
-JOBS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
-
 test: setup browser
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -q $(ARGS)
 
 # Browser tests drive Debian's chromium (Playwright cannot download browsers here); they skip without it.
 browser:

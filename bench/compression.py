@@ -267,7 +267,7 @@ def main() -> None:
                     "else measure it and write it there")
     ap.add_argument("--only-4k", action="store_true", help="the ~4K-token measurement only (with --at-4k-json)")
     ap.add_argument("--start", type=int, default=0, help="skip the first prompts (resume a --rows file)")
-    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations")
+    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations, 6 new tokens")
     ap.add_argument("--model", default=None)
     ap.add_argument("--needles", choices=("magic", "varied"), default="magic",
                     help="magic numbers (the set measured on SmolLM2) or varied facts (bench/needles.py)")
@@ -276,6 +276,7 @@ def main() -> None:
     chunk_tokens, modules_4k = 250, 16
     if args.quick:
         args.modules, args.per_setting, chunk_tokens, modules_4k, args.reps_4k = [2], 2, 80, 4, 1
+        args.new_tokens = 6  # decoding is most of a smoke run's time; a few steps show every figure
         configs = QUICK
     eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
@@ -315,7 +316,7 @@ def main() -> None:
         at_4k = json.loads(Path(args.at_4k_json).read_text())
         made_by.append(at_4k.get("command", args.at_4k_json))
     else:
-        at_4k = measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(max_new_tokens=32))
+        at_4k = measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(max_new_tokens=6 if args.quick else 32))
     notes = verdicts(summary, at_4k)
     print(table(["config", "stored", "decoded over", "TTFT ms", "decode ms/tok", "found", "95% CI", "agree vs cached",
                  "KL vs cached", "KL vs baseline"],

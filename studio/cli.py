@@ -52,12 +52,9 @@ def serve_arguments(sp, page: bool = True) -> None:
 
 
 def serve(args) -> int:
-    from .launch import serve as launch
+    from .launch import StudioOptions, serve as launch
 
-    return launch(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
-                  results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
-                  token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap,
-                  api={"default_arm": args.default_arm, "max_queue": args.max_queue})
+    return launch(StudioOptions.from_args(args))
 
 
 def api(args) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
 
 from engine.model import START_MODEL, START_WEIGHTS
 
@@ -22,16 +23,37 @@ STUDIO_MODEL, STUDIO_WEIGHTS = START_MODEL, START_WEIGHTS
 QUEUE_POLL_S, PROGRESS_EVERY_S = 0.02, 0.1
 
 
-def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, db: str | None = None,
-          share: bool = False, block: bool = True, results: str | None = None, dtype: str | None = None,
-          weights: str | None = None, allow_hosts: tuple[str, ...] = (), preload: bool = True,
-          token: str | None = None, no_token: bool = False, max_new_tokens_cap: int | None = None,
-          api: dict | None = None):
+@dataclass(frozen=True)
+class StudioOptions:
+    """What `pml-studio serve` (and `make run`) serves, as its flags give it."""
+
+    model: str | None = None  # None: the engine's default
+    host: str = "127.0.0.1"
+    port: int = 7860
+    db: str | None = None
+    share: bool = False
+    results: str | None = None  # the Benchmarks tab's folder
+    dtype: str | None = None
+    weights: str | None = None
+    allow_hosts: tuple[str, ...] = ()
+    preload: bool = True  # load the weights in the background once the page is served
+    token: str | None = None
+    no_token: bool = False
+    max_new_tokens_cap: int | None = None
+    api: dict = field(default_factory=dict)  # options of the OpenAI-compatible API served on the same port
+
+    @classmethod
+    def from_args(cls, args) -> "StudioOptions":
+        return cls(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
+                   results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
+                   token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap,
+                   api={"default_arm": args.default_arm, "max_queue": args.max_queue})
+
+
+def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
 
-    Only a request with the launch token, naming ``host``, loopback or one of ``allow_hosts``, drives it
-    (studio/guard.py). ``results``: the Benchmarks tab's folder; ``preload``: load the weights in the background as
-    soon as the page is served; ``api``: options of the OpenAI-compatible API served on the same port.
+    Only a request with the launch token, naming the host, loopback or an allowed host, drives it (studio/guard.py).
     """
     from engine.errors import EngineError
     from engine.runlog import RunLog
@@ -42,35 +64,37 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 7860, d
     from .streaming import on_engine_thread_soon
     from .shutdown import install as on_stop
 
+    o = options
     keep_private()
     try:
-        token = launch_token(host, token, no_token, share)
+        token = launch_token(o.host, o.token, o.no_token, o.share)
         connections = Limits.from_env()
     except (OSError, ValueError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     try:
-        engine = Engine(model=model, dtype=dtype, weights=weights)
-        runlog = RunLog(db)
+        engine = Engine(model=o.model, dtype=o.dtype, weights=o.weights)
+        runlog = RunLog(o.db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
-    demo = build_app(engine, runlog, results_dir=results, max_new_tokens_cap=max_new_tokens_cap)
-    _say_loading(engine, runlog, preload)
+    demo = build_app(engine, runlog, results_dir=o.results, max_new_tokens_cap=o.max_new_tokens_cap)
+    _say_loading(engine, runlog, o.preload)
     demo.queue(default_concurrency_limit=1)
     calm_queue(demo)
-    if preload:
+    if o.preload:
         on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
     stop = on_stop(demo) if block else None
     try:
-        demo.launch(server_name=host, server_port=port, share=share, prevent_thread_lock=True, quiet=True,
-                    show_error=False, **launch_options(demo, token=token, host=host, allow_hosts=allow_hosts, api=api,
-                                    connections=connections))
+        served = launch_options(demo, token=token, host=o.host, allow_hosts=o.allow_hosts, api=o.api,
+                                connections=connections)
+        demo.launch(server_name=o.host, server_port=o.port, share=o.share, prevent_thread_lock=True, quiet=True,
+                    show_error=False, **served)
     except OSError as err:  # the port is taken (check_address vouched for the address)
-        print(f"pml-studio: error: cannot serve on {host}:{port}: {err}; pick another --port", file=sys.stderr)
+        print(f"pml-studio: error: cannot serve on {o.host}:{o.port}: {err}; pick another --port", file=sys.stderr)
         return 2
-    _say_open(host, port, token)
+    _say_open(o.host, o.port, token)
     if not block:
         return demo
     demo.block_thread()

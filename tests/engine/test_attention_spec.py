@@ -42,15 +42,17 @@ def seen(monkeypatch):
 
 @pytest.fixture
 def fills(monkeypatch):
-    """The Fill each arm's fill returned, in order (the arm modules' timed_run wrapped)."""
+    """The Fill each arm's fill returned, in order (the arm modules' timed_run and timed_detail wrapped)."""
     made = []
     for arm in (baseline, modular, blend, routed):
-        real = arm.timed_run
+        for runner in ("timed_run", "timed_detail"):
+            if not hasattr(arm, runner):
+                continue
 
-        def wrapped(lm, name, capacity, fill, *a, _real=real, **k):
-            return _real(lm, name, capacity, lambda buf: made.append(fill(buf)) or made[-1], *a, **k)
+            def wrapped(lm, name, capacity, fill, *a, _real=getattr(arm, runner), **k):
+                return _real(lm, name, capacity, lambda buf: made.append(fill(buf)) or made[-1], *a, **k)
 
-        monkeypatch.setattr(arm, "timed_run", wrapped)
+            monkeypatch.setattr(arm, runner, wrapped)
     return made
 
 

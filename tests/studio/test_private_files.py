@@ -56,7 +56,7 @@ CHILD = textwrap.dedent("""
         pathlib.Path(sys.argv[2]).touch()
         return wait(self)
     gr.Blocks.block_thread = block_thread
-    sys.exit(launch.serve(port=int(sys.argv[1]), preload=False, token=sys.argv[4]))
+    sys.exit(launch.serve(launch.StudioOptions(port=int(sys.argv[1]), preload=False, token=sys.argv[4])))
 """)
 
 # Another account: every file it can read under the folders given, and which of them hold the marker

@@ -198,7 +198,7 @@ CHILD = textwrap.dedent("""
             time.sleep(0.02)
         return len(tokens) >= sampling.max_new_tokens
     decode.ended = batch.ended = ended
-    sys.exit(launch.serve(port=int(sys.argv[1]), db=sys.argv[2], preload=False))
+    sys.exit(launch.serve(launch.StudioOptions(port=int(sys.argv[1]), db=sys.argv[2], preload=False)))
 """)
 
 

@@ -64,12 +64,12 @@ def test_compare_through_gradio_client_records_a_row(tiny_engine, tmp_path):
 
 def test_serve_binds_localhost_without_share_and_loads_no_model(tmp_path, monkeypatch):
     from engine.devices import cache_root
-    from studio.launch import serve
+    from studio.launch import StudioOptions, serve
 
     (tmp_path / "models").symlink_to(cache_root() / "models")  # the converted default model, not a new copy
     monkeypatch.setenv("PML_STUDIO_CACHE", str(tmp_path))
     port = free_port()
-    demo = serve(port=port, block=False, preload=False, token=TOKEN)
+    demo = serve(StudioOptions(port=port, preload=False, token=TOKEN), block=False)
     try:
         assert demo.share is False or demo.share is None
         assert demo.server_name == "127.0.0.1"

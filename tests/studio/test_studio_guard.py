@@ -392,7 +392,7 @@ def test_app_py_passes_its_options_to_the_served_studio(monkeypatch):
     from studio import launch
 
     seen = {}
-    monkeypatch.setattr(launch, "serve", lambda **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(launch, "serve", lambda options: seen.update(vars(options)) or 0)
     assert app.main(["--port", "7999", "--allow-host", "studio.lan", "--allow-host", "proxy.lan"]) == 0
     assert seen["port"] == 7999 and seen["host"] == "127.0.0.1" and seen["share"] is False
     assert seen["allow_hosts"] == ("studio.lan", "proxy.lan")

@@ -55,9 +55,10 @@ CHILD = textwrap.dedent("""
         return real_connect_ex(self, addr)
     socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex = getaddrinfo, connect, connect_ex
 
-    from studio.launch import serve
+    from studio.launch import StudioOptions, serve
     port = int(sys.argv[1])
-    demo = serve(port=port, block=False, preload=False, token="offline-test-token-0123")  # exiting during a background load aborts the process
+    # preload off: exiting during a background load aborts the process
+    demo = serve(StudioOptions(port=port, preload=False, token="offline-test-token-0123"), block=False)
     page = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Authorization": "Bearer offline-test-token-0123"})
     with urllib.request.urlopen(page, timeout=30) as resp:
         assert resp.status == 200

@@ -107,7 +107,7 @@ def test_the_cap_is_a_serve_option_and_an_environment_variable(tiny_engine, tmp_
     monkeypatch.setenv("PML_STUDIO_MAX_NEW_TOKENS_CAP", "96")
     assert parse().max_new_tokens_cap == 96
     given = {}
-    monkeypatch.setattr(launch, "serve", lambda **kw: given.update(kw) or 0)
+    monkeypatch.setattr(launch, "serve", lambda options: given.update(vars(options)) or 0)
     assert cli.serve(parse("--max-new-tokens-cap", "64")) == 0 and given["max_new_tokens_cap"] == 64
     demo = build_app(tiny_engine, RunLog(tmp_path / "runs.db"), max_new_tokens_cap=16)
     assert demo.studio.max_new_tokens_cap == 16
