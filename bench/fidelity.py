@@ -186,7 +186,7 @@ class Runner:
             return run_routed(self.eng.lm, self.plan, enc, self.store, sampling, keep=targets, focus=spec["focus"])[0]
         if spec["oracle"] == "oracle recompute":
             redo = [r for r in cached_ranks(self.plan) if self._owner(r) in targets]
-            positions = [p for s in self.plan.segments for p in s.positions]
+            positions = self.plan.positions
             return run_recomputed(self.eng.lm, self.plan, enc, self.store, set(redo),
                                   tuple(positions[r] for r in redo), sampling)
         if spec["route"] is not None or spec["pull"] is not None:

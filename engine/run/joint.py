@@ -84,7 +84,7 @@ def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
     for entry, a, b, _ in copies:
         entry.write_into(buf, a, b)
     ids, pos, ranks = prefilled(plan, redo)
-    positions = [p for s in plan.segments for p in s.positions]
+    positions = plan.positions
     fill = Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
                 recomputed_positions=tuple(positions[r] for r in sorted(redo)),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
@@ -94,8 +94,7 @@ def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
 
 def run_key(plan: PromptPlan, encoded: EncodedSchema, settings: tuple) -> int:
     """The tree's first token for this prompt, these encodings and routed settings."""
-    positions = [p for s in plan.segments for p in s.positions]
-    text = repr((plan.token_ids, positions, used_keys(plan, encoded), settings)).encode()
+    text = repr((plan.token_ids, plan.positions, used_keys(plan, encoded), settings)).encode()
     return MARK | int.from_bytes(hashlib.blake2b(text, digest_size=5).digest(), "big")
 
 
@@ -119,7 +118,7 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slo
         return 0
     order = sorted(range(len(slots)), key=slots.__getitem__)
     ranks = [slots[i] for i in order]
-    ids, positions = plan.token_ids, [p for s in plan.segments for p in s.positions]
+    ids, positions = plan.token_ids, plan.positions
     kv = buf.data[:, :, 0, :, : len(slots)][:, :, :, torch.tensor(order, device=buf.data.device)]
     kv = torch.cat([torch.zeros_like(kv[:, :, :, :1]), kv], 3)
     sequence = (key, *(ids[r] + ((positions[r] + 1) << _POSITION_SHIFT) for r in ranks))

@@ -47,6 +47,10 @@ class PromptPlan:
         return [t for s in self.segments for t in s.token_ids]
 
     @property
+    def positions(self) -> list[int]:
+        return [p for s in self.segments for p in s.positions]
+
+    @property
     def cached_tokens(self) -> int:
         return sum(len(s) for s in self.segments if s.kind == CACHED)
 
@@ -60,7 +64,7 @@ class PromptPlan:
 
     @property
     def max_position(self) -> int:
-        return max((p for s in self.segments for p in s.positions), default=-1)
+        return max(self.positions, default=-1)
 
     @property
     def room(self) -> int:
