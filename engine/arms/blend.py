@@ -132,15 +132,15 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
         return replace(_recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None),
                        detail=chosen)
 
-    run, _, info = timed_detail(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1,
-                                fill, sampling, on_token, batch=batch)
-    return run, info
+    run, _, chosen = timed_detail(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1,
+                                  fill, sampling, on_token, batch=batch)
+    return run, chosen
 
 
 def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question: bool = False) -> Probe:
     """Layers ``0..check_layer`` of a full prefill of ``plan``; with ``question``, the uncached tokens' attention."""
     ids = plan.token_ids
-    pos = [p for s in plan.segments for p in s.positions]
+    pos = plan.positions
     model = lm.model
     # [check_layer + 1, 2, 1, kv_heads, prompt, head_dim]
     data = torch.empty(check_layer + 1, 2, 1, lm.kv_heads, len(ids), lm.head_dim, dtype=model.dtype,
@@ -265,7 +265,7 @@ def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, s
         for layer, kv in enumerate(fresh.fresh):
             r = in_buffer[layer]
             buf.data[layer, :, 0, :, : r.shape[0]].copy_(kv[:, :, r.to(kv.device)])
-    positions = [p for s in plan.segments for p in s.positions]
+    positions = plan.positions
     return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(ranks),
                 recomputed_positions=tuple(positions[r] for r in ranks),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, order)))
