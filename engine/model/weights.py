@@ -269,10 +269,10 @@ def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return q, scale.squeeze(-1), low.squeeze(-1)
 
 
-def _int4_values(packed: torch.Tensor, out: int, inp: int) -> torch.Tensor:
+def _int4_values(packed: torch.Tensor, out: int, inp: int, tile: int | None = None) -> torch.Tensor:
     """Values [out, in] of torch's CPU int4 packing: tiles of T rows (:func:`int4_tile`), [in, T/2] bytes each,
     rows r and r + T/2 in one byte."""
-    tile = int4_tile()
+    tile = tile or int4_tile()
     tiles = packed.reshape(out // tile, inp, tile // 2)
     return torch.cat([tiles & 15, tiles >> 4], -1).transpose(1, 2).reshape(out, inp)
 
@@ -284,8 +284,7 @@ def int4_tile() -> int:
     probe = torch.randint(0, 16, (64, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
     packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1)
     for tile in (64, 32, 16, 8):
-        tiles = packed.reshape(64 // tile, 64, tile // 2)
-        if torch.equal(torch.cat([tiles & 15, tiles >> 4], -1).transpose(1, 2).reshape(64, 64), probe):
+        if torch.equal(_int4_values(packed, 64, 64, tile), probe):
             return tile
     return 1 << 30  # an unknown layout: no matrix tiles, each keeps its values apart
 
