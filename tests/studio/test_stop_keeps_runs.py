@@ -8,6 +8,7 @@ The signals, in a child process, are tests/studio/test_shutdown.py's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import stat
@@ -96,14 +97,22 @@ def slow_steps(monkeypatch):
     return steps
 
 
-def test_a_cancelled_compare_frees_the_engine_within_a_token(tiny_engine, tmp_path, travel, slow_steps):
+@contextlib.contextmanager
+def compare_decoding(engine, db, travel, slow_steps):
+    """(studio, client, job) of a long /compare served over ``engine``, once it has decoded five steps."""
     from gradio_client import Client
 
     schema, prompt, _ = travel
-    with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
+    with served_studio(engine, RunLog(db)) as (demo, port):
         client = Client(f"http://127.0.0.1:{port}/", headers=AUTH, verbose=False)
         job = client.submit(schema, prompt, 1000, api_name="/compare")
         _wait_for(lambda: len(slow_steps) >= 5, 120)
+        yield demo, client, job
+
+
+def test_a_cancelled_compare_frees_the_engine_within_a_token(tiny_engine, tmp_path, travel, slow_steps):
+    schema, prompt, _ = travel
+    with compare_decoding(tiny_engine, tmp_path / "runs.db", travel, slow_steps) as (demo, client, job):
         job.cancel()
         cancelled = time.monotonic()
         _wait_for(lambda: time.monotonic() - (slow_steps[-1] if slow_steps else 0) > 0.5, 30)
@@ -117,13 +126,7 @@ def test_a_cancelled_compare_frees_the_engine_within_a_token(tiny_engine, tmp_pa
 
 def test_a_compare_whose_caller_is_gone_frees_the_engine(tiny_engine, tmp_path, travel, slow_steps):
     """The caller's stream closes (its process killed): Gradio marks the event not alive, and the run stops."""
-    from gradio_client import Client
-
-    schema, prompt, _ = travel
-    with served_studio(tiny_engine, RunLog(tmp_path / "runs.db")) as (demo, port):
-        client = Client(f"http://127.0.0.1:{port}/", headers=AUTH, verbose=False)
-        job = client.submit(schema, prompt, 1000, api_name="/compare")
-        _wait_for(lambda: len(slow_steps) >= 5, 120)
+    with compare_decoding(tiny_engine, tmp_path / "runs.db", travel, slow_steps) as (demo, _, job):
         queue = demo._queue
         events = [e for jobs in queue.active_jobs if jobs for e in jobs]
         assert events
