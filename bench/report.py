@@ -684,7 +684,11 @@ def shape_section(runs: list[dict]) -> list[str]:
             said.append(f"At {at} tokens a full prefill costs no more than a forward of the "
                         f"{alone[0]['uncached_tokens']} question tokens alone ({ms}): there the forward's cost is per "
                         "call, not per token, and there is nothing to save.")
-    if on_cpu:
+    if on_cpu and load(f"gpu-profile-{SHAPE}-random"):
+        said.append(f"With the modules in CPU memory the speedup is "
+                    + ", ".join(f"{r['speedup']:.2f}× at {r['prompt_tokens']:,}" for r in on_cpu)
+                    + " tokens; the profile below says where that time goes.")
+    elif on_cpu:
         rate = [r["store_bytes"] / r["cached_copy_ms"] / 1e6 for r in on_cpu if r["cached_copy_ms"]]
         over = all(r["cached_copy_ms"] > r["baseline_ttft_ms"] for r in on_cpu)
         said.append(f"With the modules in CPU memory the copy of their KV to the GPU takes "
@@ -693,7 +697,35 @@ def shape_section(runs: list[dict]) -> list[str]:
                     f"{on_cpu[-1]['store_bytes'] / 1e9:.2f} GB)"
                     + (", longer than the full prefill it replaces" if over else "")
                     + f": speedup {min(r['speedup'] for r in on_cpu):.2f}–{max(r['speedup'] for r in on_cpu):.2f}×.")
-    return out + ["", " ".join(said), ""] if said else out + [""]
+    out = out + ["", " ".join(said), ""] if said else out + [""]
+    return out + profile_section(load(f"gpu-profile-{SHAPE}-random"))
+
+
+def profile_section(d: dict | None) -> list[str]:
+    """bench/gpu_profile.py: the CPU-memory setting's copy and forward, each way of combining them."""
+    if not d:
+        return []
+    m = d["machine"]
+    ways = ["shipped", "layerwise-eager", "copy-then-graph", "resident", "resident-eager"]
+    out = [f"**Where the CPU-memory setting's time goes** (`python bench/gpu_profile.py`, {m.get('gpu')}, "
+           f"{m['date']}; median (min–max) of {d['reps']}). One pinned copy of the prompt's module KV, the run's own "
+           "copies alone (one 2-D DMA transfer per stored range, engine/kv/dma.py, against torch's `copy_`, which "
+           "stages strided slots through a temporary and a kernel), and the cached TTFT for each way of combining "
+           "copy and forward: shipped (copies launched whole, then the question's CUDA graph), layer-wise copies "
+           "beside an eager forward, copies at fill time then the graph, and the KV already in GPU memory, with "
+           "and without the graph:", "",
+           "| prompt tokens | GB copied | one copy | DMA copies (host time) | torch copies (host time) | "
+           + " | ".join(ways) + " |", "|---:|---:|---:|---:|---:|" + "---:|" * len(ways)]
+    for r in d["results"]:
+        c, w = r["copies"], r["ways_ms"]
+        if "error" in c or "error" in w:
+            continue
+        out.append(f"| {r['prompt_tokens']:,} | {c['bytes'] / 1e9:.2f} | {c['one_copy_ms']['median']:.1f} ms, "
+                   f"{c['one_copy_gb_s']:.0f} GB/s | {c['run_copies_2d_dma_ms']['median']:.1f} ms, "
+                   f"{c['run_copies_2d_dma_gb_s']:.0f} GB/s ({c['run_copies_2d_dma_enqueue_ms']:.1f} ms) | "
+                   f"{c['run_copies_ms']['median']:.1f} ms ({c['run_copies_enqueue_ms']:.1f} ms) | "
+                   + " | ".join(f"{w[k]['median']:.1f} ({w[k]['min']:.1f}–{w[k]['max']:.1f})" for k in ways) + " |")
+    return out + [""]
 
 
 def paths_section(runs: list[dict]) -> list[str]:
@@ -1225,7 +1257,10 @@ def _gpu_bullet() -> list[str]:
             f"{min(base):.0f}–{max(base):.0f} ms, so the modular arm has nothing to save ({min(sp):.2f}–{max(sp):.2f}×)")
     if "cuda" in shaped:
         r = _near(shaped["cuda"]["results"], 4096)
-        line += (f"; at Llama-2-7B's shape (random weights) {r['prompt_tokens']:,} tokens {r['baseline_ttft_ms']:.0f} ms"
+        other = shaped["cuda"]["machine"].get("gpu")
+        where = f" on an {other}" if other and other != gpu[0]["machine"].get("gpu") else ""
+        line += (f"; at Llama-2-7B's shape (random weights){where} {r['prompt_tokens']:,} tokens "
+                 f"{r['baseline_ttft_ms']:.0f} ms"
                  f" → {r['cached_ttft_ms']:.0f} ms (**{r['speedup']:.1f}×**) from GPU memory" if r else "")
         if "cpu" in shaped:
             cpu = [x["speedup"] for x in shaped["cpu"]["results"]]

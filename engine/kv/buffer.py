@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from engine.kv.dma import copy_rows
 from engine.kv.layerwise import LayerCopies
 
 
@@ -20,6 +21,7 @@ class KVBuffer:
         self.base = data if base is None else base
         self.lengths = [0] * data.shape[0]
         self.copies = LayerCopies(data.shape[0], data.device) if layerwise else None
+        self.held: list[torch.Tensor] = []  # sources of direct DMA transfers, alive as long as this buffer
 
     @property
     def data(self) -> torch.Tensor:
@@ -63,11 +65,10 @@ class KVBuffer:
             if start + n > self.capacity:
                 raise ValueError(f"KV buffer overflow: {start} + {n} > {self.capacity}")
             if self.copies is not None and self.copies.defers(kv):
-                for i in range(kv.shape[0]):
-                    self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv[i])
+                self.copies.add(None, self.raw[:, :, 0, :, start:start + n], kv)
             else:
                 self._before_direct_write()
-                self.raw[:, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
+                self._copy(self.raw[:, :, 0, :, start:start + n], kv)
             self.lengths = [start + n] * len(self.lengths)
         else:
             for i in range(kv.shape[0]):
@@ -94,8 +95,14 @@ class KVBuffer:
             self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv)
         else:
             self._before_direct_write()
-            self.raw[i, :, 0, :, start:start + n].copy_(kv, non_blocking=True)
+            self._copy(self.raw[i, :, 0, :, start:start + n], kv)
         self.lengths[i] = start + n
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if copy_rows(dst, src):
+            self.held.append(src)
+        else:
+            dst.copy_(src, non_blocking=True)
 
     @property
     def used_bytes(self) -> int:

@@ -1,12 +1,14 @@
 """Layer-by-layer assembly: stored KV copied into a run's buffer one layer ahead of the forward (LMCache's
 layer-wise mode).
 
-A :class:`KVBuffer` with a :class:`LayerCopies` defers every copy from host memory. The first layer the
-forward reaches (``BufferedCache``'s layer ``update``) launches them all, layer-major: on CUDA, on a side
-stream, with an event recorded after each layer's copies; each layer's ``update`` then makes the forward's
-stream wait on that layer's event only, so layer i+1's copy runs while layer i computes. On the CPU there are
-no streams: the same deferred copies run synchronously at the first layer, in the same order, so the buffer
-(and every logit) is bit-identical to copying at fill time.
+A :class:`KVBuffer` with a :class:`LayerCopies` defers every copy from host memory. An eager forward's first
+layer (``BufferedCache``'s layer ``update``) launches them all, layer-major: on CUDA, on a side stream, with an
+event recorded after each layer's copies; each layer's ``update`` then makes the forward's stream wait on that
+layer's event only, so layer i+1's copy runs while layer i computes. A CUDA graph's replay cannot wait inside
+itself, so before one the copies launch whole (one DMA transfer per stored range, engine/kv/dma.py) and the
+replay waits for all: on an H200 that beat the overlapped eager forward at every length measured
+(bench/results/gpu-profile-llama-2-7b-random.json). On the CPU there are no streams: the deferred copies run
+synchronously at launch, so the buffer (and every logit) is bit-identical to copying at fill time.
 
 Copies from GPU memory are not deferred (device-to-device, a small share of a forward): they run at once on
 the forward's stream. Anything that reads the buffer's data directly (``KVBuffer.data``) first
@@ -17,74 +19,97 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.dma import copy_rows
+
 CUDA_ONLY = "off: CUDA only (on the CPU copies are synchronous; the same path, bit-identical)"
 
 
 class LayerCopies:
-    """Deferred host-to-buffer copies of one run, per layer."""
+    """Deferred host-to-buffer copies of one run: per layer (``layer``) or of every layer at once (None)."""
 
     def __init__(self, n_layers: int, device: torch.device):
         self.device = torch.device(device)
-        self.pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n_layers)]
+        self.n_layers = n_layers
+        self.pending: list[tuple[int | None, torch.Tensor, torch.Tensor]] = []  # (layer or None, dst, src)
         self.events: list | None = None  # per layer, once launched on CUDA
         self.stream = None
         self.launched = False
+        self.held: list[torch.Tensor] = []  # sources of launched DMA transfers, alive until the run's buffer goes
 
     def defers(self, src: torch.Tensor) -> bool:
         """Whether a copy from ``src`` waits for :meth:`launch` (host memory, before the launch)."""
         return not self.launched and src.device.type == "cpu"
 
-    def add(self, layer: int, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy ``src`` into ``dst`` (a view of the buffer's layer ``layer``) at launch."""
-        self.pending[layer].append((dst, src))
+    def add(self, layer: int | None, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy ``src`` into ``dst`` (a view of buffer layer ``layer``, or of all layers: None) at launch."""
+        self.pending.append((layer, dst, src))
 
     @property
     def waiting(self) -> bool:
         """Copies are deferred and not launched yet."""
-        return not self.launched and any(self.pending)
+        return not self.launched and bool(self.pending)
 
-    def launch(self) -> None:
-        """Enqueue every deferred copy, layer by layer (at once, in order, on the CPU)."""
+    def launch(self, by_layer: bool = True) -> None:
+        """Enqueue every deferred copy: ``by_layer``, layer-major with an event after each layer's (a forward
+        overlaps them), else each one whole, one transfer per stored range (the fewest calls; the caller waits
+        for all). On the CPU they run at once, in order."""
         if self.launched:
             return
         self.launched = True
-        if not any(self.pending):
+        if not self.pending:
             return
         if self.device.type != "cuda":
-            for layer in self.pending:
-                for dst, src in layer:
-                    dst.copy_(src)
-            self.pending = [[] for _ in self.pending]
+            for _, dst, src in self.pending:
+                dst.copy_(src)
+            self.pending = []
             return
         current = torch.cuda.current_stream(self.device)
         self.stream = torch.cuda.Stream(self.device)
         self.stream.wait_stream(current)  # the buffer's earlier users (the last run) come first
-        self.events = []
         with torch.cuda.stream(self.stream):
-            for layer in self.pending:
-                for dst, src in layer:
-                    dst.copy_(src, non_blocking=True)
-                    dst.record_stream(self.stream)  # the buffer is the forward stream's; the side stream writes it
-                event = torch.cuda.Event()
-                event.record(self.stream)
-                self.events.append(event)
-        self.pending = [[] for _ in self.pending]
+            if by_layer:
+                self.events = [self._layer(i) for i in range(self.n_layers)]
+            else:
+                for _, dst, src in self.pending:
+                    self._copy(dst, src)
+                self.events = [self._event()] * self.n_layers
+        self.pending[0][1].record_stream(self.stream)  # the buffer is the forward stream's; the side stream writes it
+        self.pending = []
+
+    def _layer(self, i: int):
+        for layer, dst, src in self.pending:
+            if layer is None:
+                self._copy(dst[i], src[i])
+            elif layer == i:
+                self._copy(dst, src)
+        return self._event()
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if copy_rows(dst, src):
+            self.held.append(src)
+        else:
+            dst.copy_(src, non_blocking=True)
+
+    def _event(self):
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
 
     def wait(self, layer: int) -> None:
-        """Launch if needed; make the current stream wait for layer ``layer``'s copies."""
+        """Launch layer by layer if needed; make the current stream wait for layer ``layer``'s copies."""
         self.launch()
         if self.events:
             torch.cuda.current_stream(self.device).wait_event(self.events[layer])
 
     def settle(self) -> None:
-        """Launch if needed; make the current stream wait for every copy."""
-        self.launch()
+        """Launch whole if needed; make the current stream wait for every copy."""
+        self.launch(by_layer=False)
         if self.events:
             torch.cuda.current_stream(self.device).wait_event(self.events[-1])  # one stream: the last is after all
 
     def __repr__(self) -> str:
-        n = sum(len(p) for p in self.pending)
-        return f"LayerCopies(layers={len(self.pending)}, deferred={n}, launched={self.launched}, on {self.device})"
+        return (f"LayerCopies(layers={self.n_layers}, deferred={len(self.pending)}, launched={self.launched}, "
+                f"on {self.device})")
 
 
 def default_on(device) -> bool:

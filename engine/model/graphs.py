@@ -16,9 +16,9 @@ than the largest bucket (a baseline's full prefill) run eagerly: compute-bound, 
 When it applies (:func:`forward` returns None otherwise, and the caller runs the eager forward, unchanged):
 the model computes on CUDA, graphs are on for it (:func:`set_mode`; on by default on CUDA, never on the CPU),
 its attention is the engine's registered one with no engine context changing it (no rank mask, APE, focus,
-scorer, tracked positions), the cache is a level :class:`engine.kv.BufferedCache` whose buffer has no host
-copies still waiting to launch (a prefill that copies layer by layer runs eagerly, hiding the copy behind its
-layers; its decode steps replay graphs), and the padded tokens fit in the workspace. A capture that fails
+scorer, tracked positions), the cache is a level :class:`engine.kv.BufferedCache`, and the padded tokens fit
+in the workspace. Host copies still waiting launch whole before the replay, which waits for them
+(engine/kv/layerwise.py says why). A capture that fails
 turns graphs off for that model, with the reason (:func:`status`), and the eager path runs.
 """
 
@@ -206,8 +206,6 @@ class _Graphs:
 
     def run(self, cache: BufferedCache, ids: list[int], positions: list[int]) -> torch.Tensor | None:
         buf = cache.buffer
-        if buf.copies is not None and buf.copies.waiting:
-            return None  # the eager forward hides the layer-by-layer copy; a graph would wait for all of it
         start = cache.layers[0].length
         bucket = _bucket(len(ids))
         if bucket is None or not ids or any(layer.length != start for layer in cache.layers) \
@@ -246,5 +244,6 @@ def gpu_paths(device: str, model: torch.nn.Module | None = None) -> dict[str, st
                 "cuda_graphs": CUDA_ONLY}
     return {"pinned_storage": "on when module KV is kept in CPU memory (--storage cpu): page-locked, copied "
                               "asynchronously",
-            "layerwise_copies": "on: host KV copied one layer ahead of the forward, on a side stream",
+            "layerwise_copies": "on: host KV copied on a side stream, layer by layer beside an eager forward, whole "
+                                "(one DMA transfer per range) before a CUDA graph",
             "cuda_graphs": status(model) if model is not None else "on"}

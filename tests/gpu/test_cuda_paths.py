@@ -114,3 +114,60 @@ def test_graphs_fall_back_to_eager_past_the_largest_bucket(cuda_lm):
     n = graphs.BUCKETS[-1] + 1
     with torch.inference_mode():
         assert graphs.forward(cuda_lm, buf.cache(), list(range(n)), list(range(n)), PLAIN) is None
+
+
+@pytest.mark.parametrize("storage", ["cpu", "cuda"])
+def test_every_arm_runs_on_cuda_as_on_the_cpu(cuda_lm, storage):
+    """Each registered arm, decoded together and apart on the GPU, against the same weights on the CPU."""
+    import copy
+
+    from engine.arms.registry import Sampling
+    from engine.model.load import wrap_model
+    from engine.session import Engine
+
+    cpu_lm = wrap_model(copy.deepcopy(cuda_lm.model).to("cpu"), cuda_lm.tokenizer, "tiny-llama-cpu", device="cpu",
+                        dtype="float32", fingerprint="tiny-llama-cuda")
+    on_cpu = Engine.from_loaded(cpu_lm).compare(SCHEMA, PROMPT, Sampling(NEW))
+    eng = Engine.from_loaded(cuda_lm, storage=storage)
+    together = eng.compare(SCHEMA, PROMPT, Sampling(NEW))
+    apart = eng.compare(SCHEMA, PROMPT, Sampling(NEW), config=eng.config.with_(decode="apart"))
+    assert together.device.startswith("cuda") and set(together.arms) == set(on_cpu.arms) == set(apart.arms)
+    for arm, res in together.arms.items():
+        assert len(res.run.token_ids) == NEW and res.run.ttft_ms > 0, arm
+        assert res.run.token_ids == apart.arms[arm].run.token_ids, arm
+        want = on_cpu.arms[arm].run.first_logits
+        assert torch.allclose(res.run.first_logits.cpu(), want, atol=1e-3), (arm, (res.run.first_logits.cpu() - want).abs().max())
+
+
+def test_host_kv_lands_by_2d_dma_as_torch_copies_it():
+    from engine.kv import dma
+
+    assert dma.available() == "on"
+    kv = torch.randn(3, 2, 4, 20, 8).pin_memory()  # a stored entry: [layers, 2, kv_heads, seq, head_dim]
+    raw = torch.zeros(3, 2, 1, 4, 64, 8, device="cuda")  # a run buffer
+    want = raw.clone()
+    for dst, src in [((1, slice(None), 0, slice(None), slice(5, 25)), kv[1]),  # one layer of a whole entry
+                     ((slice(None), slice(None), 0, slice(None), slice(30, 36)), kv[:, :, :, 3:9]),  # all, a range
+                     ((2, slice(None), 0, slice(None), slice(40, 41)), kv[2, :, :, 0:1])]:  # one token
+        assert dma.copy_rows(raw[dst], src)
+        want[dst].copy_(src)
+    torch.cuda.synchronize()
+    assert torch.equal(raw, want)
+    assert not dma.copy_rows(raw[0, :, 0, :, 0:20], torch.randn(2, 4, 20, 8))  # pageable: torch copies it
+
+
+def test_copies_settled_before_a_graph_launch_whole_and_land_as_layer_by_layer():
+    from engine.kv import KVBuffer
+
+    src = torch.randn(4, 2, 2, 64, 8).pin_memory()
+    layered = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
+    whole = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
+    for buf in (layered, whole):
+        buf.write(src[:, :, :, :40])
+        buf.write(src[:, :, :, 40:])
+    for i in range(4):
+        layered.ready(i)
+    whole.settle()
+    assert len(set(map(id, whole.copies.events))) == 1 and len(set(map(id, layered.copies.events))) == 4
+    assert len(whole.copies.held) == 2 and len(layered.copies.held) == 8  # one DMA per range, or per range and layer
+    assert torch.equal(whole.data, layered.data) and torch.equal(whole.data[:, :, 0, :, :64].cpu(), src)
