@@ -6,15 +6,19 @@ committed results in bench/results/, which the README quotes.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import os
+import runpy
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ROOT
 
@@ -22,15 +26,31 @@ RESULTS = ROOT / "bench" / "results"
 real_model = pytest.mark.real_model
 
 
-def run_bench(script: str, *args: str, timeout: float = 300) -> tuple[str, dict, float]:
-    """(stdout, the JSON document it prints last, wall-clock ms of the whole script)."""
+def run_bench(script: str, *args: str) -> tuple[str, dict, float]:
+    """(stdout, the JSON document it prints last, wall-clock ms of the whole script) of ``bench/script --quick``.
+
+    Run in this process, as ``python bench/script`` runs it (``__main__``, its folder first on the path): a child
+    process would import torch and transformers again for every script, the larger part of a quick run."""
+    path = ROOT / "bench" / script
+    argv, threads, env = sys.argv, torch.get_num_threads(), dict(os.environ)
+    sys.argv = [str(path), "--quick", *args]
+    sys.path.insert(0, str(path.parent))
+    out = io.StringIO()
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=timeout)
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as err:
+        assert err.code in (None, 0), f"{script} exited with {err.code!r}"
+    finally:
+        sys.argv = argv
+        sys.path.remove(str(path.parent))
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(env)
     wall_ms = (time.perf_counter() - t) * 1000
-    assert r.returncode == 0, r.stderr[-2000:]
-    lines = [line for line in r.stdout.strip().splitlines() if line.strip()]
-    return r.stdout, json.loads(lines[-1]), wall_ms  # one JSON document, last
+    lines = [line for line in out.getvalue().strip().splitlines() if line.strip()]
+    return out.getvalue(), json.loads(lines[-1]), wall_ms  # one JSON document, last
 
 
 def wilson_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -8,7 +8,7 @@ from benchchecks import check_workload, real_model, run_bench
 
 @real_model
 def test_workload_quick():
-    out, data, _ = run_bench("workload.py", "--blend", "0.25", timeout=900)  # 24 runs: ~1.5 min on a quiet machine
+    out, data, _ = run_bench("workload.py", "--blend", "0.25")  # 24 runs: ~1.5 min on a quiet machine
     assert data["benchmark"] == "workload" and list(data["arms"]) == ["baseline", "prefix", "cached", "blend"]
     rows = data["prompts"]
     assert len(rows) == 6 and any(r["schema_order"] for r in rows) and not all(r["schema_order"] for r in rows)
