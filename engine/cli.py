@@ -40,8 +40,8 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.I)
 
 
-def build_parser(extra: dict | None = None, arm_options: bool = True,
-                 words: ArmWords = ArmWords()) -> argparse.ArgumentParser:
+def build_parser(extra: dict | None = None, arm_options: bool = True, words: ArmWords = ArmWords(),
+                 allow_abbrev: bool = True) -> argparse.ArgumentParser:
     """The parser; ``extra`` maps command name -> (help, add_arguments(subparser), handler(args)). ``arm_options``
     adds the arms' options to ``run`` (importing torch), so :func:`main` asks for them for ``run`` alone."""
     p = Parser(prog="pml-studio", description="Modular prompt caching (PML) on your machine.")
@@ -63,7 +63,7 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
     lay.add_argument("--json", action="store_true", help="print JSON instead of a table")
     model_opts(lay)
 
-    model_opts(_run_parser(sub, arm_options, words))
+    model_opts(_run_parser(sub, arm_options, words, allow_abbrev))
 
     info = model_opts(_command(sub, "info", "load the model and print its name, dtype, parameters and KV bytes per "
                                "token"))
@@ -82,14 +82,15 @@ def build_parser(extra: dict | None = None, arm_options: bool = True,
     return p
 
 
-def _command(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+def _command(sub, name: str, help_text: str, **kwargs) -> argparse.ArgumentParser:
     """A command's parser, its help line also the description its own --help prints."""
     about = help_text[:1].upper() + help_text[1:] + ("." if help_text and not help_text.endswith(".") else "")
-    return sub.add_parser(name, help=help_text, description=about or None)
+    return sub.add_parser(name, help=help_text, description=about or None, **kwargs)
 
 
-def _run_parser(sub, arm_options: bool, words: ArmWords) -> argparse.ArgumentParser:
-    r = _command(sub, "run", "encode the schema, then run baseline and cached on the prompt and compare")
+def _run_parser(sub, arm_options: bool, words: ArmWords, allow_abbrev: bool = True) -> argparse.ArgumentParser:
+    r = _command(sub, "run", "encode the schema, then run baseline and cached on the prompt and compare",
+                 allow_abbrev=allow_abbrev)
     r.add_argument("schema", metavar="SCHEMA")
     r.add_argument("prompt", metavar="PROMPT")
     add_run_options(r, arm_options, words)
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None, extra: dict | None = None, words: ArmWor
     """Run one command; ``extra`` adds commands (see :func:`build_parser`), ``words`` names the arms."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "run" and not {"-h", "--help"} & set(argv):
+        # run's own options first, without the arms' (which import torch): a bad value is refused at once
+        build_parser(extra, arm_options=False, words=words, allow_abbrev=False).parse_known_args(argv)
     args = build_parser(extra, arm_options=command == "run", words=words).parse_args(argv)
     if getattr(args, "prefill_kernel", None):
         from engine.model import prefill
