@@ -32,8 +32,11 @@ $(STAMP):
 run: setup
 	$(BIN)/python app.py $(ARGS)
 
+# Three workers, one torch thread each: most of the suite waits on child processes, servers and chromium, so three
+# fill two cores, while two threads per worker would spin against each other.
+TEST_WORKERS ?= 3
 test: setup browser
-	$(BIN)/python -m pytest -q $(ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # Browser tests drive Debian's chromium (Playwright cannot download browsers here); they skip without it.
 browser:

@@ -23,6 +23,21 @@ if _OWN_MODULES:
     os.environ["PML_STUDIO_MODULES"] = _OWN_MODULES
 
 
+# The longest files first: `make test` hands whole files to its workers in collection order, so the suite ends
+# when its last long file does; started first, they end beside the short ones.
+SLOW_FIRST = ("tests/bench/test_bench_speed.py", "tests/bench/test_bench_fidelity.py",
+              "tests/bench/test_bench_compression.py", "tests/bench/test_bench_workload.py", "tests/engine/test_qwen.py",
+              "tests/studio/test_shutdown.py", "tests/engine/test_cli.py", "tests/engine/test_real_model.py",
+              "tests/studio/test_studio_offline.py", "tests/studio/test_private_files.py", "tests/studio/test_browser.py",
+              "tests/engine/test_prefill.py", "tests/studio/test_studio_guard.py", "tests/engine/test_default_model.py",
+              "tests/studio/test_browser_newcomer.py", "tests/engine/test_bounded_reads.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_MODULES:
         shutil.rmtree(_OWN_MODULES, ignore_errors=True)
