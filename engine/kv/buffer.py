@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from engine.kv.dma import copy_rows
+from engine.kv.dma import copy_into
 from engine.kv.layerwise import LayerCopies
 
 
@@ -20,8 +20,8 @@ class KVBuffer:
         self.raw = data
         self.base = data if base is None else base
         self.lengths = [0] * data.shape[0]
-        self.copies = LayerCopies(data.shape[0], data.device) if layerwise else None
-        self.held: list[torch.Tensor] = []  # sources of direct DMA transfers, alive as long as this buffer
+        self.held: list[torch.Tensor] = []  # sources of DMA transfers into it, alive as long as this buffer
+        self.copies = LayerCopies(data.shape[0], data.device, self.held) if layerwise else None
 
     @property
     def data(self) -> torch.Tensor:
@@ -68,7 +68,7 @@ class KVBuffer:
                 self.copies.add(None, self.raw[:, :, 0, :, start:start + n], kv)
             else:
                 self._before_direct_write()
-                self._copy(self.raw[:, :, 0, :, start:start + n], kv)
+                copy_into(self.raw[:, :, 0, :, start:start + n], kv, self.held)
             self.lengths = [start + n] * len(self.lengths)
         else:
             for i in range(kv.shape[0]):
@@ -95,14 +95,8 @@ class KVBuffer:
             self.copies.add(i, self.raw[i, :, 0, :, start:start + n], kv)
         else:
             self._before_direct_write()
-            self._copy(self.raw[i, :, 0, :, start:start + n], kv)
+            copy_into(self.raw[i, :, 0, :, start:start + n], kv, self.held)
         self.lengths[i] = start + n
-
-    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if copy_rows(dst, src):
-            self.held.append(src)
-        else:
-            dst.copy_(src, non_blocking=True)
 
     @property
     def used_bytes(self) -> int:

@@ -45,6 +45,15 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> bool:
     return True
 
 
+def copy_into(dst: torch.Tensor, src: torch.Tensor, held: list) -> None:
+    """``dst.copy_(src, non_blocking=True)``, as one DMA transfer where :func:`copy_rows` applies; that transfer's
+    source goes into ``held``, which must outlive it (the DMA reads it after this returns)."""
+    if copy_rows(dst, src):
+        held.append(src)
+    else:
+        dst.copy_(src, non_blocking=True)
+
+
 def available() -> str:
     """"on", or why host KV copies go through torch's ``copy_``."""
     if not torch.cuda.is_available():

@@ -6,7 +6,7 @@ layer (``BufferedCache``'s layer ``update``) launches them all, layer-major: on 
 event recorded after each layer's copies; each layer's ``update`` then makes the forward's stream wait on that
 layer's event only, so layer i+1's copy runs while layer i computes. A CUDA graph's replay cannot wait inside
 itself, so before one the copies launch whole (one DMA transfer per stored range, engine/kv/dma.py) and the
-replay waits for all: on an H200 that beat the overlapped eager forward at every length measured
+replay waits for all: on an H200 that beat the overlapped eager forward at 1K and 2K tokens, not at 4K
 (bench/results/gpu-profile-llama-2-7b-random.json). On the CPU there are no streams: the deferred copies run
 synchronously at launch, so the buffer (and every logit) is bit-identical to copying at fill time.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.dma import copy_rows
+from engine.kv.dma import copy_into
 
 CUDA_ONLY = "off: CUDA only (on the CPU copies are synchronous; the same path, bit-identical)"
 
@@ -27,14 +27,14 @@ CUDA_ONLY = "off: CUDA only (on the CPU copies are synchronous; the same path, b
 class LayerCopies:
     """Deferred host-to-buffer copies of one run: per layer (``layer``) or of every layer at once (None)."""
 
-    def __init__(self, n_layers: int, device: torch.device):
+    def __init__(self, n_layers: int, device: torch.device, held: list | None = None):
         self.device = torch.device(device)
         self.n_layers = n_layers
         self.pending: list[tuple[int | None, torch.Tensor, torch.Tensor]] = []  # (layer or None, dst, src)
         self.events: list | None = None  # per layer, once launched on CUDA
         self.stream = None
         self.launched = False
-        self.held: list[torch.Tensor] = []  # sources of launched DMA transfers, alive until the run's buffer goes
+        self.held = [] if held is None else held  # sources of launched DMA transfers (the buffer's list)
 
     def defers(self, src: torch.Tensor) -> bool:
         """Whether a copy from ``src`` waits for :meth:`launch` (host memory, before the launch)."""
@@ -71,7 +71,7 @@ class LayerCopies:
                 self.events = [self._layer(i) for i in range(self.n_layers)]
             else:
                 for _, dst, src in self.pending:
-                    self._copy(dst, src)
+                    copy_into(dst, src, self.held)
                 self.events = [self._event()] * self.n_layers
         self.pending[0][1].record_stream(self.stream)  # the buffer is the forward stream's; the side stream writes it
         self.pending = []
@@ -79,16 +79,10 @@ class LayerCopies:
     def _layer(self, i: int):
         for layer, dst, src in self.pending:
             if layer is None:
-                self._copy(dst[i], src[i])
+                copy_into(dst[i], src[i], self.held)
             elif layer == i:
-                self._copy(dst, src)
+                copy_into(dst, src, self.held)
         return self._event()
-
-    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if copy_rows(dst, src):
-            self.held.append(src)
-        else:
-            dst.copy_(src, non_blocking=True)
 
     def _event(self):
         event = torch.cuda.Event()
