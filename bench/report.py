@@ -684,7 +684,8 @@ def shape_section(runs: list[dict]) -> list[str]:
             said.append(f"At {at} tokens a full prefill costs no more than a forward of the "
                         f"{alone[0]['uncached_tokens']} question tokens alone ({ms}): there the forward's cost is per "
                         "call, not per token, and there is nothing to save.")
-    if on_cpu and load(f"gpu-profile-{SHAPE}-random"):
+    profile = load(f"gpu-profile-{SHAPE}-random")
+    if on_cpu and profile:
         said.append(f"With the modules in CPU memory the speedup is "
                     + ", ".join(f"{r['speedup']:.2f}× at {r['prompt_tokens']:,}" for r in on_cpu)
                     + " tokens; the profile below says where that time goes.")
@@ -698,7 +699,7 @@ def shape_section(runs: list[dict]) -> list[str]:
                     + (", longer than the full prefill it replaces" if over else "")
                     + f": speedup {min(r['speedup'] for r in on_cpu):.2f}–{max(r['speedup'] for r in on_cpu):.2f}×.")
     out = out + ["", " ".join(said), ""] if said else out + [""]
-    return out + profile_section(load(f"gpu-profile-{SHAPE}-random"))
+    return out + profile_section(profile)
 
 
 def profile_section(d: dict | None) -> list[str]:
