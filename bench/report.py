@@ -306,7 +306,20 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
                 f"split (the cheapest share keeping two facts within 5 points and recall within 10 of the baseline's): "
                 f"`{f['chosen_on_tune']}`. Held-out frontier, one point per setting:", "",
                 "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
+    rep = f["summary"].get("repeats")
+    if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
+        out += [f"**Identical repeats** ({rep['sends']} sends after the first, held-out two-fact and every-module "
+                f"prompts, the prefix cache warmed in the prompts' own order): routed TTFT "
+                f"{rep['routed_ms']['median']} ms (min {rep['routed_ms']['min']}, max {rep['routed_ms']['max']}) "
+                f"against the prefix arm's {rep['prefix_ms']['median']} ms ({rep['prefix_ms']['min']}–"
+                f"{rep['prefix_ms']['max']}); routed / prefix {rep['routed_vs_prefix']['median']} "
+                f"({rep['routed_vs_prefix']['min']}–{rep['routed_vs_prefix']['max']}), not slower in "
+                f"{rep['routed_not_slower']} of {rep['sends']}; paths " + ", ".join(
+                    f"{p} {n}" for p, n in sorted(rep["paths"].items())) + "; share of the prompt read back "
+                f"{rep['routed_reused_share']['min']:.1%}–{rep['routed_reused_share']['max']:.1%}.", ""]
     for split, groups in f["summary"].items():
+        if split == "repeats":
+            continue
         out += [f"**{split}**", "", "| set | modules | phrasing | arm | found | recall | TTFT × baseline |",
                 "|---|---|---|---|---|---|---|"]
         for key, arms in groups.items():

@@ -88,14 +88,21 @@ def round_robin(every: list[dict]) -> list[dict]:
     return [c for *_, c in sorted(ranked, key=lambda t: t[:2])]
 
 
+def texts(eng: Engine, case: dict, idx: int) -> tuple[str, str]:
+    """(schema, prompt) of one case: its modules in order, then the question."""
+    prompt = f'<prompt schema="span{idx}">' + "".join(f"<doc{i}/>" for i in range(case["modules"])) + \
+        f" {escape(case['question'])}</prompt>"
+    return doc_schema(f"span{idx}", case["docs"], system=SYSTEM, roles=has_roles(eng)), prompt
+
+
 def run_case(eng: Engine, case: dict, idx: int, heldout: bool) -> dict:
     """Every arm of the case's set on one prompt: its text, found (or recall), TTFT and what routing kept."""
     n = case["modules"]
     arms = [a for a in ARMS[case["set"]] if not (heldout and a in TUNE_ONLY)]
     sampling = Sampling(max_new_tokens=NEW_TOKENS[case["set"]])
     question = escape(case["question"])
-    prompt = f'<prompt schema="span{idx}">' + "".join(f"<doc{i}/>" for i in range(n)) + f" {question}</prompt>"
-    lay = eng.layout(doc_schema(f"span{idx}", case["docs"], system=SYSTEM, roles=has_roles(eng)))
+    schema, prompt = texts(eng, case, idx)
+    lay = eng.layout(schema)
     plan = eng.plan(lay, prompt, sampling.max_new_tokens)
     asked = tuple(case.get("needle_modules") or [case["needle_module"]])
     runner = Runner(eng, lay, plan, sampling, asked)
@@ -115,6 +122,36 @@ def run_case(eng: Engine, case: dict, idx: int, heldout: bool) -> dict:
     for key in list(runner.store.keys()):  # modules are not shared between prompts
         runner.store.evict(key)
     return row
+
+
+def run_repeat(eng: Engine, case: dict, idx: int, times: int) -> dict:
+    """One request sent ``times`` times through ``Engine.compare`` with the prefix and the default routed arm (the
+    API's arms): each send's TTFT, reused tokens and routed path. The prefix cache is warmed in schema order, which
+    is this prompt's order: the prefix arm's best case."""
+    schema, prompt = texts(eng, case, 1000 + idx)
+    config = eng.config.with_(arms=("prefix", "routed"), decode="apart")
+    sends = []
+    for _ in range(times):
+        comp = eng.compare(schema, prompt, Sampling(max_new_tokens=1), config=config)
+        sends.append({str(arm): {"ttft_ms": round(r.run.ttft_ms, 2), "reused_tokens": r.run.reused_tokens,
+                                 "prefill_tokens": r.run.prefill_tokens,
+                                 **({"path": r.detail.path} if arm == "routed" else {})}
+                      for arm, r in comp.arms.items()})
+    return {"set": case["set"], "modules": case["modules"], "prompt_tokens": comp.plan.prompt_tokens,
+            "sends": sends}
+
+
+def summarise_repeats(rows: list[dict]) -> dict:
+    """Over every send after the first: routed's TTFT over prefix's (min/median/max), how often routed was not
+    slower, its paths, and the share of the prompt it reused."""
+    later = [s for r in rows for s in r["sends"][1:]]
+    ratio = [s["routed"]["ttft_ms"] / s["prefix"]["ttft_ms"] for s in later]
+    return {"sends": len(later), "routed_ms": spread3([s["routed"]["ttft_ms"] for s in later], 2),
+            "prefix_ms": spread3([s["prefix"]["ttft_ms"] for s in later], 2), "routed_vs_prefix": spread3(ratio, 3),
+            "routed_not_slower": sum(x <= 1 for x in ratio),
+            "paths": {p: sum(s["routed"]["path"] == p for s in later) for p in {s["routed"]["path"] for s in later}},
+            "routed_reused_share": spread3([s["routed"]["reused_tokens"] / r["prompt_tokens"]
+                                            for r in rows for s in r["sends"][1:]], 3)}
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -222,6 +259,9 @@ def main() -> None:
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running (its optional "
                     "'commands' list names the runs that made it)")
+    ap.add_argument("--repeats", type=int, default=0, metavar="N", help="also send N held-out prompts (two facts "
+                    "and every module of 8, by turns) 3 times each with the prefix and default routed arms: "
+                    "the identical-repeat line")
     ap.add_argument("--quick", action="store_true", help="1 prompt per set and phrasing, tune split only, no file")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -244,9 +284,20 @@ def main() -> None:
                     if isinstance(v, dict)), flush=True)
                 if args.rows_out:
                     args.rows_out.write_text(json.dumps(rows))
+        if args.repeats:
+            spanning = [c for c in round_robin(cases(chunks, args.seed + 1, dict(
+                two=args.repeats, all4=0, all8=args.repeats, single=0, confusable=0))) if c["set"] in ("two", "all")]
+            rows["repeats"] = [run_repeat(eng, c, i, 3) for i, c in enumerate(spanning[: args.repeats])]
+            if args.rows_out:
+                args.rows_out.write_text(json.dumps(rows))
+    repeats = rows.pop("repeats", None)
     summary = {split: summarise(rs) for split, rs in rows.items()}
     for split, s in summary.items():
         print_split(split, s)
+    if repeats:
+        summary["repeats"] = summarise_repeats(repeats)
+        print("\nrepeats (every send after the first):", json.dumps(summary["repeats"]))
+        rows["repeats"] = repeats
     chosen = choose_setting(summary["tune"]) if "tune" in summary else None
     print(f"\nchosen on the tune split: {chosen}")
     if "heldout" in summary and not args.quick:
