@@ -50,7 +50,10 @@ from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, qu
                              wilson)  # imports some of them from here)
 from bench import needles
 from engine.arms.blend import cached_ranks, run_blend
+from engine.arms.prefix import warm_prefix
 from engine.arms.routed import run_routed
+from engine.cache.assemble import used_keys
+from engine.cache.prefix import PrefixCache, schema_order_prompt
 from engine.arms.modular import run_recomputed
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
@@ -79,13 +82,14 @@ def parse_arm(name: str) -> dict:
     '+focus off' = the routed arm without its decode-time focus; '+joint off' = without its joint recompute;
     '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms); '+share R' = the
     routed arm recomputing R % of its kept modules' tokens (100: all of them), '+sinks K' and each one's first K;
+    '+tree' = the routed arm with the prefix tree warmed in schema order (reads it when every module is kept);
     baseline/scaffold as they are."""
     if name in ("baseline", "scaffold"):
         return {"special": name}
     mode, *parts = name.split("+")
     spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
             "route": None, "pull": None, "layers": None, "oracle": None, "ape": None, "focus": "on",
-            "joint": "on", "share": None, "sinks": None}
+            "joint": "on", "share": None, "sinks": None, "tree": False}
     for p in parts:
         m = re.fullmatch(r"(sink|repair|check|route|pull|share|sinks) (\d+)", p)
         b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
@@ -105,6 +109,8 @@ def parse_arm(name: str) -> dict:
             spec["focus"] = "off"
         elif p == "joint off":
             spec["joint"] = "off"
+        elif p == "tree":
+            spec["tree"] = True
         elif p == "first kept":
             spec["first"] = False
         else:
@@ -161,6 +167,7 @@ class Runner:
         self.blend_ms: dict[str, float] = {}  # blend arm -> its last selection time (inside its TTFT)
         self.targets = targets  # the modules holding the asked facts (doc indices): the oracles keep them
         self.routed: dict[str, dict] = {}  # routed arm -> what it kept
+        self._tree: PrefixCache | None = None
 
     def _owner(self, rank: int) -> str:
         """The top-level module the prompt token of ``rank`` belongs to ('' for the anonymous text)."""
@@ -175,6 +182,13 @@ class Runner:
         if (mode, sink) not in self.encoded:
             self.encoded[(mode, sink)] = self.eng.encode(self.lay, self.eng.config.with_(mode=mode, sink=sink)).encoded
         return self.encoded[(mode, sink)]
+
+    def tree(self, enc) -> PrefixCache:
+        """A prefix tree holding the schema-order prompt's KV, as Engine.compare warms it (outside TTFT)."""
+        if self._tree is None:
+            self._tree = PrefixCache(self.store)
+            warm_prefix(self.eng.lm, self._tree, schema_order_prompt(self.lay).token_ids, used_keys(self.plan, enc))
+        return self._tree
 
     def run(self, arm: str, sampling: Sampling | None = None):
         spec, sampling = parse_arm(arm), sampling or self.sampling
@@ -193,6 +207,7 @@ class Runner:
             kw = {"layers": spec["layers"]} if spec["layers"] else {}
             kw.update({} if spec["share"] is None else {"share": spec["share"] / 100})
             kw.update({} if spec["sinks"] is None else {"sinks": spec["sinks"]})
+            kw.update({"prefix": self.tree(enc), "tree": "on"} if spec["tree"] else {"tree": "off"})
             run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
                                    min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
                                    focus=spec["focus"], joint=spec["joint"], **kw)

@@ -225,7 +225,7 @@ class Engine:
             enc = self._encode(lay, cfg, progress)
             store.check_fits(used_keys(plan, enc), f"prompt {source}")
             enc = self._fetched(plan, lay, cfg, enc, progress)
-            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg.arms) \
+            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg) \
                 else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there
             result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
                                  settings=dict(cfg.arm_settings), decode=cfg.decode, on_arm=on_arm)
@@ -341,6 +341,7 @@ def gpu_status() -> tuple[bool, str]:
     return True, f"CUDA device: {torch.cuda.get_device_name(0)}"
 
 
-def _reads_prefix_cache(arms) -> bool:
-    """Whether any of ``arms`` reads the prefix cache."""
-    return any(REGISTRY[a].reads == Reads.PREFIX_CACHE for a in arms)
+def _reads_prefix_cache(cfg: RunConfig) -> bool:
+    """Whether any of the run's arms reads the prefix cache: the prefix arm, or routed with its tree path on."""
+    return any(REGISTRY[a].reads == Reads.PREFIX_CACHE for a in cfg.arms) or (
+        "routed" in cfg.arms and cfg.settings_of("routed").tree == "on")

@@ -40,7 +40,8 @@ FOCUS_MARGIN = 0.2  # a token names a module when its pull there leads the other
 DEFAULT_JOINT = "on"  # two or more kept modules are prefilled together
 DEFAULT_SHARE = 0.2  # ... the share of their tokens the question reads most (1: all of them)
 DEFAULT_SINKS = 4  # ... and each one's first tokens (EPIC's attention sinks)
-PATHS = ("stored", "partial", "full", "repeat")  # how a run read its kept modules (RoutedInfo.path)
+DEFAULT_TREE = "on"  # every module kept and in the prefix tree: read the full prefill's own KV from there
+PATHS = ("stored", "partial", "full", "repeat", "tree")  # how a run read its kept modules (RoutedInfo.path)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class RoutedSettings(ArmSettings):
                          "with a share under 1, also recompute each kept module's first K tokens (the attention "
                          "sinks a module encoded alone holds: EPIC)",
                          limit=Limit("route_sinks", 0, 64, whole=True, example="4"), metavar="K")
+    tree: str = setting(DEFAULT_TREE, "route_tree", "Routed: read every-module KV from the prefix tree",
+                        "when routing keeps every module and the prefix tree holds the prompt through its last module "
+                        "(the schema-order warm-up, an earlier prefix run), read that KV, the full prefill's own, and "
+                        "prefill only the rest (on); or recompute as the share says (off)", choices=("on", "off"))
     focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
                          "with two or more modules kept, each decode step reads only the module its newest token "
                          "points at, in the layers after the scout's (on), or every kept module (off)",
@@ -166,7 +171,7 @@ def routed_arm(ctx: DecodingContext) -> ArmResult:
     s = ctx.settings_of("routed")
     run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
                            min_pull=s.min_pull, ape=ctx.settings_of("cached").ape,  # APE is the modular arm's setting
-                           focus=s.focus, joint=s.joint, share=s.share, sinks=s.sinks, prefix=ctx.prefix,
+                           focus=s.focus, joint=s.joint, share=s.share, sinks=s.sinks, tree=s.tree, prefix=ctx.prefix,
                            keep_entries=ctx.keep, batch=ctx.batch)
     return ArmResult(Arm("routed"), run, detail=info)
 
@@ -176,10 +181,11 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
                keep: set[str] | None = None, ape: tuple[float, float] | None = None,
                focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT, share: float = DEFAULT_SHARE,
-               sinks: int = DEFAULT_SINKS, prefix: PrefixCache | None = None, keep_entries=(),
-               batch: DecodeBatch | None = None) -> tuple[RunResult, RoutedInfo]:
+               sinks: int = DEFAULT_SINKS, tree: str = DEFAULT_TREE, prefix: PrefixCache | None = None,
+               keep_entries=(), batch: DecodeBatch | None = None) -> tuple[RunResult, RoutedInfo]:
     """The modular run reading the modules the question routes to, and how it chose; ``keep`` forces the kept
-    modules (the oracle), ``ape`` (T, S) scales their attention; ``prefix`` keeps runs for a repeat (joint.py)."""
+    modules (the oracle), ``ape`` (T, S) scales their attention; ``prefix`` keeps runs for a repeat (joint.py) and,
+    with ``tree`` on, serves a question that keeps every module from the KV it holds."""
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
@@ -187,9 +193,10 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     ids, pos = plan.uncached()
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
     key = None if prefix is None or keep is not None else run_key(
-        plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks))
+        plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks, tree))
     if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
         return _repeat(lm, *hit, sampling, on_token, batch)
+    whole = tree_match(prefix, plan) if tree == "on" and joint == "on" and keep is None else None
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
@@ -197,6 +204,10 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
             entry.write_into(buf, a, b)
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
+        if whole is not None and seen is not None and 2 <= len(kept) == len(modules):
+            buf.lengths = [0] * len(buf.lengths)
+            return _tree_fill(plan, whole, buf, _Choice(seen, kept, (time.perf_counter() - t0) * 1000, (), "tree",
+                                                        slots=list(range(len(plan.token_ids)))))
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
         together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
         choice = _Choice(seen, kept, (time.perf_counter() - t0) * 1000, together, path)
@@ -219,7 +230,8 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     info = _info(choice, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
         keep_run(prefix, key, plan, buf, choice.slots, [e for e, *_ in ranges], info,
-                 list(keep_entries) + used_keys(plan, encoded))
+                 list(keep_entries) + used_keys(plan, encoded),
+                 positions=range(len(plan.token_ids)) if choice.path == "tree" else None)
     return run, info
 
 
@@ -234,6 +246,28 @@ def _recompute(plan: PromptPlan, modules: tuple[str, ...], kept: tuple[str, ...]
     redo = every if picked is None else set(picked)  # None: no score per token, all of them
     drop = {r for m, rs in per.items() if m not in kept for r in rs}
     return together, redo, drop, "partial" if len(redo) < len(every) else "full"
+
+
+def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
+    """The prefix tree's match of the prompt's tokens when it reaches past the prompt's last module token, else None.
+    That KV is the full prefill's own (contiguous positions), so reading it is exact where a recompute is not."""
+    if prefix is None:
+        return None
+    ids, rank, end = list(plan.token_ids), 0, 0
+    for s in plan.segments:
+        rank += len(s)
+        end = rank if s.kind == CACHED else end
+    match = prefix.match(ids, limit=len(ids) - 1)
+    return match if end and match.reused >= end else None
+
+
+def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
+    """``buf`` (emptied) holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
+    contiguous positions, as the prefix arm and the baseline number them."""
+    for entry, a, b in match.pieces:
+        entry.write_into(buf, a, b)
+    ids, k = list(plan.token_ids), match.reused
+    return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k, detail=choice)
 
 
 def _repeat(lm: LoadedModel, stored, pieces: list, sampling: Sampling, on_token: TokenFn | None,

@@ -112,13 +112,14 @@ def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list
 
 
 def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
-             detail, keep: list[str]) -> int:
-    """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``; tokens stored."""
+             detail, keep: list[str], positions=None) -> int:
+    """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``; tokens stored.
+    ``positions``: each rank's position id, when the run did not use the plan's."""
     if any(isinstance(e, LayeredKV) for e in entries) or not slots:
         return 0
     order = sorted(range(len(slots)), key=slots.__getitem__)
     ranks = [slots[i] for i in order]
-    ids, positions = plan.token_ids, plan.positions
+    ids, positions = plan.token_ids, plan.positions if positions is None else positions
     kv = buf.data[:, :, 0, :, : len(slots)][:, :, :, torch.tensor(order, device=buf.data.device)]
     kv = torch.cat([torch.zeros_like(kv[:, :, :, :1]), kv], 3)
     sequence = (key, *(ids[r] + ((positions[r] + 1) << _POSITION_SHIFT) for r in ranks))

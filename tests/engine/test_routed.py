@@ -510,3 +510,37 @@ def test_the_oldest_kept_run_is_forgotten_with_its_kv(flat, monkeypatch):
     eng.compare(FLAT, FLAT_PROMPT.replace("jumps", "sleeps"), Sampling(2), config=cfg)
     assert eng.prefix_cache().stored_tokens() < 1.5 * one  # the first run's KV went with its note
     assert eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg).arm("routed").detail.path == "partial"
+
+
+def test_a_question_that_keeps_every_module_reads_the_trees_kv_and_answers_as_the_full_prefill(flat, monkeypatch):
+    """With every module kept and the schema-order warm-up in the prefix tree, the routed run reads the tree's KV
+    (the full prefill's own) and prefills only the question: the baseline's logits and tokens, nothing recomputed;
+    an identical request is then a repeat; with route_tree off the same question recomputes its share."""
+    from engine.arms import routed
+
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # every module kept
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("baseline", "routed"), decode="apart")  # warm-up on, as Engine's default
+    comp = eng.compare(FLAT, FLAT_PROMPT, Sampling(4), config=cfg)
+    run, info, base = comp.arm("routed").run, comp.arm("routed").detail, comp.arm("baseline").run
+    assert info.path == "tree" and info.kept == ("d1", "d2", "d3") and info.recomputed == 0
+    assert run.recomputed_tokens == 0 and run.reused_tokens >= flat.plan.cached_tokens
+    assert run.prefill_tokens == flat.plan.prompt_tokens - run.reused_tokens
+    torch.testing.assert_close(run.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
+    assert run.token_ids == base.token_ids
+    again = eng.compare(FLAT, FLAT_PROMPT, Sampling(4), config=cfg).arm("routed")
+    assert again.detail.path == "repeat" and again.run.prefill_tokens == 1 and again.run.token_ids == base.token_ids
+    off = eng.compare(FLAT, FLAT_PROMPT, Sampling(4), config=cfg.with_(route_tree="off")).arm("routed")
+    assert off.detail.path == "partial" and off.run.recomputed_tokens > 0
+
+
+def test_the_tree_path_needs_every_module_kept_and_the_tree_past_the_last_module(flat, monkeypatch):
+    """Two of three modules kept: a partial recompute although the tree holds them (routing drops the third). The
+    modules d1 and d3 without d2 (PML keeps schema order and d3's positions): the tree's schema-order prefix ends
+    after d1, so a partial recompute."""
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("routed",))  # a random model's pull never reaches the default: every module kept
+    two = eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg.with_(route_k=2, route_min_pull=0.0)).arm("routed")
+    assert len(two.detail.kept) == 2 and two.detail.path == "partial"
+    gapped = eng.compare(FLAT, FLAT_PROMPT.replace("<d2/>", ""), Sampling(2), config=cfg).arm("routed")
+    assert gapped.detail.kept == ("d1", "d3") and gapped.detail.path == "partial"
