@@ -1310,6 +1310,20 @@ def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
     return out
 
 
+def _spanning_bullet(span: dict | None) -> list[str]:
+    """Questions that span modules on the held-out split: the setting chosen on the tune split against the baseline."""
+    held = (span or {}).get("summary", {}).get("heldout") or {}
+    arm = (span or {}).get("chosen_on_tune")
+    two, every = held.get("two/8/every phrasing") or {}, [held.get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
+    if not arm or arm not in two or not all(arm in e for e in every):
+        return []
+    recall = "; ".join(f"every module of {n}: recall {e[arm]['recall']:.0%} (baseline {e['baseline']['recall']:.0%}, "
+                       f"n={e[arm]['n']}) at {e[arm]['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
+    return [f"- **Questions that span modules** ({_short(span['model'])}, held-out split, routed as chosen on the tune "
+            f"split): two facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/"
+            f"{two['baseline']['n']}) at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
+
+
 def _workload_bullet(work: dict | None) -> list[str]:
     if not work or not {"baseline", "prefix", "cached"} <= set(work["arms"]):
         return []
@@ -1359,7 +1373,8 @@ def headline() -> str:
             "GPU is named; greedy decoding; written by `python bench/report.py --write-readme` from `bench/results/`. "
             "Every table, with its command, machine and 95 % intervals, is in [docs/benchmarks.md](docs/benchmarks.md).",
             ""]
-    out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp) + _workload_bullet(work)
+    out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp)
+    out += _spanning_bullet(load(f"spanning-shares-{LEAD}")) + _workload_bullet(work)
     out += prefill_headline(load("prefill")) + _memory_bullet(comps)
     model = (fid or {}).get("model", LEAD)
     out += ["", f"![Needle accuracy against TTFT per arm, {model}: one fact asked, and confusable facts]"

@@ -164,7 +164,7 @@ class PmlInfo(BaseModel):
     modules_reused: int
     modules_encoded: int
     routed_kept: list[str] | None = None
-    routed_path: str | None = None  # stored | partial | full | repeat
+    routed_path: str | None = None  # stored | partial | full | repeat | tree
     recomputed_tokens: int = 0  # never counted in cached_tokens
     cached_tokens: int
     ttft_ms: float  # encoding included

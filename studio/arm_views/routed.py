@@ -18,7 +18,9 @@ class RoutedView(View):
         path = {"partial": f"; partial: {d.recomputed} tokens recomputed ({d.share:.0%} + first {d.sinks} of each)",
                 "full": f"; full: {d.recomputed} tokens recomputed",
                 "repeat": f"; repeat: {d.repeat_tokens} tokens of an identical earlier request read back, none "
-                          "recomputed"}.get(d.path, "")
+                          "recomputed",
+                "tree": "; every module read from the prefix tree (the full prefill's own KV), none recomputed"
+                }.get(d.path, "")
         return [f"read {kept} of {len(d.attention)} modules; scout {d.scout_ms:.0f} ms{moves}{joint}{path}"]
 
     def bars(self, detail: RoutedInfo) -> list[Bar]:
