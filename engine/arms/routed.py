@@ -163,6 +163,7 @@ class _Choice:
     path: str
     focus: Focus | None = None  # its ``changes`` fill in while decoding
     slots: list[int] | None = None  # each buffer slot's prompt rank, when the run can be kept for a repeat
+    positions: range | None = None  # each rank's position id, when not the plan's (the tree path's)
 
 
 # -- public API --
@@ -205,9 +206,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
         if whole is not None and seen is not None and 2 <= len(kept) == len(modules):
-            buf.lengths = [0] * len(buf.lengths)
-            return _tree_fill(plan, whole, buf, _Choice(seen, kept, (time.perf_counter() - t0) * 1000, (), "tree",
-                                                        slots=list(range(len(plan.token_ids)))))
+            return _tree_fill(plan, whole, buf, _Choice(seen, kept, (time.perf_counter() - t0) * 1000, (), "tree"))
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
         together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
         choice = _Choice(seen, kept, (time.perf_counter() - t0) * 1000, together, path)
@@ -215,23 +214,14 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         if together:
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
             return replace(work, detail=replace(choice, slots=slots))
-        read = [r for r in ranges if r[3] is None or r[3] in kept]
-        for entry, a, b, _ in read:
-            entry.write_into(buf, a, b)
-        focused = _focus(read, kept, modules, seen, ids, min_pull) if focus == "on" else None
-        scale = ape_scale(lm, read, ape)
-        slots = _stored_slots(plan, ranges, kept) if scale is None and focused is None else None
-        return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
-                    prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
-                    detail=replace(choice, focus=focused, slots=slots))
+        return _stored_fill(lm, plan, ranges, buf, choice, focus == "on", ape, min_pull)
 
     run, buf, choice = timed_detail(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill,
                                     sampling, on_token, batch=batch)
     info = _info(choice, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
         keep_run(prefix, key, plan, buf, choice.slots, [e for e, *_ in ranges], info,
-                 list(keep_entries) + used_keys(plan, encoded),
-                 positions=range(len(plan.token_ids)) if choice.path == "tree" else None)
+                 list(keep_entries) + used_keys(plan, encoded), positions=choice.positions)
     return run, info
 
 
@@ -262,12 +252,32 @@ def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
 
 
 def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
-    """``buf`` (emptied) holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
+    """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
     contiguous positions, as the prefix arm and the baseline number them."""
+    buf.lengths = [0] * len(buf.lengths)
     for entry, a, b in match.pieces:
         entry.write_into(buf, a, b)
     ids, k = list(plan.token_ids), match.reused
-    return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k, detail=choice)
+    every = range(len(ids))
+    return Fill(ids[k:], list(every[k:]), [e for e, *_ in match.pieces], reused_tokens=k,
+                detail=replace(choice, slots=list(every), positions=every))
+
+
+def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer, choice: _Choice, focus: bool,
+                 ape: tuple[float, float] | None, min_pull: float) -> Fill:
+    """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
+    steps read the module the answer names."""
+    ids, pos = plan.uncached()
+    kept, modules = choice.kept, tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
+    read = [r for r in ranges if r[3] is None or r[3] in kept]
+    for entry, a, b, _ in read:
+        entry.write_into(buf, a, b)
+    focused = _focus(read, kept, modules, choice.seen, ids, min_pull) if focus else None
+    scale = ape_scale(lm, read, ape)
+    slots = _stored_slots(plan, ranges, kept) if scale is None and focused is None else None
+    return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
+                prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
+                detail=replace(choice, focus=focused, slots=slots))
 
 
 def _repeat(lm: LoadedModel, stored, pieces: list, sampling: Sampling, on_token: TokenFn | None,
