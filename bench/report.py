@@ -1311,17 +1311,21 @@ def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
 
 
 def _spanning_bullet(span: dict | None) -> list[str]:
-    """Questions that span modules on the held-out split: the setting chosen on the tune split against the baseline."""
+    """Questions that span modules on the held-out split: the routed arm at its defaults against the baseline (a
+    tree setting on two facts is its share's run: the tree path needs every module kept, see spanning.py)."""
+    from engine.arms.routed import DEFAULT_SHARE
+
     held = (span or {}).get("summary", {}).get("heldout") or {}
-    arm = (span or {}).get("chosen_on_tune")
+    arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}"
     two, every = held.get("two/8/every phrasing") or {}, [held.get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
-    if not arm or arm not in two or not all(arm in e for e in every):
+    if arm not in two or two[arm].get("every_kept") or not all(f"{arm}+tree" in e for e in every):
         return []
-    recall = "; ".join(f"every module of {n}: recall {e[arm]['recall']:.0%} (baseline {e['baseline']['recall']:.0%}, "
-                       f"n={e[arm]['n']}) at {e[arm]['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
-    return [f"- **Questions that span modules** ({_short(span['model'])}, held-out split, routed as chosen on the tune "
-            f"split): two facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/"
-            f"{two['baseline']['n']}) at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
+    recall = "; ".join(f"every module of {n}: recall {e[arm + '+tree']['recall']:.0%} (baseline "
+                       f"{e['baseline']['recall']:.0%}, {e[arm + '+tree']['n']} prompts) at "
+                       f"{e[arm + '+tree']['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
+    return [f"- **Questions that span modules** ({_short(span['model'])}, held-out split, routed at its defaults): two "
+            f"facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}) "
+            f"at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
 
 
 def _workload_bullet(work: dict | None) -> list[str]:
