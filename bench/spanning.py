@@ -311,7 +311,7 @@ def main() -> None:
         rows["repeats"] = repeats
     chosen = choose_setting(summary["tune"]) if "tune" in summary else None
     print(f"\nchosen on the tune split: {chosen}")
-    if "heldout" in summary and not args.quick:
+    if summary.get("heldout") and not args.quick:
         plot_frontier(summary["heldout"], FRONTIER)
     emit(result_name("spanning-shares", eng.config.model), {  # issue 38's file (spanning-…) stays as it was
         "benchmark": "spanning-shares", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
