@@ -83,17 +83,21 @@ def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling
     held = prefix.held(plan.layout.fingerprint)
     match = prefix.match(ids, limit=len(ids) - 1)
     k = match.reused
-
-    def fill(buf: KVBuffer) -> Fill:
-        for entry, a, b in match.pieces:
-            entry.write_into(buf, a, b)
-        return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k)
-
-    run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, fill, sampling, on_token, batch=batch)
+    run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, lambda buf: match_fill(ids, match, buf),
+                         sampling, on_token, batch=batch)
     stored = prefix.insert(ids, buf.data[:, :, 0], list(keep), run=True) if insert else 0  # before another run reuses it
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),
                         held=held, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
     return run, reuse
+
+
+def match_fill(ids: list[int], match, buf: KVBuffer) -> Fill:
+    """``buf`` holding the tree's KV of ``match`` (the first tokens of ``ids``), the rest of ``ids`` to prefill after
+    it at contiguous positions, as the baseline numbers them."""
+    for entry, a, b in match.pieces:
+        entry.write_into(buf, a, b)
+    k = match.reused
+    return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k)
 
 
 def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.arms.prefix import match_fill
 from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.cache.assemble import module_ranges, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
@@ -255,12 +256,9 @@ def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
     contiguous positions, as the prefix arm and the baseline number them."""
     buf.lengths = [0] * len(buf.lengths)
-    for entry, a, b in match.pieces:
-        entry.write_into(buf, a, b)
-    ids, k = list(plan.token_ids), match.reused
-    every = range(len(ids))
-    return Fill(ids[k:], list(every[k:]), [e for e, *_ in match.pieces], reused_tokens=k,
-                detail=replace(choice, slots=list(every), positions=every))
+    every = range(len(plan.token_ids))
+    return replace(match_fill(list(plan.token_ids), match, buf),
+                   detail=replace(choice, slots=list(every), positions=every))
 
 
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer, choice: _Choice, focus: bool,
