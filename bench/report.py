@@ -306,6 +306,10 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
                 f"split (the cheapest share keeping two facts within 5 points and recall within 10 of the baseline's): "
                 f"`{f['chosen_on_tune']}`. Held-out frontier, one point per setting:", "",
                 "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
+    if "confirm" in f["summary"]:  # a third split, for a default settled after held-out was read
+        out += [f"**confirm** (seed {f['seeds']['confirm']}): only the baseline and `{f['confirm_arms'][1]}`, the routed "
+                "arm at the engine's defaults. Its share was kept after the held-out split had been read, so held-out "
+                "no longer measures it without bias; this split was drawn and run once, after that choice.", ""]
     rep = f["summary"].get("repeats")
     if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
         out += [f"**Identical repeats** ({rep['sends']} sends after the first, held-out two-fact and every-module "
@@ -1315,15 +1319,20 @@ def _spanning_bullet(span: dict | None) -> list[str]:
     tree setting on two facts is its share's run: the tree path needs every module kept, see spanning.py)."""
     from engine.arms.routed import DEFAULT_SHARE
 
-    held = (span or {}).get("summary", {}).get("heldout") or {}
+    summary = (span or {}).get("summary", {})
+    split = "confirm" if "confirm" in summary else "heldout"
+    held = summary.get(split) or {}
     arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}"
     two, every = held.get("two/8/every phrasing") or {}, [held.get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
-    if arm not in two or two[arm].get("every_kept") or not all(f"{arm}+tree" in e for e in every):
+    if split == "confirm":  # the default with its tree on every set
+        two = {"baseline": two.get("baseline"), arm: two.get(f"{arm}+tree")} if f"{arm}+tree" in two else {}
+    if arm not in two or (split == "heldout" and two[arm].get("every_kept")) or not all(
+            f"{arm}+tree" in e for e in every):
         return []
     recall = "; ".join(f"every module of {n}: recall {e[arm + '+tree']['recall']:.0%} (baseline "
                        f"{e['baseline']['recall']:.0%}, {e[arm + '+tree']['n']} prompts) at "
                        f"{e[arm + '+tree']['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
-    return [f"- **Questions that span modules** ({_short(span['model'])}, held-out split, routed at its defaults): two "
+    return [f"- **Questions that span modules** ({_short(span['model'])}, {split} split, routed at its defaults): two "
             f"facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}) "
             f"at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
 

@@ -12,8 +12,9 @@ subject):
   recall = the share of the answers given. Phrasings (``ALL_PHRASINGS``): ``list``, ``natural``, ``value-first``.
 * **single** / **confusable** (bench/fidelity.py's sets): one fact asked; the routed arm must lose nothing there.
 
-The ``tune`` split (seed ``--seed``) is where a rule or threshold is chosen; the ``heldout`` split (another seed)
-is only reported. Arms (bench/fidelity.py's names): ``baseline``; ``prefixed`` (the modular arm); ``prefixed+route
+The ``tune`` split (seed ``--seed``) is where a rule or threshold is chosen; the ``heldout`` split (seed + 1) is
+only reported. The ``confirm`` split (seed + 2) runs only the baseline and the routed arm at the engine's defaults: an
+unbiased figure for a default that was settled after the held-out split had been read. Arms (bench/fidelity.py's names): ``baseline``; ``prefixed`` (the modular arm); ``prefixed+route
 0+share R`` (routed recomputing R % of its kept modules' tokens, those the question attends to most, plus each
 one's first 4 tokens: issue 47; R = 100 is the routed arm of issue 38, every kept token recomputed);
 ``+share 20+sinks 0`` (without the first tokens; tune split only); ``+joint off`` (routed reading every kept module as
@@ -22,6 +23,7 @@ reported, with a frontier plot (assets/spanning-frontier.png). TTFT is each answ
 ratio of the mean TTFTs (the issue's lines), per-prompt ratios are in the JSON.
 
     python bench/spanning.py --model qwen2.5-coder-0.5b          # both splits, every set (long on 2 cores)
+    python bench/spanning.py --model qwen2.5-coder-0.5b --splits confirm --confirm 12 4 4 0 0
     python bench/spanning.py --quick                             # 1 tiny prompt per set and phrasing, no file
 """
 
@@ -40,6 +42,7 @@ from bench.fidelity import Runner
 from bench.workloads import SYSTEM, wilson
 from engine.arms.baseline import run_baseline
 from engine.arms.registry import Sampling
+from engine.arms.routed import DEFAULT_SHARE
 from engine.model import WEIGHTS
 from engine.session import Engine
 
@@ -58,6 +61,10 @@ ARMS = {
     "single": ("prefixed", f"{ROUTED}+share 20", TODAY),
     "confusable": ("prefixed", f"{ROUTED}+share 20", TODAY),
 }
+# The engine's default routed arm (its share, the tree warmed as Engine.run warms it): all the confirm split runs.
+DEFAULT = f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}+tree"
+CONFIRM = ("baseline", DEFAULT)
+SEEDS = {"tune": 0, "heldout": 1, "confirm": 2}  # each split's seed over --seed
 FRONTIER = Path(__file__).resolve().parent.parent / "assets" / "spanning-frontier.png"
 NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
 
@@ -98,10 +105,15 @@ def texts(eng: Engine, case: dict, idx: int) -> tuple[str, str]:
     return doc_schema(f"span{idx}", case["docs"], system=SYSTEM, roles=has_roles(eng)), prompt
 
 
-def run_case(eng: Engine, case: dict, idx: int, heldout: bool) -> dict:
-    """Every arm of the case's set on one prompt: its text, found (or recall), TTFT and what routing kept."""
-    n = case["modules"]
-    arms = [a for a in ARMS[case["set"]] if not (heldout and a in TUNE_ONLY)]
+def split_arms(split: str, kind: str) -> tuple[str, ...]:
+    """The arms one split runs on one set."""
+    if split == "confirm":
+        return CONFIRM if kind in ("two", "all") else CONFIRM[1:]
+    return tuple(a for a in ARMS[kind] if not (split == "heldout" and a in TUNE_ONLY))
+
+
+def run_case(eng: Engine, case: dict, idx: int, arms: tuple[str, ...]) -> dict:
+    """The given arms on one prompt of the case's set: its text, found (or recall), TTFT and what routing kept."""
     sampling = Sampling(max_new_tokens=NEW_TOKENS[case["set"]])
     question = escape(case["question"])
     schema, prompt = texts(eng, case, idx)
@@ -166,7 +178,7 @@ def summarise(rows: list[dict]) -> dict:
             groups.setdefault(key, []).append(r)
     out = {}
     for key, rs in groups.items():
-        arms = [a for a in ARMS[rs[0]["set"]] if a in rs[0]]
+        arms = [a for a, v in rs[0].items() if isinstance(v, dict)]
         out[key] = {}
         for arm in arms:
             found = sum(r[arm]["found"] for r in rs)
@@ -261,11 +273,13 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
     ap.add_argument("--weights", default="gguf", choices=WEIGHTS, help="the studio's default: gguf")
     ap.add_argument("--seed", type=int, default=38, help="the tune split's seed; the held-out split's is seed + 1")
-    ap.add_argument("--splits", nargs="+", default=["tune", "heldout"], choices=("tune", "heldout"))
+    ap.add_argument("--splits", nargs="+", default=["tune", "heldout"], choices=tuple(SEEDS))
     ap.add_argument("--tune", type=int, nargs=5, default=[6, 4, 3, 8, 8], metavar=("TWO", "ALL4", "ALL8", "SINGLE",
                     "CONFUSABLE"), help="tune-split prompts per phrasing (two, all of 4, all of 8) and per set")
     ap.add_argument("--heldout", type=int, nargs=5, default=[12, 8, 6, 24, 24], metavar=("TWO", "ALL4", "ALL8",
                     "SINGLE", "CONFUSABLE"), help="held-out prompts per phrasing and per set")
+    ap.add_argument("--confirm", type=int, nargs=5, default=[12, 8, 6, 0, 0], metavar=("TWO", "ALL4", "ALL8",
+                    "SINGLE", "CONFUSABLE"), help="confirm-split prompts per phrasing and per set")
     ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running (its optional "
@@ -285,10 +299,9 @@ def main() -> None:
         chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
         for split in args.splits:
             counts = dict(zip(("two", "all4", "all8", "single", "confusable"), getattr(args, split)))
-            seed = args.seed + (split == "heldout")
             rows[split] = []
-            for i, case in enumerate(round_robin(cases(chunks, seed, counts))):
-                rows[split].append(run_case(eng, case, i, split == "heldout"))
+            for i, case in enumerate(round_robin(cases(chunks, args.seed + SEEDS[split], counts))):
+                rows[split].append(run_case(eng, case, i, split_arms(split, case["set"])))
                 r = rows[split][-1]
                 print(f"{split} {i} {r['set']}/{r['modules']}/{r['phrasing']}: " + ", ".join(
                     f"{a} {'+' if v['found'] else '-'}{v.get('recall', '')}" for a, v in r.items()
@@ -315,7 +328,8 @@ def main() -> None:
         plot_frontier(summary["heldout"], FRONTIER)
     emit(result_name("spanning-shares", eng.config.model), {  # issue 38's file (spanning-…) stays as it was
         "benchmark": "spanning-shares", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
-        "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "chunk_tokens": args.chunk_tokens, "seeds": {"tune": args.seed, "heldout": args.seed + 1},
+        "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "confirm_arms": CONFIRM,
+        "chunk_tokens": args.chunk_tokens, "seeds": {k: args.seed + v for k, v in SEEDS.items()},
         "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
                       "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "collected_by": collected_by,

@@ -12,6 +12,7 @@ import pytest
 from benchchecks import (RESULTS, check_compression, check_fidelity, check_fits, check_floor, check_ttft_row,
                          check_workload, shape_kv_bytes, wilson_roots)
 from conftest import ROOT
+from engine.arms.routed import DEFAULT_SHARE
 
 
 def test_committed_results_pass_the_same_checks():
@@ -38,7 +39,8 @@ def test_committed_results_pass_the_same_checks():
 
 def test_committed_spanning_results_hold_together():
     """bench/spanning.py's summaries recomputed from its rows: found with Wilson roots, recall means, TTFT over the
-    baseline's; and the held-out split ran none of the variants the tune split ruled out."""
+    baseline's; the held-out split ran none of the variants the tune split ruled out, the confirm split only the
+    engine's default."""
     paths = [p for p in sorted(RESULTS.glob("spanning-*.json")) if not p.stem.startswith("spanning-rows-")]
     if not paths:
         pytest.skip("no bench/spanning.py results committed")
@@ -67,6 +69,9 @@ def test_committed_spanning_results_hold_together():
                         assert s["mean_ttft_vs_baseline"] == pytest.approx(ratio, abs=1e-3)
             if split == "heldout":
                 assert not {a for r in rows for a in r} & set(d["tune_only"])
+            if split == "confirm":  # the baseline and the engine's default routed arm only
+                arms = {a for r in rows for a, v in r.items() if isinstance(v, dict)}
+                assert arms <= set(d["confirm_arms"]) and f"+share {round(DEFAULT_SHARE * 100)}+" in d["confirm_arms"][1]
 
 
 def test_fidelity_plot_labels_do_not_pile_up(monkeypatch, tmp_path):
