@@ -222,7 +222,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     info = _info(choice, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
         keep_run(prefix, key, plan, buf, choice.slots, [e for e, *_ in ranges], info,
-                 list(keep_entries) + used_keys(plan, encoded), positions=choice.positions)
+                 list(keep_entries) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits)
     return run, info
 
 
@@ -278,16 +278,18 @@ def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer,
                 detail=replace(choice, focus=focused, slots=slots))
 
 
-def _repeat(lm: LoadedModel, stored, pieces: list, sampling: Sampling, on_token: TokenFn | None,
+def _repeat(lm: LoadedModel, stored, pieces: list, whole: bool, sampling: Sampling, on_token: TokenFn | None,
             batch: DecodeBatch | None) -> tuple[RunResult, RoutedInfo]:
-    """An identical request again: its stored KV read back, its last token prefilled (as the prefix arm does)."""
+    """An identical request again: its stored KV read back; with ``whole`` (the last token's KV too) the stored
+    first logits are sampled and nothing is prefilled, else the last token is prefilled (as the prefix arm does)."""
     n = sum(b - a for _, a, b in pieces)
     token, position = stored.last
 
     def fill(buf: KVBuffer) -> Fill:
         for entry, a, b in pieces:
             entry.write_into(buf, a, b)
-        return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n)
+        return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n,
+                    logits=stored.logits if whole else None)
 
     run, _ = timed_run(lm, "routed", n + sampling.max_new_tokens + 2, fill, sampling, on_token, batch=batch)
     return run, replace(stored.detail, path="repeat", recomputed=0, scout_ms=0.0, moves=(), repeat_tokens=n)

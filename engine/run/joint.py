@@ -28,12 +28,14 @@ _POSITION_SHIFT = 24  # a code is token id + (position + 1) << 24: token ids sta
 
 @dataclass(frozen=True)
 class StoredRun:
-    """What an earlier routed run left in the prefix tree: the key its visible tokens' KV lies under, and its
-    detail (a repeat reports the same choice)."""
+    """What an earlier routed run left in the prefix tree: the key its visible tokens' KV lies under, its first
+    token's logits (a repeat whose whole KV is still held prefills nothing) and its detail (a repeat reports the
+    same choice)."""
 
     sequence: tuple[int, ...]  # MARK | hash, then each visible token's code, in prompt order
     last: tuple[int, int]  # (token id, position) of the prompt's last token
     detail: Any
+    logits: torch.Tensor | None = None  # [vocab] after the prompt's last token, on the CPU
 
 
 def module_ranks(plan: PromptPlan, modules: set[str]) -> dict[str, list[int]]:
@@ -98,23 +100,23 @@ def run_key(plan: PromptPlan, encoded: EncodedSchema, settings: tuple) -> int:
     return MARK | int.from_bytes(hashlib.blake2b(text, digest_size=5).digest(), "big")
 
 
-def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list] | None:
-    """The run stored under ``key`` and its KV slices (the marker's slot cut off), when all but its last token
-    are still in the tree."""
+def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list, bool] | None:
+    """The run stored under ``key``, its KV slices (the marker's slot cut off) and whether they reach its last
+    token, when at least all but that token are still in the tree."""
     run = None if prefix is None or key is None else prefix.recall(key)
     if run is None:
         return None
-    match = prefix.match(run.sequence, limit=len(run.sequence) - 1)
-    if match.reused != len(run.sequence) - 1:
+    match = prefix.match(run.sequence, limit=len(run.sequence) - (run.logits is None))
+    if match.reused < len(run.sequence) - 1:
         return None
     pieces = [(e, a + (i == 0), b) for i, (e, a, b) in enumerate(match.pieces)]
-    return run, [p for p in pieces if p[2] > p[1]]
+    return run, [p for p in pieces if p[2] > p[1]], match.reused == len(run.sequence)
 
 
 def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
-             detail, keep: list[str], positions=None) -> int:
-    """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``; tokens stored.
-    ``positions``: each rank's position id, when the run did not use the plan's."""
+             detail, keep: list[str], positions=None, logits: torch.Tensor | None = None) -> int:
+    """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``, with its first
+    token's ``logits``; tokens stored. ``positions``: each rank's position id, when the run did not use the plan's."""
     if any(isinstance(e, LayeredKV) for e in entries) or not slots:
         return 0
     order = sorted(range(len(slots)), key=slots.__getitem__)
@@ -124,7 +126,7 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slo
     kv = torch.cat([torch.zeros_like(kv[:, :, :, :1]), kv], 3)
     sequence = (key, *(ids[r] + ((positions[r] + 1) << _POSITION_SHIFT) for r in ranks))
     stored = prefix.insert(sequence, kv, keep)
-    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail))
+    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail, logits))
     return stored
 
 

@@ -40,6 +40,7 @@ class Fill:
     detail: Any = None  # what the arm chose inside TTFT (read back by timed_detail)
     retain: QuestionRetention | None = None  # thins the buffer after the first token
     key_positions: list[torch.Tensor] | None = None  # per layer, the buffer's key positions (sliding windows, ALiBi)
+    logits: torch.Tensor | None = None  # known logits after ``ids``, whose KV fill wrote: nothing is prefilled
 
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
@@ -66,7 +67,8 @@ def timed_detail(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuf
     run = RunResult(
         arm=arm, text=lm.tokenizer.decode(out.tokens, skip_special_tokens=True), token_ids=tuple(out.tokens),
         ttft_ms=(copy_s + out.prefill_s + out.sample_s) * 1000, copy_ms=copy_s * 1000 if work.copies else 0.0,
-        prefill_ms=out.prefill_s * 1000, sample_ms=out.sample_s * 1000, prefill_tokens=len(work.ids),
+        prefill_ms=out.prefill_s * 1000, sample_ms=out.sample_s * 1000,
+        prefill_tokens=0 if work.logits is not None else len(work.ids),
         decode_ms_per_token=out.decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(out.tokens),
         peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak, kv_buffer_bytes=buf.nbytes,
         first_logits=out.first_logits, reused_tokens=work.reused_tokens,
@@ -115,7 +117,7 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
     attach(cache, work.key_positions)
     with torch.inference_mode():
         t1 = time.perf_counter()
-        logits = prefill(lm, cache, work)
+        logits = prefill(lm, cache, work) if work.logits is None else work.logits.to(device)
         sync(device)
         t_fwd = time.perf_counter()
         tokens = [sample(logits, sampling, gen, arm, 0)]
