@@ -275,7 +275,7 @@ def main() -> None:
     configs = [c for c in CONFIGS if args.configs is None or label(c) in args.configs]
     chunk_tokens, modules_4k = 250, 16
     if args.quick:
-        args.modules, args.per_setting, chunk_tokens, modules_4k, args.reps_4k = [2], 2, 80, 4, 1
+        args.modules, args.per_setting, chunk_tokens, modules_4k, args.reps_4k = [2], 2, 40, 4, 1
         args.new_tokens = 6  # decoding is most of a smoke run's time; a few steps show every figure
         configs = QUICK
     eng = Engine(model=args.model, persist=False)

@@ -583,8 +583,8 @@ def main() -> None:
         return
     chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
-        args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 80
-        args.confusable, conf_modules, args.ttft_reps, samples, args.new_tokens = 2, 2, 1, ["travel"], 8
+        args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 40
+        args.confusable, conf_modules, args.ttft_reps, samples, args.new_tokens = 2, 2, 0, ["travel"], 8
         args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4", "prefixed+blend 25"), \
             ("prefixed", "prefixed+repair 4")
     # isolated is the TTFT reference of the other cached arms; a baseline-only run (needle accuracy per weight

@@ -260,7 +260,7 @@ def main() -> None:
         return
     chunk_tokens = 250
     if args.quick:
-        args.prompts, args.new_tokens, chunk_tokens = 6, 8, 60
+        args.prompts, args.new_tokens, chunk_tokens = 6, 8, 40
     config = config_from_args(args).with_(persist=False)
     eng = Engine(config)
     arms = list(config.arms)
