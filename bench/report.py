@@ -1332,9 +1332,13 @@ def _spanning_bullet(span: dict | None) -> list[str]:
     recall = "; ".join(f"every module of {n}: recall {e[arm + '+tree']['recall']:.0%} (baseline "
                        f"{e['baseline']['recall']:.0%}, {e[arm + '+tree']['n']} prompts) at "
                        f"{e[arm + '+tree']['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
-    return [f"- **Questions that span modules** ({_short(span['model'])}, {split} split, routed at its defaults): two "
-            f"facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}) "
-            f"at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
+    named = {"heldout": "held-out", "confirm": "confirm"}[split]
+    used = f"{arm}+tree" if split == "confirm" else arm
+    phrasings = ", ".join(f"{k.split('/')[2]} {v[used]['found']}/{v[used]['n']} ({v['baseline']['found']})"
+                          for k, v in held.items() if k.startswith("two/8/") and "every" not in k and used in v)
+    return [f"- **Questions that span modules** ({_short(span['model'])}, {named} split, routed at its defaults): two "
+            f"facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}; "
+            f"by phrasing {phrasings}) at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
 
 
 def _workload_bullet(work: dict | None) -> list[str]:
