@@ -32,9 +32,9 @@ $(STAMP):
 run: setup
 	$(BIN)/python app.py $(ARGS)
 
-# Three workers, one torch thread each: most of the suite waits on child processes, servers and chromium, so three
-# fill two cores, while two threads per worker would spin against each other.
-TEST_WORKERS ?= 3
+# Four workers, one torch thread each: much of the suite waits on child processes, servers and chromium, so four
+# keep two cores busy where three left them idle a third of the time; two threads per worker would spin.
+TEST_WORKERS ?= 4
 test: setup browser
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
