@@ -1323,22 +1323,20 @@ def _spanning_bullet(span: dict | None) -> list[str]:
     split = "confirm" if "confirm" in summary else "heldout"
     held = summary.get(split) or {}
     arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}"
+    used = f"{arm}+tree" if split == "confirm" else arm  # the confirm split runs the default with its tree everywhere
     two, every = held.get("two/8/every phrasing") or {}, [held.get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
-    if split == "confirm":  # the default with its tree on every set
-        two = {"baseline": two.get("baseline"), arm: two.get(f"{arm}+tree")} if f"{arm}+tree" in two else {}
-    if arm not in two or (split == "heldout" and two[arm].get("every_kept")) or not all(
+    if used not in two or (split == "heldout" and two[used].get("every_kept")) or not all(
             f"{arm}+tree" in e for e in every):
         return []
     recall = "; ".join(f"every module of {n}: recall {e[arm + '+tree']['recall']:.0%} (baseline "
                        f"{e['baseline']['recall']:.0%}, {e[arm + '+tree']['n']} prompts) at "
                        f"{e[arm + '+tree']['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
     named = {"heldout": "held-out", "confirm": "confirm"}[split]
-    used = f"{arm}+tree" if split == "confirm" else arm
     phrasings = ", ".join(f"{k.split('/')[2]} {v[used]['found']}/{v[used]['n']} ({v['baseline']['found']})"
                           for k, v in held.items() if k.startswith("two/8/") and "every" not in k and used in v)
     return [f"- **Questions that span modules** ({_short(span['model'])}, {named} split, routed at its defaults): two "
-            f"facts {two[arm]['found']}/{two[arm]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}; "
-            f"by phrasing {phrasings}) at {two[arm]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
+            f"facts {two[used]['found']}/{two[used]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}; "
+            f"by phrasing {phrasings}) at {two[used]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
 
 
 def _workload_bullet(work: dict | None) -> list[str]:

@@ -23,7 +23,7 @@ reported, with a frontier plot (assets/spanning-frontier.png). TTFT is each answ
 ratio of the mean TTFTs (the issue's lines), per-prompt ratios are in the JSON.
 
     python bench/spanning.py --model qwen2.5-coder-0.5b          # both splits, every set (long on 2 cores)
-    python bench/spanning.py --model qwen2.5-coder-0.5b --splits confirm --confirm 12 4 4 0 0
+    python bench/spanning.py --model qwen2.5-coder-0.5b --splits confirm  # the default only, on a third split
     python bench/spanning.py --quick                             # 1 tiny prompt per set and phrasing, no file
 """
 
