@@ -177,16 +177,17 @@ def summarise(rows: list[dict]) -> dict:
         for key in (f"{r['set']}/{r['modules']}/{r['phrasing']}", f"{r['set']}/{r['modules']}/every phrasing"):
             groups.setdefault(key, []).append(r)
     out = {}
-    for key, rs in groups.items():
-        arms = [a for a, v in rs[0].items() if isinstance(v, dict)]
+    for key, every in groups.items():
+        arms = dict.fromkeys(a for r in every for a, v in r.items() if isinstance(v, dict))
         out[key] = {}
-        for arm in arms:
+        for arm in arms:  # a split extended with fewer arms (--arms): each arm over the rows that ran it
+            rs = [r for r in every if arm in r]
             found = sum(r[arm]["found"] for r in rs)
             ttft = [r[arm]["ttft_ms"] for r in rs]
             s = {"found": found, "n": len(rs), "accuracy": round(found / len(rs), 4), "ci95": wilson(found, len(rs)),
                  "ttft_ms": spread3(ttft)}
             for ref in ("baseline", "prefixed"):
-                if ref in rs[0]:  # per prompt, and of the means (the issue's TTFT lines)
+                if all(ref in r for r in rs):  # per prompt, and of the means (the issue's TTFT lines)
                     s[f"ttft_vs_{ref}"] = spread3([r[arm]["ttft_ms"] / r[ref]["ttft_ms"] for r in rs], 3)
                     s[f"mean_ttft_vs_{ref}"] = round(statistics.mean(ttft) / statistics.mean(
                         r[ref]["ttft_ms"] for r in rs), 3)
@@ -205,15 +206,17 @@ def summarise(rows: list[dict]) -> dict:
 
 def choose_setting(tune: dict) -> str | None:
     """The cheapest setting (mean TTFT over the baseline's, summed over the spanning sets) that keeps two-fact
-    accuracy within 5 points of the baseline's and every-module recall within 10, on the tune split; None if none.
-    A tree setting on a set where its share never kept every module is that share's run (the same computation)."""
-    keys = [k for k in tune if "every phrasing" in k and k.startswith(("two", "all"))]
+    accuracy within 5 points of the baseline's in each phrasing and every-module recall within 10, on the tune
+    split; None if none. A tree setting on a set where its share never kept every module is that share's run (the
+    same computation)."""
+    costs = [k for k in tune if "every phrasing" in k and k.startswith(("two", "all"))]
+    keys = costs + [k for k in tune if k.startswith("two") and "every phrasing" not in k]
     ok = []
     for arm in SETTINGS + TREE:
         stats = {k: tune[k].get(arm) or _untouched(tune[k].get(arm.removesuffix("+tree"))) for k in keys}
         if not all(stats.values()):
             continue
-        cost = sum(v["mean_ttft_vs_baseline"] for v in stats.values())
+        cost = sum(stats[k]["mean_ttft_vs_baseline"] for k in costs)
         keeps = all(stats[k]["accuracy"] >= tune[k]["baseline"]["accuracy"] - 0.05 if k.startswith("two")
                     else stats[k]["recall"] >= tune[k]["baseline"]["recall"] - 0.10 for k in keys)
         if keeps:
@@ -287,6 +290,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=0, metavar="N", help="also send N held-out prompts (two facts "
                     "and every module of 8, by turns) 3 times each with the prefix and default routed arms: "
                     "the identical-repeat line")
+    ap.add_argument("--arms", nargs="+", help="run only these arms on every set (a split extended for the settings "
+                    "still in question); summaries take each arm over the rows that ran it")
+    ap.add_argument("--skip-rounds", type=int, default=0, metavar="K", help="leave out each block's first K prompts "
+                    "(they were run before): with --tune 12 ... --skip-rounds 3, prompts 4 to 12 of each block")
     ap.add_argument("--quick", action="store_true", help="1 prompt per set and phrasing, tune split only, no file")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -300,8 +307,10 @@ def main() -> None:
         for split in args.splits:
             counts = dict(zip(("two", "all4", "all8", "single", "confusable"), getattr(args, split)))
             rows[split] = []
-            for i, case in enumerate(round_robin(cases(chunks, args.seed + SEEDS[split], counts))):
-                rows[split].append(run_case(eng, case, i, split_arms(split, case["set"])))
+            every = round_robin(cases(chunks, args.seed + SEEDS[split], counts))
+            skip = args.skip_rounds * len({(c["set"], c["modules"], c["phrasing"]) for c in every})
+            for i, case in enumerate(every[skip:], skip):
+                rows[split].append(run_case(eng, case, i, tuple(args.arms or split_arms(split, case["set"]))))
                 r = rows[split][-1]
                 print(f"{split} {i} {r['set']}/{r['modules']}/{r['phrasing']}: " + ", ".join(
                     f"{a} {'+' if v['found'] else '-'}{v.get('recall', '')}" for a, v in r.items()
