@@ -64,7 +64,8 @@ ARMS = {
 # The engine's default routed arm (its share, the tree warmed as Engine.run warms it): all the confirm split runs.
 DEFAULT = f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}+tree"
 CONFIRM = ("baseline", DEFAULT)
-SEEDS = {"tune": 0, "heldout": 1, "confirm": 2}  # each split's seed over --seed
+# each split's seed over --seed; confirm2 measures a default changed after confirm had been read
+SEEDS = {"tune": 0, "heldout": 1, "confirm": 2, "confirm2": 3}
 FRONTIER = Path(__file__).resolve().parent.parent / "assets" / "spanning-frontier.png"
 NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
 
@@ -107,9 +108,14 @@ def texts(eng: Engine, case: dict, idx: int) -> tuple[str, str]:
 
 def split_arms(split: str, kind: str) -> tuple[str, ...]:
     """The arms one split runs on one set."""
-    if split == "confirm":
+    if split.startswith("confirm"):
         return CONFIRM if kind in ("two", "all") else CONFIRM[1:]
     return tuple(a for a in ARMS[kind] if not (split == "heldout" and a in TUNE_ONLY))
+
+
+def arms_run(rows: list[dict] | None) -> list[str]:
+    """The arms a split's rows ran, in the order first run."""
+    return list(dict.fromkeys(a for r in rows or () for a, v in r.items() if isinstance(v, dict)))
 
 
 def run_case(eng: Engine, case: dict, idx: int, arms: tuple[str, ...]) -> dict:
@@ -207,15 +213,15 @@ def summarise(rows: list[dict]) -> dict:
 def choose_setting(tune: dict) -> str | None:
     """The cheapest setting (mean TTFT over the baseline's, summed over the spanning sets) that keeps two-fact
     accuracy within 5 points of the baseline's in each phrasing and every-module recall within 10, on the tune
-    split; None if none. A tree setting on a set where its share never kept every module is that share's run (the
-    same computation)."""
+    split (settings that ran on every tune prompt); None if none. A tree setting on a set where its share never
+    kept every module is that share's run (the same computation)."""
     costs = [k for k in tune if "every phrasing" in k and k.startswith(("two", "all"))]
     keys = costs + [k for k in tune if k.startswith("two") and "every phrasing" not in k]
     ok = []
     for arm in SETTINGS + TREE:
         stats = {k: tune[k].get(arm) or _untouched(tune[k].get(arm.removesuffix("+tree"))) for k in keys}
-        if not all(stats.values()):
-            continue
+        if not all(v and v["n"] == tune[k]["baseline"]["n"] for k, v in stats.items()):
+            continue  # a candidate ran on every tune prompt: its accuracy and the baseline's are on the same ones
         cost = sum(stats[k]["mean_ttft_vs_baseline"] for k in costs)
         keeps = all(stats[k]["accuracy"] >= tune[k]["baseline"]["accuracy"] - 0.05 if k.startswith("two")
                     else stats[k]["recall"] >= tune[k]["baseline"]["recall"] - 0.10 for k in keys)
@@ -283,6 +289,8 @@ def main() -> None:
                     "SINGLE", "CONFUSABLE"), help="held-out prompts per phrasing and per set")
     ap.add_argument("--confirm", type=int, nargs=5, default=[12, 8, 6, 0, 0], metavar=("TWO", "ALL4", "ALL8",
                     "SINGLE", "CONFUSABLE"), help="confirm-split prompts per phrasing and per set")
+    ap.add_argument("--confirm2", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
+                    "SINGLE", "CONFUSABLE"), help="second confirm split: prompts per phrasing and per set")
     ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running (its optional "
@@ -337,7 +345,8 @@ def main() -> None:
         plot_frontier(summary["heldout"], FRONTIER)
     emit(result_name("spanning-shares", eng.config.model), {  # issue 38's file (spanning-…) stays as it was
         "benchmark": "spanning-shares", "model": eng.config.model, "weights": eng.config.weights, "greedy": True,
-        "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "confirm_arms": CONFIRM,
+        "new_tokens": NEW_TOKENS, "arms": ARMS, "tune_only": TUNE_ONLY, "confirm_arms": arms_run(rows.get("confirm"))
+        or CONFIRM, "arms_run": {k: arms_run(v) for k, v in rows.items() if k != "repeats"},
         "chunk_tokens": args.chunk_tokens, "seeds": {k: args.seed + v for k, v in SEEDS.items()},
         "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
                       "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
