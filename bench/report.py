@@ -289,6 +289,13 @@ def routed_section(f: dict, routing: dict | None, greetings: dict | None, furthe
     return out
 
 
+def _chosen(f: dict) -> str:
+    rejected = ", ".join(f"`{a}`" for a in f.get("rejected_by_confirm", []))
+    if f["chosen_on_tune"]:
+        return f"`{f['chosen_on_tune']}`" + (f" (rejected by the confirm splits: {rejected})" if rejected else "")
+    return f"none left: the confirm splits rejected {rejected}, every setting the tune split keeps"
+
+
 def spanning_section(f: dict, title: str = "Questions that span modules") -> list[str]:
     """Questions that span modules (issue 38): per split, set and phrasing, each arm's found (two facts) or recall
     (every module) and its mean TTFT over the baseline's."""
@@ -303,13 +310,25 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
         out += [f"`+share R`: the routed arm recomputing R % of its kept modules' tokens (those the question attends to "
                 "most, half of them spread over every kept module) plus each module's first 4 (`+sinks 0`: without "
                 "them); `+share 100` is the routed arm before issue 47 (every kept token recomputed). Chosen on the tune "
-                f"split (the cheapest share keeping two facts within 5 points and recall within 10 of the baseline's): "
-                f"`{f['chosen_on_tune']}`. Held-out frontier, one point per setting:", "",
+                "split (the cheapest share keeping two facts within 5 points of the baseline's in each phrasing and "
+                "recall within 10, among the settings run on every tune prompt and not rejected by a confirm split): "
+                f"{_chosen(f)}. Held-out frontier, one point per setting:", "",
                 "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
     if "confirm" in f["summary"]:  # a third split, for a default settled after held-out was read
         out += [f"**confirm** (seed {f['seeds']['confirm']}): only the baseline and `{f['confirm_arms'][1]}`, the routed "
-                "arm at the engine's defaults. Its share was kept after the held-out split had been read, so held-out "
-                "no longer measures it without bias; this split was drawn and run once, after that choice.", ""]
+                "arm at the engine's defaults of the time. Its share was kept after the held-out split had been read, "
+                "so held-out no longer measures it without bias; this split was drawn and run once, after that "
+                "choice.", ""]
+    if "confirm2" in f["summary"]:
+        out += [f"**confirm2** (seed {f['seeds']['confirm2']}): the same two arms on two-fact prompts only, drawn after "
+                "confirm had been read and after the tune split, extended to 12 prompts per phrasing, had chosen the "
+                "same share again. The two-fact line is judged on both confirm splits together (`confirm+confirm2`), as "
+                "was decided before confirm2 ran.", ""]
+    if "confirm3" in f["summary"]:
+        out += [f"**confirm3** (seed {f['seeds']['confirm3']}): the baseline and `{f['arms_run']['confirm3'][1]}`, on "
+                "two-fact prompts only. After confirm and confirm2 had rejected share 20, the default moved to the "
+                "next-cheapest setting the tune split keeps in every phrasing and set, as was decided before confirm2 "
+                "had finished; this split, drawn after that, is where it is judged.", ""]
     rep = f["summary"].get("repeats")
     if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
         out += [f"**Identical repeats** ({rep['sends']} sends after the first, held-out two-fact and every-module "
@@ -1315,28 +1334,47 @@ def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
 
 
 def _spanning_bullet(span: dict | None) -> list[str]:
-    """Questions that span modules on the held-out split: the routed arm at its defaults against the baseline (a
-    tree setting on two facts is its share's run: the tree path needs every module kept, see spanning.py)."""
+    """Questions that span modules: the routed arm at its defaults against the baseline, two facts on the confirm
+    rows that ran it (pooled over the splits that did), else held-out; every module on the newest confirm rows that
+    hold them, their arm named where it is not the default's (a tree setting on two facts is its share's run: the
+    tree path needs every module kept, see spanning.py)."""
     from engine.arms.routed import DEFAULT_SHARE
 
     summary = (span or {}).get("summary", {})
-    split = "confirm" if "confirm" in summary else "heldout"
-    held = summary.get(split) or {}
     arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}"
-    used = f"{arm}+tree" if split == "confirm" else arm  # the confirm split runs the default with its tree everywhere
-    two, every = held.get("two/8/every phrasing") or {}, [held.get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
-    if used not in two or (split == "heldout" and two[used].get("every_kept")) or not all(
-            f"{arm}+tree" in e for e in every):
+    confirms = [k for k in summary if k.startswith("confirm")]
+    ran = [k for k in confirms if f"{arm}+tree" in summary[k].get("two/8/every phrasing", {})]
+    split = max(ran, key=len) if ran else "heldout"
+    used = arm if split == "heldout" else f"{arm}+tree"  # the confirm splits run the default with its tree everywhere
+    two = (summary.get(split) or {}).get("two/8/every phrasing") or {}
+    if used not in two or (split == "heldout" and two[used].get("every_kept")):
         return []
-    recall = "; ".join(f"every module of {n}: recall {e[arm + '+tree']['recall']:.0%} (baseline "
-                       f"{e['baseline']['recall']:.0%}, {e[arm + '+tree']['n']} prompts) at "
-                       f"{e[arm + '+tree']['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
-    named = {"heldout": "held-out", "confirm": "confirm"}[split]
+    alls = [k for k in confirms if "+" not in k and "all/4/every phrasing" in summary[k]] or ["heldout"]
+    every_split = next((k for k in alls if k in ran), alls[-1])
+    every = [summary.get(every_split, {}).get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
+    their = next((a for a in every[0] if a.startswith(arm.split("+share")[0]) and a.endswith("+tree")), None)
+    if their is None or not all(their in e for e in every):
+        return []
+    recall = "; ".join(f"every module of {n}: recall {e[their]['recall']:.0%} (baseline "
+                       f"{e['baseline']['recall']:.0%}, {e[their]['n']} prompts) at "
+                       f"{e[their]['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
+    if their != f"{arm}+tree":
+        paths = sorted({p for e in every for p in e[their].get("paths", {})})
+        recall += (f" ({_split_name(every_split)}, `{their.replace('prefixed+route 0', 'routed')}`: its prompts took "
+                   f"the {' and '.join(paths)} paths, which do not read the share)")
     phrasings = ", ".join(f"{k.split('/')[2]} {v[used]['found']}/{v[used]['n']} ({v['baseline']['found']})"
-                          for k, v in held.items() if k.startswith("two/8/") and "every" not in k and used in v)
-    return [f"- **Questions that span modules** ({_short(span['model'])}, {named} split, routed at its defaults): two "
-            f"facts {two[used]['found']}/{two[used]['n']} (baseline {two['baseline']['found']}/{two['baseline']['n']}; "
-            f"by phrasing {phrasings}) at {two[used]['mean_ttft_vs_baseline']:.2f}× the baseline's mean TTFT; {recall}."]
+                          for k, v in summary[split].items() if k.startswith("two/8/") and "every" not in k
+                          and used in v)
+    return [f"- **Questions that span modules** ({_short(span['model'])}, {_split_name(split)}, routed at its "
+            f"defaults): two facts {two[used]['found']}/{two[used]['n']} (baseline {two['baseline']['found']}/"
+            f"{two['baseline']['n']}; by phrasing {phrasings}) at {two[used]['mean_ttft_vs_baseline']:.2f}× the "
+            f"baseline's mean TTFT; {recall}."]
+
+
+def _split_name(split: str) -> str:
+    """'heldout' -> 'held-out split', 'confirm+confirm2' -> 'confirm and confirm2 splits'."""
+    parts = ["held-out" if p == "heldout" else p for p in split.split("+")]
+    return f"{' and '.join(parts)} split{'s' if len(parts) > 1 else ''}"
 
 
 def _workload_bullet(work: dict | None) -> list[str]:

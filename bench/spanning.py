@@ -14,9 +14,11 @@ subject):
 
 The ``tune`` split (seed ``--seed``) is where a rule or threshold is chosen; the ``heldout`` split (seed + 1) is
 only reported. The ``confirm`` split (seed + 2) runs only the baseline and the routed arm at the engine's defaults: an
-unbiased figure for a default that was settled after the held-out split had been read. Arms (bench/fidelity.py's names): ``baseline``; ``prefixed`` (the modular arm); ``prefixed+route
-0+share R`` (routed recomputing R % of its kept modules' tokens, those the question attends to most, plus each
-one's first 4 tokens: issue 47; R = 100 is the routed arm of issue 38, every kept token recomputed);
+unbiased figure for a default that was settled after the held-out split had been read; ``confirm2`` (seed + 3, two
+facts) the same arms again, judged together with it. Arms (bench/fidelity.py's names): ``baseline``; ``prefixed``
+(the modular arm); ``prefixed+route 0+share R`` (routed recomputing R % of its kept modules' tokens, those the
+question attends to most, plus each one's first 4 tokens: issue 47; R = 100 is the routed arm of issue 38, every kept
+token recomputed);
 ``+share 20+sinks 0`` (without the first tokens; tune split only); ``+joint off`` (routed reading every kept module as
 stored). ``choose_setting`` picks the cheapest share that keeps the answers on the tune split; the held-out split is
 reported, with a frontier plot (assets/spanning-frontier.png). TTFT is each answer's own run; ``× baseline`` is the
@@ -52,7 +54,7 @@ SETTINGS = tuple(f"{ROUTED}+share {r}" for r in SHARES)
 TODAY = f"{ROUTED}+share 100"  # the routed arm before issue 47
 # The same shares with the prefix tree warmed in schema order: every module kept reads the full prefill's KV there.
 # The tree path needs every module kept, which no two-fact prompt asks for (summaries count it: every_kept).
-TREE = tuple(f"{a}+tree" for a in SETTINGS[:2])
+TREE = tuple(f"{a}+tree" for a in SETTINGS[:3])
 # The held-out split runs the arms the tune split chose between, less the variants it ruled out.
 TUNE_ONLY = (f"{ROUTED}+share 20+sinks 0",)
 ARMS = {
@@ -64,8 +66,8 @@ ARMS = {
 # The engine's default routed arm (its share, the tree warmed as Engine.run warms it): all the confirm split runs.
 DEFAULT = f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}+tree"
 CONFIRM = ("baseline", DEFAULT)
-# each split's seed over --seed; confirm2 measures a default changed after confirm had been read
-SEEDS = {"tune": 0, "heldout": 1, "confirm": 2, "confirm2": 3}
+# each split's seed over --seed; confirm2 measures confirm's default again, confirm3 the one that follows it
+SEEDS = {"tune": 0, "heldout": 1, "confirm": 2, "confirm2": 3, "confirm3": 4}
 FRONTIER = Path(__file__).resolve().parent.parent / "assets" / "spanning-frontier.png"
 NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
 
@@ -210,24 +212,52 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
-def choose_setting(tune: dict) -> str | None:
+def choose_setting(tune: dict, rejected: set[str] = frozenset()) -> str | None:
     """The cheapest setting (mean TTFT over the baseline's, summed over the spanning sets) that keeps two-fact
     accuracy within 5 points of the baseline's in each phrasing and every-module recall within 10, on the tune
-    split (settings that ran on every tune prompt); None if none. A tree setting on a set where its share never
-    kept every module is that share's run (the same computation)."""
-    costs = [k for k in tune if "every phrasing" in k and k.startswith(("two", "all"))]
-    keys = costs + [k for k in tune if k.startswith("two") and "every phrasing" not in k]
+    split (settings that ran on every tune prompt), less the shares a confirm split ``rejected``; None if none. A
+    tree setting on a set where its share never kept every module is that share's run (the same computation)."""
+    costs = [k for k in tune if "every phrasing" in k and k.startswith(("two", "all")) and "baseline" in tune[k]]
+    keys = costs + [k for k in tune if k.startswith("two") and "every phrasing" not in k and "baseline" in tune[k]]
+    if not costs:  # a run of settings alone (--arms): nothing to weigh them against
+        return None
     ok = []
     for arm in SETTINGS + TREE:
         stats = {k: tune[k].get(arm) or _untouched(tune[k].get(arm.removesuffix("+tree"))) for k in keys}
-        if not all(v and v["n"] == tune[k]["baseline"]["n"] for k, v in stats.items()):
+        if arm.removesuffix("+tree") in rejected or not all(
+                v and v["n"] == tune[k]["baseline"]["n"] for k, v in stats.items()):
             continue  # a candidate ran on every tune prompt: its accuracy and the baseline's are on the same ones
-        cost = sum(stats[k]["mean_ttft_vs_baseline"] for k in costs)
-        keeps = all(stats[k]["accuracy"] >= tune[k]["baseline"]["accuracy"] - 0.05 if k.startswith("two")
-                    else stats[k]["recall"] >= tune[k]["baseline"]["recall"] - 0.10 for k in keys)
-        if keeps:
-            ok.append((cost, arm))
+        if keeps(stats, {k: tune[k]["baseline"] for k in keys}):
+            ok.append((sum(stats[k]["mean_ttft_vs_baseline"] for k in costs), arm))
     return min(ok)[1] if ok else None
+
+
+def keeps(stats: dict, baseline: dict) -> bool:
+    """The issue's lines, per summary key: two facts within 5 points of the baseline, every-module recall within 10."""
+    return all(s["accuracy"] >= baseline[k]["accuracy"] - 0.05 if k.startswith("two")
+               else s["recall"] >= baseline[k]["recall"] - 0.10 for k, s in stats.items())
+
+
+def confirm_pools(rows: dict) -> dict[str, list[dict]]:
+    """{"confirm+confirm2": their rows, ...}: the confirm splits that ran the same routed arm, together (where its
+    lines are judged, as said before the second one ran)."""
+    by_arm: dict[str, list[str]] = {}
+    for split in sorted(s for s in rows if s.startswith("confirm")):
+        by_arm.setdefault(arms_run(rows[split])[-1], []).append(split)
+    return {"+".join(ss): [r for s in ss for r in rows[s]] for ss in by_arm.values() if len(ss) > 1}
+
+
+def rejected_shares(summary: dict) -> set[str]:
+    """The routed settings (less ``+tree``) that the confirm rows which ran them, pooled, measured outside the lines."""
+    judged = {}
+    for name, groups in summary.items():
+        if name.startswith("confirm") and groups:
+            arm = [a for a in next(iter(groups.values())) if a != "baseline"][0]
+            if len(name) > len(judged.get(arm, "")):  # the pool over the single splits
+                judged[arm] = name
+    lines = lambda name: [k for k in summary[name] if k.startswith("two") or k.endswith("every phrasing")]  # noqa: E731
+    return {arm.removesuffix("+tree") for arm, name in judged.items() if not keeps(
+        {k: summary[name][k][arm] for k in lines(name)}, {k: summary[name][k]["baseline"] for k in lines(name)})}
 
 
 def _untouched(s: dict | None) -> dict | None:
@@ -291,6 +321,8 @@ def main() -> None:
                     "SINGLE", "CONFUSABLE"), help="confirm-split prompts per phrasing and per set")
     ap.add_argument("--confirm2", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
                     "SINGLE", "CONFUSABLE"), help="second confirm split: prompts per phrasing and per set")
+    ap.add_argument("--confirm3", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
+                    "SINGLE", "CONFUSABLE"), help="third confirm split (a default changed after confirm2 was read)")
     ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running (its optional "
@@ -333,13 +365,15 @@ def main() -> None:
                 args.rows_out.write_text(json.dumps(rows))
     repeats = rows.pop("repeats", None)
     summary = {split: summarise(rs) for split, rs in rows.items()}
+    summary.update({name: summarise(rs) for name, rs in confirm_pools(rows).items()})
     for split, s in summary.items():
         print_split(split, s)
     if repeats:
         summary["repeats"] = summarise_repeats(repeats)
         print("\nrepeats (every send after the first):", json.dumps(summary["repeats"]))
         rows["repeats"] = repeats
-    chosen = choose_setting(summary["tune"]) if "tune" in summary else None
+    rejected = rejected_shares(summary)
+    chosen = choose_setting(summary["tune"], rejected) if "tune" in summary else None
     print(f"\nchosen on the tune split: {chosen}")
     if summary.get("heldout") and not args.quick:
         plot_frontier(summary["heldout"], FRONTIER)
@@ -351,7 +385,7 @@ def main() -> None:
         "phrasings": {"two": {k: v(needles.FACTS[0], "A", "B") for k, v in needles.TWO_PHRASINGS.items()},
                       "all": {k: v(needles.FACTS[0]) for k, v in needles.ALL_PHRASINGS.items()}},
         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "collected_by": collected_by,
-        "chosen_on_tune": chosen, "summary": summary, "rows": rows},
+        "chosen_on_tune": chosen, "rejected_by_confirm": sorted(rejected), "summary": summary, "rows": rows},
         write=not args.quick)
 
 

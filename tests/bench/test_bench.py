@@ -54,28 +54,35 @@ def test_committed_spanning_results_hold_together():
                 assert summary["sends"] == len(later) and summary["routed_not_slower"] == sum(x <= 1 for x in ratio)
                 assert summary["routed_vs_prefix"]["median"] == pytest.approx(statistics.median(ratio), abs=1e-3)
                 continue
-            for key, arms in d["summary"][split].items():
-                kind, modules, phrasing = key.split("/")
-                rs = [r for r in rows if r["set"] == kind and str(r["modules"]) == modules
-                      and phrasing in ("every phrasing", r["phrasing"])]
-                for arm, s in arms.items():
-                    ran = [r for r in rs if arm in r]  # a split extended with fewer arms (--arms)
-                    found = sum(r[arm]["found"] for r in ran)
-                    assert (s["found"], s["n"]) == (found, len(ran)), (path.name, key, arm)
-                    assert s["ci95"] == pytest.approx(wilson_roots(found, len(ran)), abs=1e-4)
-                    if "recall" in s:
-                        assert s["recall"] == pytest.approx(statistics.mean(r[arm]["recall"] for r in ran), abs=1e-4)
-                    if "mean_ttft_vs_baseline" in s:
-                        ratio = sum(r[arm]["ttft_ms"] for r in ran) / sum(r["baseline"]["ttft_ms"] for r in ran)
-                        assert s["mean_ttft_vs_baseline"] == pytest.approx(ratio, abs=1e-3)
+            check_split_summary(d["summary"][split], rows, path.name)
             if split == "heldout":
                 assert not {a for r in rows for a in r} & set(d["tune_only"])
             if split.startswith("confirm"):  # the baseline and the engine's default routed arm (then) only
                 arms = [a for a, v in rows[0].items() if isinstance(v, dict)]
                 assert arms[0] == "baseline" and len(arms) == 2 and all(list(r)[-2:] == arms for r in rows)
         last = max((s for s in d["rows"] if s.startswith("confirm")), default=None)
+        for pool in (k for k in d["summary"] if "+" in k):  # confirm splits of one arm together, where it is judged
+            check_split_summary(d["summary"][pool], [r for s in pool.split("+") for r in d["rows"][s]], path.name)
         if last:  # the newest confirm split measured the engine's default as it is now
             assert f"+share {round(DEFAULT_SHARE * 100)}+" in d["arms_run"][last][1]
+
+
+def check_split_summary(summary: dict, rows: list[dict], name: str) -> None:
+    """One split's summary against its rows: found and its Wilson roots, recall, mean TTFT over the baseline's."""
+    for key, arms in summary.items():
+        kind, modules, phrasing = key.split("/")
+        rs = [r for r in rows if r["set"] == kind and str(r["modules"]) == modules
+              and phrasing in ("every phrasing", r["phrasing"])]
+        for arm, s in arms.items():
+            ran = [r for r in rs if arm in r]  # a split extended with fewer arms (--arms)
+            found = sum(r[arm]["found"] for r in ran)
+            assert (s["found"], s["n"]) == (found, len(ran)), (name, key, arm)
+            assert s["ci95"] == pytest.approx(wilson_roots(found, len(ran)), abs=1e-4)
+            if "recall" in s:
+                assert s["recall"] == pytest.approx(statistics.mean(r[arm]["recall"] for r in ran), abs=1e-4)
+            if "mean_ttft_vs_baseline" in s:
+                ratio = sum(r[arm]["ttft_ms"] for r in ran) / sum(r["baseline"]["ttft_ms"] for r in ran)
+                assert s["mean_ttft_vs_baseline"] == pytest.approx(ratio, abs=1e-3)
 
 
 def test_fidelity_plot_labels_do_not_pile_up(monkeypatch, tmp_path):
