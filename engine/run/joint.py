@@ -22,6 +22,9 @@ from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
 PER_MODULE = 0.5  # of the recompute budget, the part spread over the kept modules by size (an every-module question)
+# A partial recompute takes at most this share of all the prompt's module tokens: a question that keeps (nearly) every
+# module recomputes what share 0.2 did (the tune split's figure there), and the API still counts >= 70 % cached.
+PROMPT_CAP = 0.2
 MARK = 1 << 50  # a run's tree key starts with MARK | its hash: never a token id, never a (token, position) code
 _POSITION_SHIFT = 24  # a code is token id + (position + 1) << 24: token ids stay under 2 ** 24
 
@@ -60,8 +63,8 @@ def owner_top(plan: PromptPlan, s) -> str | None:
 def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str, ...], share: float,
                   sinks: int) -> tuple[int, ...] | None:
     """Ranks to recompute: each kept module's first ``sinks`` tokens, then the ``share`` of their tokens the question
-    attends to most (``by_key``: per cached slot, in prompt order), PER_MODULE of it in every module by its size;
-    None when the scout read no score per token (compressed entries)."""
+    attends to most (``by_key``: per cached slot, in prompt order), PER_MODULE of it in every module by its size, and
+    under 1 at most PROMPT_CAP of all module tokens; None when the scout read no score per token (compressed entries)."""
     cached = [r for r, s in _ranked(plan) if s.kind == CACHED]
     if by_key is None or by_key.shape[0] != len(cached):
         return None
@@ -69,10 +72,13 @@ def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str
     best = lambda rs: sorted(rs, key=lambda r: (-score[r], r))  # noqa: E731
     per = module_ranks(plan, set(kept))
     picked = {r for rs in per.values() for r in rs[:sinks]}
-    budget = round(share * sum(len(rs) for rs in per.values()))
+    total = sum(len(rs) for rs in per.values())
+    modules = sum(owner_top(plan, s) is not None for _, s in _ranked(plan))
+    rate = share if share >= 1 or not total else min(share, PROMPT_CAP * modules / total)  # 1: the full recompute
+    budget = round(rate * total)
     chosen: set[int] = set()
     for rs in per.values():
-        chosen.update(best([r for r in rs if r not in picked])[: round(share * PER_MODULE * len(rs))])
+        chosen.update(best([r for r in rs if r not in picked])[: round(rate * PER_MODULE * len(rs))])
     rest = best([r for rs in per.values() for r in rs if r not in picked and r not in chosen])
     chosen.update(rest[: max(0, budget - len(chosen))])
     return tuple(sorted(picked | chosen))

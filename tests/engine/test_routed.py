@@ -422,10 +422,12 @@ def test_a_recompute_of_everything_is_the_full_prefill_and_of_nothing_the_modula
     assert torch.equal(none.first_logits, cached.first_logits) and none.token_ids == cached.token_ids
 
 
-def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest():
-    """Hand-made scores over a plan of two modules of 10 tokens: the rule, computed by hand."""
+def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest(monkeypatch):
+    """Hand-made scores over a plan of two modules of 10 tokens: the rule, computed by hand, with and without the cap
+    on the share of all module tokens."""
     from types import SimpleNamespace
 
+    from engine.run import joint
     from engine.run.joint import select_tokens
 
     plan = SimpleNamespace(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"),
@@ -441,12 +443,12 @@ def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest():
     score = torch.zeros(22)
     score[2:12] = torch.arange(10, dtype=torch.float32)  # module a: later tokens score higher
     score[12:22] = torch.arange(10, dtype=torch.float32) / 100  # module b: far weaker
-    # share 0.4 of 20 tokens = 8: each module's half-share quota (2 each, by score), then the 4 strongest left
-    got = select_tokens(plan, score, ("a", "b"), 0.4, 1)
     sinks = {2, 12}
-    quota = {10, 11, 20, 21}
-    rest = {9, 8, 7, 6}
-    assert set(got) == sinks | quota | rest
+    # both modules kept, so the cap (0.2 of the 20 module tokens = 4) binds: a quota of 1 each, then the 2 strongest
+    assert set(select_tokens(plan, score, ("a", "b"), 0.4, 1)) == sinks | {11, 21} | {10, 9}
+    # uncapped, share 0.4 of 20 tokens = 8: each module's half-share quota (2 each, by score), then the 4 strongest
+    monkeypatch.setattr(joint, "PROMPT_CAP", 1.0)
+    assert set(select_tokens(plan, score, ("a", "b"), 0.4, 1)) == sinks | {10, 11, 20, 21} | {9, 8, 7, 6}
     assert select_tokens(plan, None, ("a", "b"), 0.4, 1) is None  # no score per token: the caller recomputes all
     assert set(select_tokens(plan, score, ("a", "b"), 1.0, 0)) == set(range(2, 22))
 
