@@ -238,26 +238,24 @@ def keeps(stats: dict, baseline: dict) -> bool:
                else s["recall"] >= baseline[k]["recall"] - 0.10 for k, s in stats.items())
 
 
-def confirm_pools(rows: dict) -> dict[str, list[dict]]:
-    """{"confirm+confirm2": their rows, ...}: the confirm splits that ran the same routed arm, together (where its
-    lines are judged, as said before the second one ran)."""
+def confirm_judged(rows: dict) -> dict[str, str]:
+    """{routed arm: where its lines are judged}: the one confirm split that ran it, or all of them together
+    ("confirm+confirm2", as said before the second one ran)."""
     by_arm: dict[str, list[str]] = {}
     for split in sorted(s for s in rows if s.startswith("confirm")):
         by_arm.setdefault(arms_run(rows[split])[-1], []).append(split)
-    return {"+".join(ss): [r for s in ss for r in rows[s]] for ss in by_arm.values() if len(ss) > 1}
+    return {arm: "+".join(ss) for arm, ss in by_arm.items()}
 
 
-def rejected_shares(summary: dict) -> set[str]:
-    """The routed settings (less ``+tree``) that the confirm rows which ran them, pooled, measured outside the lines."""
-    judged = {}
-    for name, groups in summary.items():
-        if name.startswith("confirm") and groups:
-            arm = [a for a in next(iter(groups.values())) if a != "baseline"][0]
-            if len(name) > len(judged.get(arm, "")):  # the pool over the single splits
-                judged[arm] = name
-    lines = lambda name: [k for k in summary[name] if k.startswith("two") or k.endswith("every phrasing")]  # noqa: E731
-    return {arm.removesuffix("+tree") for arm, name in judged.items() if not keeps(
-        {k: summary[name][k][arm] for k in lines(name)}, {k: summary[name][k]["baseline"] for k in lines(name)})}
+def rejected_shares(summary: dict, judged: dict[str, str]) -> set[str]:
+    """The routed settings (less ``+tree``) that the confirm rows which ran them (``judged``) measured outside the
+    lines."""
+    out = set()
+    for arm, name in judged.items():
+        lines = [k for k in summary[name] if k.startswith("two") or k.endswith("every phrasing")]
+        if not keeps({k: summary[name][k][arm] for k in lines}, {k: summary[name][k]["baseline"] for k in lines}):
+            out.add(arm.removesuffix("+tree"))
+    return out
 
 
 def _untouched(s: dict | None) -> dict | None:
@@ -319,10 +317,9 @@ def main() -> None:
                     "SINGLE", "CONFUSABLE"), help="held-out prompts per phrasing and per set")
     ap.add_argument("--confirm", type=int, nargs=5, default=[12, 8, 6, 0, 0], metavar=("TWO", "ALL4", "ALL8",
                     "SINGLE", "CONFUSABLE"), help="confirm-split prompts per phrasing and per set")
-    ap.add_argument("--confirm2", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
-                    "SINGLE", "CONFUSABLE"), help="second confirm split: prompts per phrasing and per set")
-    ap.add_argument("--confirm3", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
-                    "SINGLE", "CONFUSABLE"), help="third confirm split (a default changed after confirm2 was read)")
+    for split in ("confirm2", "confirm3"):  # two facts only: confirm's every-module rows do not read the share
+        ap.add_argument(f"--{split}", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
+                        "SINGLE", "CONFUSABLE"), help=f"{split} split: prompts per phrasing and per set")
     ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")
     ap.add_argument("--rows-out", type=Path, help="keep every finished prompt's row in this file as the run goes")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file instead of running (its optional "
@@ -365,14 +362,15 @@ def main() -> None:
                 args.rows_out.write_text(json.dumps(rows))
     repeats = rows.pop("repeats", None)
     summary = {split: summarise(rs) for split, rs in rows.items()}
-    summary.update({name: summarise(rs) for name, rs in confirm_pools(rows).items()})
+    judged = confirm_judged(rows)
+    summary.update({n: summarise([r for s in n.split("+") for r in rows[s]]) for n in judged.values() if "+" in n})
     for split, s in summary.items():
         print_split(split, s)
     if repeats:
         summary["repeats"] = summarise_repeats(repeats)
         print("\nrepeats (every send after the first):", json.dumps(summary["repeats"]))
         rows["repeats"] = repeats
-    rejected = rejected_shares(summary)
+    rejected = rejected_shares(summary, judged)
     chosen = choose_setting(summary["tune"], rejected) if "tune" in summary else None
     print(f"\nchosen on the tune split: {chosen}")
     if summary.get("heldout") and not args.quick:

@@ -73,7 +73,7 @@ def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str
     per = module_ranks(plan, set(kept))
     picked = {r for rs in per.values() for r in rs[:sinks]}
     total = sum(len(rs) for rs in per.values())
-    modules = sum(owner_top(plan, s) is not None for _, s in _ranked(plan))
+    modules = sum(len(s) for s in plan.segments if owner_top(plan, s) is not None)
     rate = share if share >= 1 or not total else min(share, PROMPT_CAP * modules / total)  # 1: the full recompute
     budget = round(rate * total)
     chosen: set[int] = set()
