@@ -331,6 +331,8 @@ def main() -> None:
                     "still in question); summaries take each arm over the rows that ran it")
     ap.add_argument("--skip-rounds", type=int, default=0, metavar="K", help="leave out each block's first K prompts "
                     "(they were run before): with --tune 12 ... --skip-rounds 3, prompts 4 to 12 of each block")
+    ap.add_argument("--phrasings", nargs="+", help="run only the prompts of these phrasings (a split extended where "
+                    "a setting is still in question)")
     ap.add_argument("--quick", action="store_true", help="1 prompt per set and phrasing, tune split only, no file")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -347,6 +349,8 @@ def main() -> None:
             every = round_robin(cases(chunks, args.seed + SEEDS[split], counts))
             skip = args.skip_rounds * len({(c["set"], c["modules"], c["phrasing"]) for c in every})
             for i, case in enumerate(every[skip:], skip):
+                if args.phrasings and case["phrasing"] not in args.phrasings:
+                    continue
                 rows[split].append(run_case(eng, case, i, tuple(args.arms or split_arms(split, case["set"]))))
                 r = rows[split][-1]
                 print(f"{split} {i} {r['set']}/{r['modules']}/{r['phrasing']}: " + ", ".join(
