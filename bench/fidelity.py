@@ -79,7 +79,8 @@ def parse_arm(name: str) -> dict:
     '+route K' = the routed arm keeping the top K modules (0: every module whose pull reaches the threshold, the
     default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
     visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
-    '+focus off' = the routed arm without its decode-time focus; '+joint off' = without its joint recompute;
+    '+focus off' = the routed arm without its decode-time focus, '+focus clause' with it on a partial recompute too,
+    each focus ending with its clause; '+joint off' = without its joint recompute;
     '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms); '+share R' = the
     routed arm recomputing R % of its kept modules' tokens (100: all of them), '+sinks K' and each one's first K;
     '+tree' = the routed arm with the prefix tree warmed in schema order (reads it when every module is kept);
@@ -105,8 +106,8 @@ def parse_arm(name: str) -> dict:
             spec["layers"] = tuple(range(int(lay.group(1)), int(lay.group(2)) + 1))
         elif p in ("oracle", "oracle recompute"):
             spec["oracle"] = p
-        elif p == "focus off":
-            spec["focus"] = "off"
+        elif p in ("focus off", "focus clause"):
+            spec["focus"] = p.split()[1]
         elif p == "joint off":
             spec["joint"] = "off"
         elif p == "tree":

@@ -44,30 +44,33 @@ from bench.fidelity import Runner
 from bench.workloads import SYSTEM, wilson
 from engine.arms.baseline import run_baseline
 from engine.arms.registry import Sampling
-from engine.arms.routed import DEFAULT_SHARE
+from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
 from engine.model import WEIGHTS
 from engine.session import Engine
 
 ROUTED = "prefixed+route 0"
-SHARES = (10, 20, 30, 100)  # route_share settings measured, in % (100: issue 38's recompute of every kept token)
+SHARES = (10, 20, 30, 45, 60, 100)  # route_share settings measured, in % (100: issue 38's recompute of all kept)
 SETTINGS = tuple(f"{ROUTED}+share {r}" for r in SHARES)
 TODAY = f"{ROUTED}+share 100"  # the routed arm before issue 47
+# Share 30 with the decode-time focus on its partial recompute, each focus ending with its clause ("clause")
+FOCUSED = (f"{ROUTED}+share 30+focus clause",)
 # The same shares with the prefix tree warmed in schema order: every module kept reads the full prefill's KV there.
 # The tree path needs every module kept, which no two-fact prompt asks for (summaries count it: every_kept).
-TREE = tuple(f"{a}+tree" for a in SETTINGS[:3])
+TREE = tuple(f"{a}+tree" for a in SETTINGS[:-1] + FOCUSED)
 # The held-out split runs the arms the tune split chose between, less the variants it ruled out.
 TUNE_ONLY = (f"{ROUTED}+share 20+sinks 0",)
 ARMS = {
-    "two": ("baseline", "prefixed", *SETTINGS, f"{ROUTED}+joint off"),
+    "two": ("baseline", "prefixed", *SETTINGS, *FOCUSED, f"{ROUTED}+joint off"),
     "all": ("baseline", "prefixed", *SETTINGS, *TREE, *TUNE_ONLY),
     "single": ("prefixed", f"{ROUTED}+share 20", TODAY),
     "confusable": ("prefixed", f"{ROUTED}+share 20", TODAY),
 }
 # The engine's default routed arm (its share, the tree warmed as Engine.run warms it): all the confirm split runs.
-DEFAULT = f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}+tree"
+DEFAULT = f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}{'+focus clause' if DEFAULT_FOCUS == 'clause' else ''}+tree"
 CONFIRM = ("baseline", DEFAULT)
-# each split's seed over --seed; confirm2 measures confirm's default again, confirm3 the one that follows it
-SEEDS = {"tune": 0, "heldout": 1, "confirm": 2, "confirm2": 3, "confirm3": 4}
+# each split's seed over --seed; confirm2 measures confirm's default again, confirm3 and confirm4 each the one that
+# follows the default a confirm split rejected
+SEEDS = {"tune": 0, "heldout": 1, "confirm": 2, "confirm2": 3, "confirm3": 4, "confirm4": 5}
 FRONTIER = Path(__file__).resolve().parent.parent / "assets" / "spanning-frontier.png"
 NEW_TOKENS = {"two": 32, "all": 56, "single": 24, "confusable": 24}
 
@@ -222,7 +225,7 @@ def choose_setting(tune: dict, rejected: set[str] = frozenset()) -> str | None:
     if not costs:  # a run of settings alone (--arms): nothing to weigh them against
         return None
     ok = []
-    for arm in SETTINGS + TREE:
+    for arm in SETTINGS + FOCUSED + TREE:
         stats = {k: tune[k].get(arm) or _untouched(tune[k].get(arm.removesuffix("+tree"))) for k in keys}
         if arm.removesuffix("+tree") in rejected or not all(
                 v and v["n"] == tune[k]["baseline"]["n"] for k, v in stats.items()):
@@ -317,7 +320,7 @@ def main() -> None:
                     "SINGLE", "CONFUSABLE"), help="held-out prompts per phrasing and per set")
     ap.add_argument("--confirm", type=int, nargs=5, default=[12, 8, 6, 0, 0], metavar=("TWO", "ALL4", "ALL8",
                     "SINGLE", "CONFUSABLE"), help="confirm-split prompts per phrasing and per set")
-    for split in ("confirm2", "confirm3"):  # two facts only: confirm's every-module rows do not read the share
+    for split in ("confirm2", "confirm3", "confirm4"):  # two facts only: confirm's every-module rows do not read the share
         ap.add_argument(f"--{split}", type=int, nargs=5, default=[12, 0, 0, 0, 0], metavar=("TWO", "ALL4", "ALL8",
                         "SINGLE", "CONFUSABLE"), help=f"{split} split: prompts per phrasing and per set")
     ap.add_argument("--chunk-tokens", type=int, default=250, help="tokens of essay text per module")

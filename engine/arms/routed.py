@@ -37,6 +37,7 @@ SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)  # decoder layers the scout reads (bench/rou
 MIN_PULL = 0.95  # the pull a module needs to stay
 DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest
 DEFAULT_FOCUS = "on"  # decode steps read the module the answer named last (joint off)
+FOCUSES = ("on", "clause", "off")
 FOCUS_MARGIN = 0.2  # a token names a module when its pull there leads the others' by this
 DEFAULT_JOINT = "on"  # two or more kept modules are prefilled together
 DEFAULT_SHARE = 0.3  # ... the share of their tokens the question reads most (1: all of them)
@@ -78,9 +79,9 @@ class RoutedSettings(ArmSettings):
                         "(the schema-order warm-up, an earlier prefix run), read that KV, the full prefill's own, and "
                         "prefill only the rest (on); or recompute as the share says (off)", choices=("on", "off"))
     focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
-                         "with two or more modules kept, each decode step reads only the module its newest token "
-                         "points at, in the layers after the scout's (on), or every kept module (off)",
-                         choices=("on", "off"))
+                         "with two or more modules kept, each decode step reads only the module the answer named "
+                         "last: when they are read as stored (on), also when partly recomputed and only until the "
+                         "answer ends that clause (clause), or never (off)", choices=FOCUSES)
 
     def check_with(self, config) -> None:
         if config.compression.at_run:
@@ -124,7 +125,7 @@ class RoutedInfo:
     scout_ms: float = 0.0  # inside TTFT
     pull: dict[str, float] = field(default_factory=dict)  # module -> its pull, 0..1
     focus: str = DEFAULT_FOCUS
-    moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved
+    moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved ("": a clause ended)
     joint: tuple[str, ...] = ()  # modules prefilled together
     path: str = "stored"  # one of PATHS
     recomputed: int = 0  # cached tokens prefilled again
@@ -199,6 +200,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
         return _repeat(lm, *hit, sampling, on_token, batch)
     whole = tree_match(prefix, plan) if tree == "on" and joint == "on" and keep is None else None
+    ends = clause_ends(lm.tokenizer) if focus == "clause" else frozenset()  # before TTFT: once per tokenizer
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
@@ -214,15 +216,18 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
-            return replace(work, detail=replace(choice, slots=slots))
-        return _stored_fill(lm, plan, ranges, buf, choice, focus == "on", ape, min_pull)
+            owners = _joint_owners(plan, kept, slots) if focus == "clause" and path == "partial" else None
+            focused = _focus(owners, kept, modules, seen, ids, min_pull, ends)
+            return replace(work, decode=AttentionSpec(focus=focused), detail=replace(choice, slots=slots, focus=focused))
+        return _stored_fill(lm, plan, ranges, buf, choice, focus != "off", ape, min_pull, ends)
 
     run, buf, choice = timed_detail(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill,
                                     sampling, on_token, batch=batch)
     info = _info(choice, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
         keep_run(prefix, key, plan, buf, choice.slots, [e for e, *_ in ranges], info,
-                 list(keep_entries) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits)
+                 list(keep_entries) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits,
+                 focus=choice.focus)
     return run, info
 
 
@@ -262,7 +267,7 @@ def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
 
 
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer, choice: _Choice, focus: bool,
-                 ape: tuple[float, float] | None, min_pull: float) -> Fill:
+                 ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> Fill:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
     steps read the module the answer names."""
     ids, pos = plan.uncached()
@@ -270,9 +275,11 @@ def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer,
     read = [r for r in ranges if r[3] is None or r[3] in kept]
     for entry, a, b, _ in read:
         entry.write_into(buf, a, b)
-    focused = _focus(read, kept, modules, choice.seen, ids, min_pull) if focus else None
+    owners = slot_owners(read, 0, {m: i for i, m in enumerate(kept)}) if focus else None
+    focused = None if any(isinstance(e, LayeredKV) for e, *_ in read) else _focus(
+        owners, kept, modules, choice.seen, ids, min_pull, ends)
     scale = ape_scale(lm, read, ape)
-    slots = _stored_slots(plan, ranges, kept) if scale is None and focused is None else None
+    slots = _stored_slots(plan, ranges, kept) if scale is None else None
     return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
                 prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
                 detail=replace(choice, focus=focused, slots=slots))
@@ -284,15 +291,18 @@ def _repeat(lm: LoadedModel, stored, pieces: list, whole: bool, sampling: Sampli
     first logits are sampled and nothing is prefilled, else the last token is prefilled (as the prefix arm does)."""
     n = sum(b - a for _, a, b in pieces)
     token, position = stored.last
+    was = stored.focus  # a fresh one: the focus moves as the answer is written again
+    focus = None if was is None else Focus(was.owners, was.triggers, was.ends)
 
     def fill(buf: KVBuffer) -> Fill:
         for entry, a, b in pieces:
             entry.write_into(buf, a, b)
         return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n,
-                    logits=stored.logits if whole else None)
+                    logits=stored.logits if whole else None, decode=AttentionSpec(focus=focus))
 
     run, _ = timed_run(lm, "routed", n + sampling.max_new_tokens + 2, fill, sampling, on_token, batch=batch)
-    return run, replace(stored.detail, path="repeat", recomputed=0, scout_ms=0.0, moves=(), repeat_tokens=n)
+    return run, replace(stored.detail, path="repeat", recomputed=0, scout_ms=0.0,
+                        moves=_moves(focus, stored.detail.kept), repeat_tokens=n)
 
 
 def _stored_slots(plan: PromptPlan, ranges: list, kept: tuple[str, ...]) -> list[int]:
@@ -373,20 +383,43 @@ def _info(choice: _Choice, k: int, min_pull: float, layers: tuple[int, ...], foc
           recomputed: int) -> RoutedInfo:
     """A routed run's detail, from what its fill chose (and where its focus moved while decoding)."""
     seen = choice.seen
-    moves = tuple((step, choice.kept[m]) for step, m in choice.focus.changes) if choice.focus else ()
+    moves = _moves(choice.focus, choice.kept)
     shares, pull = ({}, {}) if seen is None else (seen.shares(), dict(zip(seen.modules, seen.strength().tolist())))
     return RoutedInfo(k=k, min_pull=min_pull, kept=choice.kept, attention=shares, layers=layers,
                       scout_ms=choice.ms, pull=pull, focus=focus, moves=moves, joint=choice.joint,
                       path=choice.path, recomputed=recomputed, share=share, sinks=sinks)
 
 
-def _focus(read: list, kept: tuple[str, ...], modules: tuple[str, ...], seen: "Scouted | None", ids,
-           min_pull: float) -> Focus | None:
-    """The decode-time focus over ``read``, when it holds two or more modules but not all, and none compressed."""
-    if seen is None or seen.by_token is None or not 2 <= len(kept) < len(modules) \
-            or any(isinstance(e, LayeredKV) for e, *_ in read):
+def _moves(focus: Focus | None, kept: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    """(decode step, module) each time ``focus`` moved; "" where a clause ended."""
+    return tuple((step, kept[m] if m >= 0 else "") for step, m in focus.changes) if focus else ()
+
+
+def _focus(owners: torch.Tensor | None, kept: tuple[str, ...], modules: tuple[str, ...], seen: "Scouted | None",
+           ids, min_pull: float, ends: frozenset[int]) -> Focus | None:
+    """The decode-time focus over buffer slots of ``owners`` (index in ``kept``, -1 none), when two or more modules
+    but not all are kept and the question names one of them."""
+    if owners is None or seen is None or seen.by_token is None or not 2 <= len(kept) < len(modules):
         return None
-    return Focus(slot_owners(read, 0, {m: i for i, m in enumerate(kept)}), triggers(seen, ids, kept, min_pull))
+    named = triggers(seen, ids, kept, min_pull)
+    return Focus(owners, named, ends) if named else None
+
+
+def _joint_owners(plan: PromptPlan, kept: tuple[str, ...], slots: list[int]) -> torch.Tensor:
+    """Each buffer slot's index in ``kept`` (-1: no kept module's) from ``slots``, each slot's prompt rank."""
+    owner = {r: kept.index(m) for m, rs in module_ranks(plan, set(kept)).items() for r in rs}
+    return torch.tensor([owner.get(r, -1) for r in slots], dtype=torch.long)
+
+
+_ENDS: dict[int, frozenset[int]] = {}
+
+
+def clause_ends(tokenizer) -> frozenset[int]:
+    """The token ids whose text holds . , ; ! ? or a newline (computed once per tokenizer)."""
+    if id(tokenizer) not in _ENDS:
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        _ENDS[id(tokenizer)] = frozenset(i for i, t in enumerate(texts) if any(c in t for c in ".,;!?\n"))
+    return _ENDS[id(tokenizer)]
 
 
 def triggers(seen: Scouted, ids, kept: tuple[str, ...], min_pull: float) -> dict[int, int]:

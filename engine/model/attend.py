@@ -95,10 +95,12 @@ class ApeScale:
 
 
 class Focus:
-    """Decode steps read the kept module the answer named last (docs/arms.md, routed)."""
+    """Decode steps read the kept module the answer named last (docs/arms.md, routed); with ``ends``, until the
+    answer ends that clause."""
 
-    def __init__(self, owners: torch.Tensor, triggers: dict[int, int]):
+    def __init__(self, owners: torch.Tensor, triggers: dict[int, int], ends: frozenset[int] = frozenset()):
         self.owners, self.triggers = owners, dict(triggers)  # owners: [cached slots] module index or -1
+        self.ends = ends  # token ids holding . , ; ! ? or a newline
         self.focus: int | None = None
         self.step = 0
         self.changes: list[tuple[int, int]] = []  # (decode step, module)
@@ -109,9 +111,10 @@ class Focus:
         if input_ids.shape[-1] != 1:
             return
         self.step += 1
-        module = self.triggers.get(int(input_ids.reshape(-1)[-1]))
-        if module is not None and module != self.focus:
-            self.focus, self._mask = module, None
+        token = int(input_ids.reshape(-1)[-1])
+        module = -1 if token in self.ends and self.focus is not None else self.triggers.get(token)
+        if module is not None and module != self.focus:  # -1: every kept module visible again
+            self.focus, self._mask = (None if module < 0 else module), None
             self.changes.append((self.step, module))
 
     def restrict(self, layer: int, q: int, kv: int, attention_mask, device):

@@ -14,7 +14,7 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
 from engine.kv import KVBuffer, LayeredKV
-from engine.model.attend import AttentionSpec
+from engine.model.attend import AttentionSpec, Focus
 from engine.model.load import LoadedModel
 from engine.run.attention import rank_mask
 from engine.run.timing import Fill
@@ -39,6 +39,7 @@ class StoredRun:
     last: tuple[int, int]  # (token id, position) of the prompt's last token
     detail: Any
     logits: torch.Tensor | None = None  # [vocab] after the prompt's last token, on the CPU
+    focus: Focus | None = None  # the run's decode-time focus, its owners in stored order (a repeat decodes as it did)
 
 
 def module_ranks(plan: PromptPlan, modules: set[str]) -> dict[str, list[int]]:
@@ -120,9 +121,11 @@ def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list
 
 
 def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
-             detail, keep: list[str], positions=None, logits: torch.Tensor | None = None) -> int:
+             detail, keep: list[str], positions=None, logits: torch.Tensor | None = None,
+             focus: Focus | None = None) -> int:
     """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``, with its first
-    token's ``logits``; tokens stored. ``positions``: each rank's position id, when the run did not use the plan's."""
+    token's ``logits`` and ``focus``; tokens stored. ``positions``: each rank's position id, when the run did not use
+    the plan's."""
     if any(isinstance(e, LayeredKV) for e in entries) or not slots:
         return 0
     order = sorted(range(len(slots)), key=slots.__getitem__)
@@ -132,7 +135,10 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slo
     kv = torch.cat([torch.zeros_like(kv[:, :, :, :1]), kv], 3)
     sequence = (key, *(ids[r] + ((positions[r] + 1) << _POSITION_SHIFT) for r in ranks))
     stored = prefix.insert(sequence, kv, keep)
-    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail, logits))
+    if focus is not None:  # slots past the owners (the new tokens) belong to no module
+        owners = torch.cat([focus.owners, focus.owners.new_full((len(slots) - len(focus.owners),), -1)])
+        focus = Focus(owners[torch.tensor(order)], focus.triggers, focus.ends)
+    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail, logits, focus))
     return stored
 
 

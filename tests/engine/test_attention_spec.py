@@ -113,8 +113,9 @@ def test_blend_passes_nothing_to_its_selection_pass_and_its_rank_mask_to_the_pre
     assert seen[0][0].scorer is not None and seen[0][0].ranks is None  # the question's attention, scored
 
 
-def test_routed_passes_its_scorer_to_the_scout_and_its_masks_to_the_run(case, seen, fills):
+def test_routed_passes_its_scorer_to_the_scout_and_its_masks_to_the_run(case, seen, fills, monkeypatch):
     lm, plan, enc, store = case
+    monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.0)  # a random model's question names a module only without a margin
     routed.run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="on")
     fill = fills[-1]
     scout, *_ = seen

@@ -232,6 +232,19 @@ def test_focus_masks_the_other_kept_modules_once_the_answer_names_one():
     assert focus.changes == [(2, 1), (3, 0)]
 
 
+def test_a_clause_focus_ends_when_the_answer_ends_the_clause():
+    """With clause ends (token 4), the focus a trigger set lasts until the answer writes an end: then every kept
+    module is visible again (recorded as -1) until the next trigger; an end with no focus changes nothing."""
+    from engine.model.attend import Focus
+
+    focus = Focus(torch.tensor([-1, 0, 0, 1, 1]), {7: 1, 9: 0}, frozenset({4}))
+    for token in (4, 7, 5, 4, 5, 9):
+        focus.saw(torch.tensor([[token]]))
+    assert focus.changes == [(2, 1), (4, -1), (6, 0)] and focus.focus == 0
+    focus.saw(torch.tensor([[4]]))
+    assert focus.focus is None and focus.restrict(0, 1, 6, None, "cpu") is None
+
+
 def test_triggers_are_the_question_tokens_that_name_one_kept_module(monkeypatch):
     from engine.arms import routed
 
@@ -486,6 +499,49 @@ def test_an_identical_request_reads_its_stored_run_back_and_is_never_slower_than
     assert old.detail.path == "repeat" and old.run.prefill_tokens == 1 and old.run.reused_tokens == n - 1
     torch.testing.assert_close(old.run.first_logits, a.run.first_logits, atol=1e-4, rtol=1e-4)
     assert old.run.token_ids == a.run.token_ids
+
+
+def test_a_clause_focus_on_a_partial_recompute_masks_by_module_and_a_repeat_decodes_as_the_first_run(flat,
+                                                                                                     monkeypatch):
+    """Two of three modules kept and partly recomputed, with the clause focus (every token a trigger: a random
+    model's answer names nothing): the prefill is the unfocused run's, the answer not; each buffer slot's owner is
+    the module its rank belongs to (walked from the plan's segments); every move names a kept module or a clause
+    end; an identical request reads the run back and writes the same answer, its focus moving as the first run's."""
+    from engine.arms import routed
+
+    every = {t: t % 2 for t in range(len(flat.lm.tokenizer))}
+    monkeypatch.setattr(routed, "triggers", lambda *_: every)
+    cfg = flat.eng.config.with_(arms=("routed",), route_k=2, route_min_pull=0.0, route_share=0.4, warmup=False)
+    eng = Engine.from_loaded(flat.lm)
+    first = eng.compare(FLAT, FLAT_PROMPT, Sampling(12), config=cfg.with_(route_focus="clause")).arm("routed")
+    off = eng.compare(FLAT, FLAT_PROMPT, Sampling(12), config=cfg.with_(route_focus="off")).arm("routed")
+    assert first.detail.path == "partial" and len(first.detail.kept) == 2 and first.detail.focus == "clause"
+    assert torch.equal(first.run.first_logits, off.run.first_logits) and first.run.token_ids != off.run.token_ids
+    assert first.detail.moves and {m for _, m in first.detail.moves} <= set(first.detail.kept) | {""}
+    rank, owner = 0, {}
+    for s in flat.plan.segments:
+        top = flat.lay.modules[s.owner].top if s.kind == CACHED and s.owner != ANONYMOUS else None
+        owner.update({r: top for r in range(rank, rank + len(s))})
+        rank += len(s)
+    slots = list(range(flat.plan.prompt_tokens))
+    got = routed._joint_owners(flat.plan, first.detail.kept, slots).tolist()
+    assert got == [first.detail.kept.index(owner[r]) if owner[r] in first.detail.kept else -1 for r in slots]
+    again = eng.compare(FLAT, FLAT_PROMPT, Sampling(12), config=cfg.with_(route_focus="clause")).arm("routed")
+    assert again.detail.path == "repeat" and again.run.token_ids == first.run.token_ids
+    assert again.detail.moves == first.detail.moves
+    back = RoutedInfo.from_json(json.loads(json.dumps(first.detail.to_json())))
+    assert back.moves == first.detail.moves and back.focus == "clause"
+
+
+def test_clause_ends_are_the_tokens_holding_punctuation_or_a_newline(tiny):
+    from engine.arms.routed import clause_ends
+
+    tok = tiny.lm.tokenizer
+    ends = clause_ends(tok)
+    for text in (".", ",", ";", "!", "?", "\n"):
+        assert set(tok.encode(text, add_special_tokens=False)) <= ends, text
+    assert not set(tok.encode(" harbour master", add_special_tokens=False)) & ends
+    assert clause_ends(tok) is ends  # computed once per tokenizer
 
 
 def test_another_question_over_the_same_modules_is_not_a_repeat(flat, monkeypatch):
