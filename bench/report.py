@@ -329,6 +329,12 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
                 "two-fact prompts only. After confirm and confirm2 had rejected share 20, the default moved to the "
                 "next-cheapest setting the tune split keeps in every phrasing and set, as was decided before confirm2 "
                 "had finished; this split, drawn after that, is where it is judged.", ""]
+    if "confirm4" in f["summary"]:
+        out += [f"**confirm4** (seed {f['seeds']['confirm4']}): the baseline and `{f['arms_run']['confirm4'][1]}`, on "
+                "two-fact prompts only. After confirm3 had rejected share 30, the tune split's `both` prompts were "
+                "extended to 24 and shares 45 and 60 and share 30 with the clause focus measured on every tune prompt; "
+                "the rule chose again, as was decided before those runs, and this split, drawn after, is where the "
+                "choice is judged.", ""]
     rep = f["summary"].get("repeats")
     if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
         out += [f"**Identical repeats** ({rep['sends']} sends after the first, held-out two-fact and every-module "
@@ -1338,10 +1344,10 @@ def _spanning_bullet(span: dict | None) -> list[str]:
     rows that ran it (pooled over the splits that did), else held-out; every module on the newest confirm rows that
     hold them, their arm named where it is not the default's (a tree setting on two facts is its share's run: the
     tree path needs every module kept, see spanning.py)."""
-    from engine.arms.routed import DEFAULT_SHARE
+    from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
 
     summary = (span or {}).get("summary", {})
-    arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}"
+    arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}{'+focus clause' if DEFAULT_FOCUS == 'clause' else ''}"
     confirms = [k for k in summary if k.startswith("confirm")]
     ran = [k for k in confirms if f"{arm}+tree" in summary[k].get("two/8/every phrasing", {})]
     split = max(ran, key=len) if ran else "heldout"
@@ -1361,7 +1367,7 @@ def _spanning_bullet(span: dict | None) -> list[str]:
     if their != f"{arm}+tree":
         paths = sorted({p for e in every for p in e[their].get("paths", {})})
         recall += (f" ({_split_name(every_split)}, `{their.replace('prefixed+route 0', 'routed')}`: its prompts took "
-                   f"the {' and '.join(paths)} paths, which do not read the share)")
+                   f"the {' and '.join(paths)} paths, which neither the share nor the focus changes)")
     phrasings = ", ".join(f"{k.split('/')[2]} {v[used]['found']}/{v[used]['n']} ({v['baseline']['found']})"
                           for k, v in summary[split].items() if k.startswith("two/8/") and "every" not in k
                           and used in v)

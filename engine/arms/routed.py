@@ -36,7 +36,7 @@ from engine.schema.plan import CACHED, PromptPlan
 SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)  # decoder layers the scout reads (bench/routing.py)
 MIN_PULL = 0.95  # the pull a module needs to stay
 DEFAULT_K = 0  # 0: keep by the threshold; K > 0: the K strongest
-DEFAULT_FOCUS = "on"  # decode steps read the module the answer named last (joint off)
+DEFAULT_FOCUS = "clause"  # decode steps read the module the answer named last, until its clause ends
 FOCUSES = ("on", "clause", "off")
 FOCUS_MARGIN = 0.2  # a token names a module when its pull there leads the others' by this
 DEFAULT_JOINT = "on"  # two or more kept modules are prefilled together

@@ -11,7 +11,7 @@ class RoutedView(View):
     def chips(self, detail: RoutedInfo) -> list[str]:
         d = detail
         kept = ", ".join(f"{m} {d.attention.get(m, 0) * 100:.0f} %" for m in d.kept) or "no module"
-        moves = f"; focus {' → '.join(m for _, m in d.moves)}" if d.moves else ""
+        moves = f"; focus {' → '.join(m or 'all (clause ended)' for _, m in d.moves)}" if d.moves else ""
         why = (f"each reached pull {d.min_pull:g}" if all(d.pull.get(m, 0) >= d.min_pull for m in d.joint)
                else f"no module reached pull {d.min_pull:g}, so the question may need them all")
         joint = f"; {', '.join(d.joint)} recomputed together ({why})" if d.joint else ""

@@ -12,7 +12,7 @@ import pytest
 from benchchecks import (RESULTS, check_compression, check_fidelity, check_fits, check_floor, check_ttft_row,
                          check_workload, shape_kv_bytes, wilson_roots)
 from conftest import ROOT
-from engine.arms.routed import DEFAULT_SHARE
+from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
 
 
 def test_committed_results_pass_the_same_checks():
@@ -64,7 +64,8 @@ def test_committed_spanning_results_hold_together():
         for pool in (k for k in d["summary"] if "+" in k):  # confirm splits of one arm together, where it is judged
             check_split_summary(d["summary"][pool], [r for s in pool.split("+") for r in d["rows"][s]], path.name)
         if last:  # the newest confirm split measured the engine's default as it is now
-            assert f"+share {round(DEFAULT_SHARE * 100)}+" in d["arms_run"][last][1]
+            focus = "+focus clause" if DEFAULT_FOCUS == "clause" else ""
+            assert d["arms_run"][last][1] == f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}{focus}+tree"
 
 
 def check_split_summary(summary: dict, rows: list[dict], name: str) -> None:

@@ -116,11 +116,12 @@ def test_blend_passes_nothing_to_its_selection_pass_and_its_rank_mask_to_the_pre
 def test_routed_passes_its_scorer_to_the_scout_and_its_masks_to_the_run(case, seen, fills, monkeypatch):
     lm, plan, enc, store = case
     monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.0)  # a random model's question names a module only without a margin
-    routed.run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="on")
+    routed.run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="on", focus="clause")
     fill = fills[-1]
     scout, *_ = seen
     assert len(seen) == NEW + 1 and scout[0].scorer is not None and scout[0].ranks is None
-    assert isinstance(fill.prefill.ranks, RankMask) and fill.decode.plain  # two kept modules, prefilled together
+    # two kept modules partly prefilled together; the clause focus on the decode steps only
+    assert isinstance(fill.prefill.ranks, RankMask) and fill.prefill.focus is None and fill.decode.focus is not None
     _run_forwards(seen, fill)
     seen.clear()
     routed.run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="off", focus="on")

@@ -531,6 +531,8 @@ def test_a_clause_focus_on_a_partial_recompute_masks_by_module_and_a_repeat_deco
     assert again.detail.moves == first.detail.moves
     back = RoutedInfo.from_json(json.loads(json.dumps(first.detail.to_json())))
     assert back.moves == first.detail.moves and back.focus == "clause"
+    said = view_of("routed").chips(replace(first.detail, moves=((3, "d2"), (6, ""), (8, "d3"))))[0]
+    assert "focus d2 → all (clause ended) → d3" in said
 
 
 def test_clause_ends_are_the_tokens_holding_punctuation_or_a_newline(tiny):
