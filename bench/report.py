@@ -296,6 +296,24 @@ def _chosen(f: dict) -> str:
     return f"none left: the confirm splits rejected {rejected}, every setting the tune split keeps"
 
 
+# Why each confirm split was drawn, after its heading ({arm}: the routed arm it ran)
+CONFIRM_NOTES = {
+    "confirm": "only the baseline and `{arm}`, the routed arm at the engine's defaults of the time. Its share was kept "
+               "after the held-out split had been read, so held-out no longer measures it without bias; this split was "
+               "drawn and run once, after that choice.",
+    "confirm2": "the same two arms on two-fact prompts only, drawn after confirm had been read and after the tune split, "
+                "extended to 12 prompts per phrasing, had chosen the same share again. The two-fact line is judged on "
+                "both confirm splits together (`confirm+confirm2`), as was decided before confirm2 ran.",
+    "confirm3": "the baseline and `{arm}`, on two-fact prompts only. After confirm and confirm2 had rejected share 20, "
+                "the default moved to the next-cheapest setting the tune split keeps in every phrasing and set, as was "
+                "decided before confirm2 had finished; this split, drawn after that, is where it is judged.",
+    "confirm4": "the baseline and `{arm}`, on two-fact prompts only. After confirm3 had rejected share 30, the tune "
+                "split's `both` prompts were extended to 24 and shares 45 and 60 and share 30 with the clause focus "
+                "measured on every tune prompt; the rule chose again, as was decided before those runs, and this split, "
+                "drawn after, is where the choice is judged.",
+}
+
+
 def spanning_section(f: dict, title: str = "Questions that span modules") -> list[str]:
     """Questions that span modules (issue 38): per split, set and phrasing, each arm's found (two facts) or recall
     (every module) and its mean TTFT over the baseline's."""
@@ -314,27 +332,10 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
                 "recall within 10, among the settings run on every tune prompt and not rejected by a confirm split): "
                 f"{_chosen(f)}. Held-out frontier, one point per setting:", "",
                 "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
-    if "confirm" in f["summary"]:  # a third split, for a default settled after held-out was read
-        out += [f"**confirm** (seed {f['seeds']['confirm']}): only the baseline and `{f['confirm_arms'][1]}`, the routed "
-                "arm at the engine's defaults of the time. Its share was kept after the held-out split had been read, "
-                "so held-out no longer measures it without bias; this split was drawn and run once, after that "
-                "choice.", ""]
-    if "confirm2" in f["summary"]:
-        out += [f"**confirm2** (seed {f['seeds']['confirm2']}): the same two arms on two-fact prompts only, drawn after "
-                "confirm had been read and after the tune split, extended to 12 prompts per phrasing, had chosen the "
-                "same share again. The two-fact line is judged on both confirm splits together (`confirm+confirm2`), as "
-                "was decided before confirm2 ran.", ""]
-    if "confirm3" in f["summary"]:
-        out += [f"**confirm3** (seed {f['seeds']['confirm3']}): the baseline and `{f['arms_run']['confirm3'][1]}`, on "
-                "two-fact prompts only. After confirm and confirm2 had rejected share 20, the default moved to the "
-                "next-cheapest setting the tune split keeps in every phrasing and set, as was decided before confirm2 "
-                "had finished; this split, drawn after that, is where it is judged.", ""]
-    if "confirm4" in f["summary"]:
-        out += [f"**confirm4** (seed {f['seeds']['confirm4']}): the baseline and `{f['arms_run']['confirm4'][1]}`, on "
-                "two-fact prompts only. After confirm3 had rejected share 30, the tune split's `both` prompts were "
-                "extended to 24 and shares 45 and 60 and share 30 with the clause focus measured on every tune prompt; "
-                "the rule chose again, as was decided before those runs, and this split, drawn after, is where the "
-                "choice is judged.", ""]
+    for split, note in CONFIRM_NOTES.items():  # the splits drawn after held-out was read, each for one default
+        if split in f["summary"]:
+            arm = f["confirm_arms"][1] if split == "confirm" else f["arms_run"][split][1]
+            out += [f"**{split}** (seed {f['seeds'][split]}): " + note.format(arm=arm), ""]
     rep = f["summary"].get("repeats")
     if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
         out += [f"**Identical repeats** ({rep['sends']} sends after the first, held-out two-fact and every-module "
