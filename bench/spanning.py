@@ -143,6 +143,8 @@ def run_case(eng: Engine, case: dict, idx: int, arms: tuple[str, ...]) -> dict:
         found, _ = needles.judge(run.text, case)
         row[arm] = {"text": run.text, "found": found, "ttft_ms": round(run.ttft_ms, 1),
                     "recomputed_tokens": run.recomputed_tokens, **runner.routed.get(arm, {})}
+        if run.decode_ms_per_token is not None:  # a focused answer decodes with the Python step: its cost
+            row[arm]["decode_ms_per_token"] = round(run.decode_ms_per_token, 2)
         if case["set"] == "all":
             row[arm]["recall"] = round(needles.recall(run.text, case), 4)
     for key in list(runner.store.keys()):  # modules are not shared between prompts
@@ -202,6 +204,9 @@ def summarise(rows: list[dict]) -> dict:
                     s[f"ttft_vs_{ref}"] = spread3([r[arm]["ttft_ms"] / r[ref]["ttft_ms"] for r in rs], 3)
                     s[f"mean_ttft_vs_{ref}"] = round(statistics.mean(ttft) / statistics.mean(
                         r[ref]["ttft_ms"] for r in rs), 3)
+            decode = [r[arm]["decode_ms_per_token"] for r in rs if "decode_ms_per_token" in r[arm]]
+            if decode:  # rows measured before this field have none
+                s["decode_ms_per_token"] = spread3(decode, 2)
             if "recall" in rs[0][arm]:
                 s["recall"] = round(statistics.mean(r[arm]["recall"] for r in rs), 4)
             if "joint" in rs[0][arm]:
