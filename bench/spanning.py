@@ -261,6 +261,8 @@ def rejected_shares(summary: dict, judged: dict[str, str]) -> set[str]:
     out = set()
     for arm, name in judged.items():
         lines = [k for k in summary[name] if k.startswith("two") or k.endswith("every phrasing")]
+        if not all("baseline" in summary[name][k] for k in lines):  # rows run without it (--arms) judge nothing
+            continue
         if not keeps({k: summary[name][k][arm] for k in lines}, {k: summary[name][k]["baseline"] for k in lines}):
             out.add(arm.removesuffix("+tree"))
     return out
