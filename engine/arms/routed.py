@@ -292,7 +292,7 @@ def _repeat(lm: LoadedModel, stored, pieces: list, whole: bool, sampling: Sampli
     n = sum(b - a for _, a, b in pieces)
     token, position = stored.last
     was = stored.focus  # a fresh one: the focus moves as the answer is written again
-    focus = None if was is None else Focus(was.owners, was.triggers, was.ends)
+    focus = None if was is None else was.fresh()
 
     def fill(buf: KVBuffer) -> Fill:
         for entry, a, b in pieces:

@@ -106,6 +106,10 @@ class Focus:
         self.changes: list[tuple[int, int]] = []  # (decode step, module)
         self._mask: torch.Tensor | None = None
 
+    def fresh(self, owners: torch.Tensor | None = None) -> "Focus":
+        """This focus as before the first decode step, over ``owners`` (default: its own)."""
+        return Focus(self.owners if owners is None else owners, self.triggers, self.ends)
+
     def saw(self, input_ids: torch.Tensor) -> None:
         """A forward's input ids; a decode step's trigger moves the focus."""
         if input_ids.shape[-1] != 1:

@@ -137,7 +137,7 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slo
     stored = prefix.insert(sequence, kv, keep)
     if focus is not None:  # slots past the owners (the new tokens) belong to no module
         owners = torch.cat([focus.owners, focus.owners.new_full((len(slots) - len(focus.owners),), -1)])
-        focus = Focus(owners[torch.tensor(order)], focus.triggers, focus.ends)
+        focus = focus.fresh(owners[torch.tensor(order)])
     prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail, logits, focus))
     return stored
 

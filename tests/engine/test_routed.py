@@ -243,6 +243,9 @@ def test_a_clause_focus_ends_when_the_answer_ends_the_clause():
     assert focus.changes == [(2, 1), (4, -1), (6, 0)] and focus.focus == 0
     focus.saw(torch.tensor([[4]]))
     assert focus.focus is None and focus.restrict(0, 1, 6, None, "cpu") is None
+    again = focus.fresh(torch.tensor([1, 1, 0, 0, -1]))  # a repeat's copy: no step seen, owners as given
+    assert (again.focus, again.step, again.changes, again.triggers, again.ends) == (None, 0, [], {7: 1, 9: 0}, {4})
+    assert again.owners.tolist() == [1, 1, 0, 0, -1] and focus.fresh().owners is focus.owners
 
 
 def test_triggers_are_the_question_tokens_that_name_one_kept_module(monkeypatch):
