@@ -334,8 +334,7 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
                 "![accuracy against TTFT × baseline, held-out](../assets/spanning-frontier.png)", ""]
     for split, note in CONFIRM_NOTES.items():  # the splits drawn after held-out was read, each for one default
         if split in f["summary"]:
-            arm = f["confirm_arms"][1] if split == "confirm" else f["arms_run"][split][1]
-            out += [f"**{split}** (seed {f['seeds'][split]}): " + note.format(arm=arm), ""]
+            out += [f"**{split}** (seed {f['seeds'][split]}): " + note.format(arm=f["arms_run"][split][1]), ""]
     rep = f["summary"].get("repeats")
     if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
         out += [f"**Identical repeats** ({rep['sends']} sends after the first, held-out two-fact and every-module "
