@@ -89,12 +89,13 @@ def test_document_longer_than_the_context(tmp_path, capsys):
     assert err.startswith(f"{big}:1:1: error: schema 'big' needs") and "context is 8192" in err
 
 
-def test_missing_file_and_cuda_without_gpu_exit_2_without_traceback():
-    r = run_cli("check", "does-not-exist.xml")
+def test_missing_file_and_cuda_without_gpu_exit_2_without_traceback(capsys):
+    r = run_cli("check", "does-not-exist.xml")  # the module's own entry point, as a user types it
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--storage", "cuda", "--json")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "GPU storage needs a CUDA device" in r.stderr and r.stdout == ""
+    assert main(["run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--storage", "cuda",
+                 "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert "GPU storage needs a CUDA device" in err and out == ""
 
 
 def test_layout_table(capsys):
@@ -108,11 +109,12 @@ def test_layout_table(capsys):
 
 
 @pytest.mark.real_model
-def test_run_json_contract_on_the_real_model():
-    r = run_cli("run", str(SAMPLES / "scaffold.xml"), str(SAMPLES / "scaffold.prompt.xml"), "--max-new-tokens", "4",
-                "--json")
-    assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
+def test_run_json_contract_on_the_real_model(capfd):
+    # in this process (a child would import torch and transformers again); capfd reads what reaches fd 1, as a
+    # caller reading the CLI's stdout would
+    assert main(["run", str(SAMPLES / "scaffold.xml"), str(SAMPLES / "scaffold.prompt.xml"), "--max-new-tokens", "4",
+                 "--json"]) == 0
+    data = json.loads(capfd.readouterr().out)
     assert data["model"] == "SmolLM2-135M-Instruct" and data["storage"] == "cpu"
     # token counts of the plan agree with what each run really prefilled
     assert data["prompt_tokens"] == data["baseline"]["prefill_tokens"]
@@ -125,11 +127,11 @@ def test_run_json_contract_on_the_real_model():
     assert data["first_token_agree"] is True and data["first_token_kl"] < 1e-6
 
 
-def test_budget_smaller_than_a_module_exits_2_with_the_reason():
-    r = run_cli("run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--budget-mb", "0.01",
-                "--max-new-tokens", "1", "--json")
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "budget is" in r.stderr and "--budget-mb" in r.stderr
+def test_budget_smaller_than_a_module_exits_2_with_the_reason(capsys):
+    assert main(["run", str(SAMPLES / "doc_qa.xml"), str(SAMPLES / "doc_qa.prompt.xml"), "--budget-mb", "0.01",
+                 "--max-new-tokens", "1", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "budget is" in err and "--budget-mb" in err
 
 
 def test_bad_retention_exits_2():
@@ -138,15 +140,14 @@ def test_bad_retention_exits_2():
 
 
 @pytest.mark.real_model
-def test_a_second_cli_run_encodes_nothing(tmp_path):
-    env_dir = tmp_path / "modules"
-    import os
-
-    env = dict(os.environ, PML_STUDIO_MODULES=str(env_dir))
-    args = [sys.executable, "-m", "engine.cli", "run", str(SAMPLES / "reference_compat.xml"),
-            str(SAMPLES / "reference_compat.prompt.xml"), "--max-new-tokens", "1", "--json"]
-    first = json.loads(subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600).stdout)
-    second = json.loads(subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600).stdout)
+def test_a_second_cli_run_encodes_nothing(tmp_path, capsys, monkeypatch):
+    """The first run here, the second in a new process: what the first saved is found by another process."""
+    monkeypatch.setenv("PML_STUDIO_MODULES", str(tmp_path / "modules"))
+    args = ["run", str(SAMPLES / "reference_compat.xml"), str(SAMPLES / "reference_compat.prompt.xml"),
+            "--max-new-tokens", "1", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    second = json.loads(run_cli(*args).stdout)
     assert first["encode"]["encoded"] == first["encode"]["units"] > 0
     assert second["encode"]["encoded"] == 0 and second["encode"]["disk"] == second["encode"]["units"]
     assert second["cached"]["text"] == first["cached"]["text"]
