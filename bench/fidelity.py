@@ -558,7 +558,7 @@ def main() -> None:
     ap.add_argument("--needles", choices=("varied", "magic"), default="varied",
                     help="varied: facts with names, places and phrases as answers (bench/needles.py); magic: "
                     "'the special magic number for the X project is N' (the sets measured before issue 17)")
-    ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, 8 new tokens, no files")
+    ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, 4 new tokens, no files")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
                     "results go to bench/results/fidelity-MODEL.json, without plots")
     ap.add_argument("--weights", default="fp32", choices=WEIGHTS,
@@ -585,7 +585,7 @@ def main() -> None:
     chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
         args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 40
-        args.confusable, conf_modules, args.ttft_reps, samples, args.new_tokens = 2, 2, 0, ["travel"], 8
+        args.confusable, conf_modules, args.ttft_reps, samples, args.new_tokens = 2, 2, 0, ["travel"], 4
         args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4", "prefixed+blend 25"), \
             ("prefixed", "prefixed+repair 4")
     # isolated is the TTFT reference of the other cached arms; a baseline-only run (needle accuracy per weight

@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.lengths, args.reps = [256], 2
+        args.lengths, args.reps = [128], 2
     eng = Engine()
     chunks = essay_chunks(eng.codec.encode, 250)
     rows, results = [], []

@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
     if args.quick:
-        args.lengths, args.reps = [192, 256, 384], 1
+        args.lengths, args.reps = [96, 128, 192], 1
     eng = Engine(model=args.model, persist=False)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks, floor=True) for n in args.lengths]

@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per run (decode ms/token)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 256 and 512 tokens, 1 rep, 4 new tokens")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 128 and 256 tokens, 1 rep, 4 new tokens")
     ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
     ap.add_argument("--device", default=None, choices=DEVICES,
                     help="where the model computes (default: cuda with --storage cuda, else cpu)")
@@ -160,7 +160,7 @@ def main() -> None:
                     help="measure again with pinned storage, layer-wise copies and CUDA graphs off (results_eager)")
     args = ap.parse_args()
     if args.quick:
-        args.lengths, args.reps, args.new_tokens = [256, 512], 1, 4
+        args.lengths, args.reps, args.new_tokens = [128, 256], 1, 4
     extra = {}
     if args.random_shape:
         device = args.device or ("cuda" if args.storage == "cuda" else "cpu")

@@ -63,7 +63,7 @@ def test_ttft_quick():
     assert "speedup" in out.splitlines()[0]  # the table comes first
     assert data["benchmark"] == "ttft" and data["ttft_includes_copy"] is True
     rows = data["results"]
-    assert [r["target_tokens"] for r in rows] == [256, 512]
+    assert [r["target_tokens"] for r in rows] == [128, 256]
     for r in rows:
         assert r["prompt_tokens"] <= r["target_tokens"] + 8 and r["uncached_tokens"] < r["cached_tokens"]
         check_ttft_row(r, data["reps"])
