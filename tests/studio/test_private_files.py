@@ -1,12 +1,15 @@
-"""Nothing of the user's is readable by another account, and nothing is left in the temporary folders at a stop.
+"""Nothing of the user's is readable by another account, nothing is left in the temporary folders at a stop, and
+each signal keeps the runs the run log could not take (issue 37, items 3 and 4).
 
-A studio is served in a child process the way `make run` serves it (studio.launch.serve, the tiny model), with its
-own world-writable TMPDIR (as /tmp is) and a cache folder other accounts may enter (as a 0755 home is). The user
-loads the page's first events (schema validation: the schema download; History: the CSV export of the whole run
-log), runs a Compare and an API request, and downloads the CSV export; every prompt carries a marker. Then another
-account (uid 65534, where the tests run as root) reads every file it can under those folders and Gradio's default
-/tmp/gradio: none holds the marker, while this account finds it (so the search would notice). After SIGINT, SIGTERM
-and SIGHUP, no file under the TMPDIR holds it at all.
+One studio per signal is served in a child process the way `make run` serves it (studio.launch.serve, the tiny
+model; tests/studio/test_shutdown.py), with its own world-writable TMPDIR (as /tmp is) and a cache folder other
+accounts may enter (as a 0755 home is). The user loads the page's first events (schema validation: the schema
+download; History: the CSV export of the whole run log), runs a Compare and an API request, and downloads the CSV
+export; every prompt carries a marker. Another account (uid 65534, where the tests run as root) reads every file it
+can under those folders and Gradio's default /tmp/gradio: none holds the marker, while this account finds it (so the
+search would notice). Then the run log is locked, a Compare and an API request are answered and a stream is
+decoding when the signal comes: the studio ends within 5 s, says where the runs went, the next start writes them,
+and no file is left under its TMPDIR.
 """
 
 from __future__ import annotations
@@ -17,47 +20,20 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port
-from tests.studio.test_shutdown import wait_until_serving
-from tests.studio_fixtures import AUTH, TOKEN, TRAVEL_PROMPT
+from engine.runlog import RunLog
+from tests.conftest import ROOT
+from tests.studio.test_shutdown import FIRST, answer_then_stream, bare_studio, serve_and_signal
+from tests.studio_fixtures import AUTH, TRAVEL_PROMPT
 
 MARKER = "quasar-zebra-4711"
 NOBODY = 65534
-
-CHILD = textwrap.dedent("""
-    import json, pathlib, sys
-    import gradio as gr
-    import engine.session
-    from engine.model import SMALL_MODEL
-    from engine.model.load import load_tokenizer
-    from studio import app, launch
-    from tests.conftest import make_tiny_llama
-
-    Engine = engine.session.Engine
-    engine.session.Engine = lambda **kw: Engine.from_loaded(make_tiny_llama(load_tokenizer(SMALL_MODEL)[1]))
-    build = app.build_app
-    def build_app(*args, **kwargs):  # the events the page runs at load, by name, for the test to call
-        demo = build(*args, **kwargs)
-        names = {getattr(getattr(fn.fn, "func", fn.fn), "__name__", ""): fn._id for fn in demo.fns.values()}
-        pathlib.Path(sys.argv[3]).write_text(json.dumps({k: names[k] for k in ("_validate_ui", "_refresh_ui")}))
-        return demo
-    app.build_app = build_app
-    wait = gr.Blocks.block_thread
-    def block_thread(self):
-        pathlib.Path(sys.argv[2]).touch()
-        return wait(self)
-    gr.Blocks.block_thread = block_thread
-    sys.exit(launch.serve(launch.StudioOptions(port=int(sys.argv[1]), preload=False, token=sys.argv[4])))
-""")
 
 # Another account: every file it can read under the folders given, and which of them hold the marker
 READER = textwrap.dedent("""
@@ -134,60 +110,61 @@ def run_event(c: httpx.Client, fn_index: int, data: list) -> list:
     raise AssertionError("the event did not complete")
 
 
-def start_studio(base: Path, private: Path) -> tuple[subprocess.Popen, int, Path, Path, Path]:
-    """A served studio under ``base``: (child, port, its events file, its TMPDIR, its home)."""
-    from engine.devices import cache_root
-
+def private_folders(base: Path) -> tuple[Path, Path, Path, Path]:
+    """(cache, TMPDIR, run log, home) under ``base``: a TMPDIR everyone may write in, as /tmp, and the cache in a
+    home other accounts may enter (Debian's default before bookworm)."""
     base.mkdir(mode=0o755)
     base.chmod(0o755)
     tmp, home = base / "tmp", base / "home"
     tmp.mkdir()
-    tmp.chmod(0o1777)  # as /tmp: everyone may create files in it
+    tmp.chmod(0o1777)
     cache = home / ".cache" / "pml-studio"
     cache.mkdir(parents=True)
     for folder in (home, home / ".cache", cache):
-        folder.chmod(0o755)  # a home folder other accounts may enter (Debian's default before bookworm)
-    (cache / "models").symlink_to(cache_root() / "models")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADIO_", "HF_HUB", "DO_NOT_TRACK"))}
-    env.update(PML_STUDIO_CACHE=str(cache), TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
-    port, serving, events = free_port(), private / f"{base.name}.serving", private / f"{base.name}.json"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(port), str(serving), str(events), TOKEN], cwd=ROOT,
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return child, port, events, tmp, home
+        folder.chmod(0o755)
+    return cache, tmp, cache / "runs.db", home
 
 
-def test_another_account_reads_nothing_of_the_user_and_a_stop_leaves_nothing():
-    """One studio per signal, started together (their start is most of the time)."""
-    names = [n for n in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, n)]
-    top = Path(tempfile.mkdtemp(prefix="pml-private-test-", dir="/tmp"))
-    private = Path(tempfile.mkdtemp())  # this account's: the serving flags and the events' ids
+def nobody_reads_the_user(tmp: Path, home: Path) -> None:
+    """This account finds the marker in the CSV export and the run log; no other account finds it anywhere."""
+    folders = [tmp, home, Path("/tmp/gradio")]
+    mine = read_as(None, folders)
+    assert any(h.endswith(".csv") for h in mine["hits"]) and any("runs.db" in h for h in mine["hits"]), mine
+    assert open_to_others([tmp, home]) == []
+    if os.geteuid() == 0:
+        theirs = read_as(NOBODY, folders)
+        assert theirs["hits"] == [], theirs
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_another_account_reads_nothing_and_each_signal_keeps_the_runs_and_leaves_nothing(tmp_path, name):
+    """Ctrl-C works though the studio was started with SIGINT ignored (it installs its own handler)."""
+    if not hasattr(signal, name):
+        pytest.skip(f"no {name} on this platform")
+    signum = getattr(signal, name)
+    top = Path(tempfile.mkdtemp(prefix="pml-private-test-", dir="/tmp"))  # every folder above searchable
     top.chmod(0o755)
-    studios = {name: start_studio(top / name, private) for name in names}
     try:
-        for name, (child, port, events, tmp, home) in studios.items():
-            wait_until_serving(child, events.with_suffix(".serving"))
-            try:
-                use_the_studio(port, json.loads(events.read_text()))
-            except AssertionError as err:
-                child.kill()
-                raise AssertionError(f"{str(err)[-2000:]}\nthe studio's console: {child.communicate()[1][-3000:]}")
-            folders = [tmp, home, Path("/tmp/gradio")]
-            mine = read_as(None, folders)
-            assert any(h.endswith(".csv") for h in mine["hits"]) and any("runs.db" in h for h in mine["hits"]), mine
-            assert open_to_others([tmp, home]) == []
-            if os.geteuid() == 0:
-                theirs = read_as(NOBODY, folders)
-                assert theirs["hits"] == [], theirs
-            signum = getattr(signal, name)
-            child.send_signal(signum)
-            out, err = child.communicate(timeout=60)
-            assert child.returncode in (0, 128 + signum), (name, err[-3000:])
-            assert read_as(None, [tmp])["hits"] == [], name  # nothing of the user's left in the temporary folder
-            assert list(tmp.glob("pml-studio-*")) == [] and [p for p in tmp.rglob("*") if p.is_file()] == [], name
+        cache, tmp, db, home = private_folders(top / "studio")
+
+        def first(port, events):  # the log takes these runs, and the child's waiting one with the first
+            use_the_studio(port, events)
+            nobody_reads_the_user(tmp, home)
+
+        out, left, took = serve_and_signal(tmp_path, signum, locked=True, work=answer_then_stream, first=first,
+                                           sigint=signal.SIG_IGN if name == "SIGINT" else signal.SIG_DFL,
+                                           folders=(cache, tmp, db))
+        saved = cache / "runs.db.pending.jsonl"
+        assert out.returncode == (0 if name == "SIGINT" else 128 + signum), out.stderr[-3000:]  # Ctrl-C: clean
+        assert took < 5.0 and left == [] and "Traceback" not in out.stderr, (took, out.stderr[-3000:])
+        lines = [line for line in out.stderr.splitlines() if line.startswith("pml-studio: stopped: ")]
+        assert len(lines) == 1 and f"2 finished runs the run log could not take saved in {saved}" in lines[0], lines
+        assert "locked by another writer" in lines[0] and f"; removed {tmp / 'pml-studio-'}" in lines[0]
+        assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+        assert read_as(None, [tmp])["hits"] == [] and [p for p in tmp.rglob("*") if p.is_file()] == []
+        bare_studio(db)  # the next start
+        rows = RunLog(db).runs()
+        assert [(r["created_at"], r["prompt_text"]) for r in rows][-1] == (FIRST, "the prompt") and not saved.exists()
+        assert sorted(str(r["source"]) for r in rows) == ["None", "None", "None", "api", "api"]
     finally:
-        for child, *_ in studios.values():
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
         shutil.rmtree(top, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
