@@ -26,15 +26,15 @@ if _OWN_MODULES:
 # The longest files first (by wall time in a 4-worker run): `make test` hands whole files to its workers in
 # collection order (--no-loadscope-reorder: xdist would order them by their count of tests), so the suite ends
 # when its last long file does; started first, they end beside the short ones.
-SLOW_FIRST = ("tests/bench/test_bench_speed.py", "tests/engine/test_real_model.py", "tests/studio/test_shutdown.py",
-              "tests/engine/test_qwen.py", "tests/bench/test_bench_fidelity.py", "tests/engine/test_cli.py",
-              "tests/studio/test_studio_offline.py", "tests/engine/test_bounded_reads.py",
-              "tests/studio/test_private_files.py", "tests/studio/test_browser.py", "tests/studio/test_studio_guard.py",
-              "tests/engine/test_programs.py", "tests/engine/test_prefix.py", "tests/engine/test_gguf_model.py",
-              "tests/studio/test_browser_newcomer.py", "tests/engine/test_prefill.py",
-              "tests/contract/test_architecture.py", "tests/bench/test_bench_workload.py",
-              "tests/engine/test_default_model.py", "tests/engine/test_weights.py",
-              "tests/bench/test_bench_compression.py")
+SLOW_FIRST = ("tests/engine/test_real_model.py", "tests/bench/test_bench_speed.py", "tests/engine/test_qwen.py",
+              "tests/studio/test_private_files.py", "tests/engine/test_cli.py",
+              "tests/studio/test_studio_offline.py", "tests/bench/test_bench_fidelity.py",
+              "tests/studio/test_browser.py", "tests/engine/test_bounded_reads.py",
+              "tests/bench/test_bench_workload.py", "tests/studio/test_studio_guard.py",
+              "tests/bench/test_bench_compression.py", "tests/engine/test_programs.py",
+              "tests/engine/test_prefix.py", "tests/engine/test_prefill.py", "tests/engine/test_gguf_model.py",
+              "tests/studio/test_browser_newcomer.py", "tests/contract/test_architecture.py",
+              "tests/engine/test_default_model.py", "tests/studio/test_shutdown.py", "tests/engine/test_weights.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
