@@ -9,11 +9,15 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut 
 setup: $(STAMP)
 
 # uv installs what pip would (the same pins, from the places pip is configured to look: this machine's local
-# torch wheel among them) in parallel: set-up takes ~1 min of installs where pip took ~2.5 (docs/testing.md).
-# Byte-compiled at install: where PYTHONDONTWRITEBYTECODE is set, every import would compile from source.
+# torch wheel among them), in parallel and without compiling every file it unpacks (docs/testing.md).
 UV = UV_FIND_LINKS="$(shell $(PY) -m pip config get global.find-links 2>/dev/null)" \
 	UV_EXTRA_INDEX_URL="$(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null)" \
-	UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode
+	UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q --python $(BIN)/python
+
+# Each module is byte-compiled when first imported, then read back: where PYTHONDONTWRITEBYTECODE is set, every
+# Python that make starts (the suite's CLI runs, served studios, benchmarks) would compile torch, transformers
+# and gradio from source again.
+unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,9 +47,6 @@ run: setup
 # keep two cores busy where three left them idle a third of the time; two threads per worker would spin.
 TEST_WORKERS ?= 4
 test: setup browser
-	# Byte-compiled once here: where PYTHONDONTWRITEBYTECODE is set, each child Python of the suite (CLI
-	# runs, served studios, benchmarks) would otherwise compile the project again (~1 s of CPU each).
-	$(BIN)/python -m compileall -q -j 0 app.py engine studio bench tests tools > /dev/null
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # Browser tests drive Debian's chromium (Playwright cannot download browsers here); they skip without it.

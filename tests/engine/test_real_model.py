@@ -20,8 +20,11 @@ def test_default_model_facts(real_engine):
 
 @pytest.mark.parametrize("name, schema, prompt", sample_pairs(), ids=[n for n, _, _ in sample_pairs()])
 def test_sample_encodes_and_runs(real_engine, real_stock, name, schema, prompt):
+    # the modular arm against the full prefill; the prefix arm, cold here, would prefill all again (its
+    # exactness on this model: test_prefix_arm_is_exact_on_the_real_model)
+    only = real_engine.config.with_(arms=("baseline", "cached"))
     c, wall_ms = timed(real_engine.compare, schema.read_text(), prompt.read_text(), Sampling(3),
-                       schema_source=str(schema), prompt_source=str(prompt))
+                       schema_source=str(schema), prompt_source=str(prompt), config=only)
     assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
     eos = real_engine.lm.eos_ids
     logits, greedy = stock_figures(real_stock, c.plan.token_ids, 3, eos)  # transformers alone, same token ids
