@@ -1339,15 +1339,22 @@ def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
     return out
 
 
+def routed_default() -> str:
+    """The engine's default routed arm as the arm labels write it (bench/fidelity.py parse_arm), less '+tree': the
+    focus is named where it is not 'on', the labels' own default."""
+    from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
+
+    focus = "" if DEFAULT_FOCUS == "on" else f"+focus {DEFAULT_FOCUS}"
+    return f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}{focus}"
+
+
 def _spanning_bullet(span: dict | None) -> list[str]:
     """Questions that span modules: the routed arm at its defaults against the baseline, two facts on the confirm
     rows that ran it (pooled over the splits that did), else held-out; every module on the newest confirm rows that
     hold them, their arm named where it is not the default's (a tree setting on two facts is its share's run: the
     tree path needs every module kept, see spanning.py)."""
-    from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
-
     summary = (span or {}).get("summary", {})
-    arm = f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}{'+focus clause' if DEFAULT_FOCUS == 'clause' else ''}"
+    arm = routed_default()
     confirms = [k for k in summary if k.startswith("confirm")]
     ran = [k for k in confirms if f"{arm}+tree" in summary[k].get("two/8/every phrasing", {})]
     split = max(ran, key=len) if ran else "heldout"

@@ -38,13 +38,13 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from report import routed_default
 from common import doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
 from bench import needles
 from bench.fidelity import Runner
 from bench.workloads import SYSTEM, wilson
 from engine.arms.baseline import run_baseline
 from engine.arms.registry import Sampling
-from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
 from engine.model import WEIGHTS
 from engine.session import Engine
 
@@ -66,7 +66,7 @@ ARMS = {
     "confusable": ("prefixed", f"{ROUTED}+share 20", TODAY),
 }
 # The engine's default routed arm (its share, the tree warmed as Engine.run warms it): all the confirm split runs.
-DEFAULT = f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}{'+focus clause' if DEFAULT_FOCUS == 'clause' else ''}+tree"
+DEFAULT = f"{routed_default()}+tree"
 CONFIRM = ("baseline", DEFAULT)
 # each split's seed over --seed; confirm2 measures confirm's default again, confirm3 and confirm4 each the one that
 # follows the default a confirm split rejected

@@ -12,7 +12,7 @@ import pytest
 from benchchecks import (RESULTS, check_compression, check_fidelity, check_fits, check_floor, check_ttft_row,
                          check_workload, shape_kv_bytes, wilson_roots)
 from conftest import ROOT
-from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
+from tests.contract.test_docs import load_report
 
 
 def test_committed_results_pass_the_same_checks():
@@ -64,8 +64,7 @@ def test_committed_spanning_results_hold_together():
         for pool in (k for k in d["summary"] if "+" in k):  # confirm splits of one arm together, where it is judged
             check_split_summary(d["summary"][pool], [r for s in pool.split("+") for r in d["rows"][s]], path.name)
         if last:  # the newest confirm split measured the engine's default as it is now
-            focus = "+focus clause" if DEFAULT_FOCUS == "clause" else ""
-            assert d["arms_run"][last][1] == f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}{focus}+tree"
+            assert d["arms_run"][last][1] == f"{load_report().routed_default()}+tree"
 
 
 def check_split_summary(summary: dict, rows: list[dict], name: str) -> None:
@@ -84,6 +83,19 @@ def check_split_summary(summary: dict, rows: list[dict], name: str) -> None:
             if "mean_ttft_vs_baseline" in s:
                 ratio = sum(r[arm]["ttft_ms"] for r in ran) / sum(r["baseline"]["ttft_ms"] for r in ran)
                 assert s["mean_ttft_vs_baseline"] == pytest.approx(ratio, abs=1e-3)
+
+
+def test_the_default_routed_label_reads_back_as_the_engine_s_defaults(monkeypatch):
+    """The one label of the engine's default routed arm (bench/spanning.py runs it, bench/report.py quotes it)
+    parses back, through the labels' own grammar, to the share and focus the engine defaults to."""
+    from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from fidelity import parse_arm
+
+    spec = parse_arm(f"{load_report().routed_default()}+tree")
+    assert (spec["route"], spec["share"], spec["focus"], spec["tree"]) == (0, round(DEFAULT_SHARE * 100),
+                                                                          DEFAULT_FOCUS, True)
 
 
 def test_fidelity_plot_labels_do_not_pile_up(monkeypatch, tmp_path):
