@@ -22,7 +22,9 @@ def served(tiny_engine, tmp_path):
         yield port
 
 
-def test_a_run_streams_by_its_id_and_only_on_the_studios_own_host(served):
+def test_a_run_streams_by_its_id_and_only_on_the_studios_own_host(served, monkeypatch):
+    # an arm counts as active for ACTIVE_S after its last token: a loaded machine may answer later than that
+    monkeypatch.setattr(live, "ACTIVE_S", 60.0)
     run = live.RUNS.open(("baseline", "cached"))
     run.show("cached", "Nara is", "cached: decoding…")
     with httpx.Client(base_url=f"http://127.0.0.1:{served}", timeout=10, headers=AUTH) as client:
@@ -117,3 +119,18 @@ def test_with_nobody_fetching_gradio_streams_the_texts(studio, travel, monkeypat
     updates = list(cmp.compare_stream(studio, schema, prompt, 12, settings=settings()))
     assert any(u.phase in ("baseline", "prefix", "cached") for u in updates)
     assert not updates[-1].live.watched and updates[-1].live.done
+
+
+def test_an_arm_is_active_for_a_moment_after_its_last_token(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    run = live.LiveRun(("baseline", "cached"))
+    run.show("cached", "Nara", "cached: decoding…")
+    clock[0] += live.ACTIVE_S / 2
+    assert run.reply()["active"] == ["cached"]
+    clock[0] += live.ACTIVE_S
+    assert run.reply()["active"] == []
+    run.show("baseline", "Nara is", "baseline: decoding…")
+    assert run.reply()["active"] == ["baseline"]
+    run.finish()
+    assert run.reply()["active"] == []
