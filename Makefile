@@ -10,9 +10,10 @@ setup: $(STAMP)
 
 # uv installs what pip would (the same pins, from the places pip is configured to look: this machine's local
 # torch wheel among them), in parallel and without compiling every file it unpacks (docs/testing.md).
-UV = UV_FIND_LINKS="$(shell $(PY) -m pip config get global.find-links 2>/dev/null)" \
-	UV_EXTRA_INDEX_URL="$(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null)" \
-	UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q --python $(BIN)/python
+# Read from pip once, at the first install, and kept (each `pip config` call is ~1 s).
+PIP_SOURCES = $(eval PIP_SOURCES := UV_FIND_LINKS="$(shell $(PY) -m pip config get global.find-links 2>/dev/null)" \
+	UV_EXTRA_INDEX_URL="$(shell $(PY) -m pip config get global.extra-index-url 2>/dev/null)")$(PIP_SOURCES)
+UV = $(PIP_SOURCES) UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q --python $(BIN)/python
 
 # Each module is byte-compiled when first imported, then read back: where PYTHONDONTWRITEBYTECODE is set, every
 # Python that make starts (the suite's CLI runs, served studios, benchmarks) would compile torch, transformers

@@ -24,6 +24,7 @@ README, PAGE = ROOT / "README.md", ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- measured:start -->", "<!-- measured:end -->"  # the section, in docs/benchmarks.md
 HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"  # the headline, in README.md
 ASSETS = "../assets"  # images as docs/benchmarks.md links them
+ROUTED = "prefixed+route 0"  # the routed arm keeping every module whose pull reaches the threshold
 
 
 def load(name: str) -> dict | None:
@@ -1326,15 +1327,15 @@ def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
             parts.append(f"blend {min(blends):.0%}–{max(blends):.0%} recomputing {shares[0]}–{shares[-1]} % of the "
                          "cached tokens" + (f" ({_pct(best[1])} recomputing {_arm_name(best[0]).removeprefix('blend ')})"
                                             if best else ""))
-        routed = ((conf or {}).get("confusable") or {}).get("prefixed+route 0")
+        routed = ((conf or {}).get("confusable") or {}).get(ROUTED)
         if routed:
             parts.append(f"routed (int8 weights) {_pct(routed)}")
         out.append(f"- **Confusable facts** ({_short(fid['model'])}, {next(iter(c.values()))['n']} prompts × "
                    f"{fid['confusable_modules']} modules of one template, answer found): " + ", ".join(parts) + ".")
     t = (two or {}).get("two_fact") or {}
-    if "prefixed+route 0" in t:
+    if ROUTED in t:
         n = t["baseline"]["n"]
-        out.append(f"- **Two facts in one question** ({n} prompts × {two['confusable_modules']} modules): routed {_pct(t['prefixed+route 0'])}, "
+        out.append(f"- **Two facts in one question** ({n} prompts × {two['confusable_modules']} modules): routed {_pct(t[ROUTED])}, "
                    f"baseline {_pct(t['baseline'])}, modular {_pct(t['prefixed'])}.")
     return out
 
@@ -1345,7 +1346,7 @@ def routed_default() -> str:
     from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
 
     focus = "" if DEFAULT_FOCUS == "on" else f"+focus {DEFAULT_FOCUS}"
-    return f"prefixed+route 0+share {round(DEFAULT_SHARE * 100)}{focus}"
+    return f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}{focus}"
 
 
 def _spanning_bullet(span: dict | None) -> list[str]:
@@ -1373,7 +1374,7 @@ def _spanning_bullet(span: dict | None) -> list[str]:
                        f"{e[their]['mean_ttft_vs_baseline']:.2f}×" for n, e in zip((4, 8), every))
     if their != f"{arm}+tree":
         paths = sorted({p for e in every for p in e[their].get("paths", {})})
-        recall += (f" ({_split_name(every_split)}, `{their.replace('prefixed+route 0', 'routed')}`: its prompts took "
+        recall += (f" ({_split_name(every_split)}, `{their.replace(ROUTED, 'routed')}`: its prompts took "
                    f"the {' and '.join(paths)} paths, which neither the share nor the focus changes)")
     phrasings = ", ".join(f"{k.split('/')[2]} {v[used]['found']}/{v[used]['n']} ({v['baseline']['found']})"
                           for k, v in summary[split].items() if k.startswith("two/8/") and "every" not in k

@@ -38,17 +38,16 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from report import routed_default
 from common import doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
 from bench import needles
 from bench.fidelity import Runner
 from bench.workloads import SYSTEM, wilson
+from report import ROUTED, routed_default
 from engine.arms.baseline import run_baseline
 from engine.arms.registry import Sampling
 from engine.model import WEIGHTS
 from engine.session import Engine
 
-ROUTED = "prefixed+route 0"
 SHARES = (10, 20, 30, 45, 60, 100)  # route_share settings measured, in % (100: issue 38's recompute of all kept)
 SETTINGS = tuple(f"{ROUTED}+share {r}" for r in SHARES)
 TODAY = f"{ROUTED}+share 100"  # the routed arm before issue 47

@@ -184,9 +184,9 @@ CHILD = textwrap.dedent("""
         demo = build(*args, **kwargs)
         demo.studio.pending.append(PendingRun(json.loads(sys.argv[3]), "<schema/>", "the prompt", sys.argv[4]))
         demo.studio.runlog.timeout = 0.5  # a locked log refuses within half a second, not the default 30
-        if len(sys.argv) > 6:  # the page's load events by name, for a test that runs them as the page does
-            names = {getattr(getattr(fn.fn, "func", fn.fn), "__name__", ""): fn._id for fn in demo.fns.values()}
-            pathlib.Path(sys.argv[6]).write_text(json.dumps({k: names[k] for k in ("_validate_ui", "_refresh_ui")}))
+        # the page's load events by name, for a test that runs them as the page does
+        names = {getattr(getattr(fn.fn, "func", fn.fn), "__name__", ""): fn._id for fn in demo.fns.values()}
+        pathlib.Path(sys.argv[6]).write_text(json.dumps({k: names[k] for k in ("_validate_ui", "_refresh_ui")}))
         return demo
     app.build_app = build_app
     from engine import session
