@@ -6,11 +6,32 @@ import os
 from pathlib import Path
 
 from engine.errors import StorageError
+from engine.owned import private_folder
+
+CACHE_FIX = "set PML_STUDIO_CACHE to a folder of yours (or leave it unset for ~/.cache/pml-studio)"
+CACHE_FOLDERS = ("models", "gguf", "kernels", "packed", "modules")  # what the engine keeps under the cache root
 
 
 def cache_root() -> Path:
-    """``$PML_STUDIO_CACHE``, else ``~/.cache/pml-studio``."""
-    return Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
+    """``$PML_STUDIO_CACHE``, else ``~/.cache/pml-studio``: made if missing, refused unless the user's own
+    (engine/owned.py: models, compiled kernels and module KV are loaded from it)."""
+    root = Path(os.environ.get("PML_STUDIO_CACHE") or Path.home() / ".cache" / "pml-studio")
+    return private_folder(root, "cache folder", CACHE_FIX)
+
+
+def cache_folder(name: str) -> Path:
+    """The cache root's folder ``name``, made if missing, refused unless the user's own."""
+    return private_folder(cache_root() / name, f"cache folder '{name}'", CACHE_FIX)
+
+
+def check_cache() -> Path:
+    """Check, at a start, the cache root and what the engine keeps in it: one ForeignPathError naming the first path
+    another account controls; the root."""
+    root = cache_root()
+    for name in CACHE_FOLDERS:
+        if os.path.lexists(root / name):
+            cache_folder(name)
+    return root
 
 
 def process_alive(pid: int) -> bool:

@@ -14,6 +14,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from typing import Iterator
 from sqlite_utils import Database
 
 from engine.arms.registry import REGISTRY
-from engine.errors import EngineError
+from engine.errors import EngineError, StorageError
 
 TABLE = "runs"
 ARM_TABLE = "arm_runs"
@@ -118,13 +119,16 @@ class RunLog:
         self.timeout = timeout
         self.read_only: str | None = None  # why this log cannot be written
         try:
+            _claim(self.path)
+        except StorageError as err:  # refused, or no folder can be made there
+            raise RunLogError(str(err), retry=False) from None
+        try:
             found = _stored_version(self.path)
             if found is not None and found > VERSION:
                 self.read_only = (f"the run log {self.path} was written by a newer PML Studio (schema version "
                                   f"{found}, this one knows {VERSION}): open it with that version, "
                                   "or pass --db another.db")
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._db() as db:
                 db.enable_wal()
                 _create_or_extend(db, TABLE, COLUMNS)
@@ -257,6 +261,25 @@ def _stored_version(path: Path) -> int | None:
         return int(conn.execute("PRAGMA user_version").fetchone()[0])
     finally:
         conn.close()
+
+
+def _claim(path: Path) -> None:
+    """Make the log's file, private and exclusively ours (``O_EXCL``), or check that the one there, and its WAL
+    files, are the user's own in a folder no other account can write to: the log holds every prompt and document,
+    and a file another account made stays open to it whatever its mode."""
+    from engine.devices import CACHE_FIX
+    from engine.owned import check_own_file, create_private, private_folder
+
+    fix = f"pass --db a file in a folder of yours (the default is ~/.cache/pml-studio/runs.db; {CACHE_FIX})"
+    private_folder(path.parent, "run log's folder", fix)
+    if create_private(path):
+        return
+    for file in (path, *(path.with_name(path.name + end) for end in _SIDE_FILES)):
+        if os.path.lexists(file):
+            check_own_file(file, "run log" if file == path else "run log's journal", fix)
+
+
+_SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's files beside the log, opened with the same rights
 
 
 def _owner_only(path: Path) -> None:

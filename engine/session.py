@@ -306,7 +306,9 @@ class Engine:
 def encode_summary(enc: EncodedSchema) -> dict:
     """How a schema's units were obtained, as JSON."""
     by_source = {src: sum(u.source == src for u in enc.units) for src in ("memory", "disk", "encoded")}
+    unsaved = [u.unsaved for u in enc.units if u.unsaved]
     return {"ms": round(enc.encode_ms, 3), "units": len(enc.units), **by_source,
+            "unsaved": len(unsaved), "store_note": unsaved[0] if unsaved else "",
             "detail": [{"unit": u.name, "kind": u.kind, "tokens": u.tokens, "ms": round(u.ms, 3), "source": u.source}
                        for u in enc.units]}
 

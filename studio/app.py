@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine.owned import check_trusted
 from engine.runlog import RunLog
 
 from . import benchmarks as bench
@@ -68,6 +69,7 @@ def private_temp() -> Path:
     """The studio's temporary folder (0700): downloads, exports and Gradio's own cache, which would otherwise go to
     /tmp/gradio, readable by every account. Set before the Blocks are built: components read it when made."""
     folder = Path(tempfile.mkdtemp(prefix="pml-studio-"))
+    check_trusted(folder, "temporary folder", "set TMPDIR to a folder of yours (or leave it unset for /tmp)")
     (folder / "gradio").mkdir(mode=0o700)
     os.environ["GRADIO_TEMP_DIR"] = str(folder / "gradio")
     return folder

@@ -55,6 +55,7 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
 
     Only a request with the launch token, naming the host, loopback or an allowed host, drives it (studio/guard.py).
     """
+    from engine.devices import check_cache
     from engine.errors import EngineError
     from engine.runlog import RunLog
     from engine.session import Engine
@@ -73,7 +74,9 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     try:
+        check_cache()  # every folder it loads from the user's own, or one line that says which is not
         engine = Engine(model=o.model, dtype=o.dtype, weights=o.weights)
+        engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(o.db)
         engine.codec  # the tokenizer, before the page can ask for a validation
     except EngineError as err:

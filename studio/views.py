@@ -354,4 +354,8 @@ def _memory_badges(comparison: Comparison) -> str:
     if enc:
         out += (f'<span class="badge">units: {enc.get("memory", 0)} memory · {enc.get("disk", 0)} disk · '
                 f'{enc.get("encoded", 0)} encoded</span>')
+    if enc and enc.get("unsaved"):
+        out += (f'<span class="badge warn" title="{html.escape(enc.get("store_note", ""))}">{enc["unsaved"]} unit(s) '
+                "not saved: the module store's disk refused them (full or read-only); this run used them from "
+                "memory</span>")
     return out

@@ -41,6 +41,7 @@ class UnitReport:
     tokens: int
     ms: float
     source: str  # "memory" | "disk" | "encoded"
+    unsaved: str = ""  # why the disk refused to keep it (it served from memory)
 
     @property
     def reused(self) -> bool:
@@ -249,7 +250,8 @@ class _Context:
             if kind != "anonymous":
                 entry = to_storage(entry, self.precision)
             store.put(key, entry, pinned=kind == "anonymous", meta={"module": name, "schema": layout.name})
-        self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded"))
+        unsaved = next((why for key, _ in wanted.values() if (why := store.unsaved(key))), "")
+        self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded", unsaved))
         return out if kind == "anonymous" else None
 
 

@@ -22,6 +22,7 @@ from engine.errors import EngineError, MissingEntry, StorageError
 from engine.files import remove_killed_saves, save_whole
 from engine.kv import entry_from_tensors
 from engine.kv.pinned import PinState
+from engine.owned import check_trusted
 from engine.limits import LIMITS
 
 FORMAT = "pml-kv/2"  # pml-kv/1 plus "scheme" and quantized entries
@@ -36,6 +37,9 @@ class DiskStore:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        # refused if another account controls it; made at the first save (a read-only disk only stops saving)
+        check_trusted(self.root, "module store", "set PML_STUDIO_MODULES (or PML_STUDIO_CACHE) to a folder of yours",
+                      missing_ok=True)
         self.writes = 0
         self.write_errors = 0
         self.corrupt = 0
@@ -52,6 +56,7 @@ class DiskStore:
 
     def save(self, key: str, entry, meta: dict | None = None) -> bool:
         """Write ``entry`` atomically; False when the disk refuses."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         target = self.path(key)
@@ -65,9 +70,10 @@ class DiskStore:
         manifest[HEADER_SUM] = _header_sum(manifest)
         try:
             save_whole(target, lambda path: save_file(tensors, str(path), metadata=manifest))
-        except OSError as err:
+        except (OSError, SafetensorError) as err:  # a full disk comes as either; the entry stays in memory
             self.write_errors += 1
-            self.last_error = f"cannot write {target}: {err.strerror or err}"
+            self.last_error = (f"the module store cannot save {target.name} in {self.root}: "
+                               f"{getattr(err, 'strerror', None) or err}; this run used it from memory")
             return False
         self.writes += 1
         return True
@@ -146,6 +152,7 @@ class ModuleStore:
         self._lock = threading.RLock()
         self.evictions = 0
         self.disk_loads = 0
+        self._unsaved: dict[str, str] = {}  # key -> why the disk refused it (it is kept in memory)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -160,8 +167,15 @@ class ModuleStore:
             self._entries[key] = stored
             self._touch(key, pinned)
         if self.disk is not None and not key.startswith(PREFIX):
-            self.disk.save(key, stored, meta)
+            if self.disk.save(key, stored, meta):
+                self._unsaved.pop(key, None)
+            else:
+                self._unsaved[key] = self.disk.last_error
         return stored
+
+    def unsaved(self, key: str) -> str:
+        """Why ``key``'s entry is in memory only (the disk refused it at its last put); '' when saved or not asked."""
+        return self._unsaved.get(key, "")
 
     def get(self, key: str):
         """The entry for ``key``, from memory or disk, or :class:`MissingEntry`."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.devices import available_bytes, cache_root, process_alive
+from engine.devices import available_bytes, cache_folder, process_alive
 from engine.errors import ModelError
 from engine.model.sanity import check_config, check_shape, short
 
@@ -105,7 +105,7 @@ class GGUFParts:
 def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     """Convert GGUF file ``path`` once, after checking it, into a cache folder named by its sha256; the folder."""
     path = path.expanduser().resolve()
-    remove_stale_conversions(cache_root() / "models")
+    remove_stale_conversions(cache_folder("models"))
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
@@ -325,7 +325,7 @@ def _stale(folder: Path, names: tuple[str, ...] = ()) -> bool:
 
 
 def _gguf_folder(digest: str) -> Path:
-    return cache_root() / "models" / f"gguf-{digest[:16]}"
+    return cache_folder("models") / f"gguf-{digest[:16]}"
 
 
 def _is_converted(folder: Path) -> bool:
@@ -341,7 +341,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _digest_book() -> Path:
-    return cache_root() / "models" / "gguf-digests.json"
+    return cache_folder("models") / "gguf-digests.json"
 
 
 def _known_digest(path: Path) -> str | None:

@@ -5,16 +5,20 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
+import sys
 import threading
 from enum import IntEnum
 from pathlib import Path
 
 import torch
 
-from engine.devices import cache_root
+from engine.devices import cache_folder
+from engine.files import remove_killed_saves
+from engine.owned import ForeignPathError, check_own_file
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("packed_matmul.cpp", "decode_step.cpp")]
 FLAGS = ["-O3", "-fopenmp", "-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
@@ -65,7 +69,7 @@ def _build():
         return None, f"torch's kernels (this CPU lacks {', '.join(missing)})"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return None, "torch's kernels (no C++ compiler to build the engine's: install g++)"
-    from torch.utils.cpp_extension import load, verify_ninja_availability
+    from torch.utils.cpp_extension import verify_ninja_availability
     try:
         verify_ninja_availability()
     except RuntimeError:
@@ -75,23 +79,53 @@ def _build():
     torch_home = str(Path(torch.__file__).resolve().parent)
     key = hashlib.sha256(source + torch.__version__.encode() + torch_home.encode() + " ".join(FLAGS).encode()
                          ).hexdigest()[:12]
-    build = cache_root() / "kernels" / key
-    build.mkdir(parents=True, exist_ok=True)
-    # copies: ninja rebuilds when sources move
-    sources = [build / p.name for p in SOURCES]
-    for src, copy in zip(SOURCES, sources):
-        if not copy.exists() or copy.read_bytes() != src.read_bytes():
-            part = copy.with_name(f".{copy.name}.{os.getpid()}")
-            part.write_bytes(src.read_bytes())
-            os.replace(part, copy)  # whole, beside other builders
+    name = f"pml_packed_{key}"
     try:
-        module = load(name=f"pml_packed_{key}", sources=[str(p) for p in sources], extra_cflags=FLAGS,
-                      extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+        folder = cache_folder("kernels")
+        built = folder / key / f"{name}.so"
+        if os.path.lexists(built):
+            return load_built(name, built), "the engine's AVX-512 VNNI kernels"
+        module = _build_into(folder, key, name)
+    except ForeignPathError as err:  # never load a library another account could have written
+        print(f"pml-studio: warning: {err}", file=sys.stderr, flush=True)
+        return None, f"torch's kernels (the engine's were refused: {err})"
     except Exception as e:  # a compiler error: torch's kernels instead
         lines = str(e).strip().splitlines() or ["?"]
         said = next((line for line in lines if "error" in line), lines[-1])
         return None, f"torch's kernels (building the engine's failed: {said.strip()[:300]})"
     return module, "the engine's AVX-512 VNNI kernels"
+
+
+def load_built(name: str, path: Path):
+    """The extension module ``name`` at ``path``, imported only if the file and every folder above it are the user's
+    own (checked just before loading: its constructors run as the user)."""
+    check_own_file(path, "compiled kernel library", f"remove {path.parent}; the studio builds it again")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build_into(folder: Path, key: str, name: str):
+    """Build the kernels in a private folder of this build's own, then move it into place as ``folder/key`` (another
+    builder's, if it got there first, is kept); the loaded module."""
+    from torch.utils.cpp_extension import load
+
+    remove_killed_saves(folder)  # builds that a killed process left
+    work = folder / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+    work.mkdir(mode=0o700)
+    try:
+        module = load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                      build_directory=str(work), verbose=False)
+        if (folder / key).is_dir() and not (folder / key / f"{name}.so").exists():
+            shutil.rmtree(folder / key, ignore_errors=True)  # a build an older version left unfinished
+        try:
+            os.rename(work, folder / key)
+        except OSError:  # in place already
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return module
 
 
 def _cpu_flags() -> set[str]:

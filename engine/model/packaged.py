@@ -10,7 +10,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.devices import cache_root
+from engine.devices import cache_folder
+from engine.owned import check_trusted
 from engine.errors import ModelError
 from engine.model import default_model
 from engine.model.gguf import (GGUF_WEIGHTS_DTYPE, GGUFParts, check_gguf, conversion_dir, convert_gguf, convert_lock,
@@ -37,7 +38,10 @@ class Packaged:
     requirements: tuple[str, ...] = ()  # pinned, installed with --no-deps
 
     def folder(self) -> Path:
-        return cache_root() / "models" / self.name
+        folder = cache_folder("models") / self.name
+        check_trusted(folder, f"folder of the model '{self.key}'", f"remove {folder}; it is converted again",
+                      missing_ok=True)  # a link there is followed only to the user's own folder
+        return folder
 
     def installed(self) -> bool:
         if self.parts is not None:
@@ -157,7 +161,7 @@ def packaged_gguf(key: str) -> Path:
     packaged = PACKAGED[key]
     if not packaged.installed():
         raise ModelError(f"the model '{key}' needs its packages: run {packaged.install}")
-    kept = cache_root() / "gguf"
+    kept = cache_folder("gguf")
     done = kept / f"{packaged.name}.gguf"
     if done.exists():
         return done

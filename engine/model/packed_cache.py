@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from engine.devices import cache_root
+from engine.devices import cache_folder
 from engine.files import remove_killed_saves, save_whole
 
 SAVE_FROM = 20_000_000  # linear weights below which nothing is saved
@@ -19,7 +19,7 @@ FORMAT = 1  # the saved file's layout
 
 
 def folder() -> Path:
-    return cache_root() / "packed"
+    return cache_folder("packed")
 
 
 def key(fingerprint: str, weights: str) -> str:
@@ -84,6 +84,7 @@ def _read(path: Path) -> dict | None:
 
 def _write(model, path: Path) -> None:
     """Save ``model``'s packed layers whole (or say why not); remove its older files."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     from engine.model.weights import saved_layers
@@ -94,7 +95,7 @@ def _write(model, path: Path) -> None:
     remove_killed_saves(path.parent)
     try:
         save_whole(path, lambda part: save_file(tensors, str(part), metadata=kinds))
-    except OSError as err:
+    except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
         print(f"pml-studio: the packed weights were not saved ({err}); the next load packs them again",
               file=sys.stderr)
         return

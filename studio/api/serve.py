@@ -83,6 +83,7 @@ def serve(options: ServeOptions) -> int:
     """Serve the API alone behind the launch-token guard; 0 after Ctrl-C, 2 on a start error."""
     import uvicorn
 
+    from engine.devices import check_cache
     from engine.errors import EngineError
     from engine.runlog import RunLog
     from engine.session import Engine
@@ -100,7 +101,9 @@ def serve(options: ServeOptions) -> int:
         token = None if options.no_token else make_token(options.token or os.environ.get(TOKEN_ENV) or None)
         if options.no_token and not is_loopback(host):
             raise TokenError(f"--no-token serves only a loopback address, not {host}; drop --no-token")
+        check_cache()  # every folder it loads from the user's own, or one line that says which is not
         engine = Engine(model=options.model, dtype=options.dtype, weights=options.weights)
+        engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(options.db)
         engine.codec  # the tokenizer, before the first request
     except (OSError, ValueError, EngineError) as err:  # TokenError is a ValueError

@@ -174,6 +174,7 @@ class PmlInfo(BaseModel):
     encode_ms: float = 0.0
     run_id: int | None = None
     note: str = ""
+    store_note: str = ""  # why modules encoded for this answer were not saved to disk (a full disk): memory only
 
 
 class ChatMessage(BaseModel):

@@ -4,7 +4,7 @@ import circles, and nothing grows too long.
 The layer map (docs/architecture.md draws it), bottom to top; a module may import its own layer and the ones
 below, never one above — imports inside functions and under ``TYPE_CHECKING`` count, read with ``ast``:
 
-    base         engine.errors · engine.limits · engine.devices · engine.files
+    base         engine.errors · engine.limits · engine.owned · engine.devices · engine.files
     language     engine.schema · engine.programs
     containers   engine.kv
     model        engine.model
@@ -28,7 +28,7 @@ import pytest
 from tests.conftest import ROOT
 
 LAYERS = (
-    ("base", ("engine.errors", "engine.limits", "engine.devices", "engine.files")),
+    ("base", ("engine.errors", "engine.limits", "engine.owned", "engine.devices", "engine.files")),
     ("language", ("engine.schema", "engine.programs")),
     ("containers", ("engine.kv",)),
     ("model", ("engine.model",)),
