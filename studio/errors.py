@@ -13,8 +13,10 @@ from typing import Iterator
 import gradio as gr
 
 from engine.errors import EngineError, PMLError
+from engine.schema.where import Lines
 
 log = logging.getLogger("pml-studio")
+SHOWN = 120  # characters of a long source line shown around a problem's column
 
 
 def user_error(err: BaseException, what: str = "the run") -> gr.Error:
@@ -22,7 +24,7 @@ def user_error(err: BaseException, what: str = "the run") -> gr.Error:
     if isinstance(err, gr.Error):
         return err
     if isinstance(err, PMLError):
-        return refusal("\n".join(_plain(str(p)) for p in err.problems))
+        return refusal("\n".join(_plain(line) for line in err.lines()))
     if isinstance(err, EngineError):
         return refusal(_plain(str(err)))
     log.error("%s failed", what, exc_info=err)  # the one traceback, for a failure nobody anticipated
@@ -45,16 +47,20 @@ def as_gr_error(what: str = "the run") -> Iterator[None]:
 
 
 def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
-    src = (text or "").splitlines()
+    """(a line per problem listed, each with its source line, and one that counts the rest; the lines to
+    highlight)."""
+    src = Lines(text or "")
     out: list[str] = []
     lines: list[int] = []
     problems = err.problems if isinstance(err, PMLError) else []
     for p in problems:
         msg = f"{p.line}:{p.col}: {p.message}" + (f"; hint: {p.hint}" if p.hint else "")
-        if 1 <= p.line <= len(src):
-            msg += source_line(src[p.line - 1], p.line, p.col)
+        if 1 <= p.line <= len(src.starts):
+            msg += source_line(src.line(p.line), p.line, p.col)
         out.append(msg)
         lines.append(p.line)
+    if isinstance(err, PMLError) and err.more:
+        out.append(err.more_line())
     if not problems:
         msg = str(err)
         for prefix in ("<schema>:", "<prompt>:"):
@@ -63,11 +69,21 @@ def problem_lines(err: EngineError, text: str) -> tuple[list[str], list[int]]:
     return out, lines
 
 
+def problem_count(err: EngineError) -> int:
+    """How many problems ``err`` found, listed or not."""
+    return len(err.problems) + err.more if isinstance(err, PMLError) else 1
+
+
 def source_line(line: str, number: int, col: int) -> str:
+    """The source line under a problem, the caret under its column; a long line shown around the column only."""
     indent = len(line) - len(line.lstrip())
+    shown, at = line.strip(), col - 1 - indent  # ``at``: the column in ``shown``
+    if len(shown) > SHOWN:
+        start = max(0, min(at - SHOWN // 2, len(shown) - SHOWN))
+        before, after = ("…" if start > 0 else ""), ("…" if start + SHOWN < len(shown) else "")
+        shown, at = before + shown[start:start + SHOWN] + after, at - start + len(before)
     head = f"    {number} | "
-    shown = line.strip()
-    caret = " " * (len(head) + max(col - 1 - indent, 0)) + "^" if col - 1 - indent <= len(shown) else ""
+    caret = " " * (len(head) + max(at, 0)) + "^" if at <= len(shown) else ""
     return f"\n{head}{shown}" + (f"\n{caret}" if caret else "")
 
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import logging
 
-from engine.errors import ContextLengthError, EngineError, ModelError, PMLError, RunStopped, StorageError
+from engine.errors import (ContextLengthError, EngineError, ModelError, PMLError, RunStopped, StorageError,
+                           shorten)
 
 log = logging.getLogger("pml-studio.api")
 
 INVALID = "invalid_request_error"
 SERVER = "server_error"
+MAX_MESSAGE = 32_000  # characters of an error's message: 20 located problems fit; a 4 MB name echoed back does not
 
 
 class ApiError(Exception):
 
     def __init__(self, status: int, message: str, type: str = INVALID, param: str | None = None,
                  code: str | None = None):
+        message = shorten(message, MAX_MESSAGE)
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 

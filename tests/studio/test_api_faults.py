@@ -137,6 +137,27 @@ def test_unreadable_bodies_and_odd_values_get_named_errors_at_once(served, capfd
     assert "Traceback" not in "".join(capfd.readouterr())
 
 
+def test_a_schema_with_100000_unknown_attributes_is_a_400_listing_the_first_problems(served):
+    """A 1.1 MB schema with 100,000 unknown attributes: the 400 lists the first problems, at their columns, and
+    counts the rest (each was located from the text's start: 32 s on the engine thread and an 11 MB body)."""
+    from engine.errors import MAX_PROBLEMS
+
+    port, _, _ = served
+    head = '<schema name="s"><module name="m" '
+    schema = head + " ".join(f'a{i}="v"' for i in range(100_000)) + ">x</module></schema>"
+    got = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers=AUTH, timeout=300,
+                     json=body(pml={"schema": schema, "prompt": '<prompt schema="s"><m/></prompt>'}))
+    error = got.json()["error"]
+    assert (got.status_code, error["code"], error["param"]) == (400, "invalid_pml", "pml")
+    lines = error["message"].splitlines()
+    assert len(got.content) < 32_000 and len(lines) == MAX_PROBLEMS + 1
+    assert lines[0].startswith(f"request schema:1:{len(head) + 1}: error: <module> has an unknown attribute 'a0'")
+    assert lines[-1] == f"... and {100_000 - MAX_PROBLEMS} more problems (fix these first)"
+    named = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers=AUTH, json=body(model="m" * 1_000_000))
+    assert named.status_code == 404 and len(named.content) < 40_000  # a name echoed back is cut in its middle
+    assert client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices
+
+
 def test_the_openai_client_raises_its_own_error_classes(served):
     port, _, _ = served
     with pytest.raises(openai.NotFoundError):
