@@ -158,6 +158,51 @@ def test_a_schema_with_100000_unknown_attributes_is_a_400_listing_the_first_prob
     assert client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices
 
 
+# (what, the body's JSON text with a lone surrogate escaped in it, the parameter named): any string a client sends
+SURROGATES = [
+    ("model", '{"model": "\\udfff", "messages": [{"role": "user", "content": "Hi"}]}', "model"),
+    ("stop", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "stop": "\\ud800"}', "stop"),
+    ("a stop in a list", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"stop": ["ok", "x\\udbff"]}', "stop[1]"),
+    ("pml.arm", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"pml": {"arm": "\\udfff"}}', "pml.arm"),
+    ("pml.schema", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"pml": {"schema": "<schema name=\'s\'>\\udfff</schema>", "prompt": "<prompt schema=\'s\'/>"}}', "pml.schema"),
+    ("pml.prompt", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"pml": {"schema": "travel", "prompt": "<prompt schema=\'travel\'>\\udc00</prompt>"}}', "pml.prompt"),
+    ("message content", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi \\ud83d!"}]}',
+     "messages[0].content"),
+    ("a content part's type", '{"model": "tiny-llama", "messages": [{"role": "user", "content": '
+     '[{"type": "\\udfff", "text": "Hi"}]}]}', "messages[0].content[0].type"),
+    ("a content part's text", '{"model": "tiny-llama", "messages": [{"role": "user", "content": '
+     '[{"type": "text", "text": "\\ude00 Hi"}]}]}', "messages[0].content[0].text"),
+    ("a key", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "pml": {"\\udfff": 1}}',
+     "pml"),
+]
+
+
+def test_a_lone_surrogate_in_any_string_is_a_400_naming_its_field_and_counted_as_sent(served, capfd):
+    """A string JSON escapes as a lone UTF-16 surrogate has no UTF-8: it used to be a 500 with a traceback (the
+    error echoing it could not be written), counted in /metrics as the 404 it never sent. A surrogate pair is a
+    character and is answered."""
+    port, _, _ = served
+    url = f"http://127.0.0.1:{port}"
+    before = _requests(port, "400"), _requests(port, "404"), _requests(port, "500")
+    for what, text, param in SURROGATES:
+        got = httpx.post(url + "/v1/chat/completions", content=text.encode(), headers=AUTH, timeout=60)
+        error = got.json()["error"]
+        assert (got.status_code, error["code"], error["param"]) == (400, "invalid_value", param), (what, got.text)
+        assert "lone UTF-16 surrogate" in error["message"], what
+    got = httpx.post(url + "/v1/completions", content=b'{"model": "tiny-llama", "prompt": "\\udfff"}', headers=AUTH)
+    assert (got.status_code, got.json()["error"]["param"]) == (400, "prompt")
+    after = _requests(port, "400"), _requests(port, "404"), _requests(port, "500")
+    assert after == (before[0] + len(SURROGATES), before[1], before[2])  # the completions one: its own endpoint
+    paired = httpx.post(url + "/v1/chat/completions", headers=AUTH, timeout=120, content=b'{"model": "tiny-llama", '
+                        b'"max_tokens": 2, "messages": [{"role": "user", "content": "Hi \\ud83d\\ude00"}]}')
+    assert paired.status_code == 200, paired.text
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
 def test_the_openai_client_raises_its_own_error_classes(served):
     port, _, _ = served
     with pytest.raises(openai.NotFoundError):
@@ -293,6 +338,14 @@ def test_the_api_command_exists_with_its_options():
     args = build_parser(EXTRA).parse_args(["api", "--default-arm", "cached", "--max-queue", "4"])
     assert (args.command, args.default_arm, args.max_queue, args.port) == ("api", "cached", 4, 8000)
     assert not hasattr(args, "share")
+
+
+def _requests(port: int, status: str, endpoint: str = "/v1/chat/completions") -> float:
+    """/metrics' count of ``endpoint``'s requests answered ``status``."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=AUTH).text
+    want = f'endpoint="{endpoint}"', f'status="{status}"'
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("pml_api_requests_total{") and all(w in line for w in want))
 
 
 def _waiting(port: int) -> float:
