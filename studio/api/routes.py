@@ -438,7 +438,7 @@ def _handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
-        answer = JSONResponse(err.body(), err.status)  # made first: count what is sent
+        answer = JSONResponse(err.body(), err.status, headers=err.headers())  # made first: count what is sent
         metrics.refused(request.url.path, err.status)
         return answer
 

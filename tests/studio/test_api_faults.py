@@ -283,7 +283,7 @@ def test_a_full_queue_answers_429_and_the_queued_request_is_answered(tiny_lm, tm
                 _wait_for(lambda: _waiting(port) == 1)
                 with pytest.raises(openai.RateLimitError) as err:
                     client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
-                assert err.value.code == "queue_full"
+                assert err.value.code == "queue_full" and err.value.response.headers["retry-after"] == "1"
                 gate.set()
                 assert first.result(timeout=120).choices[0].finish_reason in ("stop", "length")
         finally:
