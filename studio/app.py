@@ -45,6 +45,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
     from .api.routes import ApiRoute
     from .api.serve import studio_api
     from .connections import guard_gradio
+    from .errors import bounded_tracebacks
     from .guard import AUTH_JS, LocalGuard, allowed_hosts, no_cors
     from .live import LiveRoute
     from .pagescript import FirstScript
@@ -55,6 +56,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
         yield
 
     guard_gradio(connections)  # before launch: Gradio's server is made there
+    bounded_tracebacks()
     system = ["ui-sans-serif", "system-ui", "sans-serif"]
     mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
     theme = gr.themes.Default(primary_hue="indigo", secondary_hue="emerald", neutral_hue="slate",

@@ -7,16 +7,20 @@ prints nothing (Gradio prints every exception but a ``gr.Error`` with ``print_ex
 from __future__ import annotations
 
 import logging
+import sys
+import traceback
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Iterator
 
 import gradio as gr
 
-from engine.errors import EngineError, PMLError
+from engine.errors import EngineError, PMLError, shorten
 from engine.schema.where import Lines
 
 log = logging.getLogger("pml-studio")
 SHOWN = 120  # characters of a long source line shown around a problem's column
+MAX_TRACEBACK = 8_000  # characters of a traceback the console shows: its frames, not a request body it quotes
 
 
 def user_error(err: BaseException, what: str = "the run") -> gr.Error:
@@ -85,6 +89,39 @@ def source_line(line: str, number: int, col: int) -> str:
     head = f"    {number} | "
     caret = " " * (len(head) + max(at, 0)) + "^" if at <= len(shown) else ""
     return f"\n{head}{shown}" + (f"\n{caret}" if caret else "")
+
+
+def bounded_tracebacks(most: int = MAX_TRACEBACK) -> None:
+    """The tracebacks Gradio prints (its queue's and routes' ``traceback.print_exc()``) and uvicorn logs cut to
+    ``most`` characters: the error of a malformed request quotes what it received (Gradio's "Received inputs: [...]"
+    a 20 MB body whole)."""
+    import gradio.queueing
+    import gradio.route_utils
+    import gradio.routes
+
+    def print_exc(*args, **kwargs) -> None:
+        print(shorten(traceback.format_exc(), most), file=sys.stderr, flush=True)
+
+    for module in (gradio.queueing, gradio.routes, gradio.route_utils):
+        module.traceback = SimpleNamespace(**{**vars(traceback), "print_exc": print_exc})
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _Bounded) for f in logger.filters):
+        logger.addFilter(_Bounded(most))
+
+
+class _Bounded(logging.Filter):
+    """A record's message and traceback, each cut to ``most`` characters."""
+
+    def __init__(self, most: int):
+        super().__init__()
+        self.most = most
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = shorten(record.getMessage(), self.most), None
+        if record.exc_info:
+            record.exc_text = shorten("".join(traceback.format_exception(*record.exc_info)).rstrip(), self.most)
+            record.exc_info = None
+        return True
 
 
 def _plain(text: str) -> str:

@@ -558,3 +558,34 @@ def test_two_host_or_two_origin_headers_are_refused(served):
                  "headers": [(b"host", h.encode()) for h in hosts] + [(b"authorization", f"Bearer {TOKEN}".encode())]}
         asyncio.run(checked(scope, None, send))
         assert sent[-2]["status"] == 403 and b"more than one Host header" in sent[-1]["body"]
+
+
+def test_a_malformed_queue_join_is_not_echoed_whole_to_the_console(served, capfd):
+    """A join whose data do not fit its event makes Gradio print a traceback that quotes what it received (a 20 MB
+    body went to the console whole); that, and uvicorn's log of a failed request, are cut to MAX_TRACEBACK
+    characters."""
+    import io
+    import logging
+
+    from studio.errors import MAX_TRACEBACK
+
+    demo, port = served
+    big = "x" * (2 << 20)
+    capfd.readouterr()
+    join = f"http://127.0.0.1:{port}/gradio_api/queue/join"
+    assert httpx.post(join, headers=AUTH, json={"data": [big], "fn_index": 0, "session_hash": "echo-1"}).is_success
+    with client(port, headers=AUTH) as c:
+        wait_done(c, "echo-1", seconds=120)
+    console = "".join(capfd.readouterr())
+    assert "Traceback" in console and len(console) < 2 * MAX_TRACEBACK and "x" * 20_000 not in console
+    logged, log = io.StringIO(), logging.getLogger("uvicorn.error")
+    handler = logging.StreamHandler(logged)
+    log.addHandler(handler)
+    try:
+        try:
+            raise KeyError(big)
+        except KeyError:
+            log.exception("Exception in ASGI application")
+    finally:
+        log.removeHandler(handler)
+    assert "KeyError" in logged.getvalue() and len(logged.getvalue()) < 2 * MAX_TRACEBACK
