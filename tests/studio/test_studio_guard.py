@@ -194,7 +194,22 @@ def test_the_token_in_the_query_moves_to_the_fragment_and_no_cookie_is_ever_set(
         page = c.get("/", headers=AUTH)  # what the bootstrap page fetches, with the header the page script adds
         assert page.status_code == 200 and "gradio_config" in page.text and "set-cookie" not in page.headers
         assert page.text.index("__pmlAuth") < page.text.index("type=\"module\"")  # auth.js first, before Gradio's
-        assert c.get(f"/config?token={TOKEN}").status_code == 200  # programs may still send it in the query
+        assert c.get(f"/?token={TOKEN}", headers=AUTH).status_code == 303  # with the header too: out of the URL
+
+
+@pytest.mark.parametrize("route", ["/config", "/gradio_api/info", "/gradio_api/queue/data?session_hash=x",
+                                   "/gradio_api/file=/etc/hostname", "/v1/models", "/metrics", "/pml-live/x"])
+def test_the_token_in_a_url_is_taken_on_the_page_only(served, route):
+    """A URL ends up in logs and history: on every route but the page ``/`` (which moves it to the fragment),
+    ``?token=`` is no credential, and the refusal says so."""
+    demo, port = served
+    with client(port) as c:
+        got = c.get(route + ("&" if "?" in route else "?") + f"token={TOKEN}")
+        assert got.status_code == 401, got.text[:300]
+        if not route.startswith("/v1/"):
+            assert "taken on the page / only" in got.text
+        with c.stream("GET", route, headers=AUTH) as opened:  # the header opens it (queue/data: a stream)
+            assert opened.status_code != 401
 
 
 def test_a_cookie_alone_opens_nothing(served):
