@@ -14,7 +14,7 @@ from typing import Union as TypingUnion
 
 from lxml import etree
 
-from engine.errors import PMLError, Problem, Problems, named
+from engine.errors import MAX_PROBLEMS, PMLError, Problem, Problems, named
 
 from .where import Lines, first_slip, start_tags
 
@@ -317,11 +317,11 @@ class _Validator:
     # -- attributes ---------------------------------------------------------------------------
 
     def check_attrs(self, el, allowed: set[str], what: str) -> None:
-        for attr in el.attrib:
-            if attr not in allowed:
-                valid = ", ".join(sorted(allowed)) or "none"
-                self.add(el, f"<{el.tag}> has an unknown attribute '{attr}'", f"attributes of {what}: {valid}",
-                         attr, value=False)
+        unknown = [attr for attr in el.attrib if attr not in allowed]
+        for attr in unknown[:MAX_PROBLEMS]:  # past those, counted only: an element may have 100,000
+            self.add(el, f"<{el.tag}> has an unknown attribute '{attr}'",
+                     f"attributes of {what}: {', '.join(sorted(allowed)) or 'none'}", attr, value=False)
+        self.problems.more += max(len(unknown) - MAX_PROBLEMS, 0)
 
     def identifier(self, el, attr: str, what: str) -> str:
         value = el.get(attr)
