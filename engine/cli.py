@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None, extra: dict | None = None, words: ArmWor
     try:
         return handlers[args.command](args)
     except PMLError as err:
-        for prob in err.problems:
-            print(prob, file=sys.stderr)
+        for line in err.lines():
+            print(line, file=sys.stderr)
         return EXIT_INPUT
     except EngineError as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
@@ -316,7 +316,7 @@ def cmd_check(args) -> int:
             else:
                 load_layout(f, text) if kind == "schema" else parse_schema(text, f)
         except PMLError as err:
-            problems += [str(p) for p in err.problems]
+            problems += err.lines()
         except EngineError as err:
             msg = str(err)
             problems.append(msg if msg.startswith(f + ":") else f"{f}:1:1: error: {msg}")

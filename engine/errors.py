@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
+from typing import Callable
+
+MAX_PROBLEMS = 20  # listed per document, as clang's -ferror-limit; the rest are counted
+MAX_WORDS = 400  # characters of a problem's message or hint: a name 50,000 characters long is cut in its middle
+MAX_NAMED = 12  # names a hint lists ("valid here: a, b, ...")
 
 
 class EngineError(Exception):
@@ -19,6 +25,10 @@ class Problem:
     message: str
     hint: str = ""
 
+    def __post_init__(self):
+        object.__setattr__(self, "message", shorten(self.message, MAX_WORDS))
+        object.__setattr__(self, "hint", shorten(self.hint, MAX_WORDS))
+
     def __str__(self) -> str:
         text = f"{self.source}:{self.line}:{self.col}: error: {self.message}"
         return f"{text}; hint: {self.hint}" if self.hint else text
@@ -29,11 +39,42 @@ class Problem:
 
 
 class PMLError(EngineError):
-    """One or more problems in a schema or prompt document."""
+    """One or more problems in a schema or prompt document: the first :data:`MAX_PROBLEMS`, and how many more."""
 
-    def __init__(self, problems: list[Problem] | Problem):
-        self.problems = [problems] if isinstance(problems, Problem) else list(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
+    def __init__(self, problems: list[Problem] | Problem, more: int = 0):
+        problems = [problems] if isinstance(problems, Problem) else list(problems)
+        self.problems = problems[:MAX_PROBLEMS]
+        self.more = more + len(problems) - len(self.problems)
+        super().__init__("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """One line per problem listed, then one that counts the rest."""
+        return [str(p) for p in self.problems] + ([self.more_line()] if self.more else [])
+
+    def more_line(self) -> str:
+        return f"... and {self.more} more problem{'s' if self.more != 1 else ''} (fix these first)"
+
+
+class Problems:
+    """The problems of one document as they are found: the first :data:`MAX_PROBLEMS` kept, the rest only counted
+    (a document may hold 100,000, and locating each costs time)."""
+
+    def __init__(self):
+        self.kept: list[Problem] = []
+        self.more = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.kept)
+
+    def add(self, problem: Problem | Callable[[], Problem]) -> None:
+        """Keep ``problem`` (or the one it makes, called only while the list has room), else count it."""
+        if len(self.kept) >= MAX_PROBLEMS:
+            self.more += 1
+        else:
+            self.kept.append(problem() if callable(problem) else problem)
+
+    def error(self) -> PMLError:
+        return PMLError(self.kept, self.more)
 
 
 class ModelError(EngineError):
@@ -68,3 +109,19 @@ class RunStopped(EngineError):
 
 class NonFiniteLogits(ModelError):
     """The model computed NaN or infinite logits."""
+
+
+def shorten(text: str, most: int) -> str:
+    """``text`` cut in its middle to at most about ``most`` characters, saying how many it left out."""
+    if len(text) <= most:
+        return text
+    keep = most // 2
+    return f"{text[:keep]} …({len(text) - 2 * keep} characters left out)… {text[-keep:]}"
+
+
+def named(names, most: int = MAX_NAMED) -> str:
+    """``names`` as a hint lists them: the first ``most``, and how many there are in all; 'none' for none."""
+    if not names:
+        return "none"
+    shown = ", ".join(islice(names, most))  # not the whole list: a hint per problem must not cost the list
+    return shown if len(names) <= most else f"{shown}, … ({len(names)} in all)"

@@ -2,8 +2,8 @@
 
 Every request passes three checks before Gradio sees it: its ``Host`` is one of the studio's addresses (against
 DNS rebinding), its ``Origin``, if any, is the studio's page, and it carries the launch token (as a bearer
-header, ``?token=`` or a signed file link). No cookie: a browser would send it to every port of 127.0.0.1.
-docs/security.md explains the design and what each refusal says.
+header, a signed file link, or ``?token=`` on the page ``/`` alone, which moves it to the fragment). No cookie: a
+browser would send it to every port of 127.0.0.1. docs/security.md explains the design and what each refusal says.
 """
 
 from __future__ import annotations
@@ -162,24 +162,28 @@ class LocalGuard:
         if self.token is None or path in OPEN_PATHS or (method in ("GET", "HEAD") and PUBLIC.match(path)):
             return await self.app(scope, receive, send)
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        given = _bearer(_headers(scope)[0]) or query.get("token")
+        page = scope["type"] == "http" and method in ("GET", "HEAD") and path == "/"
+        # a token in a URL lands in logs and history: taken on the page only, which moves it to the fragment
+        given = _bearer(_headers(scope)[0]) or (query.get("token") if page else None)
         link = path.startswith(FILE_LINKS) and method in ("GET", "HEAD") and "pml_sig" in query
         account = peer_account(scope) if (given is not None or link) and self.failures.any_full() else None
         if account is not None and self.failures.locked(account):
             return await self._too_many(scope, send)
         if given is not None and self._matches(given):
-            if method == "GET" and path == "/" and "token" in query:
+            if page and "token" in query:
                 return await self._to_fragment(send, query)
             return await self.app(scope, receive, send)
         if link and self._signed(path, query):
             return await self.app(scope, receive, send)
         if (given is not None or link) and self.failures.full(peer_account(scope) if account is None else account):
             return await self._too_many(scope, send)
-        if scope["type"] == "http" and method in ("GET", "HEAD") and path == "/":
+        if page:
             return await _answer(scope, send, 401, bootstrap_page("token" in query), "text/html")
+        in_url = " (a ?token= in the URL is taken on the page / only)" if "token" in query else ""
         return await _answer(scope, send, 401, (
             "PML Studio: this needs the studio's launch token, which the studio printed to the console of the user "
-            "who started it. Open the URL it printed (http://…/#token=…), or send 'Authorization: Bearer TOKEN'."))
+            f"who started it. Open the URL it printed (http://…/#token=…), or send 'Authorization: Bearer TOKEN'"
+            f"{in_url}."))
 
     async def _too_many(self, scope, send):
         return await _answer(scope, send, 429, "PML Studio: too many wrong tokens in the last second; try again "

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.errors import ContextLengthError, PMLError, Problem
+from engine.errors import ContextLengthError, Problem, Problems
 from engine.schema.pml import Module, Param, Role, Schema, Text, Union
 
 ANONYMOUS = ""  # owner of text outside every module
@@ -231,7 +231,7 @@ def layout(schema: Schema, codec: TextCodec) -> Layout:
         b.piece("bos", ANONYMOUS, codec.bos)
     b.nodes(schema.children, parent=ANONYMOUS, top=None, cache=True)
     if b.problems:
-        raise PMLError(b.problems)
+        raise b.problems.error()
     lay = Layout(schema=schema, codec=codec, pieces=tuple(b.pieces), modules=b.modules, unions=b.unions,
                  length=b.offset)
     if lay.length > codec.max_positions:
@@ -251,7 +251,7 @@ class _Builder:
         self.pieces: list[Piece] = []
         self.modules: dict[str, ModuleLayout] = {}
         self.unions: dict[str, UnionLayout] = {}
-        self.problems: list[Problem] = []
+        self.problems = Problems()
         self.offset = 0
 
     def piece(self, kind: str, owner: str, ids, param: str | None = None) -> Piece | None:
@@ -289,7 +289,7 @@ class _Builder:
                     opening = self.codec.role_ids(node.role, True)
                     closing = self.codec.role_ids(node.role, False)
                 except ValueError as err:
-                    self.problems.append(Problem(self.schema.source, node.line, 1, str(err),
+                    self.problems.add(Problem(self.schema.source, node.line, 1, str(err),
                                                  "remove the role tags, or load a chat model"))
                     opening = closing = ()
                 p = self.piece("role", ANONYMOUS, opening)
@@ -343,7 +343,7 @@ class _Builder:
         if node.default:
             default_ids = list(self.codec.encode(node.default))
             if len(default_ids) > length:
-                self.problems.append(Problem(
+                self.problems.add(Problem(
                     self.schema.source, node.line, 1,
                     f"the default of param '{node.name}' is {len(default_ids)} tokens, more than its len={node.length}",
                     f"raise len to at least {len(default_ids)} or shorten the default"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import ContextLengthError, PMLError, Problem
+from engine.errors import ContextLengthError, Problem, Problems, named
 from engine.schema.layout import ANONYMOUS, EntryName, Layout
 from engine.schema.pml import Import, NewText, Prompt
 
@@ -95,7 +95,7 @@ def plan_prompt(layout: Layout, prompt: Prompt, max_new_tokens: int = 0) -> Prom
     r = _Resolver(layout, prompt)
     r.resolve()
     if r.problems:
-        raise PMLError(r.problems)
+        raise r.problems.error()
     segments = _materialise(layout, prompt, r)
     plan = PromptPlan(layout=layout, prompt=prompt, imported=tuple(p for p in layout.modules if p in r.imported),
                       arguments=tuple((m, k, v) for (m, k), v in r.args.items()), scaffolds=tuple(r.scaffolds),
@@ -128,8 +128,9 @@ class _Resolver:
     def __init__(self, layout: Layout, prompt: Prompt):
         self.layout = layout
         self.prompt = prompt
-        self.problems: list[Problem] = []
+        self.problems = Problems()
         self.imported: dict[str, Import] = {}
+        self.union_imports: dict[str, str] = {}  # union id -> the member imported
         self.args: dict[tuple[str, str], str] = {}
         self.arg_ids: dict[tuple[str, str], tuple[int, ...]] = {}
         self.refused: set[tuple[str, str]] = set()  # reported once, not also as missing
@@ -137,7 +138,7 @@ class _Resolver:
         self.anchor: dict[int, str | None] = {}  # NewText index -> top-level import it follows
 
     def add(self, line: int, col: int, message: str, hint: str = "") -> None:
-        self.problems.append(Problem(self.prompt.source, line, col, message, hint))
+        self.problems.add(Problem(self.prompt.source, line, col, message, hint))
 
     def resolve(self) -> None:
         lay, prompt = self.layout, self.prompt
@@ -162,16 +163,15 @@ class _Resolver:
     def import_(self, item: Import, names: dict[str, str], where: str) -> str | None:
         path = names.get(item.name)
         if path is None:
-            valid = ", ".join(names) or "none"
-            self.add(item.line, item.col, f"unknown module <{item.name}> at {where}", f"valid here: {valid}")
+            self.add(item.line, item.col, f"unknown module <{item.name}> at {where}", f"valid here: {named(names)}")
             return None
         if path in self.imported:
             self.add(item.line, item.col, f"module '{path}' is imported twice", "import each module once")
             return None
         mod = self.layout.modules[path]
         if mod.union:
-            rival = next((p for p in self.imported if self.layout.modules[p].union == mod.union), None)
-            if rival:
+            rival = self.union_imports.setdefault(mod.union, path)
+            if rival != path:
                 self.add(item.line, item.col, f"<{item.name}> and <{rival.rsplit('/', 1)[-1]}> are members of one "
                          "union; a prompt imports at most one", "keep one of them")
                 return None
@@ -180,8 +180,8 @@ class _Resolver:
         for key, value in item.args:
             p = params.get(key)
             if p is None:
-                valid = ", ".join(params) or "none"
-                self.add(*item.arg_at(key), f"module '{path}' has no param '{key}'", f"params of {path}: {valid}")
+                self.add(*item.arg_at(key), f"module '{path}' has no param '{key}'",
+                         f"params of {path}: {named(params)}")
                 continue
             ids = tuple(self.layout.codec.encode(value))
             n = len(ids)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterator
 from typing import Union as TypingUnion
 
 from lxml import etree
 
-from engine.errors import PMLError, Problem
+from engine.errors import MAX_PROBLEMS, PMLError, Problem, Problems, named
 
-from .where import char_col, first_slip, line_col, start_tags
+from .where import Lines, first_slip, start_tags
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 ROLES = ("system", "user", "assistant")
@@ -111,10 +112,12 @@ class Import:
 
     def arg_at(self, key: str, value: bool = False) -> tuple[int, int]:
         """(line, column) of argument ``key``'s name (``value``: of its value); the tag's when unknown."""
-        for k, *where in self.at:
-            if k == key:
-                return tuple(where[2:] if value else where[:2])
-        return self.line, self.col
+        where = self._places.get(key, (self.line, self.col) * 2)
+        return where[2:] if value else where[:2]
+
+    @cached_property
+    def _places(self) -> dict[str, tuple[int, ...]]:  # made once: an import may have thousands of arguments
+        return {k: tuple(where) for k, *where in self.at}
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,12 @@ class Prompt:
 
 
 def parse_schema(text: str, source: str = "<schema>") -> Schema:
-    """Parse and structurally validate a schema document; raise PMLError listing every problem."""
+    """Parse and structurally validate a schema document; raise PMLError listing its problems."""
     root, v, name = _open_root(text, source, "schema", "name", "<schema name=\"my-schema\"> ... </schema>")
     children = v.container(root, where="schema")
     scaffolds = _scaffolds(v, root, children)
     if v.problems:
-        raise PMLError(v.problems)
+        raise v.problems.error()
     return Schema(name=name, children=tuple(children), scaffolds=tuple(scaffolds), source=source, text=text)
 
 
@@ -150,7 +153,7 @@ def parse_prompt(text: str, source: str = "<prompt>") -> Prompt:
     root, v, schema = _open_root(text, source, "prompt", "schema", "<prompt schema=\"SCHEMA-NAME\"> ... </prompt>")
     items = v.prompt_items(root)
     if v.problems:
-        raise PMLError(v.problems)
+        raise v.problems.error()
     return Prompt(schema=schema, items=tuple(items), source=source, text=text, line=root.sourceline or 1)
 
 
@@ -202,7 +205,7 @@ def _open_root(text: str, source: str, tag: str, attr: str, example: str):
     if root.tag != tag:
         v.add(root, f"the root element is <{root.tag}>, a {tag} starts with <{tag} {attr}=\"...\">",
               f"wrap the document in {example}")
-        raise PMLError(v.problems)
+        raise v.problems.error()
     v.check_attrs(root, {attr}, tag)
     return root, v, v.identifier(root, attr, tag)
 
@@ -258,11 +261,12 @@ def _refuse_declarations(source: str, line: int, col: int):
 def _syntax_problem(text: str, source: str, err) -> Problem:
     """The problem of a document lxml refused, at the character to fix: the text's own first slip when it comes no
     later than where lxml gave up (a missing '>' is reported at the next word), else lxml's place."""
+    lines = Lines(text)
     line, col = err.position if err.position else (1, 1)
-    line, col = line or 1, char_col(text, line or 1, col or 1)
-    slip = first_slip(text)
-    if slip is not None and line_col(text, slip.offset) <= (line, col):
-        return Problem(source, *line_col(text, slip.offset), f"malformed XML: {slip.message}", slip.hint)
+    line, col = line or 1, lines.char_col(line or 1, col or 1)
+    slip = first_slip(lines)
+    if slip is not None and lines.at(slip.offset) <= (line, col):
+        return Problem(source, *lines.at(slip.offset), f"malformed XML: {slip.message}", slip.hint)
     return Problem(source, line, col, _syntax_message(err), _syntax_hint(err))
 
 
@@ -291,34 +295,33 @@ class _Validator:
     """Collects problems while turning lxml elements into the frozen data model."""
 
     def __init__(self, source: str, text: str, root=None):
-        self.source, self.text = source, text
-        self.lines = text.splitlines()
-        self.problems: list[Problem] = []
+        self.source, self.lines = source, Lines(text)
+        self.problems = Problems()
         self.tags = _tag_map(root, text)  # element -> its start tag in the text (where.Tag)
 
     # -- reporting ----------------------------------------------------------------------------
 
     def add(self, el, message: str, hint: str = "", attr: str | None = None, value: bool = True) -> None:
         """A problem at ``el``'s name, or at its attribute ``attr``'s value (``value`` false: its name)."""
-        self.problems.append(Problem(self.source, *self.where(el, attr, value), message, hint))
+        self.problems.add(lambda: Problem(self.source, *self.where(el, attr, value), message, hint))
 
     def where(self, el, attr: str | None = None, value: bool = True) -> tuple[int, int]:
         tag = self.tags.get(el)
         if tag is None:  # no map (the scan and lxml disagreed): the line lxml gives, the tag's first '<' on it
             line = getattr(el, "sourceline", None) or 1
-            text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+            text = self.lines.line(line)
             return line, text.find("<" + str(getattr(el, "tag", ""))) + 2 if "<" + str(el.tag) in text else 1
         at = tag.attrs.get(attr) if attr else None
-        return line_col(self.text, tag.start + 1 if at is None else at[1 if value else 0])
+        return self.lines.at(tag.start + 1 if at is None else at[1 if value else 0])
 
     # -- attributes ---------------------------------------------------------------------------
 
     def check_attrs(self, el, allowed: set[str], what: str) -> None:
-        for attr in el.attrib:
-            if attr not in allowed:
-                valid = ", ".join(sorted(allowed)) or "none"
-                self.add(el, f"<{el.tag}> has an unknown attribute '{attr}'", f"attributes of {what}: {valid}",
-                         attr, value=False)
+        unknown = [attr for attr in el.attrib if attr not in allowed]
+        for attr in unknown[:MAX_PROBLEMS]:  # past those, counted only: an element may have 100,000
+            self.add(el, f"<{el.tag}> has an unknown attribute '{attr}'",
+                     f"attributes of {what}: {', '.join(sorted(allowed)) or 'none'}", attr, value=False)
+        self.problems.more += max(len(unknown) - MAX_PROBLEMS, 0)
 
     def identifier(self, el, attr: str, what: str) -> str:
         value = el.get(attr)
@@ -453,7 +456,7 @@ class _Validator:
         if scaffold is not None:
             scaffold = scaffold.strip()
             if scaffold not in [m.name for m in members]:
-                valid = ", ".join(m.name for m in members) or "none"
+                valid = named([m.name for m in members])
                 self.add(el, f"union scaffold '{scaffold}' is not one of its members", f"members: {valid}", "scaffold")
         return Union(members=tuple(members), scaffold=scaffold, line=el.sourceline or 1)
 
@@ -563,9 +566,8 @@ def _scaffolds(v: _Validator, root, children) -> list[Scaffold]:
         unions_used: dict[int, str] = {}
         for m in mods:
             if m not in top:
-                valid = ", ".join(top) or "none"
                 v.add(el, f"scaffold '{name}' names '{m}', which is not a top-level module",
-                      f"top-level modules: {valid}")
+                      f"top-level modules: {named(top)}")
             elif top[m] is not None:
                 if top[m] in unions_used:
                     v.add(el, f"scaffold '{name}' names '{unions_used[top[m]]}' and '{m}', two members of "

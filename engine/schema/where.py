@@ -9,6 +9,7 @@ closing quote, an element never closed, an end tag that closes nothing.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -16,6 +17,10 @@ NAME = r"[A-Za-z_:][\w.:-]*"
 _SKIP = re.compile(r"<!--.*?(?:-->|\Z)|<!\[CDATA\[.*?(?:\]\]>|\Z)|<\?.*?(?:\?>|\Z)|<!(?!--|\[CDATA\[)[^>]*>?", re.S)
 _ATTR = re.compile(rf"\s+({NAME})(\s*=\s*)?")
 _NEXT_ATTR = re.compile(rf"\s+{NAME}\s*=")
+_NAME = re.compile(NAME)
+_END_TAG = re.compile(rf"</({NAME})\s*>")
+_TAG_END = re.compile(r"\s*(/?>)")
+_QUOTED = re.compile(rf"""\s+({NAME})\s*=\s*(?:"([^"<]*)"|'([^'<]*)')""")  # an attribute read whole
 
 
 @dataclass(frozen=True)
@@ -38,20 +43,33 @@ class Slip:
     hint: str
 
 
-def line_col(text: str, offset: int) -> tuple[int, int]:
-    """1-based (line, column) of ``offset``; columns count characters, as an editor does."""
-    offset = max(0, min(offset, len(text)))
-    line = text.count("\n", 0, offset) + 1
-    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+class Lines:
+    """One text's line index, built once: a problem's offset becomes its line and column by a binary search, so
+    reporting many problems costs no more than reading the text once."""
 
+    def __init__(self, text: str):
+        self.text = text
+        self.starts = [0] + [m.end() for m in re.finditer("\n", text)]  # offset of each line's first character
 
-def char_col(text: str, line: int, byte_col: int) -> int:
-    """libxml2's column (bytes of UTF-8 from the line's start) as a character column."""
-    lines = text.split("\n")
-    if not 1 <= line <= len(lines):
-        return max(byte_col, 1)
-    raw = lines[line - 1].encode("utf-8")[:max(byte_col - 1, 0)]
-    return len(raw.decode("utf-8", errors="ignore")) + 1
+    def at(self, offset: int) -> tuple[int, int]:
+        """1-based (line, column) of ``offset``; columns count characters, as an editor does."""
+        offset = max(0, min(offset, len(self.text)))
+        line = bisect.bisect_right(self.starts, offset)
+        return line, offset - self.starts[line - 1] + 1
+
+    def line(self, number: int) -> str:
+        """The text of 1-based line ``number`` ('' past the end), without its newline."""
+        if not 1 <= number <= len(self.starts):
+            return ""
+        end = self.starts[number] - 1 if number < len(self.starts) else len(self.text)
+        return self.text[self.starts[number - 1]:end]
+
+    def char_col(self, line: int, byte_col: int) -> int:
+        """libxml2's column (bytes of UTF-8 from the line's start) as a character column."""
+        if not 1 <= line <= len(self.starts):
+            return max(byte_col, 1)
+        raw = self.line(line).encode("utf-8")[:max(byte_col - 1, 0)]
+        return len(raw.decode("utf-8", errors="ignore")) + 1
 
 
 def start_tags(text: str) -> list[Tag]:
@@ -59,10 +77,10 @@ def start_tags(text: str) -> list[Tag]:
     return [t for t in _scan(text)[0] if t.end >= 0]
 
 
-def first_slip(text: str) -> Slip | None:
+def first_slip(lines: Lines) -> Slip | None:
     """The first slip of a document lxml refused, or None when the scan finds none (lxml's position then)."""
-    tags, slip, events = _scan(text)
-    return slip or _nesting(text, events)
+    tags, slip, events = _scan(lines.text)
+    return slip or _nesting(lines, events)
 
 
 def _scan(text: str):
@@ -75,12 +93,12 @@ def _scan(text: str):
         if skip:
             pos = skip.end()
             continue
-        end_tag = re.compile(rf"</({NAME})\s*>").match(text, lt)
+        end_tag = _END_TAG.match(text, lt)
         if end_tag:
             events.append(("end", lt, end_tag.group(1)))
             pos = end_tag.end()
             continue
-        name = re.compile(NAME).match(text, lt + 1)
+        name = _NAME.match(text, lt + 1)
         if not name:
             return tags, Slip(lt, "a '<' that starts no tag", "in text write &lt; or wrap the text in "
                               "<![CDATA[ ... ]]>; a tag starts with its name: <module ...>"), events
@@ -96,23 +114,27 @@ def _scan(text: str):
 def _tag(text: str, lt: int, name) -> tuple[Tag, Slip | None]:
     """The start tag at ``lt``, walked attribute by attribute, and the slip that ends the walk early."""
     attrs: dict[str, tuple[int, int]] = {}
-    pos, tag_name, last = name.end(), name.group(), None  # last: (attribute, offset of its value, quote)
-    while True:
-        m = re.compile(r"\s*(/?>)").match(text, pos)
-        if m:
-            return Tag(lt, tag_name, attrs, m.end(), m.group(1) == "/>"), None
-        a = _ATTR.match(text, pos)
-        if not a or not a.group(2):  # a word that is no attribute: a quote or the '>' was forgotten
-            return Tag(lt, tag_name, attrs), _broken(text, tag_name, pos, last)
-        value, quote = a.end(), text[a.end():a.end() + 1]
-        if quote not in ("'", '"'):
-            return Tag(lt, tag_name, attrs), Slip(value, f"the value of {a.group(1)}= has no quotes",
-                                                  f"write {a.group(1)}=\"value\"")
-        close = text.find(quote, value + 1)
-        if close < 0 or "<" in text[value + 1:close]:  # ran into the next tag: its closing quote is missing
-            return Tag(lt, tag_name, attrs), _broken(text, tag_name, pos, (a.group(1), value + 1, quote), True)
-        attrs[a.group(1)] = (a.start(1), value + 1)
-        pos, last = close + 1, (a.group(1), value + 1, quote)
+    pos, tag_name, last = name.end(), name.group(), None  # last: the match of the last attribute read
+    while (a := _QUOTED.match(text, pos)) is not None:
+        attrs[a.group(1)] = (a.start(1), a.start(a.lastindex))
+        pos, last = a.end(), a
+    m = _TAG_END.match(text, pos)
+    if m:
+        return Tag(lt, tag_name, attrs, m.end(), m.group(1) == "/>"), None
+    return Tag(lt, tag_name, attrs), _slip_in_tag(text, tag_name, pos, last)
+
+
+def _slip_in_tag(text: str, tag_name: str, pos: int, last) -> Slip:
+    """Why the start tag stops being read at ``pos``: an attribute without quotes or without its closing quote,
+    or a word that is no attribute (a quote or the '>' was forgotten)."""
+    last = None if last is None else (last.group(1), last.start(last.lastindex), text[last.start(last.lastindex) - 1])
+    a = _ATTR.match(text, pos)
+    if not a or not a.group(2):
+        return _broken(text, tag_name, pos, last)
+    value, quote = a.end(), text[a.end():a.end() + 1]
+    if quote not in ("'", '"'):
+        return Slip(value, f"the value of {a.group(1)}= has no quotes", f"write {a.group(1)}=\"value\"")
+    return _broken(text, tag_name, pos, (a.group(1), value + 1, quote), True)  # ran into the next tag
 
 
 def _broken(text: str, tag: str, pos: int, last, runaway: bool = False) -> Slip:
@@ -137,7 +159,7 @@ def _runaway(inner: str) -> int | None:
     return min(cuts) if cuts else None
 
 
-def _nesting(text: str, events) -> Slip | None:
+def _nesting(lines: Lines, events) -> Slip | None:
     """The first element left open (or end tag that closes nothing) in well-formed tags."""
     stack: list[tuple[int, str]] = []
     for i, (kind, offset, name) in enumerate(events):
@@ -147,11 +169,11 @@ def _nesting(text: str, events) -> Slip | None:
             if stack and stack[-1][1] == name:
                 stack.pop()
             elif any(n == name for _, n in stack) and not _extra(events[i + 1:], stack):  # inner ones left open
-                return _open(text, stack[-1], f"</{name}> on line {line_col(text, offset)[0]}")
+                return _open(stack[-1], f"</{name}> on line {lines.at(offset)[0]}")
             else:
                 top = f" (the open element here is <{stack[-1][1]}>)" if stack else ""
                 return Slip(offset, f"an extra </{name}>: no <{name}> is open here{top}", "remove this end tag")
-    return _open(text, stack[-1], "the end of the document") if stack else None
+    return _open(stack[-1], "the end of the document") if stack else None
 
 
 def _extra(rest, stack) -> bool:
@@ -166,7 +188,7 @@ def _extra(rest, stack) -> bool:
     return not stack
 
 
-def _open(text: str, opened: tuple[int, str], found: str) -> Slip:
+def _open(opened: tuple[int, str], found: str) -> Slip:
     offset, name = opened
     return Slip(offset, f"<{name}> is never closed (reached {found} first)",
                 f"add </{name}> where the element ends")

@@ -34,6 +34,8 @@ MAX_STOP = 4  # stop strings per request, as OpenAI
 MAX_JSON_DEPTH = 100  # OpenAI's requests nest under 10
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # how a surrogate gets into JSON text (UTF-8 has none)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _TAG = re.compile(r"str|int|float|bool|none|bytes|[A-Z]\w*|[\w-]+\[.*\]")  # pydantic's names of union members
 # each part may be a module measured on the engine thread: 40,000 held it 21.7 s before their 400
 MAX_PARTS = 1024
@@ -43,6 +45,7 @@ def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
     """The API app around ``service``."""
     metrics = metrics or service.metrics or Metrics()
     app = FastAPI(title="PML Studio API", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.metrics = metrics  # ApiRoute counts the refusals it answers before the app
     _handlers(app, metrics)
     created = int(time.time())
 
@@ -76,7 +79,8 @@ def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
 
 class ApiRoute:
     """ASGI middleware: ``/v1/...`` and ``/metrics`` go to ``api`` (a body over :data:`MAX_BODY_BYTES` is a 413,
-    read no further; every body is read as JSON, whatever its Content-Type), everything else to the studio."""
+    read no further; every body is read as JSON, whatever its Content-Type, and holds Unicode text only),
+    everything else to the studio."""
 
     def __init__(self, app, api):
         self.app, self.api = app, api
@@ -88,10 +92,10 @@ class ApiRoute:
         if body is None:
             error = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes, the most this server "
                              "reads; send fewer or shorter documents", code="request_too_large")
-            return await JSONResponse(error.body(), 413)(scope, receive, send)
-        refusal = _not_json(body) if scope.get("method") == "POST" else None
+            return await self._refuse(error, scope, receive, send)
+        refusal = _unreadable(body) if scope.get("method") == "POST" else None
         if refusal is not None:
-            return await JSONResponse(refusal.body(), 400)(scope, receive, send)
+            return await self._refuse(refusal, scope, receive, send)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
         scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}  # curl -d says form data
         sent = False
@@ -104,6 +108,10 @@ class ApiRoute:
             return await receive()  # after the body: the disconnect, when it comes
 
         await self.api(scope, replay, send)
+
+    async def _refuse(self, error: ApiError, scope, receive, send) -> None:
+        await JSONResponse(error.body(), error.status)(scope, receive, send)
+        self.api.state.metrics.refused(scope["path"], error.status)
 
 
 def _model(service: ApiService, name: str, param: str = "model") -> str:
@@ -358,18 +366,18 @@ def _param(loc, keep_last: bool = False) -> str | None:
     return out or None
 
 
-def _not_json(body: bytes) -> ApiError | None:
-    """The 400 ``invalid_json`` for a body that is not JSON this server reads, naming why (FastAPI would call
-    text that is not UTF-8, nesting past Python's recursion limit or a 5,000-digit number a bare 400); None for a
-    body that parses, and for an empty one (FastAPI's 422 says what is missing)."""
+def _unreadable(body: bytes) -> ApiError | None:
+    """The 400 for a body that is not JSON this server reads, naming why (FastAPI would call text that is not
+    UTF-8, nesting past Python's recursion limit or a 5,000-digit number a bare 400), or that holds a string no
+    UTF-8 can carry (a lone surrogate, which fails wherever the text is written: the answer, the run log, the
+    tokenizer); None for a body that parses, and for an empty one (FastAPI's 422 says what is missing)."""
     if not body:
         return None
     if _deeper_than(body, MAX_JSON_DEPTH):
         return ApiError(400, f"the request body is not valid JSON this server reads: it nests arrays and objects more "
                         f"than {MAX_JSON_DEPTH} levels deep; send a flatter document", code="invalid_json")
     try:
-        json.loads(body)
-        return None
+        value = json.loads(body)
     except UnicodeDecodeError as err:
         why = f"it is not UTF-8 text ({err.reason} at byte {err.start}); send it as UTF-8"
     except RecursionError:
@@ -380,7 +388,30 @@ def _not_json(body: bytes) -> ApiError | None:
     except ValueError as err:  # Python refuses integers of more than 4,300 digits
         why = (f"a number in it is too long to read ({str(err).split(';')[0]}); send it as a string or shorter"
                if "digits" in str(err) else f"it cannot be read ({err})")
+    else:
+        return _lone_surrogate(value) if _ESCAPED_SURROGATE.search(body) else None
     return ApiError(400, f"the request body is not valid JSON: {why}", code="invalid_json")
+
+
+def _lone_surrogate(value) -> ApiError | None:
+    """The 400 naming the first string of ``value`` (an object's keys included) that holds a UTF-16 surrogate
+    without its pair (JSON's ``"\\udfff"``), else None. A pair is one character to json.loads, so it passes."""
+    todo: list[tuple[str, object, bool]] = [("", value, False)]  # (field, value, whether it is that field's key)
+    while todo:
+        field, item, key = todo.pop()
+        if isinstance(item, dict):
+            for k, v in reversed(item.items()):
+                inner = f"{field}.{k}" if field else k
+                todo += [(inner, v, False), (field, k, True)]
+        elif isinstance(item, list):
+            todo += [(f"{field}[{i}]", v, False) for i, v in reversed(list(enumerate(item)))]
+        elif isinstance(item, str) and (found := _SURROGATE.search(item)) is not None:
+            what = f"a key of {field or 'the body'}" if key else field
+            return ApiError(400, f"{what} is not Unicode text: it holds the lone UTF-16 surrogate "
+                            f"\\u{ord(found.group()):04x} at character {found.start()}, which no UTF-8 can carry; "
+                            "a \\ud800-\\udbff escape must be followed by its \\udc00-\\udfff pair",
+                            param=field or None, code="invalid_value")
+    return None
 
 
 def _deeper_than(body: bytes, limit: int) -> bool:
@@ -407,8 +438,9 @@ def _handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
+        answer = JSONResponse(err.body(), err.status, headers=err.headers())  # made first: count what is sent
         metrics.refused(request.url.path, err.status)
-        return JSONResponse(err.body(), err.status)
+        return answer
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # OpenAI's completions default: 16
 SOURCE = "api"  # the run log's source column
+RETRY_AFTER_S = 1  # a full queue's Retry-After: a place frees each time the engine takes the next request
 EngineOf = Callable[[], "Engine"]  # read at each request: the studio may load another model
 
 
@@ -125,7 +126,7 @@ class ApiService:
             if self.waiting >= self.max_queue:
                 raise ApiError(429, f"{self.waiting} requests are waiting for the engine, the most this server "
                                f"queues (--max-queue {self.max_queue}); retry in a moment",
-                               type="rate_limit_exceeded", code="queue_full")
+                               type="rate_limit_exceeded", code="queue_full", retry_after=RETRY_AFTER_S)
             self.waiting += 1
         job = Job(work, loop)
         on_engine_thread_soon(self._run, job)

@@ -14,7 +14,7 @@ import gradio as gr
 from engine.errors import EngineError
 
 from ..builder import BuilderSpec, empty_prompt, spec_of
-from ..errors import problem_lines
+from ..errors import problem_count, problem_lines
 from ..files import import_program, load_sample, read_upload, sample_names
 from ..state import Studio
 from ..views import highlight_html, ok_html, problems_html
@@ -87,12 +87,13 @@ class Validation:
     rows: tuple[tuple, ...]  # layout table rows
     positions: int
     spec: BuilderSpec | None = field(default=None, repr=False)
+    count: int = 0  # problems found, the listed ones and those past the list's cap
 
     def status_html(self) -> str:
         if self.ok:
             return ok_html(f"schema <b>{html.escape(self.name)}</b> is valid: {len(self.rows)} modules, "
                            f"{self.positions} positions")
-        return problems_html(f"{len(self.problems)} problem(s) — the layout beside is the last valid schema's, "
+        return problems_html(f"{self.count or len(self.problems)} problem(s) — the layout beside is the last valid schema's, "
                              "stale until these are fixed", self.problems)
 
 
@@ -102,7 +103,7 @@ def validate(studio: Studio, schema_text: str) -> Validation:
         lay = studio.layout(schema_text)
     except EngineError as err:
         problems, lines = problem_lines(err, schema_text or "")
-        return Validation(False, "", tuple(problems), tuple(lines), (), 0)
+        return Validation(False, "", tuple(problems), tuple(lines), (), 0, count=problem_count(err))
     rows = tuple((r["module"] + (" (union member)" if r["union"] else ""), f"{r['start']}–{r['end']}", r["tokens"],
                   r["params"], "yes" if r["cache"] else "no (cache=false)") for r in lay.rows())
     return Validation(True, lay.name, (), (), rows, lay.length, spec_of(lay))

@@ -56,6 +56,21 @@ def test_check_reports_located_errors(tmp_path, capsys, name):
     assert err[0].startswith(str(tmp_path / where)) and ": error: " in err[0] and what in err[0]
 
 
+def test_check_lists_the_first_problems_of_a_file_and_counts_the_rest(tmp_path, capsys):
+    """12,500 unknown attributes on one line: the output is the first problems and one line for the rest, not
+    12,500 lines (each located from the text's start: the time grew as the square of the count)."""
+    from engine.errors import MAX_PROBLEMS
+
+    head = '<schema name="s"><module name="m" '
+    path = tmp_path / "many.xml"
+    path.write_text(head + " ".join(f'a{i}="v"' for i in range(12_500)) + ">x</module></schema>")
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == MAX_PROBLEMS + 1 and err[-1] == f"... and {12_500 - MAX_PROBLEMS} more problems (fix these first)"
+    assert err[0].startswith(f"{path}:1:{len(head) + 1}: error: ")
+    assert all(f"unknown attribute 'a{i}'" in line for i, line in enumerate(err[:-1]))
+
+
 @pytest.mark.parametrize("prompt, what", [
     ("<prompt schema='travel'>\n<trip-plan duration='a very long holiday of many many weeks'><overseas><kyoto/></overseas>"
      "</trip-plan></prompt>", "tokens but the param allows 4"),

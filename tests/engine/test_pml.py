@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES
-from engine.errors import PMLError
+from engine.errors import PMLError, Problem
 from engine.schema.pml import Module, Param, Role, Text, Union, compact, parse_prompt, parse_schema
 
 
@@ -242,3 +242,57 @@ def test_prompt_items_keep_order_and_roles():
     assert a.name == "a" and a.args == (("x", "1"),) and a.children[0].name == "b"
     assert text.text.strip() == "Question one?" and text.role is None
     assert user.role == "user" and user.text == "Follow-up"
+
+
+# ----------------------------------------------------------------------------------------------
+# Many problems: located in one pass over the text, the first listed, the rest counted
+# ----------------------------------------------------------------------------------------------
+
+def many_attributes(n: int, per_line: int = 50) -> str:
+    """A schema whose one module has ``n`` unknown attributes, ``per_line`` to a line, their values multibyte."""
+    rows = ["  " + " ".join(f'a{i}="ü€"' for i in range(k, min(k + per_line, n))) for k in range(0, n, per_line)]
+    return '<schema name="s">\n<module name="m"\n' + "\n".join(rows) + ">text</module>\n</schema>\n"
+
+
+def editor_place(text: str, offset: int) -> tuple[int, int]:
+    """(line, column) of ``offset`` counted the slow, obvious way."""
+    before = text[:offset].split("\n")
+    return len(before), len(before[-1]) + 1
+
+
+def test_thousands_of_problems_list_the_first_where_an_editor_shows_them_and_count_the_rest(monkeypatch):
+    """5,000 unknown attributes: the first MAX_PROBLEMS are located (only they: locating each one used to count
+    newlines from the text's start) and the error says how many more there are."""
+    from engine.errors import MAX_PROBLEMS
+    from engine.schema import pml
+
+    made = []
+    monkeypatch.setattr(pml, "Problem", lambda *a, **kw: made.append(a) or Problem(*a, **kw))
+    text = many_attributes(5000)
+    with pytest.raises(PMLError) as info:
+        parse_schema(text, "t.xml")
+    err = info.value
+    assert len(err.problems) == MAX_PROBLEMS and err.more == 5000 - MAX_PROBLEMS
+    assert len(made) == MAX_PROBLEMS  # the rest were counted, never located
+    for i, p in enumerate(err.problems):
+        assert (p.line, p.col) == editor_place(text, text.index(f' a{i}="') + 1) and f"'a{i}'" in p.message
+    lines = str(err).splitlines()
+    assert len(lines) == MAX_PROBLEMS + 1 and lines[-1] == f"... and {5000 - MAX_PROBLEMS} more problems (fix these first)"
+
+
+def test_a_name_fifty_thousand_characters_long_is_cut_in_the_message():
+    name = "n" * 50_000
+    (line,) = problems(f'<schema name="s"><module name="m" {name}="1">x</module></schema>')
+    assert len(line) < 1200 and "characters left out" in line and line.startswith("t.xml:1:35:")
+
+
+def test_the_line_index_agrees_with_counting_at_every_offset():
+    from engine.schema.where import Lines
+
+    text = "<a>\r\n  ü€😀 x\n\n<b x='1'/>\nlast"
+    lines = Lines(text)
+    for offset in range(len(text) + 3):
+        assert lines.at(offset) == editor_place(text, min(offset, len(text))), offset
+    assert [lines.line(n) for n in range(0, 7)] == ["", "<a>\r", "  ü€😀 x", "", "<b x='1'/>", "last", ""]
+    # libxml2's byte column of 'x' on line 2 (after 1 + 1 + 2 + 3 + 4 + 1 bytes) is its character column, 7
+    assert lines.char_col(2, 1 + 1 + 2 + 3 + 4 + 1 + 1) == 7 and lines.char_col(9, 5) == 5

@@ -137,6 +137,72 @@ def test_unreadable_bodies_and_odd_values_get_named_errors_at_once(served, capfd
     assert "Traceback" not in "".join(capfd.readouterr())
 
 
+def test_a_schema_with_100000_unknown_attributes_is_a_400_listing_the_first_problems(served):
+    """A 1.1 MB schema with 100,000 unknown attributes: the 400 lists the first problems, at their columns, and
+    counts the rest (each was located from the text's start: 32 s on the engine thread and an 11 MB body)."""
+    from engine.errors import MAX_PROBLEMS
+
+    port, _, _ = served
+    head = '<schema name="s"><module name="m" '
+    schema = head + " ".join(f'a{i}="v"' for i in range(100_000)) + ">x</module></schema>"
+    got = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers=AUTH, timeout=300,
+                     json=body(pml={"schema": schema, "prompt": '<prompt schema="s"><m/></prompt>'}))
+    error = got.json()["error"]
+    assert (got.status_code, error["code"], error["param"]) == (400, "invalid_pml", "pml")
+    lines = error["message"].splitlines()
+    assert len(got.content) < 32_000 and len(lines) == MAX_PROBLEMS + 1
+    assert lines[0].startswith(f"request schema:1:{len(head) + 1}: error: <module> has an unknown attribute 'a0'")
+    assert lines[-1] == f"... and {100_000 - MAX_PROBLEMS} more problems (fix these first)"
+    named = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers=AUTH, json=body(model="m" * 1_000_000))
+    assert named.status_code == 404 and len(named.content) < 40_000  # a name echoed back is cut in its middle
+    assert client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices
+
+
+# (what, the body's JSON text with a lone surrogate escaped in it, the parameter named): any string a client sends
+SURROGATES = [
+    ("model", '{"model": "\\udfff", "messages": [{"role": "user", "content": "Hi"}]}', "model"),
+    ("stop", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "stop": "\\ud800"}', "stop"),
+    ("a stop in a list", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"stop": ["ok", "x\\udbff"]}', "stop[1]"),
+    ("pml.arm", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"pml": {"arm": "\\udfff"}}', "pml.arm"),
+    ("pml.schema", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"pml": {"schema": "<schema name=\'s\'>\\udfff</schema>", "prompt": "<prompt schema=\'s\'/>"}}', "pml.schema"),
+    ("pml.prompt", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
+     '"pml": {"schema": "travel", "prompt": "<prompt schema=\'travel\'>\\udc00</prompt>"}}', "pml.prompt"),
+    ("message content", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi \\ud83d!"}]}',
+     "messages[0].content"),
+    ("a content part's type", '{"model": "tiny-llama", "messages": [{"role": "user", "content": '
+     '[{"type": "\\udfff", "text": "Hi"}]}]}', "messages[0].content[0].type"),
+    ("a content part's text", '{"model": "tiny-llama", "messages": [{"role": "user", "content": '
+     '[{"type": "text", "text": "\\ude00 Hi"}]}]}', "messages[0].content[0].text"),
+    ("a key", '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "pml": {"\\udfff": 1}}',
+     "pml"),
+]
+
+
+def test_a_lone_surrogate_in_any_string_is_a_400_naming_its_field_and_counted_as_sent(served, capfd):
+    """A string JSON escapes as a lone UTF-16 surrogate has no UTF-8: it used to be a 500 with a traceback (the
+    error echoing it could not be written), counted in /metrics as the 404 it never sent. A surrogate pair is a
+    character and is answered."""
+    port, _, _ = served
+    url = f"http://127.0.0.1:{port}"
+    before = _requests(port, "400"), _requests(port, "404"), _requests(port, "500")
+    for what, text, param in SURROGATES:
+        got = httpx.post(url + "/v1/chat/completions", content=text.encode(), headers=AUTH, timeout=60)
+        error = got.json()["error"]
+        assert (got.status_code, error["code"], error["param"]) == (400, "invalid_value", param), (what, got.text)
+        assert "lone UTF-16 surrogate" in error["message"], what
+    got = httpx.post(url + "/v1/completions", content=b'{"model": "tiny-llama", "prompt": "\\udfff"}', headers=AUTH)
+    assert (got.status_code, got.json()["error"]["param"]) == (400, "prompt")
+    after = _requests(port, "400"), _requests(port, "404"), _requests(port, "500")
+    assert after == (before[0] + len(SURROGATES), before[1], before[2])  # the completions one: its own endpoint
+    paired = httpx.post(url + "/v1/chat/completions", headers=AUTH, timeout=120, content=b'{"model": "tiny-llama", '
+                        b'"max_tokens": 2, "messages": [{"role": "user", "content": "Hi \\ud83d\\ude00"}]}')
+    assert paired.status_code == 200, paired.text
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
 def test_the_openai_client_raises_its_own_error_classes(served):
     port, _, _ = served
     with pytest.raises(openai.NotFoundError):
@@ -217,7 +283,7 @@ def test_a_full_queue_answers_429_and_the_queued_request_is_answered(tiny_lm, tm
                 _wait_for(lambda: _waiting(port) == 1)
                 with pytest.raises(openai.RateLimitError) as err:
                     client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
-                assert err.value.code == "queue_full"
+                assert err.value.code == "queue_full" and err.value.response.headers["retry-after"] == "1"
                 gate.set()
                 assert first.result(timeout=120).choices[0].finish_reason in ("stop", "length")
         finally:
@@ -272,6 +338,14 @@ def test_the_api_command_exists_with_its_options():
     args = build_parser(EXTRA).parse_args(["api", "--default-arm", "cached", "--max-queue", "4"])
     assert (args.command, args.default_arm, args.max_queue, args.port) == ("api", "cached", 4, 8000)
     assert not hasattr(args, "share")
+
+
+def _requests(port: int, status: str, endpoint: str = "/v1/chat/completions") -> float:
+    """/metrics' count of ``endpoint``'s requests answered ``status``."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=AUTH).text
+    want = f'endpoint="{endpoint}"', f'status="{status}"'
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("pml_api_requests_total{") and all(w in line for w in want))
 
 
 def _waiting(port: int) -> float:

@@ -309,3 +309,32 @@ def test_sighup_after_the_log_takes_runs_again_writes_the_waiting_run(tmp_path):
     assert "pml-studio: stopped: 1 finished run waiting in memory written to the run log" in out.stderr
     assert [(r[0], r[2]) for r in stored(tmp_path / "runs.db")] == [(FIRST, "the prompt")]
     assert not (tmp_path / "runs.db.pending.jsonl").exists()
+
+
+KILLED = "import os, signal\nfrom studio.app import private_temp\nprivate_temp()\nos.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+def test_the_next_start_removes_the_temporary_folder_of_a_killed_studio_and_only_that(tmp_path, monkeypatch):
+    """`kill -9` gives a studio no chance to remove its 0700 folder; the next start removes it, and never the folder
+    of a studio still running, another account's, or one named otherwise."""
+    import tempfile
+
+    from studio.app import private_temp
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    child = subprocess.run([sys.executable, "-c", KILLED], cwd=ROOT, env=env, capture_output=True, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    (killed,) = tmp_path.glob("pml-studio-*")
+    gone = killed.name.split("-")[2]  # the killed studio's pid
+    running = tmp_path / f"pml-studio-{os.getpid()}-abcd_123"
+    foreign = tmp_path / f"pml-studio-{gone}-foreign1"
+    other = tmp_path / f"pml-studio-{gone}-not-a-studio"
+    for folder in (running, foreign, other):
+        folder.mkdir()
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("GRADIO_TEMP_DIR", os.environ.get("GRADIO_TEMP_DIR", ""))  # private_temp sets it
+    made = private_temp()
+    assert not killed.exists() and made.exists() and made.name.startswith(f"pml-studio-{os.getpid()}-")
+    assert running.exists() and other.exists() and foreign.exists() == (os.geteuid() == 0)

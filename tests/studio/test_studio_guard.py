@@ -194,7 +194,22 @@ def test_the_token_in_the_query_moves_to_the_fragment_and_no_cookie_is_ever_set(
         page = c.get("/", headers=AUTH)  # what the bootstrap page fetches, with the header the page script adds
         assert page.status_code == 200 and "gradio_config" in page.text and "set-cookie" not in page.headers
         assert page.text.index("__pmlAuth") < page.text.index("type=\"module\"")  # auth.js first, before Gradio's
-        assert c.get(f"/config?token={TOKEN}").status_code == 200  # programs may still send it in the query
+        assert c.get(f"/?token={TOKEN}", headers=AUTH).status_code == 303  # with the header too: out of the URL
+
+
+@pytest.mark.parametrize("route", ["/config", "/gradio_api/info", "/gradio_api/queue/data?session_hash=x",
+                                   "/gradio_api/file=/etc/hostname", "/v1/models", "/metrics", "/pml-live/x"])
+def test_the_token_in_a_url_is_taken_on_the_page_only(served, route):
+    """A URL ends up in logs and history: on every route but the page ``/`` (which moves it to the fragment),
+    ``?token=`` is no credential, and the refusal says so."""
+    demo, port = served
+    with client(port) as c:
+        got = c.get(route + ("&" if "?" in route else "?") + f"token={TOKEN}")
+        assert got.status_code == 401, got.text[:300]
+        if not route.startswith("/v1/"):
+            assert "taken on the page / only" in got.text
+        with c.stream("GET", route, headers=AUTH) as opened:  # the header opens it (queue/data: a stream)
+            assert opened.status_code != 401
 
 
 def test_a_cookie_alone_opens_nothing(served):
@@ -558,3 +573,34 @@ def test_two_host_or_two_origin_headers_are_refused(served):
                  "headers": [(b"host", h.encode()) for h in hosts] + [(b"authorization", f"Bearer {TOKEN}".encode())]}
         asyncio.run(checked(scope, None, send))
         assert sent[-2]["status"] == 403 and b"more than one Host header" in sent[-1]["body"]
+
+
+def test_a_malformed_queue_join_is_not_echoed_whole_to_the_console(served, capfd):
+    """A join whose data do not fit its event makes Gradio print a traceback that quotes what it received (a 20 MB
+    body went to the console whole); that, and uvicorn's log of a failed request, are cut to MAX_TRACEBACK
+    characters."""
+    import io
+    import logging
+
+    from studio.errors import MAX_TRACEBACK
+
+    demo, port = served
+    big = "x" * (2 << 20)
+    capfd.readouterr()
+    join = f"http://127.0.0.1:{port}/gradio_api/queue/join"
+    assert httpx.post(join, headers=AUTH, json={"data": [big], "fn_index": 0, "session_hash": "echo-1"}).is_success
+    with client(port, headers=AUTH) as c:
+        wait_done(c, "echo-1", seconds=120)
+    console = "".join(capfd.readouterr())
+    assert "Traceback" in console and len(console) < 2 * MAX_TRACEBACK and "x" * 20_000 not in console
+    logged, log = io.StringIO(), logging.getLogger("uvicorn.error")
+    handler = logging.StreamHandler(logged)
+    log.addHandler(handler)
+    try:
+        try:
+            raise KeyError(big)
+        except KeyError:
+            log.exception("Exception in ASGI application")
+    finally:
+        log.removeHandler(handler)
+    assert "KeyError" in logged.getvalue() and len(logged.getvalue()) < 2 * MAX_TRACEBACK

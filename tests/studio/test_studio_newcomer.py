@@ -96,6 +96,24 @@ def test_a_problem_line_carries_a_caret_under_the_column():
     assert caret.index("^") == shown.index("lisbon")  # the caret sits under the name to fix
 
 
+def test_thousands_of_problems_on_one_long_line_list_the_first_around_their_columns(studio):
+    """5,000 unknown attributes on one 60,000-character line: the Schema tab lists the first problems, each with the
+    part of the line around its column (the caret under the attribute), one line for the rest, and the title
+    counts them all."""
+    from engine.errors import MAX_PROBLEMS
+    from studio.errors import SHOWN
+
+    text = '<schema name="s"><module name="m" ' + " ".join(f'a{i}="v"' for i in range(5000)) + ">x</module></schema>"
+    v = sch.validate(studio, text)
+    assert len(v.problems) == MAX_PROBLEMS + 1 and v.problems[-1].startswith(f"... and {5000 - MAX_PROBLEMS} more")
+    assert "5000 problem(s)" in v.status_html()
+    for i, line in enumerate(v.problems[:-1]):
+        head, shown, caret = line.split("\n")
+        assert head.startswith(at(text, f" a{i}=", shift=1)) and len(shown) < SHOWN + 20
+        assert shown[caret.index("^"):].startswith(f"a{i}=")
+    assert len("\n".join(v.problems)) < 20_000
+
+
 def test_the_layout_says_when_it_is_stale(studio, tmp_path):
     table = sch._validate_ui(studio, tmp_path, edit(TRAVEL, "</schema>", ""), None)[1]
     assert "STALE" in table.label
