@@ -300,6 +300,23 @@ def test_pml_studio_api_upstream_serves_and_refuses_a_mismatch(engine, tmp_path,
         assert f"upstream {good.url} serves '{SERVED}'" in out and "weights are not loaded" in out
 
 
+def test_the_studios_api_forwards_with_the_upstream_option(engine, standin, tmp_path):
+    """`pml-studio serve --upstream URL`: the API on the studio's port is the front; the page's engine stays
+    unloaded (the studio then preloads nothing: StudioOptions.preload)."""
+    from engine.cli import build_parser
+    from engine.runlog import RunLog
+    from studio.cli import EXTRA
+    from studio.launch import StudioOptions
+    from tests.studio_fixtures import served_studio
+
+    with served_studio(engine, RunLog(tmp_path / "runs.db"), api={"upstream": standin.url}) as (_, port):
+        got = ask(client_for(port), parts(*ESSAYS[:2], "Who wrote about maps?"))
+    assert got.model_extra["pml"]["arm"] == ARM and got.choices[0].message.content == "".join(standin.reply)
+    assert engine.tokenizer.decode(standin.sent[-1]["prompt"]).count("Essay ") == 2 and not engine.loaded
+    args = build_parser(EXTRA).parse_args(["serve", "--upstream", standin.url])
+    assert StudioOptions.from_args(args).preload is False
+
+
 def test_the_upstream_option_exists_for_api_and_serve():
     from engine.cli import build_parser
     from studio.cli import EXTRA
