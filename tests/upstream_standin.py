@@ -8,6 +8,7 @@ official openai package, through the front.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,7 +40,7 @@ class StandIn:
 
     def cached(self, ids: list[int]) -> int:
         """vLLM's cached tokens for ``ids`` after the prompts seen so far (then ``ids`` is seen too)."""
-        best = max((_common(ids, seen) for seen in self._seen), default=0)
+        best = max((len(os.path.commonprefix([ids, seen])) for seen in self._seen), default=0)
         self._seen.append(list(ids))
         return min(best, len(ids) - 1) // BLOCK * BLOCK
 
@@ -48,15 +49,6 @@ class StandIn:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _handler(standin: StandIn):

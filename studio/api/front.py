@@ -23,7 +23,7 @@ from .defaults import MAX_QUEUE, MAX_TOKENS_CAP
 from .errors import ApiError, from_engine
 from .positions import PositionRegistry
 from .schemas import SchemaBook
-from .service import DEFAULT_MAX_TOKENS, Event, Job, Outcome, Work, compile_work
+from .service import DEFAULT_MAX_TOKENS, Event, Job, Outcome, Work, compile_work, queue_full
 from .types import PmlInfo, PromptTokensDetails, Usage
 from .upstream import Served, Upstream
 
@@ -82,9 +82,8 @@ class FrontService:
     def submit(self, work: Work, loop: asyncio.AbstractEventLoop) -> Job:
         """Forward ``work`` on ``loop``; 429 when :attr:`max_queue` requests are in flight already."""
         if self.waiting >= self.max_queue:
-            raise ApiError(429, f"{self.waiting} requests are in flight to the upstream, the most this front "
-                           f"forwards at once (--max-queue {self.max_queue}); retry in a moment",
-                           type="rate_limit_exceeded", code="queue_full")
+            raise queue_full(f"{self.waiting} requests are in flight to the upstream, the most this front forwards "
+                             "at once", self.max_queue)
         self.waiting += 1
         job = Job(work, loop)
         task = loop.create_task(self._run(job))

@@ -135,9 +135,8 @@ class ApiService:
         """Queue ``work`` on the engine thread; 429 when :attr:`max_queue` requests wait already."""
         with self._lock:
             if self.waiting >= self.max_queue:
-                raise ApiError(429, f"{self.waiting} requests are waiting for the engine, the most this server "
-                               f"queues (--max-queue {self.max_queue}); retry in a moment",
-                               type="rate_limit_exceeded", code="queue_full")
+                raise queue_full(f"{self.waiting} requests are waiting for the engine, the most this server queues",
+                                 self.max_queue)
             self.waiting += 1
         job = Job(work, loop)
         on_engine_thread_soon(self._run, job)
@@ -254,6 +253,11 @@ def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: Po
     if work.endpoint == "completion":
         return modes.completion_pml(work.prompt, how, codec, positions, compact)
     return modes.chat_pml(list(work.turns), how, codec, positions, compact)
+
+
+def queue_full(why: str, max_queue: int) -> ApiError:
+    return ApiError(429, f"{why} (--max-queue {max_queue}); retry in a moment", type="rate_limit_exceeded",
+                    code="queue_full")
 
 
 def random_seed() -> int:

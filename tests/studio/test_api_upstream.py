@@ -13,9 +13,7 @@ import hashlib
 import os
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 
 import httpx
 import openai
@@ -26,7 +24,7 @@ from engine.session import Engine
 from studio.api import modes
 from studio.api.front import ARM
 from tests.conftest import ROOT, free_port
-from tests.studio_fixtures import AUTH, TOKEN, TRAVEL_PROMPT
+from tests.studio_fixtures import AUTH, TOKEN, TRAVEL_PROMPT, served_api
 from tests.upstream_standin import StandIn
 
 SERVED = "smol-on-vllm"  # the stand-in's served model name, unlike the local one
@@ -52,23 +50,9 @@ def standin(engine):
         yield upstream
 
 
-@contextmanager
 def front(engine, url: str):
-    """What `pml-studio api --upstream URL` serves (headless_app under uvicorn) on a free port; yields the port."""
-    import uvicorn
-
-    from studio.api.serve import headless_app, server_config
-
-    port = free_port()
-    server = uvicorn.Server(server_config(headless_app(engine, None, TOKEN, upstream=url), "127.0.0.1", port))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        _wait_for(lambda: server.started)
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    """What `pml-studio api --upstream URL` serves, on a free port; yields the port."""
+    return served_api(engine, None, upstream=url)
 
 
 @pytest.fixture(scope="module")
