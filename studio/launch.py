@@ -47,7 +47,8 @@ class StudioOptions:
         return cls(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
                    results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
                    token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap,
-                   api={"default_arm": args.default_arm, "max_queue": args.max_queue})
+                   preload=not args.upstream,  # the page's own runs load the weights when asked
+                   api={"default_arm": args.default_arm, "max_queue": args.max_queue, "upstream": args.upstream})
 
 
 def serve(options: StudioOptions = StudioOptions(), block: bool = True):
@@ -60,6 +61,8 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     from engine.runlog import RunLog
     from engine.session import Engine
 
+    from .api.serve import check_upstream
+    from .api.upstream import UpstreamError
     from .app import build_app, launch_options
     from .connections import Limits
     from .streaming import on_engine_thread_soon
@@ -79,7 +82,9 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
         engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(o.db)
         engine.codec  # the tokenizer, before the page can ask for a validation
-    except EngineError as err:
+        if o.api.get("upstream"):
+            print(f"PML Studio API: {check_upstream(o.api['upstream'], engine.codec)}", flush=True)
+    except (EngineError, UpstreamError) as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     demo = build_app(engine, runlog, results_dir=o.results, max_new_tokens_cap=o.max_new_tokens_cap)

@@ -53,6 +53,33 @@ def served_studio(engine, runlog: RunLog, token: str | None = TOKEN, api: dict |
 
 
 @contextmanager
+def served_api(engine, runlog: RunLog | None, **options):
+    """What `pml-studio api` serves (studio/api/serve.py's headless app under uvicorn, the API's ``options``, e.g.
+    ``upstream``) on a free port of 127.0.0.1 with the launch token; yields the port and stops it after."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from studio.api.serve import headless_app, server_config
+    from tools.screenshot import free_port
+
+    port = free_port()
+    server = uvicorn.Server(server_config(headless_app(engine, runlog, TOKEN, **options), "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        end = time.monotonic() + 60
+        while not server.started:  # a readiness wait, not a timing assertion
+            assert time.monotonic() < end and thread.is_alive(), "the API server did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@contextmanager
 def write_lock_held(path):
     """Another program holding the run log's write lock (a write transaction left open)."""
     other = sqlite3.connect(path)

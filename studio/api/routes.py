@@ -18,8 +18,6 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
-from engine.arms.registry import REGISTRY
-
 from . import modes
 from .errors import ApiError, from_engine
 from .metrics import Metrics
@@ -51,20 +49,24 @@ def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
+        await service.ready()
         return ModelList(data=[_card(service, name, created) for name in service.model_ids()[:1]])
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> ModelCard:
+        await service.ready()
         return _card(service, _model(service, model, "model"), created)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
+        await service.ready()
         model = _model(service, req.model)
         work = _work(service, req, "chat", turns=_turns(req.messages))
         return await _respond(service, metrics, request, work, model, req.stream_options)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        await service.ready()
         model = _model(service, req.model)
         work = _work(service, req, "completion", prompt=_prompt(req.prompt))
         return await _respond(service, metrics, request, work, model, req.stream_options)
@@ -130,8 +132,9 @@ def _work(service: ApiService, req, endpoint: str, **given) -> Work:
         raise ApiError(400, f"{refused[1]} by this server", param=refused[0], code="unsupported_parameter")
     opts = req.pml
     arm = (opts.arm if opts and opts.arm else service.default_arm)
-    if arm not in REGISTRY:
-        raise ApiError(400, f"unknown arm '{arm}'; arms: {', '.join(REGISTRY)}", param="pml.arm", code="unknown_arm")
+    if arm not in service.arms:
+        raise ApiError(400, f"unknown arm '{arm}'; arms: {', '.join(service.arms)}", param="pml.arm",
+                       code="unknown_arm")
     explicit = bool(opts and (opts.schema_ or opts.prompt))
     if explicit and not (opts.schema_ and opts.prompt):
         missing = "pml.prompt" if opts.schema_ else "pml.schema"
@@ -217,10 +220,7 @@ def _prompt(prompt) -> str:
 
 
 def _card(service: ApiService, name: str, created: int) -> ModelCard:
-    engine = service.engine_of()
-    return ModelCard(id=name, created=created, pml={"weights": engine.config.weights, "default_arm": service.default_arm,
-                                                    "arms": list(REGISTRY), "separator": modes.SEPARATOR,
-                                                    "min_module_chars": modes.MIN_MODULE_CHARS})
+    return ModelCard(id=name, created=created, pml=service.card())
 
 
 async def _respond(service: ApiService, metrics: Metrics, request: Request, work: Work, model: str, options):

@@ -18,8 +18,9 @@ SAMPLES = Path(__file__).resolve().parent.parent.parent / "sample_schemas"
 
 
 class SchemaBook:
-    def __init__(self, runlog=None, samples: Path = SAMPLES):
-        self.runlog, self.samples = runlog, samples
+    def __init__(self, runlog=None, samples: Path = SAMPLES, remember: bool = True):
+        """``remember``: keep inline schemas by name (False for a front, which another front may stand in for)."""
+        self.runlog, self.samples, self.remember = runlog, samples, remember
         self._inline: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -36,12 +37,15 @@ class SchemaBook:
         found = self._inline_named(name) or self._logged(name) or self._sample(name)
         if found is None:
             shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
-            raise ApiError(400, f"no schema named '{shown}': not sent to this server before, not in the run log "
+            sent = "not sent to this server before, " if self.remember else ""
+            raise ApiError(400, f"no schema named '{shown}': {sent}not in the run log "
                            f"{getattr(self.runlog, 'path', '(none)')}, not a sample in {self.samples}; send its PML "
                            "text as pml.schema", param="pml.schema", code="schema_not_found")
         return found
 
     def _remember(self, text: str) -> None:
+        if not self.remember:
+            return
         try:
             name = parse_schema(text, "request schema").name
         except EngineError:

@@ -31,29 +31,42 @@ class ServeOptions:
     default_arm: str | None = None
     max_queue: int = MAX_QUEUE
     max_tokens_cap: int = MAX_TOKENS_CAP
+    upstream: str | None = None  # a vLLM server's URL: forward to it (studio/api/front.py)
 
     @classmethod
     def from_args(cls, args) -> ServeOptions:
         return cls(model=args.model, host=args.host, port=args.port, db=args.db, dtype=args.dtype,
                    weights=args.weights, allow_hosts=tuple(args.allow_hosts), token=args.token,
                    no_token=args.no_token, default_arm=args.default_arm, max_queue=args.max_queue,
-                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP)
+                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP, upstream=args.upstream)
 
     def api(self) -> dict:
         """The options of :class:`~.service.ApiService`."""
-        return {"default_arm": self.default_arm, "max_queue": self.max_queue, "max_tokens_cap": self.max_tokens_cap}
+        return {"default_arm": self.default_arm, "max_queue": self.max_queue, "max_tokens_cap": self.max_tokens_cap,
+                "upstream": self.upstream}
 
 
-def studio_api(studio, default_arm: str | None = None, max_queue: int = MAX_QUEUE):
-    """The API app over a studio's engine and run log (a run the log refuses waits with the studio's)."""
+def studio_api(studio, default_arm: str | None = None, max_queue: int = MAX_QUEUE, upstream: str | None = None):
+    """The API app over a studio's engine and run log (a run the log refuses waits with the studio's), or, with
+    ``upstream``, the front that forwards to that vLLM server."""
     return api_app(lambda: studio.engine, studio.runlog, default_arm=default_arm, max_queue=max_queue,
-                   max_tokens_cap=studio.max_new_tokens_cap, record=studio.record)
+                   max_tokens_cap=studio.max_new_tokens_cap, record=studio.record, upstream=upstream)
 
 
-def api_app(engine_of: EngineOf, runlog, **options):
-    """The FastAPI app around an :class:`~.service.ApiService` made with ``options``."""
+def api_app(engine_of: EngineOf, runlog, upstream: str | None = None, **options):
+    """The FastAPI app around an :class:`~.service.ApiService` made with ``options``, or around a
+    :class:`~.front.FrontService` forwarding to ``upstream`` (the engine then lends only its tokenizer)."""
     from .metrics import Metrics
     from .routes import create_api
+
+    if upstream:
+        from .front import FrontService
+        from .upstream import Upstream
+
+        metrics = Metrics(waiting=lambda: service.waiting)
+        service = FrontService(engine_of, Upstream(upstream, lambda text: engine_of().codec.encode(text)),
+                               metrics=metrics, **options)
+        return create_api(service, metrics)
     from .service import ApiService
 
     metrics = Metrics(store_bytes=lambda: engine_of().store().nbytes(), waiting=lambda: service.waiting)
@@ -70,8 +83,12 @@ def api_arguments(sp) -> None:
                     help=f"the arm that answers an API request that names none in pml.arm: baseline, prefix, cached, "
                          f"blend, routed, ... (default: {DEFAULT_ARM}, chosen by bench/serve.py; docs/api.md says why)")
     sp.add_argument("--max-queue", type=NumberArg(Limit("max queue", 1, 4096, whole=True, example="16")),
-                    default=MAX_QUEUE, help=f"API requests that may wait for the engine; more are answered 429 "
-                    f"(default {MAX_QUEUE})")
+                    default=MAX_QUEUE, help=f"API requests that may wait for the engine (with --upstream: in flight "
+                    f"to it); more are answered 429 (default {MAX_QUEUE})")
+    sp.add_argument("--upstream", default=None, metavar="URL",
+                    help="forward the API's requests to the vLLM OpenAI server at URL (http://HOST:PORT), rendered "
+                         "here to the baseline's token ids with --model's tokenizer, which must be the one it serves; "
+                         "the weights are not loaded (docs/api.md, Upstream)")
 
 
 def command(args) -> int:
@@ -92,6 +109,7 @@ def serve(options: ServeOptions) -> int:
     from ..guard import TOKEN_ENV, TokenError, is_loopback, make_token
     from ..hosting import check_address, keep_private
     from ..streaming import on_engine_thread_soon
+    from .upstream import UpstreamError
 
     host, port = options.host, options.port
     keep_private()
@@ -106,13 +124,19 @@ def serve(options: ServeOptions) -> int:
         engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(options.db)
         engine.codec  # the tokenizer, before the first request
-    except (OSError, ValueError, EngineError) as err:  # TokenError is a ValueError
+        if options.upstream:
+            print(f"PML Studio API: {check_upstream(options.upstream, engine.codec)}", flush=True)
+    except (OSError, ValueError, EngineError, UpstreamError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
     app = headless_app(engine, runlog, token, host, options.allow_hosts, **options.api())
-    on_engine_thread_soon(_preload, engine)
-    print(f"PML Studio API: base URL http://{host}:{port}/v1, model {engine.config.model} "
-          f"({engine.config.weights} weights), run log {runlog.path}", flush=True)
+    if options.upstream:
+        print(f"PML Studio API: base URL http://{host}:{port}/v1, a front for {options.upstream} (tokenizer of "
+              f"{engine.config.model}; its weights are not loaded)", flush=True)
+    else:
+        on_engine_thread_soon(_preload, engine)
+        print(f"PML Studio API: base URL http://{host}:{port}/v1, model {engine.config.model} "
+              f"({engine.config.weights} weights), run log {runlog.path}", flush=True)
     print("PML Studio API: " + (f"API key (the launch token): {token}" if token else
                                 "--no-token: every account on this machine can use the API"), flush=True)
     server = uvicorn.Server(server_config(app, host, port, limits))
@@ -121,6 +145,31 @@ def serve(options: ServeOptions) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def check_upstream(url: str, codec) -> str:
+    """The start's line about the upstream at ``url``: what it serves, its tokenizer checked against ``codec``'s.
+    UpstreamError when it tokenizes otherwise; one that does not answer yet is checked again at each request."""
+    import asyncio
+
+    from .errors import ApiError
+    from .upstream import Upstream, UpstreamError
+
+    async def check():
+        upstream = Upstream(url, codec.encode)
+        try:
+            return await upstream.ready()
+        finally:
+            await upstream.aclose()
+
+    try:
+        served = asyncio.run(check())
+    except ApiError as err:
+        if err.code == "upstream_mismatch":
+            raise UpstreamError(err.message) from None
+        return f"{err.message}; requests are answered 503 until it does"
+    return (f"upstream {served.url} serves '{served.model}' (max_model_len {served.max_model_len}), tokenizer "
+            "checked")
 
 
 def server_config(app, host: str, port: int, limits=None):

@@ -112,6 +112,18 @@ class ApiService:
         self.waiting = 0
         self._lock = threading.Lock()
 
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return tuple(REGISTRY)
+
+    async def ready(self) -> None:
+        """Nothing to wait for: the engine is here (a front waits for its upstream)."""
+
+    def card(self) -> dict:
+        """The ``pml`` object of the model's card."""
+        return {"weights": self.engine_of().config.weights, "default_arm": self.default_arm, "arms": list(REGISTRY),
+                "separator": modes.SEPARATOR, "min_module_chars": modes.MIN_MODULE_CHARS}
+
     def model_ids(self) -> tuple[str, ...]:
         """The engine's model as configured (first), and as loaded."""
         engine = self.engine_of()
@@ -124,9 +136,8 @@ class ApiService:
         """Queue ``work`` on the engine thread; 429 when :attr:`max_queue` requests wait already."""
         with self._lock:
             if self.waiting >= self.max_queue:
-                raise ApiError(429, f"{self.waiting} requests are waiting for the engine, the most this server "
-                               f"queues (--max-queue {self.max_queue}); retry in a moment",
-                               type="rate_limit_exceeded", code="queue_full", retry_after=RETRY_AFTER_S)
+                raise queue_full(f"{self.waiting} requests are waiting for the engine, the most this server queues",
+                                 self.max_queue)
             self.waiting += 1
         job = Job(work, loop)
         on_engine_thread_soon(self._run, job)
@@ -192,13 +203,9 @@ class ApiService:
             f"{max(plan.room, 0)} fit after it; ask for fewer max_tokens or send shorter messages")
 
     def _compile(self, engine: Engine, work: Work, compact: bool) -> modes.Compiled:
-        if work.how == "explicit":
-            return modes.Compiled(self.schemas.text(work.schema), work.pml_prompt, "explicit")
         how = work.how if REGISTRY[work.arm].reads == Reads.MODULES else "plain"
         positions = self.positions.setdefault(engine.codec.fingerprint, PositionRegistry())
-        if work.endpoint == "completion":
-            return modes.completion_pml(work.prompt, how, engine.codec, positions, compact)
-        return modes.chat_pml(list(work.turns), how, engine.codec, positions, compact)
+        return compile_work(work, how, engine.codec, self.schemas, positions, compact)
 
     def _outcome(self, engine: Engine, work: Work, fitted: Fitted, res: Comparison, ttft_ms: float,
                  queue_ms: float) -> Outcome:
@@ -237,6 +244,21 @@ class ApiService:
 
             log.warning("an API run was not logged: %s", err)
             return None
+
+
+def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: PositionRegistry,
+                 compact: bool = False) -> modes.Compiled:
+    """``work`` as one PML schema and prompt: its explicit PML, else its messages or prompt compiled ``how``."""
+    if work.how == "explicit":
+        return modes.Compiled(schemas.text(work.schema), work.pml_prompt, "explicit")
+    if work.endpoint == "completion":
+        return modes.completion_pml(work.prompt, how, codec, positions, compact)
+    return modes.chat_pml(list(work.turns), how, codec, positions, compact)
+
+
+def queue_full(why: str, max_queue: int) -> ApiError:
+    return ApiError(429, f"{why} (--max-queue {max_queue}); retry in a moment", type="rate_limit_exceeded",
+                    code="queue_full", retry_after=RETRY_AFTER_S)
 
 
 def random_seed() -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import httpx
 import openai
@@ -19,8 +18,7 @@ from engine.errors import RunStopped
 from engine.runlog import RunLog
 from engine.session import Engine
 from studio.streaming import on_engine_thread_soon
-from tests.conftest import free_port
-from tests.studio_fixtures import AUTH, TOKEN, served_studio
+from tests.studio_fixtures import AUTH, TOKEN, served_api, served_studio
 
 MODEL = "tiny-llama"
 DOC = "The harbour of Vell keeps three ferries, each named after a wind: " + "north, south and east. " * 12
@@ -290,28 +288,9 @@ def test_a_full_queue_answers_429_and_the_queued_request_is_answered(tiny_lm, tm
             gate.set()
 
 
-@contextmanager
-def headless(engine, runlog: RunLog):
-    """What `pml-studio api` serves (studio/api/serve.py's app under uvicorn), on a free port; yields the port."""
-    import uvicorn
-
-    from studio.api.serve import headless_app, server_config
-
-    port = free_port()
-    server = uvicorn.Server(server_config(headless_app(engine, runlog, TOKEN), "127.0.0.1", port))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        _wait_for(lambda: server.started)
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
 def test_a_model_that_cannot_load_answers_503_and_the_server_stays_up(tmp_path):
     missing = str(tmp_path / "no-such-model")
-    with headless(Engine(model=missing, persist=False), RunLog(tmp_path / "runs.db")) as port:
+    with served_api(Engine(model=missing, persist=False), RunLog(tmp_path / "runs.db")) as port:
         for _ in range(2):
             with pytest.raises(openai.InternalServerError) as err:
                 client_for(port).chat.completions.create(model=missing, messages=USER, max_tokens=2)
@@ -321,7 +300,7 @@ def test_a_model_that_cannot_load_answers_503_and_the_server_stays_up(tmp_path):
 
 def test_pml_studio_api_serves_the_same_routes_without_the_page(tiny_lm, tmp_path):
     """The headless app (what `pml-studio api` serves with uvicorn): the guard, the API, OpenAI's 404 elsewhere."""
-    with headless(Engine.from_loaded(tiny_lm), RunLog(tmp_path / "runs.db")) as port:
+    with served_api(Engine.from_loaded(tiny_lm), RunLog(tmp_path / "runs.db")) as port:
         client = client_for(port)
         assert [m.id for m in client.models.list().data] == [MODEL]
         got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0)
