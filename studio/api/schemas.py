@@ -8,7 +8,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from engine.errors import EngineError
-from engine.schema.pml import IDENT, parse_schema
+from engine.schema.pml import IDENT
 
 from .errors import ApiError
 
@@ -25,10 +25,8 @@ class SchemaBook:
         self._lock = threading.Lock()
 
     def text(self, given: str) -> str:
-        """The schema's PML text: ``given`` itself when it is PML (remembered by its name), else the saved
-        schema named ``given``."""
+        """The schema's PML text: ``given`` itself when it is PML, else the saved schema named ``given``."""
         if given.lstrip().startswith("<"):
-            self._remember(given)
             return given
         name = given.strip()
         if not IDENT.match(name):
@@ -43,13 +41,11 @@ class SchemaBook:
                            "text as pml.schema", param="pml.schema", code="schema_not_found")
         return found
 
-    def _remember(self, text: str) -> None:
+    def keep(self, name: str, text: str) -> None:
+        """Remember inline schema ``text`` by its ``name`` once a request has laid it out (so it is parsed once, by
+        the run: a schema that does not parse is not remembered)."""
         if not self.remember:
             return
-        try:
-            name = parse_schema(text, "request schema").name
-        except EngineError:
-            return  # the run reports the problem, with its line
         with self._lock:
             self._inline[name] = text
             self._inline.move_to_end(name)

@@ -193,6 +193,8 @@ class ApiService:
             compiled = self._compile(engine, work, compact=True)
             prepared = _prepare(engine, compiled)
             plan = prepared.plan
+        if work.how == "explicit" and compiled.schema.lstrip().startswith("<"):
+            self.schemas.keep(prepared.layout.name, compiled.schema)
         if _fits(plan.room, asked, work):
             sampling = Sampling(max_new_tokens=min(asked, plan.room), temperature=work.temperature, top_p=work.top_p,
                                 seed=work.seed, stop=work.stop)
