@@ -174,6 +174,7 @@ class PmlInfo(BaseModel):
     encode_ms: float = 0.0
     run_id: int | None = None
     note: str = ""
+    uncached_documents: dict[str, int] = {}  # reason ("short", "no_room") -> text parts that ran as new text
 
 
 class ChatMessage(BaseModel):
