@@ -67,3 +67,24 @@
     if (mark && reading === null) read(mark);
   }, 250);
 })();
+
+// The editors never insert a closing tag the user did not type: CodeMirror's HTML mode closes a tag when
+// ">" or "/" is typed after a tag name, even while the user types a closing tag ("</modulex" + ">" gave another
+// "</module>"). Those two keys are typed here as plain characters, an undo step each as any typed character.
+(() => {
+  const EDITORS = "#schema-editor .cm-content, #prompt-editor .cm-content";
+  const viewOf = (content) => {  // CodeMirror's EditorView behind its content element (tiles, or older views)
+    const node = content.cmTile || content.cmView;
+    return node ? (node.root && node.root.view) || (node.rootView && node.rootView.view) || node.view || null : null;
+  };
+  document.addEventListener("keydown", (event) => {
+    if ((event.key !== ">" && event.key !== "/") || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.isComposing || !event.target.closest) return;
+    const content = event.target.closest(EDITORS);
+    const view = content && viewOf(content);
+    if (!view) return;
+    event.preventDefault();
+    event.stopPropagation();
+    view.dispatch({ ...view.state.replaceSelection(event.key), scrollIntoView: true, userEvent: "input.type" });
+  }, true);
+})();

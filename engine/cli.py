@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from engine import config as cfg
@@ -26,7 +27,7 @@ from engine.cli_text import Progress, human
 from engine.files import read_text
 from engine.limits import NumberArg
 from engine.model import PREFILL_KERNELS
-from engine.words import ArmWords, titled
+from engine.words import ArmWords, speed_words, titled
 
 EXIT_OK, EXIT_INPUT = 0, 2
 
@@ -102,6 +103,8 @@ def _run_parser(sub, arm_options: bool, words: ArmWords, allow_abbrev: bool = Tr
                         "(0, 1] (default 1: all)")
     r.add_argument("--seed", type=NumberArg("seed"), default=0, help="seed of the sampling, 0 to 2**64 - 1")
     r.add_argument("--json", action="store_true", help="print one JSON object (a stable contract)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines on stderr (a terminal gets one per phase: "
+                                                        "load, encode, each arm's prefill and first token, decode)")
     r.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"),
                    help="replay the question's prefill and each decode step from a CUDA graph, for every arm "
                         "(auto, the default: on where the model computes on CUDA; never on the CPU, where `info` "
@@ -186,7 +189,8 @@ def add_arm_options(r, words: ArmWords = ArmWords()) -> None:
         kw = {"type": NumberArg(s.limit)} if s.limit is not None else {"choices": s.choices}
         extra = "; a value above 0 adds the arm to --arms" if s.enables else ""
         group.add_argument("--" + s.key.replace("_", "-"), dest=s.key, default=None, metavar=s.metavar,
-                       help=f"{spec.name} arm: {s.help} (default {default}{extra})", **kw)
+                       help=f"{spec.name} arm: {s.help} ({s.how}; default {default}{extra})" if s.how else
+                       f"{spec.name} arm: {s.help} (default {default}{extra})", **kw)
     group.add_argument("--ape", type=ApePair(), default=None, metavar="T,S",
                        help="APE at query time on the modular and routed arms: --ape-t T and --ape-s S at once "
                             "(the APE paper's default is 0.9,0.9)")
@@ -363,19 +367,23 @@ def cmd_layout(args) -> int:
 
 
 def cmd_run(args, words: ArmWords = ArmWords()) -> int:
-    from engine.arms.registry import Sampling
+    from engine.arms.registry import REGISTRY, Sampling
     from engine.session import Engine
 
     schema, prompt = _read(args.schema, "schema"), _read(args.prompt, "prompt")  # before the model loads
     eng = Engine(config := config_from_args(args))
+    sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                        seed=args.seed)
+    order = tuple(str(a) for a in REGISTRY if str(a) in config.arms)  # as compare() runs them
+    told = Progress(order, sampling.max_new_tokens, words, quiet=args.quiet)
+    told.loaded(eng.config.model or "the default model", _timed(lambda: eng.lm))
     if args.cuda_graphs != "auto":
         from engine.model import graphs
         graphs.set_mode(eng.lm.model, args.cuda_graphs)
-    sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                        seed=args.seed)
-    told = Progress(config.arms, sampling.max_new_tokens, words)
+    started = time.perf_counter()
     result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt,
                          progress=told.encoding, on_arm=told.first_token)
+    told.done(time.perf_counter() - started)
     data = titled(result.to_json(), words)
     if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
         print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
@@ -411,7 +419,7 @@ def run_text(data: dict, words: ArmWords = ArmWords()) -> str:
         row("peak RSS MiB", lambda r: f"{r['peak_rss_bytes'] / 2**20:.0f}"),
     ]))
     if data.get("speedup") is not None:
-        lines.append(f"speedup {data['speedup']:.1f}x · same text: {data['same_text']} · first divergence: "
+        lines.append(f"{_speed(data['speedup'])} · same text: {data['same_text']} · first divergence: "
                      f"{data['first_divergence']} · first token agree: {data['first_token_agree']} · KL "
                      f"{data['first_token_kl']:.4f}")
     lines += _arm_lines(data, arms, words)
@@ -435,11 +443,23 @@ def _arm_lines(data: dict, arms: list[str], words: ArmWords) -> list[str]:
             facts.append(f"{run['recomputed_tokens']} cached tokens recomputed (in its prefill and TTFT)")
         agree = by.get("agreement") or {}
         if arm != "cached" and by.get("speedup") is not None:
-            facts.append(f"speedup {by['speedup']:.1f}x · same text: {agree.get('same_text')} · "
+            facts.append(f"{_speed(by['speedup'])} · same text: {agree.get('same_text')} · "
                          f"KL {agree.get('first_token_kl') or 0:.2g}")
         if facts:
             lines.append(f"{words.title(arm)}: " + " · ".join(facts))
     return lines
+
+
+def _timed(work) -> float:
+    """Seconds ``work()`` took."""
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def _speed(speedup: float) -> str:
+    """'speedup 2.0x (2.0× faster first token)'; a ratio under 1 reads as slower."""
+    return f"speedup {speedup:.2f}x ({speed_words(speedup)} first token)"
 
 
 def cmd_info(args, words=None) -> int:
@@ -447,7 +467,12 @@ def cmd_info(args, words=None) -> int:
     from engine.model.graphs import gpu_paths
     from engine.session import Engine
 
-    info = info_document(Engine(model=args.model).info())
+    eng = Engine(model=args.model)
+    told = Progress((), 0, ArmWords(), quiet=args.json)
+    told.say(f"loading {args.model or 'the default model'} to count its parameters and KV bytes: the weights' load "
+             "is what takes the time (seconds once its packed copy is saved, a minute at its first conversion)")
+    told.loaded(args.model or "the default model", _timed(lambda: eng.lm))
+    info = info_document(eng.info())
     info["cuda_available"] = cuda_available()
     info.update(words(info) if words else {})
     info.update(gpu_paths(info["device"]))  # pinned_storage, layerwise_copies, cuda_graphs

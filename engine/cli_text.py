@@ -22,23 +22,37 @@ def human(value) -> str:
 
 
 class Progress:
-    """`run`'s phases as lines on stderr while a person watches (a terminal): each module encoded, each arm's
-    first token, then the decoding; nothing when stderr is a file or a pipe, and never on stdout."""
+    """`run`'s phases as lines on stderr while a person watches (a terminal): the model's load, each module
+    encoded, each arm's prefill and first token (``arms`` in the order they run), then the decoding; nothing with
+    ``quiet``, nothing when stderr is a file or a pipe, and never on stdout."""
 
-    def __init__(self, arms, max_new_tokens: int, words):  # words: engine.words.ArmWords
-        self.arms, self.max_new, self.words, self.seen = tuple(arms), max_new_tokens, words, 0
+    def __init__(self, arms, max_new_tokens: int, words, quiet: bool = False):  # words: engine.words.ArmWords
+        self.arms, self.max_new, self.words, self.seen, self.quiet = tuple(arms), max_new_tokens, words, 0, quiet
 
     def say(self, line: str) -> None:
-        if sys.stderr.isatty():
+        if not self.quiet and sys.stderr.isatty():
             print(f"pml-studio: {line}", file=sys.stderr, flush=True)
+
+    def loaded(self, model: str, seconds: float) -> None:
+        self.say(f"model {model} ready in {seconds:,.1f} s")
 
     def encoding(self, done: int, total: int, label: str) -> None:
         self.say(f"encoding modules {done}/{total}: {label}")
+        if done == total and not self.seen and self.arms:  # the first arm prefills next (after a warm-up, again)
+            self._prefilling(self.arms[0])
 
     def first_token(self, res) -> None:
         self.seen += 1
         run = res.run
         self.say(f"{self.words.title(str(res.arm))}: prefilled {run.prefill_tokens} tokens, first token after "
                  f"{run.ttft_ms:,.0f} ms ({self.seen}/{len(self.arms)} arms)")
-        if self.seen == len(self.arms) and self.max_new > 1:
+        if self.seen < len(self.arms):
+            self._prefilling(self.arms[self.seen])
+        elif self.max_new > 1:
             self.say(f"decoding up to {self.max_new - 1} more tokens in each arm…")
+
+    def done(self, seconds: float) -> None:
+        self.say(f"done: encoding, {len(self.arms)} arms' prefills and their decoding took {seconds:,.1f} s")
+
+    def _prefilling(self, arm: str) -> None:
+        self.say(f"{self.words.title(arm)}: prefilling…")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -281,9 +282,11 @@ class Engine:
             warm = schema_order_prompt(layout)
             if progress:
                 progress(0, 1, f"warming the prefix cache ({len(warm.token_ids)} tokens, schema order)")
+            start = time.perf_counter()
             if len(warm.token_ids) >= 2:
                 warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep)
-            cache.warmed[layout.fingerprint] = warm
+            cache.warmed[layout.fingerprint] = replace(warm, ms=(time.perf_counter() - start) * 1000,
+                                                       at_run=cache.inserted_runs)
             if progress:
                 progress(1, 1, "prefix cache warmed")
         return cache

@@ -22,3 +22,21 @@ def titled(data: dict, words: ArmWords) -> dict:
     if not data.get("by_arm"):
         return data
     return {**data, "by_arm": {arm: {"title": words.title(arm), **entry} for arm, entry in data["by_arm"].items()}}
+
+
+SAME_SPEED = 1.05  # within 5 % either way the two first tokens are one figure (1.0× either way)
+
+
+def speed_words(ratio: float) -> str:
+    """A first-token ratio (the baseline's TTFT / an arm's) in words: '2.3× faster', '1.1× slower', never a ratio
+    under 1 called faster."""
+    if ratio >= SAME_SPEED:
+        return f"{ratio:.1f}× faster"
+    if ratio <= 1 / SAME_SPEED:
+        return f"{1 / ratio:.1f}× slower"
+    return "as fast as the baseline"
+
+
+def is_faster(ratio: float | None) -> bool:
+    return ratio is not None and ratio >= SAME_SPEED
+

@@ -50,6 +50,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
     from .guard import AUTH_JS, LocalGuard, allowed_hosts, no_cors
     from .live import LiveRoute
     from .pagescript import FirstScript
+    from .stale_events import StaleEvents
 
     @asynccontextmanager
     async def lifespan(app):
@@ -66,7 +67,7 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
     middleware = [guard, Middleware(ApiRoute, api=studio_api(demo.studio, **(api or {})))]
     first = "\n".join(p.read_text(encoding="utf-8") for p in (AUTH_JS, JS_PATH) if p.exists())  # the credential first
     middleware += [Middleware(FirstScript, script=first)] if first else []
-    middleware.append(Middleware(LiveRoute))
+    middleware += [Middleware(LiveRoute), Middleware(StaleEvents, blocks=demo)]
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
             "app_kwargs": {"middleware": middleware, "lifespan": lifespan}, "max_file_size": MAX_FILE_BYTES}
 

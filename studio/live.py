@@ -29,6 +29,7 @@ class LiveRun:
         self.owner = owner  # the Gradio session that started the run ('' for the API and tests)
         self.stop = threading.Event()
         self.texts = {arm: "" for arm in arms}
+        self.firsts: dict = {}  # arm -> its RunResult once it has its first token (what a Stop shows)
         self.grew: dict[str, float] = {}  # arm -> time.monotonic() of its last token
         self.message = ""
         self.done = False
@@ -79,14 +80,15 @@ class LiveRuns:
         with self._lock:
             return self._runs.get(run_id)
 
-    def stop(self, owner: str) -> int:
+    def stop(self, owner: str) -> list[LiveRun]:
+        """Ask ``owner``'s unfinished runs to stop; the runs asked."""
         if not owner:
-            return 0
+            return []
         with self._lock:
             runs = [r for r in self._runs.values() if r.owner == owner and not r.done]
         for run in runs:
             run.stop.set()
-        return len(runs)
+        return runs
 
 
 RUNS = LiveRuns()

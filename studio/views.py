@@ -7,11 +7,13 @@ live run and one reopened from the run log take the same path; arms look as thei
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from engine.arms.compare import Comparison
 from engine.arms.registry import REGISTRY, Arm, Reads
 from engine.config import short_dtype
+from engine.words import is_faster, speed_words
 
 from .arm_views import View, view_of, views
 
@@ -199,14 +201,25 @@ def head_html(view: View) -> str:
     return f'<div class="col-head">{view.title} <span>{view.subtitle}</span></div>'
 
 
-def column_html(text: str, active: bool, marker: int | None = None) -> str:
-    """A generated-text column; text from the character offset ``marker`` on is marked as divergent."""
+DIVERGE_KEYS = {  # what the highlight means in a column: the baseline is the reference, never the wrong one
+    True: "highlighted: from here on another arm's answer differs from this one (the baseline is the reference)",
+    False: "highlighted: from here on this answer differs from the baseline's (its first differing token on)",
+}
+
+
+def column_html(text: str, active: bool, marker: int | None = None, reference: bool = False) -> str:
+    """A generated-text column; text from the character offset ``marker`` on is marked as divergent, with its key
+    below (``reference``: the baseline's column)."""
+    key = ""
     if marker is not None and 0 <= marker <= len(text):
-        body = html.escape(text[:marker]) + f'<mark class="diverge">{html.escape(text[marker:]) or "∅"}</mark>'
+        why = DIVERGE_KEYS[reference]
+        body = (html.escape(text[:marker])
+                + f'<mark class="diverge" title="{html.escape(why)}">{html.escape(text[marker:]) or "∅"}</mark>')
+        key = f'<div class="pml-legend"><mark class="diverge">&nbsp;&nbsp;</mark> {html.escape(why)}</div>'
     else:
         body = html.escape(text)
     cursor = '<span class="caret"></span>' if active else ""
-    return f'<div class="pml-output{" active" if active else ""}">{body or "&nbsp;"}{cursor}</div>'
+    return f'<div class="pml-output{" active" if active else ""}">{body or "&nbsp;"}{cursor}</div>{key}'
 
 
 def reuse_counts(comparison: Comparison, arm: str) -> tuple[int, int]:
@@ -223,7 +236,7 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
     chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled</span>'
     speedup = comparison.speedup(arm)
     if speedup is not None:
-        chips += f'<span class="badge good">{speedup:.1f}× faster first token</span>'
+        chips += speed_badge(speedup)
     view = view_of(arm)
     for text in (view.chips(res.detail) if res.detail is not None else ()):
         chips += f'<span class="badge">{html.escape(text)}</span>'
@@ -260,20 +273,44 @@ def first_token_html(run, arm: str) -> str:
             f'<table class="pml-metrics pml-first">{cells}</table>')
 
 
-def headline(comparison: Comparison) -> tuple[str | None, float | None, bool]:
-    """(arm, speedup, agrees) of the arm the summary leads with: the fastest first token among the arms that agree
-    with the baseline, else the fastest of all."""
+def stopped_html(run, arm: str) -> str:
+    """An arm's figures after a Stop: its first-token rows if it had one, and no "decoding…"."""
+    if run is None:
+        return '<div class="pml-arm-chips"><span class="badge warn">stopped before its first token</span></div>'
+    cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in first_rows(run, arm))
+    return (f'<div class="pml-arm-chips"><span class="badge warn">stopped after its first token</span></div>'
+            f'<table class="pml-metrics pml-first">{cells}</table>')
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The arm the summary leads with and why."""
+
+    arm: str
+    speedup: float  # the baseline's TTFT / its TTFT
+    same: bool  # its answer is the baseline's
+    faster: bool  # its first token came sooner than the baseline's (engine.words.SAME_SPEED)
+
+
+def headline(comparison: Comparison) -> Lead | None:
+    """The fastest arm that keeps the baseline's answer and is faster; else the fastest faster arm; else the least
+    slow (read as slower, never crowned). None when no arm can be set against the baseline."""
     ranked = []
     for res in comparison.arms.values():
         speedup = comparison.speedup(res.arm)
         if speedup is not None:
             same = res.agreement is not None and res.agreement.same_text
-            ranked.append((same, speedup, str(res.arm)))
+            ranked.append(Lead(str(res.arm), speedup, same, is_faster(speedup)))
     if not ranked:
-        return None, None, False
-    same = [r for r in ranked if r[0]]
-    best = max(same or ranked, key=lambda r: r[1])
-    return best[2], best[1], best[0]
+        return None
+    pool = [r for r in ranked if r.faster and r.same] or [r for r in ranked if r.faster] or ranked
+    return max(pool, key=lambda r: r.speedup)
+
+
+def speed_badge(speedup: float) -> str:
+    """An arm's first token against the baseline's: green only when it is faster."""
+    cls = "good" if is_faster(speedup) else "warn" if speedup < 1 else ""
+    return f'<span class="badge speed {cls}">{speed_words(speedup)} first token</span>'
 
 
 def bars_html(bars) -> str:
@@ -307,16 +344,10 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
     if comparison is None:
         text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
         return f'<div class="pml-summary idle"><span class="pml-live-message">{text}</span>{live}</div>'
-    lead, speedup, same = headline(comparison)
-    big = "–" if speedup is None else f"{speedup:.1f}×"
-    if lead is None:
-        sub = "faster first token (no arm to set against the baseline)"
-    else:
-        why = ("the fastest arm whose answer is the baseline's" if same
-               else "the fastest arm; no arm's answer is the baseline's")
-        sub = f"faster first token: <b>{html.escape(view_of(lead).title)}</b>, {why}"
+    lead = headline(comparison)
+    big, sub = _lead_words(lead)
     facts = []
-    agree = comparison.agreement(lead) if lead is not None else None
+    agree = comparison.agreement(lead.arm) if lead is not None else None
     if agree is not None:
         facts.append('<span class="badge good">same text</span>' if agree.same_text
                      else f'<span class="badge warn">diverges at token {agree.first_divergence}</span>')
@@ -327,9 +358,24 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
     facts.append(f'<span class="badge">{p.cached_tokens} of {p.prompt_tokens} prompt tokens in modules</span>')
     facts.append(f'<span class="badge">{html.escape(comparison.store.device)} · {html.escape(comparison.mode)}</span>')
     facts += _repair_badges(comparison)
-    return (f'<div class="pml-summary"><div class="speedup"><span class="big">{big}</span>'
+    facts += [f'<span class="badge history">{html.escape(fact)}</span>' for res in comparison.arms.values()
+              if res.detail is not None for fact in view_of(str(res.arm)).summary_facts(res.detail)]
+    slower = " slower" if lead is not None and not lead.faster else ""
+    return (f'<div class="pml-summary"><div class="speedup{slower}"><span class="big">{big}</span>'
             f'<span class="sub">{sub}</span></div>'
             f'<div class="facts">{"".join(facts)}{_memory_badges(comparison)}</div></div>')
+
+
+def _lead_words(lead: Lead | None) -> tuple[str, str]:
+    """(the big figure, the line under it)."""
+    if lead is None:
+        return "–", "faster first token (no arm to set against the baseline)"
+    title = f"<b>{html.escape(view_of(lead.arm).title)}</b>"
+    if not lead.faster:  # read as slower: a ratio under 1 is never "faster"
+        return speed_words(lead.speedup), f"first token at best: {title}; no arm's came before the baseline's"
+    why = ("the fastest arm whose answer is the baseline's" if lead.same
+           else "the fastest arm; no faster arm's answer is the baseline's")
+    return f"{lead.speedup:.1f}×", f"faster first token: {title}, {why}"
 
 
 def _repair_badges(comparison: Comparison) -> list[str]:

@@ -49,12 +49,16 @@ class BlendSettings(ArmSettings):
     """The blend arm's settings (their one default each is here)."""
 
     ratio: float = setting(0.15, "blend", "Blend: share of cached tokens recomputed (R)",
-                           "recompute this share of the cached tokens, e.g. 0.15 (CacheBlend's selective recompute)",
+                           "a larger share brings answers closer to the baseline's and the first token later (that "
+                           "share of the cached tokens is prefilled again), e.g. 0.15",
                            limit=Limit("blend", 0.0, 1.0, meaning="a share of the cached tokens from 0 to 1",
-                                       example="0.15"), step=0.05, widget_max=0.5, enables=True, metavar="R")
+                                       example="0.15"), step=0.05, widget_max=0.5, enables=True, metavar="R",
+                           how="CacheBlend's selective recompute of this share of the cached tokens")
     rule: str = setting("deviation", "blend_rule", "Blend: which tokens",
-                        "which tokens it recomputes: largest KV deviation at layer 1 (CacheBlend), link tokens, the "
-                        "question's attention, a mix, or random (a control)", choices=tuple(RULES))
+                        "which cached tokens are recomputed: it changes which answers come back, not the time",
+                        choices=tuple(RULES),
+                        how="largest KV deviation at layer 1 (CacheBlend), link tokens, the question's attention, "
+                            "a mix, or random (a control)")
 
     def check_with(self, config) -> None:
         if config.compression.at_run:

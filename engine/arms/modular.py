@@ -29,18 +29,24 @@ class ModularSettings(ArmSettings):
     """The modular arm's one setting: link tokens recomputed per link (0 = plain reuse)."""
 
     repair: int = setting(0, "repair", "Repair: link tokens recomputed (K)",
-                          "link-token repair: recompute the first K tokens of every module that did not see what "
-                          "precedes it, and after each argument, with the question (EPIC's LegoLink; 0 = off)",
-                          limit=Limit("repair", 0, MAX_REPAIR, whole=True, example="4"), metavar="K")
+                          "a higher K brings answers closer to the baseline's where modules were encoded apart; each "
+                          "module's K tokens are prefilled again, later first token (0 = off)",
+                          limit=Limit("repair", 0, MAX_REPAIR, whole=True, example="4"), metavar="K",
+                          how="link-token repair (EPIC's LegoLink): the first K tokens of every module that did not "
+                              "see what precedes it, and after each argument, recomputed with the question")
 
     ape_t: float = setting(1.0, "ape_t", "APE: temperature T inside the modules",
-                           "APE at query time (arXiv 2502.05431), with ape-s, on the modular and routed arms: the "
-                           "attention inside the modules at temperature T (below 1 sharpens it); T = S = 1 is off",
-                           limit=Limit("ape_t", 0.1, 1.0, example="0.9"), step=0.05, metavar="T")
+                           "below 1 the answer leans harder on each document's strongest tokens; no time added "
+                           "(modular and routed arms; T = S = 1 is off)",
+                           limit=Limit("ape_t", 0.1, 1.0, example="0.9"), step=0.05, metavar="T",
+                           how="APE at query time (arXiv 2502.05431): the attention inside the modules at "
+                               "temperature T, with ape-s")
     ape_s: float = setting(1.0, "ape_s", "APE: scale S on the modules' attention",
-                           "APE at query time, with ape-t: the modules' share of the attention scaled by S against "
-                           "the system text and the question (log-sum-exp times S·T); T = S = 1 is off",
-                           limit=Limit("ape_s", 0.1, 1.0, example="0.9"), step=0.05, metavar="S")
+                           "below 1 the answer weighs the documents less against the system text and the question; "
+                           "no time added (T = S = 1 is off)",
+                           limit=Limit("ape_s", 0.1, 1.0, example="0.9"), step=0.05, metavar="S",
+                           how="APE, with ape-t: the modules' share of the attention scaled by S (log-sum-exp "
+                               "times S·T)")
 
     @property
     def ape(self) -> tuple[float, float] | None:

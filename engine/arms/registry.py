@@ -61,13 +61,19 @@ class Setting:
 
     key: str
     title: str
-    help: str
+    help: str  # what it does to the answer and to the time, in plain words
     limit: Limit | None = None  # numeric settings: the accepted range
     choices: tuple[str, ...] = ()  # text settings: the accepted values
     step: float = 1.0
     widget_max: float | None = None  # the useful end, when below the limit
     enables: bool = False  # a value above 0 adds the arm to the run's arms
     metavar: str | None = None
+    how: str = ""  # how it works, in the field's terms (papers, mechanisms): the second line under ``help``
+
+    @property
+    def words(self) -> str:
+        """``help``, then ``how`` on a line of its own."""
+        return f"{self.help}\n{self.how}" if self.how else self.help
 
 
 def setting(default, key: str, title: str, help: str, **kw) -> Any:

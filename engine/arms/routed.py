@@ -51,37 +51,47 @@ class RoutedSettings(ArmSettings):
     """The routed arm's settings (their one default each is here)."""
 
     k: int = setting(DEFAULT_K, "route_k", "Routed: modules kept (top k)",
-                     "keep the k modules the question pulls hardest (0: every module whose pull reaches "
-                     "route-min-pull)",
-                     limit=Limit("route_k", 0, 256, whole=True, example="2"), metavar="K")
+                     "fewer modules read, a sooner first token; an answer that needs a module left out loses it "
+                     "(0: every module the question pulls strongly enough)",
+                     limit=Limit("route_k", 0, 256, whole=True, example="2"), metavar="K",
+                     how="top-k routing: the k modules the question's attention pulls hardest (see route-min-pull)")
     min_pull: float = setting(MIN_PULL, "route_min_pull", "Routed: pull a module needs (0-1)",
-                              "keep the modules some head of the question attends to this strongly (the attention on "
-                              "one of their keys); when none does, keep them all", limit=Limit(
+                              "higher: fewer modules read, a sooner first token and a greater risk of missing the "
+                              "one the answer needs; when no module reaches it, all are read", limit=Limit(
                                   "route_min_pull", 0.0, 1.0, meaning="an attention weight from 0 to 1", example="0.95"),
-                              step=0.01, metavar="P")
+                              step=0.01, metavar="P",
+                              how="the attention some head of the question puts on one key of the module")
 
     joint: str = setting(DEFAULT_JOINT, "route_joint", "Routed: recompute kept modules together",
-                         "when routing keeps two or more modules (two reached the pull threshold, or none did and all "
-                         "stay), prefill their tokens together in prompt order, as a full prefill does (on), or read "
-                         "their stored KV (off)", choices=("on", "off"))
+                         "on: modules kept together are prefilled together, answers closer to the baseline's on "
+                         "questions that span them, a later first token; off: read as stored, sooner",
+                         choices=("on", "off"),
+                         how="with two or more modules kept (two reached the pull, or none did and all stay), their "
+                             "tokens prefilled together in prompt order, as a full prefill does")
     share: float = setting(DEFAULT_SHARE, "route_share", "Routed: share of kept modules recomputed (R)",
-                           "with two or more modules kept (and joint on), recompute this share of their tokens, those "
-                           "the question attends to most at the scout's layers (half of it spread over every kept "
-                           "module), the rest read as stored; 1: all of them, as a full prefill",
+                           "a larger share brings answers closer to the baseline's when two or more modules are "
+                           "kept, and the first token later; 1 prefills them all, as a full prefill",
                            limit=Limit("route_share", 0.0, 1.0, meaning="a share of the kept modules' tokens from 0 "
-                                       "to 1", example="0.2"), step=0.05, metavar="R")
+                                       "to 1", example="0.2"), step=0.05, metavar="R",
+                           how="with joint on: the kept tokens the question attends to most at the scout's layers "
+                               "(half of the share spread over every kept module), the rest read as stored")
     sinks: int = setting(DEFAULT_SINKS, "route_sinks", "Routed: first tokens recomputed per kept module",
-                         "with a share under 1, also recompute each kept module's first K tokens (the attention "
-                         "sinks a module encoded alone holds: EPIC)",
-                         limit=Limit("route_sinks", 0, 64, whole=True, example="4"), metavar="K")
+                         "with a share under 1: K more tokens per kept module prefilled again, a little later first "
+                         "token, answers closer to the baseline's",
+                         limit=Limit("route_sinks", 0, 64, whole=True, example="4"), metavar="K",
+                         how="each kept module's first K tokens: the attention sinks a module encoded alone holds "
+                             "(EPIC)")
     tree: str = setting(DEFAULT_TREE, "route_tree", "Routed: read every-module KV from the prefix tree",
-                        "when routing keeps every module and the prefix tree holds the prompt through its last module "
-                        "(the schema-order warm-up, an earlier prefix run), read that KV, the full prefill's own, and "
-                        "prefill only the rest (on); or recompute as the share says (off)", choices=("on", "off"))
+                        "on: when every module is kept and an earlier run left the prompt through its last module, "
+                        "the answer is the full prefill's at a fraction of its time; off: recompute as the share says",
+                        choices=("on", "off"),
+                        how="the prefix tree's KV (the schema-order warm-up, an earlier prefix run), the full "
+                            "prefill's own, read; only the rest prefilled")
     focus: str = setting(DEFAULT_FOCUS, "route_focus", "Routed: focus while decoding",
-                         "with two or more modules kept, each decode step reads only the module the answer named "
-                         "last: when they are read as stored (on), also when partly recomputed and only until the "
-                         "answer ends that clause (clause), or never (off)", choices=FOCUSES)
+                         "with two or more modules kept: facts from different modules mix less in the answer, "
+                         "decoding a little faster (on: when read as stored; clause: also when partly recomputed, "
+                         "until the answer ends that clause; off: never)", choices=FOCUSES,
+                         how="each decode step reads only the module the answer named last")
 
     def check_with(self, config) -> None:
         if config.compression.at_run:

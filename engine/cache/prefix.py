@@ -39,6 +39,8 @@ class WarmPrompt:
     modules: tuple[str, ...]
     token_ids: tuple[int, ...]
     placeholders: tuple[str, ...]  # "module/param"
+    ms: float = 0.0  # the warm-up's prefill
+    at_run: int = 0  # runs the cache had taken when it was warmed
 
 
 @dataclass(frozen=True)
@@ -49,15 +51,17 @@ class WarmUp:
     modules: tuple[str, ...]
     tokens: int
     placeholders: tuple[str, ...] = ()
+    ms: float = 0.0  # its prefill, before the arms ran: in no arm's TTFT
+    this_run: bool = False  # warmed for this run (no run came between)
 
     def to_json(self) -> dict:
         return {"schema": self.schema, "modules": list(self.modules), "tokens": self.tokens,
-                "placeholders": list(self.placeholders)}
+                "placeholders": list(self.placeholders), "ms": round(self.ms, 3), "this_run": self.this_run}
 
     @classmethod
     def from_json(cls, data: dict) -> "WarmUp":
         return cls(data.get("schema", ""), tuple(data.get("modules") or ()), data.get("tokens", 0),
-                   tuple(data.get("placeholders") or ()))
+                   tuple(data.get("placeholders") or ()), data.get("ms") or 0.0, bool(data.get("this_run")))
 
 
 @dataclass(frozen=True)
@@ -182,8 +186,9 @@ class PrefixCache:
         """What the cache holds before a run of the schema ``fingerprint``."""
         warm = self.warmed.get(fingerprint) if fingerprint else None
         others = sum(1 for k in self.warmed if k != fingerprint)
-        return Held(None if warm is None else WarmUp(warm.schema, warm.modules, len(warm.token_ids), warm.placeholders),
-                    earlier_runs=self.inserted_runs, other_schemas_warmed=others, stored_tokens=self.stored_tokens())
+        up = None if warm is None else WarmUp(warm.schema, warm.modules, len(warm.token_ids), warm.placeholders,
+                                              warm.ms, warm.at_run == self.inserted_runs)
+        return Held(up, earlier_runs=self.inserted_runs, other_schemas_warmed=others, stored_tokens=self.stored_tokens())
 
     def __len__(self) -> int:
         return len(self._by_key)

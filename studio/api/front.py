@@ -166,7 +166,8 @@ def _outcome(rendered: Rendered, text: str, finish: str | None, usage: dict, tok
                   modules_encoded=0, cached_tokens=cached, ttft_ms=round((first - start) * 1000, 3),
                   arm_ttft_ms=round((first - sent) * 1000, 3),
                   decode_ms_per_token=None if decode is None else round(decode, 3),
-                  queue_ms=round((sent - start) * 1000, 3), note=rendered.compiled.note)
+                  queue_ms=round((sent - start) * 1000, 3), note=rendered.compiled.note,
+                  uncached_documents=dict(rendered.compiled.uncached))
     return Outcome(text, "length" if finish == "length" else "stop",
                    Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                          prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)), pml)

@@ -33,6 +33,9 @@ class Metrics:
                                 buckets=DECODE_BUCKETS, registry=r)
         self.encode = Counter("pml_api_encode_seconds", "seconds requests spent encoding modules at their first sight "
                               "(inside their TTFT)", ["arm"], registry=r)
+        self.uncached = Counter("pml_api_uncached_documents", "text parts that ran as new text instead of cached "
+                                "documents, by reason (short: under min_module_chars; no_room: past the context)",
+                                ["reason"], registry=r)
         self.progress = Counter("pml_api_progress_comments", "SSE comments sent to streamed requests while their "
                                 "modules were encoded", registry=r)
         self.queued = Histogram("pml_api_queue_seconds", "time a request waited for the engine", buckets=TTFT_BUCKETS,
@@ -55,6 +58,8 @@ class Metrics:
             self.decode.labels(arm).observe(pml.decode_ms_per_token / 1000)
         self.queued.observe(pml.queue_ms / 1000)
         self.encode.labels(arm).inc(pml.encode_ms / 1000)
+        for reason, parts in pml.uncached_documents.items():
+            self.uncached.labels(reason).inc(parts)
 
     def refused(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, "", "", str(status)).inc()

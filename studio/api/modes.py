@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from xml.sax.saxutils import escape
 
 from engine.schema.layout import TextCodec
@@ -45,6 +45,7 @@ class Compiled:
     documents: tuple[str, ...] = ()  # module names
     context: str = ""  # the registry's key
     note: str = ""  # why documents ran as new text
+    uncached: tuple[tuple[str, int], ...] = ()  # (reason, parts) that ran as new text: "short", "no_room"
     end: int = 0  # the prompt's last position + 1, counted before the layout
     prompt_tokens: int = 0
     spare: int = 0  # positions freed with the documents from the context's start
@@ -56,35 +57,38 @@ def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRe
     mode = ("marked" if any(p.marked for t in turns for p in t.parts) else "transparent") if how == "auto" else how
     at = next((i for i, t in enumerate(turns) if t.role == "user" and any(_module(p, mode) for p in t.parts)),
               None) if mode != "plain" and not codec.roles_error else None
+    asked = next((t.parts for t in reversed(turns) if t.role == "user"), ()) if at is None else turns[at].parts
+    short = _short(asked) if mode == "transparent" else 0
     if at is None:
-        return plain_chat(turns)
+        return _noted(plain_chat(turns), short)
     role = turns[at].role
     docs, lead, rest = _split(turns[at].parts, mode)
     room = _Room(turns[:at], role, codec, registry)
     placed = room.place(docs, compact, canonical=mode == "transparent")
     if placed is None:
-        return plain_chat(turns, note=room.note)
+        return _noted(plain_chat(turns, note=room.note), short, len(docs))
     after = "".join(_role(t) for t in turns[at + 1:])
     schema = f'<schema name="{room.name}">{room.before}<{role}>{room.body(placed)}</{role}></schema>'
     prompt = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}{after}</prompt>'
     tail = len(codec.role_ids(role, False)) + sum(_turn_tokens(codec, t) for t in turns[at + 1:])
-    return room.compiled(schema, prompt, mode, placed, lead, rest, tail)
+    return _noted(room.compiled(schema, prompt, mode, placed, lead, rest, tail), short)
 
 
 def completion_pml(prompt: str, how: str, codec: TextCodec, registry: PositionRegistry,
                    compact: bool = False) -> Compiled:
     """Chunks (cut at :data:`SEPARATOR`) of :data:`MIN_MODULE_CHARS` or more are modules."""
     parts = tuple(Part(c) for c in prompt.split(SEPARATOR))
+    short = 0 if how == "plain" else _short(parts)
     if how == "plain" or not any(_module(p, "transparent") for p in parts):
-        return plain_completion(prompt.replace(SEPARATOR, JOIN))
+        return _noted(plain_completion(prompt.replace(SEPARATOR, JOIN)), short)
     docs, lead, rest = _split(parts, "transparent")
     room = _Room((), None, codec, registry)
     placed = room.place(docs, compact, canonical=True)
     if placed is None:
-        return plain_completion(prompt.replace(SEPARATOR, JOIN), note=room.note)
+        return _noted(plain_completion(prompt.replace(SEPARATOR, JOIN), note=room.note), short, len(docs))
     schema = f'<schema name="{room.name}">{room.body(placed)}</schema>'
     text = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}</prompt>'
-    return room.compiled(schema, text, "transparent", placed, lead, rest, 0)
+    return _noted(room.compiled(schema, text, "transparent", placed, lead, rest, 0), short)
 
 
 def plain_chat(turns: list[Turn], note: str = "") -> Compiled:
@@ -96,6 +100,27 @@ def plain_chat(turns: list[Turn], note: str = "") -> Compiled:
 def plain_completion(prompt: str, note: str = "") -> Compiled:
     return Compiled(f'<schema name="{PLAIN_SCHEMA}"></schema>',
                     f'<prompt schema="{PLAIN_SCHEMA}">{_xml(prompt)}</prompt>', "plain", note=note)
+
+
+def _short(parts: tuple[Part, ...]) -> int:
+    """Parts that read as documents (every text part of a message but its last, the question) too short to be
+    modules: a newcomer's retrieved snippets, which would otherwise run as new text without a word."""
+    if len(parts) < 2:
+        return 0
+    return sum(0 < len(p.text.strip()) < MIN_MODULE_CHARS for p in parts[:-1])
+
+
+def _noted(compiled: Compiled, short: int, no_room: int = 0) -> Compiled:
+    """``compiled`` with the parts that ran as new text, and why, in its note."""
+    if not short and not no_room:
+        return compiled
+    notes = [compiled.note] if compiled.note else []
+    if short:
+        notes.append(f"{short} text part{'s' if short != 1 else ''} under {MIN_MODULE_CHARS} characters ran as new "
+                     f"text, not as cached documents: a part is kept as a module from {MIN_MODULE_CHARS} characters "
+                     "(docs/api.md says why); mark a shorter one with cache_control to cache it")
+    reasons = tuple((why, n) for why, n in (("short", short), ("no_room", no_room)) if n)
+    return replace(compiled, note="; ".join(notes), uncached=reasons)
 
 
 def clean(text: str) -> str:

@@ -228,7 +228,8 @@ class ApiService:
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
                       queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
-                      note=compiled.note, store_note=(res.encode or {}).get("store_note") or "")
+                      note=compiled.note, store_note=(res.encode or {}).get("store_note") or "",
+                      uncached_documents=dict(compiled.uncached))
         pml = pml.model_copy(update={"run_id": self._log(res, compiled)})
         return Outcome(text, finish_reason(run.token_ids, stopped, tuple(engine.lm.eos_ids), sampling.max_new_tokens),
                        usage, pml)

@@ -175,6 +175,7 @@ class PmlInfo(BaseModel):
     run_id: int | None = None
     note: str = ""
     store_note: str = ""  # why modules encoded for this answer were not saved to disk (a full disk): memory only
+    uncached_documents: dict[str, int] = {}  # reason ("short", "no_room") -> text parts that ran as new text
 
 
 class ChatMessage(BaseModel):

@@ -35,6 +35,10 @@ class View:
         """Short facts under the arm's column (and in `pml-studio run`'s text)."""
         return []
 
+    def summary_facts(self, detail: Any) -> list[str]:
+        """Facts the summary above the columns must say about this arm (what its figure depends on)."""
+        return []
+
     def bars(self, detail: Any) -> list[Bar]:
         return []
 

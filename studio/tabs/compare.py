@@ -24,7 +24,7 @@ from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread, on_engine_thread, stop_asked
 from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
-                     summary_html, token_marks, token_view_html)
+                     stopped_html, summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
 
 
@@ -67,7 +67,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     # no progress overlay: its animations took CPU from the decoding
     run = button.click(*stream, api_visibility="private", show_progress="hidden")
     # outside the queue, which the Compare holds; cancels=[run] also drops a Compare still waiting
-    stop.click(stop_ui, None, summary, queue=False, cancels=[run], api_visibility="private", show_progress="hidden")
+    stop.click(stop_ui, None, [summary] + columns, queue=False, cancels=[run], api_visibility="private", show_progress="hidden")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
     return CompareTab(max_new, temperature, run, stream)
@@ -219,6 +219,7 @@ def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit)
 
     def on_arm(res):
         firsts.add(str(res.arm))
+        live.firsts[str(res.arm)] = res.run
         emit(("first", res))
 
     prepared = engine.prepare(schema_text, prompt_text, sampling.max_new_tokens)
@@ -294,8 +295,17 @@ def _chars(studio: Studio, run, k: int) -> int:
 
 
 def stop_ui(request: gr.Request):
+    """Stop the session's run and end every column in a stopped state at once (the run's own last update may never
+    come: the Stop cancels it): the summary, then (column, text, figures) per arm."""
     asked = RUNS.stop(getattr(request, "session_hash", None) or "")
-    return summary_html(None, STOPPED) if asked else gr.skip()
+    if not asked:
+        return (gr.skip(),) * (1 + 3 * len(arm_views()))
+    run = asked[-1]
+    cols = []
+    for view in arm_views():
+        cols += [gr.skip(), column_html(run.texts.get(view.arm, ""), False), stopped_html(run.firsts.get(view.arm),
+                                                                                          view.arm)]
+    return (summary_html(None, STOPPED), *cols)
 
 
 def _streamer(studio: Studio, panel: Panel):
@@ -318,7 +328,8 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                     shown = view.arm in upd.arms
                     html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
                     first = upd.firsts.get(view.arm)
-                    figures = metrics_html(None, view.arm) if first is None else first_token_html(first, view.arm)
+                    figures = (stopped_html(first, view.arm) if upd.phase == "stopped"
+                               else metrics_html(None, view.arm) if first is None else first_token_html(first, view.arm))
                     cols += [_changed(sent, f"{view.arm}:col", shown, gr.Column(visible=shown)),
                              _changed(sent, f"{view.arm}:text", html, html),
                              _changed(sent, f"{view.arm}:metrics", figures, figures)]
@@ -332,8 +343,8 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
             cols = []
             for view in arm_views():
                 ran = comparison.arm(view.arm) is not None
-                cols += [gr.Column(visible=ran), column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm)),
-                         metrics_html(comparison, view.arm)]
+                text = column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm), view.arm == "baseline")
+                cols += [gr.Column(visible=ran), text, metrics_html(comparison, view.arm)]
             tokens = token_view_html(comparison.plan, studio.decode_token, token_marks(comparison),
                                      prefix_stop(comparison))
             yield (summary_html(comparison) + logged_html(upd.logged), *cols, tokens, upd.result, studio.status_html())

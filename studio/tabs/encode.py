@@ -28,9 +28,10 @@ UNIT_HEADERS = ["unit", "kind", "tokens", "obtained from", "ms"]
 GPU_PATHS_NOTE = ("pinned storage, layer-wise copies and CUDA graphs apply only where the model computes on CUDA "
                   "(off: CUDA only on a CPU; the Model tab says which are on)")
 SOURCE_LABELS = {"memory": "memory", "disk": "disk", "encoded": "fresh encode"}
-MODE_NOTE = ("**contextual** (default; called prefixed before): each module is encoded after the system text that precedes it, so cached "
-             "outputs stay closer to the baseline, at no extra memory. **isolated**: the paper's scheme, each "
-             "module encoded alone.")
+MODE_NOTE = ("**contextual** (default): answers closer to the baseline's, at the same time and memory: each module is "
+             "encoded after the system text before it. **isolated**: each module encoded alone, answers further "
+             "from the baseline's, the same time.\n\n"
+             "Prompt Cache's scheme is isolated; contextual was called `prefixed` in earlier versions.")
 RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys and values (the system text is never "
                   "compressed): **pyramid** keeps the tokens the module's last tokens attend to most, fewer in deeper "
                   "layers (PyramidInfer); **uniform** the same share, by attention, in every layer; **recent** only "
@@ -39,9 +40,10 @@ RETENTION_NOTE = ("**Retention** below 1 keeps that share of each module's keys 
                   "text is read, drops from the run's cache the module tokens that text attends to least. "
                   "**int8 / int4** storage quantizes keys per channel and values per token (KIVI), about 26 % / "
                   "15 % of fp32 bytes with their scales. Storage precision and retention apply to Compare too.")
-REPAIR_NOTE = ("**Repair** (EPIC-style link-token recompute) buys back fidelity where modules were encoded apart: "
-               "the recomputed tokens are marked in Compare's token view and their cost is inside the cached TTFT. "
-               "K = 0 is the plain cached path, bit for bit.")
+REPAIR_NOTE = ("**Repair** brings answers closer to the baseline's where modules were encoded apart, for a later "
+               "first token: the recomputed tokens are marked in Compare's token view and their cost is inside the "
+               "cached TTFT. K = 0 is the plain cached path, bit for bit.\n\n"
+               "EPIC's link-token recompute (LegoLink).")
 ENCODE_NOTE = ("Encoding stores the KV of every module. It runs again only when the schema, model, mode or storage "
                "settings changed; modules saved on disk are loaded instead of encoded.")
 
@@ -100,18 +102,26 @@ def _settings_panel(studio: Studio) -> Panel:
     gr.Markdown(MODE_NOTE, elem_classes=["pml-note"])
     with gr.Row():
         w["storage_dtype"] = gr.Radio(radio_choices("storage_dtype"), value=cfg.storage_dtype, label="Storage precision",
-                                      info="fp16 / bf16 halve module bytes; cast back to the model's dtype when "
-                                           "assembled", elem_id="storage-dtype")
+                                      info="fp16 / bf16 halve module memory, int8 / int4 cut it to about a quarter "
+                                           "/ a sixth; answers may move by the rounding; the same time\n"
+                                           "cast back to the model's dtype when assembled (int8 / int4: KIVI)",
+                                      elem_id="storage-dtype")
     with gr.Accordion("Compression and sinks (expert)", open=False, elem_id="encode-expert"):
         with gr.Row():
             w["retention"] = gr.Slider(0.1, 1.0, value=cfg.compression.retention, step=0.05, label="Retention",
-                                       info="share of each module's KV kept (1 = all)", elem_id="retention")
+                                       info="below 1: less module memory; the answer loses what the dropped tokens "
+                                            "held; the same time or less\nshare of each module's KV kept (1 = all)",
+                                       elem_id="retention")
             w["method"] = gr.Radio(radio_choices("method"), value=cfg.compression.method, label="Compression method",
-                                   info="used when retention < 1", elem_id="compression-method")
+                                   info="which tokens retention keeps: it changes which facts the answer can use, not the "
+                                        "time\nused when retention < 1 (pyramid: PyramidInfer)",
+                                   elem_id="compression-method")
         gr.Markdown(RETENTION_NOTE, elem_classes=["pml-note"])
         w["sink"] = gr.Slider(0, MAX_SINK, value=cfg.sink, step=1, precision=0, label="Sink tokens (N, isolated)",
-                              elem_id="sink", info="encode each isolated module after the prompt's first N tokens "
-                                                   "(the chat template's opening); 0 = off")
+                              elem_id="sink", info="isolated mode: answers closer to the baseline's for N more "
+                                                   "tokens per module at encode time, none at the first token\n"
+                                                   "each module encoded after the prompt's first N tokens (the chat "
+                                                   "template's opening, attention sinks); 0 = off")
     w["arms"] = gr.CheckboxGroup(radio_choices("arms"), value=list(cfg.arms), label="Arms: the columns Compare runs",
                                  elem_id="arms", render=False, info="each arm is one way of reaching the first "
                                                                     "token; fewer arms, a shorter wait")
@@ -123,10 +133,10 @@ def _settings_panel(studio: Studio) -> Panel:
 def _control(s, value):
     elem = s.key.replace("_", "-")
     if s.limit is None:
-        return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.help, elem_id=elem, render=False)
+        return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.words, elem_id=elem, render=False)
     top = s.limit.hi if s.widget_max is None else min(s.limit.hi, s.widget_max)
     whole = {"precision": 0} if s.limit.whole else {}  # Gradio then passes an int
-    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.title, info=s.help, elem_id=elem,
+    return gr.Slider(s.limit.lo, top, value=value, step=s.step, label=s.title, info=s.words, elem_id=elem,
                      render=False, **whole)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import gradio as gr
 from engine.arms.compare import Comparison
 from engine.config import short_dtype
 from engine.runlog import RunLogError
+from engine.words import speed_words
 
 from .. import views
 from ..errors import refusal
@@ -45,6 +47,7 @@ def column_widths() -> list[str]:
 
 PLOT_COLUMNS = ["prompt tokens", "TTFT ms", "arm", "run", "schema"]
 AXIS_FORMAT = ",d"  # d3: whole numbers with thousands separators, never "193.000000"
+MIN_SPAN = 50  # whole units an axis spans at least: a 1,200 px axis then ticks on whole numbers
 
 
 def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: SchemaTab, panel: Panel,
@@ -91,7 +94,7 @@ def ttft_plot() -> gr.ScatterPlot:
     """TTFT over prompt length, a colour per arm (a fixed height would clip the legend)."""
     return gr.ScatterPlot(x="prompt tokens", y="TTFT ms", color="arm", label="TTFT over prompt length",
                           y_title="TTFT (ms)", x_axis_format=AXIS_FORMAT, y_axis_format=AXIS_FORMAT,
-                          color_map={v.title: v.color for v in arm_views()})
+                          color_map={v.title: v.color for v in arm_views()}, elem_id="history-plot")
 
 
 
@@ -111,7 +114,7 @@ def arm_cell(arm: dict | None) -> str:
         return "–"
     parts = [_ms(arm["ttft_ms"])]
     if arm.get("speedup") is not None:
-        parts.append(f"{arm['speedup']:.1f}×")
+        parts.append(speed_words(arm["speedup"]))
     if arm.get("same_text") is not None:
         parts.append("same" if arm["same_text"] else f"diverges at {arm['first_divergence']}")
     if arm.get("speedup") is not None and arm.get("reused_tokens") is not None:  # not the baseline's
@@ -146,6 +149,23 @@ def plot_points_of(runs: list[dict]):
                 points.append([r["prompt_tokens"], round(figures["ttft_ms"]), titles.get(arm, arm), r["id"],
                                r["schema_name"]])
     return pd.DataFrame(points, columns=PLOT_COLUMNS)
+
+
+def plot_update(points) -> gr.ScatterPlot:
+    """``points`` with axes that read: each spans at least :data:`MIN_SPAN` whole units (else d3's ticks fall between
+    whole tokens and ",d" prints "423 423 424"), padded so that no point sits on an edge."""
+    if points.empty:
+        return gr.ScatterPlot(value=points, x_lim=None, y_lim=None)
+    return gr.ScatterPlot(value=points, x_lim=axis_limits(points["prompt tokens"]),
+                          y_lim=axis_limits(points["TTFT ms"], floor=0))
+
+
+def axis_limits(values, floor: float | None = None) -> list[float]:
+    """[low, high] around ``values``: a tenth of their span (at least MIN_SPAN / 2) on each side."""
+    lo, hi = float(values.min()), float(values.max())
+    pad = max((hi - lo) / 10, MIN_SPAN / 2)
+    lo, hi = math.floor(lo - pad), math.ceil(hi + pad)
+    return [lo if floor is None else max(floor, lo), hi]
 
 
 def schemas(studio: Studio) -> list[str]:
@@ -194,7 +214,7 @@ def _refresh_ui(studio: Studio, downloads: Path, schema_filter: str):
     try:
         choices = schemas(studio)
         value = schema_filter if schema_filter in choices else "all"
-        return (rows(studio, value), plot_points(studio, value), gr.update(choices=choices, value=value),
+        return (rows(studio, value), plot_update(plot_points(studio, value)), gr.update(choices=choices, value=value),
                 export_csv(studio, value, downloads), notice_html(studio))
     except RunLogError as err:
         return ([], plot_points_of([]), gr.skip(), gr.skip(), notice_html(studio, str(err)))

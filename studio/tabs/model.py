@@ -62,7 +62,10 @@ STATUS_EVERY_S = 2.0  # each look costs the page one Gradio message
 
 
 def status_tick(studio: Studio):
-    return studio.status_html(), gr.Timer(active=studio.engine.loading)
+    """The header's model chip, looked at until the model is loaded: "loading…" can come and go before the load (the
+    tokenizer's load holds the same lock), so a tick that stopped on it would leave the header behind the tab."""
+    loaded = studio.engine.loaded  # once: the chip and the timer must agree
+    return studio.status_html(), gr.Timer(active=not loaded)
 
 
 # where the packed weights came from at this load (LoadedModel.weights_from)

@@ -57,11 +57,11 @@ def build(studio: Studio, editors: Editors, downloads: Path, first_sample: str |
         with gr.Column(scale=1):
             validation = gr.HTML(elem_id="schema-validation")
             table = gr.Dataframe(headers=LAYOUT_HEADERS, interactive=False, label=LAYOUT, max_height=420, wrap=True,
-                                 column_widths=["36%", "17%", "14%", "19%", "14%"], elem_id="layout-table")
+                                 column_widths=["28%", "16%", "12%", "30%", "14%"], elem_id="layout-table")
             with gr.Accordion("Highlighted source (problem lines in red)", open=False) as source:
                 highlighted = gr.HTML()
 
-    outputs = [validation, table, highlighted, editors.spec, editors.schema_ok, download, source]
+    outputs = [validation, table, highlighted, editors.spec, editors.schema_ok, download, source, sample]
     validate_step = Step(partial(_validate_ui, studio, downloads), [editors.schema, editors.spec], outputs)
     editors.schema.change(*validate_step, trigger_mode="always_last", show_progress="hidden")
 
@@ -166,4 +166,12 @@ def _validate_ui(studio: Studio, downloads: Path, schema_text: str, prev_spec):
     table = gr.Dataframe([list(r) for r in v.rows], label=LAYOUT) if v.ok else gr.Dataframe(label=STALE)
     return (v.status_html(), table, highlight_html(schema_text, v.lines),
             v.spec if v.ok and v.spec != prev_spec else gr.skip(), v.ok, file,
-            gr.skip() if v.ok else gr.Accordion(open=True))
+            gr.skip() if v.ok else gr.Accordion(open=True), _sample_shown(v))
+
+
+def _sample_shown(v: Validation):
+    """The sample dropdown follows the text (an undo can bring back another sample's): the sample the schema is
+    named after, or none for a schema of another name. It only listens to the user's picks (.input)."""
+    if not v.ok:
+        return gr.skip()
+    return gr.Dropdown(value=v.name if v.name in sample_names() else None)

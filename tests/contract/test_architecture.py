@@ -40,7 +40,8 @@ LAYERS = (
 # studio/'s own floors, bottom to top (docs/architecture.md draws them beside the engine's): the same rule
 STUDIO_LAYERS = (
     ("studio base", ("studio.errors", "studio.hosting", "studio.connections", "studio.streaming", "studio.shutdown",
-               "studio.guard", "studio.live", "studio.pagescript", "studio.kernel_words", "studio.recovery",
+               "studio.guard", "studio.live", "studio.pagescript", "studio.stale_events", "studio.kernel_words",
+               "studio.recovery",
                "studio.builder", "studio.docqa")),
     ("studio views", ("studio.arm_views", "studio.views", "studio.settings", "studio.files")),
     ("studio api", ("studio.api",)),

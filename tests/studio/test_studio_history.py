@@ -13,6 +13,7 @@ import gradio as gr
 import pytest
 
 from engine.runlog import RunLog
+from engine.words import speed_words
 from studio import builder as b
 from studio import arm_views, files, views
 from studio.settings import Panel
@@ -36,12 +37,12 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     cells = dict(zip(hist.headers(), rows[0]))
     assert cells["Baseline TTFT"] == f"{data['baseline']['ttft_ms']:.0f} ms"
     same = "same" if data["same_text"] else f"diverges at {data['first_divergence']}"
-    assert cells["Modular cache TTFT"] == (f"{data['cached']['ttft_ms']:.0f} ms · {data['speedup']:.1f}× · {same} · "
-                                           f"{data['cached']['reused_tokens']:,} reused")  # what it reused, not the
+    assert cells["Modular cache TTFT"] == (f"{data['cached']['ttft_ms']:.0f} ms · {speed_words(data['speedup'])} · "
+                                           f"{same} · {data['cached']['reused_tokens']:,} reused")  # what it reused, not the
     assert cells["prompt tokens"] == data["prompt_tokens"]  # schema's module tokens
     assert f"{data['prefix']['reused_tokens']:,} reused" in cells["Prefix cache TTFT"]
     detail = hist.run_detail(studio, rows[0][0])  # the logged run, drawn by the Compare tab's views
-    assert detail.count('class="col-head"') == 3 and f"{data['speedup']:.1f}×" in detail
+    assert detail.count('class="col-head"') == 3 and speed_words(data["speedup"]) in detail
     assert hist.rows(studio, "doc_qa") == []
     plot = hist.plot_points(studio, "all")
     assert sorted(zip(plot["arm"], plot["TTFT ms"])) == [(title, round(data[arm]["ttft_ms"])) for arm, title in

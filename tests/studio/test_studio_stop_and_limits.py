@@ -35,7 +35,7 @@ def test_stop_ends_the_sessions_compare_within_a_token_and_the_next_compare_is_w
         show(self, arm, text, message)
         shown.append(arm)
         if len(shown) == 4:
-            assert cmp.stop_ui(SimpleNamespace(session_hash="page-1")) != gr.skip()
+            assert cmp.stop_ui(SimpleNamespace(session_hash="page-1"))[0] != gr.skip()
 
     monkeypatch.setattr(live.LiveRun, "show", pressed_at_the_fourth_token)
     updates = list(cmp.compare_stream(studio, schema, prompt, 12, settings=settings(), owner="page-1"))
@@ -55,9 +55,9 @@ def test_stop_asks_only_its_own_sessions_unfinished_runs():
     mine, other, done = live.RUNS.open(("cached",), "a"), live.RUNS.open(("cached",), "b"), live.RUNS.open((), "a")
     done.finish()
     api = live.RUNS.open(("cached",))  # the API's runs have no session: no page can stop them
-    assert "Stopped" in cmp.stop_ui(SimpleNamespace(session_hash="a"))
+    assert "Stopped" in cmp.stop_ui(SimpleNamespace(session_hash="a"))[0]
     assert mine.stop.is_set() and not other.stop.is_set() and not done.stop.is_set() and not api.stop.is_set()
-    assert cmp.stop_ui(SimpleNamespace(session_hash="")) == gr.skip() and not api.stop.is_set()
+    assert cmp.stop_ui(SimpleNamespace(session_hash=""))[0] == gr.skip() and not api.stop.is_set()
 
 
 def test_the_stop_button_stops_outside_the_queue_and_cancels_the_compare_event(tiny_engine, tmp_path):
@@ -120,7 +120,7 @@ def test_the_cap_is_a_serve_option_and_an_environment_variable(tiny_engine, tmp_
 def test_a_schema_name_longer_than_a_file_name_validates_and_downloads(studio, tmp_path):
     name = "n" * 300
     schema = f'<schema name="{name}"><system>You plan trips.</system><module name="m">Kyoto.</module></schema>'
-    status, *_, ok, file, _ = sch._validate_ui(studio, tmp_path, schema, None)
+    status, *_, ok, file, _, _ = sch._validate_ui(studio, tmp_path, schema, None)
     assert ok and name in status
     assert file.parent == tmp_path and len(file.name.encode()) <= 255 and file.read_text() == schema
     other = sch.download_name("n" * 299 + "m")

@@ -1,0 +1,61 @@
+"""`pml-studio run` on a terminal is never silent for a phase (issue 64): the model's load, the encoding, each arm's
+prefill before its first token, the decoding and the end, in the order they happen; `--quiet` silences it, and
+`info` says what takes its time. The tiny model stands in for the CLI's Engine, as tests/studio/
+test_studio_newcomer.py does."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from engine import session
+from engine.session import Engine
+from studio.arm_views import view_of
+from studio.cli import main as studio_main
+from studio.files import load_sample
+
+
+def _run(tmp_path, monkeypatch, capsys, eng, *flags) -> tuple[str, list[str]]:
+    monkeypatch.setenv("PML_STUDIO_MODULES", str(tmp_path / "modules"))  # nothing stored: it encodes
+    monkeypatch.setattr(session, "Engine", lambda *a, **k: eng)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    schema, prompt = load_sample("travel")
+    (tmp_path / "travel.xml").write_text(schema)
+    (tmp_path / "travel.prompt.xml").write_text(prompt)
+    capsys.readouterr()
+    assert studio_main(["run", str(tmp_path / "travel.xml"), str(tmp_path / "travel.prompt.xml"),
+                        "--max-new-tokens", "3", "--json", *flags]) == 0
+    out = capsys.readouterr()
+    return out.out, [line for line in out.err.splitlines() if line.startswith("pml-studio: ")]
+
+
+def test_run_tells_every_phase_in_order_on_a_terminal(tiny_lm, tmp_path, monkeypatch, capsys):
+    out, lines = _run(tmp_path, monkeypatch, capsys, Engine.from_loaded(tiny_lm))
+    data = json.loads(out)  # stdout is the JSON alone
+    assert lines[0].startswith("pml-studio: model tiny-llama ready in "), lines
+
+    def at(text: str) -> int:
+        return next(i for i, line in enumerate(lines) if text in line)
+
+    encoded = max(i for i, line in enumerate(lines) if "encoding modules" in line)
+    previous = encoded
+    for arm in data["arms"]:  # each arm's prefill is announced before its first token, after the one before
+        title = view_of(arm).title
+        start, first = at(f"{title}: prefilling…"), at(f"{title}: prefilled {data[arm]['prefill_tokens']} tokens")
+        assert previous < start < first or (arm == data["arms"][0] and start < first), (arm, lines)
+        previous = first
+    assert "decoding up to 2 more tokens in each arm" in lines[-2] and lines[-1].startswith("pml-studio: done: "), lines
+
+
+def test_quiet_silences_the_progress(tiny_lm, tmp_path, monkeypatch, capsys):
+    out, lines = _run(tmp_path, monkeypatch, capsys, Engine.from_loaded(tiny_lm), "--quiet")
+    json.loads(out)
+    assert lines == []
+
+
+def test_info_says_what_takes_its_time(tiny_lm, monkeypatch, capsys):
+    monkeypatch.setattr(session, "Engine", lambda *a, **k: Engine.from_loaded(tiny_lm))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert studio_main(["info"]) == 0
+    err = capsys.readouterr().err
+    assert "the weights' load is what takes the time" in err and "ready in" in err, err
