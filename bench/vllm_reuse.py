@@ -17,7 +17,7 @@ first. Per set and arm: mean TTFT, min / median / max, answers found (bench/need
 vLLM is started from .peers/vllm (``make vllm``) on the default model unless ``--vllm-url`` names one. JSON last.
 
     python bench/vllm_reuse.py                  # ~10 min on 2 cores; bench/results/vllm-reuse-MODEL.json
-    python bench/vllm_reuse.py --quick          # 3 prompts a set over 4 small modules, no files written
+    python bench/vllm_reuse.py --quick          # 3 prompts a set over 5 small modules, no files written
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.per_set, args.modules, args.module_tokens, args.new_tokens = 3, 4, 40, 6
+        args.per_set, args.modules, args.module_tokens, args.new_tokens = 3, 5, 40, 6
 
     from engine.arms.registry import Sampling
     from engine.model import default_model
