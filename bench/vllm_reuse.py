@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vllm-url", default=None, help="a running vLLM on the same model (default: start one)")
+    ap.add_argument("--vllm-python", default=None, help="the python of the vLLM to start (default: .peers/vllm's)")
     ap.add_argument("--note", default="", help="what else ran on the machine")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
@@ -161,7 +162,7 @@ def main() -> None:
     url = args.vllm_url
     t0 = time.perf_counter()
     if url is None:
-        proc, url = start(model, free_port(), str(VLLM_PYTHON), dtype=VLLM_DTYPE)
+        proc, url = start(model, free_port(), args.vllm_python or str(VLLM_PYTHON), dtype=VLLM_DTYPE)
     try:
         eng = Engine(model=model, weights="fp32", dtype="float32", persist=False)
         config = eng.config.with_(arms=ARMS, vllm_url=url)
