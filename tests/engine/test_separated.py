@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine.schema.separated import SEPARATOR, separated, separated_plan
+from test_prefix import SCHEMA  # three documents d1, d2, d3
 
-SCHEMA = """<schema name="docs">
-  <system>You answer questions about the documents.</system>
-  <user>
-    <module name="d1">The red fox jumps over the lazy dog near the river bank every morning.</module>
-    <module name="d2">Quantum computers use qubits that can hold superpositions of states.</module>
-    <module name="d3">The library opens at nine and closes at five on weekdays.</module>
-  </user>
-</schema>"""
 TEXTS = {"d1": "The red fox jumps over the lazy dog near the river bank every morning.",
          "d2": "Quantum computers use qubits that can hold superpositions of states.",
          "d3": "The library opens at nine and closes at five on weekdays."}

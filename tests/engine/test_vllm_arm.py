@@ -16,15 +16,8 @@ from engine.arms.compare import Comparison
 from engine.arms.registry import Sampling
 from engine.errors import EngineError
 from engine.run.remote import Endpoint, RemoteError, base_url, stream_completion
+from test_prefix import SCHEMA  # three documents d1, d2, d3
 
-SCHEMA = """<schema name="docs">
-  <system>You answer questions about the documents.</system>
-  <user>
-    <module name="d1">The red fox jumps over the lazy dog near the river bank every morning.</module>
-    <module name="d2">Quantum computers use qubits that can hold superpositions of states.</module>
-    <module name="d3">The library opens at nine and closes at five on weekdays.</module>
-  </user>
-</schema>"""
 PROMPT = '<prompt schema="docs"><d1/><d3/> When does the library open?</prompt>'
 
 
