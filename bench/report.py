@@ -196,6 +196,9 @@ def lead_section(slug: str) -> list[str]:
     served = load(f"serve-{slug}")
     if served:
         out += serve_section(served)
+    reuse = load(f"vllm-reuse-{slug}")
+    if reuse:
+        out += vllm_reuse_section(reuse)
     cli = load(f"cli-decode-{slug}")
     if cli:
         d = cli["decode_ms_per_token"]
@@ -375,7 +378,9 @@ def serve_section(f: dict) -> list[str]:
            f"question), streamed, greedy, {f['new_tokens']} new tokens at most; each configuration warmed once with all "
            "documents in order. Times are the client's: to the first streamed token and to the last; `transparent`: the "
            "messages as they are; `explicit`: the same documents as a PML schema named in `pml`. llama.cpp: "
-           "`llama_cpp.server` (llama-cpp-python) on the same GGUF and threads, prompt cache on (`--cache`).", "",
+           "`llama_cpp.server` (llama-cpp-python) on the same GGUF and threads, prompt cache on (`--cache`)."
+           + (f" vLLM: its OpenAI server ({f['vllm_server']['version']}, {f['vllm_server']['dtype']}) on the same "
+              "model's converted folder, every core, prefix caching on." if f.get("vllm_server") else ""), "",
            "| configuration | TTFT min / median / max | mean TTFT | × llama.cpp | last token (median) | decode ms/token "
            "| found | cached / document tokens |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, v in f["configs"].items():
@@ -401,6 +406,33 @@ def serve_section(f: dict) -> list[str]:
                         for a, v in d["candidates"].items())
         out += ["", f"Default arm decided by this run: **`{d['arm']}`** — {d['rule']} ({why})."]
     return out + [""]
+
+
+def vllm_reuse_section(f: dict) -> list[str]:
+    """What vLLM's prefix cache reuses of recurring, reordered and subset module sets (bench/vllm_reuse.py), against
+    the studio's arms on the same prompts, and the vllm arm's agreement with the local baseline."""
+    a, v = f["vllm_agreement"], f["vllm"]
+    shared = f" Run beside other work on the shared machine ({f['shared_machine']}): compare ratios, not absolute times." \
+        if f.get("shared_machine") else ""
+    out = ["### What vLLM's prefix cache reuses of a schema's modules", "",
+           f"`{f['command']}` ({machine_line(f)}; {f['model']}: the studio's arms fp32, {v['version']} in "
+           f"{v['dtype']}, prefix caching on). {f['modules']} essay modules of {f['module_tokens']} tokens with "
+           f"confusable facts, {f['per_set']} prompts a set, one fact asked each, greedy, {f['new_tokens']} new tokens; "
+           "every cache warmed once with all modules in schema order. *recurring*: every module in schema order; "
+           "*reordered*: every module in another order — the PML prompt (and the PML front) places them in schema "
+           "order, `vllm, app's order` is vLLM sent the app's order; *subset*: some modules in schema order, not a "
+           "run from the first. TTFT: the studio's arms in-process, vLLM at the client over HTTP on the same "
+           f"machine.{shared}", "",
+           "| set | arm | mean TTFT | min / median / max | found | prompt reused (median) |",
+           "|---|---|---:|---|---:|---:|"]
+    for name, arms in f["summary"].items():
+        for arm, r in arms.items():
+            t = r["ttft_ms"]
+            out.append(f"| {name} | {arm} | {_ms(r['mean_ttft_ms'])} | {_ms(t['min'])} / {_ms(t['median'])} / "
+                       f"{_ms(t['max'])} | {r['found']}/{r['of']} | {r['reused_share']['median']:.0%} |")
+    out += ["", f"The vllm arm against the local baseline, {a['prompts']} prompts (local fp32, vLLM {v['dtype']}): "
+                f"the same greedy tokens in {a['same_text']}, the same first token in {a['first_token_agree']}.", ""]
+    return out
 
 
 def cell_of(v: dict) -> str:
@@ -1407,6 +1439,19 @@ def _workload_bullet(work: dict | None) -> list[str]:
     return [line + "."]
 
 
+def _vllm_bullet(f: dict | None) -> list[str]:
+    if not f:
+        return []
+    s, a = f["summary"], f["vllm_agreement"]
+    cells = "; ".join(f"{name}: vLLM {arms['vllm']['mean_ttft_ms'] / arms['baseline']['mean_ttft_ms']:.2f}, prefix "
+                      f"{arms['prefix']['mean_ttft_ms'] / arms['baseline']['mean_ttft_ms']:.2f}, modular "
+                      f"{arms['cached']['mean_ttft_ms'] / arms['baseline']['mean_ttft_ms']:.2f}"
+                      for name, arms in s.items())
+    return [f"- **vLLM beside the studio** ({f['model']}, vLLM's CPU build): mean TTFT over the baseline's — {cells}; "
+            f"vLLM's greedy answer is the local baseline's in {a['same_text']}/{a['prompts']} prompts "
+            "([scale-out](docs/scale-out.md), [the table](docs/benchmarks.md))."]
+
+
 def _memory_bullet(comps: list[dict]) -> list[str]:
     per_model, same = [], True
     for comp in comps:
@@ -1442,6 +1487,7 @@ def headline() -> str:
             ""]
     out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp)
     out += _spanning_bullet(load(f"spanning-shares-{LEAD}")) + _workload_bullet(work)
+    out += _vllm_bullet(load(f"vllm-reuse-{LEAD}"))
     out += prefill_headline(load("prefill")) + _memory_bullet(comps)
     model = (fid or {}).get("model", LEAD)
     out += ["", f"![Needle accuracy against TTFT per arm, {model}: one fact asked, and confusable facts]"

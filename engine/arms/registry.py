@@ -151,9 +151,14 @@ class ArmResult:
     agreement: Agreement | None = None
     detail: Any = None
 
+    @property
+    def error(self) -> str | None:
+        """Why the arm could not run (a remote arm's server failed), else None."""
+        return getattr(self.detail, "error", None)
+
     def speedup_over(self, base: "ArmResult | None") -> float | None:
         """Baseline TTFT / this arm's, as ``run --json`` rounds them."""
-        if base is None or self.arm == Arm.BASELINE:
+        if base is None or self.arm == Arm.BASELINE or self.error:
             return None
         mine = round(self.run.ttft_ms, 3)
         return round(base.run.ttft_ms, 3) / mine if mine > 0 else math.inf
@@ -170,7 +175,10 @@ class ArmResult:
     def with_agreement(self, base: "ArmResult | None") -> "ArmResult":
         if base is None or self.arm == Arm.BASELINE:
             return self
-        return ArmResult(self.arm, self.run, Agreement.between(base.run, self.run), self.detail)
+        spec = REGISTRY.get(self.arm)
+        agree = spec.agreement(base, self) if spec is not None and spec.agreement is not None \
+            else Agreement.between(base.run, self.run)
+        return ArmResult(self.arm, self.run, agree, self.detail)
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,8 @@ class ArmSpec:
     settings: type[ArmSettings] | None = None
     detail: type | None = None  # with to_json() and classmethod from_json(dict)
     default: bool = False  # run when no arms are named
+    # (baseline, this arm) -> its Agreement, for an arm without full first logits (a remote server); None: between()
+    agreement: Callable[["ArmResult", "ArmResult"], "Agreement | None"] | None = None
 
     @property
     def arm(self) -> Arm:
