@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import httpx
 import openai
@@ -27,20 +26,6 @@ from tests.studio_fixtures import AUTH, TOKEN, TRAVEL_PROMPT
 
 pytestmark = pytest.mark.vllm
 START_S = 180  # a front's start: imports and the tokenizer (a readiness wait, not a timing assertion)
-
-
-@dataclass(frozen=True)
-class VllmServer:
-    url: str  # base, no /v1
-    model: str  # the served model name
-
-
-@pytest.fixture(scope="module")
-def vllm_server():  # replaced by tests/vllm/conftest.py at merge
-    url, model = os.environ.get("PML_VLLM_URL"), os.environ.get("PML_VLLM_MODEL")
-    if not url or not model:
-        pytest.skip("no vLLM server: set PML_VLLM_URL (http://HOST:PORT) and PML_VLLM_MODEL (its served name)")
-    return VllmServer(url.rstrip("/"), model)
 
 
 @pytest.fixture(scope="module")
