@@ -60,10 +60,6 @@ class BenchModel:
         raise SystemExit(f"--model {self.spec}: llama.cpp needs a GGUF file; give a packaged model "
                          f"({', '.join(PACKAGED)}) or a .gguf path")
 
-    def fields(self, gguf: bool = False) -> dict:
-        """The JSON's names of it: "model" (what the studio loads) and, with ``gguf``, "gguf" (what llama.cpp loads)."""
-        return {"model": self.name, **({"gguf": self.gguf_file().name} if gguf else {})}
-
 
 def bench_model(model: str | None, quick: bool = False, default: str | None = None) -> BenchModel:
     """The model a run measures: ``model`` (--model) if given, else :data:`QUICK_MODEL` for a --quick run, else
