@@ -17,6 +17,8 @@ import sys
 
 from common import ROOT, emit, machine, result_name, spread, table
 
+from engine.model import MODEL_ENV, START_MODEL
+
 SAMPLES = ROOT / "sample_schemas"
 
 
@@ -35,7 +37,8 @@ def run_once(model: str | None, schema: str, new_tokens: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="as --model of pml-studio run (default: none given)")
+    ap.add_argument("--model", default=None, help="as --model of pml-studio run (default: none given, so "
+                    f"the CLI's own: {START_MODEL}, or ${MODEL_ENV} where set)")
     ap.add_argument("--schemas", default="codegen,doc_qa,travel")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: results folder, machine facts, tables, JSON output.
+"""Shared pieces of the benchmarks: the model a run measures, results folder, machine facts, tables, JSON output.
 
 The workloads themselves (essay text, schema builders, one TTFT measurement) are re-exported from
 ``bench/workloads.py``, which builds on ``studio/docqa.py``: the studio's Benchmarks tab runs exactly
@@ -12,6 +12,7 @@ import os
 import platform
 import shlex
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,9 +23,63 @@ sys.path.insert(0, str(ROOT))
 from bench.workloads import (  # noqa: E402  (re-exported for the bench scripts)
     QUESTION, doc_prompt, doc_schema, essay_chunks, essays_dir, fill_docs, has_roles, median, prompt_overhead,
     ttft_point)
+from engine.model import MODEL_ENV, SMALL_MODEL, START_MODEL, START_NAME, default_model  # noqa: E402
 
 __all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir", "fill_docs", "has_roles", "median",
-           "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit", "result_name", "spread"]
+           "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit", "result_name", "spread",
+           "QUICK_MODEL", "BenchModel", "bench_model", "model_help"]
+
+# What every --quick run measures unless --model says otherwise: the suite's model (tests/conftest.py), loaded in
+# seconds. A full run measures default_model(): the studio's start model, or $PML_STUDIO_MODEL.
+QUICK_MODEL = SMALL_MODEL
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The one model a benchmark runs, resolved before anything loads: the studio loads ``spec`` and every peer the
+    same model (kvpress ``folder``, llama.cpp :meth:`gguf_file`)."""
+
+    spec: str  # what Engine(model=...) and --model take
+    name: str  # the loaded model's name (LoadedModel.name): the JSON's "model"
+    folder: Path  # the transformers folder the studio (and kvpress) load
+
+    def gguf_file(self) -> Path:
+        """The GGUF the studio's model was converted from: the file llama.cpp runs (a SystemExit naming the fix
+        where there is none)."""
+        from engine.errors import ModelError
+        from engine.model.packaged import PACKAGED, find_packaged, packaged_gguf
+
+        packaged, path = find_packaged(self.spec), Path(self.spec).expanduser()
+        try:
+            if packaged is not None:
+                return packaged_gguf(packaged.key)
+        except ModelError as err:
+            raise SystemExit(f"--model {self.spec}: {err}") from None
+        if path.is_file() and path.suffix == ".gguf":
+            return path
+        raise SystemExit(f"--model {self.spec}: llama.cpp needs a GGUF file; give a packaged model "
+                         f"({', '.join(PACKAGED)}) or a .gguf path")
+
+
+def bench_model(model: str | None, quick: bool = False, default: str | None = None) -> BenchModel:
+    """The model a run measures: ``model`` (--model) if given, else :data:`QUICK_MODEL` for a --quick run, else
+    ``default`` (a script's own) or the engine's :func:`default_model`. Resolved once, here; a bad name exits with
+    the engine's message."""
+    from engine.errors import ModelError
+    from engine.model.load import resolve_model_path
+
+    spec = model or (QUICK_MODEL if quick else default or default_model())
+    try:
+        name, folder = resolve_model_path(spec)
+    except ModelError as err:
+        raise SystemExit(f"--model: {err}") from None
+    return BenchModel(spec, name, Path(folder))
+
+
+def model_help(default: str | None = None, quick: bool = True) -> str:
+    """--model's help, naming the model each mode runs from the constants :func:`bench_model` resolves with."""
+    full = default or f"{START_MODEL} ({START_NAME}), or ${MODEL_ENV} where set"
+    return f"model to measure (default: {full}" + (f"; with --quick: {QUICK_MODEL})" if quick else ")")
 
 
 def machine() -> dict:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import ROOT, doc_schema, emit, essay_chunks, machine, result_name, spread, table
+from common import ROOT, bench_model, doc_schema, emit, essay_chunks, machine, model_help, result_name, spread, table
 from bench.needles import varied_cases
 from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
 
@@ -268,7 +268,7 @@ def main() -> None:
     ap.add_argument("--only-4k", action="store_true", help="the ~4K-token measurement only (with --at-4k-json)")
     ap.add_argument("--start", type=int, default=0, help="skip the first prompts (resume a --rows file)")
     ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations, 6 new tokens")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--needles", choices=("magic", "varied"), default="magic",
                     help="magic numbers (the set measured on SmolLM2) or varied facts (bench/needles.py)")
     args = ap.parse_args()
@@ -278,7 +278,7 @@ def main() -> None:
         args.modules, args.per_setting, chunk_tokens, modules_4k, args.reps_4k = [2], 2, 40, 4, 1
         args.new_tokens = 6  # decoding is most of a smoke run's time; a few steps show every figure
         configs = QUICK
-    eng = Engine(model=args.model, persist=False)
+    eng = Engine(model=bench_model(args.model, args.quick).spec, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     sampling = Sampling(max_new_tokens=args.new_tokens)
     t0 = time.perf_counter()

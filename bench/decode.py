@@ -7,7 +7,7 @@ of the modular arm, the first-token KL against fp32 weights and how many greedy 
 for word. Weight bytes are the linear layers' as kept. JSON last.
 
     python bench/decode.py --model qwen2.5-coder-0.5b      # ~4 min on 2 cores
-    python bench/decode.py --quick                         # the default model, two settings
+    python bench/decode.py --quick                         # two settings, two samples
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import statistics
 
 import torch
-from common import ROOT, emit, machine, result_name, spread, table
+from common import ROOT, bench_model, emit, machine, model_help, result_name, spread, table
 
 from engine.arms.modular import run_cached
 from engine.arms.registry import Sampling
@@ -63,7 +63,7 @@ def summarize(m: dict, ref: dict | None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--weights", nargs="+", default=list(WEIGHTS), choices=WEIGHTS)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=2)
@@ -74,7 +74,8 @@ def main() -> None:
     if args.quick:  # the two smallest samples: encoding them is most of a smoke run
         small = sorted(names, key=lambda n: (SAMPLES / f"{n}.xml").stat().st_size)[:2]
         args.weights, args.new_tokens, args.reps, names = ["fp32", "int8"], 8, 1, small
-    measured = {w: measure(args.model, w, names, args.new_tokens, args.reps) for w in args.weights}
+    model = bench_model(args.model, args.quick)
+    measured = {w: measure(model.spec, w, names, args.new_tokens, args.reps) for w in args.weights}
     ref = measured.get("fp32")
     rows = {w: summarize(m, ref if w != "fp32" else None) for w, m in measured.items()}
     print(table(["weights", "MiB", "decode ms/token median (min–max)", "TTFT ms median", "first-token KL mean",

@@ -45,7 +45,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ROOT, doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
+from common import ROOT, bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
                              wilson)  # imports some of them from here)
 from bench import needles
@@ -559,7 +559,7 @@ def main() -> None:
                     help="varied: facts with names, places and phrases as answers (bench/needles.py); magic: "
                     "'the special magic number for the X project is N' (the sets measured before issue 17)")
     ap.add_argument("--quick", action="store_true", help="2 tiny prompts per set, travel sample only, 4 new tokens, no files")
-    ap.add_argument("--model", default=None, help="model to measure (default: the default model); another model's "
+    ap.add_argument("--model", default=None, help=model_help() + "; a named model's "
                     "results go to bench/results/fidelity-MODEL.json, without plots")
     ap.add_argument("--weights", default="fp32", choices=WEIGHTS,
                     help="the model's linear weights (engine/model/weights.py): needle accuracy per precision")
@@ -593,7 +593,7 @@ def main() -> None:
     arms = tuple(dict.fromkeys(["baseline"] + (["isolated"] if set(args.arms) - {"baseline"} else [])
                                + list(args.arms)))
     confusable_arms = tuple(dict.fromkeys(["baseline"] + list(args.confusable_arms)))
-    eng = Engine(model=args.model, weights=args.weights, persist=False)
+    eng = Engine(model=bench_model(args.model, args.quick).spec, weights=args.weights, persist=False)
     t0 = time.perf_counter()
     if args.ttft_probe:
         import json

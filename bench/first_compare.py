@@ -13,8 +13,8 @@ in one process, per model and dtype:
 Issue 17's bar for making a model the studio's default: first Compare within 30 s, later ones within
 10 s at 32 new tokens. Prints a table, then one JSON document last (bench/results/first_compare.json).
 
-    python bench/first_compare.py                        # SmolLM2 and the 0.5B model (fp32, bf16)
-    python bench/first_compare.py --quick                # SmolLM2 only, 1 later compare, no file
+    python bench/first_compare.py                        # every --setups default (--help names them)
+    python bench/first_compare.py --quick                # the small model only, 1 later compare, no file
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ import argparse
 import statistics
 import time
 
-from common import ROOT, emit, machine, table
+from common import QUICK_MODEL, ROOT, emit, machine, table
 
 from engine.arms.registry import Sampling
+from engine.model import START_MODEL
 from engine.session import Engine
 
-SETUPS = (("default", "float32"), ("qwen2.5-coder-0.5b", "float32"), ("qwen2.5-coder-0.5b", "bfloat16"))
+SETUPS = ((QUICK_MODEL, "float32"), (START_MODEL, "float32"), (START_MODEL, "bfloat16"))
 
 
 def measure(model: str, dtype: str, sample: str, new_tokens: int, reps: int) -> dict:
@@ -65,11 +66,13 @@ def main() -> None:
     ap.add_argument("--sample", default="travel", help="sample schema (the studio opens on travel)")
     ap.add_argument("--new-tokens", type=int, default=32, help="the studio's default")
     ap.add_argument("--reps", type=int, default=3, help="later compares")
-    ap.add_argument("--setups", nargs="+", default=[f"{m}:{d}" for m, d in SETUPS], metavar="MODEL:DTYPE")
-    ap.add_argument("--quick", action="store_true", help="SmolLM2 only, one later compare, no file written")
+    ap.add_argument("--setups", nargs="+", default=[f"{m}:{d}" for m, d in SETUPS], metavar="MODEL:DTYPE",
+                    help=f"models and dtypes to measure (default: {' '.join(f'{m}:{d}' for m, d in SETUPS)})")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_MODEL}:float32 only, one later compare, no file written")
     args = ap.parse_args()
     if args.quick:
-        args.setups, args.reps = ["default:float32"], 1
+        args.setups, args.reps = [f"{QUICK_MODEL}:float32"], 1
     t0 = time.perf_counter()
     rows = [measure(*s.split(":"), args.sample, args.new_tokens, args.reps) for s in args.setups]
     print(table(["model", "dtype", "load s", "first Compare s", "later Compare s (min-max)", "tokens per arm",

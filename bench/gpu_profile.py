@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import essay_chunks, machine
+from common import bench_model, essay_chunks, machine, model_help
 from ttft import random_model
 
 from engine.arms.modular import run_cached
@@ -243,13 +243,14 @@ def timeline(run) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="the tokenizer's model (a folder on a lent GPU)")
+    ap.add_argument("--model", default=None, help=model_help(quick=False) + "; only its tokenizer is used (a folder "
+                    "on a lent GPU)")
     ap.add_argument("--shape", default="llama-2-7b")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a dry run of the script's code
     args = ap.parse_args()
-    lm, tok_name, cfg = random_model(args.shape, args.model, args.device,
+    lm, tok_name, cfg = random_model(args.shape, bench_model(args.model).spec, args.device,
                                      "bfloat16" if args.device == "cuda" else "float32")
     eng = Engine.from_loaded(lm, storage="cpu")
     gpu_eng = Engine.from_loaded(lm, storage=args.device)

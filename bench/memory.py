@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import ROOT, emit, machine, table
+from common import ROOT, bench_model, emit, machine, model_help, table
 
 from engine.model.load import kv_bytes_per_token, kv_shape
 from engine.session import Engine
@@ -72,7 +72,7 @@ def predicted_stored_tokens(lay) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="two samples only, no files written")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     args = ap.parse_args()
 
     families = []
@@ -87,7 +87,7 @@ def main() -> None:
                 [[f["model"], f["layers"], f["kv_heads"], f["head_dim"], f["fp16_mb_per_token"],
                   f["fp16_gib_per_4k_tokens"]] for f in families]))
 
-    eng = Engine(model=args.model, persist=False)
+    eng = Engine(model=bench_model(args.model, args.quick).spec, persist=False)
     lm = eng.lm
     loaded = {"model": lm.name, "dtype": lm.dtype, "kv_bytes_per_token": lm.kv_bytes_per_token,
               "layers": lm.n_layers, "kv_heads": lm.kv_heads, "head_dim": lm.head_dim}

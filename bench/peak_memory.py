@@ -5,7 +5,7 @@ inside the timed block — on a 2-core machine that thread competes with the pre
 cached path is compared with (bench/workloads.py) runs without it. The engine now resets ``VmHWM``
 through ``/proc/self/clear_refs`` before the run and reads it after (``engine.run.memory.PeakMemory``).
 
-This measures, on document-QA prompts of the default model, the baseline's and the modular arm's TTFT
+This measures, on document-QA prompts of ``--model`` (see ``--help``), the baseline's and the modular arm's TTFT
 with each way of reading the peak and with none: one warm-up, then ``--reps`` rounds, each round running
 every method in turn (so a noisy second hits them all alike). min / median / max per method, and the
 median of each round's ratio to the no-peak run. JSON last.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from common import emit, essay_chunks, machine, result_name, spread, table
+from common import bench_model, emit, essay_chunks, machine, model_help, result_name, spread, table
 
 from engine.run import memory
 from engine.arms.baseline import run_baseline
@@ -77,11 +77,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps = [128], 2
-    eng = Engine()
+    eng = Engine(model=bench_model(args.model, args.quick).spec)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows, results = [], []
     for n in args.lengths:

@@ -36,8 +36,12 @@ def main() -> None:
     load_s = time.perf_counter() - t
     presses = [("none", None)] + [(f"{name} {kept:.0%}", getattr(kvpress, name)(compression_ratio=round(1 - kept, 4)))
                                   for kept in job["kept"] for name in job["presses"]]
+    cfg = model.config  # the model as it loaded here: the studio's folder, so the studio's shape
     out = {"kvpress": getattr(kvpress, "__version__", "0.5.5"), "transformers": transformers.__version__,
-           "torch": torch.__version__, "load_s": round(load_s, 2), "names": [n for n, _ in presses[1:]], "cases": []}
+           "torch": torch.__version__, "load_s": round(load_s, 2),
+           "model": {"folder": job["model_dir"].rstrip("/").rsplit("/", 1)[-1], "architecture": cfg.model_type,
+                     "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size},
+           "names": [n for n, _ in presses[1:]], "cases": []}
     for i, case in enumerate(job["cases"]):
         ctx = torch.tensor([case["context_ids"]])
         q = torch.tensor([case["question_ids"]])

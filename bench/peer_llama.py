@@ -41,6 +41,14 @@ def load(job: dict):
     return llama_cpp, llm
 
 
+def loaded(llm) -> dict:
+    """The model as llama.cpp read it from the GGUF's header: its name, architecture, layers and width."""
+    meta = llm.metadata
+    arch = meta.get("general.architecture", "")
+    return {"name": meta.get("general.name"), "architecture": arch,
+            "layers": int(meta.get(f"{arch}.block_count", 0)), "hidden": int(meta.get(f"{arch}.embedding_length", 0))}
+
+
 def generate(llm, ids: list[int], new_tokens: int, stop: set[int]) -> dict:
     """Greedy decode of ``new_tokens`` from ``ids`` (Llama.generate reuses whatever prefix its KV holds)."""
     times, out = [], []
@@ -115,7 +123,7 @@ def main() -> None:
     load_s = time.perf_counter() - t_load
     stop = set(job.get("stop_ids", [])) | {llm.token_eos()}
     new = job["new_tokens"]
-    out: dict = {"llama_cpp_python": llama_cpp.__version__, "load_s": round(load_s, 2),
+    out: dict = {"llama_cpp_python": llama_cpp.__version__, "load_s": round(load_s, 2), "model": loaded(llm),
                  "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
                  "n_ctx": job["n_ctx"], "threads": job["threads"]}
     # one untimed warm-up generation, so that neither mode pays first-call costs

@@ -32,7 +32,11 @@ JSON and the tables (never skipped silently).
 
     python bench/peers.py --model qwen2.5-coder-0.5b            # workload + lengths (~25 min on 2 cores)
     python bench/peers.py --model qwen2.5-coder-0.5b --kvpress --no-workload --no-lengths
-    python bench/peers.py --quick                               # SmolLM2, 3 small prompts, no files written
+    python bench/peers.py --quick                               # 3 small prompts, no files written
+
+One model throughout, resolved once (bench/common.py ``bench_model``): the studio's arms, llama.cpp (that model's
+GGUF) and kvpress (its converted folder) all run it, and the JSON names it ("model", "gguf"; each peer reports what
+it loaded). Which model each mode runs: ``--help``.
 """
 
 from __future__ import annotations
@@ -47,15 +51,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, RESULTS, emit, essay_chunks, machine, result_name, spread, table
+from common import QUICK_MODEL, ROOT, RESULTS, BenchModel, bench_model, emit, essay_chunks, machine, model_help, \
+    result_name, spread, table
 
 from bench.llama_build import refusal
 
 from bench.needles import judge, varied_cases
 from bench.workload import make_workload, prompt_xml, run_prompt, summarise as summarise_arms
 from bench.workloads import SYSTEM, doc_schema, wilson
-from engine.model.load import resolve_model_path
-from engine.model.packaged import PACKAGED, packaged_gguf
 from engine.cache.prefix import schema_order_prompt
 from engine.arms.registry import Sampling
 from engine.session import Engine
@@ -109,16 +112,9 @@ def run_peer(peer: str, script: str, job: dict, timeout: int = 7200) -> dict:
     return out
 
 
-def gguf_for(model: str | None) -> Path:
-    key = model or next(iter(PACKAGED))
-    packaged = next((p for p in PACKAGED.values() if key in (p.key, p.name)), None)
-    if packaged is not None:
-        return packaged_gguf(packaged.key)
-    path = Path(key).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    raise SystemExit(f"--model {key}: llama.cpp needs a GGUF file; give a packaged model "
-                     f"({', '.join(PACKAGED)}) or a .gguf path")
+def shape(config) -> dict:
+    """A model as its config states it, in the terms each peer reports what it loaded (peer_llama.loaded)."""
+    return {"architecture": config.model_type, "layers": config.num_hidden_layers, "hidden": config.hidden_size}
 
 
 # -- workload -------------------------------------------------------------------------------------------
@@ -263,7 +259,7 @@ def lengths(engines: dict[str, Engine], args, gguf: Path) -> dict:
 
 # -- kvpress --------------------------------------------------------------------------------------------
 
-def kvpress_section(eng: Engine, args) -> dict:
+def kvpress_section(eng: Engine, args, model: BenchModel) -> dict:
     from bench.compression import case_prompt, run_prompt as compress_prompt
 
     configs = [("float32", r, m) for r in KEPT for m in ("question", "pyramid")]
@@ -282,7 +278,7 @@ def kvpress_section(eng: Engine, args) -> dict:
         rows.append(row)
         print(f"[studio {i + 1}/{len(cases)}] {plan.prompt_tokens} tokens: "
               + " ".join(f"{k}={'Y' if v['found'] else 'n'}" for k, v in row.items() if isinstance(v, dict)), flush=True)
-    job = {"model_dir": resolve_model_path(args.model)[1], "threads": args.threads, "new_tokens": args.new_tokens,
+    job = {"model_dir": str(model.folder), "threads": args.threads, "new_tokens": args.new_tokens,
            "presses": list(PRESSES), "kept": list(KEPT), "cases": jobs}
     kv = run_peer("kvpress", "peer_kvpress.py", job)
     summary = {}
@@ -390,7 +386,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help() + "; llama.cpp runs its GGUF, kvpress its folder")
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--modules", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens per answer (the time to the last one is "
@@ -409,7 +405,8 @@ def main() -> None:
     ap.add_argument("--kvpress", action="store_true", help="also the kvpress section (long: ~15 min on the 0.5B)")
     ap.add_argument("--kv-prompts", type=int, default=6)
     ap.add_argument("--kv-modules", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="SmolLM2, 3 small prompts, one short length, no files")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_MODEL} unless --model, 3 small prompts, one short length, no files")
     ap.add_argument("--check", action="store_true", help="say whether each peer's environment works, and exit")
     ap.add_argument("--replot", action="store_true", help="redraw the plot from bench/results/peers[-MODEL].json")
     args = ap.parse_args()
@@ -426,15 +423,16 @@ def main() -> None:
         sys.exit(1 if bad else 0)
     args.chunk_tokens = 250
     if args.quick:
-        args.model, args.prompts, args.new_tokens, args.chunk_tokens = None, 3, 8, 60
+        args.prompts, args.new_tokens, args.chunk_tokens = 3, 8, 60
         args.lengths, args.reps, args.dtypes, args.kv_prompts, args.kv_modules = [128], 1, ["float32"], 1, 2
     arms = ("baseline", "prefix", "cached") + (("blend",) if args.blend > 0 else ())
-    eng = Engine(model=args.model, persist=False, arms=arms, blend=args.blend or 0.15, dtype="float32",
+    model = bench_model(args.model, args.quick)
+    gguf = model.gguf_file()
+    eng = Engine(model=model.spec, persist=False, arms=arms, blend=args.blend or 0.15, dtype="float32",
                  weights=args.weights, decode="apart")
-    gguf = gguf_for(args.model)
     t0 = time.perf_counter()
     result: dict = {"benchmark": "peers", "model": eng.lm.name, "weights": eng.lm.weights, "gguf": gguf.name,
-                    "new_tokens": args.new_tokens,
+                    "model_shape": shape(eng.lm.model.config), "new_tokens": args.new_tokens,
                     "machine": machine(), "greedy": True, "peer_status": {p: peer_status(p)[1] for p in PEER_PYTHON}}
     if not args.no_workload:
         w = workload(eng, args, gguf)
@@ -446,12 +444,12 @@ def main() -> None:
         engines = {"float32": eng}
         for d in args.dtypes:
             if d != "float32":
-                engines[d] = Engine(model=args.model, persist=False, dtype=d)
+                engines[d] = Engine(model=model.spec, persist=False, dtype=d)
         result["lengths"] = lengths(engines, args, gguf)
         print_lengths(result["lengths"])
     if args.kvpress:
         # the same loaded model; compression settings do not combine with the blend arm's
-        result["kvpress"] = kvpress_section(Engine.from_loaded(eng.lm, persist=False), args)
+        result["kvpress"] = kvpress_section(Engine.from_loaded(eng.lm, persist=False), args, model)
         print_kvpress(result["kvpress"])
     result["seconds"] = round(time.perf_counter() - t0, 1)
     parts = ["peers"] + (["kvpress"] if args.kvpress and args.no_workload else [])

@@ -14,7 +14,7 @@ and every measurement alternates between them, so a busy machine slows both alik
 Prints a table, then one JSON document last (bench/results/precision-MODEL.json), whose figures
 docs/models.md quotes (`pml-studio info` and the studio's Model tab point there).
 
-    python bench/precision.py                   # the 0.5B model (make qwen): ~15 min on 2 quiet cores
+    python bench/precision.py                   # ~15 min on 2 quiet cores (the model: --help)
     python bench/precision.py --rows-out /tmp/p.json   # keep finished parts there; a rerun resumes
     python bench/precision.py --quick           # smoke run: 256 tokens, 1 rep, 2 prompts, no file
     python bench/precision.py --model default   # SmolLM2-135M
@@ -27,13 +27,15 @@ import json
 import time
 from pathlib import Path
 
-from common import doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, result_name, spread, table
+from common import bench_model, doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, model_help, \
+    result_name, spread, table
 from bench.needles import confusable_cases, judge, varied_cases
 from bench.workloads import SYSTEM, fill_docs, wilson
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
 from engine.arms.baseline import run_baseline
 from engine.arms.modular import run_cached
+from engine.model import START_MODEL
 from engine.session import Engine
 
 DTYPES = ("float32", "bfloat16")
@@ -137,7 +139,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--model", default=None, help=model_help(START_MODEL))
     ap.add_argument("--targets", type=int, nargs="+", default=[1024, 2048], help="prompt lengths for TTFT")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per TTFT run (decode ms/token)")
@@ -156,8 +158,9 @@ def main() -> None:
         args.confusable = 2
     t0 = time.perf_counter()
     engines, load_s = {}, {}
+    model = bench_model(args.model, args.quick, START_MODEL)
     for dt in DTYPES:
-        engines[dt] = Engine(model=args.model, dtype=dt, storage_dtype=dt, persist=False)
+        engines[dt] = Engine(model=model.spec, dtype=dt, storage_dtype=dt, persist=False)
         t = time.perf_counter()
         engines[dt].lm
         load_s[SHORT[dt]] = round(time.perf_counter() - t, 2)
@@ -198,7 +201,7 @@ def main() -> None:
                     [[arm, f'{s["accuracy"]:.0%}', f'{s["ci95"][0]:.0%}-{s["ci95"][1]:.0%}', s["confused"],
                       f'{s["kl_vs_fp32"]["mean"]}/{s["kl_vs_fp32"]["max"]}', s["kl_vs_own_baseline"]["mean"]]
                      for arm, s in summary.items()]))
-    emit(result_name("precision", args.model),
+    emit(result_name("precision", model.spec),
          {"benchmark": "precision", "model": engines[DTYPES[0]].lm.name, "device": "cpu", "mode": "prefixed",
           "storage_dtype": "same as compute", "reps": args.reps, "new_tokens": args.new_tokens,
           "needle_prompts": args.prompts, "confusable_prompts": args.confusable, "needle_modules": args.modules, "machine": machine(),

@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, emit, essay_chunks, fill_docs, doc_schema, machine, spread, table
+from common import ROOT, bench_model, emit, essay_chunks, fill_docs, doc_schema, machine, model_help, spread, table
 
-from peers import gguf_for, run_peer
+from peers import run_peer
 
 from bench.llama_build import AMX_FLAGS
 
@@ -47,7 +47,7 @@ def main() -> None:
     p.add_argument("--encode-repeats", type=int, default=None, help="default: --repeats")
     p.add_argument("--kl-kernels", default="gemm-int8",
                    help="kernels whose first-token KL against the fp32 prefill is measured besides --kernels' first")
-    p.add_argument("--model", default=None, help="default: the default model (a smoke run: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", default=None, help=model_help(quick=False) + "; llama.cpp runs its GGUF")
     p.add_argument("--weights", default="gguf")
     p.add_argument("--no-llama", action="store_true")
     p.add_argument("--no-write", action="store_true")
@@ -59,14 +59,17 @@ def main() -> None:
     from engine.model.load import load_model
 
     lengths = [int(x) for x in args.lengths.split(",")]
-    lm = load_model(args.model, weights=args.weights)  # the default model and weights
+    model = bench_model(args.model)
+    gguf = None if args.no_llama else model.gguf_file()
+    lm = load_model(model.spec, weights=args.weights)
     auto = lm.prefill
     kernels = [auto.kernel if k == "auto" else k for k in args.kernels.split(",")]
     chunks = essay_chunks(lm.codec.encode, 400)
     ids = [t for c in chunks for t in lm.codec.encode(" " + c)][: max(lengths)]
     print(f"model {lm.name} ({lm.weights}); auto prefill kernel: {auto.kernel} ({auto.why}); "
           f"loadavg {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-    out = {"machine": {**machine(), **cpu_facts()}, "model": lm.name, "weights": lm.weights,
+    out = {"machine": {**machine(), **cpu_facts()}, "model": lm.name, "gguf": gguf.name if gguf else None,
+           "weights": lm.weights,
            "auto": {"kernel": auto.kernel, "why": auto.why, "copy_bytes": auto.nbytes},
            "lengths": lengths, "repeats": args.repeats,
            "floors": floors(lm.model, lengths, args.floor_dtypes.split(","))}
@@ -77,7 +80,7 @@ def main() -> None:
                        for k in kernels}
     prefill.use(lm.model, "auto")
     out["llama_cpp"] = {"error": "skipped (--no-llama)"} if args.no_llama else \
-        llama(ids, lengths, args.repeats, args.threads)
+        llama(gguf, ids, lengths, args.repeats, args.threads)
     out["verdicts"] = verdicts(out, kernels)
     print_tables(out, kernels)
     emit("prefill", out, write=not args.no_write)
@@ -261,9 +264,9 @@ def encoding(lm, kernel: str, chunks: list[str], tokens: int, repeats: int) -> d
     return {"documents": len(docs), "tokens": layout.length, **spread(times, 3)}
 
 
-def llama(ids: list[int], lengths: list[int], repeats: int, threads: int) -> dict:
-    """llama.cpp's full prefill + first token of the same ids, in its own process."""
-    job = {"gguf": str(gguf_for(None)), "n_ctx": max(lengths) + 64, "threads": threads, "new_tokens": 1,
+def llama(gguf: Path, ids: list[int], lengths: list[int], repeats: int, threads: int) -> dict:
+    """llama.cpp's full prefill + first token of the same ids on ``gguf`` (the studio's model), in its own process."""
+    job = {"gguf": str(gguf), "n_ctx": max(lengths) + 64, "threads": threads, "new_tokens": 1,
            "flash_attn": True, "modes": ["full"], "prompts": [{"ids": ids[:n], "reps": repeats} for n in lengths]}
     got = run_peer("llama.cpp", "peer_llama.py", job)  # refuses an AMX build on an AMX CPU
     if "error" in got:
@@ -272,7 +275,8 @@ def llama(ids: list[int], lengths: list[int], repeats: int, threads: int) -> dic
     for n in lengths:
         times = [r["ttft_ms"] / 1000 for r in got["full"] if r["prefilled_tokens"] == n]
         by[str(n)] = {**spread(times, 3), "tokens_per_s": round(n / statistics.median(times), 1)}
-    return {"version": got.get("version"), "system_info": got.get("system_info"), "flash_attn": True,
+    return {"version": got.get("version"), "system_info": got.get("system_info"), "model": got.get("model"),
+            "flash_attn": True,
             "threads": threads, "by_length": by}
 
 

@@ -17,7 +17,7 @@ import statistics
 import time
 from xml.sax.saxutils import escape
 
-from common import doc_schema, emit, essay_chunks, machine, table
+from common import bench_model, doc_schema, emit, essay_chunks, machine, model_help, table
 from fidelity import SYSTEM, make_cases, question, wilson
 
 from engine.kv import QuantKV
@@ -37,12 +37,13 @@ def main() -> None:
     ap.add_argument("--modules", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=28)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     chunk_tokens = 250
     if args.quick:
         args.prompts, args.modules, chunk_tokens = 2, 2, 80
-    eng = Engine(persist=False)
+    eng = Engine(model=bench_model(args.model, args.quick).spec, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     sampling = Sampling(max_new_tokens=args.new_tokens)
     rows: dict[str, list[dict]] = {f"{p} k{kg}/v{vg}": [] for p, kg, vg in CHOICES}

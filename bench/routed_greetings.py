@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from xml.sax.saxutils import escape
 
-from common import doc_schema, emit, essay_chunks, has_roles, machine, result_name
+from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name
 
 from bench import needles
 from bench.workloads import SYSTEM
@@ -29,11 +29,11 @@ SETTINGS = {"routed (default)": {}, "route 1": {"k": 1}, "route 2": {"k": 2}}
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help(quick=False))
     ap.add_argument("--weights", default="fp32")
     ap.add_argument("--new-tokens", type=int, default=24)
     args = ap.parse_args()
-    eng = Engine(model=args.model, weights=args.weights, persist=False)
+    eng = Engine(model=bench_model(args.model).spec, weights=args.weights, persist=False)
     cases = needles.confusable_cases(essay_chunks(eng.codec.encode, 250), 8, len(GREETINGS), 7)
     rows, same = [], {name: 0 for name in SETTINGS}
     for idx, (case, greeting) in enumerate(zip(cases, GREETINGS)):

@@ -10,7 +10,7 @@ asked module(s) first (both in the top 2 for two-fact prompts), with a 95 % Wils
 module's mean share. SCOUT_LAYERS comes from here: the window with the best rate. JSON last.
 
     python bench/routing.py --model qwen2.5-coder-0.5b            # 24 confusable + 24 two-fact prompts, ~12 min
-    python bench/routing.py --quick                               # 2 prompts each, the default model
+    python bench/routing.py --quick                               # 2 prompts each
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import argparse
 import math
 
 import torch
-from common import doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
+from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 
 from bench import needles
 from bench.workloads import SYSTEM
@@ -84,7 +84,7 @@ def summarise(masses: list[torch.Tensor], cases: list[dict], window=lambda x: x.
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--weights", default="fp32")
     ap.add_argument("--confusable", type=int, default=24)
     ap.add_argument("--two-fact", type=int, default=24)
@@ -94,7 +94,7 @@ def main() -> None:
     modules, chunk_tokens = 8, 250
     if args.quick:
         args.confusable, args.two_fact, modules, chunk_tokens = 2, 2, 3, 80
-    eng = Engine(model=args.model, weights=args.weights, persist=False)
+    eng = Engine(model=bench_model(args.model, args.quick).spec, weights=args.weights, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
     sets = {"confusable": needles.confusable_cases(chunks, modules, args.confusable, args.seed + 1),
             "two_fact": needles.two_fact_cases(chunks, modules, args.two_fact, args.seed + 2)}

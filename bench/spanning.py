@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import doc_schema, emit, essay_chunks, has_roles, machine, result_name, table
+from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 from bench import needles
 from bench.fidelity import Runner
 from bench.workloads import SYSTEM, wilson
@@ -316,7 +316,7 @@ def print_split(name: str, summary: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--weights", default="gguf", choices=WEIGHTS, help="the studio's default: gguf")
     ap.add_argument("--seed", type=int, default=38, help="the tune split's seed; the held-out split's is seed + 1")
     ap.add_argument("--splits", nargs="+", default=["tune", "heldout"], choices=tuple(SEEDS))
@@ -347,7 +347,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.quick:
         args.splits, args.tune, args.chunk_tokens = ["tune"], [1, 1, 1, 1, 1], 40
-    eng = Engine(model=args.model, weights=args.weights, persist=False)
+    eng = Engine(model=bench_model(args.model, args.quick).spec, weights=args.weights, persist=False)
     rows: dict[str, list[dict]] = json.loads(args.from_rows.read_text()) if args.from_rows else {}
     collected_by = rows.pop("commands", None)  # a merged rows file names the runs that made its rows
     if not args.from_rows:

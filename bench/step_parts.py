@@ -9,7 +9,7 @@ over the cache, the activation, the call itself): what ``torch.compile`` or any 
 min / median / max, JSON last.
 
     python bench/step_parts.py --model qwen2.5-coder-0.5b        # ~1 min
-    python bench/step_parts.py --quick                            # SmolLM2, int8, 3 repetitions, no file
+    python bench/step_parts.py --quick                            # int8, 3 repetitions, no file
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from common import emit, machine, result_name, spread, table
+from common import QUICK_MODEL, bench_model, emit, machine, model_help, result_name, spread, table
 
 from engine.kv import KVBuffer
 from engine.model import kernels, step
@@ -41,15 +41,16 @@ def products(model) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--weights", default="gguf", choices=step.PACKED)
     ap.add_argument("--context", type=int, default=600, help="cached tokens the step attends to")
     ap.add_argument("--reps", type=int, default=40)
-    ap.add_argument("--quick", action="store_true", help="the default model, int8 weights, 3 repetitions, no file")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_MODEL} unless --model, int8 weights, 3 repetitions, no file")
     args = ap.parse_args()
     if args.quick:
         args.weights, args.reps, args.context = "int8", 3, 64
-    lm = Engine(model=args.model, weights=args.weights, persist=False).lm
+    lm = Engine(model=bench_model(args.model, args.quick).spec, weights=args.weights, persist=False).lm
     fast = step.decoder(lm.model, lm.weights)
     if fast is None:
         raise SystemExit(f"the C++ decode step does not apply: {step.why_not(lm.model, lm.weights)}")

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import emit, essay_chunks, machine, result_name, table, ttft_point
+from common import bench_model, emit, essay_chunks, machine, model_help, result_name, table, ttft_point
 
 from engine.config import COMPUTE_DTYPES, DEVICES, STORAGES
 from engine.session import Engine
@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per run (decode ms/token)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 128 and 256 tokens, 1 rep, 4 new tokens")
-    ap.add_argument("--model", default=None, help="model to measure (default: the default model)")
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--device", default=None, choices=DEVICES,
                     help="where the model computes (default: cuda with --storage cuda, else cpu)")
     ap.add_argument("--storage", default="cpu", choices=STORAGES,
@@ -161,10 +161,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [128, 256], 1, 4
-    extra = {}
+    extra, model = {}, bench_model(args.model, args.quick)
     if args.random_shape:
         device = args.device or ("cuda" if args.storage == "cuda" else "cpu")
-        lm, tok_name, cfg = random_model(args.random_shape, args.model, device, args.dtype or "bfloat16")
+        lm, tok_name, cfg = random_model(args.random_shape, model.spec, device, args.dtype or "bfloat16")
         eng = Engine.from_loaded(lm, storage=args.storage)
         # room for the new tokens (and the chunk cut's slack) inside the shape's context
         args.lengths = [min(n, cfg.max_position_embeddings - args.new_tokens - 16) for n in args.lengths]
@@ -172,7 +172,7 @@ def main() -> None:
                                                    **SHAPES[args.random_shape], "vocab_size": cfg.vocab_size},
                  "params": lm.n_params, "tokenizer": tok_name}
     else:
-        eng = Engine(model=args.model, persist=False, device=args.device, storage=args.storage, dtype=args.dtype)
+        eng = Engine(model=model.spec, persist=False, device=args.device, storage=args.storage, dtype=args.dtype)
     chunks = essay_chunks(eng.codec.encode, 250)
     paths = {name: getattr(args, name.replace("-", "_")) for name in PATHS}
     rows = measure(eng, paths, args, chunks)

@@ -34,7 +34,7 @@ import statistics
 import time
 from xml.sax.saxutils import escape
 
-from common import ROOT, RESULTS, doc_schema, emit, essay_chunks, machine, result_name, table
+from common import RESULTS, ROOT, bench_model, doc_schema, emit, essay_chunks, machine, model_help, result_name, table
 
 from bench.needles import FACTS, judge
 from bench.workloads import SYSTEM, insert, wilson
@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="6 prompts over 8 small modules, 8 new tokens, no files written")
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--blend-sweep", type=float, nargs="*", default=[], metavar="R",
                     help="also run the blend arm alone at each of these ratios on every prompt (rows 'blend R%%')")
     ap.add_argument("--replot", action="store_true", help="redraw the plot from the results of these settings")
@@ -261,7 +261,7 @@ def main() -> None:
     chunk_tokens = 250
     if args.quick:
         args.prompts, args.new_tokens, chunk_tokens = 6, 8, 40
-    config = config_from_args(args).with_(persist=False)
+    config = config_from_args(args).with_(model=bench_model(args.model, args.quick).spec, persist=False)
     eng = Engine(config)
     arms = list(config.arms)
     docs, prompts = make_workload(essay_chunks(eng.codec.encode, chunk_tokens), args.modules, args.prompts, args.seed)

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 
+from bench.common import QUICK_MODEL
 from conftest import ROOT
+from engine.model import MODEL_ENV
 
 RESULTS = ROOT / "bench" / "results"
 real_model = pytest.mark.real_model
@@ -30,10 +32,13 @@ def run_bench(script: str, *args: str) -> tuple[str, dict, float]:
     """(stdout, the JSON document it prints last, wall-clock ms of the whole script) of ``bench/script --quick``.
 
     Run in this process, as ``python bench/script`` runs it (``__main__``, its folder first on the path): a child
-    process would import torch and transformers again for every script, the larger part of a quick run."""
+    process would import torch and transformers again for every script, the larger part of a quick run. Without
+    the suite's $PML_STUDIO_MODEL, as a user runs it: --quick must choose its model itself, and the JSON's "model"
+    must name it (issue 65)."""
     path = ROOT / "bench" / script
     argv, threads, env = sys.argv, torch.get_num_threads(), dict(os.environ)
     sys.argv = [str(path), "--quick", *args]
+    os.environ.pop(MODEL_ENV, None)
     sys.path.insert(0, str(path.parent))
     out = io.StringIO()
     t = time.perf_counter()
@@ -50,7 +55,10 @@ def run_bench(script: str, *args: str) -> tuple[str, dict, float]:
         os.environ.update(env)
     wall_ms = (time.perf_counter() - t) * 1000
     lines = [line for line in out.getvalue().strip().splitlines() if line.strip()]
-    return out.getvalue(), json.loads(lines[-1]), wall_ms  # one JSON document, last
+    data = json.loads(lines[-1])  # one JSON document, last
+    if not {"--model", "--random-shape"} & set(args):
+        assert data.get("model", data.get("loaded", {}).get("model")) == QUICK_MODEL, f"{script} --quick ran another model"
+    return out.getvalue(), data, wall_ms
 
 
 def wilson_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""bench/peers.py (issue 19): the peers' plumbing without the peers, and one quick run where `make peers` was run.
+"""bench/peers.py (issue 19): the peers' plumbing without the peers, and one quick run where `make peers` was run;
+every mode runs one model on both sides (issue 65).
 
 The summaries and ratios are recomputed here from synthetic per-prompt runs; a missing peer must come
 back as a reason naming the fix, in the JSON and in the README's table, never as a silent skip. The
@@ -18,6 +19,8 @@ import pytest
 from bench.needles import judge
 from bench.workloads import wilson
 from conftest import ROOT
+from engine.model import MODEL_ENV, SMALL_MODEL, START_MODEL, START_NAME
+from engine.model.packaged import PACKAGED, packaged_gguf
 
 
 def load(name: str):
@@ -113,6 +116,64 @@ def test_the_readme_table_says_why_a_peer_could_not_run():
     assert "not measured yet" in "\n".join(report.peers_section(None, None, "x"))
 
 
+def gguf_shape(path) -> dict:
+    """What llama.cpp will load, from the GGUF file's own header (only the wanted keys: gguf's GGUFReader parses
+    every vocabulary string, minutes for Qwen's 151,936 on a busy machine)."""
+    from engine.model.gguf import _header_sizes
+
+    arch, sizes = _header_sizes(path)
+    return {"architecture": arch, "layers": sizes["num_hidden_layers"], "hidden": sizes["hidden_size"]}
+
+
+def studio_shape(name: str) -> dict:
+    """What the studio loads under display name ``name``: its converted folder's config.json, read as JSON."""
+    from engine.model.packaged import find_packaged
+
+    cfg = json.loads((find_packaged(name).folder() / "config.json").read_text())
+    return {"architecture": cfg["model_type"], "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"]}
+
+
+@pytest.mark.parametrize("asked, quick, env, runs", [
+    (None, True, None, SMALL_MODEL),  # --quick: the small model, whatever the default
+    (None, True, START_MODEL, SMALL_MODEL),
+    (None, False, None, START_NAME),  # a full run: the engine's default ...
+    (None, False, SMALL_MODEL, SMALL_MODEL),  # ... or $PML_STUDIO_MODEL
+    ("default", True, None, SMALL_MODEL),  # --model wins over --quick: the small model's key
+    (START_MODEL, True, None, START_NAME),
+])
+def test_every_mode_gives_the_studio_and_llama_cpp_one_model(peers, monkeypatch, asked, quick, env, runs):
+    """Issue 65: `peers.py --quick` ran the studio on Qwen2.5-Coder-0.5B beside llama.cpp on SmolLM2-135M. Each
+    mode resolves one model; the GGUF handed to llama.cpp holds the model the studio loads, and kvpress loads the
+    studio's own folder."""
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    if env:
+        monkeypatch.setenv(MODEL_ENV, env)
+    model = peers.bench_model(asked, quick)
+    assert model.name == runs and model.folder.name == runs
+    assert gguf_shape(model.gguf_file()) == studio_shape(model.name)
+
+
+@pytest.mark.real_model
+def test_peers_quick_json_names_the_model_each_side_runs(monkeypatch):
+    """The quick run's JSON (no peer needed): "model" and "gguf" are one model, whatever $PML_STUDIO_MODEL was
+    (the suite sets it to the small model, which hid issue 65: the default is the 0.5B model)."""
+    from benchchecks import run_bench
+
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    _, data, _ = run_bench("peers.py", "--no-workload", "--no-lengths", "--weights", "fp32")  # no packing: seconds
+    assert data["model"] == SMALL_MODEL and data["gguf"].startswith(SMALL_MODEL)
+    gguf = next(p for p in (packaged_gguf(k) for k in PACKAGED) if p.name == data["gguf"])
+    assert gguf_shape(gguf) == studio_shape(data["model"]) == data["model_shape"]
+
+
+def test_a_model_llama_cpp_cannot_run_is_named_with_the_fix(peers, tmp_path):
+    folder = peers.BenchModel(str(tmp_path), tmp_path.name, tmp_path)  # a transformers folder: no GGUF
+    with pytest.raises(SystemExit, match=r"llama\.cpp needs a GGUF file; give a packaged model \(default, "):
+        folder.gguf_file()
+    with pytest.raises(SystemExit, match=r"--model: .*no model 'no-such-model'.*omit --model"):
+        peers.bench_model("no-such-model")
+
+
 def test_packaged_gguf_is_the_file_llama_cpp_loads():
     from engine.model.packaged import packaged_gguf
 
@@ -136,5 +197,8 @@ def test_peers_quick_runs_llama_cpp_on_the_same_prompts():
         assert 0 <= row["llama.cpp-prefix"]["reused_tokens"] < row["prompt_tokens"]
     full = data["peers"]["llama.cpp-full"]
     assert full["reused_tokens"] == 0 and full["prefilled_tokens"] == sum(r["prompt_tokens"] for r in rows)
+    assert data["model"] == SMALL_MODEL and data["gguf"].startswith(SMALL_MODEL)  # --quick's model, both sides
+    assert {k: data["workload"]["llama.cpp"]["model"][k] for k in ("architecture", "layers", "hidden")} == \
+        data["model_shape"] == studio_shape(data["model"])
     assert data["ratios"]["cached_over_llamacpp_prefix_mean"] == round(
         data["arms"]["cached"]["mean_ttft_ms"] / data["peers"]["llama.cpp-prefix"]["mean_ttft_ms"], 3)
