@@ -11,8 +11,8 @@ TTFT is the API's (``pml.ttft_ms``): from the start of the work to the first tok
 Per length: the TTFT that reuse saves (plain − reused), what the first sight costs over plain (first − plain), and
 whether the reused answer is the plain one. Fresh snippets each repetition (each a first sight). JSON last.
 
-    python bench/short_documents.py                       # SmolLM2-135M, 3 repetitions: bench/results/
-    python bench/short_documents.py --model default --reps 2 --lengths 128,256,512
+    python bench/short_documents.py --model SmolLM2-135M-Instruct --lengths 64,128,256,512 --reps 2   # its result
+    python bench/short_documents.py --reps 2 --lengths 128,256,512   # the engine's default model
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import argparse
 import statistics
 import time
 
-from common import emit, essays_dir, machine, result_name, spread, table
+from common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
 
 from engine.arms.registry import Sampling
-from engine.model import SMALL_MODEL
 from engine.session import Engine
 from studio.api import modes
 from studio.api.positions import PositionRegistry
@@ -85,11 +84,12 @@ def measure(eng: Engine, length: int, reps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=SMALL_MODEL, help="a packaged model, or 'default' (the studio's)")
+    ap.add_argument("--model", default=None, help=model_help(quick=False))
     ap.add_argument("--lengths", default="64,128,256,512,1024", help="document lengths in characters")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    eng = Engine(model=None if args.model == "default" else args.model)
+    model = bench_model(args.model)
+    eng = Engine(model=model.spec)
     eng.lm
     request(eng, PositionRegistry(), snippets(64, DOCS, skip=0), QUESTIONS[0], "plain")  # warm-up, discarded
     rows = [measure(eng, int(n), args.reps) for n in args.lengths.split(",")]
@@ -97,7 +97,7 @@ def main() -> None:
                 [[r["chars"], r["tokens_per_document"], r["first_ms"]["median"], r["reused_ms"]["median"],
                   r["plain_ms"]["median"], r["saved_ms"]["median"], r["reuses_to_repay"], r["same_answer_as_plain"]]
                  for r in rows]))
-    emit(result_name("short-documents", args.model), {"model": eng.lm.name, "machine": machine(),
+    emit(result_name("short-documents", model.spec), {"model": eng.lm.name, "machine": machine(),
                                                       "documents": DOCS, "rows": rows})
 
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from engine.errors import StorageError
-from engine.owned import private_folder
+from engine.owned import check_trusted, private_folder
 
 CACHE_FIX = "set PML_STUDIO_CACHE to a folder of yours (or leave it unset for ~/.cache/pml-studio)"
 CACHE_FOLDERS = ("models", "gguf", "kernels", "packed", "modules")  # what the engine keeps under the cache root
@@ -19,9 +19,14 @@ def cache_root() -> Path:
     return private_folder(root, "cache folder", CACHE_FIX)
 
 
-def cache_folder(name: str) -> Path:
-    """The cache root's folder ``name``, made if missing, refused unless the user's own."""
-    return private_folder(cache_root() / name, f"cache folder '{name}'", CACHE_FIX)
+def cache_folder(name: str, make: bool = True) -> Path:
+    """The cache root's folder ``name``, made if missing (unless ``make`` is False: checked where it exists), refused
+    unless the user's own."""
+    if make:
+        return private_folder(cache_root() / name, f"cache folder '{name}'", CACHE_FIX)
+    folder = cache_root() / name
+    check_trusted(folder, f"cache folder '{name}'", CACHE_FIX, missing_ok=True)
+    return folder
 
 
 def check_cache() -> Path:

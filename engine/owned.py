@@ -56,8 +56,8 @@ def check_trusted(path: str | Path, what: str, fix: str = "", missing_ok: bool =
     while True:
         try:
             st = os.lstat(here)
-        except FileNotFoundError:
-            if missing_ok:
+        except (FileNotFoundError, NotADirectoryError):
+            if missing_ok:  # nothing there yet (or a file in the way: the first write says so)
                 return
             raise
         last = index == len(parts)

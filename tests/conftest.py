@@ -12,6 +12,10 @@ import pytest
 from engine.model import MODEL_ENV, SMALL_MODEL
 from tools.screenshot import free_port  # noqa: F401  (tests import it from here: one helper for tests, bench, tools)
 
+# The real vLLM server of the tests marked vllm: a plugin, since a second conftest.py (tests/vllm/) would be imported
+# under the same module name as this one.
+pytest_plugins = ["tests.vllm_fixtures"]
+
 # The suite runs the small SmolLM2-135M wherever a test names no model (Engine(), the CLI in a subprocess): the
 # default, Qwen2.5-Coder-0.5B, costs seconds a run. Tests of that default remove this (tests/engine/test_default_model.py).
 os.environ[MODEL_ENV] = SMALL_MODEL

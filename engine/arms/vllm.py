@@ -25,10 +25,14 @@ class VllmSettings(ArmSettings):
     """Where the vLLM server is; empty: ``$PML_VLLM_URL``."""
 
     url: str = setting("", "vllm_url", "vLLM: server URL",
-                       f"a vLLM OpenAI server's base URL, e.g. http://127.0.0.1:8100 (default ${URL_ENV}; "
+                       "adds a column whose answer comes from a vLLM server on the same token ids: it reuses "
+                       "prefixes only, and its first token comes when that server answers (the network included)",
+                       how=f"a vLLM OpenAI server's base URL, e.g. http://127.0.0.1:8100 (default ${URL_ENV}; "
                        "make vllm-serve starts one)", metavar="URL")
     model: str = setting("", "vllm_model", "vLLM: served model name",
-                         "the model name vLLM serves (default: the one it serves)", metavar="NAME")
+                         "which of the server's models answers: it must be this studio's model (same tokenizer), "
+                         "else the column says why and no time is compared",
+                         how="the name vLLM serves the model under (default: the one it serves)", metavar="NAME")
 
 
 @dataclass(frozen=True)

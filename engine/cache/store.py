@@ -72,7 +72,7 @@ class DiskStore:
             save_whole(target, lambda path: save_file(tensors, str(path), metadata=manifest))
         except (OSError, SafetensorError) as err:  # a full disk comes as either; the entry stays in memory
             self.write_errors += 1
-            self.last_error = (f"the module store cannot save {target.name} in {self.root}: "
+            self.last_error = (f"the module store cannot write {target.name} in {self.root}: "
                                f"{getattr(err, 'strerror', None) or err}; this run used it from memory")
             return False
         self.writes += 1

@@ -105,7 +105,7 @@ class GGUFParts:
 def ensure_gguf_file(path: Path, dtype: str = GGUF_WEIGHTS_DTYPE) -> Path:
     """Convert GGUF file ``path`` once, after checking it, into a cache folder named by its sha256; the folder."""
     path = path.expanduser().resolve()
-    remove_stale_conversions(cache_folder("models"))
+    remove_stale_conversions(cache_folder("models", make=False))
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelError(f"{path} is not a GGUF file (it does not start with 'GGUF'); --model takes a .gguf file, "
@@ -325,7 +325,7 @@ def _stale(folder: Path, names: tuple[str, ...] = ()) -> bool:
 
 
 def _gguf_folder(digest: str) -> Path:
-    return cache_folder("models") / f"gguf-{digest[:16]}"
+    return cache_folder("models", make=False) / f"gguf-{digest[:16]}"
 
 
 def _is_converted(folder: Path) -> bool:
@@ -341,7 +341,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _digest_book() -> Path:
-    return cache_folder("models") / "gguf-digests.json"
+    return cache_folder("models", make=False) / "gguf-digests.json"
 
 
 def _known_digest(path: Path) -> str | None:
@@ -367,6 +367,7 @@ def _remember_digest(path: Path, digest: str) -> None:
         book = {}
     st = path.stat()
     book[str(path)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+    book_path.parent.mkdir(mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".gguf-digests.", dir=book_path.parent)
     with os.fdopen(fd, "w") as f:
         json.dump(book, f, indent=1)

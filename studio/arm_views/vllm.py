@@ -10,9 +10,9 @@ class VllmView(View):
         if detail.error:
             return [f"not run: {detail.error}"]
         return [f"{detail.served_model} at {detail.url}: {detail.server_cached_tokens:,} of "
-                f"{detail.prompt_tokens:,} prompt tokens cached (vLLM's count, whole 16-token blocks); TTFT at the "
+                f"{detail.prompt_tokens:,} prompt tokens cached (vLLM's count, whole blocks); TTFT at the "
                 "client; agreement over vLLM's top 20 first tokens"]
 
 
-register(VllmView("vllm", "vLLM", "remote · reuses prefixes only", "#1d4ed8",
+register(VllmView("vllm", "vLLM", "remote · reuses prefixes only", "#15803d",
                   "vLLM: sending the prompt's token ids, streaming the answer…", copy_label="KV copy"))

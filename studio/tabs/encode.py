@@ -133,7 +133,7 @@ def _settings_panel(studio: Studio) -> Panel:
 def _control(s, value):
     elem = s.key.replace("_", "-")
     if s.limit is None and not s.choices:  # free text (a URL)
-        return gr.Textbox(value=value, label=s.title, info=s.help, elem_id=elem, render=False, max_lines=1)
+        return gr.Textbox(value=value, label=s.title, info=s.words, elem_id=elem, render=False, max_lines=1)
     if s.limit is None:
         return gr.Radio(radio_choices(s.key), value=value, label=s.title, info=s.words, elem_id=elem, render=False)
     top = s.limit.hi if s.widget_max is None else min(s.limit.hi, s.widget_max)

@@ -99,6 +99,8 @@ def test_run_json_writes_non_finite_numbers_as_null(monkeypatch, tmp_path, capsy
            "cached": {"ttft_ms": float("inf"), "x": [1.0, float("-inf")]}}
 
     class Fake:
+        lm = None  # the CLI loads the model before the run, to say how long that took
+
         def __init__(self, config):
             pass
 

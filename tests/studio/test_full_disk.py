@@ -56,7 +56,7 @@ def test_a_compare_on_a_full_disk_runs_from_memory_and_says_so(tiny_lm, full_sto
     res = eng.compare(schema, prompt, Sampling(max_new_tokens=3),
                       config=eng.config.with_(arms=("baseline", "cached"), warmup=False))
     assert res.arm("cached").run.text == res.arm("baseline").run.text or res.arm("cached").run.token_ids
-    assert res.encode["unsaved"] >= 1 and "cannot save" in res.encode["store_note"]
+    assert res.encode["unsaved"] >= 1 and "cannot write" in res.encode["store_note"]
     assert not list(full_store.glob("*.safetensors"))  # nothing half-written left behind
     assert "not saved" in summary_html(res)
     # the entry served from memory: a second run reads it there, encoding nothing
@@ -74,4 +74,4 @@ def test_the_api_answers_on_a_full_disk_and_says_nothing_was_stored(tiny_lm, ful
                                                 extra_body={"pml": {"arm": "cached"}})
     pml = answer.model_extra["pml"]
     assert answer.choices[0].finish_reason in ("length", "stop")
-    assert pml["modules_encoded"] >= 2 and "cannot save" in pml["store_note"], pml
+    assert pml["modules_encoded"] >= 2 and "cannot write" in pml["store_note"], pml

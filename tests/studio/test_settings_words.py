@@ -47,7 +47,7 @@ def test_the_studio_controls_say_the_effect_first(tiny_engine, tmp_path):
     keys = {s.key.replace("_", "-") for _, _, s in settings_specs()} | {"sink", "retention", "compression-method",
                                                                         "storage-dtype"}
     shown = {b.elem_id: b.info for b in demo.blocks.values()
-             if isinstance(b, (gr.Radio, gr.Slider)) and b.elem_id in keys}
+             if isinstance(b, (gr.Radio, gr.Slider, gr.Textbox)) and b.elem_id in keys}
     assert set(shown) == keys
     for elem, info in shown.items():
         _plain(info.split("\n")[0], elem)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import free_port
+from tools.screenshot import free_port
 from tools.vllm_serve import VLLM_PYTHON, ServeError, served, start, stop
 
 TEST_MODEL = "default"  # the packaged SmolLM2-135M-Instruct, served under this name
