@@ -376,7 +376,8 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
                         seed=args.seed)
     order = tuple(str(a) for a in REGISTRY if str(a) in config.arms)  # as compare() runs them
     told = Progress(order, sampling.max_new_tokens, words, quiet=args.quiet)
-    told.loaded(config.model or "the default model", _timed(lambda: eng.lm))
+    took = _timed(lambda: eng.lm)
+    told.loaded(getattr(eng.lm, "name", None) or config.model or "the default model", took)
     if args.cuda_graphs != "auto":
         from engine.model import graphs
         graphs.set_mode(eng.lm.model, args.cuda_graphs)
