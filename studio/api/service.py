@@ -22,7 +22,7 @@ from .errors import ApiError, from_engine
 from .positions import PositionRegistry
 from .schemas import SchemaBook
 from .types import PmlInfo, PromptTokensDetails, Usage
-from .usage import Visible, cached_tokens, cut, finish_reason, module_sources
+from .usage import Visible, cached_tokens, cut, finish_reason, module_sources, routed_out_tokens
 
 if TYPE_CHECKING:
     from engine.arms.compare import Comparison
@@ -225,6 +225,7 @@ class ApiService:
         pml = PmlInfo(arm=work.arm, mode=compiled.mode, schema_name=res.prompt.schema, modules_reused=reused,
                       modules_encoded=encoded, routed_kept=None if kept is None else list(kept), cached_tokens=cached,
                       routed_path=getattr(detail, "path", None), recomputed_tokens=run.recomputed_tokens,
+                      routed_out_tokens=routed_out_tokens(res, work.arm),
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
                       queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
