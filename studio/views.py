@@ -254,7 +254,8 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
 
 
 def first_rows(run, arm: str) -> list[tuple[str, str]]:
-    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
+    tokens = "1 token" if run.prefill_tokens == 1 else f"{run.prefill_tokens} tokens"
+    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{tokens} in {run.prefill_ms:.1f} ms")]
     if arm != Arm.BASELINE:
         rows.append((view_of(arm).copy_label, f"{run.copy_ms:.1f} ms"))
     return rows
