@@ -119,3 +119,24 @@ def test_a_completion_is_counted_as_the_plan_counts_it(tokenizer_bundle):
     c = modes.completion_pml(prompt, "auto", codec, PositionRegistry())
     plan = plan_prompt(layout(parse_schema(c.schema), codec), parse_prompt(c.prompt))
     assert len(c.documents) == 2 and (c.end, c.prompt_tokens) == (plan.max_position + 1, plan.prompt_tokens)
+
+
+def test_a_document_sent_again_is_not_tokenized_again(counted, tiny_lm, monkeypatch):
+    """A document is tokenized once, where the request is compiled, and neither by its layout nor by the next
+    request that sends it (the codec remembers it by its text); the answers' token counts stay the plan's."""
+    client, _ = counted
+    tok = tiny_lm.tokenizer
+    seen: list[str] = []
+    plain = tok.encode
+
+    def spy(text, **kw):
+        seen.append(text)
+        return plain(text, **kw)
+
+    monkeypatch.setattr(tok, "encode", spy)
+    docs = [essay("Ines"), essay("Jonas")]
+    first = ask(client, docs, "Who wrote about maps?", max_tokens=2)
+    again = ask(client, docs[::-1], "Whose rivers?", max_tokens=2, system="Another context.")
+    for doc in docs:
+        assert sum(doc in text for text in seen) == 1, doc[:20]
+    assert first.pml["modules_encoded"] == 2 and again.usage.prompt_tokens > sum(len(plain(d)) for d in docs)
