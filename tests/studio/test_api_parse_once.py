@@ -71,10 +71,18 @@ def test_a_completion_is_laid_out_once(counted):
                                                             temperature=0)) == 1
 
 
-def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm):
+def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm, monkeypatch):
     """Documents placed so far along their context's positions that the answer does not fit are placed from the
-    context's start, decided from the tokenizer's counts: the request is laid out once."""
+    context's start, decided from the tokenizer's counts: the request is compiled once and laid out once."""
     client, calls = counted
+    compiled = []
+    plain_compile = modes.chat_pml
+
+    def counting(*args, **kw):
+        compiled.append(plain_compile(*args, **kw))
+        return compiled[-1]
+
+    monkeypatch.setattr(modes, "chat_pml", counting)
     system = "Answer from the long essays."  # a context of its own
     limit = tiny_lm.codec.max_positions
     fill = [essay(f"Fill{i}") for i in range(4)]
@@ -83,10 +91,12 @@ def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm):
     size = len(tiny_lm.codec.encode(fill[0]))
     asked = limit - (5 * size + 10) + size  # fits after the documents only when they are placed compactly
     calls.clear()
+    compiled.clear()
     stream = ask(client, [essay("Last")], "Who?", system=system, max_tokens=asked, stream=True)
     next(iter(stream))  # laid out before its first token; closing the stream stops the run
     stream.close()
-    assert calls == ["request schema"]
+    assert calls == ["request schema"] and len(compiled) == 1
+    assert compiled[0].spare == 0 and compiled[0].end + asked <= limit  # placed from the start: the answer fits
 
 
 def test_documents_are_measured_where_the_layout_puts_them(tokenizer_bundle):
