@@ -127,8 +127,9 @@ class ApiRoute:
 async def _validated(request: Request, kind: type[BaseModel]):
     """The request's body as ``kind``: the value :class:`ApiRoute` parsed, validated as FastAPI validates a body
     (so its errors read the same); parsed here when the app is served without ApiRoute."""
-    value = request.scope.get(PARSED, None)
-    if PARSED not in request.scope:
+    if PARSED in request.scope:
+        value = request.scope[PARSED]
+    else:
         value, refusal = _parsed(await request.body())
         if refusal is not None:
             raise refusal
