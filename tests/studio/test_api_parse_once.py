@@ -150,3 +150,28 @@ def test_a_document_sent_again_is_not_tokenized_again(counted, tiny_lm, monkeypa
     for doc in docs:
         assert sum(doc in text for text in seen) == 1, doc[:20]
     assert first.pml["modules_encoded"] == 2 and again.usage.prompt_tokens > sum(len(plain(d)) for d in docs)
+
+
+def test_a_front_tokenizes_a_document_once_though_it_keeps_no_positions(tiny_lm, monkeypatch):
+    """A front places each request's documents with a fresh registry (it keeps nothing between requests), so it
+    measured every document at every request; the codec remembers the ids: once each, and the same render."""
+    from studio.api.front import render
+    from studio.api.schemas import SchemaBook
+    from studio.api.service import Work
+
+    engine = Engine.from_loaded(tiny_lm)
+    seen: list[str] = []
+    plain = tiny_lm.tokenizer.encode
+
+    def spy(text, **kw):
+        seen.append(text)
+        return plain(text, **kw)
+
+    monkeypatch.setattr(tiny_lm.tokenizer, "encode", spy)
+    docs = [essay("Karl"), essay("Lena")]
+    turn = modes.Turn("user", tuple(modes.Part(t) for t in [*docs, "Who wrote about maps?"]))
+    work = Work(endpoint="chat", arm="vllm", how="auto", max_tokens=2, temperature=0.0, top_p=1.0, seed=0,
+                turns=(turn,))
+    first, again = (render(engine, work, SchemaBook(None, remember=False), None, 100) for _ in range(2))
+    assert [sum(doc in text for text in seen) for doc in docs] == [1, 1]
+    assert first.token_ids == again.token_ids and len(first.compiled.documents) == 2
