@@ -55,13 +55,17 @@ def layouts(calls: list[str], request) -> int:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_chat_request_is_laid_out_once(counted, stream):
+def test_a_chat_request_is_compiled_and_laid_out_once(counted, stream, monkeypatch):
     client, calls = counted
+    compiles: list[str] = []
+    plain_compile = modes.chat_pml
+    monkeypatch.setattr(modes, "chat_pml", lambda turns, how, *a, **kw: compiles.append(how) or
+                        plain_compile(turns, how, *a, **kw))
     docs = [essay(f"{n}{stream}") for n in ("Ada", "Brune")]  # first sight: measured, encoded
     assert layouts(calls, lambda: ask(client, docs, "Who wrote about maps?", max_tokens=3, stream=stream)) == 1
     assert layouts(calls, lambda: ask(client, docs[::-1], "Whose rivers?", max_tokens=3, stream=stream)) == 1
     assert layouts(calls, lambda: ask(client, [], "Hello", max_tokens=2, stream=stream)) == 1  # plain
-    assert calls == ["request schema"]
+    assert calls == ["request schema"] and compiles == ["auto"] * 3
 
 
 def test_a_completion_is_laid_out_once(counted):
