@@ -184,13 +184,15 @@ class ApiService:
         that makes room."""
         asked = work.max_tokens or min(DEFAULT_MAX_TOKENS[work.endpoint], self.max_tokens_cap)
         limit = engine.codec.max_positions
-        compiled = self._compile(engine, work, compact=False)
-        if _compacts(limit, compiled.end, compiled.prompt_tokens, compiled.spare, asked, work):
-            compiled = self._compile(engine, work, compact=True)
+
+        def compacts(end: int, prompt_tokens: int, spare: int) -> bool:
+            return _compacts(limit, end, prompt_tokens, spare, asked, work)
+
+        compiled = self._compile(engine, work, compacts)
         prepared = _prepare(engine, compiled)
         plan = prepared.plan
-        if _compacts(limit, plan.max_position + 1, plan.prompt_tokens, compiled.spare, asked, work):
-            compiled = self._compile(engine, work, compact=True)
+        if compacts(plan.max_position + 1, plan.prompt_tokens, compiled.spare):  # counts the plan disowned
+            compiled = self._compile(engine, work, lambda *_: True)
             prepared = _prepare(engine, compiled)
             plan = prepared.plan
         if work.how == "explicit" and compiled.schema.lstrip().startswith("<"):
@@ -204,10 +206,10 @@ class ApiService:
             f"last position {plan.max_position}) and {asked} new tokens were asked for: at most "
             f"{max(plan.room, 0)} fit after it; ask for fewer max_tokens or send shorter messages")
 
-    def _compile(self, engine: Engine, work: Work, compact: bool) -> modes.Compiled:
+    def _compile(self, engine: Engine, work: Work, compacts: modes.Compacts) -> modes.Compiled:
         how = work.how if REGISTRY[work.arm].reads == Reads.MODULES else "plain"
         positions = self.positions.setdefault(engine.codec.fingerprint, PositionRegistry())
-        return compile_work(work, how, engine.codec, self.schemas, positions, compact)
+        return compile_work(work, how, engine.codec, self.schemas, positions, compacts)
 
     def _outcome(self, engine: Engine, work: Work, fitted: Fitted, res: Comparison, ttft_ms: float,
                  queue_ms: float) -> Outcome:
@@ -251,13 +253,14 @@ class ApiService:
 
 
 def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: PositionRegistry,
-                 compact: bool = False) -> modes.Compiled:
-    """``work`` as one PML schema and prompt: its explicit PML, else its messages or prompt compiled ``how``."""
+                 compacts: modes.Compacts | None = None) -> modes.Compiled:
+    """``work`` as one PML schema and prompt: its explicit PML, else its messages or prompt compiled ``how``
+    (``compacts``: whether its documents go from their context's start, :func:`modes.chat_pml`)."""
     if work.how == "explicit":
         return modes.Compiled(schemas.text(work.schema), work.pml_prompt, "explicit")
     if work.endpoint == "completion":
-        return modes.completion_pml(work.prompt, how, codec, positions, compact)
-    return modes.chat_pml(list(work.turns), how, codec, positions, compact)
+        return modes.completion_pml(work.prompt, how, codec, positions, compacts)
+    return modes.chat_pml(list(work.turns), how, codec, positions, compacts)
 
 
 def queue_full(why: str, max_queue: int) -> ApiError:
