@@ -202,14 +202,13 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     check_recompute(lm, "routing", "leave routed out of the arms")
     min_pull = MIN_PULL if min_pull is None else min_pull
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
-    fresh = fresh_tokens(ranges)  # encoded for this request: computed, never counted as stored
     modules = tuple(dict.fromkeys(r.module for r in ranges if r.module is not None))
     ids, pos = plan.uncached()
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
     key = None if prefix is None or keep is not None else run_key(
         plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks, tree))
     if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
-        return _repeat(lm, *hit, sampling, on_token, batch, plan.prompt_tokens - fresh)
+        return _repeat(lm, *hit, sampling, on_token, batch, plan.prompt_tokens - fresh_tokens(ranges))
     whole = tree_match(prefix, plan) if tree == "on" and joint == "on" and keep is None else None
     ends = clause_ends(lm.tokenizer) if focus == "clause" else frozenset()  # before TTFT: once per tokenizer
 
@@ -220,11 +219,10 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
         if whole is not None and seen is not None and 2 <= len(kept) == len(modules):
-            return _tree_fill(plan, whole, buf, _Choice(seen, kept, (time.perf_counter() - t0) * 1000, (), "tree"),
-                              fresh)
+            return _tree_fill(plan, whole, buf, ranges, _Choice(seen, kept, _ms(t0), (), "tree"))
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
         together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
-        choice = _Choice(seen, kept, (time.perf_counter() - t0) * 1000, together, path)
+        choice = _Choice(seen, kept, _ms(t0), together, path)
         buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
         if together:
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
@@ -267,15 +265,19 @@ def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
     return match if end and match.reused >= end else None
 
 
-def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice, fresh: int) -> Fill:
+def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choice: _Choice) -> Fill:
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
-    contiguous positions, as the prefix arm and the baseline number them. ``fresh``: module tokens this request
-    encoded (it computed them, though the tree's KV is read)."""
+    contiguous positions, as the prefix arm and the baseline number them. The modules' tokens this request encoded
+    count as computed, though the tree's KV is read."""
     buf.lengths = [0] * len(buf.lengths)
     every = range(len(plan.token_ids))
     work = match_fill(list(plan.token_ids), match, buf)
-    return replace(work, stored_tokens=max(0, work.reused_tokens - fresh),
+    return replace(work, stored_tokens=max(0, work.reused_tokens - fresh_tokens(ranges)),
                    detail=replace(choice, slots=list(every), positions=every))
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
 
 
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVBuffer, choice: _Choice, focus: bool,

@@ -36,8 +36,7 @@ class Span:
 
 
 def stored_tokens(spans: list[Span], computed: set[int] = frozenset()) -> int:
-    """Tokens of ``spans`` whose KV the store held before this request (not encoded for it), less the ranks
-    ``computed`` (prefilled again: ``spans`` ranked then)."""
+    """Tokens of ``spans`` the store held before this request, less the (ranked) ``computed`` ones."""
     return sum(len(s) - sum(s.rank <= r < s.rank + len(s) for r in computed) for s in spans if not s.fresh)
 
 

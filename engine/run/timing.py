@@ -33,7 +33,7 @@ class Fill:
     pos: Sequence[int]  # their position ids
     entries: Sequence = ()  # store entries written into the buffer
     reused_tokens: int = 0
-    stored_tokens: int | None = None  # of reused_tokens, those the store held before this request; None: all
+    stored_tokens: int | None = None  # prompt tokens not computed (RunResult.stored_tokens); None: reused_tokens
     recomputed_positions: tuple[int, ...] = ()
     prefill: AttentionSpec = PLAIN  # what the prefill attends to
     decode: AttentionSpec = PLAIN  # what every decode step attends to

@@ -60,7 +60,8 @@ class RunResult:
     kv_buffer_bytes: int  # capacity of the run's buffer
     first_logits: torch.Tensor | None = field(repr=False, compare=False)  # None when read back from JSON
     reused_tokens: int = 0  # prompt tokens whose KV came from a store
-    stored_tokens: int = 0  # of those, the ones the store held before this request (not encoded for it)
+    stored_tokens: int = 0  # prompt tokens it did not compute: read as a store or prefix tree held them before
+    # this request (the routed arm's left-out modules too: its scout read them); the API's cached_tokens
     recomputed_tokens: int = 0  # cached tokens prefilled again (in prefill_tokens)
     recomputed_positions: tuple[int, ...] = ()
     kv_buffer_used_bytes: int = 0  # KV in the run's buffer after the prefill
