@@ -14,7 +14,8 @@ import torch
 from engine.arms.modular import run_cached
 from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.arms.repair import select_repair
-from engine.cache.assemble import Span, buffer_ranks, copy_list_ranked, module_ranges, prefilled, stored_tokens
+from engine.cache.assemble import (Span, buffer_ranks, copy_list_ranked, module_ranges, precomputed_tokens,
+                                   prefilled)
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
@@ -267,7 +268,7 @@ def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, s
             buf.data[layer, :, 0, :, : r.shape[0]].copy_(kv[:, :, r.to(kv.device)])
     positions = plan.positions
     return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(ranks),
-                stored_tokens=stored_tokens(copies), recomputed_positions=tuple(positions[r] for r in ranks),
+                precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions[r] for r in ranks),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, order)))
 
 

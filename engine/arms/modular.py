@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.arms.repair import select_repair
-from engine.cache.assemble import (copy_list, copy_list_ranked, module_ranges, prefilled, question_retention,
-                                   stored_tokens)
+from engine.cache.assemble import (copy_list, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
+                                   question_retention)
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
@@ -94,7 +94,7 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         for span in copies:
             span.write_into(buf)
         return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens,
-                    stored_tokens=stored_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
+                    precomputed_tokens=precomputed_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
                     retain=retain, key_positions=key_pos)
 
     run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
@@ -123,7 +123,8 @@ def run_recomputed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
         for span in copies:
             span.write_into(buf)
         return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(redo),
-                    stored_tokens=stored_tokens(copies), recomputed_positions=tuple(positions), prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
+                    precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions),
+                    prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
     run, _ = timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
                        sampling, on_token, batch=batch)

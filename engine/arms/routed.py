@@ -14,7 +14,7 @@ import torch
 
 from engine.arms.prefix import match_fill
 from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
-from engine.cache.assemble import Span, fresh_tokens, module_ranges, slot_owners, stored_tokens, used_keys
+from engine.cache.assemble import Span, fresh_tokens, module_ranges, precomputed_tokens, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
@@ -272,7 +272,7 @@ def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choic
     buf.lengths = [0] * len(buf.lengths)
     every = range(len(plan.token_ids))
     work = match_fill(list(plan.token_ids), match, buf)
-    return replace(work, stored_tokens=max(0, work.reused_tokens - fresh_tokens(ranges)),
+    return replace(work, precomputed_tokens=max(0, work.reused_tokens - fresh_tokens(ranges)),
                    detail=replace(choice, slots=list(every), positions=every))
 
 
@@ -295,7 +295,7 @@ def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVB
     scale = ape_scale(lm, read, ape)
     slots = _stored_slots(plan, ranges, kept) if scale is None else None
     return Fill(ids, pos, [r.entry for r in ranges], reused_tokens=sum(len(r) for r in read),
-                stored_tokens=stored_tokens(ranges),  # the scout read the modules left out from the store too
+                precomputed_tokens=precomputed_tokens(ranges),  # the scout read the left-out modules' stored KV
                 prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
                 detail=replace(choice, focus=focused, slots=slots))
 
@@ -314,7 +314,7 @@ def _repeat(lm: LoadedModel, stored, pieces: list, whole: bool, sampling: Sampli
         for entry, a, b in pieces:
             entry.write_into(buf, a, b)
         return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n,
-                    stored_tokens=max(0, known - (not whole)), logits=stored.logits if whole else None,
+                    precomputed_tokens=max(0, known - (not whole)), logits=stored.logits if whole else None,
                     decode=AttentionSpec(focus=focus))
 
     run, _ = timed_run(lm, "routed", n + sampling.max_new_tokens + 2, fill, sampling, on_token, batch=batch)

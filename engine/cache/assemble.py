@@ -35,7 +35,7 @@ class Span:
         self.entry.write_into(buf, self.start, self.end)
 
 
-def stored_tokens(spans: list[Span], computed: set[int] = frozenset()) -> int:
+def precomputed_tokens(spans: list[Span], computed: set[int] = frozenset()) -> int:
     """Tokens of ``spans`` the store held before this request, less the (ranked) ``computed`` ones."""
     return sum(len(s) - sum(s.rank <= r < s.rank + len(s) for r in computed) for s in spans if not s.fresh)
 

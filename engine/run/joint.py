@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from engine.cache.assemble import buffer_ranks, copy_list_ranked, module_ranges, prefilled, stored_tokens, used_keys
+from engine.cache.assemble import (buffer_ranks, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
+                                   used_keys)
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
@@ -84,7 +85,8 @@ def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
     ids, pos, ranks = prefilled(plan, redo)
     positions = plan.positions
     fill = Fill(ids, pos, [s.entry for s in copies], reused_tokens=sum(len(s) for s in copies),
-                stored_tokens=stored_tokens(module_ranges(plan, encoded, store), redo),  # ``drop``: the scout read it
+                # ``drop`` is not computed either: the scout read its stored KV
+                precomputed_tokens=precomputed_tokens(module_ranges(plan, encoded, store), redo),
                 recomputed_positions=tuple(positions[r] for r in sorted(redo)),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
     slots = buffer_ranks(copies, lm.n_layers)[0].tolist() if copies else []

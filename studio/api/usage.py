@@ -4,11 +4,11 @@ from __future__ import annotations
 
 
 def cached_tokens(comparison, arm: str) -> int:
-    """The prompt tokens this request did not compute, as the run counted them (``RunResult.stored_tokens``): read
-    from the store or the prefix tree and not recomputed, the modules the routed arm left out of the answer
+    """The prompt tokens this request did not compute, as the run counted them (``RunResult.precomputed_tokens``):
+    read from the store or the prefix tree and not recomputed, the modules the routed arm left out of the answer
     included (its scout read their stored KV; nothing prefilled them), less the tokens of units this request
     encoded. So ``prompt_tokens - cached_tokens`` is what this request computed, as OpenAI's and vLLM's usage read."""
-    return comparison.arm(arm).run.stored_tokens
+    return comparison.arm(arm).run.precomputed_tokens
 
 
 def routed_out_tokens(comparison, arm: str) -> int | None:

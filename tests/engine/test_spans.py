@@ -1,5 +1,5 @@
 """The one walk over a plan (``PromptPlan.placed``), the copy ranges built on it (``Span``), and the token counts a
-run carries (``RunResult.stored_tokens``), each against a hand-written or independently computed expectation."""
+run carries (``RunResult.precomputed_tokens``), each against a hand-written or independently computed expectation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from engine.arms.modular import ModularSettings
 from engine.arms.registry import Sampling
 from engine.arms.routed import RoutedSettings
 from engine.cache.assemble import (Span, buffer_ranks, copy_list, copy_list_ranked, fresh_tokens, module_ranges,
-                                   slot_owners, stored_tokens)
+                                   precomputed_tokens, slot_owners)
 from engine.run.types import RunResult
 from engine.schema.layout import layout
 from engine.schema.plan import CACHED, plan_prompt
@@ -126,9 +126,9 @@ def test_spans_cover_the_cached_tokens_in_prompt_order(walk):
     index = {"doc": 0}
     assert slot_owners(ranked, 0, index).tolist() == [0 if t[3] == "doc" else -1 for t in want if t[2] not in skip]
     # stored: the tokens of entries this request did not encode; ranks prefilled again are not stored
-    assert stored_tokens(ranked) == sum(t[0] != "K1" for t in want if t[2] not in skip)
+    assert precomputed_tokens(ranked) == sum(t[0] != "K1" for t in want if t[2] not in skip)
     ranges = module_ranges(plan, encoded, store)
-    assert stored_tokens(ranges, skip) == sum(t[0] != "K1" and t[2] not in skip for t in want)
+    assert precomputed_tokens(ranges, skip) == sum(t[0] != "K1" and t[2] not in skip for t in want)
     assert fresh_tokens(ranges) == sum(t[0] == "K1" for t in want)
     assert len(Span(_Entry("x"), 3, 7)) == 4
 
@@ -154,7 +154,7 @@ def test_a_run_carries_the_tokens_it_did_not_compute_and_the_api_reports_them(ti
     first = eng.compare(schema, prompt, Sampling(2), config=cfg)
     assert all(u["source"] == "encoded" for u in first.encode["detail"])
     for arm in ("cached", "blend", "routed"):
-        assert first.arm(arm).run.stored_tokens == cached_tokens(first, arm) == 0
+        assert first.arm(arm).run.precomputed_tokens == cached_tokens(first, arm) == 0
     store, key = eng.store(), eng.encode(first.plan.layout, cfg).encoded.module_keys["d2"]
     store.evict(key)
     if store.disk is not None:
@@ -166,13 +166,14 @@ def test_a_run_carries_the_tokens_it_did_not_compute_and_the_api_reports_them(ti
         redone = set(run.recomputed_positions)
         new = sum(p not in redone for s in again.plan.segments if s.owner == "d2" for p in s.positions)
         assert new > 0
-        assert run.stored_tokens == cached_tokens(again, arm) == again.plan.prompt_tokens - run.prefill_tokens - new
-        assert RunResult.from_json(arm, run.to_json()).stored_tokens == run.stored_tokens
+        assert run.precomputed_tokens == cached_tokens(again, arm)
+        assert run.precomputed_tokens == again.plan.prompt_tokens - run.prefill_tokens - new
+        assert RunResult.from_json(arm, run.to_json()).precomputed_tokens == run.precomputed_tokens
     assert again.arm("cached").run.recomputed_tokens > 0 and again.arm("blend").run.recomputed_tokens > 0
     kept = again.arm("routed").detail.kept
     assert len(kept) == 1 and routed_out_tokens(again, "routed") == sum(
         len(s) for s in again.plan.segments if s.owner.startswith("d") and s.owner not in kept)
-    assert again.arm("baseline").run.stored_tokens == cached_tokens(again, "baseline") == 0
+    assert again.arm("baseline").run.precomputed_tokens == cached_tokens(again, "baseline") == 0
     # the studio's figures read the same count: the cached arm reused d2's tokens, encoded for this run
     cached = again.arm("cached").run
-    assert f"{cached.stored_tokens:,} stored before this run" in metrics_html(again, "cached")
+    assert f"{cached.precomputed_tokens:,} stored before this run" in metrics_html(again, "cached")
