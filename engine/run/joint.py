@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engine.cache.assemble import (buffer_ranks, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
+from engine.cache.assemble import (buffer_ranks, module_ranges, precomputed_tokens, prefilled, ranked_copies,
                                    used_keys)
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
@@ -79,14 +79,14 @@ def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
                    redo: set[int], drop: set[int]) -> tuple[Fill, list[int]]:
     """Fill ``buf`` (emptied) to prefill ranks ``redo`` with the uncached tokens in prompt order, ranks ``drop``
     left out; and each buffer slot's rank."""
-    copies = copy_list_ranked(plan, encoded, store, redo | drop)
+    ranges = module_ranges(plan, encoded, store)
+    copies = ranked_copies(ranges, redo | drop)
     for span in copies:
         span.write_into(buf)
     ids, pos, ranks = prefilled(plan, redo)
     positions = plan.positions
     fill = Fill(ids, pos, [s.entry for s in copies], reused_tokens=sum(len(s) for s in copies),
-                # ``drop`` is not computed either: the scout read its stored KV
-                precomputed_tokens=precomputed_tokens(module_ranges(plan, encoded, store), redo),
+                precomputed_tokens=precomputed_tokens(ranges, redo),  # ``drop`` too: the scout read its stored KV
                 recomputed_positions=tuple(positions[r] for r in sorted(redo)),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
     slots = buffer_ranks(copies, lm.n_layers)[0].tolist() if copies else []
