@@ -133,6 +133,31 @@ def test_spans_cover_the_cached_tokens_in_prompt_order(walk):
     assert len(Span(_Entry("x"), 3, 7)) == 4
 
 
+def _runs(tokens, ranked: bool) -> int:
+    """How many maximal runs ``tokens`` (key, offset, rank, module) fall into: a run breaks where the entry
+    changes, the offset does not follow on, or (``ranked``) the rank does not."""
+    return sum(1 for i, t in enumerate(tokens) if i == 0 or t[0] != tokens[i - 1][0] or t[1] != tokens[i - 1][1] + 1
+               or (ranked and t[2] != tokens[i - 1][2] + 1))
+
+
+def test_adjacent_spans_merge_across_segments(walk):
+    """Each top-level module's pieces laid end to end in its own entry (as a unit is encoded): spans merge over
+    segment boundaries, never over an entry's gap (the union member left out) nor, ranked, over a skipped rank."""
+    lay, plan = walk
+    unit = [(p.owner or "").split("/")[0] for p in lay.pieces]
+    starts = [sum(len(q.token_ids) for q, u in zip(lay.pieces[:i], unit) if u == unit[i]) for i in range(len(unit))]
+    entries: dict[str, _Entry] = {}
+    encoded = SimpleNamespace(locate=lambda piece, scaffold: (f"K:{unit[piece]}", starts[piece]),
+                              fresh_keys=frozenset)
+    store = SimpleNamespace(get=lambda key: entries.setdefault(key, _Entry(key)))
+    want = _per_token(plan, encoded)
+    plain, ranked = copy_list(plan, encoded, store), copy_list_ranked(plan, encoded, store, {want[3][2]})
+    assert _tokens_of(plain, ranked=False) == [(k, o, None, m) for k, o, _, m in want]
+    assert len(plain) == _runs(want, ranked=False) < len(module_ranges(plan, encoded, store))
+    kept = [t for t in want if t[2] != want[3][2]]
+    assert _tokens_of(ranked) == kept and len(ranked) == _runs(kept, ranked=True)
+
+
 # -- the counts a run carries -----------------------------------------------------------------------------------
 
 SCHEMA_CARRIED = """<schema name="carried"><system>Answer from the notes.</system><user>{}</user></schema>"""
