@@ -236,7 +236,8 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
             + error_html(res.error)
     run = res.run
     reused, prefilled = reuse_counts(comparison, arm)
-    chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled</span>'
+    stored = "" if run.precomputed_tokens == reused else f" · {run.precomputed_tokens:,} stored before this run"
+    chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled{stored}</span>'
     speedup = comparison.speedup(arm)
     if speedup is not None:
         chips += speed_badge(speedup)

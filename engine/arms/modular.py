@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
 from engine.arms.repair import select_repair
-from engine.cache.assemble import copy_list, copy_list_ranked, module_ranges, prefilled, question_retention
+from engine.cache.assemble import (copy_list, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
+                                   question_retention)
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
@@ -90,10 +91,11 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
 
     def fill(buf: KVBuffer) -> Fill:
-        for entry, a, b in copies:
-            entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, prefill=prefill,
-                    decode=AttentionSpec(ape=scale), retain=retain, key_positions=key_pos)
+        for span in copies:
+            span.write_into(buf)
+        return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens,
+                    precomputed_tokens=precomputed_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
+                    retain=retain, key_positions=key_pos)
 
     run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
                        on_token, batch=batch)
@@ -118,10 +120,11 @@ def run_recomputed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
     ids, pos, ranks = prefilled(plan, redo)
 
     def fill(buf: KVBuffer) -> Fill:
-        for entry, a, b, _ in copies:
-            entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(redo),
-                    recomputed_positions=tuple(positions), prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
+        for span in copies:
+            span.write_into(buf)
+        return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(redo),
+                    precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions),
+                    prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
     run, _ = timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
                        sampling, on_token, batch=batch)

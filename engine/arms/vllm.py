@@ -120,7 +120,7 @@ def run_remote(endpoint: Endpoint, ids: list[int], sampling: Sampling, tokenizer
                     prefill_tokens=usage.prompt_tokens - cached,
                     decode_ms_per_token=(stamps[-1] - stamps[0]) * 1000 / steps if steps else None,
                     decode_tokens=len(tokens), peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=0,
-                    first_logits=None, reused_tokens=cached)
+                    first_logits=None, reused_tokens=cached, precomputed_tokens=cached)
     return run, VllmRun(endpoint.url, endpoint.model, usage.prompt_tokens, cached, usage.finish_reason, first_top)
 
 

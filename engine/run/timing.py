@@ -33,6 +33,7 @@ class Fill:
     pos: Sequence[int]  # their position ids
     entries: Sequence = ()  # store entries written into the buffer
     reused_tokens: int = 0
+    precomputed_tokens: int | None = None  # as RunResult's; None: reused_tokens
     recomputed_positions: tuple[int, ...] = ()
     prefill: AttentionSpec = PLAIN  # what the prefill attends to
     decode: AttentionSpec = PLAIN  # what every decode step attends to
@@ -72,6 +73,7 @@ def timed_detail(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuf
         decode_ms_per_token=out.decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(out.tokens),
         peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak, kv_buffer_bytes=buf.nbytes,
         first_logits=out.first_logits, reused_tokens=work.reused_tokens,
+        precomputed_tokens=work.reused_tokens if work.precomputed_tokens is None else work.precomputed_tokens,
         recomputed_tokens=len(work.recomputed_positions), recomputed_positions=work.recomputed_positions,
         kv_buffer_used_bytes=out.used, kv_buffer_bytes_after_retention=out.after, kv_store_bytes=read,
         retention_ms=out.retention_ms)

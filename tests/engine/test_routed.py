@@ -446,16 +446,17 @@ def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest(mo
     from engine.run import joint
     from engine.run.joint import select_tokens
 
-    plan = SimpleNamespace(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"),
-                                                           "b": SimpleNamespace(top="b")}))
+    from engine.schema.plan import PromptPlan
 
     class Seg(SimpleNamespace):
         def __len__(self):
             return self.n
 
-    plan.segments = [Seg(kind=CACHED, owner=ANONYMOUS, scaffold=None, n=2), Seg(kind=CACHED, owner="a", scaffold=None,
-                     n=10), Seg(kind=CACHED, owner="b", scaffold=None, n=10), Seg(kind="new", owner=ANONYMOUS,
-                                                                                  scaffold=None, n=3)]
+    segments = (Seg(kind=CACHED, owner=ANONYMOUS, scaffold=None, n=2), Seg(kind=CACHED, owner="a", scaffold=None,
+                n=10), Seg(kind=CACHED, owner="b", scaffold=None, n=10), Seg(kind="new", owner=ANONYMOUS,
+                                                                             scaffold=None, n=3))
+    plan = PromptPlan(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"), "b": SimpleNamespace(top="b")}),
+                      prompt=None, imported=(), arguments=(), scaffolds=(), segments=segments)
     score = torch.zeros(22)
     score[2:12] = torch.arange(10, dtype=torch.float32)  # module a: later tokens score higher
     score[12:22] = torch.arange(10, dtype=torch.float32) / 100  # module b: far weaker
