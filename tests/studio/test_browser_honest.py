@@ -184,9 +184,40 @@ EDITOR_TEXT = """() => {
 }"""
 
 
+PARAM_LINES = """() => {
+  const out = [];
+  for (const cell of document.querySelectorAll('#layout-table span.text')) {
+    const node = [...cell.childNodes].find(n => n.nodeType === 3);
+    const re = /[A-Za-z_][\\w-]*\\[\\d+\\]/g;
+    for (let m = node && re.exec(node.data); m; m = re.exec(node.data)) {
+      const r = document.createRange();
+      r.setStart(node, m.index);
+      r.setEnd(node, m.index + m[0].length);
+      out.push([m[0], new Set([...r.getClientRects()].map(x => Math.round(x.top))).size,
+                Math.round(cell.getBoundingClientRect().height)]);
+    }
+  }
+  return out;
+}"""
+
+
+def _params_on_one_line(page) -> None:
+    """The layout table's params cell, in a window narrow enough that it wraps: between params, never inside one."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 900, "height": size["height"]})
+    try:
+        page.wait_for_function(f"({PARAM_LINES})().length > 0", timeout=30_000)
+        params = page.evaluate(PARAM_LINES)
+        assert any(height > 30 for *_, height in params), params  # the cell wraps at this width (a line: ~21 px)
+        assert all(lines == 1 for _, lines, _ in params), params
+    finally:
+        page.set_viewport_size(size)
+
+
 def test_the_editor_keeps_to_what_the_user_typed(tiny_engine, tmp_path):
     """An undo that brings back another sample's text brings the sample dropdown with it; typing a tag inserts
-    exactly what was typed, no closing tag of the editor's own (issue 64 items 5 and 12)."""
+    exactly what was typed, no closing tag of the editor's own; the layout table breaks between params (issue 64
+    items 5, 8 and 12)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
@@ -194,6 +225,7 @@ def test_the_editor_keeps_to_what_the_user_typed(tiny_engine, tmp_path):
         with _page(sync_api, port) as page:
             sample = page.get_by_label("Sample schema")
             page.wait_for_selector("#schema-validation .pml-status.ok:has-text('travel')", timeout=30_000)
+            _params_on_one_line(page)
             sample.click()
             page.get_by_role("option", name="doc_qa", exact=True).click()
             page.wait_for_selector("#schema-validation .pml-status.ok:has-text('doc_qa')", timeout=30_000)
