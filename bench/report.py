@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
 from collections import ChainMap
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,19 +38,9 @@ ASSETS = "../assets"  # images as docs/benchmarks.md links them
 ROUTED = "prefixed+route 0"  # the routed arm keeping every module whose pull reaches the threshold
 LEAD = "qwen2.5-coder-0.5b"  # the model the Measured section leads with (issue 17): one that answers
 BESIDE = "SmolLM2-135M-Instruct"  # the default model, measured beside it on the same varied sets
+TTFT_CELL = "{prompt_tokens} tokens: {baseline_ttft_ms!k:.2f} s → {cached_ttft_ms:.0f} ms (**{speedup:.1f}×**)"
 SHAPE = "llama-2-7b"  # bench/ttft.py --random-shape: the paper's model size, random weights
-HEADLINE_PLOT = f"frontier-{LEAD}"  # the lead model's needle accuracy against TTFT, per arm: the trade in one picture
-RENAMED = {"prefixed": "contextual"}  # encoding modes renamed since these results were measured (same encoding)
-ARM_NOTES = {"baseline": "baseline (full prefill)", "prefixed": "`contextual` (default encoding; `prefixed` then)",
-             "isolated": "`isolated` (the paper's scheme)", "scaffold": "scaffold over all modules"}
-PEER_NAMES = {"baseline": "studio baseline (full prefill)", "prefix": "studio prefix cache (exact)",
-              "cached": "studio modular cache", "llama.cpp-full": "llama.cpp, full prefill",
-              "llama.cpp-prefix": "llama.cpp, prefix reuse (saved states)", "blend": "studio blend (`deviation`)"}
-ENGINE_NAMES = {"float32": "studio fp32", "bfloat16": "studio bf16"}
-KV_NAMES = {"baseline": "studio baseline (full prefill)", "cached fp32": "studio modular, full modules",
-            "question": "studio `question` retention", "pyramid": "studio `pyramid` (query-agnostic control)",
-            "kvpress none": "kvpress, no press (its own path)"}
-CONFIRMS = ("confirm", "confirm2", "confirm3", "confirm4")  # splits drawn after held-out was read, each for one default
+SHARES = "Questions that span modules: partial recompute"  # the routed arm recomputing a share of its modules
 
 
 def blocks(text: str) -> dict[str, str]:
@@ -115,8 +105,9 @@ def section() -> str:
     if ttft:
         out += ttft_section(ttft)
     if scaling:
+        rows = scaling["results"]
         out.append(say("scaling", scaling, slope_us=scaling["fits"]["cached_ttft_vs_cached_tokens_linear"][
-            "slope_ms_per_token"] * 1000, floor=_floor_clause(scaling["results"]),
+            "slope_ms_per_token"] * 1000, floor=say("floor_clause", a=rows[0], b=rows[-1]) if rows and all("floor_ms" in r for r in rows) else "",
             gpu=say("scaling_gpu" if gpu_runs() else "scaling_no_gpu")))
     out += gpu_section() + peak_memory_section(load("peak-memory"))
     if load("workload"):
@@ -171,7 +162,7 @@ def lead_section(slug: str) -> list[str]:
     for name in ("single", "two", "two-heldout"):
         if load(f"fidelity-routed-{name}-{slug}"):
             out += routed_section(load(f"fidelity-routed-{name}-{slug}"), None, None, further=True)
-    for name, render in ((f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", shares_section),
+    for name, render in ((f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
                          (f"serve-{slug}", serve_section), (f"vllm-reuse-{slug}", vllm_reuse_section)):
         if load(name):
             out += render(load(name))
@@ -192,7 +183,8 @@ def lead_section(slug: str) -> list[str]:
     if load(f"compression-{slug}"):
         out += compression_section(load(f"compression-{slug}"), f"memory-{slug}")
     out += precision_section(prec) if prec else []
-    return out + first_compare_section(load("first_compare")) + lead_ttft(ttft)
+    lines = "; ".join(tables.fill(TTFT_CELL, r) for r in (ttft or {}).get("results", []))
+    return out + first_compare_section(load("first_compare")) + ([say("lead_ttft", ttft, lines=lines)] if ttft else [])
 
 
 def first_compare_section(first: dict | None) -> list[str]:
@@ -202,16 +194,6 @@ def first_compare_section(first: dict | None) -> list[str]:
              "same": "yes" if r["modular_same_text"] else "no", "meets": "✓" if r["meets_default_bar"] else "✗"}
             for r in first["results"]]
     return [say("first_compare", first, table=table("first_compare", first, rows))]
-
-
-def lead_ttft(ttft: dict | None) -> list[str]:
-    if not ttft:
-        return []
-    return [say("lead_ttft", ttft, lines="; ".join(map(_ttft_cell, ttft["results"])))]
-
-
-def _ttft_cell(r: dict) -> str:
-    return tables.fill("{prompt_tokens} tokens: {baseline_ttft_ms!k:.2f} s → {cached_ttft_ms:.0f} ms (**{speedup:.1f}×**)", r)
 
 
 def routed_section(f: dict, routing: dict | None, greetings: dict | None, further: bool = False) -> list[str]:
@@ -254,10 +236,6 @@ def _chosen(f: dict) -> str:
     return f"none left: the confirm splits rejected {rejected}, every setting the tune split keeps"
 
 
-def shares_section(f: dict) -> list[str]:
-    return spanning_section(f, "Questions that span modules: partial recompute")  # issue 47: partial recompute
-
-
 def spanning_section(f: dict, title: str = "Questions that span modules") -> list[str]:
     """Questions that span modules (issue 38): per split, set and phrasing, each arm's found (two facts) or recall
     (every module) and its mean TTFT over the baseline's."""
@@ -265,7 +243,7 @@ def spanning_section(f: dict, title: str = "Questions that span modules") -> lis
     if "chosen_on_tune" in f:  # issue 47: the routed arm's share settings, one chosen on the tune split
         out.append(say("spanning_shares", chosen=_chosen(f)))
     out += [say(f"spanning_{split}", split=split, seed=f["seeds"][split], arm=f["arms_run"][split][1])
-            for split in CONFIRMS if split in f["summary"]]
+            for split in ("confirm", "confirm2", "confirm3", "confirm4") if split in f["summary"]]
     rep = f["summary"].get("repeats")
     if rep:  # the identical-repeat line: routed (the API's default) against the prefix arm
         out.append(say("spanning_repeats", rep, paths=", ".join(f"{p} {n}" for p, n in sorted(rep["paths"].items()))))
@@ -325,15 +303,10 @@ def ape_section(f: dict) -> list[str]:
     on = {k: v for k, v in grid.items() if k != (100, 100)}
     top = max(v["found"] for v in on.values())
     best = [k for k, v in on.items() if v["found"] == top]
-    line = ("Best with APE on: " + " and ".join(f"T = {t / 100:.1f}, S = {s_ / 100:.1f}" for t, s_ in best)
-            + f", {cell_of(grid[best[0]])}")
-    if (90, 90) in grid:
-        line += f"; APE's own default (T = S = 0.9) {cell_of(grid[(90, 90)])}"
-    if (100, 100) in grid:
-        line += f"; off (the modular arm) {cell_of(grid[(100, 100)])}"
-    if c.get("baseline"):
-        line += f"; the baseline {cell_of(c['baseline'])}"
-    line += "".join(f"; `{a}` {cell_of(v)}" for a, v in c.items() if "+route" in a)
+    named = [("Best with APE on: " + " and ".join(f"T = {t / 100:.1f}, S = {s_ / 100:.1f}" for t, s_ in best) + ",",
+              grid[best[0]]), ("; APE's own default (T = S = 0.9)", grid.get((90, 90))),
+             ("; off (the modular arm)", grid.get((100, 100))), ("; the baseline", c.get("baseline"))]
+    line = "".join(f"{label} {cell_of(v)}" for label, v in named + [(f"; `{a}`", v) for a, v in c.items() if "+route" in a] if v)
     if (100, 100) in grid and top <= grid[(100, 100)]["found"]:
         line += say("ape_off")
     grid_table = table("ape", f, rows, [f"{s / 100:.1f}" for s in ss])
@@ -358,25 +331,6 @@ def decode_section(d: dict | None) -> list[str]:
     rows = [{**r, "kl_mean": sum(r["first_token_kl"]["all"]) / len(r["first_token_kl"]["all"])}
             if r.get("first_token_kl") else {**r, "same_text": None} for r in d["results"]]
     return [say("decode", d, table=table("decode", d, rows))] + needles_per_precision()
-
-
-def prefill_headline(d: dict | None) -> list[str]:
-    """One line: the full prefill at the longest length, new kernel against today's path, llama.cpp and the floor."""
-    if not d:
-        return []
-    v, n = d["verdicts"], str(max(d["lengths"]))
-    new, old = d["studio"][v["new"]]["by_length"][n], d["studio"][v["old"]]["by_length"][n]
-    ll = d["llama_cpp"].get("by_length", {}).get(n)
-    floor = d["floors"]["float32" if v["new"] == "gemm-fp32" else "bfloat16"].get(n, {}).get("s")
-    return [say("prefill_headline", d, tokens=int(n), new=new, old=old, kernel=v["new"],
-                llama=f", {ll['median']:.1f} s for llama.cpp" if ll else "",
-                floor=f"; its linears alone as bare GEMMs {floor:.1f} s" if floor else "",
-                busy=_busy(d["machine"].get("loadavg_1min")))]
-
-
-def _busy(load) -> str:
-    """A warning for figures taken while other work shared the 2 cores (they are then several times too slow)."""
-    return f" (measured at load average {load:.1f}, on a busy machine: ratios only)" if load and load > 3 else ""
 
 
 def prefill_section(d: dict | None) -> list[str]:
@@ -625,8 +579,8 @@ def peers_workload(p: dict, image: str) -> list[str]:
     w = p["workload"]
     lc, nth = w.get("llama.cpp", {}), next((v for k, v in w.items() if k.startswith("time_to_token_")), {})
     studio = say("peers_gguf", p) if p.get("weights") == "gguf" else say("peers_dequantized", weights=p.get("weights", "fp32"))
-    rows = [say("peers_error", label=PEER_NAMES.get(name, name), error=s["error"]) if "error" in s else
-            {**s, "label": PEER_NAMES.get(name, name), "decode_median": (s.get("decode_ms_per_token") or {}).get("median", 0),
+    rows = [say("peers_error", label=tables.PEER_NAMES.get(name, name), error=s["error"]) if "error" in s else
+            {**s, "label": tables.PEER_NAMES.get(name, name), "decode_median": (s.get("decode_ms_per_token") or {}).get("median", 0),
              "to_n": nth.get(name)} for name, s in list(w["arms"].items()) + list(w["peers"].items())]
     out = [say("peers", p, lc_version=lc.get("llama_cpp_python", "?"), lc_threads=lc.get("threads", "?"), studio=studio,
                prompts=len(w["prompts"]), in_order=sum(r["schema_order"] for r in w["prompts"]),
@@ -652,12 +606,12 @@ def peers_lengths(source: dict, said: str) -> list[str]:
         row = {x["dtype"]: x for x in pts if x["target_tokens"] == t}
         cached = row.get("float32", {}).get("cached_ttft_ms")
         rows.append({"prompt_tokens": next(iter(row.values()))["prompt_tokens"],
-                     "ttft": {ENGINE_NAMES.get(e, e): _spread_ms(x["baseline_ttft_ms"], x["baseline_ttft_ms_all"])
+                     "ttft": {tables.ENGINE_NAMES.get(e, e): _spread_ms(x["baseline_ttft_ms"], x["baseline_ttft_ms_all"])
                               for e, x in row.items()},
                      "cached": _spread_ms(cached, row["float32"]["cached_ttft_ms_all"]) if cached else None,
-                     "decode": {ENGINE_NAMES.get(e, e): x.get("baseline_decode_ms_per_token") or None
+                     "decode": {tables.ENGINE_NAMES.get(e, e): x.get("baseline_decode_ms_per_token") or None
                                 for e, x in row.items()}})
-    names = [ENGINE_NAMES.get(e, e) for e in engines]
+    names = [tables.ENGINE_NAMES.get(e, e) for e in engines]
     out = [say("peers_lengths", said=said, reps=len(pts[0]["baseline_ttft_ms_all"]),
                table=table("peers_lengths", source, rows, names))]
     if "error" in ln.get("llama.cpp", {}):
@@ -678,16 +632,10 @@ def kvpress_table(f: dict) -> list[str]:
         times = [r[name]["ttft_ms"] for r in sec["prompts"] if "ttft_ms" in r.get(name, {})]
         if "ttft_ms" not in s and times:  # the studio's rows carry their runs' TTFT
             s = {**s, "ttft_ms": {"median": statistics.median(times), "min": min(times), "max": max(times)}}
-        rows.append({**s, "method": KV_NAMES.get(method, method), "kept": kept,
+        rows.append({**s, "method": tables.KV_NAMES.get(method, method), "kept": kept,
                      "time": s.get("prefill_ms") or s.get("ttft_ms") or None})
     return [say("kvpress", f, info=info, prompts=len(sec["prompts"]), modules=sec["modules"],
                 table=table("kvpress", f, rows))]
-
-
-def _floor_clause(rows: list[dict]) -> str:
-    if not rows or not all("floor_ms" in r for r in rows):
-        return ""
-    return say("floor_clause", a=rows[0], b=rows[-1])
 
 
 def _spread_ms(median: float, xs: list[float]) -> str:
@@ -695,7 +643,7 @@ def _spread_ms(median: float, xs: list[float]) -> str:
 
 
 def _arm(name: str) -> str:
-    return ARM_NOTES.get(name, f"`{name}`")
+    return tables.ARM_NOTES.get(name, f"`{name}`")
 
 
 def _arm_rows(summary: dict, f: dict | None = None) -> list[str]:
@@ -756,92 +704,13 @@ def other_models() -> list[str]:
         if suffix == LEAD:  # it leads the section
             continue
         fid = load(f"fidelity-{suffix}")
-        line = say("other_model", ttft, lines="; ".join(map(_ttft_cell, ttft["results"])))
+        line = say("other_model", ttft, lines="; ".join(tables.fill(TTFT_CELL, r) for r in ttft["results"]))
         if fid:
             s = fid["summary"]
             line += say("other_fidelity", fid, tags=say("tags" if fid.get("role_tags", True) else "no_tags"),
                         found=", ".join(f"{p} {v['accuracy']:.0%} ({v['found']}/{v['n']})" for p, v in s.items()),
                         agree=", ".join(f"{p} {v['first_token_agreement']:.0%}" for p, v in s.items() if p != "baseline"))
         out += [line, ""]
-    return out
-
-
-def _near(rows: list[dict], target: int) -> dict | None:
-    """The row whose prompt length is closest to target (within 1.5× of it), else None."""
-    best = min(rows, key=lambda r: abs(math.log(r["prompt_tokens"] / target)), default=None)
-    return best if best and abs(math.log(best["prompt_tokens"] / target)) <= math.log(1.5) else None
-
-
-def _speedup(r: dict) -> str:
-    return tables.fill("{prompt_tokens:,} tokens {baseline_ttft_ms!k:.2f} s → {cached_ttft_ms:.0f} ms "
-                       "(**{speedup:.1f}×**)", r)
-
-
-def _arm_name(arm: str) -> str:
-    """An arm of the fidelity results as the headline names it."""
-    if "+blend " in arm:
-        return f"blend {arm.split('+blend ', 1)[1].split()[0]} %"
-    if "+repair" in arm:
-        return f"link-token repair (`{arm}`)"
-    if "+sink" in arm:
-        return f"sink encoding (`{arm}`)"
-    return "baseline" if arm == "baseline" else f"modular `{RENAMED.get(arm, arm)}`"
-
-
-def _short(model: str) -> str:
-    """A model's name as the headline's short bullets give it."""
-    return model.removesuffix("-Instruct")
-
-
-def _pct(v: dict) -> str:
-    return f"{v['accuracy']:.0%}"
-
-
-def _ttft_bullets(ttft: dict | None, lead_ttft: dict | None) -> list[str]:
-    speed = [f"{_short(d['model'])} " + ", ".join(map(_speedup, rows)) for d in (ttft, lead_ttft) if d
-             for rows in [[r for r in (_near(d["results"], t) for t in (1024, 4096)) if r]] if rows]
-    return [say("head_ttft", speed="; ".join(speed))] if speed else []
-
-
-def _gpu_bullet() -> list[str]:
-    gpu, shaped = gpu_runs(), {d["storage"]: d for d in shape_runs()}
-    if not gpu:
-        return []
-    rows = [r for d in gpu for r in d["results"]]
-    line = say("head_gpu", gpu=gpu[0]["machine"].get("gpu", "GPU"), model=_short(gpu[0]["model"]),
-               base=span([r["baseline_ttft_ms"] for r in rows]), sp=span([r["speedup"] for r in rows]))
-    if "cuda" in shaped:
-        r = _near(shaped["cuda"]["results"], 4096)
-        other = shaped["cuda"]["machine"].get("gpu")
-        where = f" on an {other}" if other and other != gpu[0]["machine"].get("gpu") else ""
-        line += say("head_shape", r, where=where) if r else ""
-        if "cpu" in shaped:
-            line += say("head_shape_cpu", sp=span([x["speedup"] for x in shaped["cpu"]["results"]]))
-    return [line + "."]
-
-
-def _facts_bullets(fid: dict | None, exp: dict | None) -> list[str]:
-    """Confusable facts and two facts in one question: the share of answers found per arm."""
-    conf, two = load(f"fidelity-routed-{LEAD}"), load(f"fidelity-routed-two-{LEAD}")
-    out = []
-    if fid and fid.get("confusable"):
-        c = fid["confusable"]
-        parts = [f"baseline {_pct(c['baseline'])}", f"modular {_pct(c['prefixed'])}"]
-        blends = [v["accuracy"] for a, v in c.items() if "+blend " in a]
-        shares = sorted({int(a.split("+blend ", 1)[1].split()[0]) for a in c if "+blend " in a})
-        best = max(((a, v) for a, v in ((exp or {}).get("confusable") or {}).items() if "+blend " in a),
-                   key=lambda av: av[1]["accuracy"], default=None)
-        if blends:
-            parts.append(say("head_blend", low=min(blends), high=max(blends), shares=(shares[0], shares[-1]), best=say(
-                "head_blend_best", best=_pct(best[1]), name=_arm_name(best[0]).removeprefix("blend ")) if best else ""))
-        routed = ((conf or {}).get("confusable") or {}).get(ROUTED)
-        if routed:
-            parts.append(f"routed (int8 weights) {_pct(routed)}")
-        out.append(say("head_confusable", fid, model=_short(fid["model"]), n=first_n(c), parts=", ".join(parts)))
-    t = (two or {}).get("two_fact") or {}
-    if ROUTED in t:
-        out.append(say("head_two", two, n=t["baseline"]["n"], routed=_pct(t[ROUTED]), baseline=_pct(t["baseline"]),
-                       modular=_pct(t["prefixed"])))
     return out
 
 
@@ -853,102 +722,6 @@ def routed_default() -> str:
     focus = "" if DEFAULT_FOCUS == "on" else f"+focus {DEFAULT_FOCUS}"
     return f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}{focus}"
 
-
-def _spanning_bullet(span: dict | None) -> list[str]:
-    """Questions that span modules: the routed arm at its defaults against the baseline, two facts on the confirm
-    rows that ran it (pooled over the splits that did), else held-out; every module on the newest confirm rows that
-    hold them, their arm named where it is not the default's (a tree setting on two facts is its share's run: the
-    tree path needs every module kept, see spanning.py)."""
-    summary = (span or {}).get("summary", {})
-    arm = routed_default()
-    confirms = [k for k in summary if k.startswith("confirm")]
-    ran = [k for k in confirms if f"{arm}+tree" in summary[k].get("two/8/every phrasing", {})]
-    split = max(ran, key=len) if ran else "heldout"
-    used = arm if split == "heldout" else f"{arm}+tree"  # the confirm splits run the default with its tree everywhere
-    two = (summary.get(split) or {}).get("two/8/every phrasing") or {}
-    if used not in two or (split == "heldout" and two[used].get("every_kept")):
-        return []
-    alls = [k for k in confirms if "+" not in k and "all/4/every phrasing" in summary[k]] or ["heldout"]
-    every_split = next((k for k in alls if k in ran), alls[-1])
-    every = [summary.get(every_split, {}).get(f"all/{n}/every phrasing") or {} for n in (4, 8)]
-    their = next((a for a in every[0] if a.startswith(arm.split("+share")[0]) and a.endswith("+tree")), None)
-    if their is None or not all(their in e for e in every):
-        return []
-    recall = "; ".join(say("head_recall", n=n, arm=e[their], baseline=e["baseline"]) for n, e in zip((4, 8), every))
-    if their != f"{arm}+tree":
-        paths = sorted({p for e in every for p in e[their].get("paths", {})})
-        recall += say("head_recall_paths", split=_split_name(every_split), arm=their.replace(ROUTED, "routed"),
-                      paths=" and ".join(paths))
-    phrasings = ", ".join(f"{k.split('/')[2]} {v[used]['found']}/{v[used]['n']} ({v['baseline']['found']})"
-                          for k, v in summary[split].items() if k.startswith("two/8/") and "every" not in k
-                          and used in v)
-    return [say("head_spanning", model=_short(span["model"]), split=_split_name(split), arm=two[used],
-                baseline=two["baseline"], phrasings=phrasings, recall=recall)]
-
-
-def _split_name(split: str) -> str:
-    """'heldout' -> 'held-out split', 'confirm+confirm2' -> 'confirm and confirm2 splits'."""
-    parts = ["held-out" if p == "heldout" else p for p in split.split("+")]
-    return f"{' and '.join(parts)} split{'s' if len(parts) > 1 else ''}"
-
-
-def _workload_bullet(work: dict | None) -> list[str]:
-    if not work or not {"baseline", "prefix", "cached"} <= set(work["arms"]):
-        return []
-    a, routed = work["arms"], load(f"workload-int8-{LEAD}")
-    names = {"baseline": "baseline", "prefix": "prefix cache", "cached": "modular"}
-    arms = ", ".join(f"{label} {a[k]['needle_found']}/{a[k]['n']} at {a[k]['mean_ttft_ms'] / 1000:.2f} s"
-                     for k, label in names.items())
-    line = say("head_workload", work, model=_short(work["model"]), prompts=len(work["prompts"]), arms=arms)
-    if routed and "routed" in routed["arms"]:
-        line += say("head_workload_routed", routed["arms"])
-    return [line + "."]
-
-
-def _vllm_bullet(f: dict | None) -> list[str]:
-    if not f:
-        return []
-    cells = "; ".join(say("head_vllm_set", name=name, **{a: arms[a]["mean_ttft_ms"] / arms["baseline"]["mean_ttft_ms"]
-                                                         for a in ("vllm", "prefix", "cached")})
-                      for name, arms in f["summary"].items())
-    return [say("head_vllm", f, cells=cells, a=f["vllm_agreement"])]
-
-
-def _memory_bullet(comps: list[dict]) -> list[str]:
-    per_model, same = [], True
-    for comp in comps:
-        s = comp["summary"]
-        ref = next((k for k in s if k.startswith("cached")), None)
-        quant = [k for k in ("int8", "int4") if k in s]
-        if ref and quant:
-            same &= all(s[k]["found"] == s[ref]["found"] for k in quant)
-            per_model.append(f"{_short(comp['model'])} fp32 {s[ref]['found']}/{s[ref]['n']}, "
-                             + ", ".join(f"{k} {s[k]['found']}/{s[k]['n']}" for k in quant))
-    if not per_model:
-        return []
-    s = comps[0]["summary"]
-    kinds = [k for k in ("int8", "int4") if k in s]
-    return [say("head_memory", kinds=" and ".join(kinds), shares=" and ".join(f"{s[k]['bytes_ratio']:.0%}" for k in kinds),
-                found="answers found as often" if same else "answers found", per_model="; ".join(per_model))]
-
-
-def headline() -> str:
-    """The README's headline block: a short bullet per measure (the tables are in docs/benchmarks.md), one plot."""
-    ttft, lead_ttft = load("ttft"), load(f"ttft-{LEAD}")
-    fid, exp, work = load(f"fidelity-{LEAD}"), load(f"fidelity-blend-{LEAD}"), load(f"workload-{LEAD}")
-    comps = [c for c in (load("compression"), load(f"compression-{LEAD}")) if c]
-    ref = next((d for d in (ttft, lead_ttft, fid, work, *comps) if d), None)
-    if ref is None:
-        return "\n".join([HEAD_START, "", say("no_results"), HEAD_END])
-    out = [HEAD_START, "", say("head", m=ref["machine"], gpu="a GPU" if ref["machine"].get("cuda") else "no GPU")]
-    out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp)
-    out += _spanning_bullet(load(f"spanning-shares-{LEAD}")) + _workload_bullet(work)
-    out += _vllm_bullet(load(f"vllm-reuse-{LEAD}"))
-    out += prefill_headline(load("prefill")) + _memory_bullet(comps)
-    out += ["", say("head_plot", model=(fid or {}).get("model", LEAD), plot=HEADLINE_PLOT), HEAD_END]
-    return "\n".join(out)
-
-
 def write(path: Path, start: str, end: str, text: str) -> None:
     body = path.read_text()
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
@@ -956,6 +729,13 @@ def write(path: Path, start: str, end: str, text: str) -> None:
         raise SystemExit(f"{path.relative_to(ROOT)} has no {start} ... {end} markers")
     path.write_text(pattern.sub(lambda _: text, body))
     print(f"{path.relative_to(ROOT)} updated")
+
+
+def headline() -> str:
+    """The README's headline block (bench/headline.py)."""
+    from bench.headline import headline as block
+
+    return block()
 
 
 def main() -> None:

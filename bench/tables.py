@@ -262,6 +262,17 @@ TABLES: dict[str, dict] = {
     "families": {"columns": [["family", "l", "{family}"], ["runs", "c", "{runs}"], ["{each}", "c", "{marks[{each}]}"]]},
 }
 
+# Row labels: the arms, peers and engines as the tables name them
+ARM_NOTES = {"baseline": "baseline (full prefill)", "prefixed": "`contextual` (default encoding; `prefixed` then)",
+             "isolated": "`isolated` (the paper's scheme)", "scaffold": "scaffold over all modules"}
+PEER_NAMES = {"baseline": "studio baseline (full prefill)", "prefix": "studio prefix cache (exact)",
+              "cached": "studio modular cache", "llama.cpp-full": "llama.cpp, full prefill",
+              "llama.cpp-prefix": "llama.cpp, prefix reuse (saved states)", "blend": "studio blend (`deviation`)"}
+ENGINE_NAMES = {"float32": "studio fp32", "bfloat16": "studio bf16"}
+KV_NAMES = {"baseline": "studio baseline (full prefill)", "cached fp32": "studio modular, full modules",
+            "question": "studio `question` retention", "pyramid": "studio `pyramid` (query-agnostic control)",
+            "kvpress none": "kvpress, no press (its own path)"}
+
 # The tables each bench script's results are drawn in (bench/common.py emit writes them into the JSON)
 BY_SCRIPT = {
     "fidelity": ["arms", "confusable", "samples", "probe"], "ttft": ["ttft", "gpu", "gpu_paths"],
