@@ -185,7 +185,8 @@ def _memory_bullet(comps: list[dict]) -> list[str]:
         return []
     s = comps[0]["summary"]
     kinds = [k for k in ("int8", "int4") if k in s]
-    return [say("head_memory", kinds=" and ".join(kinds), shares=" and ".join(f"{s[k]['bytes_ratio']:.0%}" for k in kinds),
+    shares = " and ".join(f"{s[k]['bytes_ratio']:.0%}" for k in kinds)
+    return [say("head_memory", kinds=" and ".join(kinds), shares=shares,
                 found="answers found as often" if same else "answers found", per_model="; ".join(per_model))]
 
 

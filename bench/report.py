@@ -22,6 +22,7 @@ import statistics
 import sys
 from collections import ChainMap
 from functools import partial
+from typing import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,48 +96,35 @@ def beside(slug: str) -> list[str]:
     return [say("beside", f, sets="; ".join(cells))]
 
 
+def parts(*named: tuple[str, Callable[[dict], list[str]]]) -> list[str]:
+    """The page's parts in order: each (result file, what renders its document), left out where the file is missing."""
+    return [line for name, render in named if (d := load(name)) for line in render(d)]
+
+
 def section() -> str:
-    out = [START, ""]
-    out += lead_section(LEAD) + decode_section(load(f"decode-{LEAD}")) + prefill_section(load("prefill"))
-    out += browser_section(load("browser-compare"))
-    if len(out) > 2:
-        out.append(say("default_model"))
-    ttft, scaling, memory, fidelity = load("ttft"), load("scaling"), load("memory"), load("fidelity")
-    if ttft:
-        out += ttft_section(ttft)
-    if scaling:
-        rows = scaling["results"]
-        out.append(say("scaling", scaling, slope_us=scaling["fits"]["cached_ttft_vs_cached_tokens_linear"][
-            "slope_ms_per_token"] * 1000, floor=say("floor_clause", a=rows[0], b=rows[-1]) if rows and all("floor_ms" in r for r in rows) else "",
-            gpu=say("scaling_gpu" if gpu_runs() else "scaling_no_gpu")))
-    out += gpu_section() + peak_memory_section(load("peak-memory"))
-    if load("workload"):
-        out += workload_section(load("workload"))
-    if memory:
-        fam = {x["model"]: x for x in memory["families"]}
-        picks = [m for m in ("Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Falcon-7B", "MPT-30B", "Llama-3.1-8B",
-                             "SmolLM2-135M") if m in fam]
-        out.append(say("memory", memory, per_model=", ".join(f"{m} {fam[m]['fp16_mb_per_token']:.3g} MB" for m in picks),
-                       matched=sum(s["match"] for s in memory["samples"]), samples=len(memory["samples"])))
-    if fidelity:
-        out += repair_section(fidelity) if "frontier" in fidelity else fidelity_paths(fidelity)
-    for name, render in (("compression", compression_section), ("families", families_section)):
-        if load(name):
-            out += render(load(name))
-    out += other_models()
-    if len(out) == 2:
-        out.append(say("no_results"))
-    return "\n".join(out + [END])
+    lead = lead_section(LEAD) + parts((f"decode-{LEAD}", decode_section), ("prefill", prefill_section),
+                                      ("browser-compare", browser_section))
+    rest = parts(("ttft", ttft_section), ("scaling", scaling_section)) + gpu_section() + parts(
+        ("peak-memory", peak_memory_section), ("workload", workload_section), ("memory", memory_section),
+        ("fidelity", repair_section),
+        ("compression", compression_section), ("families", families_section)) + other_models()
+    body = lead + [say("default_model")] + rest if lead else rest
+    return "\n".join([START, "", *(body or [say("no_results")]), END])
 
 
-def fidelity_paths(f: dict) -> list[str]:
-    """bench/fidelity.py's results before its frontier sets: one table of paths, then the share by module count."""
-    names = {"baseline": "baseline (full prefill)", "prefixed": "cached, `contextual` (default)",
-             "isolated": "cached, `isolated` (the paper's scheme)", "scaffold": "cached, scaffold over all modules"}
-    rows = [{**v, "label": names.get(p, p)} for p, v in f["summary"].items()]
-    by = "; ".join(f"{k} modules: " + ", ".join(f"{p} {v[p]:.0%}" for p in ("baseline", "prefixed", "isolated", "scaffold"))
-                   for k, v in f["by_modules"].items())
-    return [say("fidelity_paths", f, table=table("fidelity_paths", f, rows), by_modules=by)]
+def scaling_section(d: dict) -> list[str]:
+    rows, fit = d["results"], d["fits"]["cached_ttft_vs_cached_tokens_linear"]
+    floor = say("floor_clause", a=rows[0], b=rows[-1]) if rows and all("floor_ms" in r for r in rows) else ""
+    return [say("scaling", d, slope_us=fit["slope_ms_per_token"] * 1000, floor=floor,
+                gpu=say("scaling_gpu" if gpu_runs() else "scaling_no_gpu"))]
+
+
+def memory_section(d: dict) -> list[str]:
+    fam = {x["model"]: x for x in d["families"]}
+    picks = [m for m in ("Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Falcon-7B", "MPT-30B", "Llama-3.1-8B",
+                         "SmolLM2-135M") if m in fam]
+    return [say("memory", d, per_model=", ".join(f"{m} {fam[m]['fp16_mb_per_token']:.3g} MB" for m in picks),
+                matched=sum(s["match"] for s in d["samples"]), samples=len(d["samples"]))]
 
 
 def ttft_section(ttft: dict) -> list[str]:
@@ -150,59 +138,55 @@ def lead_section(slug: str) -> list[str]:
     fid, work, prec, ttft = (load(f"{b}-{slug}") for b in ("fidelity", "workload", "precision", "ttft"))
     if not (fid or work or prec or ttft):
         return []
-    out = [say("lead", slug=slug, model=next(d for d in (fid, work, prec, ttft) if d)["model"])]
-    out += lead_fidelity(fid, slug) if fid else []
-    exp = load(f"fidelity-blend-{slug}")
-    if exp and exp.get("confusable"):
-        made = " then ".join(f"`{c}`" for c in (exp.get("collected_by") or []) + [exp["command"]])
-        out.append(say("blend_further", exp, made=made, n=first_n(exp["confusable"]), slug=slug,
-                       table="\n".join(confusable_table(exp))))
-    if load(f"fidelity-routed-{slug}"):
-        out += routed_section(load(f"fidelity-routed-{slug}"), load(f"routing-{slug}"), load(f"routed-greetings-{slug}"))
-    for name in ("single", "two", "two-heldout"):
-        if load(f"fidelity-routed-{name}-{slug}"):
-            out += routed_section(load(f"fidelity-routed-{name}-{slug}"), None, None, further=True)
-    for name, render in ((f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
-                         (f"serve-{slug}", serve_section), (f"vllm-reuse-{slug}", vllm_reuse_section)):
-        if load(name):
-            out += render(load(name))
-    cli = load(f"cli-decode-{slug}")
-    if cli:
-        out.append(say("cli_decode", cli, slug=slug, weights=", ".join(cli["weights"]), runs=len(cli["runs"])))
-    ape = load(f"fidelity-ape-{slug}")
-    if ape and ape.get("confusable"):
-        out += ape_section(ape)
-    routed_work = load(f"workload-int8-{slug}")
-    if routed_work and "routed" in routed_work["arms"]:
-        out += workload_section(routed_work, f"workload-int8-{slug}")
-    out += beside(BESIDE) + (workload_section(work, f"workload-{slug}") if work else [])
-    if load(f"workload-{BESIDE}"):
-        out += workload_section(load(f"workload-{BESIDE}"), f"workload-{BESIDE}")
+    routed = partial(routed_section, routing=load(f"routing-{slug}"), greetings=load(f"routed-greetings-{slug}"))
+    out = [say("lead", slug=slug, model=next(d for d in (fid, work, prec, ttft) if d)["model"])] + parts(
+        (f"fidelity-{slug}", partial(lead_fidelity, slug=slug)),
+        (f"fidelity-blend-{slug}", partial(blend_further, slug=slug)), (f"fidelity-routed-{slug}", routed),
+        *[(f"fidelity-routed-{name}-{slug}", partial(routed_section, further=True))
+          for name in ("single", "two", "two-heldout")],
+        (f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
+        (f"serve-{slug}", serve_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
+        (f"cli-decode-{slug}", partial(cli_decode, slug=slug)), (f"fidelity-ape-{slug}", ape_section),
+        (f"workload-int8-{slug}", lambda w: workload_section(w, f"workload-int8-{slug}") if "routed" in w["arms"]
+         else []))
+    out += beside(BESIDE) + parts((f"workload-{slug}", partial(workload_section, result=f"workload-{slug}")),
+                                  (f"workload-{BESIDE}", partial(workload_section, result=f"workload-{BESIDE}")))
     out += peers_section(load(f"peers-{slug}"), load(f"peers-kvpress-{slug}"), f"peers-{slug}",
                          load(f"peers-lengths-{slug}"))
-    if load(f"compression-{slug}"):
-        out += compression_section(load(f"compression-{slug}"), f"memory-{slug}")
-    out += precision_section(prec) if prec else []
+    out += parts((f"compression-{slug}", partial(compression_section, image=f"memory-{slug}")),
+                 (f"precision-{slug}", precision_section), ("first_compare", first_compare_section))
     lines = "; ".join(tables.fill(TTFT_CELL, r) for r in (ttft or {}).get("results", []))
-    return out + first_compare_section(load("first_compare")) + ([say("lead_ttft", ttft, lines=lines)] if ttft else [])
+    return out + ([say("lead_ttft", ttft, lines=lines)] if ttft else [])
 
 
-def first_compare_section(first: dict | None) -> list[str]:
-    if not first:
+def blend_further(exp: dict, slug: str) -> list[str]:
+    """A later fidelity run of blend settings on the confusable set (bench/results/fidelity-blend-SLUG.json)."""
+    if not exp.get("confusable"):
         return []
+    made = " then ".join(f"`{c}`" for c in (exp.get("collected_by") or []) + [exp["command"]])
+    return [say("blend_further", exp, made=made, n=first_n(exp["confusable"]), slug=slug,
+                table="\n".join(confusable_table(exp)))]
+
+
+def cli_decode(cli: dict, slug: str) -> list[str]:
+    return [say("cli_decode", cli, slug=slug, weights=", ".join(cli["weights"]), runs=len(cli["runs"]))]
+
+
+def first_compare_section(first: dict) -> list[str]:
     rows = [{**r, "tokens": " / ".join(str(a["new_tokens"]) for a in r["arms"].values()),
              "same": "yes" if r["modular_same_text"] else "no", "meets": "✓" if r["meets_default_bar"] else "✗"}
             for r in first["results"]]
     return [say("first_compare", first, table=table("first_compare", first, rows))]
 
 
-def routed_section(f: dict, routing: dict | None, greetings: dict | None, further: bool = False) -> list[str]:
+def routed_section(f: dict, routing: dict | None = None, greetings: dict | None = None,
+                   further: bool = False) -> list[str]:
     """The routed arm (issue 27): its ceilings and accuracy per set, where the question's pull points, greetings.
     ``further``: a later run of other sets, introduced by its command only."""
     out = [say("routed_further" if further else "routed", f, weights=f.get("weights", "fp32"))]
     for size, summary in f["frontier"].items():
         if first_n(summary) > 1 or not further:
-            out.append(say("routed_single", size=size, n=first_n(summary), table="\n".join(_arm_rows(summary, f))))
+            out.append(say("routed_single", size=size, n=first_n(summary), table=arm_table(summary, f)))
     if f.get("confusable"):
         out += [say("routed_confusable", f)] + confusable_table(f)
     if f.get("two_fact"):
@@ -290,7 +274,9 @@ def cell_of(v: dict) -> str:
 
 def ape_section(f: dict) -> list[str]:
     """APE at query time (issue 27): the confusable set's accuracy per temperature T and scale S."""
-    c, grid = f["confusable"], {}
+    c, grid = f.get("confusable"), {}
+    if not c:
+        return []
     for arm, v in c.items():
         m = re.fullmatch(r"prefixed\+ape (\d+) (\d+)", arm)
         if m:
@@ -306,7 +292,8 @@ def ape_section(f: dict) -> list[str]:
     named = [("Best with APE on: " + " and ".join(f"T = {t / 100:.1f}, S = {s_ / 100:.1f}" for t, s_ in best) + ",",
               grid[best[0]]), ("; APE's own default (T = S = 0.9)", grid.get((90, 90))),
              ("; off (the modular arm)", grid.get((100, 100))), ("; the baseline", c.get("baseline"))]
-    line = "".join(f"{label} {cell_of(v)}" for label, v in named + [(f"; `{a}`", v) for a, v in c.items() if "+route" in a] if v)
+    named += [(f"; `{a}`", v) for a, v in c.items() if "+route" in a]
+    line = "".join(f"{label} {cell_of(v)}" for label, v in named if v)
     if (100, 100) in grid and top <= grid[(100, 100)]["found"]:
         line += say("ape_off")
     grid_table = table("ape", f, rows, [f"{s / 100:.1f}" for s in ss])
@@ -315,28 +302,25 @@ def ape_section(f: dict) -> list[str]:
 
 def lead_fidelity(f: dict, slug: str) -> list[str]:
     out = [say("lead_fidelity", f, dtype=f.get("dtype", ""))]
-    out += [say("lead_set", size=size, n=first_n(s), table="\n".join(_arm_rows(s, f))) for size, s in f["frontier"].items()]
+    out += [say("lead_set", size=size, n=first_n(s), table=arm_table(s, f)) for size, s in f["frontier"].items()]
     if f.get("confusable"):
         out += [say("lead_confusable", f, n=first_n(f["confusable"]))] + confusable_table(f)
     for name, row in (f.get("samples") or {}).items():
         out.append(say("lead_sample", row, name=name, kls=", ".join(
-            f"`{a}` {row[a]['kl']:.3f}{'' if row[a]['agree'] else ' (first token differs)'}" for a in f["sample_arms"])))
+            f"`{a}` {row[a]['kl']:.3f}{'' if row[a]['agree'] else ' (first token differs)'}"
+            for a in f["sample_arms"])))
     return out + [say("lead_image", slug=slug)]
 
 
-def decode_section(d: dict | None) -> list[str]:
+def decode_section(d: dict) -> list[str]:
     """Decode speed and fidelity per weight precision (bench/decode.py)."""
-    if not d:
-        return []
     rows = [{**r, "kl_mean": sum(r["first_token_kl"]["all"]) / len(r["first_token_kl"]["all"])}
             if r.get("first_token_kl") else {**r, "same_text": None} for r in d["results"]]
     return [say("decode", d, table=table("decode", d, rows))] + needles_per_precision()
 
 
-def prefill_section(d: dict | None) -> list[str]:
+def prefill_section(d: dict) -> list[str]:
     """Full prefill against the GEMM floors and llama.cpp (bench/prefill.py)."""
-    if not d:
-        return []
     v, kernels, ll = d["verdicts"], list(d["studio"]), d["llama_cpp"]
     used = {"gemm-bf16": "bfloat16", "gemm-fp32": "float32", "gemm-int8": "int8"}.get(d["studio"][v["new"]]["kernel"])
     rows = [{"tokens": int(n), "studio": {k: d["studio"][k]["by_length"][n] for k in kernels},
@@ -363,23 +347,21 @@ def needles_per_precision() -> list[str]:
     return [say("needles_per_precision", table=table("needles_per_precision", None, rows))]
 
 
-def browser_section(d: dict | None) -> list[str]:
-    """What a user waits for in chromium, and the studio's decode against `pml-studio run`'s (bench/browser_compare.py)."""
-    if not d:
-        return []
+def browser_section(d: dict) -> list[str]:
+    """What a user waits for in chromium, and the studio's decode against `pml-studio run`'s
+    (bench/browser_compare.py)."""
     tokens = d.get("ratio_new_tokens", d["new_tokens"])
     how = say("browser_pairs", d, tokens=tokens) if d.get("pairs") else say("browser_after")
     return [say("browser", d, arms=", ".join(d["arms"]), how=how,
                 table=table("browser", d, {**d, "tokens": tokens}))]
 
 
-def peak_memory_section(d: dict | None) -> list[str]:
+def peak_memory_section(d: dict) -> list[str]:
     """What reading a run's peak memory costs its TTFT (bench/peak_memory.py)."""
-    if not d:
-        return []
     cells = [f"{arm} at {r['prompt_tokens']:,} tokens: thread "
              f"{methods['thread 5 ms (before)']['ratio_to_none']['median']:.3f}×, VmHWM "
-             f"{methods['hwm (now)']['ratio_to_none']['median']:.3f}×" for r in d["results"] for arm, methods in r["arms"].items()]
+             f"{methods['hwm (now)']['ratio_to_none']['median']:.3f}×"
+             for r in d["results"] for arm, methods in r["arms"].items()]
     return [say("peak_memory", d, cells="; ".join(cells), cost=(d["thread_cost_median_max"] - 1) * 100)]
 
 
@@ -447,19 +429,22 @@ def shape_section(runs: list[dict]) -> list[str]:
     on_cpu = [r for d in runs if d["storage"] == "cpu" for r in d["results"]]
     profile, said = load(f"gpu-profile-{SHAPE}-random"), []
     if on_gpu:
-        said.append(say("shape_gpu", first=on_gpu[0], last=on_gpu[-1], cached=span([r["cached_ttft_ms"] for r in on_gpu]),
+        said.append(say("shape_gpu", first=on_gpu[0], last=on_gpu[-1],
+                        cached=span([r["cached_ttft_ms"] for r in on_gpu]),
                         floor=span([r["cached_over_floor"] for r in on_gpu]), speedups=_speedups(on_gpu)))
         alone = [r for r in on_gpu if r["baseline_ttft_ms"] <= 1.1 * r["nocache_ms"]]
         if alone:
             said.append(say("shape_alone", at=", ".join(f"{r['prompt_tokens']:,}" for r in alone), first=alone[0],
-                            ms=", ".join(f"{r['baseline_ttft_ms']:.1f} against {r['nocache_ms']:.1f} ms" for r in alone)))
+                            ms=", ".join(f"{r['baseline_ttft_ms']:.1f} against {r['nocache_ms']:.1f} ms"
+                                         for r in alone)))
     if on_cpu and profile:
         said.append(say("shape_cpu_profiled", speedups=_speedups(on_cpu)))
     elif on_cpu:
         rate = [r["store_bytes"] / r["cached_copy_ms"] / 1e6 for r in on_cpu if r["cached_copy_ms"]]
         over = all(r["cached_copy_ms"] > r["baseline_ttft_ms"] for r in on_cpu)
         said.append(say("shape_cpu", copy=span([r["cached_copy_ms"] for r in on_cpu]), rate=span(rate), first=on_cpu[0],
-                        last=on_cpu[-1], over=say("shape_over") if over else "", sp=span([r["speedup"] for r in on_cpu])))
+                        last=on_cpu[-1], over=say("shape_over") if over else "",
+                        sp=span([r["speedup"] for r in on_cpu])))
     out = out + ["", " ".join(said), ""] if said else out + [""]
     return out + profile_section(profile)
 
@@ -506,7 +491,8 @@ def confusable_table(f: dict) -> list[str]:
     if blends and "baseline" in c:
         base = c["baseline"]["accuracy"]
         close = [a for a, v in blends.items() if base - v["accuracy"] <= 0.05]
-        points = ", ".join(f"`{a.split('+', 1)[1]}` {(v['accuracy'] - base) * 100:+.0f} points" for a, v in blends.items())
+        points = ", ".join(f"`{a.split('+', 1)[1]}` {(v['accuracy'] - base) * 100:+.0f} points"
+                           for a, v in blends.items())
         out.append(say("blend_close" if close else "blend_none", base=base, points=points,
                        close=", ".join(f"`{a}`" for a in close)))
     return out
@@ -527,7 +513,8 @@ def workload_section(w: dict, result: str = "workload") -> list[str]:
     if w.get("blend"):
         names["blend"] = f"blend {w['blend']:.0%} (`{w.get('blend_rule', 'deviation')}`)"
     varied = "answer" in rows[0]
-    warm = say("workload_warm", w["warmup"], count=len(w["warmup"]["modules"])) if w.get("warmup") else say("workload_cold")
+    warm = say("workload_warm", w["warmup"], count=len(w["warmup"]["modules"])) if w.get("warmup") else \
+        say("workload_cold")
     runs = [{**s, "name": names.get(arm, arm)} for arm, s in arms.items()]
     variants = [v for v in map(lambda p: json.loads(p.read_text()), sorted(RESULTS.glob("workload-*.json")))
                 if "cached" in v["arms"] and v is not w and v["model"] == w["model"]
@@ -571,17 +558,20 @@ def peers_section(p: dict | None, kv: dict | None, image: str, older: dict | Non
         out += peers_workload(p, image)
     source = p if "lengths" in p else older
     if source and "lengths" in source:
-        out += peers_lengths(source, "same command" if source is p else f"`{source['command']}`, {machine_line(source)}")
+        said = "same command" if source is p else f"`{source['command']}`, {machine_line(source)}"
+        out += peers_lengths(source, said)
     return out + (kvpress_table(kv) if kv is not None and "kvpress" in kv else [])
 
 
 def peers_workload(p: dict, image: str) -> list[str]:
     w = p["workload"]
     lc, nth = w.get("llama.cpp", {}), next((v for k, v in w.items() if k.startswith("time_to_token_")), {})
-    studio = say("peers_gguf", p) if p.get("weights") == "gguf" else say("peers_dequantized", weights=p.get("weights", "fp32"))
+    studio = say("peers_gguf") if p.get("weights") == "gguf" else \
+        say("peers_dequantized", weights=p.get("weights", "fp32"))
     rows = [say("peers_error", label=tables.PEER_NAMES.get(name, name), error=s["error"]) if "error" in s else
-            {**s, "label": tables.PEER_NAMES.get(name, name), "decode_median": (s.get("decode_ms_per_token") or {}).get("median", 0),
-             "to_n": nth.get(name)} for name, s in list(w["arms"].items()) + list(w["peers"].items())]
+            {**s, "label": tables.PEER_NAMES.get(name, name), "to_n": nth.get(name),
+             "decode_median": (s.get("decode_ms_per_token") or {}).get("median", 0)}
+            for name, s in list(w["arms"].items()) + list(w["peers"].items())]
     out = [say("peers", p, lc_version=lc.get("llama_cpp_python", "?"), lc_threads=lc.get("threads", "?"), studio=studio,
                prompts=len(w["prompts"]), in_order=sum(r["schema_order"] for r in w["prompts"]),
                table=table("peers", p, rows, new_tokens=p.get("new_tokens", 32)))]
@@ -591,7 +581,8 @@ def peers_workload(p: dict, image: str) -> list[str]:
         wins = r["cached_over_llamacpp_prefix_peer_faster_prompts"]
         facts = [say("peers_ratio", r, pp=r["cached_over_llamacpp_prefix_per_prompt"]), say("peers_ratio_peers", r)]
         facts += [say("peers_ratio_to_n", n=to_n.split("_")[-2], ratio=r[to_n])] if to_n else []
-        facts.append(say("peers_wins", r, wins=wins, n=len(w["prompts"]), where=say("peers_wins_where", r) if wins else ""))
+        where = say("peers_wins_where", r) if wins else ""
+        facts.append(say("peers_wins", r, wins=wins, n=len(w["prompts"]), where=where))
         facts += [say("peers_blend", r)] if w["arms"].get("blend") else []
         out += ["", "Ratios: " + "; ".join(facts) + ".", ""]
     return out + [say("peers_image", image=image)]
@@ -606,7 +597,8 @@ def peers_lengths(source: dict, said: str) -> list[str]:
         row = {x["dtype"]: x for x in pts if x["target_tokens"] == t}
         cached = row.get("float32", {}).get("cached_ttft_ms")
         rows.append({"prompt_tokens": next(iter(row.values()))["prompt_tokens"],
-                     "ttft": {tables.ENGINE_NAMES.get(e, e): _spread_ms(x["baseline_ttft_ms"], x["baseline_ttft_ms_all"])
+                     "ttft": {tables.ENGINE_NAMES.get(e, e): _spread_ms(x["baseline_ttft_ms"],
+                                                                        x["baseline_ttft_ms_all"])
                               for e, x in row.items()},
                      "cached": _spread_ms(cached, row["float32"]["cached_ttft_ms_all"]) if cached else None,
                      "decode": {tables.ENGINE_NAMES.get(e, e): x.get("baseline_decode_ms_per_token") or None
@@ -646,9 +638,9 @@ def _arm(name: str) -> str:
     return tables.ARM_NOTES.get(name, f"`{name}`")
 
 
-def _arm_rows(summary: dict, f: dict | None = None) -> list[str]:
-    rows = [{**v, "label": _arm(arm), "no_ratio": "1×" if arm == "isolated" else "—"} for arm, v in summary.items()]
-    return [table("arms", f, rows)]
+def arm_table(summary: dict, f: dict | None = None) -> str:
+    return table("arms", f, [{**v, "label": _arm(arm), "no_ratio": "1×" if arm == "isolated" else "—"}
+                             for arm, v in summary.items()])
 
 
 def repair_section(f: dict) -> list[str]:
@@ -657,10 +649,10 @@ def repair_section(f: dict) -> list[str]:
     if f.get("collected_by"):
         how = "rows collected by " + "; ".join(f"`{c}`" for c in f["collected_by"]) + f", summarised by {how}"
     out = [say("repair", f, how=how)]
-    out += [say("repair_set", size=size, n=first_n(s), table="\n".join(_arm_rows(s, f))) for size, s in f["frontier"].items()]
+    out += [say("repair_set", size=size, n=first_n(s), table=arm_table(s, f)) for size, s in f["frontier"].items()]
     c = f.get("confusable")
     if c:
-        out.append(say("repair_confusable", f, n=first_n(c), table="\n".join(_arm_rows(c, f)),
+        out.append(say("repair_confusable", f, n=first_n(c), table=arm_table(c, f),
                        confused=", ".join(f"{a} {v['confused']}" for a, v in c.items())))
     if f.get("samples"):
         rows = [{"name": name, "arms": {a: {"kl": row[a]["kl"], "mark": "" if row[a]["agree"] else " ✗"}
@@ -709,7 +701,8 @@ def other_models() -> list[str]:
             s = fid["summary"]
             line += say("other_fidelity", fid, tags=say("tags" if fid.get("role_tags", True) else "no_tags"),
                         found=", ".join(f"{p} {v['accuracy']:.0%} ({v['found']}/{v['n']})" for p, v in s.items()),
-                        agree=", ".join(f"{p} {v['first_token_agreement']:.0%}" for p, v in s.items() if p != "baseline"))
+                        agree=", ".join(f"{p} {v['first_token_agreement']:.0%}" for p, v in s.items()
+                                        if p != "baseline"))
         out += [line, ""]
     return out
 

@@ -113,19 +113,17 @@ TABLES: dict[str, dict] = {
         ["TTFT × prefixed, median (min–max)", "r",
          "{vs_prefixed[median]:.2f}× ({vs_prefixed[min]:.2f}–{vs_prefixed[max]:.2f})", "—"],
         ["recomputed tokens", "r", "{recomputed_tokens:.0f}"]]},
-    "samples": {"columns": [["sample", "l", "{name}"], ["`{each}`", "r", "{arms[{each}][kl]:.3f}{arms[{each}][mark]}"]]},
+    "samples": {"columns": [  # one column per sample arm
+        ["sample", "l", "{name}"], ["`{each}`", "r", "{arms[{each}][kl]:.3f}{arms[{each}][mark]}"]]},
     "probe": {"columns": [
-        ["arm", "l", "{label}"], ["recomputed tokens", "r", "{recomputed_tokens}"], ["TTFT median", "r", "{median_ms:.0f} ms"],
+        ["arm", "l", "{label}"], ["recomputed tokens", "r", "{recomputed_tokens}"],
+        ["TTFT median", "r", "{median_ms:.0f} ms"],
         ["TTFT min", "r", "{min_ms:.0f} ms"],
         ["× isolated, median (min–max)", "r", "{ratio_median:.2f}× ({ratio_min:.2f}–{ratio_max:.2f})"]]},
-    "fidelity_paths": {"columns": [  # bench/fidelity.py before its frontier sets
-        ["path", "l", "{label}"], ["needle found", "r", "**{accuracy:.0%}** ({found}/{n})"], ["95 % CI", "r", CI],
-        ["first token agrees with baseline", "r", "{first_token_agreement:.0%}", "—"],
-        ["mean first-token KL", "r", "{mean_first_token_kl:.3f}", "—"], ["same text", "r", "{same_text_rate:.0%}", "—"],
-        ["ROUGE-L vs baseline", "r", "{mean_rouge_l:.2f}", "—"]]},
     "needles_per_precision": {"columns": [
         ["weights", "l", "`{weights}`"],
-        ["single facts found (95 % CI)", "r", "{single[found]}/{single[n]} ({single[ci95][0]:.0%}–{single[ci95][1]:.0%})"],
+        ["single facts found (95 % CI)", "r",
+         "{single[found]}/{single[n]} ({single[ci95][0]:.0%}–{single[ci95][1]:.0%})"],
         ["confusable facts found (95 % CI)", "r",
          "{confusable[found]}/{confusable[n]} ({confusable[ci95][0]:.0%}–{confusable[ci95][1]:.0%})"],
         ["command", "l", "`{command}`"]]},
@@ -142,7 +140,8 @@ TABLES: dict[str, dict] = {
         ["uncached", "r", "{uncached_tokens}"], ["baseline TTFT", "r", "{baseline_ttft_ms!k:.2f} s"],
         ["cached TTFT", "r", "{cached_ttft_ms:.0f} ms"], ["of which KV copy", "r", "{cached_copy_ms:.1f} ms"],
         ["speedup", "r", "**{speedup:.1f}×**"],
-        ["decode ms/token baseline / cached", "r", "{baseline_decode_ms_per_token:.0f} / {cached_decode_ms_per_token:.0f}"]]},
+        ["decode ms/token baseline / cached", "r",
+         "{baseline_decode_ms_per_token:.0f} / {cached_decode_ms_per_token:.0f}"]]},
     "gpu": {"columns": [  # bench/ttft.py on a GPU, one row per length and storage
         ["prompt tokens", "r", "{prompt_tokens:,}"], ["modules in", "l", "{where}"],
         ["baseline TTFT", "r", "{baseline_ttft_ms:.1f} ms"], ["cached TTFT", "r", "{cached_ttft_ms:.1f} ms"],
@@ -164,7 +163,8 @@ TABLES: dict[str, dict] = {
         ["one copy", "r", "{copies[one_copy_ms][median]:.1f} ms, {copies[one_copy_gb_s]:.0f} GB/s"],
         ["DMA copies (host time)", "r", "{copies[run_copies_2d_dma_ms][median]:.1f} ms, "
          "{copies[run_copies_2d_dma_gb_s]:.0f} GB/s ({copies[run_copies_2d_dma_enqueue_ms]:.1f} ms)"],
-        ["torch copies (host time)", "r", "{copies[run_copies_ms][median]:.1f} ms ({copies[run_copies_enqueue_ms]:.1f} ms)"],
+        ["torch copies (host time)", "r",
+         "{copies[run_copies_ms][median]:.1f} ms ({copies[run_copies_enqueue_ms]:.1f} ms)"],
         ["{each}", "r", "{ways_ms[{each}][median]:.1f} ({ways_ms[{each}][min]:.1f}–{ways_ms[{each}][max]:.1f})"]]},
     "decode": {"columns": [
         ["weights", "l", "`{weights}`"], ["linear weights", "r", "{weight_bytes!M:,.0f} MiB"],
@@ -175,10 +175,13 @@ TABLES: dict[str, dict] = {
         ["same greedy text as fp32", "r", "{same_text}/{prompts}", "—"]]},
     "prefill": {"columns": [  # one studio column per prefill kernel measured
         ["tokens", "r", "{tokens:,}"],
-        ["studio `{each}`", "r", "{studio[{each}][median]:.2f} s ({studio[{each}][min]:.2f}–{studio[{each}][max]:.2f})"],
+        ["studio `{each}`", "r",
+         "{studio[{each}][median]:.2f} s ({studio[{each}][min]:.2f}–{studio[{each}][max]:.2f})"],
         ["llama.cpp (flash attn)", "r", "{llama_cpp[median]:.2f} s", "—"],
-        ["bf16 GEMM floor", "r", "{floors[bfloat16]:.2f} s", "—"], ["fp32 GEMM floor", "r", "{floors[float32]:.2f} s", "—"],
-        ["int8 GEMM floor", "r", "{floors[int8]:.2f} s", "—"], ["linears in the prefill", "r", "{linear_s:.2f} s", "—"],
+        ["bf16 GEMM floor", "r", "{floors[bfloat16]:.2f} s", "—"],
+        ["fp32 GEMM floor", "r", "{floors[float32]:.2f} s", "—"],
+        ["int8 GEMM floor", "r", "{floors[int8]:.2f} s", "—"],
+        ["linears in the prefill", "r", "{linear_s:.2f} s", "—"],
         ["prefill / floor used", "r", "{over_floor}×", "—×"]]},
     "browser": {"columns": [["what", "l"], ["measured", "r"]], "rows": [
         ["`python app.py` started → HTTP 200", "{serve_s:.1f} s"],
@@ -190,7 +193,8 @@ TABLES: dict[str, dict] = {
          "{studio_decode_ms_per_token[median]:.1f} ({studio_decode_ms_per_token[min]:.1f}–"
          "{studio_decode_ms_per_token[max]:.1f})"],
         ["decode ms per step at {tokens} tokens, `pml-studio run` (median, min–max)",
-         "{cli_decode_ms_per_token[median]:.1f} ({cli_decode_ms_per_token[min]:.1f}–{cli_decode_ms_per_token[max]:.1f})"],
+         "{cli_decode_ms_per_token[median]:.1f} ({cli_decode_ms_per_token[min]:.1f}–"
+         "{cli_decode_ms_per_token[max]:.1f})"],
         ["studio / run (medians)", "{studio_over_cli:.2f}×"],
         ["studio / run, pair by pair (min / median / max)", "{studio_over_cli_paired[min]:.2f} / "
          "{studio_over_cli_paired[median]:.2f} / {studio_over_cli_paired[max]:.2f}"],
@@ -199,8 +203,10 @@ TABLES: dict[str, dict] = {
     "first_compare": {"columns": [
         ["model", "l", "{model}"], ["dtype", "l", "{dtype}"], ["load", "r", "{load_s:.1f} s"],
         ["first Compare", "r", "{first_compare_s:.1f} s"],
-        ["later Compare", "r", "{later_compare_s[median]:.1f} s ({later_compare_s[min]:.1f}–{later_compare_s[max]:.1f})"],
-        ["tokens per arm", "r", "{tokens}"], ["modular answer = baseline", "r", "{same}"], ["meets the bar", "c", "{meets}"]]},
+        ["later Compare", "r",
+         "{later_compare_s[median]:.1f} s ({later_compare_s[min]:.1f}–{later_compare_s[max]:.1f})"],
+        ["tokens per arm", "r", "{tokens}"], ["modular answer = baseline", "r", "{same}"],
+        ["meets the bar", "c", "{meets}"]]},
     "spanning": {"columns": [
         ["set", "l", "{kind}"], ["modules", "l", "{modules}"], ["phrasing", "l", "{phrasing}"], ["arm", "l", "`{arm}`"],
         ["found", "l", "{accuracy:.0%} ({found}/{n}, " + CI + ")"], ["recall", "l", "{recall:.0%}", "–"],
@@ -228,9 +234,11 @@ TABLES: dict[str, dict] = {
         ["KL vs its own baseline", "r", "{kl_vs_own_baseline[mean]:.3f}"]]},
     "workload": {"columns": [
         ["arm", "l", "{name}"], ["mean TTFT", "r", "**{mean_ttft_ms:.0f} ms**"], ["p50", "r", "{p50_ttft_ms:.0f} ms"],
-        ["p90", "r", "{p90_ttft_ms:.0f} ms"], ["prompts in schema order", "r", "{schema_order_mean_ttft_ms:.0f} ms", "—"],
+        ["p90", "r", "{p90_ttft_ms:.0f} ms"],
+        ["prompts in schema order", "r", "{schema_order_mean_ttft_ms:.0f} ms", "—"],
         ["other prompts", "r", "{other_mean_ttft_ms:.0f} ms", "—"], ["tokens prefilled", "r", "{prefilled_tokens:,}"],
-        ["needle found", "r", "{needle_found}/{n}"], ["95 % CI", "r", CI], ["cache bytes", "r", "{cache_bytes!M:.1f} MiB"]]},
+        ["needle found", "r", "{needle_found}/{n}"], ["95 % CI", "r", CI],
+        ["cache bytes", "r", "{cache_bytes!M:.1f} MiB"]]},
     "peers": {"columns": [  # the workload's arms beside llama.cpp's (bench/peers.py)
         ["arm / peer", "l", "{label}"], ["mean TTFT", "r", "**{mean_ttft_ms:.0f} ms**"],
         ["min / median / max", "r", "{ttft_ms[min]:.0f} / {ttft_ms[median]:.0f} / {ttft_ms[max]:.0f} ms"],
@@ -242,21 +250,24 @@ TABLES: dict[str, dict] = {
         ["needle found", "r", "{needle_found}/{n}"], ["95 % CI", "r", CI]]},
     "peers_lengths": {"columns": [  # one TTFT and one decode column per engine measured
         ["prompt tokens", "r", "{prompt_tokens:,}"], ["{each} TTFT", "r", "{ttft[{each}]}", "—"],
-        ["studio cached TTFT (fp32)", "r", "{cached}", "—"], ["{each} decode ms/token", "r", "{decode[{each}]:.0f}", "—"]]},
+        ["studio cached TTFT (fp32)", "r", "{cached}", "—"],
+        ["{each} decode ms/token", "r", "{decode[{each}]:.0f}", "—"]]},
     "kvpress": {"columns": [
         ["method", "l", "{method}"], ["kept", "r", "{kept}"], ["needle found", "r", "{needle_found}/{n}"],
         ["95 % CI", "r", CI], ["KV decoded over", "r", "{buffer_ratio:.0%}", "100%"],
         ["time, median (min–max)", "r", "{time[median]:.0f} ms ({time[min]:.0f}–{time[max]:.0f})", "—"]]},
     "compression": {"columns": [
         ["configuration", "l", "{name}"], ["stored module bytes", "r", "{bytes_ratio:.0%}", "—"],
-        ["KV decoded over", "r", "{buffer_ratio:.0%}", "—"], ["needle found", "r", "{bold}{accuracy:.0%}{bold} ({found}/{n})"], ["95 % CI", "r", CI],
+        ["KV decoded over", "r", "{buffer_ratio:.0%}", "—"],
+        ["needle found", "r", "{bold}{accuracy:.0%}{bold} ({found}/{n})"], ["95 % CI", "r", CI],
         ["first token agrees with fp32 cached", "r", "{agree_ref:.0%}", "—"],
         ["KL vs fp32 cached", "r", "{kl_ref:.4f}", "—"], ["KL vs baseline", "r", "{kl_base:.4f}", "—"]]},
     "compression_at_4k": {"columns": [
         ["configuration", "l", "{name}"],
         ["decode ms/token", "r",
          "{decode_ms_per_token[median]:.0f} ({decode_ms_per_token[min]:.0f}–{decode_ms_per_token[max]:.0f})"],
-        ["vs full", "r", "{decode_ratio_to_full:.2f}×"], ["KV decoded over", "r", "{buffer_bytes_decoded_over!M:.0f} MiB"],
+        ["vs full", "r", "{decode_ratio_to_full:.2f}×"],
+        ["KV decoded over", "r", "{buffer_bytes_decoded_over!M:.0f} MiB"],
         ["stored module KV", "r", "{module_store_bytes!M:.0f} MiB"],
         ["KV copy into the buffer (in TTFT)", "r", "{copy_ms[median]:.0f} ms"]]},
     "families": {"columns": [["family", "l", "{family}"], ["runs", "c", "{runs}"], ["{each}", "c", "{marks[{each}]}"]]},
