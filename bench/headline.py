@@ -13,6 +13,23 @@ HEADLINE_PLOT = f"frontier-{LEAD}"  # the lead model's needle accuracy against T
 RENAMED = {"prefixed": "contextual"}  # encoding modes renamed since these results were measured (same encoding)
 
 
+def headline() -> str:
+    """The README's headline block: a short bullet per measure (the tables are in docs/benchmarks.md), one plot."""
+    ttft, lead_ttft = load("ttft"), load(f"ttft-{LEAD}")
+    fid, exp, work = load(f"fidelity-{LEAD}"), load(f"fidelity-blend-{LEAD}"), load(f"workload-{LEAD}")
+    comps = [c for c in (load("compression"), load(f"compression-{LEAD}")) if c]
+    ref = next((d for d in (ttft, lead_ttft, fid, work, *comps) if d), None)
+    if ref is None:
+        return "\n".join([HEAD_START, "", say("no_results"), HEAD_END])
+    out = [HEAD_START, "", say("head", m=ref["machine"], gpu="a GPU" if ref["machine"].get("cuda") else "no GPU")]
+    out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp)
+    out += _spanning_bullet(load(f"spanning-shares-{LEAD}")) + _workload_bullet(work)
+    out += _vllm_bullet(load(f"vllm-reuse-{LEAD}"))
+    out += prefill_headline(load("prefill")) + _memory_bullet(comps)
+    out += ["", say("head_plot", model=(fid or {}).get("model", LEAD), plot=HEADLINE_PLOT), HEAD_END]
+    return "\n".join(out)
+
+
 def _near(rows: list[dict], target: int) -> dict | None:
     """The row whose prompt length is closest to target (within 1.5× of it), else None."""
     best = min(rows, key=lambda r: abs(math.log(r["prompt_tokens"] / target)), default=None)
@@ -188,20 +205,3 @@ def _memory_bullet(comps: list[dict]) -> list[str]:
     shares = " and ".join(f"{s[k]['bytes_ratio']:.0%}" for k in kinds)
     return [say("head_memory", kinds=" and ".join(kinds), shares=shares,
                 found="answers found as often" if same else "answers found", per_model="; ".join(per_model))]
-
-
-def headline() -> str:
-    """The README's headline block: a short bullet per measure (the tables are in docs/benchmarks.md), one plot."""
-    ttft, lead_ttft = load("ttft"), load(f"ttft-{LEAD}")
-    fid, exp, work = load(f"fidelity-{LEAD}"), load(f"fidelity-blend-{LEAD}"), load(f"workload-{LEAD}")
-    comps = [c for c in (load("compression"), load(f"compression-{LEAD}")) if c]
-    ref = next((d for d in (ttft, lead_ttft, fid, work, *comps) if d), None)
-    if ref is None:
-        return "\n".join([HEAD_START, "", say("no_results"), HEAD_END])
-    out = [HEAD_START, "", say("head", m=ref["machine"], gpu="a GPU" if ref["machine"].get("cuda") else "no GPU")]
-    out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp)
-    out += _spanning_bullet(load(f"spanning-shares-{LEAD}")) + _workload_bullet(work)
-    out += _vllm_bullet(load(f"vllm-reuse-{LEAD}"))
-    out += prefill_headline(load("prefill")) + _memory_bullet(comps)
-    out += ["", say("head_plot", model=(fid or {}).get("model", LEAD), plot=HEADLINE_PLOT), HEAD_END]
-    return "\n".join(out)
