@@ -164,7 +164,7 @@ def decode_ms(doc: dict) -> float:
     return statistics.median(doc[a]["decode_ms_per_token"] for a in doc["arms"] if doc[a]["decode_ms_per_token"])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compares", type=int, default=5, help="Compares of --new-tokens (the first includes load and "
                     "encode)")
@@ -177,6 +177,11 @@ def main() -> None:
         raise SystemExit(f"{CHROMIUM} is missing (apt-get install chromium)")
     if args.compares < 1 or args.pairs < 1:
         raise SystemExit("--compares and --pairs must be at least 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     # the latency Compares; one Compare of --ratio-tokens to settle (a longer decode's first buffers); the pairs
     rounds = [args.new_tokens] * args.compares + [args.ratio_tokens] * (1 + args.pairs)
     first_pair = args.compares + 1

@@ -121,9 +121,13 @@ def result_name(benchmark: str, model: str | None) -> str:
 
 
 def emit(name: str, result: dict, write: bool = True) -> None:
-    """Print the JSON document last (and keep a copy under bench/results/), with the command that made it."""
+    """Print the JSON document last (and keep a copy under bench/results/), with the command that made it and the
+    specs of the tables bench/report.py draws from it (bench/tables.py)."""
+    from bench.tables import for_script
+
     script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
-    result = {"command": shlex.join(["python", script, *sys.argv[1:]]), **result}
+    specs = for_script(script)
+    result = {"command": shlex.join(["python", script, *sys.argv[1:]]), **result, **({"tables": specs} if specs else {})}
     if write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))

@@ -253,7 +253,7 @@ def plot(summary: dict, path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modules", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--per-setting", type=int, default=24, help="prompts per number of modules")
@@ -271,7 +271,11 @@ def main() -> None:
     ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--needles", choices=("magic", "varied"), default="magic",
                     help="magic numbers (the set measured on SmolLM2) or varied facts (bench/needles.py)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     configs = [c for c in CONFIGS if args.configs is None or label(c) in args.configs]
     chunk_tokens, modules_4k = 250, 16
     if args.quick:
@@ -295,21 +299,7 @@ def main() -> None:
         rows = [json.loads(line) for line in open(args.from_rows) if line.strip()]
         made_by += [c for c in Path(args.from_rows + ".command").read_text().split("\n") if c.strip()]
     else:
-        rows = []
-        cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed) \
-            if args.needles == "magic" else [c for m in args.modules for c in varied_cases(chunks, m, args.per_setting,
-                                                                                            args.seed + m)]
-        # fidelity.py's prompts, taken alternately from each number of modules (a partial run covers both)
-        cases = [c for group in zip(*[[c for c in cases if c["modules"] == m] for m in args.modules]) for c in group]
-        for i, case in enumerate(cases):
-            if i < args.start:
-                continue
-            rows.append(run_prompt(eng, case, i, configs, sampling))
-            if args.rows:
-                with open(args.rows, "a") as f:
-                    f.write(json.dumps(rows[-1]) + "\n")
-            print(f"[{i + 1}/{len(cases)}] modules={case['modules']} " + " ".join(
-                f"{k}={'Y' if v['found'] else 'n'}" for k, v in rows[-1].items() if isinstance(v, dict)), flush=True)
+        rows = run_cases(eng, chunks, args, configs, sampling)
     names = [label(c) for c in configs if label(c) in rows[0]]
     summary = summarise(rows, names)
     if args.at_4k_json and Path(args.at_4k_json).exists():
@@ -318,6 +308,39 @@ def main() -> None:
     else:
         at_4k = measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(max_new_tokens=6 if args.quick else 32))
     notes = verdicts(summary, at_4k)
+    print_summary(summary, at_4k, notes)
+    name = result_name("compression", args.model)
+    if not args.quick:
+        plot(summary, ROOT / "assets" / f"{name.replace('compression', 'memory')}.png")
+    emit(name, {"benchmark": "compression", "model": eng.lm.name, "needles": args.needles, "prompts": len(rows),
+                         "modules_per_prompt": sorted({r["modules"] for r in rows}), "new_tokens": args.new_tokens,
+                         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1),
+                         "module_bytes_fp32": [r["module_bytes_fp32"] for r in rows], "summary": summary,
+                         "at_4k": at_4k, "verdicts": notes, "measured_by": made_by, "rows": rows},
+         write=not args.quick)
+
+
+def run_cases(eng, chunks, args: argparse.Namespace, configs: list, sampling: Sampling) -> list[dict]:
+    """Every prompt of the needle set from --start, each row appended to --rows as it is done."""
+    rows = []
+    cases = make_cases(chunks, args.modules, args.per_setting, [0.1, 0.5, 0.9], args.seed) \
+        if args.needles == "magic" else [c for m in args.modules for c in varied_cases(chunks, m, args.per_setting,
+                                                                                        args.seed + m)]
+    # fidelity.py's prompts, taken alternately from each number of modules (a partial run covers both)
+    cases = [c for group in zip(*[[c for c in cases if c["modules"] == m] for m in args.modules]) for c in group]
+    for i, case in enumerate(cases):
+        if i < args.start:
+            continue
+        rows.append(run_prompt(eng, case, i, configs, sampling))
+        if args.rows:
+            with open(args.rows, "a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
+        print(f"[{i + 1}/{len(cases)}] modules={case['modules']} " + " ".join(
+            f"{k}={'Y' if v['found'] else 'n'}" for k, v in rows[-1].items() if isinstance(v, dict)), flush=True)
+    return rows
+
+
+def print_summary(summary: dict, at_4k: dict, notes: list[str]) -> None:
     print(table(["config", "stored", "decoded over", "TTFT ms", "decode ms/tok", "found", "95% CI", "agree vs cached",
                  "KL vs cached", "KL vs baseline"],
                 [[k, _pct(s.get("bytes_ratio")), _pct(s.get("buffer_ratio")), s.get("ttft_ms", "-"),
@@ -331,15 +354,6 @@ def main() -> None:
                  for k, c in at_4k["configs"].items()]))
     for v in notes:
         print(v)
-    name = result_name("compression", args.model)
-    if not args.quick:
-        plot(summary, ROOT / "assets" / f"{name.replace('compression', 'memory')}.png")
-    emit(name, {"benchmark": "compression", "model": eng.lm.name, "needles": args.needles, "prompts": len(rows),
-                         "modules_per_prompt": sorted({r["modules"] for r in rows}), "new_tokens": args.new_tokens,
-                         "machine": machine(), "seconds": round(time.perf_counter() - t0, 1),
-                         "module_bytes_fp32": [r["module_bytes_fp32"] for r in rows], "summary": summary,
-                         "at_4k": at_4k, "verdicts": notes, "measured_by": made_by, "rows": rows},
-         write=not args.quick)
 
 
 def _command() -> str:

@@ -541,7 +541,7 @@ def collect(eng: Engine, args, arms, confusable_arms, chunk_tokens, conf_modules
     return rows, conf_rows, kept["two_fact"], sample_rows
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modules", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--per-setting", type=int, default=24, help="single-needle prompts per number of modules")
@@ -571,23 +571,47 @@ def main() -> None:
                     help="only the TTFT probe (one 8-module prompt, REPS interleaved rounds), kept in --rows-out")
     ap.add_argument("--from-rows", type=Path, help="summarise a --rows-out file (e.g. of a run cut short): "
                     "the JSON counts what it holds")
-    args = ap.parse_args()
-    if args.replot:
-        import json
+    return ap.parse_args()
 
-        from common import RESULTS
 
-        name = args.out or result_name("fidelity", args.model)
-        data = json.loads((RESULTS / f"{name}.json").read_text())
-        plot_frontier(frontier_panels(data["frontier"], data["confusable"], data["confusable_modules"]),
-                      ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", data["model"])
-        return
+def replot(args: argparse.Namespace) -> None:
+    """Redraw the frontier plot from the results file (--replot)."""
+    import json
+
+    from common import RESULTS
+
+    name = args.out or result_name("fidelity", args.model)
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    plot_frontier(frontier_panels(data["frontier"], data["confusable"], data["confusable_modules"]),
+                  ROOT / "assets" / f"{name.replace('fidelity', 'frontier')}.png", data["model"])
+
+
+def quick_settings(args: argparse.Namespace) -> tuple:
+    """(chunk tokens, confusable modules, samples, sample arms), a --quick run's smaller sets set on ``args``."""
     chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
         args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 40
         args.confusable, conf_modules, args.ttft_reps, samples, args.new_tokens = 2, 2, 0, ["travel"], 4
         args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4", "prefixed+blend 25"), \
             ("prefixed", "prefixed+repair 4")
+    return chunk_tokens, conf_modules, samples, sample_arms
+
+
+def print_sets(summary: dict, frontier: dict, confusable: dict, two_fact: dict, conf_modules: int) -> None:
+    print_summary("single needle, all prompts", summary)
+    for n, s in frontier.items():
+        print_summary(f"single needle, {n} modules", s)
+    if confusable:
+        print_summary(f"confusable needles, {conf_modules} modules", confusable)
+    if two_fact:
+        print_summary(f"two-fact questions, {conf_modules} confusable modules", two_fact)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.replot:
+        return replot(args)
+    chunk_tokens, conf_modules, samples, sample_arms = quick_settings(args)
     # isolated is the TTFT reference of the other cached arms; a baseline-only run (needle accuracy per weight
     # precision: --arms baseline --confusable-arms baseline) needs no reference
     arms = tuple(dict.fromkeys(["baseline"] + (["isolated"] if set(args.arms) - {"baseline"} else [])
@@ -626,13 +650,7 @@ def main() -> None:
                 if any(r["modules"] == n for r in rows)}
     confusable = summarise(conf_rows, confusable_arms) if conf_rows else {}
     two_fact = summarise(two_rows, confusable_arms) if two_rows else {}
-    print_summary("single needle, all prompts", summary)
-    for n, s in frontier.items():
-        print_summary(f"single needle, {n} modules", s)
-    if confusable:
-        print_summary(f"confusable needles, {conf_modules} modules", confusable)
-    if two_fact:
-        print_summary(f"two-fact questions, {conf_modules} confusable modules", two_fact)
+    print_sets(summary, frontier, confusable, two_fact, conf_modules)
     name = args.out or result_name("fidelity", args.model)
     if not args.quick:
         plot_frontier(frontier_panels(frontier, confusable, conf_modules),

@@ -384,7 +384,7 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help=model_help() + "; llama.cpp runs its GGUF, kvpress its folder")
     ap.add_argument("--prompts", type=int, default=24)
@@ -410,21 +410,31 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="say whether each peer's environment works, and exit")
     ap.add_argument("--replot", action="store_true", help="redraw the plot from bench/results/peers[-MODEL].json")
     args = ap.parse_args()
+    args.chunk_tokens = 250
+    if args.quick:
+        args.prompts, args.new_tokens, args.chunk_tokens = 3, 8, 60
+        args.lengths, args.reps, args.dtypes, args.kv_prompts, args.kv_modules = [128], 1, ["float32"], 1, 2
+    return args
+
+
+def check_peers() -> None:
+    """Say whether each peer's environment works (--check), and exit 1 if one does not."""
+    bad = 0
+    for peer in PEER_PYTHON:
+        py, info = peer_status(peer)
+        bad += py is None
+        print(f"{peer}: {'ready, ' + info if py else info}")
+    sys.exit(1 if bad else 0)
+
+
+def main() -> None:
+    args = parse_args()
     if args.replot:
         name = result_name("peers", args.model)
         plot(json.loads((RESULTS / f"{name}.json").read_text()), ROOT / "assets" / f"{name}.png")
         return
     if args.check:
-        bad = 0
-        for peer in PEER_PYTHON:
-            py, info = peer_status(peer)
-            bad += py is None
-            print(f"{peer}: {'ready, ' + info if py else info}")
-        sys.exit(1 if bad else 0)
-    args.chunk_tokens = 250
-    if args.quick:
-        args.prompts, args.new_tokens, args.chunk_tokens = 3, 8, 60
-        args.lengths, args.reps, args.dtypes, args.kv_prompts, args.kv_modules = [128], 1, ["float32"], 1, 2
+        check_peers()
     arms = ("baseline", "prefix", "cached") + (("blend",) if args.blend > 0 else ())
     model = bench_model(args.model, args.quick)
     gguf = model.gguf_file()

@@ -137,7 +137,7 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help=model_help(START_MODEL))
     ap.add_argument("--targets", type=int, nargs="+", default=[1024, 2048], help="prompt lengths for TTFT")
@@ -152,10 +152,33 @@ def main() -> None:
     ap.add_argument("--rows-out", type=Path, help="keep every finished part in this file; a rerun with the same "
                     "settings resumes from it")
     args = ap.parse_args()
-    chunk_tokens = 250
+    args.chunk_tokens = 250
     if args.quick:
-        args.targets, args.reps, args.new_tokens, args.prompts, args.modules, chunk_tokens = [256], 1, 4, 2, 2, 80
+        args.targets, args.reps, args.new_tokens, args.prompts, args.modules, args.chunk_tokens = [256], 1, 4, 2, 2, 80
         args.confusable = 2
+    return args
+
+
+def print_tables(ttft: list[dict], needles: dict, modules: int) -> None:
+    print(table(["prompt", "dtype", "baseline ms (min-max)", "cached ms (min-max)", "decode ms/token"],
+                [[r["prompt_tokens"], dt,
+                  f'{r[dt]["baseline_ttft_ms"]["median"]} ({r[dt]["baseline_ttft_ms"]["min"]}-'
+                  f'{r[dt]["baseline_ttft_ms"]["max"]})',
+                  f'{r[dt]["cached_ttft_ms"]["median"]} ({r[dt]["cached_ttft_ms"]["min"]}-'
+                  f'{r[dt]["cached_ttft_ms"]["max"]})',
+                  r[dt]["decode_ms_per_token"]["median"]] for r in ttft for dt in ("fp32", "bf16")]))
+    for label, summary in needles.items():
+        if not summary:
+            continue
+        print(f"{label} needles, {modules} modules")
+        print(table(["arm", "accuracy", "95% CI", "confused", "KL vs fp32 (mean/max)", "KL vs own baseline"],
+                    [[arm, f'{s["accuracy"]:.0%}', f'{s["ci95"][0]:.0%}-{s["ci95"][1]:.0%}', s["confused"],
+                      f'{s["kl_vs_fp32"]["mean"]}/{s["kl_vs_fp32"]["max"]}', s["kl_vs_own_baseline"]["mean"]]
+                     for arm, s in summary.items()]))
+
+
+def main() -> None:
+    args = parse_args()
     t0 = time.perf_counter()
     engines, load_s = {}, {}
     model = bench_model(args.model, args.quick, START_MODEL)
@@ -164,7 +187,7 @@ def main() -> None:
         t = time.perf_counter()
         engines[dt].lm
         load_s[SHORT[dt]] = round(time.perf_counter() - t, 2)
-    chunks = essay_chunks(engines[DTYPES[0]].codec.encode, chunk_tokens)
+    chunks = essay_chunks(engines[DTYPES[0]].codec.encode, args.chunk_tokens)
     kept = json.loads(args.rows_out.read_text()) if args.rows_out and args.rows_out.exists() else {}
     for part in ("ttft", "ttft_rounds"):
         kept.setdefault(part, {})
@@ -185,22 +208,7 @@ def main() -> None:
     confusable = needle_rows(engines, confusable_cases(chunks, args.modules, args.confusable, args.seed + 1),
                              "confusable", args.needle_tokens, kept["confusable"], save)
     needles = {"single": summarise(single), "confusable": summarise(confusable) if confusable else {}}
-
-    print(table(["prompt", "dtype", "baseline ms (min-max)", "cached ms (min-max)", "decode ms/token"],
-                [[r["prompt_tokens"], dt,
-                  f'{r[dt]["baseline_ttft_ms"]["median"]} ({r[dt]["baseline_ttft_ms"]["min"]}-'
-                  f'{r[dt]["baseline_ttft_ms"]["max"]})',
-                  f'{r[dt]["cached_ttft_ms"]["median"]} ({r[dt]["cached_ttft_ms"]["min"]}-'
-                  f'{r[dt]["cached_ttft_ms"]["max"]})',
-                  r[dt]["decode_ms_per_token"]["median"]] for r in ttft for dt in ("fp32", "bf16")]))
-    for label, summary in needles.items():
-        if not summary:
-            continue
-        print(f"{label} needles, {args.modules} modules")
-        print(table(["arm", "accuracy", "95% CI", "confused", "KL vs fp32 (mean/max)", "KL vs own baseline"],
-                    [[arm, f'{s["accuracy"]:.0%}', f'{s["ci95"][0]:.0%}-{s["ci95"][1]:.0%}', s["confused"],
-                      f'{s["kl_vs_fp32"]["mean"]}/{s["kl_vs_fp32"]["max"]}', s["kl_vs_own_baseline"]["mean"]]
-                     for arm, s in summary.items()]))
+    print_tables(ttft, needles, args.modules)
     emit(result_name("precision", model.spec),
          {"benchmark": "precision", "model": engines[DTYPES[0]].lm.name, "device": "cpu", "mode": "prefixed",
           "storage_dtype": "same as compute", "reps": args.reps, "new_tokens": args.new_tokens,

@@ -31,7 +31,7 @@ CHOICES = [("int8", 64, 64), ("int8", 128, 64), ("int4", 32, 32), ("int4", 64, 3
            ("int4", 128, 64)]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--modules", type=int, default=4)
@@ -40,11 +40,32 @@ def main() -> None:
     ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    chunk_tokens = 250
+    args.chunk_tokens = 250
     if args.quick:
-        args.prompts, args.modules, chunk_tokens = 2, 2, 80
+        args.prompts, args.modules, args.chunk_tokens = 2, 2, 80
+    return args
+
+
+def summarise(rows: dict[str, list[dict]], ref_found: list[bool]) -> dict:
+    """Per storage choice: answers found, bytes against fp32, relative K/V error, KL and agreement with fp32."""
+    summary = {"fp32 cached": {"found": sum(ref_found), "n": len(ref_found), "ci95": wilson(sum(ref_found),
+                                                                                          len(ref_found))}}
+    for name, rs in rows.items():
+        k = sum(r["found"] for r in rs)
+        summary[name] = {"found": k, "n": len(rs), "accuracy": round(k / len(rs), 4), "ci95": wilson(k, len(rs)),
+                         "bytes_ratio": round(max(r["bytes_ratio"] for r in rs), 4),
+                         "key_rel_error": round(statistics.mean(r["key_error"] for r in rs), 5),
+                         "value_rel_error": round(statistics.mean(r["value_error"] for r in rs), 5),
+                         "mean_kl": round(statistics.mean(r["kl"] for r in rs), 6),
+                         "agree": round(statistics.mean(r["agree"] for r in rs), 4),
+                         "same_text": round(statistics.mean(r["same_text"] for r in rs), 4)}
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
     eng = Engine(model=bench_model(args.model, args.quick).spec, persist=False)
-    chunks = essay_chunks(eng.codec.encode, chunk_tokens)
+    chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
     sampling = Sampling(max_new_tokens=args.new_tokens)
     rows: dict[str, list[dict]] = {f"{p} k{kg}/v{vg}": [] for p, kg, vg in CHOICES}
     ref_found = []
@@ -84,17 +105,7 @@ def main() -> None:
             store.evict(key)
         print(f"[{i + 1}/{args.prompts}] fp32={'Y' if ref_found[-1] else 'n'} " +
               " ".join(f"{k}={'Y' if v[-1]['found'] else 'n'}" for k, v in rows.items()), flush=True)
-    summary = {"fp32 cached": {"found": sum(ref_found), "n": len(ref_found), "ci95": wilson(sum(ref_found),
-                                                                                          len(ref_found))}}
-    for name, rs in rows.items():
-        k = sum(r["found"] for r in rs)
-        summary[name] = {"found": k, "n": len(rs), "accuracy": round(k / len(rs), 4), "ci95": wilson(k, len(rs)),
-                         "bytes_ratio": round(max(r["bytes_ratio"] for r in rs), 4),
-                         "key_rel_error": round(statistics.mean(r["key_error"] for r in rs), 5),
-                         "value_rel_error": round(statistics.mean(r["value_error"] for r in rs), 5),
-                         "mean_kl": round(statistics.mean(r["kl"] for r in rs), 6),
-                         "agree": round(statistics.mean(r["agree"] for r in rs), 4),
-                         "same_text": round(statistics.mean(r["same_text"] for r in rs), 4)}
+    summary = summarise(rows, ref_found)
     print(table(["storage", "bytes (max)", "key err", "value err", "KL vs fp32", "same text", "found"],
                 [[k, f"{s['bytes_ratio']:.1%}", s["key_rel_error"], s["value_rel_error"], s["mean_kl"],
                   s["same_text"], f"{s['found']}/{s['n']}"] for k, s in summary.items() if "bytes_ratio" in s]))

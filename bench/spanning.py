@@ -314,7 +314,7 @@ def print_split(name: str, summary: dict) -> None:
                       " ".join(f"{p} {n}" for p, n in s.get("paths", {}).items()) or "-"] for a, s in arms.items()]))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--weights", default="gguf", choices=WEIGHTS, help="the studio's default: gguf")
@@ -344,9 +344,14 @@ def main() -> None:
                     "a setting is still in question)")
     ap.add_argument("--quick", action="store_true", help="1 prompt per set and phrasing, tune split only, no file")
     args = ap.parse_args()
-    t0 = time.perf_counter()
     if args.quick:
         args.splits, args.tune, args.chunk_tokens = ["tune"], [1, 1, 1, 1, 1], 40
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    t0 = time.perf_counter()
     eng = Engine(model=bench_model(args.model, args.quick).spec, weights=args.weights, persist=False)
     rows: dict[str, list[dict]] = json.loads(args.from_rows.read_text()) if args.from_rows else {}
     collected_by = rows.pop("commands", None)  # a merged rows file names the runs that made its rows

@@ -136,7 +136,7 @@ def weight_read(lm, reps: int = 5) -> dict:
             "weight_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--reps", type=int, default=5)
@@ -161,6 +161,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.reps, args.new_tokens = [128, 256], 1, 4
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     extra, model = {}, bench_model(args.model, args.quick)
     if args.random_shape:
         device = args.device or ("cuda" if args.storage == "cuda" else "cpu")
