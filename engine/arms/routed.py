@@ -223,7 +223,7 @@ def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
         together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
         together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
         choice = _Choice(seen, kept, (time.perf_counter() - t0) * 1000, together, path)
-        buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
+        buf.reset()  # rebuilt: only what stays visible
         if together:
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
             owners = _joint_owners(plan, kept, slots) if focus == "clause" and path == "partial" else None
@@ -270,7 +270,7 @@ def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
 def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
     contiguous positions, as the prefix arm and the baseline number them."""
-    buf.lengths = [0] * len(buf.lengths)
+    buf.reset()
     every = range(len(plan.token_ids))
     return replace(match_fill(list(plan.token_ids), match, buf),
                    detail=replace(choice, slots=list(every), positions=every))
