@@ -39,8 +39,8 @@ def length_writes(path: Path, rel: str) -> list[str]:
         else:
             continue
         if id(node) not in allowed and any(_writes_lengths(t) for t in targets):
-            found.append(f"{rel}:{node.lineno}")
-    return found
+            found.append(node.lineno)
+    return [f"{rel}:{n}" for n in sorted(found)]
 
 
 def test_only_the_buffers_own_methods_write_a_kv_length():
