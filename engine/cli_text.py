@@ -48,7 +48,7 @@ class Progress:
             if isinstance(event, UnitEncoded):
                 self.encoding(event.done, event.total, event.label)
             elif isinstance(event, Warming):
-                self.say(f"encoding modules 0/1: warming the prefix cache ({event.tokens} tokens, schema order)")
+                self.encoding(0, 1, f"warming the prefix cache ({event.tokens} tokens, schema order)")
             elif isinstance(event, Warmed):
                 self.encoding(1, 1, "prefix cache warmed")
             elif isinstance(event, FirstToken):
