@@ -10,6 +10,7 @@ from engine.arms.modular import ModularSettings, cached_run, recomputed_run, rep
 from engine.arms.baseline import baseline_run
 from engine.arms.prefix import prefix_run
 from engine.arms.registry import ArmContext, Sampling
+from engine.arms import routed
 from engine.arms.routed import SCOUT_LAYERS, RoutedSettings, routed_run
 from engine.run.events import finish
 
@@ -37,8 +38,10 @@ def run_recomputed(lm, plan, encoded, store, redo, positions, sampling: Sampling
 
 
 def run_blend(lm, plan, encoded, store, sampling: Sampling = Sampling(), ratio=None, rule=None, **kw):
-    base = BlendSettings()
-    chosen = BlendSettings(base.ratio if ratio is None else ratio, base.rule if rule is None else rule)
+    chosen = BlendSettings()
+    for name, value in (("ratio", ratio), ("rule", rule)):  # unchecked: blend_run's own checks are under test
+        if value is not None:
+            object.__setattr__(chosen, name, value)
     return finish(blend_run(context(lm, plan, encoded, store, sampling), chosen, **kw))
 
 
@@ -46,8 +49,10 @@ def run_routed(lm, plan, encoded, store, sampling: Sampling = Sampling(), keep=N
                ape=None, prefix=None, **settings):
     """``settings``: RoutedSettings' fields by name (k, min_pull, focus, joint, share, sinks, tree)."""
     t, s = ape or (1.0, 1.0)
-    ctx = context(lm, plan, encoded, store, sampling, prefix, cached=ModularSettings(0, t, s),
-                  routed=RoutedSettings(**settings))
+    chosen = RoutedSettings(**settings)
+    if "min_pull" not in settings:  # read at call time: tests patch routed.MIN_PULL, past the setting's range too
+        object.__setattr__(chosen, "min_pull", routed.MIN_PULL)
+    ctx = context(lm, plan, encoded, store, sampling, prefix, cached=ModularSettings(0, t, s), routed=chosen)
     return finish(routed_run(ctx, keep=keep, layers=layers))
 
 
