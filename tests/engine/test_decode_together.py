@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.arms.compare import Done
 from engine.arms.registry import Sampling
+from engine.run.events import FirstToken, Token
 from engine.kv import BatchedKV
 from engine.model.attend import AttentionSpec
 
@@ -71,8 +73,16 @@ def test_a_comparison_decoded_together_gives_each_arm_its_own_tokens(tiny_engine
 
 def test_streamed_tokens_arrive_for_every_arm_and_end_with_its_text(tiny_engine):
     seen: dict[str, list[str]] = {}
-    res = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=6),
-                              on_token=lambda arm, text: seen.setdefault(arm, []).append(text))
+    res = streamed(tiny_engine.events(SCHEMA, PROMPT, Sampling(max_new_tokens=6)), seen)
     assert set(seen) == {a.value for a in res.arms}
     for arm, texts in seen.items():
         assert len(texts) == 6 and texts[-1] == res.arm(arm).run.text
+
+
+def streamed(events, seen: dict):
+    """The Comparison ``events`` end with; each arm's text after each of its tokens into ``seen``."""
+    for event in events:
+        if isinstance(event, (FirstToken, Token)):
+            seen.setdefault(event.arm, []).append(event.text)
+        elif isinstance(event, Done):
+            return event.comparison
