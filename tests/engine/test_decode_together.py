@@ -1,4 +1,4 @@
-"""Arms decoded together (engine/run/batch.py, engine/kv/batched.py): each row of a batched
+"""Arms decoded together (engine/run/decode.py, engine/kv/batched.py): each row of a batched
 step computes what its run computes alone, and a comparison decoded together gives every arm the tokens it
 gets decoding apart."""
 
