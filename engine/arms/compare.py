@@ -11,10 +11,8 @@ from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResul
                                   RunEvents)
 from engine.cache.assemble import fetch_entries, used_keys
 from engine.cache.encode import EncodedSchema, UnitEncoded
-from engine.cache.prefix import PrefixCache
 from engine.cache.settings import canonical_mode
 from engine.cache.store import ModuleStore
-from engine.model.load import LoadedModel
 from engine.run.decode import Decoder
 from engine.run.events import FirstToken, Token, Warmed, Warming, finish
 from engine.run.types import RunResult, Sampling
