@@ -46,7 +46,7 @@ class Progress:
             except StopIteration as done:
                 return done.value
             if isinstance(event, UnitEncoded):
-                self.encoding(event.done, event.total, event.label)
+                self.encoding(event.done, event.total, event.unit)
             elif isinstance(event, Warming):
                 self.encoding(0, 1, f"warming the prefix cache ({event.tokens} tokens, schema order)")
             elif isinstance(event, Warmed):

@@ -196,12 +196,9 @@ class Engine:
         lay = self.layout(schema_text, schema_source)
         return Prepared(lay, self.plan(lay, prompt_text, prompt_source, max_new_tokens))
 
-    def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
-                config: RunConfig | None = None, schema_source: str = "<schema>",
-                prompt_source: str = "<prompt>") -> Comparison:
-        """:meth:`events` to the end: the Comparison."""
-        return finish(self.events(schema_text, prompt_text, sampling, config=config, schema_source=schema_source,
-                                  prompt_source=prompt_source))
+    def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, **kw) -> Comparison:
+        """:meth:`events` (its keywords: config, schema_source, prompt_source) to the end: the Comparison."""
+        return finish(self.events(schema_text, prompt_text, sampling, **kw))
 
     def run(self, prepared: Prepared, sampling: Sampling | None = None, *,
             config: RunConfig | None = None) -> Comparison:

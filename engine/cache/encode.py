@@ -35,11 +35,11 @@ class Encoding:
 
 @dataclass(frozen=True)
 class UnitEncoded:
-    """An event of :func:`encoding`: ``done`` of ``total`` units are available, the last one ``label``."""
+    """An event of :func:`encoding`: ``done`` of ``total`` units are available, the last one ``unit``."""
 
     done: int
     total: int
-    label: str
+    unit: str  # its name ("already encoded" when every unit was)
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,8 @@ class ApiService:
                     first = first or time.perf_counter()
                     if stream:
                         job.put(Event("token", shown(event.text)))
-                elif isinstance(event, UnitEncoded) and stream and event.label != "already encoded":
-                    job.put(Event("progress", f"encoding {event.done}/{event.total} units: {event.label}"))
+                elif isinstance(event, UnitEncoded) and stream and event.unit != "already encoded":
+                    job.put(Event("progress", f"encoding {event.done}/{event.total} units: {event.unit}"))
                 elif isinstance(event, Done):
                     return event.comparison, first
         raise ApiError(500, "the run ended without its result", type="server_error", code="internal_error")

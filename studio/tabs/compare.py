@@ -221,7 +221,7 @@ def _on_engine(live, event) -> bool:
 def _encoding(event) -> str:
     if isinstance(event, Warming):
         return f"Encoding modules 0/1: warming the prefix cache ({event.tokens} tokens, schema order)"
-    return f"Encoding modules {event.done}/{event.total}: {event.label}"
+    return f"Encoding modules {event.done}/{event.total}: {event.unit}"
 
 
 async def cancellable(work, *args):

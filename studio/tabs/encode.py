@@ -216,6 +216,6 @@ def _encoded(events, progress: Callable[[int, int, str], None] | None):
     """What ``events`` (Engine.encoding) returns, pulled on the engine thread, each unit to ``progress``."""
     for kind, *payload in in_thread(lambda: events):
         if kind == "event" and progress is not None:
-            progress(payload[0].done, payload[0].total, payload[0].label)
+            progress(payload[0].done, payload[0].total, payload[0].unit)
         elif kind == "done":
             return payload[0]
