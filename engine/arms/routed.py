@@ -270,6 +270,7 @@ def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
                    detail=replace(choice, slots=list(every), positions=every))
 
 
+# the fill's own parts (model, plan, ranges, buffer, choice) and the settings it reads, once inside TTFT
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer, choice: _Choice, focus: bool,
                  ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> Fill:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
