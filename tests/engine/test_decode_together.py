@@ -86,3 +86,24 @@ def streamed(events, seen: dict):
             seen.setdefault(event.arm, []).append(event.text)
         elif isinstance(event, Done):
             return event.comparison
+
+
+def test_a_lone_arm_decodes_in_place_in_its_own_buffer(tiny_engine, monkeypatch):
+    """A one-arm run (the API's) waits for no batch: one buffer for its whole run, its KV never copied out, and
+    the same tokens as decoding apart."""
+    from engine.kv.buffer import KVWorkspace
+    from engine.run import decode
+
+    apart = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
+                                config=tiny_engine.config.with_(arms=("cached",), decode="apart"))
+    made, real = [], KVWorkspace.buffer
+    monkeypatch.setattr(KVWorkspace, "buffer", lambda self, n: made.append(n) or real(self, n))
+    monkeypatch.setattr(decode, "BatchedKV", None)  # a batch would fail
+    waited, batchable = [], decode.batchable
+    monkeypatch.setattr(decode, "batchable", lambda lm, run: waited.append(batchable(lm, run)) or waited[-1])
+    alone = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
+                                config=tiny_engine.config.with_(arms=("cached",), decode="together"))
+    assert waited == [True]  # it waited for the others, and there were none
+    assert len(made) == 1 and alone.arm("cached").run.decode_batch == 1 and alone.decode == "apart"
+    assert alone.arm("cached").run.token_ids == apart.arm("cached").run.token_ids
+    assert len(alone.arm("cached").run.token_ids) == 8
