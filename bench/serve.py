@@ -138,6 +138,8 @@ def stream(client, model: str, msgs: list[dict], new_tokens: int, extra: dict | 
         row["arm_ttft_ms"] = pml["arm_ttft_ms"]
         row["routed_kept"] = pml.get("routed_kept")
         row["modules_encoded"] = pml["modules_encoded"]
+        row["routed_out_tokens"] = pml.get("routed_out_tokens")
+        row["recomputed_tokens"] = pml.get("recomputed_tokens")
     return row
 
 

@@ -104,7 +104,8 @@ def _run_parser(sub, arm_options: bool, words: ArmWords, allow_abbrev: bool = Tr
     r.add_argument("--seed", type=NumberArg("seed"), default=0, help="seed of the sampling, 0 to 2**64 - 1")
     r.add_argument("--json", action="store_true", help="print one JSON object (a stable contract)")
     r.add_argument("--quiet", action="store_true", help="no progress lines on stderr (a terminal gets one per phase: "
-                                                        "load, encode, each arm's prefill and first token, decode)")
+                                                        "load, encode, each arm's prefill and first token, decode; "
+                                                        "--json prints none either)")
     r.add_argument("--cuda-graphs", default="auto", choices=("auto", "on", "off"),
                    help="replay the question's prefill and each decode step from a CUDA graph, for every arm "
                         "(auto, the default: on where the model computes on CUDA; never on the CPU, where `info` "
@@ -375,7 +376,7 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
     order = tuple(str(a) for a in REGISTRY if str(a) in config.arms)  # as compare() runs them
-    told = Progress(order, sampling.max_new_tokens, words, quiet=args.quiet)
+    told = Progress(order, sampling.max_new_tokens, words, quiet=args.quiet or args.json)
     took = _timed(lambda: eng.lm)
     told.loaded(getattr(eng.lm, "name", None) or config.model or "the default model", took)
     if args.cuda_graphs != "auto":

@@ -236,7 +236,8 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
             + error_html(res.error)
     run = res.run
     reused, prefilled = reuse_counts(comparison, arm)
-    chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled</span>'
+    stored = "" if run.precomputed_tokens == reused else f" · {run.precomputed_tokens:,} stored before this run"
+    chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled{stored}</span>'
     speedup = comparison.speedup(arm)
     if speedup is not None:
         chips += speed_badge(speedup)
@@ -254,7 +255,8 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
 
 
 def first_rows(run, arm: str) -> list[tuple[str, str]]:
-    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{run.prefill_tokens} tokens in {run.prefill_ms:.1f} ms")]
+    tokens = "1 token" if run.prefill_tokens == 1 else f"{run.prefill_tokens} tokens"
+    rows = [("TTFT", f"{run.ttft_ms:.1f} ms"), ("prefill", f"{tokens} in {run.prefill_ms:.1f} ms")]
     if arm != Arm.BASELINE:
         rows.append((view_of(arm).copy_label, f"{run.copy_ms:.1f} ms"))
     return rows

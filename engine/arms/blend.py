@@ -15,7 +15,8 @@ from engine.arms.modular import ModularSettings, cached_run
 from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents, register,
                                   setting)
 from engine.arms.repair import select_repair
-from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled
+from engine.cache.assemble import (Span, buffer_ranks, copy_list_ranked, module_ranges, precomputed_tokens,
+                                   prefilled)
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
@@ -27,7 +28,7 @@ from engine.run.attention import check_recompute, rank_mask
 from engine.run.layers import decoder_layers, run_until
 from engine.run.timing import Fill, timed_run
 from engine.run.types import RunResult
-from engine.schema.plan import CACHED, PromptPlan
+from engine.schema.plan import PromptPlan
 
 # rule -> what picks the recomputed tokens
 RULES = {
@@ -121,7 +122,7 @@ def blend_run(ctx: DecodingContext, settings: BlendSettings | None = None, *, ch
         return (yield from cached_run(ctx, ModularSettings(), arm="blend")), info
     check_recompute(lm, "blend", "set blend to 0")
     decoder_layers(lm.model, "blend", "set blend to 0")
-    ranges = _cached_ranges(plan, encoded, store)  # store lookups before TTFT
+    ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
@@ -158,10 +159,11 @@ def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question
                  question=None if scorer is None else scorer.total)
 
 
-def stored_at(ranges: list, layer: int) -> torch.Tensor:
+def stored_at(ranges: list[Span], layer: int) -> torch.Tensor:
     """Every cached token's stored KV at ``layer`` (dropped tokens zero): [2, kv_heads, cached, dim]."""
     kvs = []
-    for entry, a, b in ranges:
+    for span in ranges:
+        entry, a, b = span.entry, span.start, span.end
         if isinstance(entry, QuantKV):
             one = QuantKV(entry.bits, entry.key_group, entry.value_group,
                           *(t[layer:layer + 1] for t in (entry.kq, entry.kscale, entry.kmin, entry.vq, entry.vscale,
@@ -223,12 +225,7 @@ def link_tokens(plan: PromptPlan, mode: str, n: int, per_link: int | None = None
 
 def cached_ranks(plan: PromptPlan) -> list[int]:
     """Prompt ranks of the cached tokens."""
-    out, rank = [], 0
-    for s in plan.segments:
-        if s.kind == CACHED:
-            out += range(rank, rank + len(s))
-        rank += len(s)
-    return out
+    return [r for at in plan.placed() if at.cached for r in at.ranks]
 
 
 # -- internal helpers --
@@ -260,16 +257,16 @@ def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, s
     redo = set(ranks)
     copies = copy_list_ranked(plan, encoded, store, redo)
     ids, pos, order = prefilled(plan, redo)
-    for entry, a, b, _ in copies:
-        entry.write_into(buf, a, b)
+    for span in copies:
+        span.write_into(buf)
     if fresh is not None:
         in_buffer = buffer_ranks(copies, lm.n_layers)
         for layer, kv in enumerate(fresh.fresh):
             r = in_buffer[layer]
             buf.data[layer, :, 0, :, : r.shape[0]].copy_(kv[:, :, r.to(kv.device)])
     positions = plan.positions
-    return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(ranks),
-                recomputed_positions=tuple(positions[r] for r in ranks),
+    return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(ranks),
+                precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions[r] for r in ranks),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, order)))
 
 
@@ -284,23 +281,8 @@ def _check_args(lm: LoadedModel, ratio: float, rule: str, check_layer: int) -> N
                           "1 is CacheBlend's choice")
 
 
-def _cached_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """(entry, first, end) of every cached segment, in prompt order."""
-    out = []
-    for s in plan.segments:
-        if s.kind == CACHED:
-            key, off = encoded.locate(s.piece, s.scaffold)
-            out.append((store.get(key), off + s.offset, off + s.offset + len(s)))
-    return out
-
-
 def _uncached_ranks(plan: PromptPlan) -> list[int]:
-    out, rank = [], 0
-    for s in plan.segments:
-        if s.kind != CACHED:
-            out += range(rank, rank + len(s))
-        rank += len(s)
-    return out
+    return [r for at in plan.placed() if not at.cached for r in at.ranks]
 
 
 def _which(rule: str) -> int:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents, register,
                                   setting)
 from engine.arms.repair import select_repair
-from engine.cache.assemble import copy_list, copy_list_ranked, module_ranges, prefilled, question_retention
+from engine.cache.assemble import (copy_list, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
+                                   question_retention)
 from engine.errors import EngineError
 from engine.kv import KVBuffer
 from engine.limits import MAX_REPAIR, Limit
@@ -86,10 +87,11 @@ def cached_run(ctx: DecodingContext, settings: ModularSettings | None = None,
     key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
 
     def fill(buf: KVBuffer) -> Fill:
-        for entry, a, b in copies:
-            entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens, prefill=prefill,
-                    decode=AttentionSpec(ape=scale), retain=retain, key_positions=key_pos)
+        for span in copies:
+            span.write_into(buf)
+        return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens,
+                    precomputed_tokens=precomputed_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
+                    retain=retain, key_positions=key_pos)
 
     run, _, _ = yield from timed_run(lm, arm, plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1, fill,
                                      ctx.sampling, ctx.decoder)
@@ -113,10 +115,11 @@ def recomputed_run(ctx: DecodingContext, redo: set[int], positions: tuple[int, .
     ids, pos, ranks = prefilled(plan, redo)
 
     def fill(buf: KVBuffer) -> Fill:
-        for entry, a, b, _ in copies:
-            entry.write_into(buf, a, b)
-        return Fill(ids, pos, [e for e, *_ in copies], reused_tokens=plan.cached_tokens - len(redo),
-                    recomputed_positions=tuple(positions), prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
+        for span in copies:
+            span.write_into(buf)
+        return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(redo),
+                    precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions),
+                    prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
     run, _, _ = yield from timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + ctx.sampling.max_new_tokens
                                      + 1, fill, ctx.sampling, ctx.decoder)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cache.settings import CONTEXTUAL, canonical_mode
-from engine.schema.layout import ANONYMOUS
-from engine.schema.plan import CACHED, PromptPlan, Segment
+from engine.schema.plan import Placed, PromptPlan
 
 # isolated mode: repair the first module (bench/fidelity.py)
 REPAIR_FIRST_ISOLATED = True
@@ -31,37 +30,32 @@ def select_repair(plan: PromptPlan, k: int, mode: str, first: bool | None = None
     ranks: list[int] = []
     positions: list[int] = []
     links = 0
-    rank = 0
     prev: tuple | None = None  # None after prefilled tokens
     only_prefix = True
     budget = 0
-    for s in plan.segments:
-        if s.kind != CACHED:
+    for at in plan.placed():
+        if not at.cached:
             prev, only_prefix = None, False
-            rank += len(s)
             continue
-        unit = _unit(plan, s)
+        unit = _unit(at)
         if unit != prev:
             exact = only_prefix and (unit == ("anonymous",) or _first_is_kept(unit, mode, first))
             budget = 0 if exact else k
             links += not exact and k > 0
             only_prefix = only_prefix and unit == ("anonymous",)
-        take = min(budget, len(s))
-        ranks += range(rank, rank + take)
-        positions += s.positions[:take]
+        take = min(budget, len(at.segment))
+        ranks += at.ranks[:take]
+        positions += at.segment.positions[:take]
         budget -= take
         prev = unit
-        rank += len(s)
     return RepairSelection(k=k, ranks=tuple(ranks), positions=tuple(positions), links=links)
 
 
-def _unit(plan: PromptPlan, s: Segment) -> tuple:
-    """The unit a segment's KV was encoded in."""
-    if s.scaffold:
-        return ("scaffold", s.scaffold)
-    if s.owner == ANONYMOUS:
-        return ("anonymous",)
-    return ("module", plan.layout.modules[s.owner].top)
+def _unit(at: Placed) -> tuple:
+    """The unit a cached segment's KV was encoded in."""
+    if at.segment.scaffold:
+        return ("scaffold", at.segment.scaffold)
+    return ("anonymous",) if at.module is None else ("module", at.module)
 
 
 def _first_is_kept(unit: tuple, mode: str, first: bool) -> bool:

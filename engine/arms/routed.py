@@ -15,7 +15,7 @@ import torch
 from engine.arms.prefix import match_fill
 from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents, register,
                                   setting)
-from engine.cache.assemble import module_ranges, slot_owners, used_keys
+from engine.cache.assemble import Span, fresh_tokens, module_ranges, precomputed_tokens, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
@@ -30,7 +30,7 @@ from engine.run.layers import run_until
 from engine.run.timing import Fill, timed_run
 from engine.run.types import RunResult
 from engine.run.workspace import workspace
-from engine.schema.plan import CACHED, PromptPlan
+from engine.schema.plan import PromptPlan
 
 # Each default's split and figures: docs/arms.md (routed) and bench/results/.
 SCOUT_LAYERS = (6, 7, 8, 9, 10, 11)  # decoder layers the scout reads (bench/routing.py)
@@ -196,27 +196,27 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
     ape = ctx.settings_of("cached").ape  # APE is the modular arm's setting
     check_recompute(lm, "routing", "leave routed out of the arms")
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
-    modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
+    modules = tuple(dict.fromkeys(r.module for r in ranges if r.module is not None))
     ids, pos = plan.uncached()
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
     key = None if prefix is None or keep is not None else run_key(
         plan, encoded, (s.k, s.min_pull, layers, ape, s.focus, s.joint, s.share, s.sinks, s.tree))
     if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
-        return (yield from _repeat(ctx, *hit))
+        return (yield from _repeat(ctx, *hit, plan.prompt_tokens - fresh_tokens(ranges)))
     whole = tree_match(prefix, plan) if s.tree == "on" and s.joint == "on" and keep is None else None
     ends = clause_ends(lm.tokenizer) if s.focus == "clause" else frozenset()  # before TTFT: once per tokenizer
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
-        for entry, a, b, _ in ranges:
-            entry.write_into(buf, a, b)
+        for span in ranges:
+            span.write_into(buf)
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
         kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, s.k, s.min_pull)
         if whole is not None and seen is not None and 2 <= len(kept) == len(modules):
-            return _tree_fill(plan, whole, buf, _Choice(seen, kept, (time.perf_counter() - t0) * 1000, (), "tree"))
+            return _tree_fill(plan, whole, buf, ranges, _Choice(seen, kept, _ms(t0), (), "tree"))
         together = kept if s.joint == "on" and seen is not None and len(kept) >= 2 else ()
         together, redo, drop, path = _recompute(plan, modules, kept, together, seen, s.share, s.sinks)
-        choice = _Choice(seen, kept, (time.perf_counter() - t0) * 1000, together, path)
+        choice = _Choice(seen, kept, _ms(t0), together, path)
         buf.reset()  # rebuilt: only what stays visible
         if together:
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
@@ -229,7 +229,7 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
                                             + 1, fill, ctx.sampling, ctx.decoder)
     info = _info(choice, s, layers if keep is None else (), run.recomputed_tokens)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
-        keep_run(prefix, key, plan, buf, choice.slots, [e for e, *_ in ranges], info,
+        keep_run(prefix, key, plan, buf, choice.slots, [r.entry for r in ranges], info,
                  list(ctx.keep) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits,
                  focus=choice.focus)
     return run, info
@@ -253,46 +253,53 @@ def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
     That KV is the full prefill's own (contiguous positions), so reading it is exact where a recompute is not."""
     if prefix is None:
         return None
-    ids, rank, end = list(plan.token_ids), 0, 0
-    for s in plan.segments:
-        rank += len(s)
-        end = rank if s.kind == CACHED else end
+    ids = list(plan.token_ids)
+    end = max((at.ranks.stop for at in plan.placed() if at.cached), default=0)
     match = prefix.match(ids, limit=len(ids) - 1)
     return match if end and match.reused >= end else None
 
 
-def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, choice: _Choice) -> Fill:
+def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choice: _Choice) -> Fill:
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
-    contiguous positions, as the prefix arm and the baseline number them."""
+    contiguous positions, as the prefix arm and the baseline number them. The modules' tokens this request encoded
+    count as computed, though the tree's KV is read."""
     buf.reset()
     every = range(len(plan.token_ids))
-    return replace(match_fill(list(plan.token_ids), match, buf),
+    work = match_fill(list(plan.token_ids), match, buf)
+    return replace(work, precomputed_tokens=max(0, work.reused_tokens - fresh_tokens(ranges)),
                    detail=replace(choice, slots=list(every), positions=every))
 
 
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000
+
+
 # the fill's own parts (model, plan, ranges, buffer, choice) and the settings it reads, once inside TTFT
-def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list, buf: KVBuffer, choice: _Choice, focus: bool,
+def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVBuffer, choice: _Choice, focus: bool,
                  ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> Fill:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
     steps read the module the answer names."""
     ids, pos = plan.uncached()
-    kept, modules = choice.kept, tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
-    read = [r for r in ranges if r[3] is None or r[3] in kept]
-    for entry, a, b, _ in read:
-        entry.write_into(buf, a, b)
+    kept, modules = choice.kept, tuple(dict.fromkeys(r.module for r in ranges if r.module is not None))
+    read = [r for r in ranges if r.module is None or r.module in kept]
+    for span in read:
+        span.write_into(buf)
     owners = slot_owners(read, 0, {m: i for i, m in enumerate(kept)}) if focus else None
-    focused = None if any(isinstance(e, LayeredKV) for e, *_ in read) else _focus(
+    focused = None if any(isinstance(r.entry, LayeredKV) for r in read) else _focus(
         owners, kept, modules, choice.seen, ids, min_pull, ends)
     scale = ape_scale(lm, read, ape)
     slots = _stored_slots(plan, ranges, kept) if scale is None else None
-    return Fill(ids, pos, [e for e, *_ in ranges], reused_tokens=sum(b - a for _, a, b, _ in read),
+    return Fill(ids, pos, [r.entry for r in ranges], reused_tokens=sum(len(r) for r in read),
+                precomputed_tokens=precomputed_tokens(ranges),  # the scout read the left-out modules' stored KV
                 prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
                 detail=replace(choice, focus=focused, slots=slots))
 
 
-def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool) -> RunEvents[tuple[RunResult, RoutedInfo]]:
+def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool,
+            known: int) -> RunEvents[tuple[RunResult, RoutedInfo]]:
     """An identical request again: its stored KV read back; with ``whole`` (the last token's KV too) the stored
-    first logits are sampled and nothing is prefilled, else the last token is prefilled (as the prefix arm does)."""
+    first logits are sampled and nothing is prefilled, else the last token is prefilled (as the prefix arm does).
+    ``known``: the prompt's tokens less those this request encoded; all but the prefilled one are stored."""
     n = sum(b - a for _, a, b in pieces)
     token, position = stored.last
     was = stored.focus  # a fresh one: the focus moves as the answer is written again
@@ -302,7 +309,8 @@ def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool) -> RunEvent
         for entry, a, b in pieces:
             entry.write_into(buf, a, b)
         return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n,
-                    logits=stored.logits if whole else None, decode=AttentionSpec(focus=focus))
+                    precomputed_tokens=max(0, known - (not whole)), logits=stored.logits if whole else None,
+                    decode=AttentionSpec(focus=focus))
 
     run, _, _ = yield from timed_run(ctx.lm, "routed", n + ctx.sampling.max_new_tokens + 2, fill, ctx.sampling,
                                      ctx.decoder)
@@ -310,17 +318,11 @@ def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool) -> RunEvent
                         moves=_moves(focus, stored.detail.kept), repeat_tokens=n)
 
 
-def _stored_slots(plan: PromptPlan, ranges: list, kept: tuple[str, ...]) -> list[int]:
+def _stored_slots(plan: PromptPlan, ranges: list[Span], kept: tuple[str, ...]) -> list[int]:
     """Each buffer slot's prompt rank when the kept modules are read as stored, then the uncached tokens."""
-    starts, uncached, rank = [], [], 0
-    for s in plan.segments:
-        if s.kind == CACHED:
-            starts.append(rank)
-        else:
-            uncached += range(rank, rank + len(s))
-        rank += len(s)
-    return [r for (_, a, b, u), r0 in zip(ranges, starts) if u is None or u in kept
-            for r in range(r0, r0 + b - a)] + uncached
+    uncached = [r for at in plan.placed() if not at.cached for r in at.ranks]
+    return [r for s in ranges if s.module is None or s.module in kept for r in range(s.rank, s.rank + len(s))] \
+        + uncached
 
 
 def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
@@ -328,16 +330,16 @@ def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
     """The scout of ``plan`` alone, untimed (bench/routing.py)."""
     ranges = module_ranges(plan, encoded, store)
     buf = workspace(lm).buffer(plan.cached_tokens + plan.uncached_tokens + 1)
-    for entry, a, b, _ in ranges:
-        entry.write_into(buf, a, b)
+    for span in ranges:
+        span.write_into(buf)
     ids, pos = plan.uncached()
     return scout(lm, buf, ranges, ids, pos, tuple(sorted({x % lm.n_layers for x in layers})))
 
 
-def scout(lm: LoadedModel, buf: KVBuffer, ranges: list, ids: list[int], pos: list[int],
+def scout(lm: LoadedModel, buf: KVBuffer, ranges: list[Span], ids: list[int], pos: list[int],
           layers: tuple[int, ...]) -> Scouted:
     """Prefill ``ids`` over ``buf`` (holding ``ranges``) through layer ``max(layers)``, taking each module's pull."""
-    modules = tuple(dict.fromkeys(u for *_, u in ranges if u is not None))
+    modules = tuple(dict.fromkeys(r.module for r in ranges if r.module is not None))
     index = {m: i for i, m in enumerate(modules)}
     owner = {layer: slot_owners(ranges, layer, index) for layer in layers}  # slot -> module index, -1 none
     pull, mass = torch.zeros(len(layers), len(modules)), torch.zeros(len(layers), len(modules))

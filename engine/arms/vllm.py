@@ -132,7 +132,7 @@ def _result(tokens: list[int], ttft: float, stamps: list[float], tokenizer, usag
                      prefill_tokens=0 if usage is None else usage.prompt_tokens - cached,
                      decode_ms_per_token=(stamps[-1] - stamps[0]) * 1000 / steps if steps else None,
                      decode_tokens=len(tokens), peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=0,
-                     first_logits=None, reused_tokens=cached)
+                     first_logits=None, reused_tokens=cached, precomputed_tokens=cached)
 
 
 def failed(url: str, why: str) -> ArmResult:

@@ -1,18 +1,51 @@
-"""What a run copies from the store into its buffer, as (entry, first, end[, rank | module]) ranges.
+"""What a run copies from the store into its buffer, as :class:`Span` s in buffer order.
 
 No timing here: :func:`fetch_entries` runs before the clock starts, so a MissingEntry never does.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
 import torch
 
 from engine.cache.compress import QuestionRetention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
-from engine.kv import LayeredKV
+from engine.kv import LayeredKV, StoredKV
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens ``[start, end)`` of one store entry, appended to a run's buffer (buffer order is list order)."""
+
+    entry: StoredKV = field(repr=False)
+    start: int  # into the entry
+    end: int
+    rank: int | None = None  # prompt rank of the first token, the rest following; None where merged over gaps
+    module: str | None = None  # the routable module owning the tokens (plan.owning_module); None: no one module's
+    fresh: bool = False  # the entry was encoded for this request: its tokens are reused but were not stored before
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def write_into(self, buf) -> None:
+        self.entry.write_into(buf, self.start, self.end)
+
+
+def precomputed_tokens(spans: list[Span], computed: set[int] = frozenset()) -> int:
+    """Tokens of ``spans`` the store held before this request, less the (ranked) ``computed`` ones."""
+    done = sorted(computed)  # counted by bisection: this runs inside TTFT
+    return sum(len(s) - (bisect_left(done, s.rank + len(s)) - bisect_left(done, s.rank) if done else 0)
+               for s in spans if not s.fresh)
+
+
+def fresh_tokens(spans: list[Span]) -> int:
+    """Tokens of ``spans`` whose entries this request encoded."""
+    return sum(len(s) for s in spans if s.fresh)
 
 
 def fetch_entries(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> None:
@@ -28,11 +61,9 @@ def used_keys(plan: PromptPlan, encoded: EncodedSchema) -> list[str]:
 
 def token_place(plan: PromptPlan, k: int) -> dict:
     """Where prompt token ``k`` comes from: {"token", "source", "owner"}."""
-    start = 0
-    for seg in plan.segments:
-        if k < start + len(seg):
-            return {"token": k, "source": seg.source, "owner": seg.owner}
-        start += len(seg)
+    for at in plan.placed():
+        if k in at.ranks:
+            return {"token": k, "source": at.segment.source, "owner": at.segment.owner}
     return {"token": k, "source": "end", "owner": ""}
 
 
@@ -46,40 +77,42 @@ def question_retention(plan: PromptPlan, encoded: EncodedSchema) -> QuestionRete
     return QuestionRetention(encoded.compression, torch.tensor(marks, dtype=torch.bool))
 
 
-def copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """The ranges to copy, adjacent ones merged."""
-    out: list = []
-    for seg in plan.segments:
-        if seg.kind != CACHED:
-            continue
-        key, off = encoded.locate(seg.piece, seg.scaffold)
-        entry = store.get(key)
-        a = off + seg.offset
-        b = a + len(seg)
-        if out and out[-1][0] is entry and out[-1][2] == a:
-            out[-1] = (entry, out[-1][1], b)
+def copy_list(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list[Span]:
+    """The spans to copy, adjacent ones of one entry merged (their ranks may not follow: ``rank`` None)."""
+    out: list[Span] = []
+    for span in module_ranges(plan, encoded, store):
+        last = out[-1] if out else None
+        if last is not None and last.entry is span.entry and last.end == span.start:
+            out[-1] = Span(last.entry, last.start, span.end, None, last.module, last.fresh)
         else:
-            out.append((entry, a, b))
+            out.append(Span(span.entry, span.start, span.end, None, span.module, span.fresh))
     return out
 
 
-def copy_list_ranked(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, skip: set[int]) -> list:
-    """The ranges to copy with their first token's rank, leaving out ranks ``skip``."""
-    out: list = []
-    rank = 0
-    for seg in plan.segments:
-        if seg.kind == CACHED:
-            key, off = encoded.locate(seg.piece, seg.scaffold)
-            entry = store.get(key)
-            for i in range(len(seg)):
-                if rank + i in skip:
-                    continue
-                a = off + seg.offset + i
-                if out and out[-1][0] is entry and out[-1][2] == a and out[-1][3] + a - out[-1][1] == rank + i:
-                    out[-1] = (entry, out[-1][1], a + 1, out[-1][3])
-                else:
-                    out.append((entry, a, a + 1, rank + i))
-        rank += len(seg)
+def copy_list_ranked(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, skip: set[int]) -> list[Span]:
+    """The spans to copy with their first token's rank, leaving out ranks ``skip``."""
+    return ranked_copies(module_ranges(plan, encoded, store), skip)
+
+
+def ranked_copies(ranges: list[Span], skip: set[int]) -> list[Span]:
+    """``ranges`` (ranked) less the ranks ``skip``, adjacent spans merged where both their entry offsets and their
+    ranks follow on."""
+    out: list[Span] = []
+    for seg in ranges:
+        i, n = 0, len(seg)
+        while i < n:
+            if seg.rank + i in skip:
+                i += 1
+                continue
+            j = i + 1
+            while j < n and seg.rank + j not in skip:
+                j += 1
+            a, last = seg.start + i, out[-1] if out else None  # tokens i..j-1 of seg: one run
+            if last is not None and last.entry is seg.entry and last.end == a and last.rank + len(last) == seg.rank + i:
+                out[-1] = Span(last.entry, last.start, seg.start + j, last.rank, last.module, last.fresh)
+            else:
+                out.append(Span(seg.entry, a, seg.start + j, seg.rank + i, seg.module, seg.fresh))
+            i = j
     return out
 
 
@@ -88,65 +121,64 @@ def prefilled(plan: PromptPlan, redo: set[int]) -> tuple[list[int], list[int], l
     ids: list[int] = []
     pos: list[int] = []
     ranks: list[int] = []
-    rank = 0
-    for s in plan.segments:
-        for i, (t, p) in enumerate(zip(s.token_ids, s.positions)):
-            if s.kind != CACHED or rank + i in redo:
+    for at in plan.placed():
+        for r, t, p in zip(at.ranks, at.segment.token_ids, at.segment.positions):
+            if not at.cached or r in redo:
                 ids.append(t)
                 pos.append(p)
-                ranks.append(rank + i)
-        rank += len(s)
+                ranks.append(r)
     return ids, pos, ranks
 
 
-def buffer_ranks(copies: list, n_layers: int) -> list[torch.Tensor]:
-    """Per layer, the ranks of the buffer's entries in buffer order."""
-    every = [torch.arange(r, r + b - a) for _, a, b, r in copies]
-    if not any(isinstance(entry, LayeredKV) for entry, *_ in copies):
+def buffer_ranks(copies: list[Span], n_layers: int) -> list[torch.Tensor]:
+    """Per layer, the ranks of the buffer's entries in buffer order (``copies`` ranked)."""
+    every = [torch.arange(c.rank, c.rank + len(c)) for c in copies]
+    if not any(isinstance(c.entry, LayeredKV) for c in copies):
         shared = torch.cat(every) if every else torch.zeros(0, dtype=torch.long)
         return [shared] * n_layers
     out = []
     for layer in range(n_layers):
         parts = []
-        for (entry, a, b, r), full in zip(copies, every):
-            if isinstance(entry, LayeredKV):
-                kept = entry.kept[layer]
-                kept = kept[(kept >= a) & (kept < b)]
-                parts.append(kept - a + r)
+        for c, full in zip(copies, every):
+            if isinstance(c.entry, LayeredKV):
+                kept = c.entry.kept[layer]
+                kept = kept[(kept >= c.start) & (kept < c.end)]
+                parts.append(kept - c.start + c.rank)
             else:
                 parts.append(full)
         out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
     return out
 
 
-def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list:
-    """The ranges per cached segment, with their top-level module or None."""
+def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list[Span]:
+    """One span per cached segment, in prompt order, with its rank and owning module."""
+    fresh = encoded.fresh_keys()
     out = []
-    for s in plan.segments:
-        if s.kind != CACHED:
+    for at in plan.placed():
+        if not at.cached:
             continue
+        s = at.segment
         key, off = encoded.locate(s.piece, s.scaffold)
-        unit = None if s.scaffold or s.owner == ANONYMOUS else plan.layout.modules[s.owner].top
-        out.append((store.get(key), off + s.offset, off + s.offset + len(s), unit))
+        out.append(Span(store.get(key), off + s.offset, off + s.offset + len(s), at.rank, at.module, key in fresh))
     return out
 
 
-def slot_owners(ranges: list, layer: int, index: dict[str, int]) -> torch.Tensor:
+def slot_owners(ranges: list[Span], layer: int, index: dict[str, int]) -> torch.Tensor:
     """Each buffer slot's module index in ``layer`` (-1: no module's)."""
     parts = []
-    for entry, a, b, unit in ranges:
-        n = b - a
-        if isinstance(entry, LayeredKV):
-            kept = entry.kept[layer]
-            n = int(((kept >= a) & (kept < b)).sum())
-        parts.append(torch.full((n,), -1 if unit is None else index[unit], dtype=torch.long))
+    for span in ranges:
+        n = len(span)
+        if isinstance(span.entry, LayeredKV):
+            kept = span.entry.kept[layer]
+            n = int(((kept >= span.start) & (kept < span.end)).sum())
+        parts.append(torch.full((n,), -1 if span.module is None else index[span.module], dtype=torch.long))
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
-def module_slots(ranges: list, n_layers: int) -> list[torch.Tensor]:
+def module_slots(ranges: list[Span], n_layers: int) -> list[torch.Tensor]:
     """Per layer, which buffer slots hold a module's token."""
-    index = {u: 0 for *_, u in ranges if u is not None}
-    if not any(isinstance(e, LayeredKV) for e, *_ in ranges):
+    index = {s.module: 0 for s in ranges if s.module is not None}
+    if not any(isinstance(s.entry, LayeredKV) for s in ranges):
         shared = slot_owners(ranges, 0, index) >= 0
         return [shared] * n_layers
     return [slot_owners(ranges, layer, index) >= 0 for layer in range(n_layers)]

@@ -50,6 +50,7 @@ class UnitReport:
     ms: float
     source: str  # "memory" | "disk" | "encoded"
     unsaved: str = ""  # why the disk refused to keep it (it served from memory)
+    keys: tuple[str, ...] = ()  # the store keys it made available
 
     @property
     def reused(self) -> bool:
@@ -73,6 +74,10 @@ class EncodedSchema:
 
     def keys(self) -> list[str]:
         return list(self.module_keys.values()) + list(self.scaffold_keys.values())
+
+    def fresh_keys(self) -> frozenset[str]:
+        """Store keys this encode computed (not found in the store)."""
+        return frozenset(k for u in self.units if not u.reused for k in u.keys)
 
     def bytes_by_module(self, store: ModuleStore) -> dict[str, int]:
         out = {str(EntryName.module(path)): store.entry_bytes(k) for path, k in self.module_keys.items()}
@@ -241,7 +246,8 @@ class _Context:
             try:
                 entries = [store.get(key) for key, _ in wanted.values()]
                 source = "memory" if all(p == "memory" for p in places) else "disk"
-                self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, source))
+                self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, source,
+                                               keys=tuple(k for k, _ in wanted.values())))
                 return entries[0] if kind == "anonymous" else None
             except MissingEntry:
                 pass  # vanished or corrupted: encode afresh
@@ -269,7 +275,8 @@ class _Context:
                 entry = to_storage(entry, self.precision)
             store.put(key, entry, pinned=kind == "anonymous", meta={"module": name, "schema": layout.name})
         unsaved = next((why for key, _ in wanted.values() if (why := store.unsaved(key))), "")
-        self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded", unsaved))
+        self.reports.append(UnitReport(label, kind, n_tokens, (time.perf_counter() - t0) * 1000, "encoded", unsaved,
+                                       tuple(k for k, _ in wanted.values())))
         return out if kind == "anonymous" else None
 
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 from engine.errors import ModelError
 from engine.model.sanity import short
+from engine.model.tokens import CachedEncode
 from engine.schema.layout import TextCodec
 
 SENTINELS = {"system": "PMLSENTINELSYSTEM", "user": "PMLSENTINELUSER", "assistant": "PMLSENTINELASSISTANT"}
 
 
 def make_codec(tokenizer, max_positions: int, fingerprint: str) -> TextCodec:
-    """The TextCodec of ``tokenizer``: its encoder and the role ids its template renders."""
+    """The TextCodec of ``tokenizer``: its encoder (each document tokenized once, :class:`CachedEncode`) and the
+    role ids its template renders."""
 
-    def encode(text: str) -> list[int]:
+    def tokenize(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
+
+    encode = CachedEncode(tokenize)
 
     auto = tokenizer("a").input_ids
     plain = encode("a")

@@ -67,12 +67,14 @@ def attach(cache, positions: list[torch.Tensor] | torch.Tensor | None) -> None:
 
 
 def copied_positions(copies: list, n_layers: int) -> list[torch.Tensor]:
-    """Per layer, the positions of the keys ``copies`` (entry, first, end) put in a buffer."""
+    """Per layer, the positions of the keys ``copies`` (engine.cache.assemble's spans: ``entry``, ``start``,
+    ``end``) put in a buffer."""
     import torch
 
     shared: list[torch.Tensor] = []
     per_layer: list[list[torch.Tensor]] | None = None
-    for entry, a, b in copies:
+    for span in copies:
+        entry, a, b = span.entry, span.start, span.end
         kept = getattr(entry, "kept", None)
         if kept is None:
             shared.append(entry.positions[a:b])

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.cache.assemble import buffer_ranks, module_slots
+from engine.cache.assemble import Span, buffer_ranks, module_slots
 from engine.errors import EngineError
 from engine.model.attend import ATTENTION, ApeScale, RankMask
 from engine.model.load import LoadedModel
 from engine.model.positions import needs_positions
 
 
-def rank_mask(lm: LoadedModel, copies: list, ranks: list[int]) -> RankMask:
+def rank_mask(lm: LoadedModel, copies: list[Span], ranks: list[int]) -> RankMask:
     """The prompt-order mask of prefilled ``ranks`` over ``copies``."""
     return RankMask(buffer_ranks(copies, lm.n_layers), torch.tensor(ranks, dtype=torch.long))
 
@@ -26,7 +26,7 @@ def check_recompute(lm: LoadedModel, what: str, fix: str) -> None:
                           f"(its prompt-order mask would replace their position-aware one); {fix}")
 
 
-def ape_scale(lm: LoadedModel, ranges: list, ape: tuple[float, float] | None) -> ApeScale | None:
+def ape_scale(lm: LoadedModel, ranges: list[Span], ape: tuple[float, float] | None) -> ApeScale | None:
     """APE (T, S) over the modules of ``ranges`` (buffer order); None for plain attention."""
     if ape is None or tuple(ape) == (1.0, 1.0):
         return None

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from engine.cache.assemble import buffer_ranks, copy_list_ranked, prefilled, used_keys
+from engine.cache.assemble import (buffer_ranks, module_ranges, precomputed_tokens, prefilled, ranked_copies,
+                                   used_keys)
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
@@ -18,8 +19,7 @@ from engine.model.attend import AttentionSpec, Focus
 from engine.model.load import LoadedModel
 from engine.run.attention import rank_mask
 from engine.run.timing import Fill
-from engine.schema.layout import ANONYMOUS
-from engine.schema.plan import CACHED, PromptPlan
+from engine.schema.plan import PromptPlan
 
 PER_MODULE = 0.5  # of the recompute budget, the part spread over the kept modules by size (an every-module question)
 # A partial recompute takes at most this share of all the prompt's module tokens: a question that keeps (nearly) every
@@ -45,20 +45,10 @@ class StoredRun:
 def module_ranks(plan: PromptPlan, modules: set[str]) -> dict[str, list[int]]:
     """{module: the prompt ranks of its cached tokens}, for the top-level ``modules``."""
     out: dict[str, list[int]] = {m: [] for m in modules}
-    rank = 0
-    for s in plan.segments:
-        top = owner_top(plan, s)
-        if top in out:
-            out[top] += range(rank, rank + len(s))
-        rank += len(s)
+    for at in plan.placed():
+        if at.module in out:
+            out[at.module] += at.ranks
     return out
-
-
-def owner_top(plan: PromptPlan, s) -> str | None:
-    """The routable module a segment's tokens belong to (None: system text, scaffolds, new text)."""
-    if s.kind != CACHED or s.scaffold or s.owner == ANONYMOUS:
-        return None
-    return plan.layout.modules[s.owner].top
 
 
 def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str, ...], share: float,
@@ -66,7 +56,7 @@ def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str
     """Ranks to recompute: each kept module's first ``sinks`` tokens, then the ``share`` of their tokens the question
     attends to most (``by_key``: per cached slot, in prompt order), PER_MODULE of it in every module by its size, and
     under 1 at most PROMPT_CAP of all module tokens; None when the scout read no score per token (compressed entries)."""
-    cached = [r for r, s in _ranked(plan) if s.kind == CACHED]
+    cached = [r for at in plan.placed() if at.cached for r in at.ranks]
     if by_key is None or by_key.shape[0] != len(cached):
         return None
     score = dict(zip(cached, by_key.tolist()))
@@ -74,7 +64,7 @@ def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str
     per = module_ranks(plan, set(kept))
     picked = {r for rs in per.values() for r in rs[:sinks]}
     total = sum(len(rs) for rs in per.values())
-    modules = sum(len(s) for s in plan.segments if owner_top(plan, s) is not None)
+    modules = sum(len(at.segment) for at in plan.placed() if at.module is not None)
     rate = share if share >= 1 or not total else min(share, PROMPT_CAP * modules / total)  # 1: the full recompute
     budget = round(rate * total)
     chosen: set[int] = set()
@@ -89,12 +79,14 @@ def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
                    redo: set[int], drop: set[int]) -> tuple[Fill, list[int]]:
     """Fill ``buf`` (emptied) to prefill ranks ``redo`` with the uncached tokens in prompt order, ranks ``drop``
     left out; and each buffer slot's rank."""
-    copies = copy_list_ranked(plan, encoded, store, redo | drop)
-    for entry, a, b, _ in copies:
-        entry.write_into(buf, a, b)
+    ranges = module_ranges(plan, encoded, store)
+    copies = ranked_copies(ranges, redo | drop)
+    for span in copies:
+        span.write_into(buf)
     ids, pos, ranks = prefilled(plan, redo)
     positions = plan.positions
-    fill = Fill(ids, pos, [e for e, *_ in copies], reused_tokens=sum(b - a for _, a, b, _ in copies),
+    fill = Fill(ids, pos, [s.entry for s in copies], reused_tokens=sum(len(s) for s in copies),
+                precomputed_tokens=precomputed_tokens(ranges, redo),  # ``drop`` too: the scout read its stored KV
                 recomputed_positions=tuple(positions[r] for r in sorted(redo)),
                 prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
     slots = buffer_ranks(copies, lm.n_layers)[0].tolist() if copies else []
@@ -141,12 +133,4 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slo
         focus = focus.fresh(owners[torch.tensor(order)])
     prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail, logits, focus))
     return stored
-
-
-def _ranked(plan: PromptPlan):
-    rank = 0
-    for s in plan.segments:
-        for i in range(len(s)):
-            yield rank + i, s
-        rank += len(s)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, Union
 
 from engine.errors import EngineError
+from engine.run.sse import DONE, EventError, data_of, error_message
 from engine.run.types import Sampling
 
 TOP_LOGPROBS = 20  # vLLM's default --max-logprobs: the first-token agreement is over these
@@ -150,19 +151,15 @@ def _token_id(token: str, url: str) -> int:
 def _events(resp, url: str, timeout_s: float) -> Iterator[dict]:
     """The JSON documents of a server-sent event stream, up to ``data: [DONE]``."""
     for raw in _lines(resp, url, timeout_s):
-        line = raw.decode("utf-8", "replace").strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
         try:
-            doc = json.loads(data)
-        except ValueError:
-            raise RemoteError(f"{url} sent a stream line that is not JSON: {data[:200]}") from None
-        if isinstance(doc, dict) and "error" in doc:
-            raise RemoteError(f"{url} failed mid-stream: {_message(doc)}")
-        yield doc
+            doc = data_of(raw)
+        except EventError as err:
+            raise RemoteError(f"{url} failed mid-stream: {err}" if err.event is not None else
+                              f"{url} sent a stream line that is {err}") from None
+        if doc == DONE:
+            return
+        if doc is not None:
+            yield doc
 
 
 def _lines(resp, url: str, timeout_s: float) -> Iterator[bytes]:
@@ -192,7 +189,7 @@ def _open(req: urllib.request.Request, timeout_s: float):
         return urllib.request.urlopen(req, timeout=timeout_s)
     except urllib.error.HTTPError as e:
         try:
-            said = _message(json.loads(e.read().decode("utf-8", "replace")))
+            said = error_message(json.loads(e.read().decode("utf-8", "replace")))
         except ValueError:
             said = e.reason
         raise RemoteError(f"{where} refused the request (HTTP {e.code}): {said}") from None
@@ -202,14 +199,3 @@ def _open(req: urllib.request.Request, timeout_s: float):
         reason = getattr(e, "reason", e)
         raise RemoteError(f"cannot reach {where} ({reason}); start vLLM (make vllm-serve) or fix --vllm-url") \
             from None
-
-
-def _message(doc) -> str:
-    """An OpenAI-shaped error's message (vLLM: {"error": {"message"}} or {"message"}), else the document."""
-    if isinstance(doc, dict):
-        err = doc.get("error", doc)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-        if isinstance(err, str):
-            return err[:500]
-    return str(doc)[:500]

@@ -36,6 +36,7 @@ class Fill:
     pos: Sequence[int]  # their position ids
     entries: Sequence = ()  # store entries written into the buffer
     reused_tokens: int = 0
+    precomputed_tokens: int | None = None  # as RunResult's; None: reused_tokens
     recomputed_positions: tuple[int, ...] = ()
     prefill: AttentionSpec = PLAIN  # what the prefill attends to
     decode: AttentionSpec = PLAIN  # what every decode step attends to
@@ -106,7 +107,9 @@ def _first_token(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling,
         copy_ms=copy_s * 1000 if work.copies else 0.0, prefill_ms=prefill_s * 1000, sample_ms=sample_s * 1000,
         prefill_tokens=0 if work.logits is not None else len(work.ids), decode_ms_per_token=None, decode_tokens=1,
         peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=logits.detach().float().cpu(),
-        reused_tokens=work.reused_tokens, recomputed_tokens=len(work.recomputed_positions),
+        reused_tokens=work.reused_tokens,
+        precomputed_tokens=work.reused_tokens if work.precomputed_tokens is None else work.precomputed_tokens,
+        recomputed_tokens=len(work.recomputed_positions),
         recomputed_positions=work.recomputed_positions, kv_buffer_used_bytes=used,
         kv_buffer_bytes_after_retention=after, kv_store_bytes=read, retention_ms=retention_ms)
     return run, started

@@ -57,6 +57,8 @@ class RunResult:
     kv_buffer_bytes: int  # capacity of the run's buffer
     first_logits: torch.Tensor | None = field(repr=False, compare=False)  # None when read back from JSON
     reused_tokens: int = 0  # prompt tokens whose KV came from a store
+    precomputed_tokens: int = 0  # prompt tokens it did not compute: read as a store or the prefix tree held them
+    # before this request (the routed arm's left-out modules too: its scout read them); the API's cached_tokens
     recomputed_tokens: int = 0  # cached tokens prefilled again (in prefill_tokens)
     recomputed_positions: tuple[int, ...] = ()
     kv_buffer_used_bytes: int = 0  # KV in the run's buffer after the prefill
@@ -76,7 +78,8 @@ class RunResult:
                 "decode_ms_per_token": None if self.decode_ms_per_token is None else round(self.decode_ms_per_token, 3),
                 "new_tokens": self.decode_tokens, "peak_rss_bytes": self.peak_rss_bytes,
                 "cuda_peak_bytes": self.cuda_peak_bytes, "kv_buffer_bytes": self.kv_buffer_bytes,
-                "reused_tokens": self.reused_tokens, "recomputed_tokens": self.recomputed_tokens,
+                "reused_tokens": self.reused_tokens, "precomputed_tokens": self.precomputed_tokens,
+                "recomputed_tokens": self.recomputed_tokens,
                 "recomputed_positions": list(self.recomputed_positions),
                 "kv_buffer_used_bytes": self.kv_buffer_used_bytes, "kv_store_bytes": self.kv_store_bytes,
                 "kv_held_bytes": self.kv_held_bytes,
@@ -92,7 +95,9 @@ class RunResult:
                    decode_ms_per_token=d.get("decode_ms_per_token"), decode_tokens=d.get("new_tokens", 0),
                    peak_rss_bytes=d.get("peak_rss_bytes", 0), cuda_peak_bytes=d.get("cuda_peak_bytes"),
                    kv_buffer_bytes=d.get("kv_buffer_bytes", 0), first_logits=None,
-                   reused_tokens=d.get("reused_tokens", 0), recomputed_tokens=d.get("recomputed_tokens", 0),
+                   reused_tokens=d.get("reused_tokens", 0),
+                   precomputed_tokens=d.get("precomputed_tokens", d.get("reused_tokens", 0)),  # older documents
+                   recomputed_tokens=d.get("recomputed_tokens", 0),
                    recomputed_positions=tuple(d.get("recomputed_positions") or ()),
                    kv_buffer_used_bytes=d.get("kv_buffer_used_bytes", 0), kv_store_bytes=d.get("kv_store_bytes", 0),
                    kv_buffer_bytes_after_retention=d.get("kv_buffer_bytes_after_retention", 0),

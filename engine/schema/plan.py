@@ -8,6 +8,7 @@ are docs/pml-spec.md section 6.1. No torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 from engine.errors import ContextLengthError, Problem, Problems, named
 from engine.schema.layout import ANONYMOUS, EntryName, Layout
@@ -34,6 +35,31 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Placed:
+    """A segment where the prompt holds it: the rank of its first token and the routable module that owns it."""
+
+    segment: Segment
+    rank: int  # prompt rank (index in the baseline's token order) of its first token
+    module: str | None  # see :func:`owning_module`
+
+    @property
+    def ranks(self) -> range:
+        return range(self.rank, self.rank + len(self.segment))
+
+    @property
+    def cached(self) -> bool:
+        return self.segment.kind == CACHED
+
+
+def owning_module(layout: Layout, s: Segment) -> str | None:
+    """The routable (top-level) module whose stored KV holds a segment's tokens; None for the prefilled tokens, the
+    system text and scaffolds (a scaffold's joint KV is no one module's)."""
+    if s.kind != CACHED or s.scaffold or s.owner == ANONYMOUS:
+        return None
+    return layout.modules[s.owner].top
+
+
+@dataclass(frozen=True)
 class PromptPlan:
     layout: Layout
     prompt: Prompt
@@ -41,6 +67,14 @@ class PromptPlan:
     arguments: tuple[tuple[str, str, str], ...]  # (module path, param, value)
     scaffolds: tuple[str, ...]
     segments: tuple[Segment, ...]
+
+    def placed(self) -> Iterator[Placed]:
+        """Every segment in prompt order, with its first token's rank and its owning module: the one walk over a
+        plan that counts ranks."""
+        rank = 0
+        for s in self.segments:
+            yield Placed(s, rank, owning_module(self.layout, s))
+            rank += len(s)
 
     @property
     def token_ids(self) -> list[int]:

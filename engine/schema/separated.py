@@ -56,14 +56,14 @@ def separated_plan(plan: PromptPlan, encode: Callable[[str], list[int]], decode:
 
 
 def module_runs(plan: PromptPlan) -> list[tuple[str, int, int]]:
-    """(top module, start, end) of each run of the plan's tokens that one imported module owns."""
+    """(top module, start, end) of each run of the plan's tokens that one imported module owns, its arguments and
+    uncached text included (not :func:`engine.schema.plan.owning_module`'s rule: the text is the module's)."""
     runs: list[tuple[str, int, int]] = []
-    at = 0
-    for s in plan.segments:
-        top = plan.layout.modules[s.owner].top if s.owner not in (ANONYMOUS, "") else None
-        if top is not None and runs and runs[-1][0] == top and runs[-1][2] == at:
-            runs[-1] = (top, runs[-1][1], at + len(s))
+    for at in plan.placed():
+        owner = at.segment.owner
+        top = plan.layout.modules[owner].top if owner != ANONYMOUS else None
+        if top is not None and runs and runs[-1][0] == top and runs[-1][2] == at.rank:
+            runs[-1] = (top, runs[-1][1], at.ranks.stop)
         elif top is not None:
-            runs.append((top, at, at + len(s)))
-        at += len(s)
+            runs.append((top, at.rank, at.ranks.stop))
     return runs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, replace
+from typing import Callable
 from xml.sax.saxutils import escape
 
 from engine.schema.layout import TextCodec
@@ -18,6 +19,8 @@ SEPARATOR = " # # "  # LMCache's blend_special_str
 ROOM_SHARE = 4  # the context's last quarter is for the question and the answer
 JOIN = "\n"  # between the text parts of one message
 PLAIN_SCHEMA = "api_plain"
+# (end, prompt_tokens, spare) as Compiled counts them -> whether to place the documents from the context's start
+Compacts = Callable[[int, int, int], bool]
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")  # not in XML 1.0
 
 
@@ -52,8 +55,9 @@ class Compiled:
 
 
 def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRegistry,
-             compact: bool = False) -> Compiled:
-    """``how``: auto | marked | transparent | plain; ``compact``: place the documents from the context's start."""
+             compacts: Compacts | None = None) -> Compiled:
+    """``how``: auto | marked | transparent | plain; ``compacts``: asked once the documents are placed, whether
+    to place them from the context's start instead (before any PML is written: a request is compiled once)."""
     mode = ("marked" if any(p.marked for t in turns for p in t.parts) else "transparent") if how == "auto" else how
     at = next((i for i, t in enumerate(turns) if t.role == "user" and any(_module(p, mode) for p in t.parts)),
               None) if mode != "plain" and not codec.roles_error else None
@@ -64,31 +68,32 @@ def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRe
     role = turns[at].role
     docs, lead, rest = _split(turns[at].parts, mode)
     room = _Room(turns[:at], role, codec, registry)
-    placed = room.place(docs, compact, canonical=mode == "transparent")
+    tail = len(codec.role_ids(role, False)) + sum(_turn_tokens(codec, t) for t in turns[at + 1:])
+    placed = room.settle(docs, mode == "transparent", lead, rest, tail, compacts)
     if placed is None:
         return _noted(plain_chat(turns, note=room.note), short, len(docs))
     after = "".join(_role(t) for t in turns[at + 1:])
     schema = f'<schema name="{room.name}">{room.before}<{role}>{room.body(placed)}</{role}></schema>'
     prompt = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}{after}</prompt>'
-    tail = len(codec.role_ids(role, False)) + sum(_turn_tokens(codec, t) for t in turns[at + 1:])
-    return _noted(room.compiled(schema, prompt, mode, placed, lead, rest, tail), short)
+    return _noted(room.compiled(schema, prompt, mode, placed), short)
 
 
 def completion_pml(prompt: str, how: str, codec: TextCodec, registry: PositionRegistry,
-                   compact: bool = False) -> Compiled:
-    """Chunks (cut at :data:`SEPARATOR`) of :data:`MIN_MODULE_CHARS` or more are modules."""
+                   compacts: Compacts | None = None) -> Compiled:
+    """Chunks (cut at :data:`SEPARATOR`) of :data:`MIN_MODULE_CHARS` or more are modules (``compacts``: as
+    :func:`chat_pml`'s)."""
     parts = tuple(Part(c) for c in prompt.split(SEPARATOR))
     short = 0 if how == "plain" else _short(parts)
     if how == "plain" or not any(_module(p, "transparent") for p in parts):
         return _noted(plain_completion(prompt.replace(SEPARATOR, JOIN)), short)
     docs, lead, rest = _split(parts, "transparent")
     room = _Room((), None, codec, registry)
-    placed = room.place(docs, compact, canonical=True)
+    placed = room.settle(docs, True, lead, rest, 0, compacts)
     if placed is None:
         return _noted(plain_completion(prompt.replace(SEPARATOR, JOIN), note=room.note), short, len(docs))
     schema = f'<schema name="{room.name}">{room.body(placed)}</schema>'
     text = f'<prompt schema="{room.name}">{_xml(lead)}{_imports(placed)}{_xml(rest)}</prompt>'
-    return _noted(room.compiled(schema, text, "transparent", placed, lead, rest, 0), short)
+    return _noted(room.compiled(schema, text, "transparent", placed), short)
 
 
 def plain_chat(turns: list[Turn], note: str = "") -> Compiled:
@@ -144,6 +149,18 @@ class _Room:
         self.sizes: dict[str, int] = {}
         self.first = 0
         self.note = ""
+        self.lead = self.tail = 0  # tokens of the text before the documents, and after the last one
+
+    def settle(self, docs: list[str], canonical: bool, lead: str, rest: str, tail: int,
+               compacts: Compacts | None) -> dict[str, int] | None:
+        """:meth:`place` (``lead`` before the documents, ``rest`` and ``tail`` more tokens after them), and once
+        more from the context's start when ``compacts`` says so of the counts."""
+        placed = self.place(docs, False, canonical)
+        self.lead = _tokens(self.codec, lead)
+        self.tail = tail + _tokens(self.codec, rest) + len(self.codec.generation_prompt)
+        if placed is not None and compacts is not None and compacts(*self.counts(placed)):
+            placed = self.place(docs, True, canonical)
+        return placed
 
     def place(self, docs: list[str], compact: bool, canonical: bool = False) -> dict[str, int] | None:
         """{key: first position} in position order; None (and ``note``) when they do not fit. ``canonical``: new
@@ -170,16 +187,18 @@ class _Room:
             out.append(_gap("g_end", self.end - cursor))
         return "".join(out)
 
-    def compiled(self, schema: str, prompt: str, mode: str, placed: dict[str, int], lead: str, rest: str,
-                 tail: int) -> Compiled:
-        """Counted as the plan places it: lead text, documents, then the rest from the last document's end."""
+    def counts(self, placed: dict[str, int]) -> tuple[int, int, int]:
+        """(end, prompt_tokens, spare) as the plan will count them: lead text, documents, then the rest from the
+        last document's end."""
         docs = sum(self.sizes[key] for key in placed)
         last = max(start + self.sizes[key] for key, start in placed.items())
-        tail += _tokens(self.codec, rest) + len(self.codec.generation_prompt)
-        lead_end = self.first + _tokens(self.codec, lead)
-        return Compiled(schema, prompt, mode, tuple(_name(k) for k in placed), self.context,
-                        end=max(lead_end, last + tail), prompt_tokens=lead_end + docs + tail,
-                        spare=last - self.first - docs)
+        lead_end = self.first + self.lead
+        return max(lead_end, last + self.tail), lead_end + docs + self.tail, last - self.first - docs
+
+    def compiled(self, schema: str, prompt: str, mode: str, placed: dict[str, int]) -> Compiled:
+        end, prompt_tokens, spare = self.counts(placed)
+        return Compiled(schema, prompt, mode, tuple(_name(k) for k in placed), self.context, end=end,
+                        prompt_tokens=prompt_tokens, spare=spare)
 
     def _measure(self) -> int:
         """The context's first document position; new documents' sizes learnt."""

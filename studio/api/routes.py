@@ -1,6 +1,7 @@
 """The OpenAI-compatible routes (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/metrics``) as one
-FastAPI app. A POST is validated here (types: 422; values: 400 / 404), becomes a :class:`~.service.Work` and waits
-for its job on the engine thread; a stream answers once its first token, error or encoding comment is there.
+FastAPI app. A POST's body is parsed once (by :class:`ApiRoute`) and validated here (types: 422; values: 400 / 404),
+becomes a :class:`~.service.Work` and waits for its job on the engine thread; a stream answers once its first
+token, error or encoding comment is there.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
@@ -37,6 +39,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _TAG = re.compile(r"str|int|float|bool|none|bytes|[A-Z]\w*|[\w-]+\[.*\]")  # pydantic's names of union members
 # each part may be a module measured on the engine thread: 40,000 held it 21.7 s before their 400
 MAX_PARTS = 1024
+PARSED = "pml.parsed_body"  # the scope key under which ApiRoute hands the parsed body to the routes
+EMPTY = object()  # an empty body: pydantic's "Field required", as FastAPI says it
 
 
 def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
@@ -58,14 +62,16 @@ def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
         return _card(service, _model(service, model, "model"), created)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
+    async def chat(request: Request):
+        req = await _validated(request, ChatRequest)
         await service.ready()
         model = _model(service, req.model)
         work = _work(service, req, "chat", turns=_turns(req.messages))
         return await _respond(service, metrics, request, work, model, req.stream_options)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        req = await _validated(request, CompletionRequest)
         await service.ready()
         model = _model(service, req.model)
         work = _work(service, req, "completion", prompt=_prompt(req.prompt))
@@ -81,8 +87,8 @@ def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
 
 class ApiRoute:
     """ASGI middleware: ``/v1/...`` and ``/metrics`` go to ``api`` (a body over :data:`MAX_BODY_BYTES` is a 413,
-    read no further; every body is read as JSON, whatever its Content-Type, and holds Unicode text only),
-    everything else to the studio."""
+    read no further; every POST's body is parsed here as JSON, whatever its Content-Type, holds Unicode text only
+    and reaches the routes parsed, under :data:`PARSED`), everything else to the studio."""
 
     def __init__(self, app, api):
         self.app, self.api = app, api
@@ -95,11 +101,13 @@ class ApiRoute:
             error = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes, the most this server "
                              "reads; send fewer or shorter documents", code="request_too_large")
             return await self._refuse(error, scope, receive, send)
-        refusal = _unreadable(body) if scope.get("method") == "POST" else None
-        if refusal is not None:
-            return await self._refuse(refusal, scope, receive, send)
+        scope = dict(scope)
+        if scope.get("method") == "POST":
+            scope[PARSED], refusal = _parsed(body)
+            if refusal is not None:
+                return await self._refuse(refusal, scope, receive, send)
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
-        scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}  # curl -d says form data
+        scope["headers"] = headers + [(b"content-type", b"application/json")]  # curl -d says form data
         sent = False
 
         async def replay():
@@ -114,6 +122,23 @@ class ApiRoute:
     async def _refuse(self, error: ApiError, scope, receive, send) -> None:
         await JSONResponse(error.body(), error.status)(scope, receive, send)
         self.api.state.metrics.refused(scope["path"], error.status)
+
+
+async def _validated(request: Request, kind: type[BaseModel]):
+    """The request's body as ``kind``: the value :class:`ApiRoute` parsed, validated as FastAPI validates a body
+    (so its errors read the same); parsed here when the app is served without ApiRoute."""
+    if PARSED in request.scope:
+        value = request.scope[PARSED]
+    else:
+        value, refusal = _parsed(await request.body())
+        if refusal is not None:
+            raise refusal
+    if value is EMPTY:
+        raise _validation([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
+    try:
+        return kind.model_validate(value, from_attributes=True)
+    except ValidationError as err:
+        raise _validation(err.errors(include_url=False)) from None
 
 
 def _model(service: ApiService, name: str, param: str = "model") -> str:
@@ -366,16 +391,17 @@ def _param(loc, keep_last: bool = False) -> str | None:
     return out or None
 
 
-def _unreadable(body: bytes) -> ApiError | None:
-    """The 400 for a body that is not JSON this server reads, naming why (FastAPI would call text that is not
-    UTF-8, nesting past Python's recursion limit or a 5,000-digit number a bare 400), or that holds a string no
-    UTF-8 can carry (a lone surrogate, which fails wherever the text is written: the answer, the run log, the
-    tokenizer); None for a body that parses, and for an empty one (FastAPI's 422 says what is missing)."""
+def _parsed(body: bytes) -> tuple[object, ApiError | None]:
+    """(the body's JSON value, None), or (None, the 400 for a body that is not JSON this server reads, naming why:
+    FastAPI would call text that is not UTF-8, nesting past Python's recursion limit or a 5,000-digit number a bare
+    400; or that holds a string no UTF-8 can carry: a lone surrogate, which fails wherever the text is written, the
+    answer, the run log, the tokenizer). An empty body is :data:`EMPTY` (the 422 says what is missing)."""
     if not body:
-        return None
+        return EMPTY, None
     if _deeper_than(body, MAX_JSON_DEPTH):
-        return ApiError(400, f"the request body is not valid JSON this server reads: it nests arrays and objects more "
-                        f"than {MAX_JSON_DEPTH} levels deep; send a flatter document", code="invalid_json")
+        return None, ApiError(400, f"the request body is not valid JSON this server reads: it nests arrays and "
+                              f"objects more than {MAX_JSON_DEPTH} levels deep; send a flatter document",
+                              code="invalid_json")
     try:
         value = json.loads(body)
     except UnicodeDecodeError as err:
@@ -389,8 +415,8 @@ def _unreadable(body: bytes) -> ApiError | None:
         why = (f"a number in it is too long to read ({str(err).split(';')[0]}); send it as a string or shorter"
                if "digits" in str(err) else f"it cannot be read ({err})")
     else:
-        return _lone_surrogate(value) if _ESCAPED_SURROGATE.search(body) else None
-    return ApiError(400, f"the request body is not valid JSON: {why}", code="invalid_json")
+        return value, _lone_surrogate(value) if _ESCAPED_SURROGATE.search(body) else None
+    return None, ApiError(400, f"the request body is not valid JSON: {why}", code="invalid_json")
 
 
 def _lone_surrogate(value) -> ApiError | None:

@@ -25,7 +25,7 @@ from .errors import ApiError, from_engine
 from .positions import PositionRegistry
 from .schemas import SchemaBook
 from .types import PmlInfo, PromptTokensDetails, Usage
-from .usage import Visible, cached_tokens, cut, finish_reason, module_sources
+from .usage import Visible, cached_tokens, cut, finish_reason, module_sources, routed_out_tokens
 
 if TYPE_CHECKING:
     from engine.arms.compare import Comparison
@@ -193,13 +193,15 @@ class ApiService:
         that makes room."""
         asked = work.max_tokens or min(DEFAULT_MAX_TOKENS[work.endpoint], self.max_tokens_cap)
         limit = engine.codec.max_positions
-        compiled = self._compile(engine, work, compact=False)
-        if _compacts(limit, compiled.end, compiled.prompt_tokens, compiled.spare, asked, work):
-            compiled = self._compile(engine, work, compact=True)
+
+        def compacts(end: int, prompt_tokens: int, spare: int) -> bool:
+            return _compacts(limit, end, prompt_tokens, spare, asked, work)
+
+        compiled = self._compile(engine, work, compacts)
         prepared = _prepare(engine, compiled)
         plan = prepared.plan
-        if _compacts(limit, plan.max_position + 1, plan.prompt_tokens, compiled.spare, asked, work):
-            compiled = self._compile(engine, work, compact=True)
+        if compacts(plan.max_position + 1, plan.prompt_tokens, compiled.spare):  # counts the plan disowned
+            compiled = self._compile(engine, work, lambda *_: True)
             prepared = _prepare(engine, compiled)
             plan = prepared.plan
         if work.how == "explicit" and compiled.schema.lstrip().startswith("<"):
@@ -213,10 +215,10 @@ class ApiService:
             f"last position {plan.max_position}) and {asked} new tokens were asked for: at most "
             f"{max(plan.room, 0)} fit after it; ask for fewer max_tokens or send shorter messages")
 
-    def _compile(self, engine: Engine, work: Work, compact: bool) -> modes.Compiled:
+    def _compile(self, engine: Engine, work: Work, compacts: modes.Compacts) -> modes.Compiled:
         how = work.how if REGISTRY[work.arm].reads == Reads.MODULES else "plain"
         positions = self.positions.setdefault(engine.codec.fingerprint, PositionRegistry())
-        return compile_work(work, how, engine.codec, self.schemas, positions, compact)
+        return compile_work(work, how, engine.codec, self.schemas, positions, compacts)
 
     def _outcome(self, engine: Engine, work: Work, fitted: Fitted, res: Comparison, ttft_ms: float,
                  queue_ms: float) -> Outcome:
@@ -234,6 +236,7 @@ class ApiService:
         pml = PmlInfo(arm=work.arm, mode=compiled.mode, schema_name=res.prompt.schema, modules_reused=reused,
                       modules_encoded=encoded, routed_kept=None if kept is None else list(kept), cached_tokens=cached,
                       routed_path=getattr(detail, "path", None), recomputed_tokens=run.recomputed_tokens,
+                      routed_out_tokens=routed_out_tokens(res, work.arm),
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
                       queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
@@ -259,13 +262,14 @@ class ApiService:
 
 
 def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: PositionRegistry,
-                 compact: bool = False) -> modes.Compiled:
-    """``work`` as one PML schema and prompt: its explicit PML, else its messages or prompt compiled ``how``."""
+                 compacts: modes.Compacts | None = None) -> modes.Compiled:
+    """``work`` as one PML schema and prompt: its explicit PML, else its messages or prompt compiled ``how``
+    (``compacts``: whether its documents go from their context's start, :func:`modes.chat_pml`)."""
     if work.how == "explicit":
         return modes.Compiled(schemas.text(work.schema), work.pml_prompt, "explicit")
     if work.endpoint == "completion":
-        return modes.completion_pml(work.prompt, how, codec, positions, compact)
-    return modes.chat_pml(list(work.turns), how, codec, positions, compact)
+        return modes.completion_pml(work.prompt, how, codec, positions, compacts)
+    return modes.chat_pml(list(work.turns), how, codec, positions, compacts)
 
 
 def queue_full(why: str, max_queue: int) -> ApiError:

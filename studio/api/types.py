@@ -166,6 +166,7 @@ class PmlInfo(BaseModel):
     routed_kept: list[str] | None = None
     routed_path: str | None = None  # stored | partial | full | repeat | tree
     recomputed_tokens: int = 0  # never counted in cached_tokens
+    routed_out_tokens: int | None = None  # the routed arm's left-out modules (in cached_tokens); null for other arms
     cached_tokens: int
     ttft_ms: float  # encoding included
     arm_ttft_ms: float  # as `pml-studio run` reports it

@@ -14,6 +14,8 @@ from typing import AsyncIterator
 
 import httpx
 
+from engine.run.sse import DONE, EventError, data_of
+
 from .errors import SERVER, ApiError
 
 # Chat tags, digits, accents, CJK and an emoji: tokenizers that differ anywhere differ here.
@@ -155,18 +157,17 @@ async def _pieces(resp: httpx.Response, url: str) -> AsyncIterator[Piece]:
         if read > MAX_STREAM_BYTES:
             raise ApiError(502, f"the upstream {url} sent more than {MAX_STREAM_BYTES} bytes for one answer",
                            type=SERVER, code="upstream_error")
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
         try:
-            event = json.loads(data)
-        except ValueError:
-            raise ApiError(502, f"the upstream {url} sent an event that is not JSON: {data[:200]}", type=SERVER,
+            event = data_of(line)
+        except EventError as err:
+            if err.event is not None:
+                raise refusal(500, err.data.encode(), url) from None
+            raise ApiError(502, f"the upstream {url} sent an event that is {err}", type=SERVER,
                            code="upstream_error") from None
-        if "error" in event:
-            raise refusal(500, data.encode(), url)
+        if event == DONE:
+            return
+        if event is None:
+            continue
         choice = (event.get("choices") or [{}])[0]
         yield Piece(choice.get("text") or "", choice.get("finish_reason"), event.get("usage"))
     raise ApiError(502, f"the upstream {url} ended its stream without [DONE]", type=SERVER, code="upstream_error")

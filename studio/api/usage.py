@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-from engine.arms.registry import REGISTRY, Reads
-from engine.schema.layout import ANONYMOUS, EntryName
-from engine.schema.plan import CACHED
-
 
 def cached_tokens(comparison, arm: str) -> int:
-    """The arm's reused tokens (recomputed ones already out) less those of units this request encoded."""
-    run = comparison.arm(arm).run
-    if REGISTRY[arm].reads != Reads.MODULES or comparison.plan is None:
-        return run.reused_tokens
-    fresh = {u["unit"].split(" [")[0] for u in (comparison.encode or {}).get("detail", ()) if u["source"] == "encoded"}
-    kept = getattr(comparison.arm(arm).detail, "kept", None)  # the routed arm's modules
-    redo = set(run.recomputed_positions)
-    layout, new = comparison.plan.layout, 0
-    for s in comparison.plan.segments:
-        if s.kind != CACHED:
-            continue
-        top = ANONYMOUS if s.owner == ANONYMOUS else layout.modules[s.owner].top
-        unit = f"scaffold:{s.scaffold}" if s.scaffold else str(EntryName.module(top))
-        if unit not in fresh or (kept is not None and top != ANONYMOUS and not s.scaffold and top not in kept):
-            continue
-        new += sum(p not in redo for p in s.positions)
-    return max(0, run.reused_tokens - new)
+    """The prompt tokens this request did not compute, as the run counted them (``RunResult.precomputed_tokens``):
+    read from the store or the prefix tree and not recomputed, the modules the routed arm left out of the answer
+    included (its scout read their stored KV; nothing prefilled them), less the tokens of units this request
+    encoded. So ``prompt_tokens - cached_tokens`` is what this request computed, as OpenAI's and vLLM's usage read."""
+    return comparison.arm(arm).run.precomputed_tokens
+
+
+def routed_out_tokens(comparison, arm: str) -> int | None:
+    """Tokens of the modules the routed arm read from the store and left out of the answer; None for other arms."""
+    kept = getattr(comparison.arm(arm).detail, "kept", None)
+    if kept is None or comparison.plan is None:
+        return None
+    return sum(len(at.segment) for at in comparison.plan.placed() if at.module is not None and at.module not in kept)
 
 
 def module_sources(comparison) -> tuple[int, int]:

@@ -1,8 +1,7 @@
 """The routed arm's look: which modules the question read, and each one's share of its pull."""
 
 from engine.arms.routed import RoutedInfo
-from engine.schema.layout import ANONYMOUS
-from engine.schema.plan import CACHED, PromptPlan
+from engine.schema.plan import PromptPlan
 
 from . import Bar, View, register
 
@@ -31,8 +30,8 @@ class RoutedView(View):
         """{"routed-out": the positions of the modules the run did not read}."""
         if not detail.attention:
             return {}
-        out = {p for s in plan.segments if s.kind == CACHED and not s.scaffold and s.owner != ANONYMOUS
-               and plan.layout.modules[s.owner].top not in detail.kept for p in s.positions}
+        out = {p for at in plan.placed() if at.module is not None and at.module not in detail.kept
+               for p in at.segment.positions}
         return {"routed-out": out} if out else {}
 
 

@@ -23,6 +23,7 @@ from tests.arm_runs import run_blend
 from tests.arm_runs import run_cached
 from engine.arms.repair import select_repair
 from engine.arms.registry import Sampling
+from engine.cache.assemble import Span
 from engine.errors import EngineError
 from engine.model.load import wrap_model
 from engine.schema.plan import CACHED
@@ -190,10 +191,10 @@ def test_quantized_entries_are_compared_dequantized(llama):
         if s.kind == CACHED:
             key, off = enc.locate(s.piece, s.scaffold)
             entry = llama.eng.store().get(key)
-            ranges.append((entry, off + s.offset, off + s.offset + len(s)))
+            ranges.append(Span(entry, off + s.offset, off + s.offset + len(s)))
             kv = entry.dequantize() if hasattr(entry, "dequantize") else entry.kv.float()
             want.append(kv[1, :, :, off + s.offset: off + s.offset + len(s)])
-    assert any(hasattr(e, "dequantize") for e, *_ in ranges)
+    assert any(hasattr(r.entry, "dequantize") for r in ranges)
     assert torch.equal(stored_at(ranges, 1), torch.cat(want, 2))
     base = run_baseline(llama.lm, llama.plan, Sampling(4))
     assert float((llama.blend(1.0, enc)[0].first_logits - base.first_logits).abs().max()) < 1e-4

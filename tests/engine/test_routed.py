@@ -447,16 +447,17 @@ def test_select_tokens_takes_sinks_then_each_modules_share_then_the_strongest(mo
     from engine.run import joint
     from engine.run.joint import select_tokens
 
-    plan = SimpleNamespace(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"),
-                                                           "b": SimpleNamespace(top="b")}))
+    from engine.schema.plan import PromptPlan
 
     class Seg(SimpleNamespace):
         def __len__(self):
             return self.n
 
-    plan.segments = [Seg(kind=CACHED, owner=ANONYMOUS, scaffold=None, n=2), Seg(kind=CACHED, owner="a", scaffold=None,
-                     n=10), Seg(kind=CACHED, owner="b", scaffold=None, n=10), Seg(kind="new", owner=ANONYMOUS,
-                                                                                  scaffold=None, n=3)]
+    segments = (Seg(kind=CACHED, owner=ANONYMOUS, scaffold=None, n=2), Seg(kind=CACHED, owner="a", scaffold=None,
+                n=10), Seg(kind=CACHED, owner="b", scaffold=None, n=10), Seg(kind="new", owner=ANONYMOUS,
+                                                                             scaffold=None, n=3))
+    plan = PromptPlan(layout=SimpleNamespace(modules={"a": SimpleNamespace(top="a"), "b": SimpleNamespace(top="b")}),
+                      prompt=None, imported=(), arguments=(), scaffolds=(), segments=segments)
     score = torch.zeros(22)
     score[2:12] = torch.arange(10, dtype=torch.float32)  # module a: later tokens score higher
     score[12:22] = torch.arange(10, dtype=torch.float32) / 100  # module b: far weaker
@@ -611,3 +612,23 @@ def test_the_tree_path_needs_every_module_kept_and_the_tree_past_the_last_module
     assert len(two.detail.kept) == 2 and two.detail.path == "partial"
     gapped = eng.compare(FLAT, FLAT_PROMPT.replace("<d2/>", ""), Sampling(2), config=cfg).arm("routed")
     assert gapped.detail.kept == ("d1", "d3") and gapped.detail.path == "partial"
+
+
+def test_the_api_counts_routed_out_modules_as_cached_and_says_how_many(flat):
+    """The API's cached_tokens is what the request did not compute: a module the scout read from the store and
+    routed out is neither prefilled nor recomputed, so it counts (``routed_out_tokens`` says how much of it);
+    prompt_tokens - cached_tokens is what the routed arm prefilled."""
+    from studio.api.usage import cached_tokens, routed_out_tokens
+
+    eng = Engine.from_loaded(flat.lm)
+    routed = RoutedSettings(k=1, min_pull=0.0)
+    cfg = eng.config.with_(arms=("cached", "routed"), warmup=False, arm_settings={"routed": routed})
+    first = eng.compare(FLAT, FLAT_PROMPT.replace("animal", "bird"), Sampling(2), config=cfg)  # encodes the modules
+    assert cached_tokens(first, "routed") == cached_tokens(first, "cached") == 0  # every unit computed now
+    c = eng.compare(FLAT, FLAT_PROMPT, Sampling(2), config=cfg)
+    kept, run = c.arm("routed").detail.kept, c.arm("routed").run
+    assert len(kept) == 1 and c.arm("routed").detail.path == "stored"
+    out = module_tokens(flat, {"d1", "d2", "d3"} - set(kept))
+    assert routed_out_tokens(c, "routed") == out > 0 and routed_out_tokens(c, "cached") is None
+    assert run.reused_tokens == flat.plan.cached_tokens - out  # the buffer held the kept module and the system text
+    assert cached_tokens(c, "routed") == c.prompt.prompt_tokens - run.prefill_tokens == cached_tokens(c, "cached")

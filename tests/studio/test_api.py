@@ -207,14 +207,16 @@ def test_the_same_document_gets_the_same_positions_in_any_order(tokenizer_bundle
 # Arms, usage, the run log and metrics
 # ----------------------------------------------------------------------------------------------
 
-def test_routed_reports_the_modules_it_kept_and_counts_only_those(served):
+def test_routed_reports_the_modules_it_kept_and_the_tokens_it_left_out(served):
     client, _, _ = served
     chat(client, parts(ESSAYS[0], ESSAYS[2], "Who wrote about maps?"))  # encode both
     got = chat(client, parts(ESSAYS[0], ESSAYS[2], "Who wrote about maps?"), arm="routed")
     pml = got.model_extra["pml"]
     assert pml["arm"] == "routed" and pml["routed_kept"] and set(pml["routed_kept"]) <= {
         f"d_{modes.document_key(ESSAYS[i])}" for i in (0, 2)}
+    assert (pml["routed_out_tokens"] == 0) == (len(pml["routed_kept"]) == 2)
     assert got.usage.prompt_tokens_details.cached_tokens <= got.usage.prompt_tokens
+    assert chat(client, parts(ESSAYS[0], "Who?")).model_extra["pml"]["routed_out_tokens"] is None  # the cached arm
 
 
 def test_the_default_arm_keeps_most_documents_cached_on_a_spanning_question_and_all_on_a_reordered_repeat(served,

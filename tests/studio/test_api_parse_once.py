@@ -55,13 +55,17 @@ def layouts(calls: list[str], request) -> int:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_chat_request_is_laid_out_once(counted, stream):
+def test_a_chat_request_is_compiled_and_laid_out_once(counted, stream, monkeypatch):
     client, calls = counted
+    compiles: list[str] = []
+    plain_compile = modes.chat_pml
+    monkeypatch.setattr(modes, "chat_pml", lambda turns, how, *a, **kw: compiles.append(how) or
+                        plain_compile(turns, how, *a, **kw))
     docs = [essay(f"{n}{stream}") for n in ("Ada", "Brune")]  # first sight: measured, encoded
     assert layouts(calls, lambda: ask(client, docs, "Who wrote about maps?", max_tokens=3, stream=stream)) == 1
     assert layouts(calls, lambda: ask(client, docs[::-1], "Whose rivers?", max_tokens=3, stream=stream)) == 1
     assert layouts(calls, lambda: ask(client, [], "Hello", max_tokens=2, stream=stream)) == 1  # plain
-    assert calls == ["request schema"]
+    assert calls == ["request schema"] and compiles == ["auto"] * 3
 
 
 def test_a_completion_is_laid_out_once(counted):
@@ -71,10 +75,18 @@ def test_a_completion_is_laid_out_once(counted):
                                                             temperature=0)) == 1
 
 
-def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm):
+def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm, monkeypatch):
     """Documents placed so far along their context's positions that the answer does not fit are placed from the
-    context's start, decided from the tokenizer's counts: the request is laid out once."""
+    context's start, decided from the tokenizer's counts: the request is compiled once and laid out once."""
     client, calls = counted
+    compiled = []
+    plain_compile = modes.chat_pml
+
+    def counting(*args, **kw):
+        compiled.append(plain_compile(*args, **kw))
+        return compiled[-1]
+
+    monkeypatch.setattr(modes, "chat_pml", counting)
     system = "Answer from the long essays."  # a context of its own
     limit = tiny_lm.codec.max_positions
     fill = [essay(f"Fill{i}") for i in range(4)]
@@ -83,10 +95,12 @@ def test_documents_placed_compactly_are_laid_out_once(counted, tiny_lm):
     size = len(tiny_lm.codec.encode(fill[0]))
     asked = limit - (5 * size + 10) + size  # fits after the documents only when they are placed compactly
     calls.clear()
+    compiled.clear()
     stream = ask(client, [essay("Last")], "Who?", system=system, max_tokens=asked, stream=True)
     next(iter(stream))  # laid out before its first token; closing the stream stops the run
     stream.close()
-    assert calls == ["request schema"]
+    assert calls == ["request schema"] and len(compiled) == 1
+    assert compiled[0].spare == 0 and compiled[0].end + asked <= limit  # placed from the start: the answer fits
 
 
 def test_documents_are_measured_where_the_layout_puts_them(tokenizer_bundle):
@@ -119,3 +133,49 @@ def test_a_completion_is_counted_as_the_plan_counts_it(tokenizer_bundle):
     c = modes.completion_pml(prompt, "auto", codec, PositionRegistry())
     plan = plan_prompt(layout(parse_schema(c.schema), codec), parse_prompt(c.prompt))
     assert len(c.documents) == 2 and (c.end, c.prompt_tokens) == (plan.max_position + 1, plan.prompt_tokens)
+
+
+def test_a_document_sent_again_is_not_tokenized_again(counted, tiny_lm, monkeypatch):
+    """A document is tokenized once, where the request is compiled, and neither by its layout nor by the next
+    request that sends it (the codec remembers it by its text); the answers' token counts stay the plan's."""
+    client, _ = counted
+    tok = tiny_lm.tokenizer
+    seen: list[str] = []
+    plain = tok.encode
+
+    def spy(text, **kw):
+        seen.append(text)
+        return plain(text, **kw)
+
+    monkeypatch.setattr(tok, "encode", spy)
+    docs = [essay("Ines"), essay("Jonas")]
+    first = ask(client, docs, "Who wrote about maps?", max_tokens=2)
+    again = ask(client, docs[::-1], "Whose rivers?", max_tokens=2, system="Another context.")
+    for doc in docs:
+        assert sum(doc in text for text in seen) == 1, doc[:20]
+    assert first.pml["modules_encoded"] == 2 and again.usage.prompt_tokens > sum(len(plain(d)) for d in docs)
+
+
+def test_a_front_tokenizes_a_document_once_though_it_keeps_no_positions(tiny_lm, monkeypatch):
+    """A front places each request's documents with a fresh registry (it keeps nothing between requests), so it
+    measured every document at every request; the codec remembers the ids: once each, and the same render."""
+    from studio.api.front import render
+    from studio.api.schemas import SchemaBook
+    from studio.api.service import Work
+
+    engine = Engine.from_loaded(tiny_lm)
+    seen: list[str] = []
+    plain = tiny_lm.tokenizer.encode
+
+    def spy(text, **kw):
+        seen.append(text)
+        return plain(text, **kw)
+
+    monkeypatch.setattr(tiny_lm.tokenizer, "encode", spy)
+    docs = [essay("Karl"), essay("Lena")]
+    turn = modes.Turn("user", tuple(modes.Part(t) for t in [*docs, "Who wrote about maps?"]))
+    work = Work(endpoint="chat", arm="vllm", how="auto", max_tokens=2, temperature=0.0, top_p=1.0, seed=0,
+                turns=(turn,))
+    first, again = (render(engine, work, SchemaBook(None, remember=False), None, 100) for _ in range(2))
+    assert [sum(doc in text for text in seen) for doc in docs] == [1, 1]
+    assert first.token_ids == again.token_ids and len(first.compiled.documents) == 2

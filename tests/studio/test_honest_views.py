@@ -36,3 +36,12 @@ def test_stopped_columns_say_stopped_not_decoding():
     assert "stopped after its first token" in views.stopped_html(run, "cached") and "decoding" not in \
         views.stopped_html(run, "cached")
     assert "stopped before its first token" in views.stopped_html(None, "cached")
+
+
+def test_one_prefilled_token_is_said_in_the_singular():
+    from dataclasses import replace
+
+    run = doc(_doc({"prefix": 3.0}, {"prefix": True})).arm("prefix").run
+    rows = dict(views.first_rows(replace(run, prefill_tokens=1), "prefix"))
+    assert rows["prefill"].startswith("1 token in ")
+    assert dict(views.first_rows(replace(run, prefill_tokens=2), "prefix"))["prefill"].startswith("2 tokens in ")
