@@ -37,7 +37,7 @@ class Progress:
         self.say(f"model {model} ready in {seconds:,.1f} s")
 
     def follow(self, events):
-        """Say each phase of ``events`` (Engine.events, Engine.encoding) as it comes; what it returns."""
+        """Say each phase of ``events`` as it comes; what it returns."""
         from engine.run.events import FirstToken, UnitEncoded, Warmed, Warming
 
         while True:

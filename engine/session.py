@@ -217,10 +217,8 @@ class Engine:
 
     def run_events(self, prepared: Prepared, sampling: Sampling | None = None, *,
                    config: RunConfig | None = None) -> Generator[Event, None, Comparison]:
-        """Encode if needed, run the configured arms on ``prepared`` and compare them, yielding each step as it
-        happens (engine/arms/compare.py ``Event``) and last a Done with the Comparison it returns. The caller
-        stops the run by closing the generator: the engine is free again at once (the KV buffers are the
-        workspace's, the run lock is released)."""
+        """Encode if needed, run the configured arms on ``prepared`` and compare them, yielding each step
+        (engine/arms/compare.py ``Event``), last a Done; closing the generator stops the run and frees the engine."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay, plan, source = prepared.layout, prepared.plan, prepared.prompt_source

@@ -192,15 +192,14 @@ class Done:
     comparison: Comparison
 
 
-# what Engine.events yields, in this order: encoding and warming (the session's), then per arm a FirstToken and
-# its Tokens (arms decoded together interleave theirs after the last FirstToken), an ArmDone per arm, one Done
+# Engine.events yields encoding and warming, per arm a FirstToken and Tokens, an ArmDone per arm, then a Done
 Event = Union[UnitEncoded, Warming, Warmed, FirstToken, Token, ArmDone, Done]
 
 
 def comparing(ctx: ArmContext, arms: Sequence[str] = ("baseline", "cached"),
               decode: str = "together") -> Generator[Event, None, Comparison]:
-    """The asked-for arms of ``ctx.plan`` in registry order, each arm's events as they come, then an ArmDone per
-    arm; returns the Comparison. ``decode="together"``: after their first tokens the arms decode as one batch."""
+    """The asked-for arms of ``ctx.plan`` in registry order, their events, an ArmDone each; the Comparison.
+    ``decode="together"``: after their first tokens the arms decode as one batch."""
     lm, plan, encoded, store = ctx.lm, ctx.plan, ctx.encoded, ctx.store
     wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
     reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)

@@ -221,8 +221,7 @@ class ArmSpec:
     """A registered arm."""
 
     name: str
-    # its run: a generator of the run's events that returns the ArmResult (or, for an arm that streams nothing,
-    # a plain function returning it)
+    # a generator of its run's events returning the ArmResult (or a plain function returning it)
     run: Callable[[DecodingContext], "RunEvents[ArmResult] | ArmResult"]
     order: int  # column order
     reads: str = Reads.NOTHING  # its TTFT includes copying stored KV unless NOTHING

@@ -274,7 +274,7 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-# the fill's own parts (model, plan, ranges, buffer, choice) and the settings it reads, once inside TTFT
+# the fill's parts and the settings it reads
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVBuffer, choice: _Choice, focus: bool,
                  ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> Fill:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode

@@ -35,7 +35,7 @@ class Encoding:
 
 @dataclass(frozen=True)
 class UnitEncoded:
-    """An event of :func:`encoding`: ``done`` of ``total`` units are available, the last one ``unit``."""
+    """``done`` of ``total`` units are available, the last one ``unit``."""
 
     done: int
     total: int
@@ -105,8 +105,8 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = 
 
 def encoding(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),
              model_fingerprint: str = "") -> Generator[UnitEncoded, None, EncodedSchema]:
-    """Encode every cached unit of ``layout`` into ``store``, a UnitEncoded after each (closing the generator stops
-    between units); the anonymous entry keeps the compute dtype."""
+    """Encode every cached unit of ``layout`` into ``store``, a UnitEncoded after each; the anonymous entry keeps
+    the compute dtype."""
     mode, dtype, comp = canonical_mode(config.mode), config.storage_dtype, config.compression
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "

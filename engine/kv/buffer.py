@@ -114,15 +114,14 @@ class KVBuffer:
         self.lengths[layer] = k
 
     def advance(self, n: int = 1, layer: int | None = None) -> None:
-        """Count ``n`` tokens written in place into ``layer`` (None: every layer) by a forward, the C++ decode step
-        or a CUDA graph's replay."""
+        """Count ``n`` tokens written in place into ``layer`` (None: every layer)."""
         if layer is None:
             self.lengths = [x + n for x in self.lengths]
         else:
             self.lengths[layer] += n
 
     def reset(self) -> None:
-        """Empty every layer (the capacity and the memory stay): a fill that rebuilds what stays visible."""
+        """Empty every layer; the memory stays."""
         self.lengths = [0] * len(self.lengths)
 
     def cache(self) -> "BufferedCache":

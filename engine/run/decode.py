@@ -1,10 +1,6 @@
-"""Decoding after the first token, at explicit position ids (``generate()`` would read the cache length): one loop
-for a batch of one and of many (gpt-fast's one ``decode_one_token`` and one loop), a generator of Token events
-the caller stops by closing it.
-
-A run decodes alone in its own buffer, in place, when it cannot batch or has no one to batch with; several
-batchable runs of a comparison decode as one :class:`BatchedKV` (their KV copied in: the arms took turns in one
-workspace buffer, engine/run/workspace.py)."""
+"""Decoding after the first token, at explicit position ids: one loop, a generator of Token events, for a run
+alone (in place, in its own buffer) and for a comparison's batchable runs together (one :class:`BatchedKV`, their
+KV copied in: the arms took turns in one workspace buffer)."""
 
 from __future__ import annotations
 
@@ -67,8 +63,8 @@ class Started:
 
 
 class Decoder:
-    """Where the runs of a comparison decode: each at once after its first token (``together`` False), or, when
-    it can batch, after every arm has its first token, all in one batch (:meth:`rest`)."""
+    """Where a comparison's runs decode: at once, or (``together``, when it can batch) all in one batch once every
+    arm has its first token (:meth:`rest`)."""
 
     def __init__(self, lm: LoadedModel, together: bool = False):
         self.lm, self.together = lm, together
@@ -103,8 +99,7 @@ class Decoder:
 
 
 def batchable(lm: LoadedModel, run: Started) -> bool:
-    """Whether ``run`` can decode in a batch: plain attention, every layer at one length, key positions read from
-    the cache (no sliding window or ALiBi), and tokens still to generate."""
+    """Plain attention, every layer at one length, no key positions (sliding windows, ALiBi), tokens to go."""
     level = run.buf is None or all(n == run.buf.lengths[0] for n in run.buf.lengths)
     return (run.spec.plain and lm.attention == "pml" and not needs_positions(lm.model) and level
             and not ended(lm, run.tokens, run.sampling))
@@ -130,8 +125,7 @@ def decode(lm: LoadedModel, runs: list[Started]) -> Iterator[Token]:
 def decode_step(lm: LoadedModel, cache, ids: list[int], positions: list[int], spec: AttentionSpec = PLAIN,
                 rows_mask: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """Logits [rows, vocab] of one step: the C++ decoder when ``spec`` is plain, else the model (``rows_mask()``:
-    batched rows' keys). A one-row cache counts the token written; a batch's :class:`BatchedKV` is advanced by
-    the loop."""
+    batched rows' keys; their BatchedKV is advanced by the loop)."""
     fast = cpp.decoder(lm.model, lm.weights) if spec.plain else None
     view = cache.step_view() if fast is not None and hasattr(cache, "step_view") else None
     if view is not None:
@@ -171,8 +165,7 @@ def sync(device: str) -> None:
 # -- internal helpers --
 
 def _loop(lm: LoadedModel, runs: list[Started], cache, spec: AttentionSpec, kv: BatchedKV | None) -> Iterator[Token]:
-    """Step every run in one forward until each is done (finished rows ride along); the tokens of a step are
-    given after it is timed."""
+    """Step every run in one forward until each is done (finished rows ride along)."""
     live = [not ended(lm, r.tokens, r.sampling) for r in runs]
     with torch.inference_mode():
         while any(live):

@@ -1,6 +1,5 @@
-"""What a run yields as it goes: typed events the caller pulls, one at a time, and stops by closing the generator
-(after nanochat's ``Engine.generate``). The arms' own (``ArmDone``, ``Done``) sit with the Comparison in
-engine/arms/compare.py; ``Engine.events`` yields them all."""
+"""What a run yields as it goes: typed events the caller pulls and stops by closing the generator (after
+nanochat's ``Engine.generate``); ``ArmDone`` and ``Done`` sit with the Comparison (engine/arms/compare.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ __all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "finish"]
 
 @dataclass(frozen=True)
 class Warming:
-    """The prefix cache is being warmed with a schema's modules in schema order."""
+    """The prefix cache's warm-up (a schema's modules in schema order) starts."""
 
     tokens: int
 
@@ -29,8 +28,7 @@ class Warmed:
 
 @dataclass(frozen=True)
 class FirstToken:
-    """An arm's first token, as soon as it is sampled: its TTFT and the rest of its first-token figures in ``run``
-    (its text so far is the first token's)."""
+    """An arm's first token, as soon as it is sampled; ``run``: its first-token figures (TTFT, prefill)."""
 
     arm: str
     token_id: int
@@ -44,8 +42,8 @@ class FirstToken:
 
 @dataclass(frozen=True)
 class Token:
-    """One more token of an arm: ``text`` is its whole text so far, ``delta`` what this token added to it (an
-    unfinished character shows as U+FFFD until its last byte arrives, so ``delta`` may rewrite: use ``text``)."""
+    """One more token of an arm: ``text`` its text so far, ``delta`` what changed at its end (U+FFFD stands for
+    an unfinished character until its last byte)."""
 
     arm: str
     token_id: int

@@ -49,9 +49,8 @@ class Fill:
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
               decoder: Decoder | None = None) -> Timed:
-    """Allocate ``capacity`` tokens, ``fill``, prefill, sample (a FirstToken), then decode through ``decoder``
-    (Tokens; default: at once); returns the run, its buffer (valid until the model's next run) and the ``detail``
-    of the Fill. A run ``decoder`` keeps for later is whole once :meth:`Decoder.finish` gives it."""
+    """Allocate ``capacity`` tokens, ``fill``, prefill, sample (a FirstToken), decode through ``decoder`` (default:
+    at once); the run (whole once :meth:`Decoder.finish` gives it), its buffer and the Fill's ``detail``."""
     decoder = decoder or Decoder(lm)
     with memory.PEAK_MEMORY(lm.device) as mem:
         decoder.before_start()
