@@ -44,8 +44,8 @@ from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
 from engine.config import Compression
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext
 from engine.session import Engine
 
 STORAGE = [("float16", 1.0, "pyramid"), ("bfloat16", 1.0, "pyramid"), ("int8", 1.0, "pyramid"),
@@ -88,9 +88,9 @@ def run_prompt(eng: Engine, case: dict, idx: int, configs: list, sampling: Sampl
     def module_bytes(enc) -> int:
         return sum(store.entry_bytes(k) for path, k in enc.module_keys.items() if path)
 
-    base = run_baseline(eng.lm, plan, sampling)
+    base = run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline").run
     enc = eng.encode(lay, eng.config.with_(storage_dtype="float32", compression=Compression())).encoded
-    ref = run_cached(eng.lm, plan, enc, store, sampling)
+    ref = run_arm(ArmContext(eng.lm, plan, enc, store, sampling), "cached").run
     full_bytes, full_buffer = module_bytes(enc), ref.kv_buffer_bytes_after_retention
     row = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens, "number": case["number"],
            "module_bytes_fp32": full_bytes, "baseline": {"found": found(base)},
@@ -99,7 +99,7 @@ def run_prompt(eng: Engine, case: dict, idx: int, configs: list, sampling: Sampl
     for cfg in configs:
         dtype, r, m = cfg
         e = eng.encode(lay, eng.config.with_(storage_dtype=dtype, compression=Compression(r, m))).encoded
-        run = run_cached(eng.lm, plan, e, store, sampling)
+        run = run_arm(ArmContext(eng.lm, plan, e, store, sampling), "cached").run
         vs_ref, vs_base = agreement(ref, run), agreement(base, run)
         row[label(cfg)] = {"found": found(run), "store_ratio": module_bytes(e) / full_bytes,
                            "buffer_ratio": run.kv_buffer_bytes_after_retention / full_buffer,
@@ -157,7 +157,8 @@ def measure_4k(eng: Engine, chunks: list[str], modules: int, reps: int, sampling
     runs: dict[str, list] = {label_: [] for label_, _, _ in AT_4K}
     for _ in range(reps):
         for label_, _, _ in AT_4K:
-            runs[label_].append(run_cached(eng.lm, plan, encoded[label_], store, sampling))
+            ctx = ArmContext(eng.lm, plan, encoded[label_], store, sampling)
+            runs[label_].append(run_arm(ctx, "cached").run)
     out = {"prompt_tokens": plan.prompt_tokens, "cached_tokens": plan.cached_tokens, "reps": reps,
            "new_tokens": sampling.max_new_tokens, "configs": {}}
     for label_, rs in runs.items():

@@ -18,8 +18,8 @@ import statistics
 import torch
 from common import ROOT, bench_model, emit, machine, model_help, result_name, spread, table
 
-from engine.arms.modular import run_cached
-from engine.arms.registry import Sampling
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext, Sampling
 from engine.model import WEIGHTS
 from engine.session import Engine
 
@@ -40,7 +40,7 @@ def measure(model: str | None, weights: str, names: list[str], new_tokens: int, 
     runs = {}
     for name, lay, plan in cases(eng, names):
         enc = eng.encode(lay).encoded
-        done = [run_cached(eng.lm, plan, enc, eng.store(), Sampling(new_tokens)) for _ in range(reps + 1)][1:]
+        done = [run_arm(ArmContext(eng.lm, plan, enc, eng.store(), Sampling(new_tokens)), "cached").run for _ in range(reps + 1)][1:]
         runs[name] = done
     return {"weights": weights, "weight_bytes": eng.lm.weight_bytes, "runs": runs, "model": eng.lm.name}
 

@@ -43,22 +43,22 @@ import random
 import re
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from common import ROOT, bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
                              wilson)  # imports some of them from here)
 from bench import needles
-from engine.arms.blend import cached_ranks, run_blend
+from engine.arms.blend import BlendSettings, blend_run, cached_ranks
 from engine.arms.prefix import warm_prefix
-from engine.arms.routed import run_routed
+from engine.arms.routed import RoutedSettings, routed_run
 from engine.cache.assemble import used_keys
 from engine.cache.prefix import PrefixCache, schema_order_prompt
-from engine.arms.modular import run_recomputed
-from engine.arms.registry import Sampling
-from engine.arms.compare import agreement
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached, run_repaired
+from engine.arms.modular import ModularSettings, recomputed_run, repaired_run
+from engine.arms.registry import ArmContext, Sampling
+from engine.arms.compare import agreement, decoding, run_arm
+from engine.run.events import finish
 from engine.model import WEIGHTS
 from engine.session import Engine
 
@@ -194,38 +194,45 @@ class Runner:
     def run(self, arm: str, sampling: Sampling | None = None):
         spec, sampling = parse_arm(arm), sampling or self.sampling
         if spec.get("special") == "baseline":
-            return run_baseline(self.eng.lm, self.plan, sampling)
+            return run_arm(ArmContext(self.eng.lm, self.plan, None, None, sampling), "baseline").run
         enc = self.encoded_for(spec["mode"], spec["sink"])
         targets = {f"doc{j}" for j in self.targets}
+        t, s = spec["ape"] or (1.0, 1.0)
+        cached = ModularSettings(repair=spec["repair"] or 0, ape_t=t, ape_s=s)
+        ctx = decoding(ArmContext(self.eng.lm, self.plan, enc, self.store, sampling, settings={"cached": cached}))
         if spec["oracle"] == "oracle":
-            return run_routed(self.eng.lm, self.plan, enc, self.store, sampling, keep=targets, focus=spec["focus"])[0]
+            routed = RoutedSettings(focus=spec["focus"])
+            return finish(routed_run(ctx, routed, keep=targets))[0]
         if spec["oracle"] == "oracle recompute":
             redo = [r for r in cached_ranks(self.plan) if self._owner(r) in targets]
             positions = self.plan.positions
-            return run_recomputed(self.eng.lm, self.plan, enc, self.store, set(redo),
-                                  tuple(positions[r] for r in redo), sampling)
+            return finish(recomputed_run(ctx, set(redo), tuple(positions[r] for r in redo)))
         if spec["route"] is not None or spec["pull"] is not None:
-            kw = {"layers": spec["layers"]} if spec["layers"] else {}
-            kw.update({} if spec["share"] is None else {"share": spec["share"] / 100})
-            kw.update({} if spec["sinks"] is None else {"sinks": spec["sinks"]})
-            kw.update({"prefix": self.tree(enc), "tree": "on"} if spec["tree"] else {"tree": "off"})
-            run, info = run_routed(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["route"] or 0,
-                                   min_pull=None if spec["pull"] is None else spec["pull"] / 100, ape=spec["ape"],
-                                   focus=spec["focus"], joint=spec["joint"], **kw)
-            self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
-                                "joint": list(info.joint), "pull": {m: round(v, 4) for m, v in info.pull.items()},
-                                "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves],
-                                "path": info.path}
-            return run
+            return self._routed(arm, spec, ctx, enc, targets)
         if spec["blend"]:
-            run, info = run_blend(self.eng.lm, self.plan, enc, self.store, sampling, ratio=spec["blend"] / 100,
-                                  rule=spec["rule"], check_layer=spec["check"])
+            blend = BlendSettings(ratio=spec["blend"] / 100, rule=spec["rule"])
+            run, info = finish(blend_run(ctx, blend, check_layer=spec["check"]))
             self.blend_ms[arm] = info.selection_ms
             return run
         if spec["repair"] or spec["first"] is not None:
-            return run_repaired(self.eng.lm, self.plan, enc, self.store, sampling, k=spec["repair"],
-                                first=spec["first"])
-        return run_cached(self.eng.lm, self.plan, enc, self.store, sampling, ape=spec["ape"])
+            return finish(repaired_run(ctx, spec["repair"], spec["first"]))
+        return run_arm(ctx, "cached").run
+
+    def _routed(self, arm: str, spec: dict, ctx, enc, targets: set[str]):
+        """A routed run as ``spec`` sets it; what it chose kept in ``self.routed``."""
+        kw = {"k": spec["route"] or 0, "focus": spec["focus"], "joint": spec["joint"], "tree": "on" if spec["tree"] else "off"}
+        kw.update({} if spec["pull"] is None else {"min_pull": spec["pull"] / 100})
+        kw.update({} if spec["share"] is None else {"share": spec["share"] / 100})
+        kw.update({} if spec["sinks"] is None else {"sinks": spec["sinks"]})
+        if spec["tree"]:
+            ctx = replace(ctx, prefix=self.tree(enc))
+        layers = {"layers": spec["layers"]} if spec["layers"] else {}
+        run, info = finish(routed_run(ctx, RoutedSettings(**kw), **layers))
+        self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
+                            "joint": list(info.joint), "pull": {m: round(v, 4) for m, v in info.pull.items()},
+                            "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves],
+                            "path": info.path}
+        return run
 
 
 def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[str, ...], ttft_reps: int) -> dict:
@@ -245,8 +252,8 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
                                          scaffold=[f"doc{i}" for i in range(n)], roles=roles))
             splan = eng.plan(slay, prompt, sampling.max_new_tokens)
             assert splan.scaffolds == ("joint",)
-            runs[arm] = run_cached(eng.lm, splan, eng.encode(slay, eng.config.with_(mode="prefixed")).encoded,
-                                   runner.store, sampling)
+            senc = eng.encode(slay, eng.config.with_(mode="prefixed")).encoded
+            runs[arm] = run_arm(ArmContext(eng.lm, splan, senc, runner.store, sampling), "cached").run
         else:
             runs[arm] = runner.run(arm)
     ttft = measure_ttft(runner, [a for a in arms if a not in ("baseline", "scaffold")], ttft_reps)

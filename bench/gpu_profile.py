@@ -35,8 +35,8 @@ import torch
 from common import bench_model, essay_chunks, machine, model_help
 from ttft import random_model
 
-from engine.arms.modular import run_cached
-from engine.arms.registry import Sampling
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext, Sampling
 from engine.cache.assemble import copy_list
 from engine.kv import dma, layerwise
 from engine.model import graphs
@@ -76,7 +76,7 @@ def copy_bandwidth(lm, plan, encoded, store, reps: int) -> dict:
 
     layerwise.LayerCopies.launch = keep
     try:
-        run_cached(lm, plan, encoded, store, Sampling(1))
+        run_arm(ArmContext(lm, plan, encoded, store, Sampling(1)), "cached")
     finally:
         layerwise.LayerCopies.launch = real
     nbytes = sum(s.numel() * s.element_size() for _, s in pairs)
@@ -116,7 +116,7 @@ class _Run:
         self.lm, self.plan, self.encoded, self.store = lm, plan, encoded, store
 
     def __call__(self):
-        return run_cached(self.lm, self.plan, self.encoded, self.store, Sampling(1))
+        return run_arm(ArmContext(self.lm, self.plan, self.encoded, self.store, Sampling(1)), "cached").run
 
 
 def ways(lm, cpu_run: _Run, gpu_run: _Run, reps: int) -> dict:

@@ -22,9 +22,8 @@ import contextlib
 from common import bench_model, emit, essay_chunks, machine, model_help, result_name, spread, table
 
 from engine.run import memory
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
-from engine.arms.registry import Sampling
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext, Sampling
 from engine.session import Engine
 from studio.docqa import doc_qa
 
@@ -44,8 +43,8 @@ METHODS = {"none": _NoPeak, "hwm (now)": memory.PeakMemory, "thread 5 ms (before
 
 def measure(eng, case, reps: int) -> dict:
     lm, store = eng.lm, eng.store()
-    arms = {"baseline": lambda: run_baseline(lm, case.plan, Sampling(1)),
-            "cached": lambda: run_cached(lm, case.plan, case.encoded, store, Sampling(1))}
+    arms = {"baseline": lambda: run_arm(ArmContext(lm, case.plan, None, None, Sampling(1)), "baseline").run,
+            "cached": lambda: run_arm(ArmContext(lm, case.plan, case.encoded, store, Sampling(1)), "cached").run}
     out = {arm: {m: [] for m in METHODS} for arm in arms}
     for rnd in range(reps + 1):
         for arm, run in arms.items():

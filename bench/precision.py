@@ -33,8 +33,8 @@ from bench.needles import confusable_cases, judge, varied_cases
 from bench.workloads import SYSTEM, fill_docs, wilson
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext
 from engine.model import START_MODEL
 from engine.session import Engine
 
@@ -61,13 +61,14 @@ def ttft_row(engines: dict[str, Engine], target: int, reps: int, new_tokens: int
         plan = eng.plan(lay, doc_prompt(name, len(docs)), max_new_tokens=new_tokens)
         enc = eng.encode(lay).encoded
         if len(done[SHORT[dt]]["baseline"]) < reps:
-            run_baseline(eng.lm, plan, sampling), run_cached(eng.lm, plan, enc, eng.store(), sampling)  # warm-up
+            run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline")  # warm-up
+            run_arm(ArmContext(eng.lm, plan, enc, eng.store(), sampling), "cached")
         setup[dt] = (plan, enc)
     while len(done[SHORT[DTYPES[-1]]]["baseline"]) < reps:
         for dt, eng in engines.items():
             plan, enc = setup[dt]
-            base = run_baseline(eng.lm, plan, sampling)
-            cached = run_cached(eng.lm, plan, enc, eng.store(), sampling)
+            base = run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline").run
+            cached = run_arm(ArmContext(eng.lm, plan, enc, eng.store(), sampling), "cached").run
             d = done[SHORT[dt]]
             d["baseline"].append(base.ttft_ms), d["cached"].append(cached.ttft_ms)
             d["decode"] += [r.decode_ms_per_token for r in (base, cached) if r.decode_ms_per_token is not None]
@@ -103,8 +104,8 @@ def needle_rows(engines: dict[str, Engine], cases: list[dict], label: str, new_t
             lay = eng.layout(doc_schema(name, case["docs"], system=SYSTEM, roles=has_roles(eng)))
             plan = eng.plan(lay, prompt, new_tokens)
             enc = eng.encode(lay).encoded
-            runs[dt] = {"baseline": run_baseline(eng.lm, plan, sampling),
-                        "cached": run_cached(eng.lm, plan, enc, eng.store(), sampling)}
+            runs[dt] = {"baseline": run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline").run,
+                        "cached": run_arm(ArmContext(eng.lm, plan, enc, eng.store(), sampling), "cached").run}
             for key in list(eng.store().keys()):  # modules are not shared between prompts
                 eng.store().evict(key)
         row = {"modules": case["modules"], "answer": case["answer"], "prompt_tokens": plan.prompt_tokens}

@@ -23,7 +23,8 @@ from fidelity import SYSTEM, make_cases, question, wilson
 from engine.kv import QuantKV
 from engine.arms.registry import Sampling
 from engine.arms.compare import agreement
-from engine.arms.modular import run_cached
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext
 from engine.session import Engine
 from engine.cache.store import ModuleStore
 
@@ -78,7 +79,7 @@ def main() -> None:
         plan = eng.plan(lay, prompt, sampling.max_new_tokens)
         enc = eng.encode(lay).encoded
         store = eng.store()
-        ref = run_cached(eng.lm, plan, enc, store, sampling)
+        ref = run_arm(ArmContext(eng.lm, plan, enc, store, sampling), "cached").run
         ref_found.append(case["number"] in ref.text.replace(",", ""))
         for (precision, kg, vg), name in zip(CHOICES, rows):
             qstore = ModuleStore("cpu")
@@ -95,7 +96,7 @@ def main() -> None:
                 quant_bytes += q.nbytes
                 full_bytes += entry.nbytes
                 qstore.put(key, q)
-            run = run_cached(eng.lm, plan, enc, qstore, sampling)
+            run = run_arm(ArmContext(eng.lm, plan, enc, qstore, sampling), "cached").run
             a = agreement(ref, run)
             rows[name].append({"found": case["number"] in run.text.replace(",", ""), "kl": a["first_token_kl"],
                                "agree": a["first_token_agree"], "same_text": a["same_text"],

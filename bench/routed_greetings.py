@@ -17,9 +17,11 @@ from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machi
 
 from bench import needles
 from bench.workloads import SYSTEM
-from engine.arms.modular import run_cached
+from engine.arms.compare import decoding, run_arm
+from engine.arms.registry import ArmContext
+from engine.run.events import finish
 from engine.arms.registry import Sampling
-from engine.arms.routed import run_routed
+from engine.arms.routed import RoutedSettings, routed_run
 from engine.session import Engine
 
 GREETINGS = ("Hello! How are you today?", "Thanks, that is all for now.", "Good morning!", "Hi there, who are you?",
@@ -42,10 +44,11 @@ def main() -> None:
         plan = eng.plan(lay, prompt, args.new_tokens)
         enc = eng.encode(lay, eng.config.with_(mode="prefixed")).encoded
         store = eng.store()
-        modular = run_cached(eng.lm, plan, enc, store, Sampling(args.new_tokens))
+        ctx = decoding(ArmContext(eng.lm, plan, enc, store, Sampling(args.new_tokens)))
+        modular = run_arm(ctx, "cached").run
         row = {"greeting": greeting, "modular": modular.text}
         for name, kw in SETTINGS.items():
-            run, info = run_routed(eng.lm, plan, enc, store, Sampling(args.new_tokens), **kw)
+            run, info = finish(routed_run(ctx, RoutedSettings(**kw)))
             row[name] = {"text": run.text, "same_text": run.text == modular.text, "kept": list(info.kept),
                          "pull": {m: round(v, 4) for m, v in info.pull.items()}}
             same[name] += run.text == modular.text

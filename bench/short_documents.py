@@ -23,7 +23,9 @@ import time
 
 from common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
 
+from engine.arms.compare import Done
 from engine.arms.registry import Sampling
+from engine.run.events import FirstToken
 from engine.session import Engine
 from studio.api import modes
 from studio.api.positions import PositionRegistry
@@ -54,9 +56,12 @@ def request(eng: Engine, registry: PositionRegistry, docs: list[str], question: 
     first: list[float] = []
     start = time.perf_counter()
     compiled = modes.chat_pml(turns, how, eng.codec, registry)
-    res = eng.compare(compiled.schema, compiled.prompt, Sampling(max_new_tokens=4),
-                      config=eng.config.with_(arms=("cached",), warmup=False),
-                      on_arm=lambda _: first.append(time.perf_counter()))
+    for event in eng.events(compiled.schema, compiled.prompt, Sampling(max_new_tokens=4),
+                            config=eng.config.with_(arms=("cached",), warmup=False)):
+        if isinstance(event, FirstToken) and not first:
+            first.append(time.perf_counter())
+        elif isinstance(event, Done):
+            res = event.comparison
     return (first[0] - start) * 1000, res.arm("cached").run.text
 
 

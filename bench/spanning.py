@@ -43,8 +43,8 @@ from bench import needles
 from bench.fidelity import Runner
 from bench.workloads import SYSTEM, wilson
 from report import ROUTED, routed_default
-from engine.arms.baseline import run_baseline
-from engine.arms.registry import Sampling
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext, Sampling
 from engine.model import WEIGHTS
 from engine.session import Engine
 
@@ -136,7 +136,8 @@ def run_case(eng: Engine, case: dict, idx: int, arms: tuple[str, ...]) -> dict:
     for arm in arms:
         if arm == "only asked":  # the ceiling: a prompt holding only the asked modules, prefilled whole
             only = f'<prompt schema="span{idx}">' + "".join(f"<doc{i}/>" for i in asked) + f" {question}</prompt>"
-            run = run_baseline(eng.lm, eng.plan(lay, only, sampling.max_new_tokens), sampling)
+            ctx = ArmContext(eng.lm, eng.plan(lay, only, sampling.max_new_tokens), None, None, sampling)
+            run = run_arm(ctx, "baseline").run
         else:
             run = runner.run(arm)
         found, _ = needles.judge(run.text, case)

@@ -62,7 +62,7 @@ def main() -> None:
 
     def buffer():
         buf = KVBuffer(data)
-        buf.lengths = [args.context] * lm.n_layers
+        buf.advance(args.context)
         return buf.cache()
 
     def whole():

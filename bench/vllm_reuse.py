@@ -73,7 +73,8 @@ def app_order_ids(eng, docs: list[str], order: list[int], question: str) -> list
 
 
 def measure(eng, config, url: str, docs: list[str], cases: list[tuple[str, dict]], sampling) -> list[dict]:
-    from engine.arms.vllm import connect, run_remote
+    from engine.arms.vllm import connect, remote_run
+    from engine.run.events import finish
 
     schema = doc_schema("workload", docs, system=SYSTEM)
     warm = prompt_xml({"imports": list(range(len(docs))), "question": cases[0][1]["question"]})
@@ -98,7 +99,7 @@ def measure(eng, config, url: str, docs: list[str], cases: list[tuple[str, dict]
                                         server_cached_tokens=res.detail.server_cached_tokens)
         if name == "reordered":
             ids = app_order_ids(eng, docs, p["order"], p["question"])
-            run, detail = run_remote(endpoint, ids, sampling, eng.tokenizer)
+            run, detail = finish(remote_run(endpoint, ids, sampling, eng.tokenizer))
             found, confused = judge(run.text, p)
             row["order"] = p["order"]
             row["arms"][APP_ORDER] = {"ttft_ms": round(run.ttft_ms, 1), "reused_tokens": detail.server_cached_tokens,

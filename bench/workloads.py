@@ -40,13 +40,16 @@ def floor_point(eng, plan, encoded, reps: int, cached_ms: float) -> dict:
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from engine.arms.modular import run_cached
+    from engine.arms.compare import run_arm
+
+    from engine.arms.registry import ArmContext
     from engine.arms.registry import Sampling
     from engine.run.workspace import workspace
     from engine.model.attend import ATTENTION
 
     lm = eng.lm
-    run_cached(lm, plan, encoded, eng.store(), Sampling(1))  # leaves the assembled cache at the buffer's start
+    # leaves the assembled cache at the buffer's start
+    run_arm(ArmContext(lm, plan, encoded, eng.store(), Sampling(1)), "cached")
     past = workspace(lm).data[:, :, 0, :, : plan.cached_tokens].clone()  # [layers, 2, kv_heads, cached, head_dim]
     ids, pos = plan.uncached()
     x = torch.tensor([ids], device=lm.device)

@@ -383,8 +383,7 @@ def cmd_run(args, words: ArmWords = ArmWords()) -> int:
         from engine.model import graphs
         graphs.set_mode(eng.lm.model, args.cuda_graphs)
     started = time.perf_counter()
-    result = eng.compare(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt,
-                         progress=told.encoding, on_arm=told.first_token)
+    result = told.follow(eng.events(schema, prompt, sampling, schema_source=args.schema, prompt_source=args.prompt))
     told.done(time.perf_counter() - started)
     data = titled(result.to_json(), words)
     if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again

@@ -37,7 +37,7 @@ def cmd_encode(args) -> int:
     eng = Engine(config_from_args(args))
     lay = eng.layout(schema, args.schema)
     told = Progress((), 0, ArmWords())
-    res = eng.encode(lay, eng.config, told.encoding)
+    res = told.follow(eng.encoding(lay, eng.config))
     summary = {k: v for k, v in encode_summary(res.encoded).items() if k != "detail"}
     store = eng.store(eng.config.storage)
     data = {"schema": lay.schema.name, "model": eng.lm.name, "mode": eng.config.mode,

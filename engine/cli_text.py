@@ -36,6 +36,24 @@ class Progress:
     def loaded(self, model: str, seconds: float) -> None:
         self.say(f"model {model} ready in {seconds:,.1f} s")
 
+    def follow(self, events):
+        """Say each phase of ``events`` as it comes; what it returns."""
+        from engine.run.events import FirstToken, UnitEncoded, Warmed, Warming
+
+        while True:
+            try:
+                event = next(events)
+            except StopIteration as done:
+                return done.value
+            if isinstance(event, UnitEncoded):
+                self.encoding(event.done, event.total, event.unit)
+            elif isinstance(event, Warming):
+                self.encoding(0, 1, f"warming the prefix cache ({event.tokens} tokens, schema order)")
+            elif isinstance(event, Warmed):
+                self.encoding(1, 1, "prefix cache warmed")
+            elif isinstance(event, FirstToken):
+                self.first_token(event)
+
     def encoding(self, done: int, total: int, label: str) -> None:
         self.say(f"encoding modules {done}/{total}: {label}")
         if done == total and not self.seen and self.arms:  # the first arm prefills next (after a warm-up, again)

@@ -103,10 +103,6 @@ class InputFileError(EngineError):
     """A file given by path cannot be read."""
 
 
-class RunStopped(EngineError):
-    """A run stopped on request; its partial result is not kept."""
-
-
 class NonFiniteLogits(ModelError):
     """The model computed NaN or infinite logits."""
 

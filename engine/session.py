@@ -7,6 +7,8 @@ encoded schemas and serialises runs, so that two callers never time each other's
     result = eng.compare(schema_xml, prompt_xml, Sampling(max_new_tokens=16))
     prepared = eng.prepare(schema_xml, prompt_xml)  # parsed and tokenized once, run as often as asked
     eng.run(prepared, Sampling(max_new_tokens=16), config=eng.config.with_(mode="isolated"))
+    for event in eng.events(schema_xml, prompt_xml):  # as it goes; closing the generator stops the run
+        ...
 """
 
 from __future__ import annotations
@@ -15,24 +17,24 @@ import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Generator
 
-from engine.arms.compare import Comparison
-from engine.arms.compare import compare as run_compare
+from engine.arms.compare import Comparison, Done, Event, comparing
 from engine.arms.prefix import warm_prefix
-from engine.arms.registry import REGISTRY, Reads, Sampling, TokenFn
+from engine.arms.registry import REGISTRY, ArmContext, Reads, Sampling
 from engine.cache.assemble import fetch_entries, used_keys
-from engine.cache.encode import EncodedSchema, ProgressFn, count_units, encode_schema
+from engine.cache.encode import EncodedSchema, UnitEncoded, count_units, encoding
 from engine.cache.prefix import PrefixCache, schema_order_prompt
 from engine.cache.store import DiskStore, ModuleStore, default_budget
 from engine.config import RunConfig
 from engine.devices import check_device
-from engine.errors import EngineError, MissingEntry, RunStopped, StorageError
+from engine.errors import EngineError, MissingEntry, StorageError
 from engine.kv import stored_bytes_per_token
 from engine.model.load import LoadedModel, kv_shape, load_config, load_model, load_tokenizer
 from engine.schema.layout import Layout, TextCodec
 from engine.schema.layout import layout as make_layout
 from engine.schema.plan import PromptPlan, check_room, plan_prompt
+from engine.run.events import Warmed, Warming, finish
 from engine.schema.pml import parse_prompt, parse_schema
 
 
@@ -176,11 +178,14 @@ class Engine:
 
     # -- encoding and runs --
 
-    def encode(self, layout: Layout, config: RunConfig | None = None,
-               progress: ProgressFn | None = None) -> EncodeResult:
+    def encode(self, layout: Layout, config: RunConfig | None = None) -> EncodeResult:
         """Encode what a schema's store lacks."""
+        return finish(self.encoding(layout, config))
+
+    def encoding(self, layout: Layout, config: RunConfig | None = None) -> Generator[UnitEncoded, None, EncodeResult]:
+        """:meth:`encode`, a UnitEncoded after each unit (closing the generator stops between units)."""
         cfg = self._config(config)
-        enc = self._encode(layout, cfg, progress)
+        enc = yield from self._encode(layout, cfg)
         store = self.store(cfg.storage)
         return EncodeResult(encoded=enc, reused=all(u.reused for u in enc.units), store_bytes=enc.nbytes(store),
                             bytes_by_module=enc.bytes_by_module(store))
@@ -191,24 +196,29 @@ class Engine:
         lay = self.layout(schema_text, schema_source)
         return Prepared(lay, self.plan(lay, prompt_text, prompt_source, max_new_tokens))
 
-    def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
-                config: RunConfig | None = None, on_token: TokenFn | None = None,
-                progress: ProgressFn | None = None, schema_source: str = "<schema>",
-                prompt_source: str = "<prompt>", should_stop: Callable[[], bool] | None = None,
-                on_arm: Callable | None = None) -> Comparison:
-        """:meth:`prepare` then :meth:`run`."""
+    def compare(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, **kw) -> Comparison:
+        """:meth:`events` (its keywords: config, schema_source, prompt_source) to the end: the Comparison."""
+        return finish(self.events(schema_text, prompt_text, sampling, **kw))
+
+    def run(self, prepared: Prepared, sampling: Sampling | None = None, *,
+            config: RunConfig | None = None) -> Comparison:
+        """:meth:`run_events` to the end: the Comparison."""
+        return finish(self.run_events(prepared, sampling, config=config))
+
+    def events(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
+               config: RunConfig | None = None, schema_source: str = "<schema>",
+               prompt_source: str = "<prompt>") -> Generator[Event, None, Comparison]:
+        """:meth:`prepare` then :meth:`run_events`."""
         self._config(config)
         sampling = sampling or Sampling()
         prepared = self.prepare(schema_text, prompt_text, sampling.max_new_tokens, schema_source=schema_source,
                                 prompt_source=prompt_source)
-        return self.run(prepared, sampling, config=config, on_token=on_token, progress=progress,
-                        should_stop=should_stop, on_arm=on_arm)
+        return (yield from self.run_events(prepared, sampling, config=config))
 
-    def run(self, prepared: Prepared, sampling: Sampling | None = None, *, config: RunConfig | None = None,
-            on_token: TokenFn | None = None, progress: ProgressFn | None = None,
-            should_stop: Callable[[], bool] | None = None, on_arm: Callable | None = None) -> Comparison:
-        """Encode if needed, run the configured arms on ``prepared`` and compare them; RunStopped once
-        ``should_stop()`` says so; ``on_arm(ArmResult)`` as each arm has its first token."""
+    def run_events(self, prepared: Prepared, sampling: Sampling | None = None, *,
+                   config: RunConfig | None = None) -> Generator[Event, None, Comparison]:
+        """Encode if needed, run the configured arms on ``prepared`` and compare them, yielding each step
+        (engine/arms/compare.py ``Event``), last a Done; closing the generator stops the run and frees the engine."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay, plan, source = prepared.layout, prepared.plan, prepared.prompt_source
@@ -218,19 +228,17 @@ class Engine:
         check_room(plan, sampling.max_new_tokens)
         store = self.store(cfg.storage)
         self._check_budget(plan, cfg, store, source)
-        if should_stop is not None:
-            progress, on_token = _stopping(progress, should_stop), _stopping_tokens(on_token, should_stop)
         with self.run_lock:
-            if should_stop is not None and should_stop():
-                raise RunStopped("the run was stopped on request before it started")
-            enc = self._encode(lay, cfg, progress)
+            enc = yield from self._encode(lay, cfg)
             store.check_fits(used_keys(plan, enc), f"prompt {source}")
-            enc = self._fetched(plan, lay, cfg, enc, progress)
-            prefix = self._warm(lay, cfg, progress, keep=used_keys(plan, enc)) if _reads_prefix_cache(cfg) \
+            enc = yield from self._fetched(plan, lay, cfg, enc)
+            prefix = (yield from self._warm(lay, cfg, keep=used_keys(plan, enc))) if _reads_prefix_cache(cfg) \
                 else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there
-            result = run_compare(self.lm, plan, enc, store, sampling, on_token, arms=cfg.arms, prefix=prefix,
-                                 settings=dict(cfg.arm_settings), decode=cfg.decode, on_arm=on_arm)
-        return replace(result, encode=encode_summary(enc))
+            ctx = ArmContext(self.lm, plan, enc, store, sampling, prefix, settings=dict(cfg.arm_settings))
+            result = yield from comparing(ctx, cfg.arms, cfg.decode)
+        result = replace(result, encode=encode_summary(enc))
+        yield Done(result)
+        return result
 
     # -- internal helpers --
 
@@ -245,25 +253,24 @@ class Engine:
         check_device(config.storage)
         return config
 
-    def _encode(self, layout: Layout, cfg: RunConfig, progress: ProgressFn | None) -> EncodedSchema:
+    def _encode(self, layout: Layout, cfg: RunConfig) -> Generator[UnitEncoded, None, EncodedSchema]:
         store = self.store(cfg.storage)
         key = (layout.fingerprint, *cfg.encoding_key())
         with self.run_lock:
             enc = self._encoded.get(key)
             if enc is not None and all(k in store for k in enc.keys()):
-                if progress:
-                    total = count_units(layout)
-                    progress(total, total, "already encoded")
+                total = count_units(layout)
+                yield UnitEncoded(total, total, "already encoded")
                 return replace(enc, units=tuple(replace(u, source="memory", ms=0.0) for u in enc.units),
                                encode_ms=0.0)
-            enc = encode_schema(self.lm.model, layout, store, cfg, self.lm.fingerprint, progress)
+            enc = yield from encoding(self.lm.model, layout, store, cfg, self.lm.fingerprint)
             self._encoded[key] = enc
             while len(self._encoded) > ENCODED_KEPT:  # the oldest first
                 self._encoded.pop(next(iter(self._encoded)))
             return enc
 
-    def _fetched(self, plan: PromptPlan, layout: Layout, cfg: RunConfig, enc: EncodedSchema,
-                 progress: ProgressFn | None) -> EncodedSchema:
+    def _fetched(self, plan: PromptPlan, layout: Layout, cfg: RunConfig,
+                 enc: EncodedSchema) -> Generator[UnitEncoded, None, EncodedSchema]:
         """``enc`` with the plan's entries in memory (encoded again, once, if one vanished)."""
         store = self.store(cfg.storage)
         try:
@@ -271,24 +278,22 @@ class Engine:
             return enc
         except MissingEntry:
             self._encoded.pop((layout.fingerprint, *cfg.encoding_key()), None)
-            enc = self._encode(layout, cfg, progress)
+            enc = yield from self._encode(layout, cfg)
             fetch_entries(plan, enc, store)
             return enc
 
-    def _warm(self, layout: Layout, cfg: RunConfig, progress: ProgressFn | None, keep: list[str] = ()) -> PrefixCache:
+    def _warm(self, layout: Layout, cfg: RunConfig, keep: list[str] = ()) -> Generator[Event, None, PrefixCache]:
         """The prefix cache, warmed once per schema with every module in schema order (docs/arms.md)."""
         cache = self.prefix_cache(cfg.storage)
         if cfg.warmup and layout.fingerprint not in cache.warmed:
             warm = schema_order_prompt(layout)
-            if progress:
-                progress(0, 1, f"warming the prefix cache ({len(warm.token_ids)} tokens, schema order)")
+            yield Warming(len(warm.token_ids))
             start = time.perf_counter()
             if len(warm.token_ids) >= 2:
                 warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep)
-            cache.warmed[layout.fingerprint] = replace(warm, ms=(time.perf_counter() - start) * 1000,
-                                                       at_run=cache.inserted_runs)
-            if progress:
-                progress(1, 1, "prefix cache warmed")
+            ms = (time.perf_counter() - start) * 1000
+            cache.warmed[layout.fingerprint] = replace(warm, ms=ms, at_run=cache.inserted_runs)
+            yield Warmed(ms)
         return cache
 
     def _check_budget(self, plan: PromptPlan, cfg: RunConfig, store: ModuleStore, what: str) -> None:
@@ -314,26 +319,6 @@ def encode_summary(enc: EncodedSchema) -> dict:
             "unsaved": len(unsaved), "store_note": unsaved[0] if unsaved else "",
             "detail": [{"unit": u.name, "kind": u.kind, "tokens": u.tokens, "ms": round(u.ms, 3), "source": u.source}
                        for u in enc.units]}
-
-
-def _stopping(progress: ProgressFn | None, should_stop: Callable[[], bool]) -> ProgressFn:
-    """``progress`` that first asks ``should_stop`` (encoding stops between units)."""
-    def report(done: int, total: int, label: str) -> None:
-        if should_stop():
-            raise RunStopped(f"the run was stopped on request while encoding ({done} of {total} units done)")
-        if progress is not None:
-            progress(done, total, label)
-    return report
-
-
-def _stopping_tokens(on_token: TokenFn | None, should_stop: Callable[[], bool]) -> TokenFn:
-    """``on_token`` that first asks ``should_stop`` (a run stops within a token)."""
-    def token(arm: str, text: str) -> None:
-        if should_stop():
-            raise RunStopped(f"the run was stopped on request while {arm} was decoding")
-        if on_token is not None:
-            on_token(arm, text)
-    return token
 
 
 def gpu_status() -> tuple[bool, str]:

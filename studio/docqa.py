@@ -16,9 +16,8 @@ from xml.sax.saxutils import escape
 from engine.cache.encode import EncodedSchema
 from engine.errors import EngineError
 from engine.schema.plan import PromptPlan
-from engine.arms.registry import Sampling
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
+from engine.arms.compare import run_arm
+from engine.arms.registry import ArmContext, Sampling
 
 QUESTION = ("Using only the documents above, answer in one sentence: what is the most important lesson the "
             "author wants readers to learn from them?")
@@ -65,12 +64,12 @@ def ttft_point(eng, case: DocQA, reps: int, progress=None) -> dict:
     """Median TTFT of baseline and cached on ``case`` after a discarded warm-up pair, ``reps`` alternating pairs."""
     plan, store = case.plan, eng.store()
     sampling = Sampling(max_new_tokens=case.new_tokens)
-    run_baseline(eng.lm, plan, sampling)
-    run_cached(eng.lm, plan, case.encoded, store, sampling)
+    run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline")
+    run_arm(ArmContext(eng.lm, plan, case.encoded, store, sampling), "cached")
     base, cached = [], []
     for rep in range(reps):
-        base.append(run_baseline(eng.lm, plan, sampling))
-        cached.append(run_cached(eng.lm, plan, case.encoded, store, sampling))
+        base.append(run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline").run)
+        cached.append(run_arm(ArmContext(eng.lm, plan, case.encoded, store, sampling), "cached").run)
         if progress:
             progress(rep + 1, reps, f"{plan.prompt_tokens} tokens")
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
-Emit = Callable[[tuple], None]
 ENGINE_THREAD = "pml-engine"
 _engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ENGINE_THREAD)
 STOPPING = threading.Event()  # set when the studio stops: every run ends within a token
@@ -32,35 +31,63 @@ def on_engine_thread_soon(fn: Callable, *args) -> None:
     _engine.submit(fn, *args)
 
 
-def in_thread(work: Callable[[Emit], Any], tick: float | None = None) -> Iterator[tuple]:
-    """Yield every event ``work(emit)`` emits on the engine thread (``("tick",)`` after ``tick`` quiet seconds), then
-    ``("done", result)``; its exception is raised here."""
-    events: queue.Queue = queue.Queue()
+def in_thread(events: Callable[[], Generator], tick: float | None = None, stop: threading.Event | None = None,
+              pick: Callable[[Any], bool] | None = None) -> Iterator[tuple]:
+    """Iterate the generator ``events()`` on the engine thread: ``("event", e)`` for each event ``pick(e)`` keeps
+    (``pick`` runs there; default: every one), ``("tick",)`` after ``tick`` quiet seconds, then ``("done", what it
+    returned)``. Once ``stop`` is set (or the studio stops) the generator is closed between two events and
+    ``("stopped",)`` ends the stream; its exception is raised here."""
+    out: queue.Queue = queue.Queue()
+    stopped = stop_asked(stop or threading.Event())
 
     def run() -> None:
         try:
-            events.put(("done", work(events.put)))
+            gen = events()
+            while True:
+                if stopped():
+                    gen.close()  # the run ends here: its locks released, its buffers free
+                    return out.put(("stopped",))
+                try:
+                    event = next(gen)
+                except StopIteration as done:
+                    return out.put(("done", done.value))
+                if pick is None or pick(event):
+                    out.put(("event", event))
         except BaseException as err:  # handed to the reader, which raises it
-            events.put(("error", err))
+            out.put(("error", err))
 
     _engine.submit(run)
     while True:
         try:
-            event = events.get(timeout=tick)
+            item = out.get(timeout=tick)
         except queue.Empty:
             yield ("tick",)
             continue
-        if event[0] == "error":
-            raise event[1]
-        yield event
-        if event[0] == "done":
+        if item[0] == "error":
+            raise item[1]
+        yield item
+        if item[0] in ("done", "stopped"):
             return
 
 
 def with_progress(work: Callable[[Callable[[int, int, str], None]], Any],
                   progress: Callable[[int, int, str], None] | None) -> Any:
-    for kind, *payload in in_thread(lambda emit: work(lambda *step: emit(("progress", *step)))):
-        if kind == "progress" and progress is not None:
-            progress(*payload)
-        elif kind == "done":
+    """``work(report)`` on the engine thread (a benchmark's steps, not a run); each ``report(done, total, label)``
+    reaches ``progress`` here as it is made."""
+    told: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        try:
+            told.put(("done", work(lambda *step: told.put(("progress", *step)))))
+        except BaseException as err:  # handed to the reader, which raises it
+            told.put(("error", err))
+
+    _engine.submit(run)
+    while True:
+        kind, *payload = told.get()
+        if kind == "error":
+            raise payload[0]
+        if kind == "done":
             return payload[0]
+        if progress is not None:
+            progress(*payload)

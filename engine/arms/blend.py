@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.arms.modular import run_cached
-from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
+from engine.arms.modular import ModularSettings, cached_run
+from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents, register,
+                                  setting)
 from engine.arms.repair import select_repair
 from engine.cache.assemble import (Span, buffer_ranks, copy_list_ranked, module_ranges, precomputed_tokens,
                                    prefilled)
@@ -24,10 +25,9 @@ from engine.limits import Limit
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.run.attention import check_recompute, rank_mask
-from engine.run.batch import DecodeBatch
 from engine.run.layers import decoder_layers, run_until
-from engine.run.timing import Fill, timed_detail
-from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.timing import Fill, timed_run
+from engine.run.types import RunResult
 from engine.schema.plan import PromptPlan
 
 # rule -> what picks the recomputed tokens
@@ -100,20 +100,18 @@ class Probe:
 
 # -- public API --
 
-def blend_arm(ctx: DecodingContext) -> ArmResult:
-    s = ctx.settings_of("blend")
-    run, info = run_blend(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, ratio=s.ratio,
-                          rule=s.rule, batch=ctx.batch)
+def blend_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
+    run, info = yield from blend_run(ctx)
     return ArmResult(Arm("blend"), run, detail=info)
 
 
-def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-              sampling: Sampling = Sampling(), on_token: TokenFn | None = None, ratio: float | None = None,
-              rule: str | None = None, check_layer: int = 1, fresh_early: bool | None = None,
-              seed: int = 0, batch: DecodeBatch | None = None) -> tuple[RunResult, BlendInfo]:
-    """The cached run with the ``ratio`` share of cached tokens recomputed, chosen by ``rule``, and how it chose."""
-    ratio = BlendSettings.ratio if ratio is None else ratio
-    rule = BlendSettings.rule if rule is None else rule
+def blend_run(ctx: DecodingContext, settings: BlendSettings | None = None, *, check_layer: int = 1,
+              fresh_early: bool | None = None, seed: int = 0) -> RunEvents[tuple[RunResult, BlendInfo]]:
+    """The cached run with the ``ratio`` share of cached tokens recomputed, chosen by ``rule`` (``settings``,
+    default the context's), and how it chose."""
+    s = settings or ctx.settings_of("blend")
+    lm, plan, encoded, store = ctx.lm, ctx.plan, ctx.encoded, ctx.store
+    ratio, rule = s.ratio, s.rule
     fresh_early = FRESH_EARLY if fresh_early is None else fresh_early
     _check_args(lm, ratio, rule, check_layer)
     cached = cached_ranks(plan)
@@ -121,7 +119,7 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
     info = BlendInfo(ratio=ratio, rule=rule, check_layer=check_layer, ranks=(), selection_ms=0.0,
                      fresh_early=fresh_early)
     if n == 0:
-        return replace(run_cached(lm, plan, encoded, store, sampling, on_token, batch=batch), arm="blend"), info
+        return (yield from cached_run(ctx, ModularSettings(), arm="blend")), info
     check_recompute(lm, "blend", "set blend to 0")
     decoder_layers(lm.model, "blend", "set blend to 0")
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
@@ -137,8 +135,8 @@ def run_blend(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: 
         return replace(_recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None),
                        detail=chosen)
 
-    run, _, chosen = timed_detail(lm, "blend", plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1,
-                                  fill, sampling, on_token, batch=batch)
+    run, _, chosen = yield from timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens
+                                          + ctx.sampling.max_new_tokens + 1, fill, ctx.sampling, ctx.decoder)
     return run, chosen
 
 

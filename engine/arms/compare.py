@@ -4,18 +4,18 @@ extend it, never rename; docs/cli.md). :meth:`Comparison.from_json` reads one ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Generator, Sequence, Union
 
-from engine.arms.registry import REGISTRY, Agreement, Arm, ArmResult, ArmSettings, DecodingContext, Reads
+from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResult, DecodingContext, Reads,
+                                  RunEvents)
 from engine.cache.assemble import fetch_entries, used_keys
-from engine.cache.encode import EncodedSchema
-from engine.cache.prefix import PrefixCache
+from engine.cache.encode import EncodedSchema, UnitEncoded
 from engine.cache.settings import canonical_mode
 from engine.cache.store import ModuleStore
-from engine.model.load import LoadedModel
-from engine.run.batch import DecodeBatch
-from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.decode import Decoder
+from engine.run.events import FirstToken, Token, Warmed, Warming, finish
+from engine.run.types import RunResult, Sampling
 from engine.schema.plan import PromptPlan
 
 
@@ -174,37 +174,71 @@ class Comparison:
 
 # -- running the arms --
 
-def compare(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-            sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
-            arms: Sequence[str] = ("baseline", "cached"), prefix: PrefixCache | None = None,
-            settings: dict[str, ArmSettings] | None = None, decode: str = "together",
-            on_arm: Callable[[ArmResult], None] | None = None) -> Comparison:
-    """The asked-for arms of one plan in registry order, with their agreement; ``decode="together"``: after their
-    first tokens the arms decode as one batch. ``on_arm`` gets each arm's result as soon as it has its first token
-    (its TTFT; with decode="together", before it decodes the rest)."""
+@dataclass(frozen=True)
+class ArmDone:
+    """An arm's final result, with its agreement with the baseline, once every arm has decoded."""
+
+    result: ArmResult
+
+    @property
+    def arm(self) -> Arm:
+        return self.result.arm
+
+
+@dataclass(frozen=True)
+class Done:
+    """The run is over: every arm's result."""
+
+    comparison: Comparison
+
+
+# Engine.events yields encoding and warming, per arm a FirstToken and Tokens, an ArmDone per arm, then a Done
+Event = Union[UnitEncoded, Warming, Warmed, FirstToken, Token, ArmDone, Done]
+
+
+def comparing(ctx: ArmContext, arms: Sequence[str] = ("baseline", "cached"),
+              decode: str = "together") -> Generator[Event, None, Comparison]:
+    """The asked-for arms of ``ctx.plan`` in registry order, their events, an ArmDone each; the Comparison.
+    ``decode="together"``: after their first tokens the arms decode as one batch."""
+    lm, plan, encoded, store = ctx.lm, ctx.plan, ctx.encoded, ctx.store
     wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
     reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)
     if reads_modules:
         fetch_entries(plan, encoded, store)
     keep = tuple(used_keys(plan, encoded)) if reads_modules else ()
-    batch = DecodeBatch(lm) if decode == "together" else None
-    ctx = DecodingContext(lm, plan, encoded, store, sampling, on_token, prefix, keep, dict(settings or {}), batch)
+    decoder = Decoder(lm, together=decode == "together")
+    dctx = replace(decoding(ctx, decoder), keep=keep)
     results = {}
     for a in wanted:
-        results[a] = REGISTRY[a].run(ctx)
-        if on_arm is not None:
-            on_arm(results[a])
-    if batch is not None:
-        batch.decode()
-        results = {a: replace(r, run=batch.finish(r.run)) for a, r in results.items()}
+        results[a] = yield from arm_run(dctx, a)
+    yield from decoder.rest()
+    results = {a: replace(r, run=decoder.finish(r.run)) for a, r in results.items()}
     together = any(r.run.decode_batch > 1 for r in results.values())
     base = results.get(Arm.BASELINE)
+    results = {a: r.with_agreement(base) for a, r in results.items()}
+    for r in results.values():
+        yield ArmDone(r)
     return Comparison(
-        model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=sampling,
-        arms={a: r.with_agreement(base) for a, r in results.items()}, mode=encoded.mode,
-        repair=ctx.settings_of("cached").repair if Arm.CACHED in wanted else 0,
+        model=lm.name, device=lm.device, plan=plan, store=StoreSummary.of(encoded, store), sampling=ctx.sampling,
+        arms=results, mode=encoded.mode, repair=dctx.settings_of("cached").repair if Arm.CACHED in wanted else 0,
         sink=encoded.sink, weights=lm.weights, decode="together" if together else "apart",
         prefill_kernel=lm.prefill.kernel)
+
+
+def arm_run(ctx: DecodingContext, arm: str) -> RunEvents[ArmResult]:
+    """Arm ``arm``'s run on ``ctx``: its events, then its result."""
+    out = REGISTRY[Arm(arm)].run(ctx)
+    return out if isinstance(out, ArmResult) else (yield from out)
+
+
+def run_arm(ctx: ArmContext, arm: str) -> ArmResult:
+    """Arm ``arm`` alone on ``ctx``, its events drained, its tokens decoded at once: what a benchmark times."""
+    return finish(arm_run(decoding(ctx), arm))
+
+
+def decoding(ctx: ArmContext, decoder: Decoder | None = None) -> DecodingContext:
+    """``ctx`` as a DecodingContext whose runs decode through ``decoder`` (None: each at once)."""
+    return DecodingContext(**{f.name: getattr(ctx, f.name) for f in fields(ArmContext)}, decoder=decoder)
 
 
 def agreement(base: RunResult, other: RunResult) -> dict:

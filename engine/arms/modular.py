@@ -1,28 +1,24 @@
 """The modular-cache arm (``cached``): Prompt Cache's reuse — the imported modules' KV assembled at their
 schema positions, only the uncached tokens prefilled; with ``repair`` K > 0 the link tokens are recomputed
-(:func:`run_repaired`, after EPIC)."""
+(:func:`repaired_run`, after EPIC)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
+from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents, register,
+                                  setting)
 from engine.arms.repair import select_repair
 from engine.cache.assemble import (copy_list, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
                                    question_retention)
-from engine.cache.encode import EncodedSchema
-from engine.cache.store import ModuleStore
 from engine.errors import EngineError
 from engine.kv import KVBuffer
 from engine.limits import MAX_REPAIR, Limit
 from engine.model.attend import AttentionSpec
-from engine.model.load import LoadedModel
 from engine.model.positions import copied_positions, needs_positions
 from engine.run.attention import ape_scale, check_recompute, rank_mask
-from engine.run.batch import DecodeBatch
 from engine.run.timing import Fill, timed_run
-from engine.run.types import RunResult, Sampling, TokenFn
-from engine.schema.plan import PromptPlan
+from engine.run.types import RunResult
 
 
 @dataclass(frozen=True)
@@ -64,26 +60,26 @@ class ModularSettings(ArmSettings):
                               "buffer that question retention thins); set repair to 0 or pick another compression")
 
 
-def cached_arm(ctx: DecodingContext) -> ArmResult:
-    s = ctx.settings_of("cached")
-    return ArmResult(Arm.CACHED, run_cached(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token,
-                                            s.repair, ape=s.ape, batch=ctx.batch))
+def cached_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
+    return ArmResult(Arm.CACHED, (yield from cached_run(ctx)))
 
 
-def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, repair: int = 0,
-               ape: tuple[float, float] | None = None, batch: DecodeBatch | None = None) -> RunResult:
-    """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode.
+def cached_run(ctx: DecodingContext, settings: ModularSettings | None = None,
+               arm: str = "cached") -> RunEvents[RunResult]:
+    """Assemble the imported modules' KV into one buffer, prefill only the uncached tokens, decode, as ``settings``
+    (default: the context's) say.
 
-    ``repair`` K > 0 recomputes K link tokens per link (:func:`run_repaired`). ``ape`` (T, S): the prefill and
-    every decode step attend to the modules as APE does; None or (1, 1) is plain attention.
+    ``repair`` K > 0 recomputes K link tokens per link (:func:`repaired_run`). ``ape`` (T, S): the prefill and
+    every decode step attend to the modules as APE does; (1, 1) is plain attention.
     """
-    if repair:
-        if ape:
+    s = settings or ctx.settings_of("cached")
+    if s.repair:
+        if s.ape:
             raise EngineError("APE cannot be combined with repair yet; set ape-t and ape-s to 1, or repair to 0")
-        return run_repaired(lm, plan, encoded, store, sampling, on_token, repair, batch=batch)
+        return (yield from repaired_run(ctx, s.repair, arm=arm))
+    lm, plan, encoded, store = ctx.lm, ctx.plan, ctx.encoded, ctx.store
     copies = copy_list(plan, encoded, store)
-    scale = ape_scale(lm, module_ranges(plan, encoded, store), ape)
+    scale = ape_scale(lm, module_ranges(plan, encoded, store), s.ape)
     retain = question_retention(plan, encoded)
     prefill = AttentionSpec(ape=scale, scorer=retain.capture if retain is not None else None)
     ids, pos = plan.uncached()
@@ -97,26 +93,25 @@ def run_cached(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                     precomputed_tokens=precomputed_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
                     retain=retain, key_positions=key_pos)
 
-    run, _ = timed_run(lm, "cached", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill, sampling,
-                       on_token, batch=batch)
+    run, _, _ = yield from timed_run(lm, arm, plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1, fill,
+                                     ctx.sampling, ctx.decoder)
     return run
 
 
-def run_repaired(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-                 sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = 4,
-                 first: bool | None = None, batch: DecodeBatch | None = None) -> RunResult:
+def repaired_run(ctx: DecodingContext, k: int = 4, first: bool | None = None,
+                 arm: str = "cached") -> RunEvents[RunResult]:
     """The cached run with the link tokens :func:`engine.arms.repair.select_repair` picks recomputed (after EPIC)."""
-    check_recompute(lm, "link-token repair", "set repair to 0")
-    sel = select_repair(plan, k, encoded.mode, first)
-    return run_recomputed(lm, plan, encoded, store, set(sel.ranks), sel.positions, sampling, on_token, batch=batch)
+    check_recompute(ctx.lm, "link-token repair", "set repair to 0")
+    sel = select_repair(ctx.plan, k, ctx.encoded.mode, first)
+    return (yield from recomputed_run(ctx, set(sel.ranks), sel.positions, arm))
 
 
-def run_recomputed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, redo: set[int],
-                   positions: tuple[int, ...], sampling: Sampling = Sampling(), on_token: TokenFn | None = None,
-                   arm: str = "cached", batch: DecodeBatch | None = None) -> RunResult:
+def recomputed_run(ctx: DecodingContext, redo: set[int], positions: tuple[int, ...],
+                   arm: str = "cached") -> RunEvents[RunResult]:
     """A cached run whose cached tokens of prompt ranks ``redo`` (at ``positions``) are left out of the buffer
     and prefilled with the uncached tokens, in prompt order (a rank mask): their fresh KV replaces the stored."""
-    copies = copy_list_ranked(plan, encoded, store, redo)
+    lm, plan = ctx.lm, ctx.plan
+    copies = copy_list_ranked(plan, ctx.encoded, ctx.store, redo)
     ids, pos, ranks = prefilled(plan, redo)
 
     def fill(buf: KVBuffer) -> Fill:
@@ -126,8 +121,8 @@ def run_recomputed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, st
                     precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions),
                     prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
-    run, _ = timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + sampling.max_new_tokens + 1, fill,
-                       sampling, on_token, batch=batch)
+    run, _, _ = yield from timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + ctx.sampling.max_new_tokens
+                                     + 1, fill, ctx.sampling, ctx.decoder)
     return run
 
 

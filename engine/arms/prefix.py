@@ -7,18 +7,16 @@ from typing import Sequence
 
 import torch
 
-from engine.arms.registry import Arm, ArmResult, ArmSpec, DecodingContext, Reads, register
+from engine.arms.registry import Arm, ArmResult, ArmSpec, DecodingContext, Reads, RunEvents, register
 from engine.cache.assemble import token_place
 from engine.cache.prefix import Held, PrefixCache
 from engine.errors import EngineError
 from engine.kv import KVBuffer
 from engine.model.attend import PLAIN
 from engine.model.load import LoadedModel
-from engine.run.batch import DecodeBatch
 from engine.run.timing import Fill, timed_run
-from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.types import RunResult
 from engine.run.workspace import workspace
-from engine.schema.plan import PromptPlan
 
 
 @dataclass(frozen=True)
@@ -62,30 +60,25 @@ def _summary(held: Held) -> str:
     return " + ".join(parts)
 
 
-def prefix_arm(ctx: DecodingContext) -> ArmResult:
+def prefix_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
     if ctx.prefix is None:
         raise EngineError("the prefix arm needs a prefix cache (Engine.compare makes one per storage device)")
-    run, reuse = _prefix_run(ctx.lm, ctx.plan, ctx.prefix, ctx.sampling, ctx.on_token, keep=ctx.keep, batch=ctx.batch)
+    run, reuse = yield from prefix_run(ctx)
     return ArmResult(Arm.PREFIX, run, detail=reuse)
 
 
-def run_prefix(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling = Sampling(),
-               on_token: TokenFn | None = None, insert: bool = True, keep: Sequence[str] = ()) -> RunResult:
-    """The prefix arm's run alone."""
-    return _prefix_run(lm, plan, prefix, sampling, on_token, insert, keep)[0]
-
-
-def _prefix_run(lm: LoadedModel, plan: PromptPlan, prefix: PrefixCache, sampling: Sampling,
-                on_token: TokenFn | None, insert: bool = True, keep: Sequence[str] = (),
-                batch: DecodeBatch | None = None) -> tuple:
-    """Reuse the longest cached prefix, prefill, decode; then store the prompt (never evicting ``keep``)."""
+def prefix_run(ctx: DecodingContext, insert: bool = True) -> RunEvents[tuple[RunResult, PrefixReuse]]:
+    """Reuse the longest cached prefix of ``ctx.prefix``, prefill, decode; then store the prompt (never evicting
+    ``ctx.keep``) unless ``insert`` is False."""
+    plan, prefix, sampling = ctx.plan, ctx.prefix, ctx.sampling
     ids = list(plan.token_ids)
     held = prefix.held(plan.layout.fingerprint)
     match = prefix.match(ids, limit=len(ids) - 1)
     k = match.reused
-    run, buf = timed_run(lm, "prefix", len(ids) + sampling.max_new_tokens + 1, lambda buf: match_fill(ids, match, buf),
-                         sampling, on_token, batch=batch)
-    stored = prefix.insert(ids, buf.data[:, :, 0], list(keep), run=True) if insert else 0  # before another run reuses it
+    run, buf, _ = yield from timed_run(ctx.lm, "prefix", len(ids) + sampling.max_new_tokens + 1,
+                                       lambda buf: match_fill(ids, match, buf), sampling, ctx.decoder)
+    # before another run reuses the buffer
+    stored = prefix.insert(ids, buf.data[:, :, 0], list(ctx.keep), run=True) if insert else 0
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),
                         held=held, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
     return run, reuse

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping, TypeVar, Union
 
 import torch
 
 from engine.errors import EngineError
 from engine.limits import Limit, check_fields
-from engine.run.batch import DecodeBatch
-from engine.run.types import RunResult, Sampling, TokenFn  # noqa: F401  (callers import them from here too)
+from engine.run.decode import Decoder
+from engine.run.events import FirstToken, Token
+from engine.run.types import RunResult, Sampling  # noqa: F401  (callers import them from here too)
 
 if TYPE_CHECKING:
     from engine.cache.encode import EncodedSchema
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from engine.cache.store import ModuleStore
     from engine.model.load import LoadedModel
     from engine.schema.plan import PromptPlan
+
+
+T = TypeVar("T")
+RunEvents = Generator[Union[FirstToken, Token], None, T]  # an arm's run: its events, then what it returns
 
 
 class Arm(str):
@@ -190,7 +195,6 @@ class ArmContext:
     encoded: "EncodedSchema"
     store: "ModuleStore"
     sampling: Sampling
-    on_token: TokenFn | None = None
     prefix: "PrefixCache | None" = None
     keep: tuple[str, ...] = ()  # store keys the prefix cache must not evict
     settings: Mapping[str, ArmSettings] = field(default_factory=dict)  # arm name -> its settings
@@ -205,9 +209,9 @@ class ArmContext:
 
 @dataclass(frozen=True)
 class DecodingContext(ArmContext):
-    """An arm's context in a comparison; its runs wait in ``batch``."""
+    """An arm's context in a comparison; its runs decode through ``decoder`` (None: each at once)."""
 
-    batch: DecodeBatch | None = None
+    decoder: Decoder | None = None
 
 
 # -- The registry --
@@ -217,7 +221,8 @@ class ArmSpec:
     """A registered arm."""
 
     name: str
-    run: Callable[[ArmContext], ArmResult]
+    # a generator of its run's events returning the ArmResult (or a plain function returning it)
+    run: Callable[[DecodingContext], "RunEvents[ArmResult] | ArmResult"]
     order: int  # column order
     reads: str = Reads.NOTHING  # its TTFT includes copying stored KV unless NOTHING
     top_level_stem: str | None = None  # see json_stem

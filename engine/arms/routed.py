@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from engine.arms.prefix import match_fill
-from engine.arms.registry import Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, register, setting
+from engine.arms.registry import (Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents, register,
+                                  setting)
 from engine.cache.assemble import Span, fresh_tokens, module_ranges, precomputed_tokens, slot_owners, used_keys
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
@@ -24,11 +25,10 @@ from engine.limits import Limit
 from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
 from engine.run.attention import ape_scale, check_recompute
-from engine.run.batch import DecodeBatch
 from engine.run.joint import keep_run, module_ranks, recall, recompute_fill, run_key, select_tokens
 from engine.run.layers import run_until
-from engine.run.timing import Fill, timed_detail, timed_run
-from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.timing import Fill, timed_run
+from engine.run.types import RunResult
 from engine.run.workspace import workspace
 from engine.schema.plan import PromptPlan
 
@@ -180,63 +180,57 @@ class _Choice:
 
 # -- public API --
 
-def routed_arm(ctx: DecodingContext) -> ArmResult:
-    s = ctx.settings_of("routed")
-    run, info = run_routed(ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.sampling, ctx.on_token, k=s.k,
-                           min_pull=s.min_pull, ape=ctx.settings_of("cached").ape,  # APE is the modular arm's setting
-                           focus=s.focus, joint=s.joint, share=s.share, sinks=s.sinks, tree=s.tree, prefix=ctx.prefix,
-                           keep_entries=ctx.keep, batch=ctx.batch)
+def routed_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
+    run, info = yield from routed_run(ctx)
     return ArmResult(Arm("routed"), run, detail=info)
 
 
-def run_routed(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore,
-               sampling: Sampling = Sampling(), on_token: TokenFn | None = None, k: int = DEFAULT_K,
-               min_pull: float | None = None, layers: tuple[int, ...] = SCOUT_LAYERS,
-               keep: set[str] | None = None, ape: tuple[float, float] | None = None,
-               focus: str = DEFAULT_FOCUS, joint: str = DEFAULT_JOINT, share: float = DEFAULT_SHARE,
-               sinks: int = DEFAULT_SINKS, tree: str = DEFAULT_TREE, prefix: PrefixCache | None = None,
-               keep_entries=(), batch: DecodeBatch | None = None) -> tuple[RunResult, RoutedInfo]:
-    """The modular run reading the modules the question routes to, and how it chose; ``keep`` forces the kept
-    modules (the oracle), ``ape`` (T, S) scales their attention; ``prefix`` keeps runs for a repeat (joint.py) and,
-    with ``tree`` on, serves a question that keeps every module from the KV it holds."""
+def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, keep: set[str] | None = None,
+               layers: tuple[int, ...] = SCOUT_LAYERS) -> RunEvents[tuple[RunResult, RoutedInfo]]:
+    """The modular run reading the modules the question routes to, and how it chose (``settings``: default the
+    context's); ``keep`` forces the kept modules (the oracle); the modular arm's APE (T, S) scales their attention;
+    ``ctx.prefix`` keeps runs for a repeat (joint.py) and, with ``tree`` on, serves a question that keeps every
+    module from the KV it holds."""
+    lm, plan, encoded, store, prefix = ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.prefix
+    s = settings or ctx.settings_of("routed")
+    ape = ctx.settings_of("cached").ape  # APE is the modular arm's setting
     check_recompute(lm, "routing", "leave routed out of the arms")
-    min_pull = MIN_PULL if min_pull is None else min_pull
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
     modules = tuple(dict.fromkeys(r.module for r in ranges if r.module is not None))
     ids, pos = plan.uncached()
     layers = tuple(sorted({x % lm.n_layers for x in layers}))
     key = None if prefix is None or keep is not None else run_key(
-        plan, encoded, (k, min_pull, layers, ape, focus, joint, share, sinks, tree))
+        plan, encoded, (s.k, s.min_pull, layers, ape, s.focus, s.joint, s.share, s.sinks, s.tree))
     if (hit := recall(prefix, key)) is not None:  # before TTFT, as the prefix arm's match
-        return _repeat(lm, *hit, sampling, on_token, batch, plan.prompt_tokens - fresh_tokens(ranges))
-    whole = tree_match(prefix, plan) if tree == "on" and joint == "on" and keep is None else None
-    ends = clause_ends(lm.tokenizer) if focus == "clause" else frozenset()  # before TTFT: once per tokenizer
+        return (yield from _repeat(ctx, *hit, plan.prompt_tokens - fresh_tokens(ranges)))
+    whole = tree_match(prefix, plan) if s.tree == "on" and s.joint == "on" and keep is None else None
+    ends = clause_ends(lm.tokenizer) if s.focus == "clause" else frozenset()  # before TTFT: once per tokenizer
 
     def fill(buf: KVBuffer) -> Fill:
         t0 = time.perf_counter()
         for span in ranges:
             span.write_into(buf)
         seen = scout(lm, buf, ranges, ids, pos, layers) if keep is None and modules else None
-        kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, k, min_pull)
+        kept = tuple(m for m in modules if keep is None or m in keep) if seen is None else choose(seen, s.k, s.min_pull)
         if whole is not None and seen is not None and 2 <= len(kept) == len(modules):
             return _tree_fill(plan, whole, buf, ranges, _Choice(seen, kept, _ms(t0), (), "tree"))
-        together = kept if joint == "on" and seen is not None and len(kept) >= 2 else ()
-        together, redo, drop, path = _recompute(plan, modules, kept, together, seen, share, sinks)
+        together = kept if s.joint == "on" and seen is not None and len(kept) >= 2 else ()
+        together, redo, drop, path = _recompute(plan, modules, kept, together, seen, s.share, s.sinks)
         choice = _Choice(seen, kept, _ms(t0), together, path)
-        buf.lengths = [0] * len(buf.lengths)  # rebuilt: only what stays visible
+        buf.reset()  # rebuilt: only what stays visible
         if together:
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
-            owners = _joint_owners(plan, kept, slots) if focus == "clause" and path == "partial" else None
-            focused = _focus(owners, kept, modules, seen, ids, min_pull, ends)
+            owners = _joint_owners(plan, kept, slots) if s.focus == "clause" and path == "partial" else None
+            focused = _focus(owners, kept, modules, seen, ids, s.min_pull, ends)
             return replace(work, decode=AttentionSpec(focus=focused), detail=replace(choice, slots=slots, focus=focused))
-        return _stored_fill(lm, plan, ranges, buf, choice, focus != "off", ape, min_pull, ends)
+        return _stored_fill(lm, plan, ranges, buf, choice, s.focus != "off", ape, s.min_pull, ends)
 
-    run, buf, choice = timed_detail(lm, "routed", plan.cached_tokens + len(ids) + sampling.max_new_tokens + 1, fill,
-                                    sampling, on_token, batch=batch)
-    info = _info(choice, k, min_pull, layers if keep is None else (), focus, share, sinks, run.recomputed_tokens)
+    run, buf, choice = yield from timed_run(lm, "routed", plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens
+                                            + 1, fill, ctx.sampling, ctx.decoder)
+    info = _info(choice, s, layers if keep is None else (), run.recomputed_tokens)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
         keep_run(prefix, key, plan, buf, choice.slots, [r.entry for r in ranges], info,
-                 list(keep_entries) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits,
+                 list(ctx.keep) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits,
                  focus=choice.focus)
     return run, info
 
@@ -269,7 +263,7 @@ def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choic
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
     contiguous positions, as the prefix arm and the baseline number them. The modules' tokens this request encoded
     count as computed, though the tree's KV is read."""
-    buf.lengths = [0] * len(buf.lengths)
+    buf.reset()
     every = range(len(plan.token_ids))
     work = match_fill(list(plan.token_ids), match, buf)
     return replace(work, precomputed_tokens=max(0, work.reused_tokens - fresh_tokens(ranges)),
@@ -280,6 +274,7 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+# the fill's parts and the settings it reads
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVBuffer, choice: _Choice, focus: bool,
                  ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> Fill:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
@@ -300,8 +295,8 @@ def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVB
                 detail=replace(choice, focus=focused, slots=slots))
 
 
-def _repeat(lm: LoadedModel, stored, pieces: list, whole: bool, sampling: Sampling, on_token: TokenFn | None,
-            batch: DecodeBatch | None, known: int) -> tuple[RunResult, RoutedInfo]:
+def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool,
+            known: int) -> RunEvents[tuple[RunResult, RoutedInfo]]:
     """An identical request again: its stored KV read back; with ``whole`` (the last token's KV too) the stored
     first logits are sampled and nothing is prefilled, else the last token is prefilled (as the prefix arm does).
     ``known``: the prompt's tokens less those this request encoded; all but the prefilled one are stored."""
@@ -317,7 +312,8 @@ def _repeat(lm: LoadedModel, stored, pieces: list, whole: bool, sampling: Sampli
                     precomputed_tokens=max(0, known - (not whole)), logits=stored.logits if whole else None,
                     decode=AttentionSpec(focus=focus))
 
-    run, _ = timed_run(lm, "routed", n + sampling.max_new_tokens + 2, fill, sampling, on_token, batch=batch)
+    run, _, _ = yield from timed_run(ctx.lm, "routed", n + ctx.sampling.max_new_tokens + 2, fill, ctx.sampling,
+                                     ctx.decoder)
     return run, replace(stored.detail, path="repeat", recomputed=0, scout_ms=0.0,
                         moves=_moves(focus, stored.detail.kept), repeat_tokens=n)
 
@@ -390,15 +386,14 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
-def _info(choice: _Choice, k: int, min_pull: float, layers: tuple[int, ...], focus: str, share: float, sinks: int,
-          recomputed: int) -> RoutedInfo:
+def _info(choice: _Choice, s: RoutedSettings, layers: tuple[int, ...], recomputed: int) -> RoutedInfo:
     """A routed run's detail, from what its fill chose (and where its focus moved while decoding)."""
     seen = choice.seen
     moves = _moves(choice.focus, choice.kept)
     shares, pull = ({}, {}) if seen is None else (seen.shares(), dict(zip(seen.modules, seen.strength().tolist())))
-    return RoutedInfo(k=k, min_pull=min_pull, kept=choice.kept, attention=shares, layers=layers,
-                      scout_ms=choice.ms, pull=pull, focus=focus, moves=moves, joint=choice.joint,
-                      path=choice.path, recomputed=recomputed, share=share, sinks=sinks)
+    return RoutedInfo(k=s.k, min_pull=s.min_pull, kept=choice.kept, attention=shares, layers=layers,
+                      scout_ms=choice.ms, pull=pull, focus=s.focus, moves=moves, joint=choice.joint,
+                      path=choice.path, recomputed=recomputed, share=s.share, sinks=s.sinks)
 
 
 def _moves(focus: Focus | None, kept: tuple[str, ...]) -> tuple[tuple[int, str], ...]:

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.arms.registry import (Agreement, Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads,
+from engine.arms.registry import (Agreement, Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents,
                                   first_divergence, register, setting)
-from engine.run.remote import (TOP_LOGPROBS, Endpoint, FirstToken, RemoteError, TokenDelta, Usage, detokenize,
-                               served_models, stream_completion)
-from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run import remote
+from engine.run.events import FirstToken, Token
+from engine.run.remote import (TOP_LOGPROBS, Endpoint, RemoteError, TokenDelta, Usage, detokenize, served_models,
+                               stream_completion)
+from engine.run.types import RunResult, Sampling
 
 URL_ENV = "PML_VLLM_URL"  # the server when --vllm-url is not given
 
@@ -61,7 +63,7 @@ class VllmRun:
                    first_top={int(t): lp for t, lp in data.get("first_top_logprobs") or ()}, error=data.get("error"))
 
 
-def vllm_arm(ctx: DecodingContext) -> ArmResult:
+def vllm_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
     settings = ctx.settings_of("vllm")
     url = settings.url or os.environ.get(URL_ENV, "")
     if not url:
@@ -69,7 +71,7 @@ def vllm_arm(ctx: DecodingContext) -> ArmResult:
     try:
         endpoint = connect(url, settings.model)
         check_tokenizer(endpoint, list(ctx.plan.token_ids), ctx.lm.tokenizer)
-        run, detail = run_remote(endpoint, list(ctx.plan.token_ids), ctx.sampling, ctx.lm.tokenizer, ctx.on_token)
+        run, detail = yield from remote_run(endpoint, list(ctx.plan.token_ids), ctx.sampling, ctx.lm.tokenizer)
     except RemoteError as e:
         return failed(url, str(e))
     return ArmResult(Arm("vllm"), run, detail=detail)
@@ -95,33 +97,42 @@ def check_tokenizer(endpoint: Endpoint, ids: list[int], tokenizer) -> None:
                           "serve the comparison's model there (make vllm-serve ARGS=\"--model ...\")")
 
 
-def run_remote(endpoint: Endpoint, ids: list[int], sampling: Sampling, tokenizer,
-               on_token: TokenFn | None = None) -> tuple[RunResult, VllmRun]:
-    """Consume :func:`stream_completion`'s events into a RunResult (client-side times) and what vLLM reported."""
+def remote_run(endpoint: Endpoint, ids: list[int], sampling: Sampling,
+               tokenizer) -> RunEvents[tuple[RunResult, VllmRun]]:
+    """:func:`stream_completion`'s events as the run's own (a FirstToken, then a Token each), then a RunResult
+    (client-side times) and what vLLM reported."""
     ttft, tokens, stamps, text, usage, first_top = None, [], [], "", None, {}
     for event in stream_completion(endpoint, ids, sampling):
-        if isinstance(event, FirstToken):
+        if isinstance(event, remote.FirstToken):
             ttft = event.ttft_ms
         elif isinstance(event, TokenDelta):
             first_top = first_top or event.top
             tokens.append(event.token_id)
             stamps.append(time.perf_counter())
             text += event.text
-            if on_token is not None:
-                on_token("vllm", text)
+            if len(tokens) == 1:
+                yield FirstToken("vllm", event.token_id, text, _result(tokens, ttft, stamps, tokenizer, None))
+            else:
+                yield Token("vllm", event.token_id, event.text, text)
         elif isinstance(event, Usage):
             usage = event
     if ttft is None:
         raise RemoteError(f"{endpoint.url} streamed no token (finish reason: {usage.finish_reason})")
+    run = _result(tokens, ttft, stamps, tokenizer, usage)
+    return run, VllmRun(endpoint.url, endpoint.model, usage.prompt_tokens, usage.cached_tokens, usage.finish_reason,
+                        first_top)
+
+
+def _result(tokens: list[int], ttft: float, stamps: list[float], tokenizer, usage: Usage | None) -> RunResult:
+    """The run so far; its token counts once ``usage`` came."""
     steps = len(stamps) - 1
-    cached = usage.cached_tokens
-    run = RunResult(arm="vllm", text=tokenizer.decode(tokens, skip_special_tokens=True), token_ids=tuple(tokens),
-                    ttft_ms=ttft, copy_ms=0.0, prefill_ms=ttft, sample_ms=0.0,
-                    prefill_tokens=usage.prompt_tokens - cached,
-                    decode_ms_per_token=(stamps[-1] - stamps[0]) * 1000 / steps if steps else None,
-                    decode_tokens=len(tokens), peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=0,
-                    first_logits=None, reused_tokens=cached, precomputed_tokens=cached)
-    return run, VllmRun(endpoint.url, endpoint.model, usage.prompt_tokens, cached, usage.finish_reason, first_top)
+    cached = 0 if usage is None else usage.cached_tokens
+    return RunResult(arm="vllm", text=tokenizer.decode(tokens, skip_special_tokens=True), token_ids=tuple(tokens),
+                     ttft_ms=ttft, copy_ms=0.0, prefill_ms=ttft, sample_ms=0.0,
+                     prefill_tokens=0 if usage is None else usage.prompt_tokens - cached,
+                     decode_ms_per_token=(stamps[-1] - stamps[0]) * 1000 / steps if steps else None,
+                     decode_tokens=len(tokens), peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=0,
+                     first_logits=None, reused_tokens=cached, precomputed_tokens=cached)
 
 
 def failed(url: str, why: str) -> ArmResult:

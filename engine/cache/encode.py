@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Generator
 
 from engine.cache.compress import compress
 from engine.cache.settings import CONTEXTUAL, Compression, canonical_mode
@@ -19,7 +19,6 @@ from engine.kv import ModuleKV, storage_tag, to_storage
 from engine.model.attend import ATTENTION, AttentionScorer, AttentionSpec, forward_kv
 from engine.schema.layout import ANONYMOUS, EntryName, Layout
 
-ProgressFn = Callable[[int, int, str], None]
 
 _KEY_SPELLING = {CONTEXTUAL: "prefixed"}  # the old spelling keeps persisted entries valid
 
@@ -32,6 +31,15 @@ class Encoding:
     storage_dtype: str = "float32"
     compression: Compression = field(default_factory=Compression)
     sink: int = 0  # isolated mode only
+
+
+@dataclass(frozen=True)
+class UnitEncoded:
+    """``done`` of ``total`` units are available, the last one ``unit``."""
+
+    done: int
+    total: int
+    unit: str  # its name ("already encoded" when every unit was)
 
 
 @dataclass(frozen=True)
@@ -85,14 +93,26 @@ class EncodedSchema:
 
 
 def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),
-                  model_fingerprint: str = "", progress: ProgressFn | None = None) -> EncodedSchema:
-    """Encode every cached unit of ``layout`` into ``store``; the anonymous entry keeps the compute dtype."""
+                  model_fingerprint: str = "") -> EncodedSchema:
+    """:func:`encoding`, every unit at once."""
+    events = encoding(model, layout, store, config, model_fingerprint)
+    while True:
+        try:
+            next(events)
+        except StopIteration as done:
+            return done.value
+
+
+def encoding(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),
+             model_fingerprint: str = "") -> Generator[UnitEncoded, None, EncodedSchema]:
+    """Encode every cached unit of ``layout`` into ``store``, a UnitEncoded after each; the anonymous entry keeps
+    the compute dtype."""
     mode, dtype, comp = canonical_mode(config.mode), config.storage_dtype, config.compression
     if comp.active and getattr(model.config, "_attn_implementation", "") != ATTENTION:
         raise EngineError("compression needs the model to run with SDPA attention (the loaded model uses "
                           f"'{model.config._attn_implementation}'); set retention to 1.0")
     jobs = _plan_units(layout)
-    ctx = _Context(model, layout, store, dtype, comp, progress, len(jobs))
+    ctx = _Context(model, layout, store, dtype, comp, len(jobs))
     storage = f"{storage_tag(dtype)}|{comp.stored_key()}"
     t_start = time.perf_counter()
     pieces_map: dict[int, tuple[str, int]] = {}
@@ -105,7 +125,7 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = 
     if anon:
         module_keys[ANONYMOUS] = anon_key
         _map_pieces(layout, anon, pieces_map, anon_key)
-    ctx.advance(EntryName.anonymous())
+    yield ctx.advance(EntryName.anonymous())
     pasts = _Pasts(layout, anon_entry, mode, config.sink if mode == "isolated" else 0)
 
     # 2. Module units, one per (top-level module, variant).
@@ -123,17 +143,17 @@ def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = 
                 _map_pieces(layout, own, pieces_map, key)
         label = top + "".join(f" [{m.rsplit('/', 1)[-1]}]" for m in choice.values())
         ctx.unit(unit, past, wanted, label, "module")
-        ctx.advance(label)
+        yield ctx.advance(label)
 
     # 3. Scaffold units.
-    scaffolds, scaffold_keys = _encode_scaffolds(ctx, pasts, model_fingerprint, storage)
+    scaffolds, scaffold_keys = yield from _encode_scaffolds(ctx, pasts, model_fingerprint, storage)
     return EncodedSchema(layout=layout, mode=mode, device=store.device, dtype=dtype, compression=comp,
                          pieces=pieces_map, scaffolds=scaffolds, module_keys=module_keys, scaffold_keys=scaffold_keys,
                          units=tuple(ctx.reports), encode_ms=(time.perf_counter() - t_start) * 1000, sink=pasts.sink)
 
 
 def _encode_scaffolds(ctx: _Context, pasts: _Pasts, model_fingerprint: str,
-                      storage: str) -> tuple[dict[str, dict[int, tuple[str, int]]], dict[str, str]]:
+                      storage: str) -> Generator[UnitEncoded, None, tuple[dict, dict[str, str]]]:
     """Encode one joint unit per scaffold."""
     layout = ctx.layout
     scaffolds: dict[str, dict[int, tuple[str, int]]] = {}
@@ -148,7 +168,7 @@ def _encode_scaffolds(ctx: _Context, pasts: _Pasts, model_fingerprint: str,
         scaffold_keys[sc.name] = key
         scaffolds[sc.name] = {}
         _map_pieces(layout, covered, scaffolds[sc.name], key)
-        ctx.advance(name)
+        yield ctx.advance(name)
     return scaffolds, scaffold_keys
 
 
@@ -203,17 +223,15 @@ def _map_pieces(layout: Layout, pieces: list[int], out: dict[int, tuple[str, int
 class _Context:
     """What one encode_schema call shares between its units."""
 
-    def __init__(self, model, layout: Layout, store: ModuleStore, precision: str, comp: Compression,
-                 progress: ProgressFn | None, total: int):
+    def __init__(self, model, layout: Layout, store: ModuleStore, precision: str, comp: Compression, total: int):
         self.model, self.layout, self.store, self.precision, self.comp = model, layout, store, precision, comp
         self.reports: list[UnitReport] = []
-        self.progress, self.total, self.done = progress, total, 0
+        self.total, self.done = total, 0
 
-    def advance(self, label: str) -> None:
-        """Report one more unit done."""
+    def advance(self, label: str) -> UnitEncoded:
+        """One more unit done."""
         self.done += 1
-        if self.progress:
-            self.progress(self.done, self.total, label)
+        return UnitEncoded(self.done, self.total, label)
 
     def unit(self, unit: list[int], past: ModuleKV | None, wanted: dict[str, tuple[str, list[int]]], label: str,
              kind: str) -> ModuleKV | None:

@@ -78,6 +78,3 @@ class BatchedCache(Cache):
         if self.batch.longest + 1 > self.batch.capacity:
             raise ValueError(f"batched KV overflow: {self.batch.longest + 1} > {self.batch.capacity}")
         return self.batch.data, self.batch.lengths
-
-    def advance(self) -> None:  # BatchedKV.advance counts the step
-        return None

@@ -113,6 +113,17 @@ class KVBuffer:
         d[:, :, :k].copy_(kept)
         self.lengths[layer] = k
 
+    def advance(self, n: int = 1, layer: int | None = None) -> None:
+        """Count ``n`` tokens written in place into ``layer`` (None: every layer)."""
+        if layer is None:
+            self.lengths = [x + n for x in self.lengths]
+        else:
+            self.lengths[layer] += n
+
+    def reset(self) -> None:
+        """Empty every layer; the memory stays."""
+        self.lengths = [0] * len(self.lengths)
+
     def cache(self) -> "BufferedCache":
         """A Cache appending into this buffer."""
         return BufferedCache(self)
@@ -175,10 +186,6 @@ class _BufferedLayer(PreallocatedLayer):
     def length(self) -> int:
         return self.buffer.lengths[self.index]
 
-    @length.setter
-    def length(self, n: int) -> None:
-        self.buffer.lengths[self.index] = n
-
     def update(self, key_states, value_states, *args, **kwargs):
         self.buffer.ready(self.index)  # this layer's stored KV is in place before attention reads it
         n = key_states.shape[-2]
@@ -187,13 +194,12 @@ class _BufferedLayer(PreallocatedLayer):
             raise ValueError(f"KV buffer overflow: {end} > {self.k.shape[2]}")
         self.k[:, :, self.length:end].copy_(key_states)
         self.v[:, :, self.length:end].copy_(value_states)
-        self.length = end
+        self.buffer.advance(n, self.index)
         self.keys, self.values = self.k[:, :, :end], self.v[:, :, :end]
         return self.keys, self.values
 
-    def advance(self, n: int = 1) -> None:
-        """Count ``n`` tokens written outside :meth:`update` (the C++ decode step, a CUDA graph)."""
-        self.length += n
+    def seen(self) -> None:
+        """Follow the buffer's length after tokens were written outside :meth:`update`."""
         self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -221,5 +227,7 @@ class BufferedCache(Cache):
         return self.buffer.data, torch.tensor([n], dtype=torch.long)
 
     def advance(self, n: int = 1) -> None:
+        """Count ``n`` tokens the C++ decode step or a CUDA graph's replay wrote into every layer."""
+        self.buffer.advance(n)
         for layer in self.layers:
-            layer.advance(n)
+            layer.seen()

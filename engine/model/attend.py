@@ -229,6 +229,7 @@ _GQA_WITH_MASK = True  # False: transformers' SDPA path only
 _SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "output_attentions", "s_aux", "sinks", "dropout")
 
 
+# transformers' AttentionInterface signature and the engine's two keywords
 def _pml_attention(module, query, key, value, attention_mask, attn_spec: AttentionSpec = PLAIN,
                    attn_positions: positional.Positions | None = None, **kwargs):
     """transformers' attention over the engine's caches, as ``attn_spec`` asks."""

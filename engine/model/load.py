@@ -184,6 +184,7 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     return lm
 
 
+# every field a LoadedModel records about its load
 def wrap_model(model, tokenizer, name: str, device: str = "cpu", dtype: str = "float32", fingerprint: str = "",
                max_positions: int | None = None, codec_fingerprint: str | None = None,
                codec: TextCodec | None = None, weights: str = "fp32", weight_bytes: int = 0,

@@ -112,6 +112,7 @@ def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list
     return run, [p for p in pieces if p[2] > p[1]], match.reused == len(run.sequence)
 
 
+# what a repeat reads back, all known only after TTFT
 def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
              detail, keep: list[str], positions=None, logits: torch.Tensor | None = None,
              focus: Focus | None = None) -> int:

@@ -3,10 +3,6 @@ the whole text (after vLLM's ``detokenize_incrementally`` and transformers' ``Te
 
 from __future__ import annotations
 
-from typing import Callable
-
-from engine.run.types import TokenFn
-
 LOOKBACK = 4  # settled tokens decoded again with each new one: merges and leading spaces read their left context
 PENDING = 4  # tokens an unfinished character may span (UTF-8: 4 bytes) before the whole text is decoded again
 _UNFINISHED = "\ufffd"  # what decode() shows for a character whose bytes have not all arrived
@@ -43,11 +39,3 @@ class TextStream:
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
-
-
-def token_sink(arm: str, tokenizer, on_token: TokenFn | None) -> Callable[[int], None] | None:
-    """A function of each new token that calls ``on_token(arm, text so far)``; None without ``on_token``."""
-    if on_token is None:
-        return None
-    text = TextStream(tokenizer)
-    return lambda token: on_token(arm, text.push(token))

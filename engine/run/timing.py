@@ -1,12 +1,13 @@
-"""The one timed run every arm goes through: TTFT is buffer allocation + the arm's ``fill`` + prefill + first
-token, synchronized (docs/architecture.md); decoding follows, alone or in a batch. An exception from
-``on_token`` ends the run."""
+"""The one timed run every arm goes through, a generator of its events: TTFT is buffer allocation + the arm's
+``fill`` + prefill + first token, synchronized (docs/architecture.md); decoding follows in the decode loop, at
+once or with the comparison's other arms (engine/run/decode.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import torch
 
@@ -17,12 +18,14 @@ from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import attach
 from engine.run import memory
-from engine.run.batch import DecodeBatch, Waiting
-from engine.run.decode import decode, sync
+from engine.run.decode import Decoder, Started, sync
+from engine.run.events import FirstToken, Token
 from engine.run.sampling import sample
-from engine.run.stream import token_sink
-from engine.run.types import RunResult, Sampling, TokenFn
+from engine.run.stream import TextStream
+from engine.run.types import RunResult, Sampling
 from engine.run.workspace import workspace
+
+Timed = Generator["FirstToken | Token", None, tuple[RunResult, KVBuffer, Any]]
 
 
 @dataclass(frozen=True)
@@ -38,49 +41,30 @@ class Fill:
     prefill: AttentionSpec = PLAIN  # what the prefill attends to
     decode: AttentionSpec = PLAIN  # what every decode step attends to
     copies: bool = True  # False: fill writes nothing; copy_ms 0
-    detail: Any = None  # what the arm chose inside TTFT (read back by timed_detail)
+    detail: Any = None  # what the arm chose inside TTFT (returned by timed_run)
     retain: QuestionRetention | None = None  # thins the buffer after the first token
     key_positions: list[torch.Tensor] | None = None  # per layer, the buffer's key positions (sliding windows, ALiBi)
     logits: torch.Tensor | None = None  # known logits after ``ids``, whose KV fill wrote: nothing is prefilled
 
 
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
-              on_token: TokenFn | None = None, batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer]:
-    """Allocate ``capacity`` tokens, ``fill``, prefill, sample, decode (or wait in ``batch``); the run and its
-    buffer (valid until the model's next run)."""
-    run, buf, _ = timed_detail(lm, arm, capacity, fill, sampling, on_token, batch)
-    return run, buf
-
-
-def timed_detail(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
-                 on_token: TokenFn | None = None, batch: DecodeBatch | None = None) -> tuple[RunResult, KVBuffer, Any]:
-    """:func:`timed_run`, and the ``detail`` of the Fill that ``fill`` made."""
+              decoder: Decoder | None = None) -> Timed:
+    """Allocate ``capacity`` tokens, ``fill``, prefill, sample (a FirstToken), decode through ``decoder`` (default:
+    at once); the run (whole once :meth:`Decoder.finish` gives it), its buffer and the Fill's ``detail``."""
+    decoder = decoder or Decoder(lm)
     with memory.PEAK_MEMORY(lm.device) as mem:
+        decoder.before_start()
         sync(lm.device)
         t0 = time.perf_counter()
         buf = workspace(lm).buffer(capacity)
         work = fill(buf)
         sync(lm.device)
         copy_s = time.perf_counter() - t0
-        out = _prefill_and_decode(lm, buf, work, sampling, arm, token_sink(arm, lm.tokenizer, on_token), batch)
-    read = sum(e.nbytes for e in {id(e): e for e in work.entries}.values())
-    steps = len(out.tokens) - 1
-    run = RunResult(
-        arm=arm, text=lm.tokenizer.decode(out.tokens, skip_special_tokens=True), token_ids=tuple(out.tokens),
-        ttft_ms=(copy_s + out.prefill_s + out.sample_s) * 1000, copy_ms=copy_s * 1000 if work.copies else 0.0,
-        prefill_ms=out.prefill_s * 1000, sample_ms=out.sample_s * 1000,
-        prefill_tokens=0 if work.logits is not None else len(work.ids),
-        decode_ms_per_token=out.decode_s * 1000 / steps if steps > 0 else None, decode_tokens=len(out.tokens),
-        peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak, kv_buffer_bytes=buf.nbytes,
-        first_logits=out.first_logits, reused_tokens=work.reused_tokens,
-        precomputed_tokens=work.reused_tokens if work.precomputed_tokens is None else work.precomputed_tokens,
-        recomputed_tokens=len(work.recomputed_positions), recomputed_positions=work.recomputed_positions,
-        kv_buffer_used_bytes=out.used, kv_buffer_bytes_after_retention=out.after, kv_store_bytes=read,
-        retention_ms=out.retention_ms)
-    if out.waiting is not None:
-        out.waiting.run = run
-        batch.waiting.append(out.waiting)
-    return run, buf, work.detail
+        first, started = _first_token(lm, buf, work, sampling, arm, copy_s)
+        yield FirstToken(arm, started.tokens[0], started.said, first)
+        yield from decoder.take(started)
+    started.run = dataclasses.replace(first, peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak)
+    return started.result(lm.tokenizer, started.run), buf, work.detail
 
 
 def prefill(lm: LoadedModel, cache, work: Fill) -> torch.Tensor:
@@ -97,22 +81,9 @@ def prefill(lm: LoadedModel, cache, work: Fill) -> torch.Tensor:
 
 # -- internal helpers --
 
-@dataclass
-class _Decoded:
-    tokens: list[int]
-    first_logits: torch.Tensor
-    prefill_s: float
-    sample_s: float
-    decode_s: float
-    used: int  # buffer bytes after the prefill
-    after: int  # ... after retention
-    retention_ms: float
-    waiting: Waiting | None = None
-
-
-def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling, arm: str,
-                        emit: Callable[[int], None] | None, batch: DecodeBatch | None) -> _Decoded:
-    """Prefill, sample the first token, decode the rest (each token to ``emit``)."""
+def _first_token(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sampling, arm: str,
+                 copy_s: float) -> tuple[RunResult, Started]:
+    """Prefill, sample the first token, thin the buffer: the first-token figures and the run ready to decode."""
     device = lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     cache = buf.cache()
@@ -122,19 +93,25 @@ def _prefill_and_decode(lm: LoadedModel, buf: KVBuffer, work: Fill, sampling: Sa
         logits = prefill(lm, cache, work) if work.logits is None else work.logits.to(device)
         sync(device)
         t_fwd = time.perf_counter()
-        tokens = [sample(logits, sampling, gen, arm, 0)]
+        token = sample(logits, sampling, gen, arm, 0)
         sync(device)
         t2 = time.perf_counter()
-        if emit:
-            emit(tokens[0])
-        cache, used, after, retention_ms = _retain(buf, cache, work.retain, device)
-        first = (tokens, logits.detach().float().cpu(), t_fwd - t1, t2 - t_fwd)
-        if batch is not None and work.decode.plain and batch.takes(lm, buf, tokens, sampling):
-            waiting = Waiting(arm, buf.data[:, :, 0, :, : buf.length].clone(), tokens, work.pos[-1] + 1, sampling,
-                              gen, emit)
-            return _Decoded(*first, 0.0, used, after, retention_ms, waiting)
-        decode_s = decode(lm, cache, tokens, work.pos[-1] + 1, sampling, gen, arm, emit, work.decode)
-    return _Decoded(*first, decode_s, used, after, retention_ms)
+    started = Started(arm, buf, cache, [token], work.pos[-1] + 1, sampling, gen, work.decode, TextStream(lm.tokenizer))
+    started.token()  # its text so far
+    started.cache, used, after, retention_ms = _retain(buf, cache, work.retain, device)
+    prefill_s, sample_s = t_fwd - t1, t2 - t_fwd
+    read = sum(e.nbytes for e in {id(e): e for e in work.entries}.values())
+    run = RunResult(
+        arm=arm, text=started.said, token_ids=(token,), ttft_ms=(copy_s + prefill_s + sample_s) * 1000,
+        copy_ms=copy_s * 1000 if work.copies else 0.0, prefill_ms=prefill_s * 1000, sample_ms=sample_s * 1000,
+        prefill_tokens=0 if work.logits is not None else len(work.ids), decode_ms_per_token=None, decode_tokens=1,
+        peak_rss_bytes=0, cuda_peak_bytes=None, kv_buffer_bytes=buf.nbytes, first_logits=logits.detach().float().cpu(),
+        reused_tokens=work.reused_tokens,
+        precomputed_tokens=work.reused_tokens if work.precomputed_tokens is None else work.precomputed_tokens,
+        recomputed_tokens=len(work.recomputed_positions),
+        recomputed_positions=work.recomputed_positions, kv_buffer_used_bytes=used,
+        kv_buffer_bytes_after_retention=after, kv_store_bytes=read, retention_ms=retention_ms)
+    return run, started
 
 
 def _retain(buf: KVBuffer, cache, retain: QuestionRetention | None, device: str) -> tuple:

@@ -1,16 +1,13 @@
-"""What a run takes and gives back: its sampling settings, the token callback, and the timed result."""
+"""What a run takes and gives back: its sampling settings and the timed result."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from engine.errors import EngineError
 from engine.limits import check_fields
-
-TokenFn = Callable[[str, str], None]  # (arm, text so far)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.errors import (ContextLengthError, EngineError, ModelError, PMLError, RunStopped, StorageError,
-                           shorten)
+from engine.errors import ContextLengthError, EngineError, ModelError, PMLError, StorageError, shorten
 
 log = logging.getLogger("pml-studio.api")
 
@@ -40,8 +39,6 @@ def from_engine(err: BaseException, param: str | None = None) -> ApiError:
         return ApiError(400, _plain(str(err)), param=param, code="context_length_exceeded")
     if isinstance(err, PMLError):
         return ApiError(400, _plain(str(err)), param="pml", code="invalid_pml")
-    if isinstance(err, RunStopped):
-        return ApiError(499, str(err), code="client_closed_request")
     if isinstance(err, ModelError):
         return ApiError(503, f"the model cannot be used: {err}", type=SERVER, code="model_unavailable")
     if isinstance(err, StorageError):

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from contextlib import closing
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
+from engine.arms.compare import Done
 from engine.arms.registry import REGISTRY, Reads, Sampling
 from engine.errors import ContextLengthError, EngineError
+from engine.run.events import FirstToken, Token, UnitEncoded
 from engine.runlog import RunLogError
 
 from ..arm_views import document
@@ -160,23 +163,29 @@ class ApiService:
         start = time.perf_counter()
         fitted = self._fit(engine, work)
         cfg = engine.config.with_(arms=(work.arm,), warmup=False)  # its prefix cache: what it served
-        first: list[float] = []
-        shown = Visible(fitted.sampling.stop)  # stop strings checked here, not on the route's loop
-
-        def on_token(arm: str, text: str) -> None:
-            if not first:
-                first.append(time.perf_counter())
-            if work.stream:
-                job.put(Event("token", shown(text)))
-
-        def progress(done: int, total: int, label: str) -> None:
-            if work.stream and label != "already encoded":
-                job.put(Event("progress", f"encoding {done}/{total} units: {label}"))
-
-        res = engine.run(fitted.prepared, fitted.sampling, config=cfg, on_token=on_token, progress=progress,
-                         should_stop=stop_asked(job.stop))
-        ttft_ms = ((first[0] if first else time.perf_counter()) - start) * 1000
+        res, first = self._pull(job, engine.run_events(fitted.prepared, fitted.sampling, config=cfg),
+                                Visible(fitted.sampling.stop))
+        ttft_ms = ((first or time.perf_counter()) - start) * 1000
         return self._outcome(engine, work, fitted, res, ttft_ms, queue_ms)
+
+    def _pull(self, job: Job, events, shown: Visible) -> tuple[Comparison, float | None]:
+        """Iterate the run's ``events`` here, on the engine thread: each token's visible text (stop strings cut
+        here, not on the route's loop) and each unit encoded to a stream; closed between two events once the
+        client has gone. The Comparison, and when the first token came."""
+        stopped, stream, first = stop_asked(job.stop), job.work.stream, None
+        with closing(events):
+            for event in events:
+                if stopped():
+                    raise ApiError(499, "the client closed the request; its run stopped", code="client_closed_request")
+                if isinstance(event, (FirstToken, Token)):
+                    first = first or time.perf_counter()
+                    if stream:
+                        job.put(Event("token", shown(event.text)))
+                elif isinstance(event, UnitEncoded) and stream and event.unit != "already encoded":
+                    job.put(Event("progress", f"encoding {event.done}/{event.total} units: {event.unit}"))
+                elif isinstance(event, Done):
+                    return event.comparison, first
+        raise ApiError(500, "the run ended without its result", type="server_error", code="internal_error")
 
     def _fit(self, engine: Engine, work: Work) -> Fitted:
         """The request prepared, max new tokens checked against (or taken from) the room its prompt leaves;

@@ -15,14 +15,14 @@ from typing import Iterator
 
 import gradio as gr
 
-from engine.errors import RunStopped
+from engine.run.events import FirstToken, Token, UnitEncoded, Warming
 
 from ..arm_views import document, view_of, views as arm_views
 from ..errors import as_gr_error, refusal, user_error
 from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
-from ..streaming import in_thread, on_engine_thread, stop_asked
+from ..streaming import in_thread
 from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
                      stopped_html, summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
@@ -165,33 +165,31 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
     live = RUNS.open(cfg.arms, owner)
     yield CompareUpdate("encoding", dict(texts), cfg.arms, "Preparing the run…", live=live)
 
-    work = partial(_work, studio.engine, schema_text, prompt_text, sampling, cfg, live)
+    events = partial(studio.engine.events, schema_text, prompt_text, sampling, config=cfg)
     # one update per UPDATE_EVERY at most, none while the page fetches the texts itself: each costs it CPU
     shown, held = time.monotonic(), None
-    stopped, firsts = False, {}
+    stopped, firsts, res = False, {}, None
     try:
-        for kind, *payload in in_thread(work, tick=UPDATE_EVERY):
-            if kind == "encode":
-                done, total, label = payload
-                yield CompareUpdate("encoding", dict(texts), cfg.arms, f"Encoding modules {done}/{total}: {label}",
-                                    live=live)
-            elif kind == "token":
-                arm, text = payload
-                texts[arm], held = text, arm
-            elif kind == "first":  # an arm's TTFT is shown at once
-                firsts[str(payload[0].arm)] = payload[0].run
+        for kind, *payload in in_thread(events, tick=UPDATE_EVERY, stop=live.stop, pick=partial(_on_engine, live)):
+            event = payload[0] if kind == "event" else None
+            if kind == "stopped":
+                stopped = True
+            elif kind == "done":
+                res = payload[0]
+            elif isinstance(event, (UnitEncoded, Warming)):
+                yield CompareUpdate("encoding", dict(texts), cfg.arms, _encoding(event), live=live)
+            elif isinstance(event, Token):
+                texts[event.arm], held = event.text, event.arm
+            elif isinstance(event, FirstToken):  # an arm's TTFT is shown at once
+                texts[event.arm], firsts[event.arm] = event.text, event.run
                 rest = [v.arm for v in arm_views() if v.arm in cfg.arms and v.arm not in firsts]
                 yield CompareUpdate("first", dict(texts), cfg.arms, _progress(rest[0]) if rest else DECODING,
                                     live=live, firsts=dict(firsts))
-            elif kind == "done":
-                res = payload[0]
             if held is not None and live.watched:
                 held = None
             if held is not None and time.monotonic() - shown >= UPDATE_EVERY:
                 yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
                 shown, held = time.monotonic(), None
-    except RunStopped:
-        stopped = True
     except Exception as err:
         if held is not None:  # show what came before the failure
             yield CompareUpdate(held, dict(texts), cfg.arms, _progress(held), live=live, firsts=dict(firsts))
@@ -204,28 +202,26 @@ def compare_stream(studio: Studio, schema_text: str, prompt_text: str, max_new_t
         return
     data = document(res)
     logged = studio.record(data, schema_text, prompt_text)
-    final = {arm: (data.get(arm) or {}).get("text", "") for arm in data.get("arms", cfg.arms)}
-    yield CompareUpdate("done", final, tuple(data.get("arms", cfg.arms)), "", data, logged["run_id"], res, logged, live)
+    final = {str(arm): r.run.text for arm, r in res.arms.items()}
+    yield CompareUpdate("done", final, tuple(final), "", data, logged["run_id"], res, logged, live)
 
 
-def _work(engine, schema_text: str, prompt_text: str, sampling, cfg, live, emit):
-    firsts: set[str] = set()
+def _on_engine(live, event) -> bool:
+    """On the engine thread, for every event: the live page's text; whether the reader gets the event (a token
+    only when no page fetches the texts: each hand-over wakes a thread)."""
+    if isinstance(event, FirstToken):
+        live.firsts[event.arm] = event.run
+    if isinstance(event, (FirstToken, Token)):
+        everyone = all(arm in live.firsts for arm in live.texts)
+        live.show(event.arm, event.text, DECODING if everyone else _progress(event.arm))
+        return isinstance(event, FirstToken) or not live.watched
+    return True
 
-    def on_token(arm, text):  # on the engine thread, for every token of every arm
-        live.show(arm, text, DECODING if arm in firsts else _progress(arm))
-        # hand a token to the reader only when no page fetches the texts: each hand-over wakes a thread
-        if not live.watched:
-            emit(("token", arm, text))
 
-    def on_arm(res):
-        firsts.add(str(res.arm))
-        live.firsts[str(res.arm)] = res.run
-        emit(("first", res))
-
-    prepared = engine.prepare(schema_text, prompt_text, sampling.max_new_tokens)
-    return engine.run(prepared, sampling, config=cfg, on_token=on_token,
-                      progress=lambda done, total, label: emit(("encode", done, total, label)),
-                      should_stop=stop_asked(live.stop), on_arm=on_arm)
+def _encoding(event) -> str:
+    if isinstance(event, Warming):
+        return f"Encoding modules 0/1: warming the prefix cache ({event.tokens} tokens, schema order)"
+    return f"Encoding modules {event.done}/{event.total}: {event.unit}"
 
 
 async def cancellable(work, *args):
@@ -260,9 +256,12 @@ def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tok
                  settings: dict | None = None, stop: threading.Event | None = None) -> dict:
     sampling = sampling_of(max_new_tokens, temperature, cap=studio.max_new_tokens_cap)
     cfg = studio.run_config(settings or {})
+    events = partial(studio.engine.events, schema_text, prompt_text, sampling, config=cfg)
     with as_gr_error():
-        res = on_engine_thread(studio.engine.compare, schema_text, prompt_text, sampling, config=cfg,
-                               should_stop=stop_asked(stop or threading.Event()))
+        for kind, *payload in in_thread(events, stop=stop or threading.Event(), pick=lambda event: False):
+            if kind == "stopped":
+                raise refusal("the run was stopped on request")
+            res = payload[0]
     data = document(res)
     logged = studio.record(data, schema_text, prompt_text)
     return {**data, "logged": logged}

@@ -19,7 +19,7 @@ from engine.config import MAX_SINK, RunConfig, short_dtype
 from ..errors import as_gr_error
 from ..settings import Panel, radio_choices
 from ..state import Studio
-from ..streaming import with_progress
+from ..streaming import in_thread
 from ..views import MB, MIB, cards_html, memory_html, note_html, retention_text
 from .editors import Editors
 
@@ -160,7 +160,7 @@ def encode(studio: Studio, schema_text: str, settings: dict | None = None,
         lay = studio.layout(schema_text)
         store = studio.engine.store(cfg.storage)
         before = store.stats()
-        res = with_progress(lambda report: studio.engine.encode(lay, cfg, report), progress)
+        res = _encoded(studio.engine.encoding(lay, cfg), progress)
     tokens = lay.entry_tokens()
     entries = []
     for name, nbytes in res.bytes_by_module.items():
@@ -210,3 +210,12 @@ def persistence_html(studio: Studio) -> str:
 
 def gpu_explanation(why: str) -> str:
     return why.replace("; use --storage cpu", "")
+
+
+def _encoded(events, progress: Callable[[int, int, str], None] | None):
+    """What ``events`` (Engine.encoding) returns, pulled on the engine thread, each unit to ``progress``."""
+    for kind, *payload in in_thread(lambda: events):
+        if kind == "event" and progress is not None:
+            progress(payload[0].done, payload[0].total, payload[0].unit)
+        elif kind == "done":
+            return payload[0]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.arms.baseline import run_baseline
-from engine.arms.registry import (ArmContext, ArmResult, ArmSettings, ArmSpec, Arm, Reads, Sampling, register, setting,
+from engine.arms.baseline import baseline_run
+from engine.arms.registry import (ArmResult, DecodingContext, ArmSettings, ArmSpec, Arm, Reads, Sampling, register, setting,
                                   unregister)
 from engine.limits import Limit
 from studio import arm_views
@@ -48,10 +48,9 @@ class EchoView(arm_views.View):
         return [f"echoed k={detail.k}"]
 
 
-def echo_arm(ctx: ArmContext) -> ArmResult:
-    run = run_baseline(ctx.lm, ctx.plan, ctx.sampling, ctx.on_token)
-    from dataclasses import replace
-    return ArmResult(Arm("echo"), replace(run, arm="echo"), detail=EchoInfo(ctx.settings_of("echo").k))
+def echo_arm(ctx: DecodingContext):
+    run = yield from baseline_run(ctx, arm="echo")
+    return ArmResult(Arm("echo"), run, detail=EchoInfo(ctx.settings_of("echo").k))
 
 
 @pytest.fixture

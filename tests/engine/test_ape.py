@@ -17,9 +17,10 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from engine.arms.modular import ModularSettings, run_cached
+from engine.arms.modular import ModularSettings
+from tests.arm_runs import run_cached
 from engine.arms.registry import Sampling
-from engine.arms.routed import run_routed
+from tests.arm_runs import run_routed
 from engine.config import Compression, RunConfig
 from engine.errors import EngineError
 

@@ -6,7 +6,7 @@ import torch
 
 from engine.model import attend  # the module whose globals the attention function reads
 from engine.arms.registry import Sampling
-from engine.arms.modular import run_cached
+from tests.arm_runs import run_cached
 
 SCHEMA = """<schema name="g">
   <system>You answer questions about the documents.</system>

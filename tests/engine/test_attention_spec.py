@@ -12,6 +12,7 @@ from transformers import AttentionInterface
 
 from engine.arms import baseline, blend, modular, routed
 from engine.arms.registry import Sampling
+from tests.arm_runs import run_baseline, run_blend, run_cached, run_repaired, run_routed
 from engine.model import attend
 from engine.model.attend import PLAIN, ApeScale, RankMask
 
@@ -72,18 +73,18 @@ def _run_forwards(seen: list, fill) -> None:
 
 def test_baseline_forwards_attend_plainly(case, seen, fills):
     lm, plan, *_ = case
-    baseline.run_baseline(lm, plan, Sampling(NEW))
+    run_baseline(lm, plan, Sampling(NEW))
     assert len(seen) == NEW and all(spec is PLAIN for spec, _ in seen)
     _run_forwards(seen, fills[-1])
 
 
 def test_the_cached_arm_passes_its_spec_and_with_ape_its_scale(case, seen, fills):
     lm, plan, enc, store = case
-    modular.run_cached(lm, plan, enc, store, Sampling(NEW))
+    run_cached(lm, plan, enc, store, Sampling(NEW))
     assert len(seen) == NEW and fills[-1].prefill.plain and fills[-1].decode.plain
     _run_forwards(seen, fills[-1])
     seen.clear()
-    modular.run_cached(lm, plan, enc, store, Sampling(NEW), ape=(0.9, 0.8))
+    run_cached(lm, plan, enc, store, Sampling(NEW), ape=(0.9, 0.8))
     fill = fills[-1]
     _run_forwards(seen, fill)
     for spec in (fill.prefill, fill.decode):
@@ -94,7 +95,7 @@ def test_the_cached_arm_passes_its_spec_and_with_ape_its_scale(case, seen, fills
 
 def test_repair_passes_its_rank_mask_to_the_prefill_only(case, seen, fills):
     lm, plan, enc, store = case
-    run = modular.run_repaired(lm, plan, enc, store, Sampling(NEW), k=2)
+    run = run_repaired(lm, plan, enc, store, Sampling(NEW), k=2)
     fill = fills[-1]
     assert run.recomputed_tokens > 0 and isinstance(fill.prefill.ranks, RankMask) and fill.decode.plain
     _run_forwards(seen, fill)
@@ -102,21 +103,21 @@ def test_repair_passes_its_rank_mask_to_the_prefill_only(case, seen, fills):
 
 def test_blend_passes_nothing_to_its_selection_pass_and_its_rank_mask_to_the_prefill(case, seen, fills):
     lm, plan, enc, store = case
-    blend.run_blend(lm, plan, enc, store, Sampling(NEW), ratio=0.5, rule="deviation")
+    run_blend(lm, plan, enc, store, Sampling(NEW), ratio=0.5, rule="deviation")
     fill = fills[-1]
     assert len(seen) == NEW + 1 and seen[0][0] is PLAIN  # the selection pass over the whole prompt
     assert seen[0][1] == len(plan.token_ids)
     assert isinstance(fill.prefill.ranks, RankMask) and fill.decode.plain
     _run_forwards(seen, fill)
     seen.clear()
-    blend.run_blend(lm, plan, enc, store, Sampling(NEW), ratio=0.5, rule="question")
+    run_blend(lm, plan, enc, store, Sampling(NEW), ratio=0.5, rule="question")
     assert seen[0][0].scorer is not None and seen[0][0].ranks is None  # the question's attention, scored
 
 
 def test_routed_passes_its_scorer_to_the_scout_and_its_masks_to_the_run(case, seen, fills, monkeypatch):
     lm, plan, enc, store = case
     monkeypatch.setattr(routed, "FOCUS_MARGIN", 0.0)  # a random model's question names a module only without a margin
-    routed.run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="on", focus="clause")
+    run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="on", focus="clause")
     fill = fills[-1]
     scout, *_ = seen
     assert len(seen) == NEW + 1 and scout[0].scorer is not None and scout[0].ranks is None
@@ -124,7 +125,7 @@ def test_routed_passes_its_scorer_to_the_scout_and_its_masks_to_the_run(case, se
     assert isinstance(fill.prefill.ranks, RankMask) and fill.prefill.focus is None and fill.decode.focus is not None
     _run_forwards(seen, fill)
     seen.clear()
-    routed.run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="off", focus="on")
+    run_routed(lm, plan, enc, store, Sampling(NEW), k=2, min_pull=0.0, joint="off", focus="on")
     fill = fills[-1]
     assert fill.prefill.ranks is None and fill.prefill.focus is None
     assert fill.decode.focus is not None  # the focus acts on the decode steps only

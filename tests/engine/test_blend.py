@@ -17,9 +17,10 @@ import transformers as T
 from test_repair import TURNS
 from test_repair import TURNS_PROMPT as PROMPT  # three documents in two user turns
 
-from engine.arms.baseline import run_baseline
-from engine.arms.blend import RULES, cached_ranks, run_blend, stored_at
-from engine.arms.modular import run_cached
+from tests.arm_runs import run_baseline
+from engine.arms.blend import RULES, cached_ranks, stored_at
+from tests.arm_runs import run_blend
+from tests.arm_runs import run_cached
 from engine.arms.repair import select_repair
 from engine.arms.registry import Sampling
 from engine.cache.assemble import Span

@@ -1,4 +1,4 @@
-"""Arms decoded together (engine/run/batch.py, engine/kv/batched.py): each row of a batched
+"""Arms decoded together (engine/run/decode.py, engine/kv/batched.py): each row of a batched
 step computes what its run computes alone, and a comparison decoded together gives every arm the tokens it
 gets decoding apart."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.arms.compare import Done
 from engine.arms.registry import Sampling
+from engine.run.events import FirstToken, Token
 from engine.kv import BatchedKV
 from engine.model.attend import AttentionSpec
 
@@ -71,8 +73,37 @@ def test_a_comparison_decoded_together_gives_each_arm_its_own_tokens(tiny_engine
 
 def test_streamed_tokens_arrive_for_every_arm_and_end_with_its_text(tiny_engine):
     seen: dict[str, list[str]] = {}
-    res = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=6),
-                              on_token=lambda arm, text: seen.setdefault(arm, []).append(text))
+    res = streamed(tiny_engine.events(SCHEMA, PROMPT, Sampling(max_new_tokens=6)), seen)
     assert set(seen) == {a.value for a in res.arms}
     for arm, texts in seen.items():
         assert len(texts) == 6 and texts[-1] == res.arm(arm).run.text
+
+
+def streamed(events, seen: dict):
+    """The Comparison ``events`` end with; each arm's text after each of its tokens into ``seen``."""
+    for event in events:
+        if isinstance(event, (FirstToken, Token)):
+            seen.setdefault(event.arm, []).append(event.text)
+        elif isinstance(event, Done):
+            return event.comparison
+
+
+def test_a_lone_arm_decodes_in_place_in_its_own_buffer(tiny_engine, monkeypatch):
+    """A one-arm run (the API's) waits for no batch: one buffer for its whole run, its KV never copied out, and
+    the same tokens as decoding apart."""
+    from engine.kv.buffer import KVWorkspace
+    from engine.run import decode
+
+    apart = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
+                                config=tiny_engine.config.with_(arms=("cached",), decode="apart"))
+    made, real = [], KVWorkspace.buffer
+    monkeypatch.setattr(KVWorkspace, "buffer", lambda self, n: made.append(n) or real(self, n))
+    monkeypatch.setattr(decode, "BatchedKV", None)  # a batch would fail
+    waited, batchable = [], decode.batchable
+    monkeypatch.setattr(decode, "batchable", lambda lm, run: waited.append(batchable(lm, run)) or waited[-1])
+    alone = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
+                                config=tiny_engine.config.with_(arms=("cached",), decode="together"))
+    assert waited == [True]  # it waited for the others, and there were none
+    assert len(made) == 1 and alone.arm("cached").run.decode_batch == 1 and alone.decode == "apart"
+    assert alone.arm("cached").run.token_ids == apart.arm("cached").run.token_ids
+    assert len(alone.arm("cached").run.token_ids) == 8

@@ -8,7 +8,7 @@ import torch
 from engine.model.attend import forward_kv
 from engine.schema.plan import CACHED
 from engine.arms.registry import Sampling
-from engine.arms.modular import run_cached
+from tests.arm_runs import run_cached
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank.",
         "Quantum computers use qubits that can hold superpositions of states.",

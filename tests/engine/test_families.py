@@ -31,8 +31,8 @@ from engine.errors import EngineError, ModelError
 from engine.model.positions import TESTED_FAMILIES
 from engine.model.load import wrap_model
 from engine.arms.registry import Sampling
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
+from tests.arm_runs import run_baseline
+from tests.arm_runs import run_cached
 from engine.session import Engine
 
 WINDOW = 12  # shorter than every prompt below, longer than the text after the gap in GAPPED

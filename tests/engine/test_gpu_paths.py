@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached
+from tests.arm_runs import run_baseline
+from tests.arm_runs import run_cached
 from engine.arms.registry import Sampling
 from engine.run.workspace import workspace
 from engine.cache.store import ModuleStore

@@ -175,7 +175,7 @@ def test_recent_window_compression_equals_the_sliced_dense_entry(tiny_lm):
     dense = store.get(key)
     n = len(dense)
     layered = compress(dense, None, Compression(0.5, "recent"))
-    from engine.arms.modular import run_cached
+    from tests.arm_runs import run_cached
 
     store._entries[key] = layered
     a = run_cached(eng.lm, plan, enc, store)

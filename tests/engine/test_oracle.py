@@ -11,7 +11,7 @@ import pytest
 
 from conftest import SAMPLES, stock_figures
 from engine.arms.registry import Sampling
-from engine.arms.baseline import run_baseline
+from tests.arm_runs import run_baseline
 
 N_NEW = 8
 

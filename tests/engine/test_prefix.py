@@ -11,7 +11,9 @@ from conftest import first_token_kl
 from engine.errors import EngineError
 from engine.cache.prefix import PrefixCache, schema_order_prompt
 from engine.arms.registry import Sampling
-from engine.arms.compare import compare as run_compare
+from engine.arms.compare import comparing
+from engine.arms.registry import ArmContext
+from engine.run.events import finish
 from engine.session import Engine
 from engine.cache.store import PREFIX, DiskStore, ModuleStore
 
@@ -214,7 +216,8 @@ def test_the_runner_refuses_a_prefix_arm_without_a_cache(tiny_engine):
     plan = tiny_engine.plan(lay, "<prompt schema='docs'><d2/> Qubits?</prompt>", 2)
     enc = tiny_engine.encode(lay).encoded
     with pytest.raises(EngineError, match="prefix cache"):
-        run_compare(tiny_engine.lm, plan, enc, tiny_engine.store(), Sampling(2), arms=("baseline", "prefix"))
+        finish(comparing(ArmContext(tiny_engine.lm, plan, enc, tiny_engine.store(), Sampling(2)),
+                         arms=("baseline", "prefix")))
 
 
 def test_prefix_inserts_do_not_evict_the_modules_the_cached_arm_reads(tiny_lm):

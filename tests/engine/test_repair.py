@@ -18,8 +18,8 @@ from engine.model.attend import forward_kv
 from engine.schema.plan import CACHED
 from engine.arms.repair import select_repair
 from engine.arms.registry import Sampling
-from engine.arms.baseline import run_baseline
-from engine.arms.modular import run_cached, run_repaired
+from tests.arm_runs import run_baseline
+from tests.arm_runs import run_cached, run_repaired
 
 DOCS = ("The red fox jumps over the lazy dog near the river bank.",
         "Quantum computers use qubits that can hold superpositions of states.",

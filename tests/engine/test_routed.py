@@ -18,9 +18,10 @@ from test_repair import TURNS
 from test_repair import TURNS_PROMPT as PROMPT  # system text, then modules d1, d2, d3 in two user turns
 from transformers.cache_utils import DynamicCache
 
-from engine.arms.modular import run_cached
+from tests.arm_runs import run_cached
 from engine.arms.registry import REGISTRY, Sampling
-from engine.arms.routed import RoutedInfo, RoutedSettings, Scouted, choose, run_routed
+from engine.arms.routed import RoutedInfo, RoutedSettings, Scouted, choose
+from tests.arm_runs import run_routed
 from engine.config import Compression, RunConfig
 from engine.errors import EngineError
 from engine.model.load import wrap_model
@@ -332,7 +333,7 @@ def test_modules_that_reach_the_threshold_are_prefilled_together(flat, k):
     assert run.recomputed_tokens == module_tokens and run.prefill_tokens == module_tokens + flat.plan.uncached_tokens
     assert run.reused_tokens == flat.cached_parts(keep=set())[0].shape[3]  # the system text alone
     if k == 0:  # every module prefilled together after the exact system prefix: the full prefill
-        from engine.arms.baseline import run_baseline
+        from tests.arm_runs import run_baseline
 
         base = run_baseline(flat.lm, flat.plan, Sampling(4))
         torch.testing.assert_close(run.first_logits, base.first_logits, atol=1e-4, rtol=1e-4)
@@ -341,7 +342,7 @@ def test_modules_that_reach_the_threshold_are_prefilled_together(flat, k):
 
 def test_one_module_is_read_as_stored_and_a_question_that_points_nowhere_is_the_full_prefill(flat, monkeypatch):
     from engine.arms import routed
-    from engine.arms.baseline import run_baseline
+    from tests.arm_runs import run_baseline
 
     one, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(3), k=1)
     assert info.joint == () and one.recomputed_tokens == 0 and info.path == "stored"
@@ -425,7 +426,7 @@ def test_a_partial_recompute_is_stock_transformers_reading_the_rest_as_stored(fl
 
 
 def test_a_recompute_of_everything_is_the_full_prefill_and_of_nothing_the_modular_run(flat):
-    from engine.arms.baseline import run_baseline
+    from tests.arm_runs import run_baseline
 
     full, info = run_routed(flat.lm, flat.plan, flat.enc, flat.store, Sampling(4), share=1.0, sinks=0)
     base = run_baseline(flat.lm, flat.plan, Sampling(4))

@@ -1,15 +1,18 @@
-"""A run stopped on request ends within a token and leaves the engine clean; a model that computes NaN is a named
+"""A run closed by its caller ends within a token and leaves the engine clean; a model that computes NaN is a named
 error (never empty answers marked same_text); ``run --json`` is strict JSON; a hub id is refused at once, offline;
 packed weights are counted as parameters (issue 37, items 8 and 9)."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
 
+from engine.arms.compare import ArmDone, Done
 from engine.arms.registry import Sampling
+from engine.run.events import FirstToken, Token, UnitEncoded
 from engine import errors
 from engine.errors import ModelError
 from engine.model.load import load_model, load_tokenizer, resolve_model_path, wrap_model
@@ -35,41 +38,70 @@ def tiny_llama(tok, tie: bool = True, seed: int = 0):
 
 
 @pytest.mark.parametrize("decode", ["together", "apart"])
-def test_a_stopped_run_ends_within_a_token_and_the_next_run_is_whole(tiny_engine, travel_docs, decode):
+def test_a_run_closed_mid_decode_leaves_the_engine_free_and_the_next_run_whole(tiny_engine, travel_docs, decode):
+    """The caller pulls the comparison's events and closes the generator at the 4th token: nothing more comes, the
+    run lock is free for another thread at once, and the next run is token for token the uninterrupted one."""
     schema, prompt = travel_docs
     cfg = tiny_engine.config.with_(decode=decode, arms=("baseline", "prefix", "cached"))
     whole = tiny_engine.compare(schema, prompt, SAMPLING, config=cfg)
-    tokens, asked, answered = [], [], []
+    events = tiny_engine.events(schema, prompt, SAMPLING, config=cfg)
+    tokens = []
+    for event in events:
+        if isinstance(event, (FirstToken, Token)):
+            tokens.append(event)
+            if len(tokens) == 4:
+                break
+    events.close()
+    assert next(events, None) is None  # closed: no event after the 4th token
+    if decode == "together":  # three first tokens, then the batch's first step gave the baseline its second
+        assert [type(t).__name__ for t in tokens] == ["FirstToken"] * 3 + ["Token"]
+    else:  # apart: the baseline decodes before the next arm starts
+        assert {t.arm for t in tokens} == {"baseline"}
+    free = []
 
-    def on_token(arm, text):  # the Stop button pressed while the 4th token shows
-        tokens.append(arm)
-        if len(tokens) == 4:
-            asked.append(len(tokens))
+    def try_lock() -> None:  # another thread (the next request) finds the engine free at once
+        free.append(tiny_engine.run_lock.acquire(blocking=False))
+        if free[-1]:
+            tiny_engine.run_lock.release()
 
-    def should_stop():
-        if asked and not answered:
-            answered.append(len(tokens))
-        return bool(asked)
-
-    with pytest.raises(errors.RunStopped, match="stopped on request"):
-        tiny_engine.compare(schema, prompt, SAMPLING, config=cfg, on_token=on_token, should_stop=should_stop)
-    assert answered and len(tokens) == answered[0]  # nothing generated once the engine saw the stop
-    # it saw it at its next step: apart, before the next token; together, after the batch step under way, which
-    # gives each of the other arms one token at most
-    late = tokens[4:]
-    assert late == [] if decode == "apart" else (len(set(late)) == len(late) < 3 and tokens[3] not in late)
+    other = threading.Thread(target=try_lock)
+    other.start()
+    other.join()
+    assert free == [True]
     again = tiny_engine.compare(schema, prompt, SAMPLING, config=cfg)
     assert {a.value: r.run.token_ids for a, r in again.arms.items()} == \
         {a.value: r.run.token_ids for a, r in whole.arms.items()}
 
 
-def test_a_run_stopped_before_it_starts_computes_nothing(tiny_engine, travel_docs):
+def test_a_runs_events_come_in_order_and_end_with_its_comparison(tiny_engine, travel_docs):
     schema, prompt = travel_docs
-    seen = []
-    with pytest.raises(errors.RunStopped):
-        tiny_engine.compare(schema, prompt, SAMPLING, on_token=lambda arm, text: seen.append(arm),
-                            progress=lambda *step: seen.append(step), should_stop=lambda: True)
-    assert seen == []
+    cfg = tiny_engine.config.with_(decode="together", arms=("baseline", "prefix", "cached"))
+    got = list(tiny_engine.events(schema, prompt, SAMPLING, config=cfg))
+    assert isinstance(got[-1], Done) and isinstance(got[0], UnitEncoded)
+    res = got[-1].comparison
+    firsts = [i for i, e in enumerate(got) if isinstance(e, FirstToken)]
+    done = [e for e in got if isinstance(e, ArmDone)]
+    assert [got[i].arm for i in firsts] == ["baseline", "prefix", "cached"]
+    assert [str(e.arm) for e in done] == ["baseline", "prefix", "cached"] and done[1].result == res.arm("prefix")
+    for arm, r in res.arms.items():  # a FirstToken, then a Token per further token, the last one its text
+        mine = [e for e in got if isinstance(e, (FirstToken, Token)) and e.arm == arm]
+        assert [e.token_id for e in mine] == list(r.run.token_ids) and mine[-1].text == r.run.text
+        assert "".join(e.text if isinstance(e, FirstToken) else e.delta for e in mine) == r.run.text
+        assert mine[0].ttft_ms == r.run.ttft_ms
+    assert max(firsts) < min(i for i, e in enumerate(got) if isinstance(e, Token))  # decoded together
+
+
+def test_a_run_closed_before_it_starts_computes_nothing(tiny_engine, travel_docs, monkeypatch):
+    from engine import session
+
+    schema, prompt = travel_docs
+    started = []
+    monkeypatch.setattr(session, "encoding", lambda *a, **k: started.append(a))
+    events = tiny_engine.events(schema, prompt, SAMPLING)
+    events.close()
+    assert next(events, None) is None and started == []
+    assert tiny_engine.run_lock.acquire(blocking=False)
+    tiny_engine.run_lock.release()
 
 
 def test_a_model_that_computes_nan_is_refused_at_load(tokenizer_bundle):
@@ -104,7 +136,8 @@ def test_run_json_writes_non_finite_numbers_as_null(monkeypatch, tmp_path, capsy
         def __init__(self, config):
             pass
 
-        def compare(self, *args, **kwargs):
+        def events(self, *args, **kwargs):  # the run's events: none, then its result
+            yield from ()
             return type("Result", (), {"to_json": lambda self: doc})()
 
     monkeypatch.setattr(session, "Engine", Fake)

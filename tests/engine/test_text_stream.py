@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.arms.compare import Done
 from engine.arms.registry import Sampling
+from engine.run.events import FirstToken, Token
 from engine.run.stream import LOOKBACK, PENDING, TextStream
 
 SCHEMA = """<schema name="s">
@@ -75,11 +77,19 @@ def test_each_token_decodes_a_few_tokens_however_long_the_text(tokenizer_bundle)
 @pytest.mark.parametrize("decode", ["together", "apart"])
 def test_a_tiny_models_streamed_text_is_the_decode_of_its_tokens(tiny_engine, decode):
     seen: dict[str, list[str]] = {}
-    res = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=24, temperature=1.5, seed=3),
-                              config=tiny_engine.config.with_(decode=decode),
-                              on_token=lambda arm, text: seen.setdefault(arm, []).append(text))
+    res = streamed(tiny_engine.events(SCHEMA, PROMPT, Sampling(max_new_tokens=24, temperature=1.5, seed=3),
+                                      config=tiny_engine.config.with_(decode=decode)), seen)
     tok = tiny_engine.lm.tokenizer
     assert set(seen) == {a.value for a in res.arms}
     for arm, texts in seen.items():
         ids = list(res.arm(arm).run.token_ids)
         assert texts == _decoded(tok, ids) and texts[-1] == res.arm(arm).run.text, arm
+
+
+def streamed(events, seen: dict):
+    """The Comparison ``events`` end with; each arm's text after each of its tokens into ``seen``."""
+    for event in events:
+        if isinstance(event, (FirstToken, Token)):
+            seen.setdefault(event.arm, []).append(event.text)
+        elif isinstance(event, Done):
+            return event.comparison

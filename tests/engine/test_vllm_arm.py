@@ -154,12 +154,16 @@ def test_the_arm_sends_the_baselines_token_ids_and_agrees_with_it(tiny_engine, t
     assert back.arm("vllm").detail.server_cached_tokens == 16 and back.to_json()["vllm"] == doc["vllm"]
 
 
-def test_the_streamed_text_reaches_on_token(tiny_engine, stand_in):
-    seen = []
-    tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=4), on_token=lambda arm, text: seen.append((arm, text)),
-                        config=tiny_engine.config.with_(arms=("vllm",), vllm_url=stand_in.url))
-    texts = [t for a, t in seen if a == "vllm"]
+def test_the_streamed_text_comes_as_the_runs_events(tiny_engine, stand_in):
+    from engine.run.events import FirstToken, Token
+
+    got = list(tiny_engine.events(SCHEMA, PROMPT, Sampling(max_new_tokens=4),
+                                  config=tiny_engine.config.with_(arms=("vllm",), vllm_url=stand_in.url)))
+    mine = [e for e in got if isinstance(e, (FirstToken, Token)) and e.arm == "vllm"]
+    texts = [e.text for e in mine]
+    assert isinstance(mine[0], FirstToken) and mine[0].ttft_ms > 0
     assert texts and all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # text so far, growing
+    assert texts[-1] == got[-1].comparison.arm("vllm").run.text
 
 
 @pytest.mark.parametrize("case", ["no url", "refused", "http 400", "other model", "other tokenizer"])

@@ -37,8 +37,8 @@ def cuda_lm():
 
 def runs(lm, storage: str, layerwise: bool, graphs_on: bool):
     """(baseline, cached) greedy runs with the GPU paths as given, and the store."""
-    from engine.arms.baseline import run_baseline
-    from engine.arms.modular import run_cached
+    from tests.arm_runs import run_baseline
+    from tests.arm_runs import run_cached
     from engine.arms.registry import Sampling
     from engine.run.workspace import workspace
     from engine.model import graphs

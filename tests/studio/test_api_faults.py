@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from engine.errors import RunStopped
+from engine.run.events import FirstToken, Token
 from engine.runlog import RunLog
 from engine.session import Engine
 from studio.streaming import on_engine_thread_soon
@@ -231,30 +231,38 @@ def test_eight_concurrent_streaming_clients_each_get_the_answer_they_get_alone(s
 
 
 def test_a_client_that_disconnects_stops_the_decoding(served, monkeypatch):
-    """The stream is closed after its first chunks: the run ends with RunStopped long before max_tokens, at most
-    one token after its stop flag first said stop."""
+    """The stream is closed after its first chunks: the engine worker closes the run's generator long before
+    max_tokens, at most one token after its stop flag first said stop."""
+    from studio.api import service
+
     port, engine, log = served
     seen: dict = {"tokens": 0, "at_stop": None, "ended": threading.Event()}
-    run = engine.run
+    run_events, stop_asked = engine.run_events, service.stop_asked
 
-    def watched(*args, should_stop, on_token, **kw):
-        def count(arm, text):
-            seen["tokens"] += 1
-            on_token(arm, text)
-
-        def asked():
-            if should_stop() and seen["at_stop"] is None:
-                seen["at_stop"] = seen["tokens"]
-            return should_stop()
+    def watched(*args, **kw):
+        events = run_events(*args, **kw)
         try:
-            return run(*args, should_stop=asked, on_token=count, **kw)
-        except RunStopped as err:
-            seen["stopped"] = err
+            for event in events:
+                seen["tokens"] += isinstance(event, (FirstToken, Token))
+                yield event
+        except GeneratorExit:
+            seen["stopped"] = True
             raise
         finally:
+            events.close()
             seen["ended"].set()
 
-    monkeypatch.setattr(engine, "run", watched)
+    def asked(flag):
+        said = stop_asked(flag)
+
+        def check():
+            if said() and seen["at_stop"] is None:
+                seen["at_stop"] = seen["tokens"]
+            return said()
+        return check
+
+    monkeypatch.setattr(service, "stop_asked", asked)
+    monkeypatch.setattr(engine, "run_events", watched)
     runs_before = log.count()
     stream = client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=1500, temperature=0,
                                                       stream=True)

@@ -190,7 +190,7 @@ CHILD = textwrap.dedent("""
         return demo
     app.build_app = build_app
     from engine import session
-    from engine.run import batch, decode
+    from engine.run import decode
     from engine.model import SMALL_MODEL
     from engine.model.load import load_tokenizer
     from tests.conftest import make_tiny_llama
@@ -200,7 +200,7 @@ CHILD = textwrap.dedent("""
         if sampling.max_new_tokens > 100:  # still decodes when the signal comes
             time.sleep(0.02)
         return len(tokens) >= sampling.max_new_tokens
-    decode.ended = batch.ended = ended
+    decode.ended = ended
     sys.exit(launch.serve(launch.StudioOptions(port=int(sys.argv[1]), db=sys.argv[2], preload=False)))
 """)
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engine.run import batch, decode
+from engine.run import decode
 from engine.arms.compare import Comparison
 from engine.runlog import RunLog
 from studio import recovery
@@ -93,7 +93,6 @@ def slow_steps(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(decode, "decode_step", step)
-    monkeypatch.setattr(batch, "decode_step", step)
     return steps
 
 

@@ -8,6 +8,7 @@ import csv
 import gradio as gr
 import pytest
 
+from engine.run.events import Token
 from engine.config import limit_of
 from engine.runlog import RunLog
 from studio import builder as b
@@ -189,11 +190,11 @@ def test_failing_run_is_a_gr_error_and_leaves_no_row(studio, travel, schema_text
 def test_crash_mid_run_is_a_gr_error_without_traceback_and_no_row(studio, travel, monkeypatch):
     schema, prompt, _ = travel
 
-    def broken(*args, on_token=None, **kw):
-        on_token("baseline", "partial")
+    def broken(*args, **kw):
+        yield Token("baseline", 0, "partial", "partial")
         raise RuntimeError("simulated out of memory")
 
-    monkeypatch.setattr(studio.engine, "run", broken)
+    monkeypatch.setattr(studio.engine, "events", broken)
     seen = []
     with pytest.raises(gr.Error) as err:
         for upd in cmp.compare_stream(studio, schema, prompt, 2, settings=settings()):
