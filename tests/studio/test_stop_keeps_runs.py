@@ -151,7 +151,7 @@ def test_a_million_character_stop_string_and_40000_parts_leave_the_server_answer
         for _ in range(3):  # the event loop answers while the stream runs
             t = time.monotonic()
             assert httpx.get(models, headers=AUTH, timeout=5).status_code == 200
-            assert time.monotonic() - t < 1.0
+            assert time.monotonic() - t < 3.0  # a stalled loop waits for the whole stream (seconds); 1 s flaked at load 4
         answer = long.result()
         assert answer.status_code == 200 and answer.text.rstrip().endswith("data: [DONE]")
         assert time.monotonic() - start < 20
