@@ -207,9 +207,11 @@ DIVERGE_KEYS = {  # what the highlight means in a column: the baseline is the re
 }
 
 
-def column_html(text: str, active: bool, marker: int | None = None, reference: bool = False) -> str:
+def column_html(text: str, active: bool, marker: int | None = None, reference: bool = False,
+                stopped: bool = False) -> str:
     """A generated-text column; text from the character offset ``marker`` on is marked as divergent, with its key
-    below (``reference``: the baseline's column)."""
+    below (``reference``: the baseline's column). ``stopped`` differs from every earlier value of the column, so the
+    page redraws it over what its live stream wrote (a caret) since Gradio last sent it."""
     key = ""
     if marker is not None and 0 <= marker <= len(text):
         why = DIVERGE_KEYS[reference]
@@ -219,7 +221,8 @@ def column_html(text: str, active: bool, marker: int | None = None, reference: b
     else:
         body = html.escape(text)
     cursor = '<span class="caret"></span>' if active else ""
-    return f'<div class="pml-output{" active" if active else ""}">{body or "&nbsp;"}{cursor}</div>{key}'
+    state = " active" if active else " stopped" if stopped else ""
+    return f'<div class="pml-output{state}">{body or "&nbsp;"}{cursor}</div>{key}'
 
 
 def reuse_counts(comparison: Comparison, arm: str) -> tuple[int, int]:

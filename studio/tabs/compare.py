@@ -302,7 +302,7 @@ def stop_ui(request: gr.Request):
     run = asked[-1]
     cols = []
     for view in arm_views():
-        cols += [gr.skip(), column_html(run.texts.get(view.arm, ""), False), stopped_html(run.firsts.get(view.arm),
+        cols += [gr.skip(), column_html(run.texts.get(view.arm, ""), False, stopped=True), stopped_html(run.firsts.get(view.arm),
                                                                                           view.arm)]
     return (summary_html(None, STOPPED), *cols)
 
@@ -325,7 +325,7 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
                 cols = []
                 for view in arm_views():
                     shown = view.arm in upd.arms
-                    html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm)
+                    html = column_html(upd.texts.get(view.arm, ""), upd.phase == view.arm, stopped=upd.phase == "stopped")
                     first = upd.firsts.get(view.arm)
                     figures = (stopped_html(first, view.arm) if upd.phase == "stopped"
                                else metrics_html(None, view.arm) if first is None else first_token_html(first, view.arm))
