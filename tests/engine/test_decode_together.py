@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.arms.compare import Done
 from engine.arms.registry import Sampling
-from engine.run.events import FirstToken, Token
 from engine.kv import BatchedKV
 from engine.model.attend import AttentionSpec
+from tests.arm_runs import streamed
 
 SCHEMA = """<schema name="s">
   <system>You answer briefly.</system>
@@ -79,13 +78,6 @@ def test_streamed_tokens_arrive_for_every_arm_and_end_with_its_text(tiny_engine)
         assert len(texts) == 6 and texts[-1] == res.arm(arm).run.text
 
 
-def streamed(events, seen: dict):
-    """The Comparison ``events`` end with; each arm's text after each of its tokens into ``seen``."""
-    for event in events:
-        if isinstance(event, (FirstToken, Token)):
-            seen.setdefault(event.arm, []).append(event.text)
-        elif isinstance(event, Done):
-            return event.comparison
 
 
 def test_a_lone_arm_decodes_in_place_in_its_own_buffer(tiny_engine, monkeypatch):

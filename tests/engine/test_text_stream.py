@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.arms.compare import Done
 from engine.arms.registry import Sampling
-from engine.run.events import FirstToken, Token
 from engine.run.stream import LOOKBACK, PENDING, TextStream
+from tests.arm_runs import streamed
 
 SCHEMA = """<schema name="s">
   <system>You answer briefly.</system>
@@ -84,12 +83,3 @@ def test_a_tiny_models_streamed_text_is_the_decode_of_its_tokens(tiny_engine, de
     for arm, texts in seen.items():
         ids = list(res.arm(arm).run.token_ids)
         assert texts == _decoded(tok, ids) and texts[-1] == res.arm(arm).run.text, arm
-
-
-def streamed(events, seen: dict):
-    """The Comparison ``events`` end with; each arm's text after each of its tokens into ``seen``."""
-    for event in events:
-        if isinstance(event, (FirstToken, Token)):
-            seen.setdefault(event.arm, []).append(event.text)
-        elif isinstance(event, Done):
-            return event.comparison
