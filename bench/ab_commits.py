@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,8 +52,6 @@ def run_once(checkout: Path, args, model: str) -> dict:
 
 
 def _env(checkout: Path) -> dict:
-    import os
-
     return {**os.environ, "PYTHONPATH": str(checkout.resolve())}  # before the editable install's finder
 
 
