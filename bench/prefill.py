@@ -42,13 +42,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kernels", default="auto,blocks", help="prefill kernels to time (engine/model/prefill.py)")
-    p.add_argument("--floor-dtypes", default="bfloat16,float32,int8")
+    p.add_argument("--floor-dtypes", default="bfloat16,float32,float32-onednn,int8",
+                   help="float32: MKL's sgemm (F.linear); float32-onednn: oneDNN's matmul")
     p.add_argument("--encode-tokens", type=int, default=2300)
     p.add_argument("--encode-repeats", type=int, default=None, help="default: --repeats")
     p.add_argument("--kl-kernels", default="gemm-int8",
                    help="kernels whose first-token KL against the fp32 prefill is measured besides --kernels' first")
     p.add_argument("--model", default=None, help=model_help(quick=False) + "; llama.cpp runs its GGUF")
     p.add_argument("--weights", default="gguf")
+    p.add_argument("--profile-length", type=int, default=None,
+                   help="torch.profiler breakdown of one prefill of this many tokens (default: the longest; 0: none)")
     p.add_argument("--no-llama", action="store_true")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
@@ -72,12 +75,15 @@ def main() -> None:
            "weights": lm.weights,
            "auto": {"kernel": auto.kernel, "why": auto.why, "copy_bytes": auto.nbytes},
            "lengths": lengths, "repeats": args.repeats,
-           "floors": floors(lm.model, lengths, args.floor_dtypes.split(","))}
+           "floors": floors(lm.model, lengths, args.floor_dtypes.split(",")),
+           "attention_floors": attention_floors(lm.model, lengths)}
     out["studio"] = {k: studio(lm, k, ids, lengths, args.repeats) for k in kernels}
     out["kl"] = kl(lm, list(dict.fromkeys([kernels[0], *filter(None, args.kl_kernels.split(","))])), ids, lengths)
     out["decode"] = {k: decode_ms(lm, k, ids[:512]) for k in kernels}
     out["encoding"] = {k: encoding(lm, k, chunks, args.encode_tokens, args.encode_repeats or args.repeats)
                        for k in kernels}
+    profile_n = max(lengths) if args.profile_length is None else args.profile_length
+    out["profile"] = profile(lm, kernels[0], ids[:profile_n]) if profile_n else None
     prefill.use(lm.model, "auto")
     out["llama_cpp"] = {"error": "skipped (--no-llama)"} if args.no_llama else \
         llama(gguf, ids, lengths, args.repeats, args.threads)
@@ -119,7 +125,7 @@ def floors(model, lengths: list[int], dtypes: list[str]) -> dict:
             total = 0.0
             for rows, cols in shapes:
                 x, w = torch.randn(n, cols), torch.randn(rows, cols) / cols ** 0.5
-                f = _int8_gemm(x, w) if dtype == "int8" else (
+                f = _int8_gemm(x, w) if dtype == "int8" else _onednn_gemm(x, w) if dtype == "float32-onednn" else (
                     lambda x=x.to(getattr(torch, dtype)), w=w.to(getattr(torch, dtype)): F.linear(x, w))
                 total += _best(f, 1 if dtype == "bfloat16" and not cpu_facts()["bf16_units"] else 2)
             flops = 2 * n * sum(r * c for r, c in shapes) * layers
@@ -127,6 +133,80 @@ def floors(model, lengths: list[int], dtypes: list[str]) -> dict:
             print(f"floor {dtype} {n}: {total * layers:.2f} s", file=sys.stderr, flush=True)
         out[dtype] = per
     return out
+
+
+def attention_floors(model, lengths: list[int]) -> dict:
+    """Seconds the layers' causal attention alone takes at each length (fused SDPA, ``is_causal``, grouped KV heads
+    not repeated), fp32 and bf16: what attention costs at the model's shapes on this CPU, best of 2."""
+    import torch
+    import torch.nn.functional as F
+
+    c = model.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    out: dict = {"heads": heads, "kv_heads": kv_heads, "head_dim": dim, "layers": c.num_hidden_layers}
+    for dtype in ("float32", "bfloat16"):
+        per = {}
+        for n in lengths:
+            q = torch.randn(1, heads, n, dim).to(getattr(torch, dtype))
+            k, v = (torch.randn(1, kv_heads, n, dim).to(q.dtype) for _ in range(2))
+            with torch.inference_mode():
+                s = _best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), 2)
+            flops = 4 * heads * dim * n * (n + 1) / 2 * c.num_hidden_layers  # QK^T and PV over the causal half
+            per[str(n)] = {"s": round(s * c.num_hidden_layers, 3),
+                           "tflops": round(flops / (s * c.num_hidden_layers) / 1e12, 3)}
+            print(f"attention floor {dtype} {n}: {per[str(n)]['s']:.2f} s", file=sys.stderr, flush=True)
+        out[dtype] = per
+    return out
+
+
+# where a prefill's self time goes, by the op's name (torch.profiler's key averages)
+PROFILE_GROUPS = (("linears", ("mm", "addmm", "linear", "matmul", "mkldnn", "quantized", "onednn", "gemm")),
+                  ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
+                  ("copies and layout", ("copy_", "clone", "contiguous", "cat", "index_copy", "to", "_to_copy",
+                                         "transpose", "view", "reshape", "expand", "slice", "select", "empty",
+                                         "as_strided", "stack", "unsqueeze", "permute", "narrow")),
+                  ("norms, rope and activations", ("mul", "add", "silu", "neg", "rsqrt", "pow", "mean", "sub",
+                                                   "cos", "sin", "rms_norm", "div", "exp", "embedding")))
+
+
+def profile(lm, kernel: str, ids: list[int]) -> dict:
+    """One full prefill of ``ids`` under torch.profiler: seconds of self time by group and the 12 costliest ops."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from engine.model import prefill
+
+    prefill.use(lm.model, kernel)
+    forward(lm, ids[:64])
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = forward(lm, ids)[0]
+    ops = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in prof.key_averages()]
+    groups = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
+    for key, s, _ in ops:
+        groups[_group(key)] += s
+    top = sorted(ops, key=lambda o: -o[1])[:12]
+    print(f"profile {kernel} {len(ids)}: " + ", ".join(f"{g} {s:.2f} s" for g, s in groups.items()),
+          file=sys.stderr, flush=True)
+    return {"kernel": kernel, "tokens": len(ids), "wall_s": round(wall, 3),
+            "groups": {g: round(s, 3) for g, s in groups.items()},
+            "top_ops": [{"op": k, "self_s": round(s, 3), "calls": n, "group": _group(k)} for k, s, n in top]}
+
+
+def _group(op: str) -> str:
+    name = op.split("::")[-1].lower()
+    for group, words in PROFILE_GROUPS:
+        if any(name == w or name.startswith(w + "_") or w in name and len(w) > 4 for w in words):
+            return group
+    return "other"
+
+
+def _onednn_gemm(x, w):
+    import torch
+
+    w = w.to_mkldnn()
+    return lambda: torch._C._nn.mkldnn_linear(x.to_mkldnn(), w).to_dense()
 
 
 def _int8_gemm(x, w):
@@ -280,6 +360,9 @@ def llama(gguf: Path, ids: list[int], lengths: list[int], repeats: int, threads:
             "threads": threads, "by_length": by}
 
 
+FLOOR_NAMES = ("bfloat16", "float32", "float32-onednn", "int8")
+
+
 def verdicts(out: dict, kernels: list[str]) -> dict:
     """The issue's must-hold ratios, from this run's figures."""
     new, old = kernels[0], kernels[-1]
@@ -288,7 +371,13 @@ def verdicts(out: dict, kernels: list[str]) -> dict:
     rows = {}
     for n in (str(x) for x in out["lengths"]):
         s = st[new]["by_length"][n]
-        row = {"prefill_over_bf16_floor": _ratio(s["median"], fl.get("bfloat16", {}).get(n, {}).get("s")),
+        fastest = min((d for d in FLOOR_NAMES if n in fl.get(d, {})), key=lambda d: fl[d][n]["s"])
+        row = {"fastest_floor": fastest, "prefill_over_fastest_floor": _ratio(s["median"], fl[fastest][n]["s"]),
+               "nonlinear_s": None if s["linear_s"] is None else round(s["median"] - s["linear_s"], 3),
+               "nonlinear_over_linears": None if s["linear_s"] is None else
+               _ratio(s["median"] - s["linear_s"], s["linear_s"]),
+               "attention_floor_fp32_s": out.get("attention_floors", {}).get("float32", {}).get(n, {}).get("s"),
+               "prefill_over_bf16_floor": _ratio(s["median"], fl.get("bfloat16", {}).get(n, {}).get("s")),
                "linears_share_of_bf16_floor": _ratio(fl.get("bfloat16", {}).get(n, {}).get("s"), s["linear_s"])}
         if used and used in fl:
             row[f"prefill_over_{used}_floor"] = _ratio(s["median"], fl[used][n]["s"])
@@ -314,10 +403,10 @@ def print_tables(out: dict, kernels: list[str]) -> None:
     for n in (str(x) for x in out["lengths"]):
         cells = [n] + [out["studio"][k]["by_length"][n]["median"] for k in kernels]
         cells += [out["llama_cpp"]["by_length"][n]["median"] if "by_length" in out["llama_cpp"] else "-"]
-        cells += [out["floors"].get(d, {}).get(n, {}).get("s", "-") for d in ("bfloat16", "float32", "int8")]
+        cells += [out["floors"].get(d, {}).get(n, {}).get("s", "-") for d in FLOOR_NAMES]
         rows.append(cells)
-    print(table(["tokens", *[f"studio {k} s" for k in kernels], "llama.cpp s", "bf16 floor s", "fp32 floor s",
-                 "int8 floor s"], rows), file=sys.stderr)
+    print(table(["tokens", *[f"studio {k} s" for k in kernels], "llama.cpp s",
+                 *[f"{d} floor s" for d in FLOOR_NAMES]], rows), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -319,20 +319,40 @@ def decode_section(d: dict) -> list[str]:
     return [say("decode", d, table=table("decode", d, rows))] + needles_per_precision()
 
 
+FLOOR_LABELS = {"bfloat16": "bf16", "float32": "fp32", "float32-onednn": "fp32 oneDNN"}
+
+
 def prefill_section(d: dict) -> list[str]:
     """Full prefill against the GEMM floors and llama.cpp (bench/prefill.py)."""
     v, kernels, ll = d["verdicts"], list(d["studio"]), d["llama_cpp"]
     used = {"gemm-bf16": "bfloat16", "gemm-fp32": "float32", "gemm-int8": "int8"}.get(d["studio"][v["new"]]["kernel"])
     rows = [{"tokens": int(n), "studio": {k: d["studio"][k]["by_length"][n] for k in kernels},
              "llama_cpp": ll["by_length"][n] if "by_length" in ll else None,
-             "floors": {x: d["floors"].get(x, {}).get(n, {}).get("s") or None for x in ("bfloat16", "float32", "int8")},
+             "floors": {x: d["floors"].get(x, {}).get(n, {}).get("s") or None
+                        for x in ("bfloat16", "float32", "float32-onednn", "int8")},
              "linear_s": d["studio"][kernels[0]]["by_length"][n].get("linear_s") or None,
-             "over_floor": v["by_length"][n].get(f"prefill_over_{used}_floor") or None} for n in map(str, d["lengths"])]
+             "over_floor": v["by_length"][n].get(f"prefill_over_{used}_floor") or None,
+             "nonlinear_s": v["by_length"][n].get("nonlinear_s"),
+             "attention_s": d.get("attention_floors", {}).get("float32", {}).get(n, {}).get("s"),
+             "over_fastest": v["by_length"][n].get("prefill_over_fastest_floor"),
+             "fastest": FLOOR_LABELS.get(v["by_length"][n].get("fastest_floor"), v["by_length"][n].get("fastest_floor"))}
+            for n in map(str, d["lengths"])]
     enc, others = d["encoding"], "".join(f"; `{k}` {x['mean_kl']:.2g}" for k, x in d["kl"].items() if k != v["new"])
     return [say("prefill", d, m=d["machine"], units="yes" if d["machine"]["bf16_units"] else "no",
                 llama=ll["error"] if "error" in ll else f"{ll['version']}, {ll['threads']} threads",
                 table=table("prefill", d, rows, kernels), enc_new=enc[v["new"]], enc_old=enc[v["old"]],
-                dec_new=d["decode"][v["new"]], dec_old=d["decode"][v["old"]], v=v, others=others)]
+                dec_new=d["decode"][v["new"]], dec_old=d["decode"][v["old"]], v=v, others=others)] + profile_part(d)
+
+
+def profile_part(d: dict) -> list[str]:
+    """Where one full prefill's time goes (torch.profiler, self time by group), where the run profiled one."""
+    pr = d.get("profile")
+    if not pr:
+        return []
+    total = sum(pr["groups"].values()) or 1
+    rows = [{"group": g, "s": s, "share": s / total} for g, s in sorted(pr["groups"].items(), key=lambda x: -x[1])]
+    ops = ", ".join(f"`{o['op']}` {o['self_s']:.2f} s" for o in pr["top_ops"][:6])
+    return [say("prefill_profile", d, pr=pr, ops=ops, table=table("prefill_profile", d, rows))]
 
 
 def needles_per_precision() -> list[str]:

@@ -179,10 +179,16 @@ TABLES: dict[str, dict] = {
          "{studio[{each}][median]:.2f} s ({studio[{each}][min]:.2f}–{studio[{each}][max]:.2f})"],
         ["llama.cpp (flash attn)", "r", "{llama_cpp[median]:.2f} s", "—"],
         ["bf16 GEMM floor", "r", "{floors[bfloat16]:.2f} s", "—"],
-        ["fp32 GEMM floor", "r", "{floors[float32]:.2f} s", "—"],
+        ["fp32 GEMM floor (MKL)", "r", "{floors[float32]:.2f} s", "—"],
+        ["fp32 GEMM floor (oneDNN)", "r", "{floors[float32-onednn]:.2f} s", "—"],
         ["int8 GEMM floor", "r", "{floors[int8]:.2f} s", "—"],
         ["linears in the prefill", "r", "{linear_s:.2f} s", "—"],
-        ["prefill / floor used", "r", "{over_floor}×", "—×"]]},
+        ["the rest (attention, norms, copies)", "r", "{nonlinear_s:.2f} s", "—"],
+        ["attention alone (fp32 SDPA, causal)", "r", "{attention_s:.2f} s", "—"],
+        ["prefill / floor used", "r", "{over_floor}×", "—×"],
+        ["prefill / fastest floor", "r", "{over_fastest}× ({fastest})", "—×"]]},
+    "prefill_profile": {"columns": [["where the time goes", "l", "{group}"], ["self time", "r", "{s:.2f} s"],
+                                    ["share", "r", "{share:.0%}"]]},
     "browser": {"columns": [["what", "l"], ["measured", "r"]], "rows": [
         ["`python app.py` started → HTTP 200", "{serve_s:.1f} s"],
         ["first Compare (click → run logged and shown; model loaded in the background, modules encoded)",
@@ -287,7 +293,8 @@ KV_NAMES = {"baseline": "studio baseline (full prefill)", "cached fp32": "studio
 # The tables each bench script's results are drawn in (bench/common.py emit writes them into the JSON)
 BY_SCRIPT = {
     "fidelity": ["arms", "confusable", "samples", "probe"], "ttft": ["ttft", "gpu", "gpu_paths"],
-    "gpu_profile": ["profile"], "decode": ["decode"], "prefill": ["prefill"], "browser_compare": ["browser"],
+    "gpu_profile": ["profile"], "decode": ["decode"], "prefill": ["prefill", "prefill_profile"],
+    "browser_compare": ["browser"],
     "first_compare": ["first_compare"], "spanning": ["spanning"], "serve": ["serve"], "vllm_reuse": ["vllm_reuse"],
     "precision": ["precision_ttft", "precision_needles"], "workload": ["workload"],
     "peers": ["peers", "peers_lengths", "kvpress"], "compression": ["compression", "compression_at_4k"],

@@ -64,11 +64,11 @@ def detect() -> tuple[str, str]:
     return _detected["auto"]
 
 
-def _time_gemm(dtype: torch.dtype, rows: int = 256, shape: tuple[int, int] = (2048, 896)) -> float:
+def _time_gemm(dtype: torch.dtype, rows: int = 256, shape: tuple[int, int] = (2048, 896), calls: int = 3) -> float:
     x, w = torch.randn(rows, shape[1]).to(dtype), torch.randn(*shape).to(dtype)
     F.linear(x, w)
     start = time.perf_counter()
-    for _ in range(3):
+    for _ in range(calls):
         F.linear(x, w)
     return time.perf_counter() - start
 
@@ -91,7 +91,18 @@ def use(model: torch.nn.Module, kernel: str = "auto") -> PrefillChoice:
     gemm = GEMMS[kernel]
     for m in layers:
         m.prefill = gemm(m)
+    if kernel == "gemm-fp32":
+        why += _fp32_why([m.prefill for m in layers])
     return PrefillChoice(kernel, why, sum(m.prefill.nbytes for m in layers))
+
+
+def _fp32_why(gemms: list["Fp32Gemm"]) -> str:
+    """Which weight shapes go through oneDNN, and how much faster it measured there."""
+    shapes = sorted({g.shape for g in gemms if g.onednn})
+    if not shapes:
+        return ""
+    return "; through oneDNN at " + ", ".join(f"{a}x{b} ({fp32_library((a, b))[1]:.1f}x MKL's sgemm)"
+                                               for a, b in shapes)
 
 
 def _layers(model: torch.nn.Module) -> list[PackedLinear]:
@@ -117,11 +128,50 @@ class Gemm:
 
 
 class Fp32Gemm(Gemm):
+    """fp32, through oneDNN's matmul for the shapes where :func:`fp32_library` measured it faster than MKL's sgemm."""
+
     def lay_out(self, layer):
-        return layer.dense().contiguous()
+        w = layer.dense().contiguous()
+        self.shape = tuple(w.shape)
+        self.onednn = w.device.type == "cpu" and fp32_library(self.shape)[0] == "onednn"
+        return w.to_mkldnn() if self.onednn else w
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] * 4
 
     def __call__(self, x2, bias):
-        return F.linear(x2.float(), self.weight, None if bias is None else bias.float())
+        if not self.onednn:
+            return F.linear(x2.float(), self.weight, None if bias is None else bias.float())
+        y = torch._C._nn.mkldnn_linear(x2.float().contiguous().to_mkldnn(), self.weight).to_dense()
+        return y if bias is None else y.add_(bias.float())
+
+
+FP32_ROWS = (32, 256)  # a short prefill's rows (a question over cached modules) and a long one's
+
+
+def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
+    """("onednn" or "mkl", MKL's time over oneDNN's, the mean over :data:`FP32_ROWS`) for an fp32 GEMM of weight
+    ``shape`` (out, in) on this CPU: which is faster depends on the CPU and the shape (docs/benchmarks.md: MKL's
+    sgemm is slow on AMD CPUs at some shapes). oneDNN must win by 5 %, so that noise does not flip the choice."""
+    key = f"fp32 {shape}"
+    if key not in _detected:
+        if not torch.backends.mkldnn.is_available():
+            _detected[key] = ("mkl", 1.0)
+        else:
+            ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_onednn(n, shape) for n in FP32_ROWS]
+            ratio = sum(ratios) / len(ratios)
+            _detected[key] = ("onednn" if ratio > 1.05 else "mkl", ratio)
+    return _detected[key]
+
+
+def _time_onednn(rows: int, shape: tuple[int, int]) -> float:
+    x, w = torch.randn(rows, shape[1]), torch.randn(*shape).to_mkldnn()
+    torch._C._nn.mkldnn_linear(x.to_mkldnn(), w).to_dense()
+    start = time.perf_counter()
+    for _ in range(2):
+        torch._C._nn.mkldnn_linear(x.to_mkldnn(), w).to_dense()
+    return time.perf_counter() - start
 
 
 class Bf16Gemm(Gemm):

@@ -114,6 +114,36 @@ def _calls(model, forward) -> int:
     return counted[0]
 
 
+@pytest.mark.parametrize("library", ["mkl", "onednn"])
+def test_fp32_through_either_library_matches_the_reference(pair, monkeypatch, library):
+    """gemm-fp32 runs each weight shape through MKL's sgemm or oneDNN's matmul, whichever measured faster; both
+    keep the reference's arithmetic (summation order aside) and say which shapes went through oneDNN."""
+    lm, reference = pair
+    shapes = {(m.out_features, m.in_features) for m in prefill._layers(lm.model)}
+    monkeypatch.setattr(prefill, "_detected", {f"fp32 {s}": (library, 1.5) for s in shapes})
+    ids = torch.randint(5, 400, (1, 40), generator=torch.Generator().manual_seed(3))
+    want = _logits(reference, ids)
+    choice = prefill.use(lm.model, "gemm-fp32")
+    try:
+        assert all(m.prefill.onednn == (library == "onednn") for m in prefill._layers(lm.model))
+        assert ("through oneDNN at" in choice.why) == (library == "onednn")
+        assert choice.nbytes == sum(4 * a * b for a, b in (m.prefill.shape for m in prefill._layers(lm.model)))
+        got = _logits(lm, ids)
+        assert _off(got[0], want[0]) < TOLERANCE["gemm-fp32"]
+        assert _greedy(lm, ids[:, :24]) == _greedy(reference, ids[:, :24])
+    finally:
+        monkeypatch.setattr(prefill, "_detected", {})
+        prefill.use(lm.model, "auto")
+
+
+def test_the_fp32_library_is_measured_per_shape(monkeypatch):
+    monkeypatch.setattr(prefill, "_detected", {})
+    monkeypatch.setattr(prefill, "_time_gemm", lambda dtype, rows, shape, calls=3: 2.0 if shape[0] > 100 else 1.0)
+    monkeypatch.setattr(prefill, "_time_onednn", lambda rows, shape: 1.0)
+    assert prefill.fp32_library((512, 64))[0] == "onednn" and prefill.fp32_library((64, 64))[0] == "mkl"
+    assert prefill.fp32_library((512, 64))[1] == 2.0
+
+
 def test_a_decode_step_keeps_the_packed_blocks(pair):
     lm, _ = pair
     choice = prefill.use(lm.model, "gemm-fp32")
