@@ -153,7 +153,7 @@ def attention_floors(model, lengths: list[int]) -> dict:
             with torch.inference_mode():
                 s = _best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), 2)
             flops = 4 * heads * dim * n * (n + 1) / 2 * c.num_hidden_layers  # QK^T and PV over the causal half
-            per[str(n)] = {"s": round(s * c.num_hidden_layers, 3),
+            per[str(n)] = {"s": round(s * c.num_hidden_layers, 5),
                            "tflops": round(flops / (s * c.num_hidden_layers) / 1e12, 3)}
             print(f"attention floor {dtype} {n}: {per[str(n)]['s']:.2f} s", file=sys.stderr, flush=True)
         out[dtype] = per
@@ -161,13 +161,13 @@ def attention_floors(model, lengths: list[int]) -> dict:
 
 
 # where a prefill's self time goes, by the op's name (torch.profiler's key averages)
-PROFILE_GROUPS = (("linears", ("mm", "addmm", "linear", "matmul", "mkldnn", "quantized", "onednn", "gemm")),
+PROFILE_GROUPS = (("linears", ("mm", "addmm", "bmm", "linear", "matmul", "mkldnn", "quantized", "onednn", "gemm")),
                   ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax")),
                   ("copies and layout", ("copy_", "clone", "contiguous", "cat", "index_copy", "to", "_to_copy",
                                          "transpose", "view", "reshape", "expand", "slice", "select", "empty",
                                          "as_strided", "stack", "unsqueeze", "permute", "narrow")),
                   ("norms, rope and activations", ("mul", "add", "silu", "neg", "rsqrt", "pow", "mean", "sub",
-                                                   "cos", "sin", "rms_norm", "div", "exp", "embedding")))
+                                                   "cos", "sin", "norm", "div", "exp", "embedding")))
 
 
 def profile(lm, kernel: str, ids: list[int]) -> dict:
@@ -190,23 +190,25 @@ def profile(lm, kernel: str, ids: list[int]) -> dict:
     print(f"profile {kernel} {len(ids)}: " + ", ".join(f"{g} {s:.2f} s" for g, s in groups.items()),
           file=sys.stderr, flush=True)
     return {"kernel": kernel, "tokens": len(ids), "wall_s": round(wall, 3),
-            "groups": {g: round(s, 3) for g, s in groups.items()},
-            "top_ops": [{"op": k, "self_s": round(s, 3), "calls": n, "group": _group(k)} for k, s, n in top]}
+            "groups": {g: round(s, 5) for g, s in groups.items()},
+            "top_ops": [{"op": k, "self_s": round(s, 5), "calls": n, "group": _group(k)} for k, s, n in top]}
 
 
 def _group(op: str) -> str:
-    name = op.split("::")[-1].lower()
+    """The group of a profiled op: its name (namespace and leading underscores dropped) is one of a group's words,
+    starts or ends with one as a part (``mul_``, ``_weight_int8pack_mm``), or holds one of over four letters."""
+    name = op.split("::")[-1].lower().lstrip("_")
     for group, words in PROFILE_GROUPS:
-        if any(name == w or name.startswith(w + "_") or w in name and len(w) > 4 for w in words):
+        if any(name == w or name.startswith(w + "_") or name.endswith("_" + w) or len(w) > 4 and w in name
+               for w in words):
             return group
     return "other"
 
 
 def _onednn_gemm(x, w):
-    import torch
+    from engine.model.prefill import _onednn_linear
 
-    w = w.to_mkldnn()
-    return lambda: torch._C._nn.mkldnn_linear(x.to_mkldnn(), w).to_dense()
+    return lambda: _onednn_linear(x, w, None)
 
 
 def _int8_gemm(x, w):

@@ -128,23 +128,20 @@ class Gemm:
 
 
 class Fp32Gemm(Gemm):
-    """fp32, through oneDNN's matmul for the shapes where :func:`fp32_library` measured it faster than MKL's sgemm."""
+    """fp32, through oneDNN's matmul for the shapes where :func:`fp32_library` measured it faster than MKL's sgemm
+    (both read the same dense weight)."""
 
     def lay_out(self, layer):
         w = layer.dense().contiguous()
         self.shape = tuple(w.shape)
         self.onednn = w.device.type == "cpu" and fp32_library(self.shape)[0] == "onednn"
-        return w.to_mkldnn() if self.onednn else w
-
-    @property
-    def nbytes(self) -> int:
-        return self.shape[0] * self.shape[1] * 4
+        return w
 
     def __call__(self, x2, bias):
-        if not self.onednn:
-            return F.linear(x2.float(), self.weight, None if bias is None else bias.float())
-        y = torch._C._nn.mkldnn_linear(x2.float().contiguous().to_mkldnn(), self.weight).to_dense()
-        return y if bias is None else y.add_(bias.float())
+        bias = None if bias is None else bias.float()
+        if self.onednn:
+            return _onednn_linear(x2.float().contiguous(), self.weight, bias)
+        return F.linear(x2.float(), self.weight, bias)
 
 
 FP32_ROWS = (32, 256)  # a short prefill's rows (a question over cached modules) and a long one's
@@ -156,7 +153,7 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
     sgemm is slow on AMD CPUs at some shapes). oneDNN must win by 5 %, so that noise does not flip the choice."""
     key = f"fp32 {shape}"
     if key not in _detected:
-        if not torch.backends.mkldnn.is_available():
+        if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
             _detected[key] = ("mkl", 1.0)
         else:
             ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_onednn(n, shape) for n in FP32_ROWS]
@@ -165,12 +162,17 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
     return _detected[key]
 
 
+def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` through oneDNN's matmul (the op torch's compiler fuses linears into on CPU), dense in and out."""
+    return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
+
+
 def _time_onednn(rows: int, shape: tuple[int, int]) -> float:
-    x, w = torch.randn(rows, shape[1]), torch.randn(*shape).to_mkldnn()
-    torch._C._nn.mkldnn_linear(x.to_mkldnn(), w).to_dense()
+    x, w = torch.randn(rows, shape[1]), torch.randn(*shape)
+    _onednn_linear(x, w, None)
     start = time.perf_counter()
     for _ in range(2):
-        torch._C._nn.mkldnn_linear(x.to_mkldnn(), w).to_dense()
+        _onednn_linear(x, w, None)
     return time.perf_counter() - start
 
 
