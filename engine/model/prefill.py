@@ -97,7 +97,7 @@ def use(model: torch.nn.Module, kernel: str = "auto") -> PrefillChoice:
 
 
 def _fp32_why(gemms: list["Fp32Gemm"]) -> str:
-    """Which weight shapes go through oneDNN, and how much faster it measured there."""
+    """The shapes oneDNN runs, and its speedup."""
     shapes = sorted({g.shape for g in gemms if g.onednn})
     if not shapes:
         return ""
@@ -128,8 +128,7 @@ class Gemm:
 
 
 class Fp32Gemm(Gemm):
-    """fp32, through oneDNN's matmul for the shapes where :func:`fp32_library` measured it faster than MKL's sgemm
-    (both read the same dense weight)."""
+    """fp32 by MKL or oneDNN (:func:`fp32_library`)."""
 
     def lay_out(self, layer):
         w = layer.dense().contiguous()
@@ -144,13 +143,12 @@ class Fp32Gemm(Gemm):
         return F.linear(x2.float(), self.weight, bias)
 
 
-FP32_ROWS = (32, 256)  # a short prefill's rows (a question over cached modules) and a long one's
+FP32_ROWS = (32, 256)  # a question's rows over cached modules, and a long prefill's
 
 
 def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
-    """("onednn" or "mkl", MKL's time over oneDNN's, the mean over :data:`FP32_ROWS`) for an fp32 GEMM of weight
-    ``shape`` (out, in) on this CPU: which is faster depends on the CPU and the shape (docs/benchmarks.md: MKL's
-    sgemm is slow on AMD CPUs at some shapes). oneDNN must win by 5 %, so that noise does not flip the choice."""
+    """("onednn" or "mkl", MKL's time / oneDNN's) for weight ``shape`` here (docs/models.md). oneDNN must win by
+    5 %, so noise does not flip it."""
     key = f"fp32 {shape}"
     if key not in _detected:
         if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
@@ -163,7 +161,7 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
 
 
 def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` through oneDNN's matmul (the op torch's compiler fuses linears into on CPU), dense in and out."""
+    """``F.linear`` by oneDNN (the op torch's compiler fuses CPU linears into)."""
     return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
 
 
