@@ -116,16 +116,19 @@ def prefill_headline(d: dict | None) -> list[str]:
     v, n = d["verdicts"], str(max(d["lengths"]))
     new, old = d["studio"][v["new"]]["by_length"][n], d["studio"][v["old"]]["by_length"][n]
     ll = d["llama_cpp"].get("by_length", {}).get(n)
-    fastest = v["by_length"][n].get("fastest_floor")  # older results name no fastest floor
-    name = fastest or ("float32" if v["new"] == "gemm-fp32" else "bfloat16")
-    floor = d["floors"].get(name, {}).get(n, {}).get("s")
-    kind = {"float32": "fp32", "float32-onednn": "fp32 (oneDNN)", "bfloat16": "bf16"}.get(name, name)
+    used = {"gemm-fp32": "float32", "gemm-bf16": "bfloat16", "gemm-int8": "int8"}.get(v["new"], "float32")
+    fastest = v["by_length"][n].get("fastest_floor", used)  # older results name no fastest floor
+    floors = [(k, d["floors"].get(k, {}).get(n, {}).get("s")) for k in dict.fromkeys([used, fastest])]
+    said = ", ".join(f"{FLOOR_KINDS.get(k, k)} {s:.1f} s" for k, s in floors if s)
     return [say("prefill_headline", d, tokens=int(n), new=new, kernel=v["new"],
                 old=f", {old['median']:.1f} s on the packed blocks" if v["old"] != v["new"] else "",
                 llama=f", {ll['median']:.1f} s for llama.cpp" if ll else "",
-                floor=(f"; its linears alone as bare {kind} GEMMs {floor:.1f} s" if fastest else
-                       f"; its linears alone as bare GEMMs {floor:.1f} s") if floor else "",
+                floor=f"; its linears alone as bare GEMMs: {said}" if said else "",
                 busy=_busy(d["machine"].get("loadavg_1min")))]
+
+
+FLOOR_KINDS = {"float32": "fp32", "float32-onednn": "fp32 through oneDNN", "bfloat16": "bf16",
+               "int8": "int8 (fbgemm, which changes the answers)"}
 
 
 def _busy(load) -> str:

@@ -144,6 +144,13 @@ def test_the_fp32_library_is_measured_per_shape(monkeypatch):
     assert prefill.fp32_library((512, 64))[1] == 2.0
 
 
+def test_without_onednn_fp32_stays_on_mkl_without_measuring(monkeypatch):
+    monkeypatch.setattr(prefill, "_detected", {})
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(prefill, "_time_onednn", lambda *a: pytest.fail("timed a library torch lacks"))
+    assert prefill.fp32_library((512, 64)) == ("mkl", 1.0)
+
+
 def test_a_decode_step_keeps_the_packed_blocks(pair):
     lm, _ = pair
     choice = prefill.use(lm.model, "gemm-fp32")
