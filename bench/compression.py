@@ -268,7 +268,7 @@ def parse_args() -> argparse.Namespace:
                     "else measure it and write it there")
     ap.add_argument("--only-4k", action="store_true", help="the ~4K-token measurement only (with --at-4k-json)")
     ap.add_argument("--start", type=int, default=0, help="skip the first prompts (resume a --rows file)")
-    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations, 6 new tokens")
+    ap.add_argument("--quick", action="store_true", help="2 prompts of 2 small modules, 5 configurations, 3 new tokens")
     ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--needles", choices=("magic", "varied"), default="magic",
                     help="magic numbers (the set measured on SmolLM2) or varied facts (bench/needles.py)")
@@ -281,7 +281,7 @@ def main() -> None:
     chunk_tokens, modules_4k = 250, 16
     if args.quick:
         args.modules, args.per_setting, chunk_tokens, modules_4k, args.reps_4k = [2], 2, 40, 4, 1
-        args.new_tokens = 6  # decoding is most of a smoke run's time; a few steps show every figure
+        args.new_tokens = 3  # decoding is most of a smoke run's time; two steps show every figure
         configs = QUICK
     eng = Engine(model=bench_model(args.model, args.quick).spec, persist=False)
     chunks = essay_chunks(eng.codec.encode, chunk_tokens)
@@ -307,7 +307,7 @@ def main() -> None:
         at_4k = json.loads(Path(args.at_4k_json).read_text())
         made_by.append(at_4k.get("command", args.at_4k_json))
     else:
-        at_4k = measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(max_new_tokens=6 if args.quick else 32))
+        at_4k = measure_4k(eng, chunks, modules_4k, args.reps_4k, Sampling(max_new_tokens=3 if args.quick else 32))
     notes = verdicts(summary, at_4k)
     print_summary(summary, at_4k, notes)
     name = result_name("compression", args.model)

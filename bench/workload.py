@@ -245,7 +245,7 @@ def main() -> None:
     ap.add_argument("--modules", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="6 prompts over 8 small modules, 8 new tokens, no files written")
+    ap.add_argument("--quick", action="store_true", help="6 prompts over 8 small modules, 4 new tokens, no files written")
     ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--blend-sweep", type=float, nargs="*", default=[], metavar="R",
                     help="also run the blend arm alone at each of these ratios on every prompt (rows 'blend R%%')")
@@ -260,7 +260,7 @@ def main() -> None:
         return
     chunk_tokens = 250
     if args.quick:
-        args.prompts, args.new_tokens, chunk_tokens = 6, 8, 40
+        args.prompts, args.new_tokens, chunk_tokens = 6, 4, 40
     config = config_from_args(args).with_(model=bench_model(args.model, args.quick).spec, persist=False)
     eng = Engine(config)
     arms = list(config.arms)

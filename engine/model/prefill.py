@@ -143,7 +143,7 @@ class Fp32Gemm(Gemm):
         return F.linear(x2.float(), self.weight, bias)
 
 
-FP32_ROWS = (32, 256)  # a question's rows over cached modules, and a long prefill's
+FP32_ROWS = (32, 128)  # a question's rows over cached modules, and a longer prefill's
 
 
 def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
@@ -154,10 +154,53 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
         if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
             _detected[key] = ("mkl", 1.0)
         else:
-            ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_onednn(n, shape) for n in FP32_ROWS]
-            ratio = sum(ratios) / len(ratios)
+            ratio = _remembered(shape, _measure_fp32)
             _detected[key] = ("onednn" if ratio > 1.05 else "mkl", ratio)
     return _detected[key]
+
+
+def _measure_fp32(shape: tuple[int, int]) -> float:
+    ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_onednn(n, shape) for n in FP32_ROWS]
+    return sum(ratios) / len(ratios)
+
+
+REMEMBER_FROM = 1 << 20  # weights this large are measured once per CPU, torch and thread count (~0.3 s each)
+
+
+def _remembered(shape: tuple[int, int], measure) -> float:
+    """``measure(shape)``, kept in the cache's packed folder for the next load on this CPU, torch and threads."""
+    if shape[0] * shape[1] < REMEMBER_FROM:
+        return measure(shape)
+    import json
+
+    from engine.devices import cache_folder
+    from engine.files import save_whole
+    from engine.owned import check_own_file, create_private
+
+    path = cache_folder("packed") / "fp32-library.json"
+    key = f"{_cpu_name()}|{torch.__version__}|{torch.get_num_threads()}|{shape[0]}x{shape[1]}"
+    try:
+        check_own_file(path, "fp32 GEMM measurements")
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known.get(key), (int, float)):
+        known[key] = measure(shape)
+        try:
+            save_whole(path, lambda tmp: (create_private(tmp), tmp.write_text(json.dumps(known, indent=1))))
+        except OSError:  # a full or read-only disk: measured again next time
+            pass
+    return float(known[key])
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -144,6 +144,23 @@ def test_the_fp32_library_is_measured_per_shape(monkeypatch):
     assert prefill.fp32_library((512, 64))[1] == 2.0
 
 
+def test_a_large_shape_s_measurement_is_kept_for_the_next_load_in_a_private_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("PML_STUDIO_CACHE", str(tmp_path / "cache"))
+    measured = []
+
+    def measure(shape):
+        measured.append(shape)
+        return 1.7
+
+    big, small = (4096, 1024), (64, 64)
+    assert prefill._remembered(big, measure) == prefill._remembered(big, measure) == 1.7
+    assert prefill._remembered(small, measure) == 1.7 and measured == [big, small]  # a small one is not kept
+    kept = tmp_path / "cache" / "packed" / "fp32-library.json"
+    assert kept.stat().st_mode & 0o777 == 0o600 and "4096x1024" in kept.read_text()
+    kept.write_text("{not json")  # a damaged file is measured again and rewritten
+    assert prefill._remembered(big, measure) == 1.7 and measured[-1] == big and "4096x1024" in kept.read_text()
+
+
 def test_without_onednn_fp32_stays_on_mkl_without_measuring(monkeypatch):
     monkeypatch.setattr(prefill, "_detected", {})
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
