@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from engine.cli import main as cli
     from engine.model import SMALL_MODEL
+    from engine.model.kernels import cpu_info
     from engine.model.load import load_tokenizer
     from engine.runlog import RunLog
     from engine.session import Engine
@@ -70,19 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"bench": "error_places", "attributes": args.attributes, "api_status": status, "api_body_bytes": size,
               "api_seconds": spread(api), "check_exit": code, "check_lines": len(said.getvalue().splitlines()),
               "check_seconds": spread(check), "load_average": round(os.getloadavg()[0], 2),
-              "cpu": _cpu_name()}
+              "cpu": cpu_info("model name") or "unknown"}
     print(json.dumps(result, indent=1))
     return result
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -128,14 +128,20 @@ def _build_into(folder: Path, key: str, name: str):
     return module
 
 
-def _cpu_flags() -> set[str]:
+def cpu_info(field: str) -> str:
+    """``field``'s first value in /proc/cpuinfo, or ""."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            name, _, value = line.partition(":")
+            if name.strip() == field:
+                return value.strip()
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def _cpu_flags() -> set[str]:
+    return set(cpu_info("flags").split())
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from engine.errors import ModelError
 from engine.model import PREFILL_KERNELS as KERNELS
 from engine.model import PrefillChoice
-from engine.model.kernels import _cpu_flags
+from engine.model.kernels import _cpu_flags, cpu_info
 from engine.model.weights import PackedLinear
 
 ENV = "PML_STUDIO_PREFILL_KERNEL"
@@ -64,12 +64,13 @@ def detect() -> tuple[str, str]:
     return _detected["auto"]
 
 
-def _time_gemm(dtype: torch.dtype, rows: int = 256, shape: tuple[int, int] = (2048, 896), calls: int = 3) -> float:
+def _time_gemm(dtype: torch.dtype, rows: int = 256, shape: tuple[int, int] = (2048, 896), calls: int = 3,
+               linear=F.linear) -> float:
     x, w = torch.randn(rows, shape[1]).to(dtype), torch.randn(*shape).to(dtype)
-    F.linear(x, w)
+    linear(x, w)
     start = time.perf_counter()
     for _ in range(calls):
-        F.linear(x, w)
+        linear(x, w)
     return time.perf_counter() - start
 
 
@@ -160,15 +161,16 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
 
 
 def _measure_fp32(shape: tuple[int, int]) -> float:
-    ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_onednn(n, shape) for n in FP32_ROWS]
+    ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_gemm(torch.float32, n, shape, 2, _onednn_linear)
+              for n in FP32_ROWS]
     return sum(ratios) / len(ratios)
 
 
-REMEMBER_FROM = 1 << 20  # weights this large are measured once per CPU, torch and thread count (~0.3 s each)
+REMEMBER_FROM = 1 << 20  # weights this large are measured once per CPU, torch and thread count
 
 
 def _remembered(shape: tuple[int, int], measure) -> float:
-    """``measure(shape)``, kept in the cache's packed folder for the next load on this CPU, torch and threads."""
+    """``measure(shape)``, kept in the cache for the next load (:data:`REMEMBER_FROM`)."""
     if shape[0] * shape[1] < REMEMBER_FROM:
         return measure(shape)
     import json
@@ -178,7 +180,8 @@ def _remembered(shape: tuple[int, int], measure) -> float:
     from engine.owned import check_own_file, create_private
 
     path = cache_folder("packed") / "fp32-library.json"
-    key = f"{_cpu_name()}|{torch.__version__}|{torch.get_num_threads()}|{shape[0]}x{shape[1]}"
+    cpu = cpu_info("model name") or "unknown CPU"
+    key = f"{cpu}|{torch.__version__}|{torch.get_num_threads()}|{shape[0]}x{shape[1]}"
     try:
         check_own_file(path, "fp32 GEMM measurements")
         known = json.loads(path.read_text())
@@ -193,28 +196,9 @@ def _remembered(shape: tuple[int, int], measure) -> float:
     return float(known[key])
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` by oneDNN (the op torch's compiler fuses CPU linears into)."""
+def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` by oneDNN (torch's compiler's op)."""
     return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
-
-
-def _time_onednn(rows: int, shape: tuple[int, int]) -> float:
-    x, w = torch.randn(rows, shape[1]), torch.randn(*shape)
-    _onednn_linear(x, w, None)
-    start = time.perf_counter()
-    for _ in range(2):
-        _onednn_linear(x, w, None)
-    return time.perf_counter() - start
 
 
 class Bf16Gemm(Gemm):

@@ -138,8 +138,8 @@ def test_fp32_through_either_library_matches_the_reference(pair, monkeypatch, li
 
 def test_the_fp32_library_is_measured_per_shape(monkeypatch):
     monkeypatch.setattr(prefill, "_detected", {})
-    monkeypatch.setattr(prefill, "_time_gemm", lambda dtype, rows, shape, calls=3: 2.0 if shape[0] > 100 else 1.0)
-    monkeypatch.setattr(prefill, "_time_onednn", lambda rows, shape: 1.0)
+    monkeypatch.setattr(prefill, "_time_gemm", lambda dtype, rows, shape, calls=3, linear=None:
+                        1.0 if linear is prefill._onednn_linear else 2.0 if shape[0] > 100 else 1.0)
     assert prefill.fp32_library((512, 64))[0] == "onednn" and prefill.fp32_library((64, 64))[0] == "mkl"
     assert prefill.fp32_library((512, 64))[1] == 2.0
 
@@ -164,7 +164,7 @@ def test_a_large_shape_s_measurement_is_kept_for_the_next_load_in_a_private_file
 def test_without_onednn_fp32_stays_on_mkl_without_measuring(monkeypatch):
     monkeypatch.setattr(prefill, "_detected", {})
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    monkeypatch.setattr(prefill, "_time_onednn", lambda *a: pytest.fail("timed a library torch lacks"))
+    monkeypatch.setattr(prefill, "_time_gemm", lambda *a: pytest.fail("timed a library torch lacks"))
     assert prefill.fp32_library((512, 64)) == ("mkl", 1.0)
 
 
