@@ -116,10 +116,10 @@ def prefill_headline(d: dict | None) -> list[str]:
     v, n = d["verdicts"], str(max(d["lengths"]))
     new, old = d["studio"][v["new"]]["by_length"][n], d["studio"][v["old"]]["by_length"][n]
     ll = d["llama_cpp"].get("by_length", {}).get(n)
-    used = {"gemm-fp32": "float32", "gemm-bf16": "bfloat16", "gemm-int8": "int8"}.get(v["new"], "float32")
+    used = tables.KERNEL_FLOOR.get(v["new"], "float32")
     fastest = v["by_length"][n].get("fastest_floor", used)  # older results name no fastest floor
     floors = [(k, d["floors"].get(k, {}).get(n, {}).get("s")) for k in dict.fromkeys([used, fastest])]
-    said = ", ".join(f"{FLOOR_KINDS.get(k, k)} {s:.1f} s" for k, s in floors if s)
+    said = ", ".join(f"{tables.FLOORS.get(k, k)}{CHANGES if k == 'int8' else ''} {s:.1f} s" for k, s in floors if s)
     return [say("prefill_headline", d, tokens=int(n), new=new, kernel=v["new"],
                 old=f", {old['median']:.1f} s on the packed blocks" if v["old"] != v["new"] else "",
                 llama=f", {ll['median']:.1f} s for llama.cpp" if ll else "",
@@ -127,8 +127,7 @@ def prefill_headline(d: dict | None) -> list[str]:
                 busy=_busy(d["machine"].get("loadavg_1min")))]
 
 
-FLOOR_KINDS = {"float32": "fp32", "float32-onednn": "fp32 through oneDNN", "bfloat16": "bf16",
-               "int8": "int8 (fbgemm, which changes the answers)"}
+CHANGES = " (fbgemm, which changes the answers)"  # the int8 floor is no precision the studio answers in
 
 
 def _busy(load) -> str:

@@ -34,6 +34,7 @@ from common import ROOT, bench_model, emit, essay_chunks, fill_docs, doc_schema,
 from peers import run_peer
 
 from bench.llama_build import AMX_FLAGS
+from bench.tables import FLOORS, KERNEL_FLOOR
 
 
 def main() -> None:
@@ -362,18 +363,15 @@ def llama(gguf: Path, ids: list[int], lengths: list[int], repeats: int, threads:
             "threads": threads, "by_length": by}
 
 
-FLOOR_NAMES = ("bfloat16", "float32", "float32-onednn", "int8")
-
-
 def verdicts(out: dict, kernels: list[str]) -> dict:
     """The issue's must-hold ratios, from this run's figures."""
     new, old = kernels[0], kernels[-1]
     fl, st, ll = out["floors"], out["studio"], out["llama_cpp"]
-    used = {"gemm-bf16": "bfloat16", "gemm-fp32": "float32", "gemm-int8": "int8"}.get(st[new]["kernel"])
+    used = KERNEL_FLOOR.get(st[new]["kernel"])
     rows = {}
     for n in (str(x) for x in out["lengths"]):
         s = st[new]["by_length"][n]
-        fastest = min((d for d in FLOOR_NAMES if n in fl.get(d, {})), key=lambda d: fl[d][n]["s"])
+        fastest = min((d for d in FLOORS if n in fl.get(d, {})), key=lambda d: fl[d][n]["s"])
         row = {"fastest_floor": fastest, "prefill_over_fastest_floor": _ratio(s["median"], fl[fastest][n]["s"]),
                "nonlinear_s": None if s["linear_s"] is None else round(s["median"] - s["linear_s"], 3),
                "nonlinear_over_linears": None if s["linear_s"] is None else
@@ -405,10 +403,10 @@ def print_tables(out: dict, kernels: list[str]) -> None:
     for n in (str(x) for x in out["lengths"]):
         cells = [n] + [out["studio"][k]["by_length"][n]["median"] for k in kernels]
         cells += [out["llama_cpp"]["by_length"][n]["median"] if "by_length" in out["llama_cpp"] else "-"]
-        cells += [out["floors"].get(d, {}).get(n, {}).get("s", "-") for d in FLOOR_NAMES]
+        cells += [out["floors"].get(d, {}).get(n, {}).get("s", "-") for d in FLOORS]
         rows.append(cells)
     print(table(["tokens", *[f"studio {k} s" for k in kernels], "llama.cpp s",
-                 *[f"{d} floor s" for d in FLOOR_NAMES]], rows), file=sys.stderr)
+                 *[f"{d} floor s" for d in FLOORS]], rows), file=sys.stderr)
 
 
 if __name__ == "__main__":

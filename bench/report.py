@@ -321,23 +321,19 @@ def decode_section(d: dict) -> list[str]:
     return [say("decode", d, table=table("decode", d, rows))] + needles_per_precision()
 
 
-FLOOR_LABELS = {"bfloat16": "bf16", "float32": "fp32", "float32-onednn": "fp32 oneDNN"}
-
-
 def prefill_section(d: dict) -> list[str]:
     """Full prefill against the GEMM floors and llama.cpp (bench/prefill.py)."""
     v, kernels, ll = d["verdicts"], list(d["studio"]), d["llama_cpp"]
-    used = {"gemm-bf16": "bfloat16", "gemm-fp32": "float32", "gemm-int8": "int8"}.get(d["studio"][v["new"]]["kernel"])
+    used = tables.KERNEL_FLOOR.get(d["studio"][v["new"]]["kernel"])
     rows = [{"tokens": int(n), "studio": {k: d["studio"][k]["by_length"][n] for k in kernels},
              "llama_cpp": ll["by_length"][n] if "by_length" in ll else None,
-             "floors": {x: d["floors"].get(x, {}).get(n, {}).get("s") or None
-                        for x in ("bfloat16", "float32", "float32-onednn", "int8")},
+             "floors": {x: d["floors"].get(x, {}).get(n, {}).get("s") or None for x in tables.FLOORS},
              "linear_s": d["studio"][kernels[0]]["by_length"][n].get("linear_s") or None,
              "over_floor": v["by_length"][n].get(f"prefill_over_{used}_floor") or None,
              "nonlinear_s": v["by_length"][n].get("nonlinear_s"),
              "attention_s": d.get("attention_floors", {}).get("float32", {}).get(n, {}).get("s"),
              "over_fastest": v["by_length"][n].get("prefill_over_fastest_floor"),
-             "fastest": FLOOR_LABELS.get(v["by_length"][n].get("fastest_floor"), v["by_length"][n].get("fastest_floor"))}
+             "fastest": tables.FLOORS.get(fastest := v["by_length"][n].get("fastest_floor"), fastest)}
             for n in map(str, d["lengths"])]
     enc, others = d["encoding"], "".join(f"; `{k}` {x['mean_kl']:.2g}" for k, x in d["kl"].items() if k != v["new"])
     one = v["old"] == v["new"]  # one kernel timed: nothing to set it against

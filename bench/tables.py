@@ -286,6 +286,9 @@ PEER_NAMES = {"baseline": "studio baseline (full prefill)", "prefix": "studio pr
               "cached": "studio modular cache", "llama.cpp-full": "llama.cpp, full prefill",
               "llama.cpp-prefix": "llama.cpp, prefix reuse (saved states)", "blend": "studio blend (`deviation`)"}
 ENGINE_NAMES = {"float32": "studio fp32", "bfloat16": "studio bf16"}
+# bench/prefill.py's GEMM floors as the tables name them, and the floor each prefill kernel's precision runs at
+FLOORS = {"bfloat16": "bf16", "float32": "fp32", "float32-onednn": "fp32 oneDNN", "int8": "int8"}
+KERNEL_FLOOR = {"gemm-bf16": "bfloat16", "gemm-fp32": "float32", "gemm-int8": "int8"}
 KV_NAMES = {"baseline": "studio baseline (full prefill)", "cached fp32": "studio modular, full modules",
             "question": "studio `question` retention", "pyramid": "studio `pyramid` (query-agnostic control)",
             "kvpress none": "kvpress, no press (its own path)"}
