@@ -83,11 +83,24 @@ needs_qwen = pytest.mark.skipif(not QWEN.installed(), reason="Qwen2.5-Coder-0.5B
 
 @pytest.fixture(scope="module")
 def qwen():
+    """The model as the studio starts it (studio/launch.py: its GGUF file's own blocks, arms decoded together)."""
     from engine.session import Engine
+    from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS
 
-    eng = Engine(model="qwen2.5-coder-0.5b", persist=False)
+    eng = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS, persist=False)
     eng.lm
     return eng
+
+
+@pytest.fixture(scope="module")
+def travel(qwen):
+    """The travel sample compared in every default arm, 16 new tokens: every arm has written the time and the town
+    by its 14th (greedy). One run that the tests below each read (a 0.5B run costs seconds)."""
+    from engine.arms.registry import Sampling
+
+    schema, prompt = SAMPLES / "travel.xml", SAMPLES / "travel.prompt.xml"
+    return qwen.compare(schema.read_text(), prompt.read_text(), Sampling(16), schema_source=str(schema),
+                        prompt_source=str(prompt))
 
 
 @pytest.mark.real_model
@@ -102,13 +115,8 @@ def test_qwen_facts(qwen):
 
 @pytest.mark.real_model
 @needs_qwen
-def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen):
-    from engine.arms.registry import Sampling
-
-    schema, prompt = SAMPLES / "travel.xml", SAMPLES / "travel.prompt.xml"
-    # 16 tokens: every arm has written the time and the town by its 14th (greedy, both weights)
-    c = qwen.compare(schema.read_text(), prompt.read_text(), Sampling(16), schema_source=str(schema),
-                     prompt_source=str(prompt))
+def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(travel):
+    c = travel
     assert c.plan.cached_tokens > c.plan.uncached_tokens > 0
     assert c.agreement().first_token_agree and c.agreement("prefix").first_token_agree
     assert c.agreement("prefix").first_token_kl < 0.01  # exact reuse: only kernel rounding
@@ -119,15 +127,12 @@ def test_qwen_travel_sample_cached_agrees_with_baseline_at_the_first_token(qwen)
 
 @pytest.mark.real_model
 @needs_qwen
-def test_the_studio_default_answers_the_default_sample_in_every_arm():
+def test_the_studio_default_answers_the_default_sample_in_every_arm(travel):
     """The studio's default (studio/launch.py: this model on its GGUF file's own blocks, arms decoded together) gives the
-    travel sample's answer in every arm: the train time and the town, as fp32 does above."""
-    from engine.arms.registry import Sampling
-    from engine.session import Engine
-    from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS
+    travel sample's answer in every arm: the train time and the town."""
+    from studio.launch import STUDIO_WEIGHTS
 
-    eng = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS, persist=False)
-    c = eng.compare((SAMPLES / "travel.xml").read_text(), (SAMPLES / "travel.prompt.xml").read_text(), Sampling(16))
+    c = travel
     assert c.weights == STUDIO_WEIGHTS and c.decode == "together"
     for arm in ("baseline", "prefix", "cached"):
         text = c.arm(arm).run.text
