@@ -159,7 +159,7 @@ def test_a_second_cli_run_encodes_nothing(tmp_path, capsys, monkeypatch):
     """The first run here, the second in a new process: what the first saved is found by another process."""
     monkeypatch.setenv("PML_STUDIO_MODULES", str(tmp_path / "modules"))
     args = ["run", str(SAMPLES / "reference_compat.xml"), str(SAMPLES / "reference_compat.prompt.xml"),
-            "--max-new-tokens", "1", "--json"]
+            "--max-new-tokens", "1", "--arms", "cached", "--json"]  # only the arm that reads what was saved
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)
     second = json.loads(run_cli(*args).stdout)
