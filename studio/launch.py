@@ -58,26 +58,29 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     """
     from engine.devices import check_cache
     from engine.errors import EngineError
-    from engine.runlog import RunLog
-    from engine.session import Engine
 
-    from .api.serve import check_upstream
-    from .api.upstream import UpstreamError
-    from .app import build_app, launch_options
     from .connections import Limits
-    from .streaming import on_engine_thread_soon
-    from .shutdown import install as on_stop
 
     o = options
     keep_private()
     try:
         token = launch_token(o.host, o.token, o.no_token, o.share)
         connections = Limits.from_env()
-    except (OSError, ValueError) as err:  # TokenError is a ValueError
+        check_cache()  # every folder it loads from the user's own, or one line that says which is not
+    except (OSError, ValueError, EngineError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
+    # Only now torch, transformers and gradio (seconds): a refused start says so at once.
+    from engine.runlog import RunLog
+    from engine.session import Engine
+
+    from .api.serve import check_upstream
+    from .api.upstream import UpstreamError
+    from .app import build_app, launch_options
+    from .streaming import on_engine_thread_soon
+    from .shutdown import install as on_stop
+
     try:
-        check_cache()  # every folder it loads from the user's own, or one line that says which is not
         engine = Engine(model=o.model, dtype=o.dtype, weights=o.weights)
         engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(o.db)
