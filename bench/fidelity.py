@@ -597,7 +597,7 @@ def quick_settings(args: argparse.Namespace) -> tuple:
     """(chunk tokens, confusable modules, samples, sample arms), a --quick run's smaller sets set on ``args``."""
     chunk_tokens, conf_modules, samples, sample_arms = 250, 8, args.samples, SAMPLE_ARMS
     if args.quick:
-        args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 40
+        args.modules, args.per_setting, args.depths, chunk_tokens = [2], 2, [0.1, 0.9], 20
         args.confusable, conf_modules, args.ttft_reps, samples, args.new_tokens = 2, 2, 0, ["travel"], 4
         args.arms, args.confusable_arms, sample_arms = QUICK_ARMS, ("baseline", "isolated", "isolated+repair 4", "prefixed+blend 25"), \
             ("prefixed", "prefixed+repair 4")

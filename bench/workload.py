@@ -260,7 +260,7 @@ def main() -> None:
         return
     chunk_tokens = 250
     if args.quick:
-        args.prompts, args.new_tokens, chunk_tokens = 6, 4, 40
+        args.prompts, args.new_tokens, chunk_tokens = 6, 4, 20
     config = config_from_args(args).with_(model=bench_model(args.model, args.quick).spec, persist=False)
     eng = Engine(config)
     arms = list(config.arms)
