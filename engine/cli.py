@@ -255,14 +255,20 @@ def main(argv: list[str] | None = None, extra: dict | None = None, words: ArmWor
     """Run one command; ``extra`` adds commands (see :func:`build_parser`), ``words`` names the arms."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    texts = None
     if command == "run" and not {"-h", "--help"} & set(argv):
-        # run's own options first, without the arms' (which import torch): a bad value is refused at once
-        build_parser(extra, arm_options=False, words=words, allow_abbrev=False).parse_known_args(argv)
+        # run's options and files first, without the arms' (which import torch): a bad one is refused at once
+        early, _ = build_parser(extra, arm_options=False, words=words, allow_abbrev=False).parse_known_args(argv)
+        try:
+            texts = _read(early.schema, "schema"), _read(early.prompt, "prompt")
+        except EngineError as err:
+            print(f"pml-studio: error: {err}", file=sys.stderr)
+            return EXIT_INPUT
     args = build_parser(extra, arm_options=command == "run", words=words).parse_args(argv)
     if getattr(args, "prefill_kernel", None):
         from engine.model import prefill
         prefill.ask(args.prefill_kernel)
-    handlers = {"check": cmd_check, "layout": cmd_layout, "run": lambda a: cmd_run(a, words), "info": cmd_info,
+    handlers = {"check": cmd_check, "layout": cmd_layout, "run": lambda a: cmd_run(a, words, texts), "info": cmd_info,
                 "compile": cmd_compile}
     handlers.update({name: handler for name, (_, _, handler) in (extra or {}).items()})
     try:
@@ -367,11 +373,11 @@ def cmd_layout(args) -> int:
     return EXIT_OK
 
 
-def cmd_run(args, words: ArmWords = ArmWords()) -> int:
+def cmd_run(args, words: ArmWords = ArmWords(), texts: tuple[str, str] | None = None) -> int:
     from engine.arms.registry import REGISTRY, Sampling
     from engine.session import Engine
 
-    schema, prompt = _read(args.schema, "schema"), _read(args.prompt, "prompt")  # before the model loads
+    schema, prompt = texts or (_read(args.schema, "schema"), _read(args.prompt, "prompt"))  # before the model loads
     eng = Engine(config := config_from_args(args))
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
