@@ -5,21 +5,17 @@ Nothing here loads the model. The compare action is also the API endpoint ``/com
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 
 import gradio as gr
 
-from engine.devices import process_alive
-from engine.owned import check_trusted
 from engine.runlog import RunLog
 
 from . import benchmarks as bench
 from .files import MAX_FILE_BYTES, load_sample, sample_names
+from .hosting import private_temp
 from .state import Studio
 from .tabs import benchmarks, compare, editors, encode, history, model, prompt, schema
 
@@ -27,8 +23,6 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "studio.css"
 JS_PATH = ASSETS / "studio.js"  # first in the page's <head> (studio/pagescript.py)
 DEFAULT_SAMPLE = "travel"
-TEMP_PREFIX = "pml-studio-"
-_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-[a-z0-9_]{8}")  # its pid, then mkdtemp's eight characters
 TITLE_HTML = ('<div class="pml-title"><span class="logo">◧</span> PML Studio'
               '<span class="tagline">modular prompt caching — author, encode, compare</span></div>')
 
@@ -70,39 +64,6 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
     middleware += [Middleware(LiveRoute), Middleware(StaleEvents, blocks=demo)]
     return {"theme": theme, "css_paths": [CSS_PATH] if CSS_PATH.exists() else None, "footer_links": ["api"],
             "app_kwargs": {"middleware": middleware, "lifespan": lifespan}, "max_file_size": MAX_FILE_BYTES}
-
-
-def private_temp() -> Path:
-    """The studio's temporary folder (0700): downloads, exports and Gradio's own cache, which would otherwise go to
-    /tmp/gradio, readable by every account. Set before the Blocks are built: components read it when made. Its
-    name holds the studio's pid, so that the next start removes it if the studio was killed (SIGKILL) with it."""
-    remove_dead_temps(Path(tempfile.gettempdir()))
-    folder = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
-    check_trusted(folder, "temporary folder", "set TMPDIR to a folder of yours (or leave it unset for /tmp)")
-    (folder / "gradio").mkdir(mode=0o700)
-    os.environ["GRADIO_TEMP_DIR"] = str(folder / "gradio")
-    return folder
-
-
-def remove_dead_temps(top: Path) -> list[Path]:
-    """Remove from ``top`` the folders :func:`private_temp` made for studios that are gone: this user's own, and
-    only those whose process no longer runs; return them."""
-    removed = []
-    try:
-        entries = list(os.scandir(top))
-    except OSError:
-        return removed
-    for entry in entries:
-        named = _TEMP_NAME.fullmatch(entry.name)
-        try:
-            if named is None or not entry.is_dir(follow_symlinks=False) or \
-                    entry.stat(follow_symlinks=False).st_uid != os.getuid() or process_alive(int(named.group(1))):
-                continue
-            shutil.rmtree(entry.path)
-            removed.append(Path(entry.path))
-        except OSError:  # another account's, or removed meanwhile: not ours to report
-            pass
-    return removed
 
 
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,

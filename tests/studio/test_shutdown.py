@@ -311,7 +311,7 @@ def test_sighup_after_the_log_takes_runs_again_writes_the_waiting_run(tmp_path):
     assert not (tmp_path / "runs.db.pending.jsonl").exists()
 
 
-KILLED = "import os, signal\nfrom studio.app import private_temp\nprivate_temp()\nos.kill(os.getpid(), signal.SIGKILL)\n"
+KILLED = "import os, signal\nfrom studio.hosting import private_temp\nprivate_temp()\nos.kill(os.getpid(), signal.SIGKILL)\n"
 
 
 def test_the_next_start_removes_the_temporary_folder_of_a_killed_studio_and_only_that(tmp_path, monkeypatch):
@@ -319,7 +319,7 @@ def test_the_next_start_removes_the_temporary_folder_of_a_killed_studio_and_only
     of a studio still running, another account's, or one named otherwise."""
     import tempfile
 
-    from studio.app import private_temp
+    from studio.hosting import private_temp
 
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     child = subprocess.run([sys.executable, "-c", KILLED], cwd=ROOT, env=env, capture_output=True, timeout=300)
