@@ -122,6 +122,8 @@ class RunLog:
             _claim(self.path)
         except StorageError as err:  # refused, or no folder can be made there
             raise RunLogError(str(err), retry=False) from None
+        except OSError as err:
+            raise RunLogError(f"cannot open the run log {self.path}: {err}; pass another file with --db") from None
         try:
             found = _stored_version(self.path)
             if found is not None and found > VERSION:
@@ -274,9 +276,12 @@ def _claim(path: Path) -> None:
     private_folder(path.parent, "run log's folder", fix)
     if create_private(path):
         return
-    for file in (path, *(path.with_name(path.name + end) for end in _SIDE_FILES)):
-        if os.path.lexists(file):
-            check_own_file(file, "run log" if file == path else "run log's journal", fix)
+    check_own_file(path, "run log", fix)
+    for file in (path.with_name(path.name + end) for end in _SIDE_FILES):
+        try:
+            check_own_file(file, "run log's journal", fix)
+        except FileNotFoundError:  # none, or removed meanwhile by the last connection to close
+            pass
 
 
 _SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's files beside the log, opened with the same rights

@@ -114,12 +114,13 @@ def test_concurrent_writers_lose_no_rows(tmp_path):
     errors: list[BaseException] = []
 
     def writer(k: int) -> None:
-        log = RunLog(path)  # each tab of the studio shares one file, not one connection
-        barrier.wait()
         try:
+            log = RunLog(path)  # each tab of the studio shares one file, not one connection
+            barrier.wait(timeout=60)
             for i in range(per_thread):
                 log.record(fake_comparison(schema=f"s{k}", ttft_base=100 + i), f"schema {k}", f"prompt {i}")
-        except BaseException as err:  # surfaced by the assertion below
+        except BaseException as err:  # surfaced by the assertion below; the others stop waiting for this one
+            barrier.abort()
             errors.append(err)
 
     workers = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
@@ -135,6 +136,28 @@ def test_concurrent_writers_lose_no_rows(tmp_path):
     conn = sqlite3.connect(path)
     assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+
+def test_a_journal_file_removed_while_the_log_opens_is_no_error(tmp_path, monkeypatch):
+    """The last connection to close removes the -wal and -shm files: one that goes between the check that it is
+    there and the check of its owner (another thread or process closing the log) is not an error."""
+    from engine import owned
+
+    path = tmp_path / "runs.db"
+    RunLog(path)
+    wal = path.with_name(path.name + "-wal")
+    wal.write_bytes(b"")  # as a live connection leaves it
+    check = owned.check_own_file
+
+    def closed_meanwhile(file, *args, **kwargs):
+        if str(file) == str(wal) and wal.exists():
+            wal.unlink()
+        return check(file, *args, **kwargs)
+
+    monkeypatch.setattr(owned, "check_own_file", closed_meanwhile)
+    log = RunLog(path)
+    assert log.record(fake_comparison(), "<schema/>", "prompt") == 1 and log.count() == 1
 
 
 def test_failed_record_leaves_no_row(log):
