@@ -14,7 +14,6 @@ import csv
 import hashlib
 import io
 import json
-import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone

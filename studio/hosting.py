@@ -1,4 +1,5 @@
-"""What both servers (the studio and `pml-studio api`) do before they listen: check the address, keep files private."""
+"""What both servers (the studio and `pml-studio api`) do before they listen: check the address, keep files private;
+and the studio's private temporary folder, made at its start and removed at the next start if it was killed."""
 
 from __future__ import annotations
 
