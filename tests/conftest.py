@@ -114,6 +114,19 @@ def sample_pairs() -> list[tuple[str, pathlib.Path, pathlib.Path]]:
     return out
 
 
+
+def spy_on_encode(monkeypatch, tokenizer) -> list[str]:
+    """The texts ``tokenizer.encode`` is given from now on (it still encodes them)."""
+    seen: list[str] = []
+    plain = tokenizer.encode
+
+    def spy(text, **kw):
+        seen.append(text)
+        return plain(text, **kw)
+
+    monkeypatch.setattr(tokenizer, "encode", spy)
+    return seen
+
 # -- independent checks of a run: what a test computes itself, never a field of the result ---------
 
 def first_token_kl(base, other) -> float:

@@ -9,6 +9,7 @@ from engine.model.chat import make_codec
 from engine.model.tokens import MIN_CHARS, CachedEncode
 from engine.schema.layout import layout
 from engine.schema.pml import parse_schema
+from tests.conftest import spy_on_encode
 
 
 class Counting:
@@ -64,14 +65,8 @@ def test_the_least_recently_used_text_goes_first_within_the_bounds():
 def test_a_schema_laid_out_twice_tokenizes_its_module_once(tokenizer_bundle, monkeypatch):
     tok = tokenizer_bundle[1]
     codec = make_codec(tok, 2048, "cached-test")
-    seen: list[str] = []
     plain = tok.encode
-
-    def spy(text, **kw):
-        seen.append(text)
-        return plain(text, **kw)
-
-    monkeypatch.setattr(tok, "encode", spy)
+    seen = spy_on_encode(monkeypatch, tok)
     doc = "A module long enough to be remembered: " + " ".join(f"river {i} runs to the sea." for i in range(20))
     schema = f'<schema name="s"><module name="m">{doc}</module></schema>'
     first, second = layout(parse_schema(schema), codec), layout(parse_schema(schema), codec)

@@ -13,6 +13,7 @@ from engine.schema.pml import parse_prompt, parse_schema
 from engine.session import Engine
 from studio.api import modes
 from studio.api.positions import PositionRegistry
+from tests.conftest import spy_on_encode
 from tests.studio_fixtures import TOKEN, served_studio
 
 MODEL = "tiny-llama"
@@ -139,15 +140,8 @@ def test_a_document_sent_again_is_not_tokenized_again(counted, tiny_lm, monkeypa
     """A document is tokenized once, where the request is compiled, and neither by its layout nor by the next
     request that sends it (the codec remembers it by its text); the answers' token counts stay the plan's."""
     client, _ = counted
-    tok = tiny_lm.tokenizer
-    seen: list[str] = []
-    plain = tok.encode
-
-    def spy(text, **kw):
-        seen.append(text)
-        return plain(text, **kw)
-
-    monkeypatch.setattr(tok, "encode", spy)
+    plain = tiny_lm.tokenizer.encode
+    seen = spy_on_encode(monkeypatch, tiny_lm.tokenizer)
     docs = [essay("Ines"), essay("Jonas")]
     first = ask(client, docs, "Who wrote about maps?", max_tokens=2)
     again = ask(client, docs[::-1], "Whose rivers?", max_tokens=2, system="Another context.")
@@ -164,14 +158,7 @@ def test_a_front_tokenizes_a_document_once_though_it_keeps_no_positions(tiny_lm,
     from studio.api.service import Work
 
     engine = Engine.from_loaded(tiny_lm)
-    seen: list[str] = []
-    plain = tiny_lm.tokenizer.encode
-
-    def spy(text, **kw):
-        seen.append(text)
-        return plain(text, **kw)
-
-    monkeypatch.setattr(tiny_lm.tokenizer, "encode", spy)
+    seen = spy_on_encode(monkeypatch, tiny_lm.tokenizer)
     docs = [essay("Karl"), essay("Lena")]
     turn = modes.Turn("user", tuple(modes.Part(t) for t in [*docs, "Who wrote about maps?"]))
     work = Work(endpoint="chat", arm="vllm", how="auto", max_tokens=2, temperature=0.0, top_p=1.0, seed=0,
