@@ -20,15 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import spread  # noqa: E402  (after the checkout is on the path)
+
 
 def schema_with(attributes: int) -> str:
     return ('<schema name="s"><module name="m" ' + " ".join(f'a{i}="v"' for i in range(attributes))
             + ">x</module></schema>")
-
-
-def spread(times: list[float]) -> dict:
-    times = sorted(times)
-    return {"min": round(times[0], 3), "median": round(times[len(times) // 2], 3), "max": round(times[-1], 3)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -69,8 +66,9 @@ def main(argv: list[str] | None = None) -> dict:
                 code = cli(["check", str(path)])
             check.append(time.perf_counter() - start)
     result = {"bench": "error_places", "attributes": args.attributes, "api_status": status, "api_body_bytes": size,
-              "api_seconds": spread(api), "check_exit": code, "check_lines": len(said.getvalue().splitlines()),
-              "check_seconds": spread(check), "load_average": round(os.getloadavg()[0], 2),
+              "api_seconds": spread(api, 3, every=False), "check_exit": code,
+              "check_lines": len(said.getvalue().splitlines()),
+              "check_seconds": spread(check, 3, every=False), "load_average": round(os.getloadavg()[0], 2),
               "cpu": cpu_info("model name") or "unknown"}
     print(json.dumps(result, indent=1))
     return result
