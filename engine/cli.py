@@ -23,7 +23,7 @@ from pathlib import Path
 from engine import config as cfg
 from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
-from engine.cli_text import Progress, human
+from engine.cli_text import Progress, human, terminal_safe
 from engine.files import read_text
 from engine.limits import NumberArg
 from engine.model import PREFILL_KERNELS
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None, extra: dict | None = None, words: ArmWor
             print(line, file=sys.stderr)
         return EXIT_INPUT
     except EngineError as err:
-        print(f"pml-studio: error: {err}", file=sys.stderr)
+        print(f"pml-studio: error: {terminal_safe(str(err))}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         return 130
@@ -393,11 +393,11 @@ def cmd_run(args, words: ArmWords = ArmWords(), texts: tuple[str, str] | None = 
     told.done(time.perf_counter() - started)
     data = titled(result.to_json(), words)
     if data["store_stats"].get("disk_note"):  # a stored module that could not be used was encoded again
-        print(f"pml-studio: note: {data['store_stats']['disk_note']}", file=sys.stderr)
+        print(f"pml-studio: note: {terminal_safe(data['store_stats']['disk_note'])}", file=sys.stderr)
     if args.json:
         print(strict_json(data))
         return EXIT_OK
-    print(run_text(data, words))
+    print(terminal_safe(run_text(data, words)))  # the texts are a model's and a server's words
     return EXIT_OK
 
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import sys
+
+# C0 controls but tab and newline, DEL, C1 controls (ESC and CSI start a terminal's escape sequences, BEL ends one)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with its control characters written out (``\\x1b``): shown in a terminal, never obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def human(value) -> str:
@@ -31,7 +40,7 @@ class Progress:
 
     def say(self, line: str) -> None:
         if not self.quiet and sys.stderr.isatty():
-            print(f"pml-studio: {line}", file=sys.stderr, flush=True)
+            print(f"pml-studio: {terminal_safe(line)}", file=sys.stderr, flush=True)
 
     def loaded(self, model: str, seconds: float) -> None:
         self.say(f"model {model} ready in {seconds:,.1f} s")

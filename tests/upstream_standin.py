@@ -23,8 +23,11 @@ class StandIn:
                  port: int = 0):
         self.encode, self.model, self.max_model_len, self.reply = encode, model, max_model_len, tuple(reply)
         self.sent: list[dict] = []  # the JSON of every /v1/completions request, in order
+        self.headers: list[dict] = []  # the headers of every /v1/completions request, in order
         self.refuse: tuple[int, dict] | None = None  # (status, body) to answer the next completions with
         self.break_after: int | None = None  # send this many text events, then an error event
+        # a hostile server (tests/hostile_upstream.py): fn(handler, body) answers the route instead, by path
+        self.answer: dict[str, object] = {}
         self._seen: list[list[int]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self._server.daemon_threads = True
@@ -57,6 +60,8 @@ def _handler(standin: StandIn):
             pass
 
         def do_GET(self):
+            if self.path in standin.answer:
+                return standin.answer[self.path](self, None)
             if self.path != "/v1/models":
                 return self._json(404, {"error": {"message": "Not Found", "type": "NotFound", "param": None,
                                                   "code": 404}})
@@ -65,6 +70,12 @@ def _handler(standin: StandIn):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            if self.path == "/v1/completions":
+                standin.headers.append(dict(self.headers))
+            if self.path in standin.answer:
+                if self.path == "/v1/completions":
+                    standin.sent.append(body)
+                return standin.answer[self.path](self, body)
             if self.path == "/tokenize":
                 ids = standin.encode(body["prompt"])
                 return self._json(200, {"count": len(ids), "max_model_len": standin.max_model_len, "tokens": ids})

@@ -161,6 +161,11 @@ class ArmResult:
         """Why the arm could not run (a remote arm's server failed), else None."""
         return getattr(self.detail, "error", None)
 
+    @property
+    def error_kind(self) -> str | None:
+        """"unconfigured", or a remote server's failure kind (RemoteError's), when it could not run."""
+        return (getattr(self.detail, "error_kind", None) or "broken") if self.error else None
+
     def speedup_over(self, base: "ArmResult | None") -> float | None:
         """Baseline TTFT / this arm's, as ``run --json`` rounds them."""
         if base is None or self.arm == Arm.BASELINE or self.error:

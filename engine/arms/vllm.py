@@ -13,13 +13,13 @@ import torch
 
 from engine.arms.registry import (Agreement, Arm, ArmResult, ArmSettings, ArmSpec, DecodingContext, Reads, RunEvents,
                                   first_divergence, register, setting)
-from engine.run import remote
+from engine.limits import Limit
 from engine.run.events import FirstToken, Token
-from engine.run.remote import (TOP_LOGPROBS, Endpoint, RemoteError, TokenDelta, Usage, detokenize, served_models,
-                               stream_completion)
+from engine.run.remote import TOP_LOGPROBS, Blocking, End, Limits, RemoteError, Usage, base_url, completion_body
 from engine.run.types import RunResult, Sampling
 
 URL_ENV = "PML_VLLM_URL"  # the server when --vllm-url is not given
+KEY_ENV = "PML_VLLM_API_KEY"  # its API key (vLLM's --api-key), read here only: a setting would be logged with the run
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,11 @@ class VllmSettings(ArmSettings):
                          "which of the server's models answers: it must be this studio's model (same tokenizer), "
                          "else the column says why and no time is compared",
                          how="the name vLLM serves the model under (default: the one it serves)", metavar="NAME")
+    timeout: float = setting(900.0, "vllm_timeout", "vLLM: answer deadline (s)",
+                             "how long the server may take to answer in all before the column says it timed out (it "
+                             "may also send nothing new for at most 300 s)",
+                             limit=Limit("vllm timeout", 1.0, 86400.0, meaning="seconds, from 1", example="900"),
+                             step=10.0, widget_max=3600.0, metavar="S")
 
 
 @dataclass(frozen=True)
@@ -48,11 +53,12 @@ class VllmRun:
     finish_reason: str | None = None
     first_top: dict[int, float] = field(default_factory=dict)  # first token's top TOP_LOGPROBS log-probabilities
     error: str | None = None
+    error_kind: str | None = None  # unconfigured, or RemoteError's kind: unavailable, timeout, refused, broken, mismatch
 
     def to_json(self) -> dict:
         return {"remote": True, "reuses": "prefixes only", "url": self.url, "served_model": self.served_model,
                 "server_prompt_tokens": self.prompt_tokens, "server_cached_tokens": self.server_cached_tokens,
-                "finish_reason": self.finish_reason, "error": self.error,
+                "finish_reason": self.finish_reason, "error": self.error, "error_kind": self.error_kind,
                 "first_top_logprobs": [[t, round(lp, 6)] for t, lp in self.first_top.items()]}
 
     @classmethod
@@ -60,67 +66,89 @@ class VllmRun:
         return cls(url=data.get("url") or "", served_model=data.get("served_model"),
                    prompt_tokens=data.get("server_prompt_tokens"),
                    server_cached_tokens=data.get("server_cached_tokens"), finish_reason=data.get("finish_reason"),
-                   first_top={int(t): lp for t, lp in data.get("first_top_logprobs") or ()}, error=data.get("error"))
+                   first_top={int(t): lp for t, lp in data.get("first_top_logprobs") or ()}, error=data.get("error"),
+                   error_kind=data.get("error_kind"))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server's base URL (no ``/v1``), the model it serves under that name, its key and limits."""
+
+    url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    limits: Limits = Limits()
+
+    def __post_init__(self):
+        object.__setattr__(self, "url", base_url(self.url))
 
 
 def vllm_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
     settings = ctx.settings_of("vllm")
     url = settings.url or os.environ.get(URL_ENV, "")
     if not url:
-        return failed(url, f"no vLLM server given: pass --vllm-url URL (or set ${URL_ENV}); make vllm-serve starts one")
+        return failed(url, "no vLLM server given: fill in \"vLLM: server URL\" (the studio), pass --vllm-url URL (the "
+                      f"CLI) or set ${URL_ENV}; make vllm-serve starts one", kind="unconfigured")
     try:
-        endpoint = connect(url, settings.model)
-        check_tokenizer(endpoint, list(ctx.plan.token_ids), ctx.lm.tokenizer)
+        limits = Limits(answer_s=settings.timeout, idle_s=min(Limits.idle_s, settings.timeout))
+        endpoint = connect(url, settings.model, tokenizer=ctx.lm.tokenizer, limits=limits)
         run, detail = yield from remote_run(endpoint, list(ctx.plan.token_ids), ctx.sampling, ctx.lm.tokenizer)
     except RemoteError as e:
-        return failed(url, str(e))
+        fix = "; start vLLM (make vllm-serve) or fix the vLLM URL" if e.kind == "unavailable" else ""
+        return failed(url, f"{e}{fix}", kind=e.kind)
     return ArmResult(Arm("vllm"), run, detail=detail)
 
 
-def connect(url: str, model: str = "") -> Endpoint:
-    """The endpoint of ``model`` at ``url`` (its only model when ``model`` is empty)."""
-    names = served_models(url)
-    if model and model not in names:
-        raise RemoteError(f"{url} serves {', '.join(names) or 'no model'}, not '{model}'; fix --vllm-model")
-    if not names:
-        raise RemoteError(f"{url} serves no model")
-    return Endpoint(url, model or names[0])
-
-
-def check_tokenizer(endpoint: Endpoint, ids: list[int], tokenizer) -> None:
-    """RemoteError unless the server reads ``ids`` as the same text we do (the same tokenizer)."""
-    theirs, ours = detokenize(endpoint, ids), tokenizer.decode(ids)
-    if theirs != ours:
-        at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
-        raise RemoteError(f"{endpoint.url} serves '{endpoint.model}', whose tokenizer reads the prompt's token ids as "
-                          f"other text (from character {at}: {theirs[at:at + 40]!r} against {ours[at:at + 40]!r}); "
-                          "serve the comparison's model there (make vllm-serve ARGS=\"--model ...\")")
+def connect(url: str, model: str = "", tokenizer=None, api_key: str | None = None,
+            limits: Limits = Limits()) -> Endpoint:
+    """The endpoint of ``model`` at ``url`` (its first model when ``model`` is empty), its tokenizer checked against
+    ``tokenizer``'s when given (engine/run/remote.py says how); ``api_key``: default ``$PML_VLLM_API_KEY``."""
+    key = api_key or os.environ.get(KEY_ENV) or None
+    encode = None if tokenizer is None else (lambda text: tokenizer.encode(text, add_special_tokens=False))
+    with Blocking(url, api_key=key, limits=limits) as client:
+        try:
+            card = client.run(client.remote.connect(model, encode, local="this studio"))
+        except RemoteError as e:
+            if e.kind == "mismatch":
+                raise RemoteError(f"{e}; serve the comparison's model there (make vllm-serve ARGS=\"--model ...\")",
+                                  kind=e.kind) from None
+            if e.kind == "refused" and model:
+                raise RemoteError(f"{e}; fix --vllm-model", kind=e.kind) from None
+            raise
+    return Endpoint(url, card.model, key, limits)
 
 
 def remote_run(endpoint: Endpoint, ids: list[int], sampling: Sampling,
                tokenizer) -> RunEvents[tuple[RunResult, VllmRun]]:
-    """:func:`stream_completion`'s events as the run's own (a FirstToken, then a Token each), then a RunResult
-    (client-side times) and what vLLM reported."""
-    ttft, tokens, stamps, text, usage, first_top = None, [], [], "", None, {}
-    for event in stream_completion(endpoint, ids, sampling):
-        if isinstance(event, remote.FirstToken):
-            ttft = event.ttft_ms
-        elif isinstance(event, TokenDelta):
-            first_top = first_top or event.top
-            tokens.append(event.token_id)
-            stamps.append(time.perf_counter())
-            text += event.text
-            if len(tokens) == 1:
-                yield FirstToken("vllm", event.token_id, text, _result(tokens, ttft, stamps, tokenizer, None))
-            else:
-                yield Token("vllm", event.token_id, event.text, text)
-        elif isinstance(event, Usage):
-            usage = event
+    """The server's streamed answer as the run's own events (a FirstToken, then a Token each), then a RunResult
+    (times at this client: from sending the request) and what vLLM reported."""
+    tokens, stamps, text, first_top = [], [], "", {}
+    ttft, end = None, None
+    body = completion_body(endpoint.model, ids, sampling, logprobs=TOP_LOGPROBS)
+    with Blocking(endpoint.url, api_key=endpoint.api_key, limits=endpoint.limits) as client:
+        start = time.perf_counter()
+        for event in client.stream(client.remote.complete(body)):
+            if isinstance(event, End):
+                end = event
+                continue
+            for i, token in enumerate(event.token_ids):
+                now = time.perf_counter()
+                ttft = (now - start) * 1000 if ttft is None else ttft
+                first_top = first_top or event.top[i]
+                tokens.append(token)
+                stamps.append(now)
+                # the text is the piece's, given with its last token: a token may end inside a character
+                delta = event.text if i == len(event.token_ids) - 1 else ""
+                text += delta
+                if len(tokens) == 1:
+                    yield FirstToken("vllm", token, text, _result(tokens, ttft, stamps, tokenizer, None))
+                else:
+                    yield Token("vllm", token, delta, text)
     if ttft is None:
-        raise RemoteError(f"{endpoint.url} streamed no token (finish reason: {usage.finish_reason})")
-    run = _result(tokens, ttft, stamps, tokenizer, usage)
-    return run, VllmRun(endpoint.url, endpoint.model, usage.prompt_tokens, usage.cached_tokens, usage.finish_reason,
-                        first_top)
+        raise RemoteError(f"{endpoint.url} streamed no token (finish reason: {end.finish_reason})")
+    run = _result(tokens, ttft, stamps, tokenizer, end.usage)
+    return run, VllmRun(endpoint.url, endpoint.model, end.usage.prompt_tokens, end.usage.cached_tokens,
+                        end.finish_reason, first_top)
 
 
 def _result(tokens: list[int], ttft: float, stamps: list[float], tokenizer, usage: Usage | None) -> RunResult:
@@ -135,12 +163,12 @@ def _result(tokens: list[int], ttft: float, stamps: list[float], tokenizer, usag
                      first_logits=None, reused_tokens=cached, precomputed_tokens=cached)
 
 
-def failed(url: str, why: str) -> ArmResult:
-    """The arm's result when the server could not run it: no tokens, the reason in its detail."""
+def failed(url: str, why: str, kind: str = "broken") -> ArmResult:
+    """The arm's result when the server could not run it: no tokens, the reason (and its kind) in its detail."""
     run = RunResult(arm="vllm", text="", token_ids=(), ttft_ms=0.0, copy_ms=0.0, prefill_ms=0.0, sample_ms=0.0,
                     prefill_tokens=0, decode_ms_per_token=None, decode_tokens=0, peak_rss_bytes=0,
                     cuda_peak_bytes=None, kv_buffer_bytes=0, first_logits=None)
-    return ArmResult(Arm("vllm"), run, detail=VllmRun(url, error=why))
+    return ArmResult(Arm("vllm"), run, detail=VllmRun(url, error=why, error_kind=kind))
 
 
 def top_agreement(base: ArmResult, res: ArmResult) -> Agreement | None:

@@ -15,7 +15,9 @@ from conftest import SAMPLES, free_port, stock_figures
 from engine.arms.compare import Comparison
 from engine.arms.registry import Sampling
 from engine.errors import EngineError
-from engine.run.remote import Endpoint, RemoteError, base_url, stream_completion
+from engine.arms.vllm import Endpoint, remote_run
+from engine.run.events import finish
+from engine.run.remote import Limits, RemoteError, base_url
 from test_prefix import SCHEMA  # three documents d1, d2, d3
 
 PROMPT = '<prompt schema="docs"><d1/><d3/> When does the library open?</prompt>'
@@ -25,8 +27,9 @@ class StandIn:
     """vLLM's OpenAI server as far as the arm uses it, greedy over ``model`` (None: answers only what it is told)."""
 
     def __init__(self, model, tokenizer, name: str = "served", fail: tuple[int, str] | None = None,
-                 detok=None):
-        self.model, self.tokenizer, self.name, self.fail, self.detok = model, tokenizer, name, fail, detok
+                 tok=None):
+        """``tok``: what its /tokenize does to the ids (another tokenizer)."""
+        self.model, self.tokenizer, self.name, self.fail, self.tok = model, tokenizer, name, fail, tok
         self.bodies: list[dict] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_port}"
@@ -84,9 +87,9 @@ class StandIn:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path == "/detokenize":
-                    text = stand_in.tokenizer.decode(body["tokens"])
-                    self._json(200, {"prompt": stand_in.detok(text) if stand_in.detok else text})
+                if self.path == "/tokenize":
+                    ids = stand_in.tokenizer.encode(body["prompt"], add_special_tokens=body["add_special_tokens"])
+                    self._json(200, {"count": len(ids), "tokens": stand_in.tok(ids) if stand_in.tok else ids})
                     return
                 stand_in.bodies.append(body)
                 if stand_in.fail:
@@ -176,7 +179,8 @@ def test_a_server_that_cannot_run_the_arm_is_a_message_in_its_column(tiny_engine
         url = ""
     else:
         srv = StandIn(tiny_lm.model, tiny_lm.tokenizer, fail=(400, "This model's maximum context length is 8")
-                      if case == "http 400" else None, detok=(lambda t: t.upper()) if case == "other tokenizer" else None)
+                      if case == "http 400" else None, tok=(lambda ids: [i + 1 for i in ids]) if case == "other tokenizer"
+                      else None)
         url = srv.url
     try:
         config = tiny_engine.config.with_(arms=("baseline", "vllm"), vllm_url=url,
@@ -202,7 +206,8 @@ def test_a_url_is_checked_and_a_slow_server_times_out(tiny_lm):
     srv.answer = lambda body: threading.Event().wait(3) or []  # says nothing for 3 s
     try:
         with pytest.raises(RemoteError, match="did not answer within 1 s"):
-            list(stream_completion(Endpoint(srv.url, "served", timeout_s=1), [1, 2, 3], Sampling(max_new_tokens=2)))
+            finish(remote_run(Endpoint(srv.url, "served", limits=Limits(idle_s=1)), [1, 2, 3],
+                              Sampling(max_new_tokens=2), tiny_lm.tokenizer))
     finally:
         srv.close()
 
