@@ -6,6 +6,7 @@ Nothing here loads the model. The compare action is also the API endpoint ``/com
 from __future__ import annotations
 
 import shutil
+import sys
 import weakref
 from pathlib import Path
 
@@ -66,12 +67,25 @@ def launch_options(demo: gr.Blocks, *, token: str | None, host: str = "127.0.0.1
             "app_kwargs": {"middleware": middleware, "lifespan": lifespan}, "max_file_size": MAX_FILE_BYTES}
 
 
+def own_gradio_temp(folder: Path) -> None:
+    """Point Gradio's import-time temporary folder at ``folder``: it reads GRADIO_TEMP_DIR once, when imported
+    (``route_utils.DEFAULT_TEMP_DIR``, where each launch makes ``vibe_edit_history``), so a studio built after that
+    import would otherwise write under ``$TMPDIR/gradio``, a name any account can take first."""
+    for name in ("gradio.route_utils", "gradio.routes", "gradio.mcp", "gradio.screen_recording_utils"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "DEFAULT_TEMP_DIR"):
+            module.DEFAULT_TEMP_DIR = str(folder)
+
+
 def build_app(engine, runlog: RunLog, results_dir: str | Path | None = None,
-              assets_dir: str | Path | None = None, max_new_tokens_cap: int | None = None) -> gr.Blocks:
+              assets_dir: str | Path | None = None, max_new_tokens_cap: int | None = None,
+              temp: Path | None = None) -> gr.Blocks:
     """The studio around ``engine`` and ``runlog``. The Benchmarks tab reads ``results_dir`` (default:
-    ``$PML_STUDIO_RESULTS``, else bench/results, else the installed results) and the plots in ``assets_dir``."""
+    ``$PML_STUDIO_RESULTS``, else bench/results, else the installed results) and the plots in ``assets_dir``;
+    ``temp``: its private temporary folder (:func:`~studio.hosting.private_temp`; made here when not given)."""
     studio = Studio(engine, runlog, max_new_tokens_cap=max_new_tokens_cap)
-    downloads = private_temp()
+    downloads = temp or private_temp()
+    own_gradio_temp(downloads / "gradio")
     names = sample_names()
     first = DEFAULT_SAMPLE if DEFAULT_SAMPLE in names else (names[0] if names else None)
 

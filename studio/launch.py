@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from engine.model import START_MODEL, START_WEIGHTS
 
 from .guard import TOKEN_ENV, TokenError, is_loopback, make_token, page_url
-from .hosting import check_address, keep_private
+from .hosting import check_address, keep_private, private_temp
 
 # The packaged model on its GGUF weights as the file holds them: fp32's values, faster than int8 (bench/decode.py);
 # int4 is faster still but got the travel sample wrong, so it is one flag away.
@@ -44,18 +44,19 @@ class StudioOptions:
 
     @classmethod
     def from_args(cls, args) -> "StudioOptions":
+        from .api.serve import upstream_options
+
         return cls(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
                    results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
                    token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap,
                    preload=not args.upstream,  # the page's own runs load the weights when asked
-                   api={"default_arm": args.default_arm, "max_queue": args.max_queue, "upstream": args.upstream})
+                   api={"default_arm": args.default_arm, "max_queue": args.max_queue,
+                        "upstream": upstream_options(args)})
 
 
 def serve(options: StudioOptions = StudioOptions(), block: bool = True):
-    """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False).
-
-    Only a request with the launch token, naming the host, loopback or an allowed host, drives it (studio/guard.py).
-    """
+    """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False). Only a
+    request with the launch token, naming the host, loopback or an allowed host, drives it (studio/guard.py)."""
     from engine.devices import check_cache
     from engine.errors import EngineError
 
@@ -70,6 +71,7 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     except (OSError, ValueError, EngineError) as err:  # TokenError is a ValueError
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
+    temp = private_temp()  # before Gradio's import, which reads GRADIO_TEMP_DIR once
     # Only now torch, transformers and gradio (seconds): a refused start says so at once.
     from engine.runlog import RunLog
     from engine.session import Engine
@@ -90,7 +92,7 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     except (EngineError, UpstreamError) as err:
         print(f"pml-studio: error: {err}", file=sys.stderr)
         return 2
-    demo = build_app(engine, runlog, results_dir=o.results, max_new_tokens_cap=o.max_new_tokens_cap)
+    demo = build_app(engine, runlog, results_dir=o.results, max_new_tokens_cap=o.max_new_tokens_cap, temp=temp)
     _say_loading(engine, runlog, o.preload)
     demo.queue(default_concurrency_limit=1)
     calm_queue(demo)

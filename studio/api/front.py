@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.errors import ContextLengthError
+from engine.run.remote import Card, End, completion_body
+from engine.run.types import Sampling
 
 from . import modes
 from .defaults import MAX_QUEUE, MAX_TOKENS_CAP
@@ -25,7 +27,8 @@ from .positions import PositionRegistry
 from .schemas import SchemaBook
 from .service import DEFAULT_MAX_TOKENS, Event, Job, Outcome, Work, compile_work, queue_full
 from .types import PmlInfo, PromptTokensDetails, Usage
-from .upstream import Served, Upstream
+from .upstream import Upstream
+from .usage import StopCut
 
 if TYPE_CHECKING:
     from engine.schema.plan import PromptPlan
@@ -37,11 +40,12 @@ ARM = "vllm"  # what answers: the upstream, reusing prefixes only
 
 @dataclass(frozen=True)
 class Rendered:
-    """A request as the upstream runs it: its PML, the baseline's token ids, the new tokens it may take."""
+    """A request as the upstream runs it: its PML, the baseline's token ids, its sampling (the new tokens it may
+    take: what the request asked, within the room the upstream's context leaves)."""
 
     compiled: modes.Compiled
     plan: PromptPlan
-    max_tokens: int
+    sampling: Sampling
 
     @property
     def token_ids(self) -> list[int]:
@@ -65,7 +69,14 @@ class FrontService:
         self._tasks: set[asyncio.Task] = set()
 
     async def ready(self) -> None:
-        await self.upstream.ready()
+        """The upstream checked; a request waiting for that check holds a place in the queue (429 past it)."""
+        if self.upstream.served is not None:
+            return
+        self._take()
+        try:
+            await self.upstream.ready()
+        finally:
+            self.waiting -= 1
 
     def model_ids(self) -> tuple[str, ...]:
         """The upstream's served model (first, as answers name it), and the local model's name."""
@@ -80,16 +91,20 @@ class FrontService:
                 "min_module_chars": modes.MIN_MODULE_CHARS}
 
     def submit(self, work: Work, loop: asyncio.AbstractEventLoop) -> Job:
-        """Forward ``work`` on ``loop``; 429 when :attr:`max_queue` requests are in flight already."""
+        """Forward ``work`` on ``loop``; 429 when :attr:`max_queue` requests are in flight already. A client that
+        leaves cancels its task (:meth:`Job.leave`): its upstream request is closed and its place freed at once."""
+        self._take()
+        job = Job(work, loop)
+        job.task = loop.create_task(self._run(job))
+        self._tasks.add(job.task)
+        job.task.add_done_callback(self._tasks.discard)
+        return job
+
+    def _take(self) -> None:
         if self.waiting >= self.max_queue:
             raise queue_full(f"{self.waiting} requests are in flight to the upstream, the most this front forwards "
                              "at once", self.max_queue)
         self.waiting += 1
-        job = Job(work, loop)
-        task = loop.create_task(self._run(job))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return job
 
     async def _run(self, job: Job) -> None:
         work = job.work
@@ -98,31 +113,44 @@ class FrontService:
             served = await self.upstream.ready()
             rendered = await asyncio.to_thread(self._render, work, served)
             job.put(Event("done", await self._forward(job, rendered, served, start)))
+        except asyncio.CancelledError:  # the client left: its route stops waiting too
+            job.put(Event("error", ApiError(499, "the client closed the request", code="client_closed_request")))
+            raise
         except Exception as err:  # every failure goes to the client as OpenAI's error; the front serves on
             job.put(Event("error", from_engine(err, "messages" if work.endpoint == "chat" else "prompt")))
         finally:
             self.waiting -= 1
 
-    def _render(self, work: Work, served: Served) -> Rendered:
+    def _render(self, work: Work, served: Card) -> Rendered:
         with self._render_lock:
             return render(self.engine_of(), work, self.schemas, served.max_model_len, self.max_tokens_cap)
 
-    async def _forward(self, job: Job, rendered: Rendered, served: Served, start: float) -> Outcome:
+    async def _forward(self, job: Job, rendered: Rendered, served: Card, start: float) -> Outcome:
+        """The upstream's answer, its text cut at the request's stop strings here (the upstream keeps them in its
+        output: engine/run/remote.py) and streamed as it becomes visible; kept as pieces, joined once."""
         work = job.work
+        shown = StopCut(work.stop)
         sent = time.perf_counter()
-        first = last = None
-        text, finish, usage, tokens = "", None, None, 0
-        async with aclosing(self.upstream.complete(upstream_body(work, rendered, served.model))) as pieces:
-            async for piece in pieces:
-                if job.stop.is_set():  # the client went away: closing the stream aborts the upstream's run
-                    raise ApiError(499, "the client closed the request", code="client_closed_request")
-                if piece.text:
-                    last = time.perf_counter()
-                    first, tokens, text = first or last, tokens + 1, text + piece.text
+        first = last = end = None
+        parts: list[str] = []  # the visible text, joined once
+        body = completion_body(served.model, rendered.token_ids, rendered.sampling)
+        async with aclosing(self.upstream.complete(body)) as events:
+            async for event in events:
+                if isinstance(event, End):
+                    end = event
+                    continue
+                last = time.perf_counter()
+                first = first or last
+                if delta := shown.add(event.text):
+                    parts.append(delta)
                     if work.stream:
-                        job.put(Event("token", text))
-                finish, usage = piece.finish_reason or finish, piece.usage or usage
-        return _outcome(rendered, text, finish, usage or {}, tokens, start, sent, first, last)
+                        job.put(Event("delta", delta))
+        if tail := shown.flush():
+            parts.append(tail)
+            if work.stream:
+                job.put(Event("delta", tail))
+        text, stopped = "".join(parts), shown.stopped
+        return _outcome(rendered, text, stopped, end, start, sent, first, last)
 
 
 def render(engine, work: Work, schemas: SchemaBook, max_model_len: int | None, cap: int) -> Rendered:
@@ -139,27 +167,17 @@ def render(engine, work: Work, schemas: SchemaBook, max_model_len: int | None, c
             f"the upstream's context is {limit} tokens; the prompt takes {len(plan.token_ids)} and {asked} new "
             f"tokens were asked for: at most {max(room, 0)} fit after it; ask for fewer max_tokens or send shorter "
             "messages")
-    return Rendered(compiled, plan, min(asked, room))
+    sampling = Sampling(max_new_tokens=min(asked, room), temperature=work.temperature, top_p=work.top_p,
+                        seed=work.seed, stop=work.stop)
+    return Rendered(compiled, plan, sampling)
 
 
-def upstream_body(work: Work, rendered: Rendered, model: str) -> dict:
-    """The ``/v1/completions`` request for ``rendered``: token ids, never text, so the upstream prefills exactly
-    the baseline's tokens; always streamed (the front times the first token and stops a run whose client left)."""
-    body = {"model": model, "prompt": rendered.token_ids, "max_tokens": rendered.max_tokens,
-            "temperature": work.temperature, "top_p": work.top_p, "stream": True,
-            "stream_options": {"include_usage": True}}
-    if work.stop:
-        body["stop"] = list(work.stop)
-    if work.temperature > 0:
-        body["seed"] = work.seed
-    return body
-
-
-def _outcome(rendered: Rendered, text: str, finish: str | None, usage: dict, tokens: int, start: float,
-             sent: float, first: float | None, last: float | None) -> Outcome:
-    prompt = usage.get("prompt_tokens") or len(rendered.token_ids)
-    completion = usage.get("completion_tokens", tokens)
-    cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+def _outcome(rendered: Rendered, text: str, stopped: bool, end: End, start: float, sent: float,
+             first: float | None, last: float | None) -> Outcome:
+    """The answer as the client sees it; its counts are the upstream's (engine/run/remote.py checked them against
+    the ids sent and the tokens asked for)."""
+    usage = end.usage
+    prompt, completion, cached = usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
     first = first or time.perf_counter()
     decode = (last - first) * 1000 / (completion - 1) if completion > 1 and last else None
     pml = PmlInfo(arm=ARM, mode=rendered.compiled.mode, schema_name=rendered.plan.prompt.schema, modules_reused=0,
@@ -168,6 +186,7 @@ def _outcome(rendered: Rendered, text: str, finish: str | None, usage: dict, tok
                   decode_ms_per_token=None if decode is None else round(decode, 3),
                   queue_ms=round((sent - start) * 1000, 3), note=rendered.compiled.note,
                   uncached_documents=dict(rendered.compiled.uncached))
-    return Outcome(text, "length" if finish == "length" else "stop",
-                   Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)), pml)
+    finish = "stop" if stopped or end.finish_reason != "length" else "length"
+    return Outcome(text, finish, Usage(prompt_tokens=prompt, completion_tokens=completion,
+                                       total_tokens=prompt + completion,
+                                       prompt_tokens_details=PromptTokensDetails(cached_tokens=cached)), pml)

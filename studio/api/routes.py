@@ -254,12 +254,12 @@ async def _respond(service: ApiService, metrics: Metrics, request: Request, work
     watch = asyncio.ensure_future(_stop_when_gone(request, job))
     try:
         event = await job.next()
-        while event[0] in ("token", "progress") and not work.stream:
+        while event[0] in ("token", "delta", "progress") and not work.stream:
             event = await job.next()
     finally:
         watch.cancel()
     if event[0] == "error":
-        job.stop.set()
+        job.leave()
         raise event[1]
     if not work.stream:
         _answered(metrics, endpoint, work, event[1])
@@ -283,7 +283,7 @@ async def _events(metrics: Metrics, endpoint: str, work: Work, job: Job, event: 
     """The stream's events: a comment per unit encoded before the first token (``: encoding 2/5 units: ...``;
     clients ignore comments), the deltas of the text as it grows, the finish, the usage (if asked), [DONE]."""
     chunk = _Chunks(work, model, include_usage)
-    sent, opened = "", False
+    sent, opened, by_delta = "", False, False
     try:
         while True:
             if event[0] == "progress":
@@ -297,8 +297,14 @@ async def _events(metrics: Metrics, endpoint: str, work: Work, job: Job, event: 
             if event[0] == "error":  # the run failed after its first token: OpenAI's error object, then the end
                 yield json.dumps(event[1].body())
                 break
+            if event[0] == "delta":  # a front's new visible text, sent as it comes (the whole text is not kept)
+                by_delta = True
+                if event[1]:
+                    yield chunk.delta(event[1])
+                event = await job.next()
+                continue
             text = event[1] if event[0] == "token" else event[1].text  # a token's text: already cut (service.py)
-            if text.startswith(sent) and len(text) > len(sent):
+            if not by_delta and text.startswith(sent) and len(text) > len(sent):
                 yield chunk.delta(text[len(sent):])
                 sent = text
             if event[0] == "done":
@@ -309,7 +315,7 @@ async def _events(metrics: Metrics, endpoint: str, work: Work, job: Job, event: 
             event = await job.next()
         yield "[DONE]"
     finally:
-        job.stop.set()  # the client went away (or the stream ended): a run still going stops within a token
+        job.leave()  # the client went away (or the stream ended): a run still going stops within a token
 
 
 class _Chunks:
@@ -349,10 +355,10 @@ def _answered(metrics: Metrics, endpoint: str, work: Work, out: Outcome) -> None
 
 
 async def _stop_when_gone(request: Request, job: Job) -> None:
-    """Set the job's stop flag when the client disconnects (the body is read: the next message is the end)."""
+    """Tell the job its client left when it disconnects (the body is read: the next message is the end)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.stop.set()
+    job.leave()
 
 
 async def _bounded_body(scope, receive) -> bytes | None:

@@ -13,6 +13,7 @@ from .defaults import DEFAULT_ARM, DEFAULT_PORT, MAX_QUEUE, MAX_TOKENS_CAP
 
 if TYPE_CHECKING:
     from .service import EngineOf
+    from .upstream import UpstreamOptions
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,14 @@ class ServeOptions:
     default_arm: str | None = None
     max_queue: int = MAX_QUEUE
     max_tokens_cap: int = MAX_TOKENS_CAP
-    upstream: str | None = None  # a vLLM server's URL: forward to it (studio/api/front.py)
+    upstream: "UpstreamOptions | None" = None  # a vLLM server: forward to it (studio/api/front.py)
 
     @classmethod
     def from_args(cls, args) -> ServeOptions:
         return cls(model=args.model, host=args.host, port=args.port, db=args.db, dtype=args.dtype,
                    weights=args.weights, allow_hosts=tuple(args.allow_hosts), token=args.token,
                    no_token=args.no_token, default_arm=args.default_arm, max_queue=args.max_queue,
-                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP, upstream=args.upstream)
+                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP, upstream=upstream_options(args))
 
     def api(self) -> dict:
         """The options of :class:`~.service.ApiService`."""
@@ -53,9 +54,19 @@ def studio_api(studio, default_arm: str | None = None, max_queue: int = MAX_QUEU
                    max_tokens_cap=studio.max_new_tokens_cap, record=studio.record, upstream=upstream)
 
 
-def api_app(engine_of: EngineOf, runlog, upstream: str | None = None, **options):
+def upstream_options(args) -> "UpstreamOptions | None":
+    """``--upstream``, ``--upstream-key`` and ``--upstream-timeout`` as the front's options (None: no upstream)."""
+    from .upstream import UpstreamOptions
+
+    if not args.upstream:
+        return None
+    return UpstreamOptions.of(args.upstream, args.upstream_key, args.upstream_timeout)
+
+
+def api_app(engine_of: EngineOf, runlog, upstream: "UpstreamOptions | str | None" = None, **options):
     """The FastAPI app around an :class:`~.service.ApiService` made with ``options``, or around a
-    :class:`~.front.FrontService` forwarding to ``upstream`` (the engine then lends only its tokenizer)."""
+    :class:`~.front.FrontService` forwarding to ``upstream`` (its URL or options; the engine then lends only its
+    tokenizer)."""
     from .metrics import Metrics
     from .routes import create_api
 
@@ -89,6 +100,13 @@ def api_arguments(sp) -> None:
                     help="forward the API's requests to the vLLM OpenAI server at URL (http://HOST:PORT), rendered "
                          "here to the baseline's token ids with --model's tokenizer, which must be the one it serves; "
                          "the weights are not loaded (docs/api.md, Upstream)")
+    sp.add_argument("--upstream-key", default=None, metavar="KEY",
+                    help="the upstream's API key (vLLM's --api-key), sent to it as a Bearer token; default "
+                         "$PML_UPSTREAM_API_KEY (better: a command line is visible to every account)")
+    sp.add_argument("--upstream-timeout", type=NumberArg(Limit("upstream timeout", 1, 86400, example="900")),
+                    default=None, metavar="S",
+                    help="seconds an upstream's whole answer may take before the request is answered 504 (default "
+                         "900; between two of its events: 300)")
 
 
 def command(args) -> int:
@@ -131,7 +149,7 @@ def serve(options: ServeOptions) -> int:
         return 2
     app = headless_app(engine, runlog, token, host, options.allow_hosts, **options.api())
     if options.upstream:
-        print(f"PML Studio API: base URL http://{host}:{port}/v1, a front for {options.upstream} (tokenizer of "
+        print(f"PML Studio API: base URL http://{host}:{port}/v1, a front for {options.upstream.url} (tokenizer of "
               f"{engine.config.model}; its weights are not loaded)", flush=True)
     else:
         on_engine_thread_soon(_preload, engine)
@@ -147,20 +165,22 @@ def serve(options: ServeOptions) -> int:
     return 0
 
 
-def check_upstream(url: str, codec) -> str:
-    """The start's line about the upstream at ``url``: what it serves, its tokenizer checked against ``codec``'s.
-    UpstreamError when it tokenizes otherwise; one that does not answer yet is checked again at each request."""
+def check_upstream(upstream: "UpstreamOptions | str", codec) -> str:
+    """The start's line about the upstream: what it serves, its tokenizer checked against ``codec``'s (within the
+    check's deadline: a server that stalls does not keep the front from listening). UpstreamError when it tokenizes
+    otherwise; one that does not answer yet is checked again at each request."""
     import asyncio
 
     from .errors import ApiError
     from .upstream import Upstream, UpstreamError
 
+    front = Upstream(upstream, codec.encode)
+
     async def check():
-        upstream = Upstream(url, codec.encode)
         try:
-            return await upstream.ready()
+            return await front.ready()
         finally:
-            await upstream.aclose()
+            await front.aclose()
 
     try:
         served = asyncio.run(check())
@@ -168,7 +188,7 @@ def check_upstream(url: str, codec) -> str:
         if err.code == "upstream_mismatch":
             raise UpstreamError(err.message) from None
         return f"{err.message}; requests are answered 503 until it does"
-    return (f"upstream {served.url} serves '{served.model}' (max_model_len {served.max_model_len}), tokenizer "
+    return (f"upstream {front.url} serves '{served.model}' (max_model_len {served.max_model_len}), tokenizer "
             "checked")
 
 

@@ -79,13 +79,21 @@ class Outcome:
 
 
 class Job:
-    """A Work on the engine thread: its events (read on the route's loop), its stop flag."""
+    """A Work on the engine thread (or a front's task): its events (read on the route's loop), its stop flag."""
 
     def __init__(self, work: Work, loop: asyncio.AbstractEventLoop):
         self.work, self.loop = work, loop
         self.stop = threading.Event()
         self.events: asyncio.Queue = asyncio.Queue()
         self.queued_at = time.perf_counter()
+        self.task: asyncio.Task | None = None  # a front's forwarding task: cancelled when the client leaves
+
+    def leave(self) -> None:
+        """The client left (or its answer is whole): its run stops within a token, a forwarding task at once (its
+        upstream request closed, its place in the queue freed)."""
+        self.stop.set()
+        if self.task is not None and not self.task.done():
+            self.loop.call_soon_threadsafe(self.task.cancel)
 
     def put(self, event: Event) -> None:
         """Hand ``event`` to the route's loop; dropped when the loop has closed."""
@@ -223,6 +231,7 @@ class ApiService:
     def _outcome(self, engine: Engine, work: Work, fitted: Fitted, res: Comparison, ttft_ms: float,
                  queue_ms: float) -> Outcome:
         compiled, sampling = fitted.compiled, fitted.sampling
+        _check_ran(res, work.arm)
         run = res.arm(work.arm).run
         text, stopped = cut(run.text, sampling.stop)
         prompt_tokens, completion = res.prompt.prompt_tokens, len(run.token_ids)
@@ -270,6 +279,21 @@ def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: Po
     if work.endpoint == "completion":
         return modes.completion_pml(work.prompt, how, codec, positions, compacts)
     return modes.chat_pml(list(work.turns), how, codec, positions, compacts)
+
+
+# an arm that could not run (a remote arm's server failed), by what stopped it: (status, code)
+NOT_RUN = {"unconfigured": (400, "arm_unavailable"), "unavailable": (503, "upstream_unavailable"),
+           "timeout": (504, "upstream_timeout"), "mismatch": (503, "upstream_mismatch")}
+
+
+def _check_ran(res: Comparison, arm: str) -> None:
+    """An ApiError when ``arm`` could not run: its reason, never an empty answer (nor a row in the run log)."""
+    result = res.arm(arm)
+    if result.error is None:
+        return
+    status, code = NOT_RUN.get(result.error_kind, (502, "upstream_error"))
+    raise ApiError(status, f"the {arm} arm could not run: {result.error}",
+                   type="invalid_request_error" if status == 400 else "server_error", code=code)
 
 
 def queue_full(why: str, max_queue: int) -> ApiError:

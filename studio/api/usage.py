@@ -103,6 +103,41 @@ def _common(a: str, b: str) -> int:
     return lo
 
 
+class StopCut:
+    """:func:`visible` for a text that only grows, one delta at a time (an upstream's stream), ended by the delta
+    that completes a stop string, as a generation ends; each call reads the delta and the few characters before it,
+    so a long answer costs linear time."""
+
+    def __init__(self, stop: tuple[str, ...]):
+        self.stop = tuple(s for s in stop if s)
+        self.reach = max((len(s) for s in self.stop), default=1) - 1  # characters a stop string may reach back
+        self.context = ""  # the last ``reach`` characters shown
+        self.held = ""  # characters not shown yet: they may begin a stop string
+        self.stopped = False
+
+    def add(self, delta: str) -> str:
+        """What ``delta`` makes visible: up to the first stop string (then nothing more), less a held tail."""
+        if self.stopped or not delta:
+            return ""
+        window = self.context + self.held + delta
+        start = len(self.context)
+        found = min((i for i in (window.find(s, max(0, start - len(s) + 1)) for s in self.stop) if i >= 0),
+                    default=-1)
+        if found >= 0:
+            self.stopped = True
+            return window[start:max(found, start)]
+        hold = max((k for s in self.stop for k in range(1, len(s)) if window.endswith(s[:k])), default=0)
+        shown = window[start:len(window) - hold]
+        self.held = window[len(window) - hold:]
+        self.context = (self.context + shown)[-self.reach:] if self.reach else ""
+        return shown
+
+    def flush(self) -> str:
+        """The held tail, once the text is whole: it did not become a stop string."""
+        held, self.held = ("", "") if self.stopped else (self.held, "")
+        return held
+
+
 def finish_reason(token_ids: tuple[int, ...], stopped: bool, eos: tuple[int, ...], max_new: int) -> str:
     if stopped or (token_ids and token_ids[-1] in eos) or len(token_ids) < max_new:
         return "stop"

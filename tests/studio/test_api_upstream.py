@@ -326,30 +326,29 @@ def _wait_for(ready, timeout: float = 60.0) -> None:
 
 
 def test_the_front_reads_the_upstreams_stream_with_the_engines_reader():
-    """The lines the vllm arm's test reads (tests/engine/test_sse.py): pieces, then the upstream's error event as
-    its refusal and a line that is not JSON as a 502, each in this API's words."""
+    """The stream the vllm arm's test reads (tests/engine/test_sse.py): pieces, then the upstream's error event as
+    its refusal and an event that is not JSON or a stream without [DONE] as a 502, each in this API's words."""
     import asyncio
 
+    from engine.run.remote import Piece
     from studio.api.errors import ApiError
-    from studio.api.upstream import Piece, _pieces
-    from tests.engine.test_sse import LINES
+    from studio.api.upstream import Upstream
+    from tests.engine.test_sse import STREAM, served_by
 
-    class Lines:
-        def __init__(self, lines):
-            self.lines = [line.decode().rstrip("\r\n") for line in lines]
+    body = {"prompt": [1, 2, 3], "max_tokens": 4}
 
-        async def aiter_lines(self):
-            for line in self.lines:
-                yield line
+    async def read(raw: bytes):
+        upstream = Upstream("http://up.test", None, transport=served_by(raw))
+        try:
+            return [e async for e in upstream.complete(body) if isinstance(e, Piece)]
+        finally:
+            await upstream.aclose()
 
-    async def read(lines):
-        return [p async for p in _pieces(Lines(lines), "http://up.test")]
-
-    assert asyncio.run(read(LINES)) == [Piece("a"), Piece("b")]
-    died = b'data: {"error": {"message": "the engine died", "type": "InternalServerError", "code": 500}}'
-    for line, status, said in [(died, 500, "upstream: the engine died"),
-                               (b"data: {x", 502, "the upstream http://up.test sent an event that is not JSON: {x"),
-                               (LINES[1], 502, "the upstream http://up.test ended its stream without [DONE]")]:
+    assert asyncio.run(read(STREAM)) == [Piece("a"), Piece("b")]
+    died = b'data: {"error": {"message": "the engine died", "type": "InternalServerError", "code": 500}}\n\n'
+    for tail, status, said in [(died, 500, "upstream: the engine died"),
+                               (b"data: {x\n\n", 502, "the upstream http://up.test sent an event that is not JSON: {x"),
+                               (b"", 502, "the upstream http://up.test ended its stream without [DONE]")]:
         with pytest.raises(ApiError) as err:
-            asyncio.run(read([LINES[1], line]))
+            asyncio.run(read(STREAM.split(b"data: [DONE]")[0] + tail))
         assert (err.value.status, err.value.message) == (status, said)

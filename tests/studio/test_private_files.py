@@ -162,6 +162,7 @@ def test_another_account_reads_nothing_and_each_signal_keeps_the_runs_and_leaves
         assert "locked by another writer" in lines[0] and f"; removed {tmp / 'pml-studio-'}" in lines[0]
         assert stat.S_IMODE(saved.stat().st_mode) == 0o600
         assert read_as(None, [tmp])["hits"] == [] and [p for p in tmp.rglob("*") if p.is_file()] == []
+        assert not os.path.lexists(tmp / "gradio")  # Gradio's folder was the studio's own, and went with it
         bare_studio(db)  # the next start
         rows = RunLog(db).runs()
         assert [(r["created_at"], r["prompt_text"]) for r in rows][-1] == (FIRST, "the prompt") and not saved.exists()

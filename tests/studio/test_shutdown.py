@@ -303,7 +303,17 @@ def answer_then_stream(port: int, waiting: int = 0) -> None:
 
 
 def test_sighup_after_the_log_takes_runs_again_writes_the_waiting_run(tmp_path):
-    out, left, took = serve_and_signal(tmp_path, signal.SIGHUP, locked=False)
+    """Also: ``$TMPDIR/gradio``, a link another account made to a folder of its own, is never followed."""
+    cache, tmp, theirs = tmp_path / "cache", tmp_path / "tmp", tmp_path / "theirs"
+    for folder in (cache, tmp, theirs):
+        folder.mkdir()
+    (tmp / "gradio").symlink_to(theirs)
+    if os.geteuid() == 0:
+        theirs.chmod(0o777)
+        os.chown(theirs, 65534, 65534)
+        os.lchown(tmp / "gradio", 65534, 65534)
+    out, left, took = serve_and_signal(tmp_path, signal.SIGHUP, locked=False, folders=(cache, tmp, tmp_path / "runs.db"))
+    assert list(theirs.iterdir()) == [], "the studio wrote into another account's folder"
     assert out.returncode == 128 + signal.SIGHUP, out.stderr[-3000:]
     assert left == [] and "Traceback" not in out.stderr
     assert "pml-studio: stopped: 1 finished run waiting in memory written to the run log" in out.stderr

@@ -197,6 +197,31 @@ def test_visible_text_is_found_incrementally_as_the_whole_text_finds_it():
     assert time.perf_counter() - start < 2.0
 
 
+def test_a_front_shows_growing_text_as_the_whole_text_would_be_shown():
+    """The front's text grows one upstream delta at a time (usage.StopCut): until a stop string appears, what it
+    has shown is usage.visible of the text so far; the answer ends at the delta that completes one, cut where the
+    text so far first holds one (usage.cut), as a generation stops at the first stop string it writes."""
+    import random
+
+    from studio.api.usage import StopCut, cut, visible
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        stops = tuple("".join(rng.choice("abc") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(0, 3)))
+        shown, text, out, expected = StopCut(stops), "", "", None
+        for _ in range(rng.randint(1, 30)):
+            delta = "".join(rng.choice("abc") for _ in range(rng.randint(0, 4)))
+            text += delta
+            out += shown.add(delta)
+            kept, found = cut(text, stops)
+            if found:
+                expected = kept
+                break
+            assert out == visible(text, stops), (stops, text, out)
+        out += shown.flush()
+        assert out == (text if expected is None else expected) and shown.stopped == (expected is not None)
+
+
 def _wait_for(ready, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while not ready():
