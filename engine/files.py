@@ -85,10 +85,10 @@ def save_whole(target: Path, write: Callable[[Path], None]) -> None:
     save's own beside ``target`` (the writer's temporary files land there too: safetensors makes a ``.tmpXXXXXX``
     beside the file it writes), the file is renamed into place, the folder removed. A killed save leaves only that
     folder, which :func:`remove_killed_saves` removes. OSError when the disk refuses."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     work = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        work.mkdir()
+        work.mkdir(mode=0o700)
         write(work / target.name)
         os.replace(work / target.name, target)
     finally:

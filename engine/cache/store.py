@@ -22,7 +22,7 @@ from engine.errors import EngineError, MissingEntry, StorageError
 from engine.files import remove_killed_saves, save_whole
 from engine.kv import entry_from_tensors
 from engine.kv.pinned import PinState
-from engine.owned import check_trusted
+from engine.owned import ForeignPathError, check_trusted, private_folder
 from engine.limits import LIMITS
 
 FORMAT = "pml-kv/2"  # pml-kv/1 plus "scheme" and quantized entries
@@ -30,6 +30,7 @@ READABLE = ("pml-kv/1", FORMAT)
 PREFIX = "prefix:"  # prefix-cache nodes: memory only
 HEADER_SUM = "header_sha256"  # of every other manifest field
 STALE_TEMP_S = 3600  # older temporary files are a killed save's
+STORE_FIX = "set PML_STUDIO_MODULES (or PML_STUDIO_CACHE) to a folder of yours"
 
 
 class DiskStore:
@@ -37,9 +38,9 @@ class DiskStore:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        # refused if another account controls it; made at the first save (a read-only disk only stops saving)
-        check_trusted(self.root, "module store", "set PML_STUDIO_MODULES (or PML_STUDIO_CACHE) to a folder of yours",
-                      missing_ok=True)
+        # refused if another account controls it; made at the first save (a read-only disk only stops saving), and
+        # checked again at each write and read: another account may make a missing folder after the start
+        check_trusted(self.root, "module store", STORE_FIX, missing_ok=True)
         self.writes = 0
         self.write_errors = 0
         self.corrupt = 0
@@ -60,6 +61,12 @@ class DiskStore:
         from safetensors.torch import save_file
 
         target = self.path(key)
+        try:
+            private_folder(self.root, "module store", STORE_FIX)  # made 0700, or refused if not the user's own
+        except StorageError as err:
+            self.write_errors += 1
+            self.last_error = f"{err}; this run used the module from memory and wrote nothing there"
+            return False
         if target.exists():
             return True
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in entry.tensors().items()}
@@ -82,6 +89,11 @@ class DiskStore:
         """The entry under ``key``; None when absent or unusable (then deleted)."""
         path = self.path(key)
         if not path.exists():
+            return None
+        try:
+            check_trusted(self.root, "module store", STORE_FIX)
+        except ForeignPathError as err:  # nothing read from it; the module is encoded again
+            self.last_error = self.note = f"{err}; its modules are encoded again, not read"
             return None
         try:
             return _read_entry(path)

@@ -250,3 +250,35 @@ def test_a_run_log_in_a_folder_others_can_write_to_is_refused(tmp_path):
     with pytest.raises(RunLogError, match="can be written by other accounts"):
         RunLog(shared / "runs.db")
     assert list(shared.iterdir()) == []
+
+
+@as_root
+def test_a_store_folder_another_account_makes_after_the_start_is_never_written_or_read(tiny_lm, tmp_path):
+    """The module store's folder was missing at the start (allowed: it is made at the first save); another account
+    makes it, world-writable, before that save. The save is refused and says why, nothing is written there, the run
+    goes on from memory; a module file put there is not read. A folder the store makes itself is 0700."""
+    from engine.arms.registry import Sampling
+    from engine.session import Engine
+    from test_module_memory import PROMPT, SCHEMA
+
+    folder = tmp_path / "shared" / "modules"
+    eng = Engine.from_loaded(tiny_lm, persist=True, module_dir=folder)
+    eng.store()  # the start: checked while missing
+    folder.parent.mkdir()
+    folder.mkdir()
+    theirs(folder, 0o777)
+    run = eng.compare(SCHEMA, PROMPT, Sampling(2))
+    assert list(folder.iterdir()) == [] and len(run.arm("cached").run.token_ids) == 2
+    assert run.store.stats["disk_write_errors"] >= 1 and "is not yours" in run.store.stats["disk_error"]
+
+    mine = Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mine" / "modules")
+    mine.compare(SCHEMA, PROMPT, Sampling(2))
+    made = sorted((tmp_path / "mine").rglob("*"))
+    assert made and all(p.stat().st_mode & 0o077 == 0 for p in [tmp_path / "mine", *made])
+
+    planted = folder / next((tmp_path / "mine" / "modules").glob("*.safetensors")).name
+    shutil.copy(next((tmp_path / "mine" / "modules").glob("*.safetensors")), planted)
+    again = Engine.from_loaded(tiny_lm, persist=True, module_dir=tmp_path / "mine" / "modules")
+    store = again.store()
+    store.disk.root = folder  # the same store, its folder now another account's: nothing is read from it
+    assert store.disk.load(planted.stem) is None and "is not yours" in store.disk.note
