@@ -115,6 +115,20 @@ def test_explicit_pml_answers_as_vllm_answers_the_baselines_ids(served, vllm_ser
     assert whole.usage.prompt_tokens == len(ids) == direct["usage"]["prompt_tokens"]
 
 
+def test_line_separators_in_vllms_answer_are_text(served, vllm_server):
+    """A real vLLM streams U+2028 as its raw bytes (it gave a 502: the reader split lines on it). Few-shot turns
+    make the model answer with it; streamed and not, the answer holds it, as vLLM's own does."""
+    client, _ = served
+    turns = []
+    for word in ("cat", "dog", "sun", "map", "red"):
+        turns += [{"role": "user", "content": word}, {"role": "assistant", "content": f"{word}\u2028{word}"}]
+    turns.append({"role": "user", "content": "box"})
+    whole = client.chat.completions.create(model=vllm_server.model, messages=turns, max_tokens=8, temperature=0)
+    text, _ = streamed(client.chat.completions.create(model=vllm_server.model, messages=turns, max_tokens=8,
+                                                      temperature=0, stream=True))
+    assert "\u2028" in whole.choices[0].message.content and text == whole.choices[0].message.content
+
+
 def test_completions_through_the_front(served, vllm_server):
     client, _ = served
     docs = essays(secrets.token_hex(4), 2)
