@@ -23,9 +23,8 @@ import time
 
 from common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
 
-from engine.arms.compare import Done
 from engine.arms.registry import Sampling
-from engine.run.events import FirstToken
+from engine.run.events import Done, FirstToken
 from engine.session import Engine
 from studio.api import modes
 from studio.api.positions import PositionRegistry

@@ -1,15 +1,23 @@
 """What a run yields as it goes: typed events the caller pulls and stops by closing the generator (after
-nanochat's ``Engine.generate``); ``ArmDone`` and ``Done`` sit with the Comparison (engine/arms/compare.py)."""
+nanochat's ``Engine.generate``). Every event of a run is defined here, and this module imports nothing of the
+engine, so every floor that yields one (encoding in engine/cache, the arms in engine/arms) imports it from
+below; the types an event carries (``RunResult``, ``ArmResult``, ``Comparison``) are named, never imported."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generator, TypeVar
+from typing import Generator, TypeVar, Union
 
-from engine.cache.encode import UnitEncoded
-from engine.run.types import RunResult
+__all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "ArmDone", "Done", "Event", "finish"]
 
-__all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "finish"]
+
+@dataclass(frozen=True)
+class UnitEncoded:
+    """``done`` of ``total`` units are available, the last one ``unit``."""
+
+    done: int
+    total: int
+    unit: str  # its name ("already encoded" when every unit was)
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class FirstToken:
     arm: str
     token_id: int
     text: str
-    run: RunResult
+    run: RunResult  # engine/run/types.py
 
     @property
     def ttft_ms(self) -> float:
@@ -50,6 +58,27 @@ class Token:
     delta: str
     text: str
 
+
+@dataclass(frozen=True)
+class ArmDone:
+    """An arm's final result, with its agreement with the baseline, once every arm has decoded."""
+
+    result: ArmResult  # engine/arms/registry.py
+
+    @property
+    def arm(self) -> "Arm":
+        return self.result.arm
+
+
+@dataclass(frozen=True)
+class Done:
+    """The run is over: every arm's result."""
+
+    comparison: Comparison  # engine/arms/compare.py
+
+
+# Engine.events yields encoding and warming, per arm a FirstToken and Tokens, an ArmDone per arm, then a Done
+Event = Union[UnitEncoded, Warming, Warmed, FirstToken, Token, ArmDone, Done]
 
 T = TypeVar("T")
 

@@ -11,10 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from engine.arms.compare import Done
 from engine.arms.registry import REGISTRY, Reads, Sampling
 from engine.errors import ContextLengthError, EngineError
-from engine.run.events import FirstToken, Token, UnitEncoded
+from engine.run.events import Done, FirstToken, Token, UnitEncoded
 from engine.runlog import RunLogError
 
 from ..arm_views import document

@@ -4,7 +4,7 @@ import circles, and nothing grows too long.
 The layer map (docs/architecture.md draws it), bottom to top; a module may import its own layer and the ones
 below, never one above — imports inside functions and under ``TYPE_CHECKING`` count, read with ``ast``:
 
-    base         engine.errors · engine.limits · engine.owned · engine.devices · engine.files
+    base         engine.errors · engine.limits · engine.owned · engine.devices · engine.files · engine.run.events
     language     engine.schema · engine.programs
     containers   engine.kv
     model        engine.model
@@ -28,7 +28,8 @@ import pytest
 from tests.conftest import ROOT
 
 LAYERS = (
-    ("base", ("engine.errors", "engine.limits", "engine.owned", "engine.devices", "engine.files")),
+    # engine.run.events imports nothing of the engine: every floor that yields an event (encoding, the arms) reads it
+    ("base", ("engine.errors", "engine.limits", "engine.owned", "engine.devices", "engine.files", "engine.run.events")),
     ("language", ("engine.schema", "engine.programs")),
     ("containers", ("engine.kv",)),
     ("model", ("engine.model",)),
