@@ -163,7 +163,7 @@ def run_repeat(eng: Engine, case: dict, idx: int, times: int) -> dict:
         comp = eng.compare(schema, prompt, Sampling(max_new_tokens=1), config=config)
         sends.append({str(arm): {"ttft_ms": round(r.run.ttft_ms, 2), "reused_tokens": r.run.reused_tokens,
                                  "prefill_tokens": r.run.prefill_tokens,
-                                 **({"path": r.detail.path} if arm == "routed" else {})}
+                                 **({"path": r.routing.path} if r.routing is not None else {})}
                       for arm, r in comp.arms.items()})
     return {"set": case["set"], "modules": case["modules"], "prompt_tokens": comp.plan.prompt_tokens,
             "sends": sends}

@@ -1,7 +1,5 @@
-"""What a run yields as it goes: typed events the caller pulls and stops by closing the generator (after
-nanochat's ``Engine.generate``). Every event of a run is defined here, and this module imports nothing of the
-engine, so every floor that yields one (encoding in engine/cache, the arms in engine/arms) imports it from
-below; the types an event carries (``RunResult``, ``ArmResult``, ``Comparison``) are named, never imported."""
+"""Every event a run yields, typed, pulled by the caller and stopped by closing the generator (after nanochat's
+``Engine.generate``). It imports nothing of the engine: the types an event carries are named, never imported."""
 
 from __future__ import annotations
 
@@ -41,7 +39,7 @@ class FirstToken:
     arm: str
     token_id: int
     text: str
-    run: RunResult  # engine/run/types.py
+    run: RunResult
 
     @property
     def ttft_ms(self) -> float:
@@ -63,7 +61,7 @@ class Token:
 class ArmDone:
     """An arm's final result, with its agreement with the baseline, once every arm has decoded."""
 
-    result: ArmResult  # engine/arms/registry.py
+    result: ArmResult
 
     @property
     def arm(self) -> "Arm":
@@ -74,7 +72,7 @@ class ArmDone:
 class Done:
     """The run is over: every arm's result."""
 
-    comparison: Comparison  # engine/arms/compare.py
+    comparison: Comparison
 
 
 # Engine.events yields encoding and warming, per arm a FirstToken and Tokens, an ArmDone per arm, then a Done

@@ -239,11 +239,11 @@ class ApiService:
                       total_tokens=prompt_tokens + completion,
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
         reused, encoded = module_sources(res)
-        detail = res.arm(work.arm).detail
-        kept = getattr(detail, "kept", None)
+        routing = res.arm(work.arm).routing
         pml = PmlInfo(arm=work.arm, mode=compiled.mode, schema_name=res.prompt.schema, modules_reused=reused,
-                      modules_encoded=encoded, routed_kept=None if kept is None else list(kept), cached_tokens=cached,
-                      routed_path=getattr(detail, "path", None), recomputed_tokens=run.recomputed_tokens,
+                      modules_encoded=encoded, routed_kept=None if routing is None else list(routing.kept),
+                      cached_tokens=cached, routed_path=None if routing is None else routing.path,
+                      recomputed_tokens=run.recomputed_tokens,
                       routed_out_tokens=routed_out_tokens(res, work.arm),
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
