@@ -1,5 +1,5 @@
-"""Every event a run yields, typed, pulled by the caller and stopped by closing the generator (after nanochat's
-``Engine.generate``). It imports nothing of the engine: the types an event carries are named, never imported."""
+"""Every event a run yields, pulled by the caller, who stops it by closing the generator (nanochat's
+``Engine.generate``). It imports nothing of the engine, so any floor may yield one."""
 
 from __future__ import annotations
 

@@ -49,8 +49,8 @@ class Fill:
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
               decoder: Decoder | None = None) -> Timed:
     """Allocate ``capacity`` tokens, ``fill``, prefill, sample (a FirstToken), decode through ``decoder`` (default:
-    at once); the run (whole once :meth:`Decoder.finish` gives it) and its buffer. What an arm's ``fill`` chose
-    inside TTFT stays with the arm (its closure), typed there."""
+    at once); the run (whole once :meth:`Decoder.finish` gives it) and its buffer. An arm keeps what its ``fill``
+    chose."""
     decoder = decoder or Decoder(lm)
     with memory.PEAK_MEMORY(lm.device) as mem:
         decoder.before_start()

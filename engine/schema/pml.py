@@ -1,7 +1,6 @@
 """PML parsing and validation: schema and prompt documents → frozen dataclasses (docs/pml-spec.md).
 
-The text is read as XML by xmldoc.py (no entities, DTDs, network or files named in a document; a DOCTYPE is
-refused). Every problem found in one pass is raised together as one :class:`PMLError`.
+The text is read as XML by xmldoc.py. Every problem found in one pass is raised together as one :class:`PMLError`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""A PML document's text read as XML, safely: the only module that touches lxml. No entities, DTDs, network or files
-named in a document; a DOCTYPE is refused before lxml reads the text and again after; a syntax error is a Problem at
-the character to fix (where.py)."""
+"""A PML document's text read as XML by lxml (here only): no entities, DTDs or network, a DOCTYPE refused."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ PARSER_OPTIONS = dict(
 
 
 def parse_xml(text: str, source: str):
-    """The root element of ``text``; a PMLError when it is not XML or holds a declaration."""
+    """The root element of ``text``, else a located PMLError."""
     if not isinstance(text, str):
         raise PMLError(Problem(source, 1, 1, "the document is not text"))
     if not text.strip():
