@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
 
 from engine.arms.registry import Sampling
 from engine.run.events import Done, FirstToken

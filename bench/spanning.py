@@ -34,15 +34,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 from bench import needles
-from bench.fidelity import Runner
+from bench.runner import Runner
 from bench.workloads import SYSTEM, wilson
-from report import ROUTED, routed_default
+from bench.labels import ROUTED, routed_default
 from engine.arms.compare import run_arm
 from engine.arms.registry import ArmContext, Sampling
 from engine.model import WEIGHTS

@@ -13,12 +13,16 @@ below, never one above — imports inside functions and under ``TYPE_CHECKING`` 
     arms         engine.arms
     application  engine.config · engine.session · engine.runlog · engine.cli · engine (its __init__)
 
-Above the engine: studio/ (never bench/), then bench/. The engine never imports gradio, studio or bench.
+Above the engine: studio/ (never bench/), then bench/. The engine never imports gradio, studio or bench; tools/
+never imports bench. No import circles in engine/, studio/, bench/ or tools/, nor across them. bench/ is a package of
+scripts (each runs as ``python bench/NAME.py``: it has a ``__main__`` guard) and of the modules they share; nothing
+imports a script (tests/ may).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +53,8 @@ STUDIO_LAYERS = (
     ("studio tabs", ("studio.state", "studio.benchmarks", "studio.tabs")),
     ("studio launch", ("studio.app", "studio.launch", "studio.cli", "studio")),
 )
-FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}}
+FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}, "tools": {"bench"}}
+PACKAGES = ("engine", "studio", "bench", "tools")
 DYNAMIC = {"import_module", "__import__"}
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_LINES = 250
@@ -172,9 +177,38 @@ def test_every_studio_module_is_named_in_the_studio_map():
     assert [m for m in graph("studio") if m != "studio" and not any(m == p or m.startswith(p + ".") for p in named)] == []
 
 
-@pytest.mark.parametrize("package", ["engine", "studio"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle(package):
     assert circles(graph(package)) == []
+
+
+def test_no_import_circle_across_the_packages():
+    assert circles({m: ts for package in PACKAGES for m, ts in graph(package).items()}) == []
+
+
+def bench_scripts() -> set[str]:
+    """The modules of bench/ that run as scripts: those with a ``__main__`` guard."""
+    return {module_name(f) for f in (ROOT / "bench").glob("*.py")
+            if re.search(r"^if __name__ == .__main__.:", f.read_text(encoding="utf-8"), re.M)}
+
+
+def test_nothing_imports_a_bench_script():
+    """A script's shared parts live in a module of bench/ that scripts import (measurement, workloads, peers,
+    result records), so no script runs another's top level and no two scripts depend on each other."""
+    scripts = bench_scripts()
+    assert {"bench.report", "bench.fidelity", "bench.workload"} <= scripts and "bench.common" not in scripts
+    found = [f"{m}:{line} imports {t}" for package in PACKAGES for m, ts in graph(package).items()
+             for t, line in ts if t in scripts and t != m]
+    assert found == []
+
+
+def test_bench_scripts_import_their_siblings_through_the_package():
+    """``from bench.common import ...``, never ``from common import ...``: one module object per file, whether a
+    script runs it or a test imports it (a bare name made a second copy, and hid the edges from this test)."""
+    siblings = {f.stem for f in (ROOT / "bench").glob("*.py")}
+    bare = [f"{m}:{line} imports {t}" for m, ts in graph("bench").items() for t, line in ts
+            if t.split(".")[0] in siblings]
+    assert bare == []
 
 
 def test_the_generate_loop_sits_below_the_arms():
