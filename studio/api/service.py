@@ -11,9 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from engine.arms.registry import REGISTRY, Reads, Sampling
+from engine.public import REGISTRY, Done, FirstToken, Reads, Sampling, Token, UnitEncoded
 from engine.errors import ContextLengthError, EngineError
-from engine.run.events import Done, FirstToken, Token, UnitEncoded
 from engine.runlog import RunLogError
 
 from ..arm_views import document
@@ -27,7 +26,7 @@ from .types import PmlInfo, PromptTokensDetails, Usage
 from .usage import Visible, cached_tokens, cut, finish_reason, module_sources, routed_out_tokens
 
 if TYPE_CHECKING:
-    from engine.arms.compare import Comparison
+    from engine.public import Comparison
     from engine.session import Engine, Prepared
 
 DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # OpenAI's completions default: 16

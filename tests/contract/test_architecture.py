@@ -11,7 +11,7 @@ below, never one above — imports inside functions and under ``TYPE_CHECKING`` 
     cache        engine.cache
     run          engine.run
     arms         engine.arms
-    application  engine.config · engine.session · engine.runlog · engine.cli · engine (its __init__)
+    application  engine.config · engine.session · engine.runlog · engine.cli · engine.public · engine (its __init__)
 
 Above the engine: studio/ (never bench/), then bench/. The engine never imports gradio, studio or bench; tools/
 never imports bench. No import circles in engine/, studio/, bench/ or tools/, nor across them. bench/ is a package of
@@ -40,7 +40,7 @@ LAYERS = (
     ("cache", ("engine.cache",)),
     ("run", ("engine.run",)),
     ("arms", ("engine.arms",)),
-    ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine")),
+    ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine.public", "engine")),
 )
 # studio/'s own floors, bottom to top (docs/architecture.md draws them beside the engine's): the same rule
 STUDIO_LAYERS = (
@@ -54,6 +54,11 @@ STUDIO_LAYERS = (
     ("studio launch", ("studio.app", "studio.launch", "studio.cli", "studio")),
 )
 FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}, "tools": {"bench"}}
+# What studio/ may import of the engine: the package, its application modules, and engine.public for the rest
+STUDIO_READS = {"engine", "engine.public", "engine.errors", "engine.config", "engine.session", "engine.runlog"}
+STUDIO_ALSO = {"studio.cli": {"engine.cli", "engine.cli_encode"},  # the console script extends the engine's commands
+               # the API's front and upstream take the OpenAI wire module (being rewritten) through the face next
+               "studio.api.front": {"engine.schema.plan"}, "studio.api.upstream": {"engine.run.sse"}}
 PACKAGES = ("engine", "studio", "bench", "tools")
 DYNAMIC = {"import_module", "__import__"}
 MAX_FUNCTION_LINES = 60
@@ -229,6 +234,22 @@ def test_nothing_imports_a_front_end_above_it():
                  for module, targets in graph(package).items()
                  for target, line in targets if target.split(".")[0] in forbidden]
     assert offenders == []
+
+
+def test_the_studio_reads_the_engine_through_its_face():
+    """Models, schemas and runs reach studio/ through ``engine`` and engine/public.py, never an internal module or the
+    engine's CLI; engine.public is a door out (nothing in the engine imports it), every name it offers exists, and
+    importing it loads no module behind it."""
+    inside = [f"{m}:{line} imports {t}" for m, ts in graph("studio").items() for t, line in ts
+              if t.split(".")[0] == "engine" and t not in STUDIO_READS | STUDIO_ALSO.get(m, set())]
+    assert inside == []
+    assert [m for m, ts in graph().items() if "engine.public" in {t for t, _ in ts}] == []
+    import engine.public as public
+
+    assert [name for name in public.__all__ if getattr(public, name, None) is None] == []
+    code = "import sys, engine.public\nprint(sorted(m for m in ('torch', 'engine.session') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_the_engine_reads_no_benchmark_file():
