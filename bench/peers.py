@@ -51,11 +51,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
 from bench.common import (QUICK_MODEL, ROOT, RESULTS, BenchModel, bench_model, emit, essay_chunks, machine, model_help,
-                           result_name, spread, table)
+                          result_name, spread, table)
 
 from bench.compressed_runs import run_prompt as compress_prompt
-from bench.needles import judge, varied_cases
-from bench.needles import make_workload, prompt_xml
+from bench.needles import judge, make_workload, prompt_xml, varied_cases
 from bench.peer_envs import PEER_PYTHON, peer_status, run_peer
 from bench.workload_runs import run_prompt, summarise as summarise_arms
 from bench.workloads import SYSTEM, case_prompt, doc_schema, wilson

@@ -31,8 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from bench.common import (ROOT, bench_model, emit, essay_chunks, fill_docs, doc_schema, machine, model_help, spread,
-                          table)
+from bench.common import bench_model, doc_schema, emit, essay_chunks, fill_docs, machine, model_help, spread, table
 
 from bench.peer_envs import run_peer
 

@@ -40,7 +40,7 @@ from xml.sax.saxutils import escape
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
 from bench.common import (QUICK_MODEL, RESULTS, ROOT, BenchModel, bench_model, emit, essay_chunks, machine, model_help,
-                           result_name, spread, table)
+                          result_name, spread, table)
 
 from bench.llama_build import refusal
 from bench.needles import make_workload

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from bench.common import ROOT, emit, essay_chunks, machine, result_name, spread, table
+from bench.common import emit, essay_chunks, machine, result_name, spread, table
 
 from bench.needles import judge
 from bench.needles import make_workload, prompt_xml
