@@ -20,7 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import ROOT, bench_model, emit, machine, model_help, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import ROOT, bench_model, emit, machine, model_help, result_name, spread, table
 
 FIGURES = ("ttft_ms", "decode_ms_per_token")
 

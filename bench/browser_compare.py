@@ -38,12 +38,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import ROOT, emit, machine, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-sys.path.insert(0, str(ROOT))
-from studio.guard import TOKEN_ENV  # noqa: E402
-from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS  # noqa: E402
-from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, free_port  # noqa: E402
+from bench.common import ROOT, emit, machine, spread, table
+from studio.guard import TOKEN_ENV
+from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS
+from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, free_port
 
 SAMPLE = "travel"  # the sample the studio opens on
 SETTLE_S = 5.0  # after a CLI run, before the next Compare: without this pause the Compares right after a CLI run

@@ -26,10 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import bench_model, emit, essay_chunks, machine, model_help, result_name, spread, table
-from serve import Server, anonymous_tokens, free_port, run_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from bench.workload import make_workload
+from bench.common import bench_model, emit, essay_chunks, machine, model_help, result_name, spread, table
+from bench.serving import Server, anonymous_tokens, free_port, run_config
+
+from bench.needles import make_workload
 
 
 def parse() -> argparse.Namespace:

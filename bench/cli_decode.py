@@ -14,8 +14,11 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from common import ROOT, emit, machine, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import ROOT, emit, machine, result_name, spread, table
 
 from engine.model import MODEL_ENV, START_MODEL
 

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
+
+from bench.records import Machine, Spread
+from bench.workloads import (  # noqa: F401  (re-exported for the bench scripts)
+    QUESTION, doc_prompt, doc_schema, essay_chunks, essays_dir, fill_docs, has_roles, median, prompt_overhead,
+    ttft_point)
+from engine.model import MODEL_ENV, SMALL_MODEL, START_MODEL, START_NAME, default_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))
-
-from bench.workloads import (  # noqa: E402  (re-exported for the bench scripts)
-    QUESTION, doc_prompt, doc_schema, essay_chunks, essays_dir, fill_docs, has_roles, median, prompt_overhead,
-    ttft_point)
-from engine.model import MODEL_ENV, SMALL_MODEL, START_MODEL, START_NAME, default_model  # noqa: E402
 
 __all__ = ["QUESTION", "doc_prompt", "doc_schema", "essay_chunks", "essays_dir", "fill_docs", "has_roles", "median",
            "prompt_overhead", "ttft_point", "ROOT", "RESULTS", "machine", "table", "emit", "result_name", "spread",
@@ -83,25 +81,14 @@ def model_help(default: str | None = None, quick: bool = True) -> str:
 
 
 def machine() -> dict:
-    import torch
-
-    out = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "python": platform.python_version(),
-           "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-           "cuda": torch.cuda.is_available(), "loadavg_1min": round(os.getloadavg()[0], 2)}
-    if out["cuda"]:
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
+    """This machine as a result file's "machine" (:class:`bench.records.Machine`)."""
+    return Machine.here().to_json()
 
 
 def spread(xs: list[float], digits: int = 2, every: bool = True) -> dict:
-    """min / median / max of a list of timings (or ratios), rounded; with ``every``, each value too.
-    An empty list gives None for each."""
-    import statistics
-
-    if not xs:
-        return {"min": None, "median": None, "max": None, **({"all": []} if every else {})}
-    out = {"min": round(min(xs), digits), "median": round(statistics.median(xs), digits), "max": round(max(xs), digits)}
-    return {**out, "all": [round(x, digits) for x in xs]} if every else out
+    """min / median / max of a list of timings (or ratios), rounded; with ``every``, each value too
+    (:class:`bench.records.Spread`). An empty list gives None for each."""
+    return Spread.of(xs, digits, every).to_json()
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -33,17 +33,21 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import ROOT, bench_model, doc_schema, emit, essay_chunks, machine, model_help, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import (ROOT, bench_model, doc_schema, emit, essay_chunks, machine, model_help, result_name, spread,
+                          table)
 from bench.needles import varied_cases
-from fidelity import SYSTEM, insert, judge, make_cases, needle, question, wilson
+from bench.compressed_runs import label, run_prompt
+from bench.workloads import SYSTEM, insert, make_cases, needle, question, wilson
 
 from engine.config import Compression
 from engine.arms.registry import Sampling
-from engine.arms.compare import agreement
 from engine.arms.compare import run_arm
 from engine.arms.registry import ArmContext
 from engine.session import Engine
@@ -57,58 +61,6 @@ QUICK = [("float16", 1.0, "pyramid"), ("int8", 1.0, "pyramid"), ("int4", 1.0, "p
          ("float32", 0.5, "pyramid"), ("float32", 0.5, "question")]
 AT_4K = [("fp32 full", "float32", 1.0), ("question 75%", "float32", 0.75), ("question 50%", "float32", 0.5),
          ("question 30%", "float32", 0.3), ("int8", "int8", 1.0), ("int4", "int4", 1.0)]
-
-
-def label(cfg) -> str:
-    dtype, r, m = cfg
-    if r >= 1.0:
-        return dtype
-    name = f"{m} {r:.0%}"
-    return name if dtype == "float32" else f"{dtype} + {name}"
-
-
-def case_prompt(case: dict, idx: int) -> tuple[str, str]:
-    """(schema, prompt) of needle case ``idx``: its modules after the system message, all imported, then its question."""
-    schema = doc_schema(f"c{idx}", case["docs"], system=SYSTEM)
-    prompt = (f'<prompt schema="c{idx}">' + "".join(f"<doc{j}/>" for j in range(case["modules"])) +
-              f" {escape(case.get('question') or question(case['name']))}</prompt>")
-    return schema, prompt
-
-
-def run_prompt(eng: Engine, case: dict, idx: int, configs: list, sampling: Sampling) -> dict:
-    n = case["modules"]
-    schema, prompt = case_prompt(case, idx)
-    lay = eng.layout(schema)
-    plan = eng.plan(lay, prompt, sampling.max_new_tokens)
-    store = eng.store()
-
-    def found(run) -> bool:
-        return judge(run.text, case)[0]
-
-    def module_bytes(enc) -> int:
-        return sum(store.entry_bytes(k) for path, k in enc.module_keys.items() if path)
-
-    base = run_arm(ArmContext(eng.lm, plan, None, None, sampling), "baseline").run
-    enc = eng.encode(lay, eng.config.with_(storage_dtype="float32", compression=Compression())).encoded
-    ref = run_arm(ArmContext(eng.lm, plan, enc, store, sampling), "cached").run
-    full_bytes, full_buffer = module_bytes(enc), ref.kv_buffer_bytes_after_retention
-    row = {"modules": n, "depth": case["depth"], "prompt_tokens": plan.prompt_tokens, "number": case["number"],
-           "module_bytes_fp32": full_bytes, "baseline": {"found": found(base)},
-           "cached fp32": {"found": found(ref), **agreement(base, ref), "ttft_ms": ref.ttft_ms,
-                           "decode_ms": ref.decode_ms_per_token, "store_ratio": 1.0, "buffer_ratio": 1.0}}
-    for cfg in configs:
-        dtype, r, m = cfg
-        e = eng.encode(lay, eng.config.with_(storage_dtype=dtype, compression=Compression(r, m))).encoded
-        run = run_arm(ArmContext(eng.lm, plan, e, store, sampling), "cached").run
-        vs_ref, vs_base = agreement(ref, run), agreement(base, run)
-        row[label(cfg)] = {"found": found(run), "store_ratio": module_bytes(e) / full_bytes,
-                           "buffer_ratio": run.kv_buffer_bytes_after_retention / full_buffer,
-                           "ttft_ms": run.ttft_ms, "copy_ms": run.copy_ms, "decode_ms": run.decode_ms_per_token,
-                           "agree_ref": vs_ref["first_token_agree"], "kl_ref": vs_ref["first_token_kl"],
-                           "agree_base": vs_base["first_token_agree"], "kl_base": vs_base["first_token_kl"]}
-    for key in list(store.keys()):  # modules are not shared between prompts
-        store.evict(key)
-    return row
 
 
 def summarise(rows: list[dict], names: list[str]) -> dict:

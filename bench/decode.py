@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
-from common import ROOT, bench_model, emit, machine, model_help, result_name, spread, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import ROOT, bench_model, emit, machine, model_help, result_name, spread, table
 
 from engine.arms.compare import run_arm
 from engine.arms.registry import ArmContext, Sampling

@@ -14,9 +14,13 @@ from __future__ import annotations
 import re
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from common import ROOT, emit, machine, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import ROOT, emit, machine, table
 
 CHECKS = {  # test function -> column
     "test_baseline_equals_stock_transformers": "baseline = stock",

@@ -39,26 +39,22 @@ as measured.
 from __future__ import annotations
 
 import argparse
-import random
-import re
 import statistics
+import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from common import ROOT, bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
-from bench.workloads import (NAMES, SYSTEM, confusable_cases, insert, needle, question,  # noqa: F401  (compression.py
-                             wilson)  # imports some of them from here)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import (RESULTS, ROOT, bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help,
+                          result_name, table)
+from bench.workloads import SYSTEM, confusable_cases, make_cases, question, wilson
 from bench import needles
-from engine.arms.blend import BlendSettings, blend_run, cached_ranks
-from engine.arms.prefix import warm_prefix
-from engine.arms.routed import RoutedSettings, routed_run
-from engine.cache.assemble import used_keys
-from engine.cache.prefix import PrefixCache, schema_order_prompt
-from engine.arms.modular import ModularSettings, recomputed_run, repaired_run
+from bench.labels import parse_arm  # noqa: F401  (the tests read the grammar here)
+from bench.needles import judge_case
+from bench.runner import Runner
 from engine.arms.registry import ArmContext, Sampling
-from engine.arms.compare import agreement, decoding, run_arm
-from engine.run.events import finish
+from engine.arms.compare import agreement, run_arm
 from engine.model import WEIGHTS
 from engine.session import Engine
 
@@ -70,55 +66,6 @@ CONFUSABLE_ARMS = ("baseline", "prefixed", "isolated", "isolated+repair 16", "pr
 SAMPLE_ARMS = ("prefixed", "prefixed+repair 4", "prefixed+repair 16", "isolated", "isolated+sink 3",
                "isolated+repair 4", "isolated+repair 16")
 QUICK_ARMS = ("baseline", "prefixed", "isolated", "isolated+sink 3", "isolated+repair 4", "scaffold")
-
-
-def parse_arm(name: str) -> dict:
-    """'isolated+sink 3+repair 16+first kept' -> {mode, sink, repair, first, blend, rule, check, ...}; 'prefixed+blend 15
-    link' = 15 % of the cached tokens recomputed, chosen by the blend rule 'link' (default: deviation);
-    '+check 6' = the blend selection pass checks deviation at layer 6 (default 1, CacheBlend's);
-    '+route K' = the routed arm keeping the top K modules (0: every module whose pull reaches the threshold, the
-    default), '+pull P' with the threshold at P % (engine/arms/routed.py), '+layers A-B' its scout layers; '+oracle' = only the asked module(s)
-    visible (the routing ceiling), '+oracle recompute' = the asked module(s) recomputed in context;
-    '+focus off' = the routed arm without its decode-time focus, '+focus clause' with it on a partial recompute too,
-    each focus ending with its clause; '+joint off' = without its joint recompute;
-    '+ape T S' = APE at query time with temperature T % and scale S % (modular and routed arms); '+share R' = the
-    routed arm recomputing R % of its kept modules' tokens (100: all of them), '+sinks K' and each one's first K;
-    '+tree' = the routed arm with the prefix tree warmed in schema order (reads it when every module is kept);
-    baseline/scaffold as they are."""
-    if name in ("baseline", "scaffold"):
-        return {"special": name}
-    mode, *parts = name.split("+")
-    spec = {"mode": mode, "sink": 0, "repair": 0, "first": None, "blend": 0, "rule": "deviation", "check": 1,
-            "route": None, "pull": None, "layers": None, "oracle": None, "ape": None, "focus": "on",
-            "joint": "on", "share": None, "sinks": None, "tree": False}
-    for p in parts:
-        m = re.fullmatch(r"(sink|repair|check|route|pull|share|sinks) (\d+)", p)
-        b = re.fullmatch(r"blend (\d+)(?: (\S+))?", p)
-        lay = re.fullmatch(r"layers (\d+)-(\d+)", p)
-        ape = re.fullmatch(r"ape (\d+) (\d+)", p)
-        if m:
-            spec[m.group(1)] = int(m.group(2))
-        elif b:
-            spec["blend"], spec["rule"] = int(b.group(1)), b.group(2) or "deviation"
-        elif ape:
-            spec["ape"] = (int(ape.group(1)) / 100, int(ape.group(2)) / 100)
-        elif lay:
-            spec["layers"] = tuple(range(int(lay.group(1)), int(lay.group(2)) + 1))
-        elif p in ("oracle", "oracle recompute"):
-            spec["oracle"] = p
-        elif p in ("focus off", "focus clause"):
-            spec["focus"] = p.split()[1]
-        elif p == "joint off":
-            spec["joint"] = "off"
-        elif p == "tree":
-            spec["tree"] = True
-        elif p == "first kept":
-            spec["first"] = False
-        else:
-            raise SystemExit(f"unknown arm part '{p}' in '{name}'")
-    if mode not in ("prefixed", "isolated"):
-        raise SystemExit(f"unknown mode in arm '{name}'")
-    return spec
 
 
 def rouge_l(a: str, b: str) -> float:
@@ -137,102 +84,6 @@ def rouge_l(a: str, b: str) -> float:
         return 0.0
     p, r = lcs / len(x), lcs / len(y)
     return 2 * p * r / (p + r)
-
-
-def make_cases(chunks: list[str], n_modules: list[int], per_setting: int, depths: list[float],
-               seed: int) -> list[dict]:
-    import random
-
-    rng = random.Random(seed)
-    cases = []
-    for n in n_modules:
-        for i in range(per_setting):
-            start = rng.randrange(0, len(chunks) - n)
-            docs = list(chunks[start:start + n])
-            depth = depths[i % len(depths)]
-            target = min(n - 1, int(depth * n))  # which module holds the needle
-            name, number = rng.choice(NAMES), str(rng.randrange(1_000_000, 9_999_999))
-            docs[target] = insert(docs[target], needle(name, number), rng.random())
-            cases.append({"modules": n, "depth": depth, "needle_module": target, "name": name, "number": number,
-                          "others": [], "docs": docs})
-    return cases
-
-
-class Runner:
-    """Runs named arms on one plan; encodings are made once per (mode, sink) and freed per prompt."""
-
-    def __init__(self, eng: Engine, lay, plan, sampling: Sampling, targets: tuple[int, ...] = ()):
-        self.eng, self.lay, self.plan, self.sampling = eng, lay, plan, sampling
-        self.store = eng.store()
-        self.encoded: dict = {}
-        self.blend_ms: dict[str, float] = {}  # blend arm -> its last selection time (inside its TTFT)
-        self.targets = targets  # the modules holding the asked facts (doc indices): the oracles keep them
-        self.routed: dict[str, dict] = {}  # routed arm -> what it kept
-        self._tree: PrefixCache | None = None
-
-    def _owner(self, rank: int) -> str:
-        """The top-level module the prompt token of ``rank`` belongs to ('' for the anonymous text)."""
-        start = 0
-        for s in self.plan.segments:
-            if rank < start + len(s):
-                return self.lay.modules[s.owner].top if s.owner in self.lay.modules else ""
-            start += len(s)
-        return ""
-
-    def encoded_for(self, mode: str, sink: int):
-        if (mode, sink) not in self.encoded:
-            self.encoded[(mode, sink)] = self.eng.encode(self.lay, self.eng.config.with_(mode=mode, sink=sink)).encoded
-        return self.encoded[(mode, sink)]
-
-    def tree(self, enc) -> PrefixCache:
-        """A prefix tree holding the schema-order prompt's KV, as Engine.compare warms it (outside TTFT)."""
-        if self._tree is None:
-            self._tree = PrefixCache(self.store)
-            warm_prefix(self.eng.lm, self._tree, schema_order_prompt(self.lay).token_ids, used_keys(self.plan, enc))
-        return self._tree
-
-    def run(self, arm: str, sampling: Sampling | None = None):
-        spec, sampling = parse_arm(arm), sampling or self.sampling
-        if spec.get("special") == "baseline":
-            return run_arm(ArmContext(self.eng.lm, self.plan, None, None, sampling), "baseline").run
-        enc = self.encoded_for(spec["mode"], spec["sink"])
-        targets = {f"doc{j}" for j in self.targets}
-        t, s = spec["ape"] or (1.0, 1.0)
-        cached = ModularSettings(repair=spec["repair"] or 0, ape_t=t, ape_s=s)
-        ctx = decoding(ArmContext(self.eng.lm, self.plan, enc, self.store, sampling, settings={"cached": cached}))
-        if spec["oracle"] == "oracle":
-            routed = RoutedSettings(focus=spec["focus"])
-            return finish(routed_run(ctx, routed, keep=targets))[0]
-        if spec["oracle"] == "oracle recompute":
-            redo = [r for r in cached_ranks(self.plan) if self._owner(r) in targets]
-            positions = self.plan.positions
-            return finish(recomputed_run(ctx, set(redo), tuple(positions[r] for r in redo)))
-        if spec["route"] is not None or spec["pull"] is not None:
-            return self._routed(arm, spec, ctx, enc, targets)
-        if spec["blend"]:
-            blend = BlendSettings(ratio=spec["blend"] / 100, rule=spec["rule"])
-            run, info = finish(blend_run(ctx, blend, check_layer=spec["check"]))
-            self.blend_ms[arm] = info.selection_ms
-            return run
-        if spec["repair"] or spec["first"] is not None:
-            return finish(repaired_run(ctx, spec["repair"], spec["first"]))
-        return run_arm(ctx, "cached").run
-
-    def _routed(self, arm: str, spec: dict, ctx, enc, targets: set[str]):
-        """A routed run as ``spec`` sets it; what it chose kept in ``self.routed``."""
-        kw = {"k": spec["route"] or 0, "focus": spec["focus"], "joint": spec["joint"], "tree": "on" if spec["tree"] else "off"}
-        kw.update({} if spec["pull"] is None else {"min_pull": spec["pull"] / 100})
-        kw.update({} if spec["share"] is None else {"share": spec["share"] / 100})
-        kw.update({} if spec["sinks"] is None else {"sinks": spec["sinks"]})
-        if spec["tree"]:
-            ctx = replace(ctx, prefix=self.tree(enc))
-        layers = {"layers": spec["layers"]} if spec["layers"] else {}
-        run, info = finish(routed_run(ctx, RoutedSettings(**kw), **layers))
-        self.routed[arm] = {"kept": list(info.kept), "asked_kept": targets <= set(info.kept),
-                            "joint": list(info.joint), "pull": {m: round(v, 4) for m, v in info.pull.items()},
-                            "scout_ms": round(info.scout_ms, 2), "focus_moves": [list(m) for m in info.moves],
-                            "path": info.path}
-        return run
 
 
 def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[str, ...], ttft_reps: int) -> dict:
@@ -263,7 +114,7 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
     if "answer" in case:
         out.update(kind=case["kind"], subject=case["subject"], question=case["question"])
     for arm, r in runs.items():
-        found, confused = judge(r.text, case)
+        found, confused = judge_case(r.text, case)
         out[arm] = {"text": r.text, "found": found, "confused": confused,
                     "ttft_ms": round(ttft.get(arm, r.ttft_ms), 2), "recomputed_tokens": r.recomputed_tokens}
         if arm in runner.blend_ms:
@@ -278,15 +129,6 @@ def run_case(eng: Engine, case: dict, idx: int, sampling: Sampling, arms: tuple[
     for key in list(runner.store.keys()):  # modules are not shared between prompts
         runner.store.evict(key)
     return out
-
-
-def judge(text: str, case: dict) -> tuple[bool, bool]:
-    """(found, confused): a varied needle's answer by bench/needles.py, a magic number by its digits."""
-    if "answer" in case:
-        return needles.judge(text, case)
-    text = text.replace(",", "")
-    found = case["number"] in text
-    return found, not found and any(o in text for o in case["others"])
 
 
 def rejudge_two_fact(row: dict) -> dict:
@@ -584,8 +426,6 @@ def parse_args() -> argparse.Namespace:
 def replot(args: argparse.Namespace) -> None:
     """Redraw the frontier plot from the results file (--replot)."""
     import json
-
-    from common import RESULTS
 
     name = args.out or result_name("fidelity", args.model)
     data = json.loads((RESULTS / f"{name}.json").read_text())

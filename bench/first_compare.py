@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from common import QUICK_MODEL, ROOT, emit, machine, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import QUICK_MODEL, ROOT, emit, machine, table
 
 from engine.arms.registry import Sampling
 from engine.model import START_MODEL

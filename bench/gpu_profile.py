@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -32,8 +33,11 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import bench_model, essay_chunks, machine, model_help
-from ttft import random_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, essay_chunks, machine, model_help
+from bench.shapes import random_model
 
 from engine.arms.compare import run_arm
 from engine.arms.registry import ArmContext, Sampling

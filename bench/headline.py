@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from bench import tables
-from bench.report import (HEAD_END, HEAD_START, LEAD, ROUTED, first_n, gpu_runs, load, routed_default, say, shape_runs,
-                          span)
+from bench.labels import ROUTED, routed_default
+from bench.page import HEAD_END, HEAD_START, LEAD, first_n, gpu_runs, load, say, shape_runs, span
 
 HEADLINE_PLOT = f"frontier-{LEAD}"  # the lead model's needle accuracy against TTFT, per arm: the trade in one picture
 RENAMED = {"prefixed": "contextual"}  # encoding modes renamed since these results were measured (same encoding)

@@ -14,8 +14,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from common import ROOT, bench_model, emit, machine, model_help, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import ROOT, bench_model, emit, machine, model_help, table
 
 from engine.model.load import kv_bytes_per_token, kv_shape
 from engine.session import Engine

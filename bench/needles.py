@@ -14,8 +14,10 @@ needles are harder and more varied (issue 17, item 5; issue 18, item 4):
   must tell the documents apart.
 
 :func:`judge` scores an answer: found = the target's answer appears in it (case, quotes and
-punctuation ignored, whole words); confused = another module's answer does and the target's not.
-Cases are plain dicts with the keys bench/fidelity.py reads (``question``, ``answer``, ``others``).
+punctuation ignored, whole words); confused = another module's answer does and the target's not
+(:func:`judge_case` judges a magic-number case too). :func:`make_workload` builds the mixed workload's modules and
+prompts from the same templates. Cases are plain dicts with the keys bench/fidelity.py reads (``question``,
+``answer``, ``others``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from xml.sax.saxutils import escape
 
 from bench.workloads import insert
 
@@ -198,6 +201,47 @@ def aggregate_cases(chunks: list[str], n_modules: int, count: int, seed: int, ph
     return out
 
 
+def make_workload(chunks: list[str], n_modules: int, n_prompts: int, seed: int,
+                  templates: int = 3) -> tuple[list[str], list[dict]]:
+    """(module texts, prompts: imports, the asked module, its question and answer, the schema-order flag).
+
+    Every module holds one fact of each of ``templates`` templates (:data:`FACTS`), about its own
+    subject with its own answer — a harbour master's parrot in each of eight towns, and so on — so a
+    prompt's modules hold confusable facts and the question names one subject."""
+    rng = random.Random(seed)
+    start = rng.randrange(0, len(chunks) - n_modules)
+    kinds = rng.sample(FACTS, templates)
+    said = {f.kind: (rng.sample(f.subjects, n_modules), rng.sample(f.answers, n_modules)) for f in kinds}
+    docs = []
+    for i in range(n_modules):
+        doc = chunks[start + i]
+        for f in kinds:
+            doc = insert(doc, f.say(said[f.kind][0][i], said[f.kind][1][i]), rng.random())
+        docs.append(doc)
+    ordered = set(rng.sample(range(n_prompts), max(1, round(n_prompts / 4))))
+    prompts = []
+    for i in range(n_prompts):
+        k = rng.randint(2, min(4, n_modules))
+        if i in ordered:
+            imports = list(range(k))
+        else:
+            imports = list(range(k))
+            while imports == list(range(k)):  # anything but a run from the first module
+                imports = sorted(rng.sample(range(n_modules), k))
+        asked = rng.choice(imports)
+        f = kinds[i % templates]
+        subjects, answers = said[f.kind]
+        prompts.append({"imports": imports, "asked": asked, "kind": f.kind, "subject": subjects[asked],
+                        "question": f.question(subjects[asked]), "answer": answers[asked],
+                        "others": [a for j, a in enumerate(answers) if j != asked], "schema_order": i in ordered})
+    return docs, prompts
+
+
+def prompt_xml(p: dict) -> str:
+    return ('<prompt schema="workload">' + "".join(f"<doc{i}/>" for i in p["imports"])
+            + f" {escape(p['question'])}</prompt>")
+
+
 def recall(answer: str, case: dict) -> float:
     """The share of the case's answers the reply gives (whole words, case and punctuation ignored)."""
     said = _words(answer)
@@ -223,6 +267,16 @@ def judge(answer: str, case: dict) -> tuple[bool, bool]:
     present = all(_words(a) in said for a in answers)
     found = present and (len(answers) < 2 or bound(said, answers, case.get("subjects") or []))
     return found, not found and (present or any(_words(o) in said for o in case["others"]))
+
+
+def judge_case(text: str, case: dict) -> tuple[bool, bool]:
+    """(found, confused): a varied needle's answer by :func:`judge`, a magic number (bench/workloads.py) by its
+    digits."""
+    if "answer" in case:
+        return judge(text, case)
+    text = text.replace(",", "")
+    found = case["number"] in text
+    return found, not found and any(o in text for o in case["others"])
 
 
 def bound(said: str, answers: list[str], subjects: list[str]) -> bool:

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
+from pathlib import Path
 
-from common import bench_model, emit, essay_chunks, machine, model_help, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, emit, essay_chunks, machine, model_help, result_name, spread, table
 
 from engine.run import memory
 from engine.arms.compare import run_arm

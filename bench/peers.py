@@ -43,74 +43,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import QUICK_MODEL, ROOT, RESULTS, BenchModel, bench_model, emit, essay_chunks, machine, model_help, \
-    result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from bench.llama_build import refusal
+from bench.common import (QUICK_MODEL, ROOT, RESULTS, BenchModel, bench_model, emit, essay_chunks, machine, model_help,
+                          result_name, spread, table)
 
-from bench.needles import judge, varied_cases
-from bench.workload import make_workload, prompt_xml, run_prompt, summarise as summarise_arms
-from bench.workloads import SYSTEM, doc_schema, wilson
+from bench.compressed_runs import run_prompt as compress_prompt
+from bench.needles import judge, make_workload, prompt_xml, varied_cases
+from bench.peer_envs import PEER_PYTHON, peer_status, run_peer
+from bench.workload_runs import run_prompt, summarise as summarise_arms
+from bench.workloads import SYSTEM, case_prompt, doc_schema, wilson
 from engine.cache.prefix import schema_order_prompt
 from engine.arms.registry import Sampling
 from engine.session import Engine
 from engine.model import WEIGHTS
 from studio.launch import STUDIO_WEIGHTS
 
-PEERS = ROOT / ".peers"
-PEER_PYTHON = {"llama.cpp": PEERS / "llama" / "bin" / "python", "kvpress": PEERS / "kvpress" / "bin" / "python"}
-PEER_CHECK = {"llama.cpp": "import llama_cpp; print(llama_cpp.__version__)",
-              "kvpress": "import importlib.metadata as m, kvpress; "
-                         "print(m.version('kvpress'), 'with transformers', m.version('transformers'))"}
 PRESSES = ("SnapKVPress", "PyramidKVPress", "ExpectedAttentionPress", "KVzipPress")
 KEPT = (0.5, 0.3)
 
 
-# -- the peers' processes -------------------------------------------------------------------------------
-
-def peer_status(peer: str) -> tuple[Path | None, str]:
-    """(its python, its version line) when ``peer``'s environment works, else (None, why not and the fix)."""
-    py = PEER_PYTHON[peer]
-    if not py.exists():
-        return None, f"{peer} is not set up: {os.path.relpath(py, ROOT)} does not exist; run `make peers`"
-    done = subprocess.run([str(py), "-c", PEER_CHECK[peer]], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return None, f"{peer}'s environment {os.path.relpath(py.parent.parent, ROOT)} cannot import it ({last}); " \
-                     "run `make peers` again"
-    refused = refusal(py) if peer == "llama.cpp" else ""
-    return (None, refused) if refused else (py, done.stdout.strip())
-
-
-def run_peer(peer: str, script: str, job: dict, timeout: int = 7200) -> dict:
-    """Run ``bench/SCRIPT`` in ``peer``'s environment on ``job``; its JSON, or {"error": the exact reason}."""
-    py, info = peer_status(peer)
-    if py is None:
-        return {"error": info}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
-    try:
-        done = subprocess.run([str(py), str(ROOT / "bench" / script), f.name], stdout=subprocess.PIPE, stderr=None,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{peer} ran past {timeout} s"}
-    finally:
-        Path(f.name).unlink(missing_ok=True)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return {"error": f"{peer} exited with {done.returncode} (its error is printed above)"}
-    out = json.loads(lines[-1])
-    out["version"] = info
-    return out
-
+# -- the peers' models -----------------------------------------------------------------------------------
 
 def shape(config) -> dict:
     """A model as its config states it, in the terms each peer reports what it loaded (peer_llama.loaded)."""
@@ -260,8 +218,6 @@ def lengths(engines: dict[str, Engine], args, gguf: Path) -> dict:
 # -- kvpress --------------------------------------------------------------------------------------------
 
 def kvpress_section(eng: Engine, args, model: BenchModel) -> dict:
-    from bench.compression import case_prompt, run_prompt as compress_prompt
-
     configs = [("float32", r, m) for r in KEPT for m in ("question", "pyramid")]
     chunks = essay_chunks(eng.codec.encode, args.chunk_tokens)
     cases = varied_cases(chunks, args.kv_modules, args.kv_prompts, args.seed + args.kv_modules)

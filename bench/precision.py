@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from common import bench_model, doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, model_help, \
-    result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import (bench_model, doc_prompt, doc_schema, emit, essay_chunks, has_roles, machine, model_help,
+                          result_name, spread, table)
 from bench.needles import confusable_cases, judge, varied_cases
 from bench.workloads import SYSTEM, fill_docs, wilson
 from engine.arms.registry import Sampling

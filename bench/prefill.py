@@ -29,9 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, bench_model, emit, essay_chunks, fill_docs, doc_schema, machine, model_help, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from peers import run_peer
+from bench.common import bench_model, doc_schema, emit, essay_chunks, fill_docs, machine, model_help, spread, table
+
+from bench.peer_envs import run_peer
 
 from bench.llama_build import AMX_FLAGS
 from bench.tables import FLOORS, KERNEL_FLOOR

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import bench_model, doc_schema, emit, essay_chunks, machine, model_help, table
-from fidelity import SYSTEM, make_cases, question, wilson
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, doc_schema, emit, essay_chunks, machine, model_help, table
+from bench.workloads import SYSTEM, make_cases, question, wilson
 
 from engine.kv import QuantKV
 from engine.arms.registry import Sampling

@@ -20,67 +20,24 @@ import json
 import re
 import statistics
 import sys
-from collections import ChainMap
 from functools import partial
 from typing import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
 from bench import tables  # noqa: E402
+from bench.common import RESULTS, ROOT  # noqa: E402
+from bench.headline import headline as headline_block  # noqa: E402
+from bench.labels import routed_default  # noqa: E402, F401  (the tests read the default's label here)
+from bench.page import HEAD_END, HEAD_START, LEAD, first_n, gpu_runs, load, machine_line, say, table  # noqa: E402
+from bench.report_gpu import gpu_section  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
-TEMPLATE = ROOT / "bench" / "report_template.md"
 README, PAGE = ROOT / "README.md", ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- measured:start -->", "<!-- measured:end -->"  # the section, in docs/benchmarks.md
-HEAD_START, HEAD_END = "<!-- headline:start -->", "<!-- headline:end -->"  # the headline, in README.md
-ASSETS = "../assets"  # images as docs/benchmarks.md links them
-ROUTED = "prefixed+route 0"  # the routed arm keeping every module whose pull reaches the threshold
-LEAD = "qwen2.5-coder-0.5b"  # the model the Measured section leads with (issue 17): one that answers
 BESIDE = "SmolLM2-135M-Instruct"  # the default model, measured beside it on the same varied sets
 TTFT_CELL = "{prompt_tokens} tokens: {baseline_ttft_ms!k:.2f} s → {cached_ttft_ms:.0f} ms (**{speedup:.1f}×**)"
-SHAPE = "llama-2-7b"  # bench/ttft.py --random-shape: the paper's model size, random weights
 SHARES = "Questions that span modules: partial recompute"  # the routed arm recomputing a share of its modules
-
-
-def blocks(text: str) -> dict[str, str]:
-    """The template's blocks: each ``<!-- name -->`` line starts one, which runs to the next, its last newline off."""
-    parts = re.split(r"^<!-- (\w+) -->\n", text, flags=re.M)
-    return {name: body[:-1] for name, body in zip(parts[1::2], parts[2::2])}
-
-
-BLOCKS = blocks(TEMPLATE.read_text())
-
-
-def say(block: str, d: dict | None = None, /, **values) -> str:
-    """Block ``block`` filled from ``values``, then the result document ``d`` (its machine as ``machine_line``)."""
-    line = {"machine_line": machine_line(d)} if d and "machine" in d else {}
-    return tables.fill(BLOCKS[block], ChainMap(values, line, {"assets": ASSETS}, d or {}))
-
-
-def table(name: str, d: dict | None, rows: list, each: list[str] | None = None, /, **head) -> str:
-    return "\n".join(tables.render(tables.spec(d, name), rows, each, **head))
-
-
-def load(name: str) -> dict | None:
-    path = RESULTS / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def machine_line(d: dict) -> str:
-    m = d["machine"]
-    gpu = (m.get("gpu") or "a CUDA GPU") if m.get("cuda") else "no GPU"
-    load = f", load average {m['loadavg_1min']:g} when it ended" if m.get("loadavg_1min") is not None else ""
-    return f"{m['date']}, {m['threads']} CPU threads ({m['cpu']}), {gpu}, torch {m['torch']}{load}"
-
-
-def span(xs: list[float]) -> tuple[float, float]:
-    return min(xs), max(xs)
-
-
-def first_n(summary: dict) -> int:
-    return next(iter(summary.values()))["n"]
 
 
 def beside(slug: str) -> list[str]:
@@ -104,8 +61,6 @@ def parts(*named: tuple[str, Callable[[dict], list[str]]]) -> list[str]:
 def section() -> str:
     lead = lead_section(LEAD) + parts((f"decode-{LEAD}", decode_section), ("prefill", prefill_section),
                                       ("browser-compare", browser_section))
-    from bench.report_gpu import gpu_section  # it reads this module's helpers
-
     rest = parts(("ttft", ttft_section), ("scaling", scaling_section)) + gpu_section() + parts(
         ("peak-memory", peak_memory_section), ("workload", workload_section), ("memory", memory_section),
         ("fidelity", repair_section),
@@ -386,15 +341,6 @@ def peak_memory_section(d: dict) -> list[str]:
     return [say("peak_memory", d, cells="; ".join(cells), cost=(d["thread_cost_median_max"] - 1) * 100)]
 
 
-def gpu_runs() -> list[dict]:
-    return [d for d in (load("gpu-ttft-cuda"), load("gpu-ttft-cpu")) if d]
-
-
-def shape_runs() -> list[dict]:
-    """bench/ttft.py --random-shape llama-2-7b on a lent GPU, modules in GPU and in CPU memory."""
-    return [d for d in (load(f"gpu-ttft-cuda-{SHAPE}-random"), load(f"gpu-ttft-cpu-{SHAPE}-random")) if d]
-
-
 def confusable_table(f: dict) -> list[str]:
     """The confusable set's arms: accuracy, confusions, agreement, TTFT and its ratio to `prefixed` on each prompt."""
     c, prompts, rows = f["confusable"], f["confusable_rows"], []
@@ -623,14 +569,6 @@ def other_models() -> list[str]:
     return out
 
 
-def routed_default() -> str:
-    """The engine's default routed arm as the arm labels write it (bench/fidelity.py parse_arm), less '+tree': the
-    focus is named where it is not 'on', the labels' own default."""
-    from engine.arms.routed import DEFAULT_FOCUS, DEFAULT_SHARE
-
-    focus = "" if DEFAULT_FOCUS == "on" else f"+focus {DEFAULT_FOCUS}"
-    return f"{ROUTED}+share {round(DEFAULT_SHARE * 100)}{focus}"
-
 def write(path: Path, start: str, end: str, text: str) -> None:
     body = path.read_text()
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
@@ -642,9 +580,7 @@ def write(path: Path, start: str, end: str, text: str) -> None:
 
 def headline() -> str:
     """The README's headline block (bench/headline.py)."""
-    from bench.headline import headline as block
-
-    return block()
+    return headline_block()
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ bench/report_template.md like the rest."""
 
 from __future__ import annotations
 
-from bench.report import RESULTS, SHAPE, gpu_runs, load, say, shape_runs, span, table
+from bench.common import RESULTS
+from bench.page import SHAPE, gpu_runs, load, say, shape_runs, span, table
 
 
 def _where(storage: str) -> str:

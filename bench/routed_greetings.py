@@ -11,9 +11,13 @@ modules each routed run read. JSON last.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name
 
 from bench import needles
 from bench.workloads import SYSTEM

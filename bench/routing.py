@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
-from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 
 from bench import needles
 from bench.workloads import SYSTEM

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
-from common import ROOT, bench_model, emit, essay_chunks, machine, model_help, table, ttft_point
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import ROOT, bench_model, emit, essay_chunks, machine, model_help, table, ttft_point
 
 from engine.session import Engine
 

@@ -29,23 +29,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import QUICK_MODEL, RESULTS, ROOT, BenchModel, bench_model, emit, essay_chunks, machine, model_help, \
-    result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import (QUICK_MODEL, RESULTS, ROOT, BenchModel, bench_model, emit, essay_chunks, machine, model_help,
+                          result_name, spread, table)
 
 from bench.llama_build import refusal
-from bench.needles import judge
-from bench.workload import make_workload
+from bench.needles import make_workload
+from bench.serving import Server, anonymous_tokens, free_port, joined, run_config
 from bench.workloads import SYSTEM, doc_schema, wilson
 
 LLAMA_PYTHON = ROOT / ".peers" / "llama" / "bin" / "python"
@@ -54,119 +53,8 @@ SCHEMA = "serve"
 SPANNING_POINTS = 5  # the default arm may lose at most this many points to the baseline on the spanning sets
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server process on a free port, stopped on exit; its console goes to a temporary file."""
-
-    def __init__(self, argv: list[str], port: int, key: str, env: dict | None = None):
-        self.port, self.key = port, key
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(env or {})})
-
-    def wait(self, timeout: float = 600) -> None:
-        client, until = self.client(), time.monotonic() + timeout
-        while time.monotonic() < until:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited ({self.proc.returncode}):\n{Path(self.log.name).read_text()[-3000:]}")
-            try:
-                client.models.list()
-                return
-            except Exception:  # not listening yet
-                time.sleep(1)
-        raise SystemExit(f"the server did not answer in {timeout:.0f} s; its log: {self.log.name}")
-
-    def client(self):
-        from openai import OpenAI
-
-        return OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=self.key, max_retries=0, timeout=900)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def messages(docs: list[str], imports: list[int], question: str) -> list[dict]:
-    """A RAG app's request: the system message, one content part per retrieved document, the question."""
-    parts = [{"type": "text", "text": docs[i]} for i in imports] + [{"type": "text", "text": question}]
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": parts}]
-
-
-def joined(msgs: list[dict]) -> list[dict]:
-    """The same messages with each content a string (llama-cpp-python's chat templates take no content parts)."""
-    return [{**m, "content": m["content"] if isinstance(m["content"], str)
-             else "\n".join(p["text"] for p in m["content"])} for m in msgs]
-
-
 def prompt_xml(imports: list[int], question: str) -> str:
     return f'<prompt schema="{SCHEMA}">' + "".join(f"<doc{i}/>" for i in imports) + f" {escape(question)}</prompt>"
-
-
-def stream(client, model: str, msgs: list[dict], new_tokens: int, extra: dict | None) -> dict:
-    """One streamed greedy request: client-side times of the first and last content chunks, text, usage."""
-    kw = {"extra_body": extra, "stream_options": {"include_usage": True}} if extra is not None else {}
-    t0 = time.perf_counter()
-    times, text, usage, pml = [], [], None, None
-    for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=new_tokens, temperature=0,
-                                                stream=True, **kw):
-        if chunk.choices and chunk.choices[0].delta.content:
-            times.append(time.perf_counter())
-            text.append(chunk.choices[0].delta.content)
-        if chunk.usage is not None:
-            usage = chunk.usage
-        pml = (chunk.model_extra or {}).get("pml") or pml
-    if not times:
-        raise SystemExit(f"{model}: the answer streamed no text")
-    row = {"ttft_ms": round((times[0] - t0) * 1000, 1), "last_ms": round((times[-1] - t0) * 1000, 1),
-           "chunks": len(times), "text": "".join(text)}
-    if len(times) > 1:
-        row["decode_ms_per_token"] = round((times[-1] - times[0]) / (len(times) - 1) * 1000, 2)
-    if usage is not None:
-        row["prompt_tokens"] = usage.prompt_tokens
-        details = usage.prompt_tokens_details
-        row["cached_tokens"] = details.cached_tokens if details else 0
-    if pml:
-        row["server_ttft_ms"] = pml["ttft_ms"]
-        row["arm_ttft_ms"] = pml["arm_ttft_ms"]
-        row["routed_kept"] = pml.get("routed_kept")
-        row["modules_encoded"] = pml["modules_encoded"]
-        row["routed_out_tokens"] = pml.get("routed_out_tokens")
-        row["recomputed_tokens"] = pml.get("recomputed_tokens")
-    return row
-
-
-def run_config(client, model: str, docs, prompts, new_tokens: int, extra_of, label: str, shape=lambda m: m) -> list[dict]:
-    """Warm-up (all documents in order, one token), then every prompt; a row per prompt. ``shape``: how the
-    server takes the messages (:func:`joined` for one without content parts)."""
-    everything = list(range(len(docs)))
-    stream(client, model, shape(messages(docs, everything, prompts[0]["question"])), 1,
-           extra_of(everything, prompts[0]))
-    rows = []
-    for i, p in enumerate(prompts):
-        row = stream(client, model, shape(messages(docs, p["imports"], p["question"])), new_tokens,
-                     extra_of(p["imports"], p))
-        row["found"], row["confused"] = judge(row["text"], p)
-        rows.append(row)
-        print(f"{label} [{i + 1}/{len(prompts)}] {row['ttft_ms']:.0f} ms {'Y' if row['found'] else 'n'} "
-              f"{row['text'][:60]!r}", file=sys.stderr, flush=True)
-    return rows
-
-
-def anonymous_tokens(tokenizer) -> int:
-    """Tokens of the chat template before the first document: the system message and the user's role tag. They are
-    reused too, so ``cached_tokens`` minus these is what the documents contributed."""
-    mark = "\u2063DOCUMENTS"
-    text = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": mark}],
-                                         tokenize=False)
-    return len(tokenizer.encode(text[:text.index(mark)], add_special_tokens=False))
 
 
 def summary(rows: list[dict], doc_tokens: list[int] | None, anonymous: int = 0) -> dict:

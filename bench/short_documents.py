@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from engine.arms.compare import Done
+from bench.common import bench_model, emit, essays_dir, machine, model_help, result_name, spread, table
+
 from engine.arms.registry import Sampling
-from engine.run.events import FirstToken
+from engine.run.events import Done, FirstToken
 from engine.session import Engine
 from studio.api import modes
 from studio.api.positions import PositionRegistry

@@ -34,15 +34,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, doc_schema, emit, essay_chunks, has_roles, machine, model_help, result_name, table
 from bench import needles
-from bench.fidelity import Runner
+from bench.runner import Runner
 from bench.workloads import SYSTEM, wilson
-from report import ROUTED, routed_default
+from bench.labels import ROUTED, routed_default
 from engine.arms.compare import run_arm
 from engine.arms.registry import ArmContext, Sampling
 from engine.model import WEIGHTS
@@ -163,7 +166,7 @@ def run_repeat(eng: Engine, case: dict, idx: int, times: int) -> dict:
         comp = eng.compare(schema, prompt, Sampling(max_new_tokens=1), config=config)
         sends.append({str(arm): {"ttft_ms": round(r.run.ttft_ms, 2), "reused_tokens": r.run.reused_tokens,
                                  "prefill_tokens": r.run.prefill_tokens,
-                                 **({"path": r.detail.path} if arm == "routed" else {})}
+                                 **({"path": r.routing.path} if r.routing is not None else {})}
                       for arm, r in comp.arms.items()})
     return {"set": case["set"], "modules": case["modules"], "prompt_tokens": comp.plan.prompt_tokens,
             "sends": sends}

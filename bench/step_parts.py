@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-from common import QUICK_MODEL, bench_model, emit, machine, model_help, result_name, spread, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import QUICK_MODEL, bench_model, emit, machine, model_help, result_name, spread, table
 
 from engine.kv import KVBuffer
 from engine.model import kernels, step

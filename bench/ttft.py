@@ -39,42 +39,16 @@ matrices, not the attention or MLP work. Lengths are cut to fit its context less
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from common import bench_model, emit, essay_chunks, machine, model_help, result_name, table, ttft_point
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import bench_model, emit, essay_chunks, machine, model_help, result_name, table, ttft_point
+from bench.shapes import SHAPES, random_model
 
 from engine.config import COMPUTE_DTYPES, DEVICES, STORAGES
 from engine.session import Engine
-
-# Llama shapes for --random-shape (LlamaConfig fields); the vocabulary is the tokenizer's
-SHAPES = {
-    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
-    # the same code path at a size a CPU runs in seconds (tests, smoke runs)
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0),
-}
-
-
-def random_model(shape: str, spec: str | None, device: str, dtype: str):
-    """A LoadedModel of Llama shape ``shape`` with random weights (seed 0), built in ``dtype`` on ``device``
-    (no full-precision copy on the CPU first), tokenizing with model ``spec``'s tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from engine.devices import check_device
-    from engine.model.load import load_tokenizer, wrap_model
-
-    check_device(device)
-    tok_name, tok, _ = load_tokenizer(spec)
-    cfg = LlamaConfig(**SHAPES[shape], vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
-    model.eval()
-    return wrap_model(model, tok, f"{shape}-random", device=device, dtype=dtype,
-                      max_positions=cfg.max_position_embeddings), tok_name, cfg
-
 
 PATHS = {"pinned": "page-locked CPU storage of module KV, copied asynchronously",
          "layerwise": "module KV copied layer by layer on a side stream while the forward runs",

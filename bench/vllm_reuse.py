@@ -27,11 +27,14 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from common import ROOT, emit, essay_chunks, machine, result_name, spread, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
+
+from bench.common import emit, essay_chunks, machine, result_name, spread, table
 
 from bench.needles import judge
-from bench.workload import make_workload, prompt_xml
+from bench.needles import make_workload, prompt_xml
 from bench.workloads import SYSTEM, doc_schema, wilson
 
 ARMS = ("baseline", "prefix", "cached", "routed", "vllm")
@@ -194,5 +197,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from xml.sax.saxutils import escape
 
 from studio.docqa import (QUESTION, doc_prompt, doc_qa, doc_schema,  # noqa: F401  (re-exported for the bench scripts)
                           essay_chunks, essays_dir, fill_docs, has_roles, median, prompt_overhead)
@@ -148,3 +149,31 @@ def confusable_cases(chunks: list[str], n_modules: int, count: int, seed: int,
                     "number": numbers[target], "others": [n for j, n in enumerate(numbers) if j != target],
                     "docs": docs})
     return out
+
+
+def make_cases(chunks: list[str], n_modules: list[int], per_setting: int, depths: list[float],
+               seed: int) -> list[dict]:
+    """Magic-number prompts: ``per_setting`` per module count of ``n_modules``, the needle at each depth in turn."""
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    for n in n_modules:
+        for i in range(per_setting):
+            start = rng.randrange(0, len(chunks) - n)
+            docs = list(chunks[start:start + n])
+            depth = depths[i % len(depths)]
+            target = min(n - 1, int(depth * n))  # which module holds the needle
+            name, number = rng.choice(NAMES), str(rng.randrange(1_000_000, 9_999_999))
+            docs[target] = insert(docs[target], needle(name, number), rng.random())
+            cases.append({"modules": n, "depth": depth, "needle_module": target, "name": name, "number": number,
+                          "others": [], "docs": docs})
+    return cases
+
+
+def case_prompt(case: dict, idx: int) -> tuple[str, str]:
+    """(schema, prompt) of needle case ``idx``: its modules after the system message, all imported, then its question."""
+    schema = doc_schema(f"c{idx}", case["docs"], system=SYSTEM)
+    prompt = (f'<prompt schema="c{idx}">' + "".join(f"<doc{j}/>" for j in range(case["modules"])) +
+              f" {escape(case.get('question') or question(case['name']))}</prompt>")
+    return schema, prompt

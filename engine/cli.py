@@ -24,6 +24,7 @@ from engine import config as cfg
 from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
 from engine.cli_text import Progress, human, terminal_safe
+from engine.describe import info_document
 from engine.files import read_text
 from engine.limits import NumberArg
 from engine.model import PREFILL_KERNELS
@@ -520,44 +521,6 @@ def cmd_compile(args) -> int:
 
 
 # -- The words of `info` (the studio's Model tab says the same) --
-
-DTYPE_REASONS = {
-    cfg.DtypeWhy.ASKED: "{dtype} as asked (the default on {device} is {default})",
-    cfg.DtypeWhy.CPU_DEFAULT: "the default on CPU, so that runs exact in fp32 (a scaffold, one module at the start, "
-                              "blend at 100 %) show as exact; bf16 is faster but adds its own first-token KL to "
-                              "every comparison (measured: docs/models.md); choose bf16 for speed",
-    cfg.DtypeWhy.GPU_DEFAULT: "the default on a GPU: bf16 halves the bytes each decode step reads (not measured on "
-                              "this project's machines, which have no GPU)",
-}
-
-
-def info_document(info: dict) -> dict:
-    """The model's facts (``Engine.info()``) with the sentences ``info --json`` adds."""
-    return {**info, "attention_path": attention_path(info), "decode_step": decode_step(info),
-            "dtype_why": cfg.dtype_why(info["device"], info["dtype"]).value,
-            "dtype_reason": dtype_reason(info["device"], info["dtype"])}
-
-
-def dtype_reason(device: str, dtype: str) -> str:
-    default = cfg.short_dtype(cfg.default_dtype(device))
-    return DTYPE_REASONS[cfg.dtype_why(device, dtype)].format(dtype=cfg.short_dtype(dtype), device=device,
-                                                              default=default)
-
-
-def attention_path(info: dict) -> str:
-    """Which attention code runs and how positions reach it."""
-    if info["attention"] == "own":
-        how = "ALiBi bias read at position ids" if info["position_encoding"] == "alibi" else "RoPE at position ids"
-        return f"the model's own ({how})"
-    window = f"; {info['sliding_layers']} sliding-window layers masked by position ids" if info["sliding_window"] else ""
-    return f"registered PML attention{window}"
-
-
-def decode_step(info: dict) -> str:
-    """What runs a decode step, and why when it is not the engine's C++ decoder."""
-    why = info["decode_fallback"]
-    return "the engine's C++ decode step (one call per token)" if not why else f"transformers' modules: {why}"
-
 
 # -- Helpers --
 

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Generator
 
-from engine.arms.compare import Comparison, Done, Event, comparing
+from engine.arms.compare import Comparison, comparing
 from engine.arms.prefix import warm_prefix
 from engine.arms.registry import REGISTRY, ArmContext, Reads, Sampling
 from engine.cache.assemble import fetch_entries, used_keys
-from engine.cache.encode import EncodedSchema, UnitEncoded, count_units, encoding
+from engine.cache.encode import EncodedSchema, count_units, encoding
 from engine.cache.prefix import PrefixCache, schema_order_prompt
 from engine.cache.store import DiskStore, ModuleStore, default_budget
 from engine.config import RunConfig
@@ -34,7 +34,7 @@ from engine.model.load import LoadedModel, kv_shape, load_config, load_model, lo
 from engine.schema.layout import Layout, TextCodec
 from engine.schema.layout import layout as make_layout
 from engine.schema.plan import PromptPlan, check_room, plan_prompt
-from engine.run.events import Warmed, Warming, finish
+from engine.run.events import Done, Event, UnitEncoded, Warmed, Warming, finish
 from engine.schema.pml import parse_prompt, parse_schema
 
 
@@ -218,7 +218,7 @@ class Engine:
     def run_events(self, prepared: Prepared, sampling: Sampling | None = None, *,
                    config: RunConfig | None = None) -> Generator[Event, None, Comparison]:
         """Encode if needed, run the configured arms on ``prepared`` and compare them, yielding each step
-        (engine/arms/compare.py ``Event``), last a Done; closing the generator stops the run and frees the engine."""
+        (engine/run/events.py ``Event``), last a Done; closing the generator stops the run and frees the engine."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay, plan, source = prepared.layout, prepared.plan, prepared.prompt_source

@@ -12,7 +12,7 @@ from typing import Callable, TypeVar, Union
 from xml.sax.saxutils import escape
 
 from engine.errors import EngineError
-from engine.schema.layout import ANONYMOUS, Layout
+from engine.public import ANONYMOUS, Layout
 
 NONE = "(none)"  # radio value for "no member of this union"; not a valid PML identifier
 T = TypeVar("T")
@@ -116,7 +116,7 @@ class BuilderState:
 # From a layout, and the selection rules
 
 def spec_of(lay: Layout) -> BuilderSpec:
-    from engine.schema.pml import Param
+    from engine.public import Param
 
     defaults = {(path, c.name): c.default for path, mod in lay.schema.modules() for c in mod.children
                 if isinstance(c, Param)}
@@ -233,7 +233,7 @@ def compose_prompt(spec: BuilderSpec, values: dict, free_text: str) -> str:
 
 def selection_from_prompt(spec: BuilderSpec, prompt_text: str) -> tuple[dict, str] | None:
     """(widget values, free text) that reproduce a hand-written prompt, or None when it cannot be read."""
-    from engine.schema.pml import Import, NewText, parse_prompt
+    from engine.public import Import, NewText, parse_prompt
 
     try:
         prompt = parse_prompt(prompt_text)

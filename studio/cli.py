@@ -14,8 +14,7 @@ def serve_arguments(sp, page: bool = True) -> None:
     from .api.serve import api_arguments
 
     from engine.config import COMPUTE_DTYPES, MAX_NEW_TOKENS, Limit
-    from engine.limits import NumberArg
-    from engine.model import WEIGHTS
+    from engine.public import WEIGHTS, NumberArg
 
     sp.add_argument("--model", default=None, help="packaged model name, model folder or FILE.gguf (converted once) "
                     "(default: the packaged Qwen2.5-Coder-0.5B-Instruct, qwen2.5-coder-0.5b, which `make setup` "

@@ -13,11 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from engine.cache.encode import EncodedSchema
+from engine.public import ArmContext, EncodedSchema, PromptPlan, Sampling, run_arm
 from engine.errors import EngineError
-from engine.schema.plan import PromptPlan
-from engine.arms.compare import run_arm
-from engine.arms.registry import ArmContext, Sampling
 
 QUESTION = ("Using only the documents above, answer in one sentence: what is the most important lesson the "
             "author wants readers to learn from them?")

@@ -16,7 +16,7 @@ from typing import Iterator
 import gradio as gr
 
 from engine.errors import EngineError, PMLError, shorten
-from engine.schema.where import Lines
+from engine.public import Lines
 
 log = logging.getLogger("pml-studio")
 SHOWN = 120  # characters of a long source line shown around a problem's column

@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine.errors import EngineError, InputFileError
-from engine.files import DOCUMENT_BYTES, read_text
+from engine.public import DOCUMENT_BYTES, read_text
 
 from .errors import problem_lines, refusal
 from .views import problems_html
@@ -39,7 +39,7 @@ def load_sample(name: str) -> tuple[str, str]:
 
 
 def read_upload(path: str | None) -> tuple[str, str]:
-    from engine.schema.pml import document_kind
+    from engine.public import document_kind
 
     if not path:
         raise refusal("no file was uploaded")
@@ -96,7 +96,7 @@ def import_program(path: str | None, program: str | None = None) -> ProgramImpor
 
 
 def _compile(p: Path, program: str | None) -> ProgramImport:
-    from engine.programs import load_program_file
+    from engine.public import load_program_file
 
     pf = load_program_file(str(p))
     roots = tuple(pf.roots())

@@ -10,8 +10,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from engine.devices import process_alive
-from engine.owned import check_trusted
+from engine.public import check_trusted, process_alive
 
 TEMP_PREFIX = "pml-studio-"
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-[a-z0-9_]{8}")  # its pid, then mkdtemp's eight characters

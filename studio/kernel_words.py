@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def weight_kernels(use: dict, status: str, row_tile: int) -> str:
-    """One line: which kernels multiply the packed weights (``status``: engine.model.kernels.status())."""
+    """One line: which kernels multiply the packed weights (``status``: engine.public.kernel_status())."""
     packed, own = use.get("packed", 0), use.get("own", 0)
     if not packed:
         return "torch's dense matrix products"
@@ -20,6 +20,6 @@ def info_words(info: dict) -> dict:
     use = info.get("weight_kernel_use") or {}
     if not use.get("packed"):
         return {"weight_kernels": weight_kernels(use, "", 0)}
-    from engine.model import kernels
+    from engine.public import ROW_TILE, kernel_status
 
-    return {"weight_kernels": weight_kernels(use, kernels.status(), kernels.ROW_TILE)}
+    return {"weight_kernels": weight_kernels(use, kernel_status(), ROW_TILE)}

@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from engine.model import START_MODEL, START_WEIGHTS
+from engine.public import START_MODEL, START_WEIGHTS
 
 from .guard import TOKEN_ENV, TokenError, is_loopback, make_token, page_url
 from .hosting import check_address, keep_private, private_temp
@@ -57,7 +57,7 @@ class StudioOptions:
 def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     """Launch the studio; return 0 after the server stops (or the running Blocks when ``block`` is False). Only a
     request with the launch token, naming the host, loopback or an allowed host, drives it (studio/guard.py)."""
-    from engine.devices import check_cache
+    from engine.public import check_cache
     from engine.errors import EngineError
 
     from .connections import Limits

@@ -44,7 +44,7 @@ class PendingRun:
 
 
 def places(log_path: Path) -> list[Path]:
-    from engine.devices import cache_root
+    from engine.public import cache_root
 
     log_path = Path(log_path).expanduser().absolute()
     tag = hashlib.sha256(str(log_path).encode("utf-8")).hexdigest()[:12]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.arms.registry import settings_specs
+from engine.public import settings_specs
 from engine.config import RunConfig, budget_from_mib, choices
 from engine.errors import EngineError
 

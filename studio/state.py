@@ -16,9 +16,8 @@ from pathlib import Path
 import gradio as gr
 
 from engine.config import RunConfig
-from engine.model import START_MODEL
+from engine.public import START_MODEL, Layout
 from engine.errors import EngineError
-from engine.schema.layout import Layout
 from engine.config import short_dtype
 from engine.runlog import RunLog, RunLogError, utc_now
 

@@ -10,10 +10,8 @@ import html
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from engine.arms.compare import Comparison
-from engine.arms.registry import REGISTRY, Arm, Reads
+from engine.public import REGISTRY, Arm, Comparison, Reads, is_faster, speed_words
 from engine.config import short_dtype
-from engine.words import is_faster, speed_words
 
 from .arm_views import View, view_of, views
 

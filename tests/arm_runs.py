@@ -5,14 +5,14 @@ entry points: an arm takes its context."""
 from __future__ import annotations
 
 from engine.arms.blend import BlendSettings, blend_run
-from engine.arms.compare import Done, decoding
+from engine.arms.compare import decoding
 from engine.arms.modular import ModularSettings, cached_run, recomputed_run, repaired_run
 from engine.arms.baseline import baseline_run
 from engine.arms.prefix import prefix_run
 from engine.arms.registry import ArmContext, Sampling
 from engine.arms import routed
 from engine.arms.routed import SCOUT_LAYERS, RoutedSettings, routed_run
-from engine.run.events import FirstToken, Token, finish
+from engine.run.events import Done, FirstToken, Token, finish
 
 
 def context(lm, plan, encoded=None, store=None, sampling: Sampling = Sampling(), prefix=None, **settings):

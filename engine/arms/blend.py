@@ -123,8 +123,10 @@ def blend_run(ctx: DecodingContext, settings: BlendSettings | None = None, *, ch
     check_recompute(lm, "blend", "set blend to 0")
     decoder_layers(lm.model, "blend", "set blend to 0")
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
+    chosen = info
 
     def fill(buf: KVBuffer) -> Fill:
+        nonlocal chosen
         t0 = time.perf_counter()
         if n < len(cached):
             probe = selection_pass(lm, plan, check_layer, question=rule in ("question", "mixed"))
@@ -132,11 +134,10 @@ def blend_run(ctx: DecodingContext, settings: BlendSettings | None = None, *, ch
         else:  # everything is recomputed: nothing to choose
             probe, ranks = None, tuple(cached)
         chosen = replace(info, ranks=ranks, selection_ms=(time.perf_counter() - t0) * 1000)
-        return replace(_recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None),
-                       detail=chosen)
+        return _recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None)
 
-    run, _, chosen = yield from timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens
-                                          + ctx.sampling.max_new_tokens + 1, fill, ctx.sampling, ctx.decoder)
+    run, _ = yield from timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens
+                                  + ctx.sampling.max_new_tokens + 1, fill, ctx.sampling, ctx.decoder)
     return run, chosen
 
 

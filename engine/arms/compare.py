@@ -5,16 +5,16 @@ extend it, never rename; docs/cli.md). :meth:`Comparison.from_json` reads one ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Generator, Sequence, Union
+from typing import Generator, Sequence
 
 from engine.arms.registry import (REGISTRY, Agreement, Arm, ArmContext, ArmResult, DecodingContext, Reads,
                                   RunEvents)
 from engine.cache.assemble import fetch_entries, used_keys
-from engine.cache.encode import EncodedSchema, UnitEncoded
+from engine.cache.encode import EncodedSchema
 from engine.cache.settings import canonical_mode
 from engine.cache.store import ModuleStore
 from engine.run.decode import Decoder
-from engine.run.events import FirstToken, Token, Warmed, Warming, finish
+from engine.run.events import ArmDone, Event, finish
 from engine.run.types import RunResult, Sampling
 from engine.schema.plan import PromptPlan
 
@@ -173,28 +173,6 @@ class Comparison:
 
 
 # -- running the arms --
-
-@dataclass(frozen=True)
-class ArmDone:
-    """An arm's final result, with its agreement with the baseline, once every arm has decoded."""
-
-    result: ArmResult
-
-    @property
-    def arm(self) -> Arm:
-        return self.result.arm
-
-
-@dataclass(frozen=True)
-class Done:
-    """The run is over: every arm's result."""
-
-    comparison: Comparison
-
-
-# Engine.events yields encoding and warming, per arm a FirstToken and Tokens, an ArmDone per arm, then a Done
-Event = Union[UnitEncoded, Warming, Warmed, FirstToken, Token, ArmDone, Done]
-
 
 def comparing(ctx: ArmContext, arms: Sequence[str] = ("baseline", "cached"),
               decode: str = "together") -> Generator[Event, None, Comparison]:

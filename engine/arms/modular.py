@@ -93,8 +93,8 @@ def cached_run(ctx: DecodingContext, settings: ModularSettings | None = None,
                     precomputed_tokens=precomputed_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
                     retain=retain, key_positions=key_pos)
 
-    run, _, _ = yield from timed_run(lm, arm, plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1, fill,
-                                     ctx.sampling, ctx.decoder)
+    run, _ = yield from timed_run(lm, arm, plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1, fill,
+                                  ctx.sampling, ctx.decoder)
     return run
 
 
@@ -121,8 +121,8 @@ def recomputed_run(ctx: DecodingContext, redo: set[int], positions: tuple[int, .
                     precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions),
                     prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
-    run, _, _ = yield from timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + ctx.sampling.max_new_tokens
-                                     + 1, fill, ctx.sampling, ctx.decoder)
+    run, _ = yield from timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + ctx.sampling.max_new_tokens
+                                  + 1, fill, ctx.sampling, ctx.decoder)
     return run
 
 

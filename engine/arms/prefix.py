@@ -75,8 +75,8 @@ def prefix_run(ctx: DecodingContext, insert: bool = True) -> RunEvents[tuple[Run
     held = prefix.held(plan.layout.fingerprint)
     match = prefix.match(ids, limit=len(ids) - 1)
     k = match.reused
-    run, buf, _ = yield from timed_run(ctx.lm, "prefix", len(ids) + sampling.max_new_tokens + 1,
-                                       lambda buf: match_fill(ids, match, buf), sampling, ctx.decoder)
+    run, buf = yield from timed_run(ctx.lm, "prefix", len(ids) + sampling.max_new_tokens + 1,
+                                    lambda buf: match_fill(ids, match, buf), sampling, ctx.decoder)
     # before another run reuses the buffer
     stored = prefix.insert(ids, buf.data[:, :, 0], list(ctx.keep), run=True) if insert else 0
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),

@@ -15,7 +15,7 @@ from engine.errors import EngineError
 from engine.limits import Limit, check_fields
 from engine.run.decode import Decoder
 from engine.run.events import FirstToken, Token
-from engine.run.types import RunResult, Sampling  # noqa: F401  (callers import them from here too)
+from engine.run.types import Routing, RunResult, Sampling  # noqa: F401  (callers import them from here too)
 
 if TYPE_CHECKING:
     from engine.cache.encode import EncodedSchema
@@ -155,6 +155,11 @@ class ArmResult:
     run: RunResult
     agreement: Agreement | None = None
     detail: Any = None
+
+    @property
+    def routing(self) -> Routing | None:
+        """The arm's routing when its detail is one, else None."""
+        return self.detail if isinstance(self.detail, Routing) else None
 
     @property
     def error(self) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -28,7 +29,7 @@ from engine.run.attention import ape_scale, check_recompute
 from engine.run.joint import keep_run, module_ranks, recall, recompute_fill, run_key, select_tokens
 from engine.run.layers import run_until
 from engine.run.timing import Fill, timed_run
-from engine.run.types import RunResult
+from engine.run.types import Routing, RunResult
 from engine.run.workspace import workspace
 from engine.schema.plan import PromptPlan
 
@@ -43,7 +44,7 @@ DEFAULT_JOINT = "on"  # two or more kept modules are prefilled together
 DEFAULT_SHARE = 0.3  # ... the share of their tokens the question reads most (1: all of them)
 DEFAULT_SINKS = 4  # ... and each one's first tokens (EPIC's attention sinks)
 DEFAULT_TREE = "on"  # every module kept and in the prefix tree: read the full prefill's own KV from there
-PATHS = ("stored", "partial", "full", "repeat", "tree")  # how a run read its kept modules (RoutedInfo.path)
+PATHS = ("stored", "partial", "full", "repeat", "tree")  # how a run read its kept modules (Routing.path)
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,11 @@ class Scouted:
 
 
 @dataclass(frozen=True)
-class RoutedInfo:
+class RoutedInfo(Routing):
     """How one routed run chose what to read."""
 
-    k: int
-    min_pull: float
-    kept: tuple[str, ...]  # modules left visible, in prompt order
+    k: int = DEFAULT_K
+    min_pull: float = MIN_PULL
     attention: dict[str, float] = field(default_factory=dict)  # module -> its share of the pull
     layers: tuple[int, ...] = ()
     scout_ms: float = 0.0  # inside TTFT
@@ -137,8 +137,6 @@ class RoutedInfo:
     focus: str = DEFAULT_FOCUS
     moves: tuple[tuple[int, str], ...] = ()  # (decode step, module) each time the focus moved ("": a clause ended)
     joint: tuple[str, ...] = ()  # modules prefilled together
-    path: str = "stored"  # one of PATHS
-    recomputed: int = 0  # cached tokens prefilled again
     share: float = DEFAULT_SHARE
     sinks: int = DEFAULT_SINKS
     repeat_tokens: int = 0  # tokens read back from an identical earlier request (path "repeat")
@@ -154,8 +152,9 @@ class RoutedInfo:
 
     @classmethod
     def from_json(cls, data: dict) -> "RoutedInfo":
-        return cls(k=data.get("route_k", DEFAULT_K), min_pull=data.get("route_min_pull", MIN_PULL),
-                   kept=tuple(data.get("route_kept") or ()), attention=dict(data.get("route_attention") or {}),
+        kept, attention = tuple(data.get("route_kept") or ()), dict(data.get("route_attention") or {})
+        return cls(k=data.get("route_k", DEFAULT_K), min_pull=data.get("route_min_pull", MIN_PULL), kept=kept,
+                   dropped=tuple(m for m in attention if m not in kept), attention=attention,
                    layers=tuple(data.get("route_layers") or ()), scout_ms=data.get("scout_ms", 0.0),
                    pull=dict(data.get("route_pull") or {}), focus=data.get("route_focus", "off"),
                    moves=tuple((int(a), str(b)) for a, b in data.get("route_focus_moves") or ()),
@@ -166,7 +165,7 @@ class RoutedInfo:
 
 @dataclass(frozen=True)
 class _Choice:
-    """What a routed fill chose inside TTFT (its Fill's detail)."""
+    """What a routed fill chose inside TTFT."""
 
     seen: Scouted | None
     kept: tuple[str, ...]
@@ -189,8 +188,7 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
                layers: tuple[int, ...] = SCOUT_LAYERS) -> RunEvents[tuple[RunResult, RoutedInfo]]:
     """The modular run reading the modules the question routes to, and how it chose (``settings``: default the
     context's); ``keep`` forces the kept modules (the oracle); the modular arm's APE (T, S) scales their attention;
-    ``ctx.prefix`` keeps runs for a repeat (joint.py) and, with ``tree`` on, serves a question that keeps every
-    module from the KV it holds."""
+    ``ctx.prefix`` keeps runs for a repeat (joint.py) and, with ``tree`` on, serves an every-module question."""
     lm, plan, encoded, store, prefix = ctx.lm, ctx.plan, ctx.encoded, ctx.store, ctx.prefix
     s = settings or ctx.settings_of("routed")
     ape = ctx.settings_of("cached").ape  # APE is the modular arm's setting
@@ -206,7 +204,7 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
     whole = tree_match(prefix, plan) if s.tree == "on" and s.joint == "on" and keep is None else None
     ends = clause_ends(lm.tokenizer) if s.focus == "clause" else frozenset()  # before TTFT: once per tokenizer
 
-    def fill(buf: KVBuffer) -> Fill:
+    def choose_and_fill(buf: KVBuffer) -> tuple[Fill, _Choice]:
         t0 = time.perf_counter()
         for span in ranges:
             span.write_into(buf)
@@ -222,17 +220,28 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
             work, slots = recompute_fill(lm, plan, encoded, store, buf, redo, drop)
             owners = _joint_owners(plan, kept, slots) if s.focus == "clause" and path == "partial" else None
             focused = _focus(owners, kept, modules, seen, ids, s.min_pull, ends)
-            return replace(work, decode=AttentionSpec(focus=focused), detail=replace(choice, slots=slots, focus=focused))
+            return replace(work, decode=AttentionSpec(focus=focused)), replace(choice, slots=slots, focus=focused)
         return _stored_fill(lm, plan, ranges, buf, choice, s.focus != "off", ape, s.min_pull, ends)
 
-    run, buf, choice = yield from timed_run(lm, "routed", plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens
-                                            + 1, fill, ctx.sampling, ctx.decoder)
-    info = _info(choice, s, layers if keep is None else (), run.recomputed_tokens)
+    chosen: list[_Choice] = []
+    run, buf = yield from timed_run(lm, "routed", plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1,
+                                    _recording(choose_and_fill, chosen), ctx.sampling, ctx.decoder)
+    choice = chosen[-1]
+    info = _info(choice, s, layers if keep is None else (), run.recomputed_tokens, modules)
     if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
         keep_run(prefix, key, plan, buf, choice.slots, [r.entry for r in ranges], info,
                  list(ctx.keep) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits,
                  focus=choice.focus)
     return run, info
+
+
+def _recording(fill: Callable[[KVBuffer], tuple[Fill, _Choice]], chosen: list[_Choice]) -> Callable[[KVBuffer], Fill]:
+    """``fill`` as timed_run takes it; what it chose goes to ``chosen``."""
+    def recorded(buf: KVBuffer) -> Fill:
+        work, choice = fill(buf)
+        chosen.append(choice)
+        return work
+    return recorded
 
 
 def _recompute(plan: PromptPlan, modules: tuple[str, ...], kept: tuple[str, ...], together: tuple[str, ...],
@@ -259,15 +268,15 @@ def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
     return match if end and match.reused >= end else None
 
 
-def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choice: _Choice) -> Fill:
+def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choice: _Choice) -> tuple[Fill, _Choice]:
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
     contiguous positions, as the prefix arm and the baseline number them. The modules' tokens this request encoded
     count as computed, though the tree's KV is read."""
     buf.reset()
     every = range(len(plan.token_ids))
     work = match_fill(list(plan.token_ids), match, buf)
-    return replace(work, precomputed_tokens=max(0, work.reused_tokens - fresh_tokens(ranges)),
-                   detail=replace(choice, slots=list(every), positions=every))
+    return (replace(work, precomputed_tokens=max(0, work.reused_tokens - fresh_tokens(ranges))),
+            replace(choice, slots=list(every), positions=every))
 
 
 def _ms(t0: float) -> float:
@@ -276,7 +285,7 @@ def _ms(t0: float) -> float:
 
 # the fill's parts and the settings it reads
 def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVBuffer, choice: _Choice, focus: bool,
-                 ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> Fill:
+                 ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> tuple[Fill, _Choice]:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
     steps read the module the answer names."""
     ids, pos = plan.uncached()
@@ -289,10 +298,10 @@ def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVB
         owners, kept, modules, choice.seen, ids, min_pull, ends)
     scale = ape_scale(lm, read, ape)
     slots = _stored_slots(plan, ranges, kept) if scale is None else None
-    return Fill(ids, pos, [r.entry for r in ranges], reused_tokens=sum(len(r) for r in read),
+    work = Fill(ids, pos, [r.entry for r in ranges], reused_tokens=sum(len(r) for r in read),
                 precomputed_tokens=precomputed_tokens(ranges),  # the scout read the left-out modules' stored KV
-                prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused),
-                detail=replace(choice, focus=focused, slots=slots))
+                prefill=AttentionSpec(ape=scale), decode=AttentionSpec(ape=scale, focus=focused))
+    return work, replace(choice, focus=focused, slots=slots)
 
 
 def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool,
@@ -312,10 +321,10 @@ def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool,
                     precomputed_tokens=max(0, known - (not whole)), logits=stored.logits if whole else None,
                     decode=AttentionSpec(focus=focus))
 
-    run, _, _ = yield from timed_run(ctx.lm, "routed", n + ctx.sampling.max_new_tokens + 2, fill, ctx.sampling,
-                                     ctx.decoder)
-    return run, replace(stored.detail, path="repeat", recomputed=0, scout_ms=0.0,
-                        moves=_moves(focus, stored.detail.kept), repeat_tokens=n)
+    run, _ = yield from timed_run(ctx.lm, "routed", n + ctx.sampling.max_new_tokens + 2, fill, ctx.sampling,
+                                  ctx.decoder)
+    return run, replace(stored.routing, path="repeat", recomputed=0, scout_ms=0.0,
+                        moves=_moves(focus, stored.routing.kept), repeat_tokens=n)
 
 
 def _stored_slots(plan: PromptPlan, ranges: list[Span], kept: tuple[str, ...]) -> list[int]:
@@ -386,14 +395,16 @@ def choose(seen: Scouted, k: int, min_pull: float) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(seen.modules) if i in take)
 
 
-def _info(choice: _Choice, s: RoutedSettings, layers: tuple[int, ...], recomputed: int) -> RoutedInfo:
+def _info(choice: _Choice, s: RoutedSettings, layers: tuple[int, ...], recomputed: int,
+          modules: tuple[str, ...]) -> RoutedInfo:
     """A routed run's detail, from what its fill chose (and where its focus moved while decoding)."""
     seen = choice.seen
     moves = _moves(choice.focus, choice.kept)
     shares, pull = ({}, {}) if seen is None else (seen.shares(), dict(zip(seen.modules, seen.strength().tolist())))
-    return RoutedInfo(k=s.k, min_pull=s.min_pull, kept=choice.kept, attention=shares, layers=layers,
-                      scout_ms=choice.ms, pull=pull, focus=s.focus, moves=moves, joint=choice.joint,
-                      path=choice.path, recomputed=recomputed, share=s.share, sinks=s.sinks)
+    return RoutedInfo(kept=choice.kept, dropped=tuple(m for m in modules if m not in choice.kept), recomputed=recomputed,
+                      path=choice.path, k=s.k, min_pull=s.min_pull, attention=shares, layers=layers,
+                      scout_ms=choice.ms, pull=pull, focus=s.focus, moves=moves, joint=choice.joint, share=s.share,
+                      sinks=s.sinks)
 
 
 def _moves(focus: Focus | None, kept: tuple[str, ...]) -> tuple[tuple[int, str], ...]:

@@ -17,6 +17,7 @@ from engine.cache.store import ModuleStore
 from engine.errors import EngineError, MissingEntry
 from engine.kv import ModuleKV, storage_tag, to_storage
 from engine.model.attend import ATTENTION, AttentionScorer, AttentionSpec, forward_kv
+from engine.run.events import UnitEncoded, finish
 from engine.schema.layout import ANONYMOUS, EntryName, Layout
 
 
@@ -31,15 +32,6 @@ class Encoding:
     storage_dtype: str = "float32"
     compression: Compression = field(default_factory=Compression)
     sink: int = 0  # isolated mode only
-
-
-@dataclass(frozen=True)
-class UnitEncoded:
-    """``done`` of ``total`` units are available, the last one ``unit``."""
-
-    done: int
-    total: int
-    unit: str  # its name ("already encoded" when every unit was)
 
 
 @dataclass(frozen=True)
@@ -95,12 +87,7 @@ class EncodedSchema:
 def encode_schema(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),
                   model_fingerprint: str = "") -> EncodedSchema:
     """:func:`encoding`, every unit at once."""
-    events = encoding(model, layout, store, config, model_fingerprint)
-    while True:
-        try:
-            next(events)
-        except StopIteration as done:
-            return done.value
+    return finish(encoding(model, layout, store, config, model_fingerprint))
 
 
 def encoding(model, layout: Layout, store: ModuleStore, config: Encoding = Encoding(),

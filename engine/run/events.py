@@ -1,15 +1,21 @@
-"""What a run yields as it goes: typed events the caller pulls and stops by closing the generator (after
-nanochat's ``Engine.generate``); ``ArmDone`` and ``Done`` sit with the Comparison (engine/arms/compare.py)."""
+"""Every event a run yields, pulled by the caller, who stops it by closing the generator (nanochat's
+``Engine.generate``). It imports nothing of the engine, so any floor may yield one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generator, TypeVar
+from typing import Generator, TypeVar, Union
 
-from engine.cache.encode import UnitEncoded
-from engine.run.types import RunResult
+__all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "ArmDone", "Done", "Event", "finish"]
 
-__all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "finish"]
+
+@dataclass(frozen=True)
+class UnitEncoded:
+    """``done`` of ``total`` units are available, the last one ``unit``."""
+
+    done: int
+    total: int
+    unit: str  # its name ("already encoded" when every unit was)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,27 @@ class Token:
     delta: str
     text: str
 
+
+@dataclass(frozen=True)
+class ArmDone:
+    """An arm's final result, with its agreement with the baseline, once every arm has decoded."""
+
+    result: ArmResult
+
+    @property
+    def arm(self) -> "Arm":
+        return self.result.arm
+
+
+@dataclass(frozen=True)
+class Done:
+    """The run is over: every arm's result."""
+
+    comparison: Comparison
+
+
+# Engine.events yields encoding and warming, per arm a FirstToken and Tokens, an ArmDone per arm, then a Done
+Event = Union[UnitEncoded, Warming, Warmed, FirstToken, Token, ArmDone, Done]
 
 T = TypeVar("T")
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 
 from engine.cache.assemble import (buffer_ranks, module_ranges, precomputed_tokens, prefilled, ranked_copies,
@@ -19,6 +17,7 @@ from engine.model.attend import AttentionSpec, Focus
 from engine.model.load import LoadedModel
 from engine.run.attention import rank_mask
 from engine.run.timing import Fill
+from engine.run.types import Routing
 from engine.schema.plan import PromptPlan
 
 PER_MODULE = 0.5  # of the recompute budget, the part spread over the kept modules by size (an every-module question)
@@ -32,12 +31,12 @@ _POSITION_SHIFT = 24  # a code is token id + (position + 1) << 24: token ids sta
 @dataclass(frozen=True)
 class StoredRun:
     """What an earlier routed run left in the prefix tree: the key its visible tokens' KV lies under, its first
-    token's logits (a repeat whose whole KV is still held prefills nothing) and its detail (a repeat reports the
+    token's logits (a repeat whose whole KV is still held prefills nothing) and its routing (a repeat reports the
     same choice)."""
 
     sequence: tuple[int, ...]  # MARK | hash, then each visible token's code, in prompt order
     last: tuple[int, int]  # (token id, position) of the prompt's last token
-    detail: Any
+    routing: Routing  # the run's RoutedInfo (engine/arms/routed.py)
     logits: torch.Tensor | None = None  # [vocab] after the prompt's last token, on the CPU
     focus: Focus | None = None  # the run's decode-time focus, its owners in stored order (a repeat decodes as it did)
 
@@ -114,7 +113,7 @@ def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list
 
 # what a repeat reads back, all known only after TTFT
 def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
-             detail, keep: list[str], positions=None, logits: torch.Tensor | None = None,
+             routing: Routing, keep: list[str], positions=None, logits: torch.Tensor | None = None,
              focus: Focus | None = None) -> int:
     """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``, with its first
     token's ``logits`` and ``focus``; tokens stored. ``positions``: each rank's position id, when the run did not use
@@ -131,6 +130,6 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slo
     if focus is not None:  # slots past the owners (the new tokens) belong to no module
         owners = torch.cat([focus.owners, focus.owners.new_full((len(slots) - len(focus.owners),), -1)])
         focus = focus.fresh(owners[torch.tensor(order)])
-    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), detail, logits, focus))
+    prefix.remember(key, StoredRun(sequence, (ids[ranks[-1]], positions[ranks[-1]]), routing, logits, focus))
     return stored
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from engine.run.stream import TextStream
 from engine.run.types import RunResult, Sampling
 from engine.run.workspace import workspace
 
-Timed = Generator["FirstToken | Token", None, tuple[RunResult, KVBuffer, Any]]
+Timed = Generator["FirstToken | Token", None, tuple[RunResult, KVBuffer]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,6 @@ class Fill:
     prefill: AttentionSpec = PLAIN  # what the prefill attends to
     decode: AttentionSpec = PLAIN  # what every decode step attends to
     copies: bool = True  # False: fill writes nothing; copy_ms 0
-    detail: Any = None  # what the arm chose inside TTFT (returned by timed_run)
     retain: QuestionRetention | None = None  # thins the buffer after the first token
     key_positions: list[torch.Tensor] | None = None  # per layer, the buffer's key positions (sliding windows, ALiBi)
     logits: torch.Tensor | None = None  # known logits after ``ids``, whose KV fill wrote: nothing is prefilled
@@ -50,7 +49,8 @@ class Fill:
 def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer], Fill], sampling: Sampling,
               decoder: Decoder | None = None) -> Timed:
     """Allocate ``capacity`` tokens, ``fill``, prefill, sample (a FirstToken), decode through ``decoder`` (default:
-    at once); the run (whole once :meth:`Decoder.finish` gives it), its buffer and the Fill's ``detail``."""
+    at once); the run (whole once :meth:`Decoder.finish` gives it) and its buffer. An arm keeps what its ``fill``
+    chose."""
     decoder = decoder or Decoder(lm)
     with memory.PEAK_MEMORY(lm.device) as mem:
         decoder.before_start()
@@ -64,7 +64,7 @@ def timed_run(lm: LoadedModel, arm: str, capacity: int, fill: Callable[[KVBuffer
         yield FirstToken(arm, started.tokens[0], started.said, first)
         yield from decoder.take(started)
     started.run = dataclasses.replace(first, peak_rss_bytes=mem.peak_rss, cuda_peak_bytes=mem.cuda_peak)
-    return started.result(lm.tokenizer, started.run), buf, work.detail
+    return started.result(lm.tokenizer, started.run), buf
 
 
 def prefill(lm: LoadedModel, cache, work: Fill) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""What a run takes and gives back: its sampling settings and the timed result."""
+"""What a run takes and gives back: its sampling settings, the timed result, a routing arm's decision."""
 
 from __future__ import annotations
 
@@ -36,6 +36,16 @@ class Sampling:
         out = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
                "seed": self.seed}
         return {**out, "stop": list(self.stop)} if self.stop else out
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Which modules a routing arm's answer read, and how."""
+
+    kept: tuple[str, ...] = ()  # in prompt order
+    dropped: tuple[str, ...] = ()
+    recomputed: int = 0  # cached tokens prefilled again
+    path: str = "stored"  # engine/arms/routed.py PATHS
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 from xml.sax.saxutils import escape
 
-from engine.schema.layout import TextCodec
-from engine.schema.pml import compact as as_parsed
+from engine.public import TextCodec, compact as as_parsed
 
 from .positions import PositionRegistry
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from engine.errors import EngineError
-from engine.schema.pml import IDENT
+from engine.public import IDENT
 
 from .errors import ApiError
 

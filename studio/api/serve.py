@@ -88,7 +88,7 @@ def api_app(engine_of: EngineOf, runlog, upstream: "UpstreamOptions | str | None
 def api_arguments(sp) -> None:
     """The API's options, for ``pml-studio serve`` and ``pml-studio api``."""
     from engine.config import Limit
-    from engine.limits import NumberArg
+    from engine.public import NumberArg
 
     sp.add_argument("--default-arm", default=None, type=_arm, metavar="ARM",
                     help=f"the arm that answers an API request that names none in pml.arm: baseline, prefix, cached, "
@@ -118,7 +118,7 @@ def serve(options: ServeOptions) -> int:
     """Serve the API alone behind the launch-token guard; 0 after Ctrl-C, 2 on a start error."""
     import uvicorn
 
-    from engine.devices import check_cache
+    from engine.public import check_cache
     from engine.errors import EngineError
     from engine.runlog import RunLog
     from engine.session import Engine

@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from engine.arms.compare import Done
-from engine.arms.registry import REGISTRY, Reads, Sampling
+from engine.public import REGISTRY, Done, FirstToken, Reads, Sampling, Token, UnitEncoded
 from engine.errors import ContextLengthError, EngineError
-from engine.run.events import FirstToken, Token, UnitEncoded
 from engine.runlog import RunLogError
 
 from ..arm_views import document
@@ -28,7 +26,7 @@ from .types import PmlInfo, PromptTokensDetails, Usage
 from .usage import Visible, cached_tokens, cut, finish_reason, module_sources, routed_out_tokens
 
 if TYPE_CHECKING:
-    from engine.arms.compare import Comparison
+    from engine.public import Comparison
     from engine.session import Engine, Prepared
 
 DEFAULT_MAX_TOKENS = {"chat": 1024, "completion": 16}  # OpenAI's completions default: 16
@@ -240,11 +238,11 @@ class ApiService:
                       total_tokens=prompt_tokens + completion,
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
         reused, encoded = module_sources(res)
-        detail = res.arm(work.arm).detail
-        kept = getattr(detail, "kept", None)
+        routing = res.arm(work.arm).routing
         pml = PmlInfo(arm=work.arm, mode=compiled.mode, schema_name=res.prompt.schema, modules_reused=reused,
-                      modules_encoded=encoded, routed_kept=None if kept is None else list(kept), cached_tokens=cached,
-                      routed_path=getattr(detail, "path", None), recomputed_tokens=run.recomputed_tokens,
+                      modules_encoded=encoded, routed_kept=None if routing is None else list(routing.kept),
+                      cached_tokens=cached, routed_path=None if routing is None else routing.path,
+                      recomputed_tokens=run.recomputed_tokens,
                       routed_out_tokens=routed_out_tokens(res, work.arm),
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),

@@ -13,10 +13,11 @@ def cached_tokens(comparison, arm: str) -> int:
 
 def routed_out_tokens(comparison, arm: str) -> int | None:
     """Tokens of the modules the routed arm read from the store and left out of the answer; None for other arms."""
-    kept = getattr(comparison.arm(arm).detail, "kept", None)
-    if kept is None or comparison.plan is None:
+    routing = comparison.arm(arm).routing
+    if routing is None or comparison.plan is None:
         return None
-    return sum(len(at.segment) for at in comparison.plan.placed() if at.module is not None and at.module not in kept)
+    return sum(len(at.segment) for at in comparison.plan.placed()
+               if at.module is not None and at.module not in routing.kept)
 
 
 def module_sources(comparison) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.words import ArmWords, titled
+from engine.public import ArmWords, titled
 
 PALETTE = ("#7c3aed", "#db2777", "#0891b2", "#65a30d", "#ca8a04", "#dc2626", "#2563eb", "#9333ea")
 
@@ -72,7 +72,7 @@ def view_of(arm: str) -> View:
 
 def views() -> tuple[View, ...]:
     """One view per registered arm, in column order (read when a page is built, so later arms appear too)."""
-    from engine.arms import REGISTRY
+    from engine.public import REGISTRY
 
     return tuple(view_of(arm) for arm in REGISTRY)
 

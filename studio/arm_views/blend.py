@@ -1,6 +1,6 @@
 """The blend arm's look: the share it recomputed, by which rule, and what choosing cost."""
 
-from engine.arms.blend import BlendInfo
+from engine.public import BlendInfo
 
 from . import View, register
 

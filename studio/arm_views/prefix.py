@@ -1,7 +1,6 @@
 """The prefix-cache arm's look: what the cache held before the run."""
 
-from engine.arms.prefix import PrefixReuse
-from engine.cache.prefix import Held
+from engine.public import Held, PrefixReuse
 
 from . import View, register
 

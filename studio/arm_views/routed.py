@@ -1,7 +1,6 @@
 """The routed arm's look: which modules the question read, and each one's share of its pull."""
 
-from engine.arms.routed import RoutedInfo
-from engine.schema.plan import PromptPlan
+from engine.public import PromptPlan, RoutedInfo
 
 from . import Bar, View, register
 

@@ -1,6 +1,6 @@
 """The vLLM arm's look: a remote server that reuses prefixes only; what it reported, or why it could not run."""
 
-from engine.arms.vllm import VllmRun
+from engine.public import VllmRun
 
 from . import View, register
 

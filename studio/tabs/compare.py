@@ -15,7 +15,7 @@ from typing import Iterator
 
 import gradio as gr
 
-from engine.run.events import FirstToken, Token, UnitEncoded, Warming
+from engine.public import FirstToken, Token, UnitEncoded, Warming
 
 from ..arm_views import document, view_of, views as arm_views
 from ..errors import as_gr_error, refusal, user_error
@@ -77,7 +77,7 @@ ARM_ACCORDION = "{title}: settings"
 
 
 def arm_controls(studio: Studio, panel: Panel) -> None:
-    from engine.arms.registry import settings_specs
+    from engine.public import settings_specs
 
     from .encode import REPAIR_NOTE
 
@@ -144,7 +144,7 @@ UPDATE_EVERY = 0.5
 
 
 def sampling_of(max_new_tokens, temperature=0.0, top_p: float = 1.0, seed: int = 0, cap: int | None = None):
-    from engine.arms.registry import Sampling
+    from engine.public import Sampling
 
     with as_gr_error("reading the sampling settings"):
         sampling = Sampling(max_new_tokens=max_new_tokens,
@@ -270,7 +270,7 @@ def compare_json(studio: Studio, schema_text: str, prompt_text: str, max_new_tok
 def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
     """Character offset, per arm, where its text starts to differ from the baseline's; the baseline is marked at the
     earliest divergence of any arm."""
-    from engine.arms.registry import first_divergence
+    from engine.public import first_divergence
 
     base = comparison.baseline
     out: dict[str, int | None] = {}

@@ -13,7 +13,7 @@ from typing import Callable
 
 import gradio as gr
 
-from engine.arms.registry import settings_specs
+from engine.public import settings_specs
 from engine.config import MAX_SINK, RunConfig, short_dtype
 
 from ..errors import as_gr_error

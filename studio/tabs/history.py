@@ -9,10 +9,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.arms.compare import Comparison
+from engine.public import Comparison, speed_words
 from engine.config import short_dtype
 from engine.runlog import RunLogError
-from engine.words import speed_words
 
 from .. import views
 from ..errors import refusal

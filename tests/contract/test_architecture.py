@@ -4,21 +4,25 @@ import circles, and nothing grows too long.
 The layer map (docs/architecture.md draws it), bottom to top; a module may import its own layer and the ones
 below, never one above — imports inside functions and under ``TYPE_CHECKING`` count, read with ``ast``:
 
-    base         engine.errors · engine.limits · engine.owned · engine.devices · engine.files
+    base         engine.errors · engine.limits · engine.owned · engine.devices · engine.files · engine.run.events
     language     engine.schema · engine.programs
     containers   engine.kv
     model        engine.model
     cache        engine.cache
     run          engine.run
     arms         engine.arms
-    application  engine.config · engine.session · engine.runlog · engine.cli · engine (its __init__)
+    application  engine.config · engine.session · engine.runlog · engine.cli · engine.public · engine (its __init__)
 
-Above the engine: studio/ (never bench/), then bench/. The engine never imports gradio, studio or bench.
+Above the engine: studio/ (never bench/), then bench/. The engine never imports gradio, studio or bench; tools/
+never imports bench. No import circles in engine/, studio/, bench/ or tools/, nor across them. bench/ is a package of
+scripts (each runs as ``python bench/NAME.py``: it has a ``__main__`` guard) and of the modules they share; nothing
+imports a script (tests/ may).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,14 +32,15 @@ import pytest
 from tests.conftest import ROOT
 
 LAYERS = (
-    ("base", ("engine.errors", "engine.limits", "engine.owned", "engine.devices", "engine.files")),
+    # engine.run.events imports nothing of the engine: every floor that yields an event (encoding, the arms) reads it
+    ("base", ("engine.errors", "engine.limits", "engine.owned", "engine.devices", "engine.files", "engine.run.events")),
     ("language", ("engine.schema", "engine.programs")),
     ("containers", ("engine.kv",)),
     ("model", ("engine.model",)),
     ("cache", ("engine.cache",)),
     ("run", ("engine.run",)),
     ("arms", ("engine.arms",)),
-    ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine")),
+    ("application", ("engine.config", "engine.session", "engine.runlog", "engine.cli", "engine.public", "engine")),
 )
 # studio/'s own floors, bottom to top (docs/architecture.md draws them beside the engine's): the same rule
 STUDIO_LAYERS = (
@@ -48,7 +53,14 @@ STUDIO_LAYERS = (
     ("studio tabs", ("studio.state", "studio.benchmarks", "studio.tabs")),
     ("studio launch", ("studio.app", "studio.launch", "studio.cli", "studio")),
 )
-FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}}
+FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}, "tools": {"bench"}}
+# What studio/ may import of the engine: the package, its application modules, and engine.public for the rest
+STUDIO_READS = {"engine", "engine.public", "engine.errors", "engine.config", "engine.session", "engine.runlog"}
+STUDIO_ALSO = {"studio.cli": {"engine.cli", "engine.cli_encode"},  # the console script extends the engine's commands
+               # the API's front and upstream share the OpenAI wire with the vllm arm (engine/run/remote.py)
+               "studio.api.front": {"engine.run.remote", "engine.run.types", "engine.schema.plan"},
+               "studio.api.upstream": {"engine.run.remote"}}
+PACKAGES = ("engine", "studio", "bench", "tools")
 DYNAMIC = {"import_module", "__import__"}
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_LINES = 250
@@ -171,9 +183,38 @@ def test_every_studio_module_is_named_in_the_studio_map():
     assert [m for m in graph("studio") if m != "studio" and not any(m == p or m.startswith(p + ".") for p in named)] == []
 
 
-@pytest.mark.parametrize("package", ["engine", "studio"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle(package):
     assert circles(graph(package)) == []
+
+
+def test_no_import_circle_across_the_packages():
+    assert circles({m: ts for package in PACKAGES for m, ts in graph(package).items()}) == []
+
+
+def bench_scripts() -> set[str]:
+    """The modules of bench/ that run as scripts: those with a ``__main__`` guard."""
+    return {module_name(f) for f in (ROOT / "bench").glob("*.py")
+            if re.search(r"^if __name__ == .__main__.:", f.read_text(encoding="utf-8"), re.M)}
+
+
+def test_nothing_imports_a_bench_script():
+    """A script's shared parts live in a module of bench/ that scripts import (measurement, workloads, peers,
+    result records), so no script runs another's top level and no two scripts depend on each other."""
+    scripts = bench_scripts()
+    assert {"bench.report", "bench.fidelity", "bench.workload"} <= scripts and "bench.common" not in scripts
+    found = [f"{m}:{line} imports {t}" for package in PACKAGES for m, ts in graph(package).items()
+             for t, line in ts if t in scripts and t != m]
+    assert found == []
+
+
+def test_bench_scripts_import_their_siblings_through_the_package():
+    """``from bench.common import ...``, never ``from common import ...``: one module object per file, whether a
+    script runs it or a test imports it (a bare name made a second copy, and hid the edges from this test)."""
+    siblings = {f.stem for f in (ROOT / "bench").glob("*.py")}
+    bare = [f"{m}:{line} imports {t}" for m, ts in graph("bench").items() for t, line in ts
+            if t.split(".")[0] in siblings]
+    assert bare == []
 
 
 def test_the_generate_loop_sits_below_the_arms():
@@ -194,6 +235,22 @@ def test_nothing_imports_a_front_end_above_it():
                  for module, targets in graph(package).items()
                  for target, line in targets if target.split(".")[0] in forbidden]
     assert offenders == []
+
+
+def test_the_studio_reads_the_engine_through_its_face():
+    """Models, schemas and runs reach studio/ through ``engine`` and engine/public.py, never an internal module or the
+    engine's CLI; engine.public is a door out (nothing in the engine imports it), every name it offers exists, and
+    importing it loads no module behind it."""
+    inside = [f"{m}:{line} imports {t}" for m, ts in graph("studio").items() for t, line in ts
+              if t.split(".")[0] == "engine" and t not in STUDIO_READS | STUDIO_ALSO.get(m, set())]
+    assert inside == []
+    assert [m for m, ts in graph().items() if "engine.public" in {t for t, _ in ts}] == []
+    import engine.public as public
+
+    assert [name for name in public.__all__ if getattr(public, name, None) is None] == []
+    code = "import sys, engine.public\nprint(sorted(m for m in ('torch', 'engine.session') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_the_engine_reads_no_benchmark_file():

@@ -44,3 +44,16 @@ def test_every_arm_s_details_are_data():
     for spec in REGISTRY.values():
         if spec.detail is not None:
             assert not [m for m in dir(spec.detail) if WORDS.search(m)], spec.name
+
+
+def test_a_runs_result_crosses_as_typed_fields():
+    """No untyped channel carries what a run chose: nothing in engine/run/ holds an ``Any`` field or returns one,
+    and the API reads a run's result by its fields (``ArmResult.routing``), never by ``getattr``."""
+    loose = [f"engine/run/{p.name}:{node.lineno}" for p in sorted((ROOT / "engine" / "run").glob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.AnnAssign) and "Any" in ast.unparse(node.annotation)]
+    reads = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in sorted((ROOT / "studio" / "api").glob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr"
+             and re.search(r"\b(detail|run|res|comparison|result)\b|\.arm\(", ast.unparse(node.args[0]))]
+    assert loose == [] and reads == []

@@ -146,7 +146,7 @@ def test_a_real_doctype_next_to_cdata_is_still_refused(attack, where):
 def test_the_declaration_scan_is_linear_in_unclosed_openers():
     import time
 
-    from engine.schema.pml import _declaration
+    from engine.schema.xmldoc import _declaration
 
     start = time.perf_counter()
     assert _declaration("<!--" * 200_000 + "<![CDATA[" * 100_000 + "<?" * 200_000 + "\n<!DOCTYPE x>") == 2_100_001
@@ -161,7 +161,7 @@ def test_the_declaration_scan_is_linear_in_unclosed_openers():
 def test_the_parser_itself_never_reads_a_file_named_in_a_document(tmp_path, monkeypatch, attack):
     """With the text scan switched off, lxml still neither expands entities nor loads a DTD, and the
     parsed document's DOCTYPE is refused all the same."""
-    import engine.schema.pml as pml
+    import engine.schema.xmldoc as pml  # the one module that reads a document with lxml
 
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET")
@@ -170,7 +170,7 @@ def test_the_parser_itself_never_reads_a_file_named_in_a_document(tmp_path, monk
         parse_schema(attack.format(secret=secret), "t.xml")
     text = " ".join(str(p) for p in info.value.problems)
     assert "TOP-SECRET" not in text and "DOCTYPE and ENTITY declarations are not allowed" in text
-    assert {k: pml._PARSER_OPTIONS[k] for k in ("resolve_entities", "no_network", "load_dtd", "huge_tree")} == {
+    assert {k: pml.PARSER_OPTIONS[k] for k in ("resolve_entities", "no_network", "load_dtd", "huge_tree")} == {
         "resolve_entities": False, "no_network": True, "load_dtd": False, "huge_tree": False}
 
 

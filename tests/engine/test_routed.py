@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicCache
 
 from tests.arm_runs import run_cached
 from engine.arms.registry import REGISTRY, Sampling
-from engine.arms.routed import RoutedInfo, RoutedSettings, Scouted, choose
+from engine.arms.routed import PATHS, RoutedInfo, RoutedSettings, Scouted, choose
 from tests.arm_runs import run_routed
 from engine.config import Compression, RunConfig
 from engine.errors import EngineError
@@ -194,6 +194,24 @@ def test_the_routed_arm_runs_in_a_comparison_and_its_choice_survives_the_json(ti
 
     back = Comparison.from_json(doc).arm("routed").detail
     assert back.kept == tuple(routed["route_kept"]) and view_of("routed").chips(back)[0].startswith("read ")
+
+
+def test_the_routed_decision_is_a_typed_routing_on_the_arms_result(tiny):
+    """What the API, the Compare tab and the benchmarks read: kept, dropped, recomputed and path, live and read
+    back from the JSON; an arm that does not route has none."""
+    from engine.arms.compare import Comparison
+    from engine.run.types import Routing
+
+    c = tiny.eng.compare(TURNS, PROMPT, Sampling(2), config=tiny.eng.config.with_(arms=("baseline", "cached", "routed"),
+                                                                                   route_k=1, route_min_pull=0.0))
+    routing = c.arm("routed").routing
+    assert isinstance(routing, Routing) and routing is c.arm("routed").detail
+    assert len(routing.kept) == 1 and set(routing.kept) | set(routing.dropped) == {"d1", "d2", "d3"}
+    assert routing.path in PATHS and routing.recomputed == c.arm("routed").run.recomputed_tokens
+    assert c.arm("cached").routing is None and c.arm("baseline").routing is None
+    back = Comparison.from_json(json.loads(json.dumps(c.to_json()))).arm("routed").routing
+    assert (back.kept, back.dropped, back.recomputed, back.path) == (routing.kept, routing.dropped,
+                                                                     routing.recomputed, routing.path)
 
 
 def test_the_studio_greys_the_modules_routed_out_and_bars_each_modules_share(tiny):

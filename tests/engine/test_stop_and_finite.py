@@ -10,9 +10,8 @@ import threading
 import pytest
 import torch
 
-from engine.arms.compare import ArmDone, Done
 from engine.arms.registry import Sampling
-from engine.run.events import FirstToken, Token, UnitEncoded
+from engine.run.events import ArmDone, Done, FirstToken, Token, UnitEncoded
 from engine import errors
 from engine.errors import ModelError
 from engine.model.load import load_model, load_tokenizer, resolve_model_path, wrap_model

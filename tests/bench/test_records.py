@@ -1,0 +1,52 @@
+"""The benchmarks' result records (bench/records.py, bench/serving.py): each ``to_json`` writes the fields and the
+order the result files have always held."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from bench.common import machine, spread
+from bench.records import Machine, Spread
+from bench.serving import StreamedAnswer, stream
+
+
+def test_a_spread_keeps_the_result_files_fields():
+    assert spread([3.0, 1.0, 2.555]) == {"min": 1.0, "median": 2.56, "max": 3.0, "all": [3.0, 1.0, 2.56]}
+    assert spread([1.0, 2.0], 1, every=False) == {"min": 1.0, "median": 1.5, "max": 2.0}
+    assert spread([]) == {"min": None, "median": None, "max": None, "all": []}
+    assert Spread.of([], every=False).to_json() == {"min": None, "median": None, "max": None}
+
+
+def test_a_machine_names_its_gpu_only_with_cuda():
+    here = machine()
+    assert list(here)[:7] == ["date", "python", "torch", "threads", "cpu", "cuda", "loadavg_1min"]
+    gpu = Machine("2026-12-06", "3.12", "2.13", 16, "x86_64", True, 0.5, "NVIDIA H100")
+    assert gpu.to_json()["gpu"] == "NVIDIA H100" and "gpu" not in Machine(**{**gpu.__dict__, "cuda": False}).to_json()
+
+
+class _Client:
+    """An OpenAI client's chat.completions.create, streaming the given chunks."""
+
+    def __init__(self, chunks):
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=lambda **kw: iter(chunks)))
+
+
+def _chunk(text=None, usage=None, pml=None):
+    delta = SimpleNamespace(content=text)
+    return SimpleNamespace(choices=[SimpleNamespace(delta=delta)] if text is not None else [], usage=usage,
+                           model_extra={"pml": pml} if pml else {})
+
+
+def test_a_streamed_answer_writes_the_rows_fields_in_their_order():
+    usage = SimpleNamespace(prompt_tokens=40, prompt_tokens_details=SimpleNamespace(cached_tokens=32))
+    pml = {"ttft_ms": 5.0, "arm_ttft_ms": 4.0, "routed_kept": ["doc1"], "modules_encoded": 0,
+           "routed_out_tokens": 7, "recomputed_tokens": 3}
+    answer = stream(_Client([_chunk("It is"), _chunk(" Oporto."), _chunk(usage=usage, pml=pml)]), "m", [], 8, {})
+    row = answer.to_json()
+    assert list(row) == ["ttft_ms", "last_ms", "chunks", "text", "decode_ms_per_token", "prompt_tokens",
+                         "cached_tokens", "server_ttft_ms", "arm_ttft_ms", "routed_kept", "modules_encoded",
+                         "routed_out_tokens", "recomputed_tokens"]
+    assert row["text"] == "It is Oporto." and row["chunks"] == 2 and row["cached_tokens"] == 32
+    assert row["routed_kept"] == ["doc1"] and row["recomputed_tokens"] == 3
+    alone = StreamedAnswer(ttft_ms=1.0, last_ms=1.0, chunks=1, text="x").to_json()
+    assert alone == {"ttft_ms": 1.0, "last_ms": 1.0, "chunks": 1, "text": "x"}  # no usage, no pml, one chunk
