@@ -29,6 +29,9 @@ _NAMES = {
     "engine.arms.vllm": ("VllmRun",),
     "engine.cache.prefix": ("Held",),
     "engine.run.events": ("Done", "FirstToken", "Token", "UnitEncoded", "Warming"),
+    # an OpenAI-compatible server (the vllm arm's and the API front's one client)
+    "engine.run.remote": ("Card", "End", "Limits", "Piece", "Remote", "RemoteError", "completion_body",
+                          "error_fields"),
     "engine.words": ("ArmWords", "is_faster", "speed_words", "titled"),
     # files, folders and numbers given by a user
     "engine.devices": ("cache_root", "check_cache", "process_alive"),

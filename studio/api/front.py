@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.errors import ContextLengthError
-from engine.run.remote import Card, End, completion_body
-from engine.run.types import Sampling
+from engine.public import Card, End, Sampling, completion_body
 
 from . import modes
 from .defaults import MAX_QUEUE, MAX_TOKENS_CAP
@@ -31,7 +30,7 @@ from .upstream import Upstream
 from .usage import StopCut
 
 if TYPE_CHECKING:
-    from engine.schema.plan import PromptPlan
+    from engine.public import PromptPlan
 
     from .service import EngineOf
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from engine.run.remote import Card, Event, Limits, Remote, RemoteError, error_fields
+from engine.public import Card, End, Limits, Piece, Remote, RemoteError, error_fields
 
 from .errors import INVALID, SERVER, ApiError
 
@@ -66,7 +66,7 @@ class Upstream:
             self._check.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if none waits
         return await asyncio.shield(self._check)  # a caller that leaves does not cancel the others' check
 
-    async def complete(self, body: dict, session: str | None = None) -> AsyncIterator[Event]:
+    async def complete(self, body: dict, session: str | None = None) -> AsyncIterator[Piece | End]:
         """``body`` streamed from ``/v1/completions`` (engine/run/remote.py's events); every failure an ApiError."""
         try:
             async for event in self.remote.complete(body, session):

@@ -56,10 +56,7 @@ STUDIO_LAYERS = (
 FRONT_ENDS = {"engine": {"gradio", "studio", "bench"}, "studio": {"bench"}, "tools": {"bench"}}
 # What studio/ may import of the engine: the package, its application modules, and engine.public for the rest
 STUDIO_READS = {"engine", "engine.public", "engine.errors", "engine.config", "engine.session", "engine.runlog"}
-STUDIO_ALSO = {"studio.cli": {"engine.cli", "engine.cli_encode"},  # the console script extends the engine's commands
-               # the API's front and upstream share the OpenAI wire with the vllm arm (engine/run/remote.py)
-               "studio.api.front": {"engine.run.remote", "engine.run.types", "engine.schema.plan"},
-               "studio.api.upstream": {"engine.run.remote"}}
+STUDIO_ALSO = {"studio.cli": {"engine.cli", "engine.cli_encode"}}  # the console script extends the engine's commands
 PACKAGES = ("engine", "studio", "bench", "tools")
 DYNAMIC = {"import_module", "__import__"}
 MAX_FUNCTION_LINES = 60
