@@ -65,7 +65,8 @@ class DiskStore:
             private_folder(self.root, "module store", STORE_FIX)  # made 0700, or refused if not the user's own
         except StorageError as err:
             self.write_errors += 1
-            self.last_error = f"{err}; this run used the module from memory and wrote nothing there"
+            self.last_error = (f"the module store cannot write {target.name} in {self.root}: {err}; this run used it "
+                               "from memory")
             return False
         if target.exists():
             return True
