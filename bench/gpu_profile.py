@@ -44,7 +44,7 @@ from engine.arms.registry import ArmContext, Sampling
 from engine.cache.assemble import copy_list
 from engine.kv import dma, layerwise
 from engine.model import graphs
-from engine.run.workspace import workspace
+from engine.run.pools import pool_of
 from engine.session import Engine
 from studio.docqa import doc_qa
 
@@ -127,11 +127,11 @@ def ways(lm, cpu_run: _Run, gpu_run: _Run, reps: int) -> dict:
     """The cached arm's TTFT per way of combining copy and forward, alternating reps after a warm-up each."""
 
     def shipped():
-        workspace(lm).layerwise = True
+        pool_of(lm).layerwise = True
         return cpu_run()
 
     def layerwise_eager():
-        workspace(lm).layerwise = True
+        pool_of(lm).layerwise = True
         graphs.set_mode(lm.model, "off")
         try:
             return cpu_run()
@@ -139,11 +139,11 @@ def ways(lm, cpu_run: _Run, gpu_run: _Run, reps: int) -> dict:
             graphs.set_mode(lm.model, "auto")
 
     def copy_then_graph():
-        workspace(lm).layerwise = False
+        pool_of(lm).layerwise = False
         return cpu_run()
 
     def resident():
-        workspace(lm).layerwise = True
+        pool_of(lm).layerwise = True
         return gpu_run()
 
     def resident_eager():
@@ -161,7 +161,7 @@ def ways(lm, cpu_run: _Run, gpu_run: _Run, reps: int) -> dict:
     for _ in range(reps):
         for k, fn in arms.items():
             times[k].append(fn().ttft_ms)
-    workspace(lm).layerwise = True
+    pool_of(lm).layerwise = True
     return {k: _stats(v) for k, v in times.items()}
 
 
@@ -175,7 +175,7 @@ def sync_sites(run) -> list[dict]:
         key = f"{str(message).splitlines()[0][:80]} @ {where}"
         seen[key] = seen.get(key, 0) + 1
 
-    workspace(run.lm).layerwise = True
+    pool_of(run.lm).layerwise = True
     old = warnings.showwarning
     warnings.showwarning = record
     if torch.cuda.is_available():
@@ -218,7 +218,7 @@ def timeline(run) -> dict:
     """From a profiler trace of one shipped run: GPU time copying host to device, computing, and both at once."""
     from torch.profiler import ProfilerActivity, profile
 
-    workspace(run.lm).layerwise = True
+    pool_of(run.lm).layerwise = True
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         _sync()

@@ -48,7 +48,8 @@ class Runner:
         """A prefix tree holding the schema-order prompt's KV, as Engine.compare warms it (outside TTFT)."""
         if self._tree is None:
             self._tree = PrefixCache(self.store)
-            warm_prefix(self.eng.lm, self._tree, schema_order_prompt(self.lay).token_ids, used_keys(self.plan, enc))
+            finish(warm_prefix(self.eng.lm, self._tree, schema_order_prompt(self.lay).token_ids,
+                               used_keys(self.plan, enc)))
         return self._tree
 
     def run(self, arm: str, sampling: Sampling | None = None):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a 
 
 from bench.common import QUICK_MODEL, bench_model, emit, machine, model_help, result_name, spread, table
 
-from engine.kv import KVBuffer
+from engine.kv import Lease
 from engine.model import kernels, step
 from engine.session import Engine
 
@@ -66,12 +66,12 @@ def main() -> None:
     inputs = {w: torch.randn(1, w) for _, w in prods}
 
     def buffer():
-        buf = KVBuffer(data)
-        buf.advance(args.context)
-        return buf.cache()
+        lease = Lease.private(data)
+        lease.advance(args.context)
+        return lease.cache()
 
     def whole():
-        fast([100], [args.context], *buffer().step_view())
+        fast([100], [args.context], data, torch.tensor([0]), torch.tensor([args.context]))
 
     def parts():
         for lin, width in prods:

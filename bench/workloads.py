@@ -41,17 +41,16 @@ def floor_point(eng, plan, encoded, reps: int, cached_ms: float) -> dict:
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from engine.arms.compare import run_arm
-
-    from engine.arms.registry import ArmContext
-    from engine.arms.registry import Sampling
-    from engine.run.workspace import workspace
+    from engine.cache.assemble import copy_list
+    from engine.kv import Lease
     from engine.model.attend import ATTENTION
 
     lm = eng.lm
-    # leaves the assembled cache at the buffer's start
-    run_arm(ArmContext(lm, plan, encoded, eng.store(), Sampling(1)), "cached")
-    past = workspace(lm).data[:, :, 0, :, : plan.cached_tokens].clone()  # [layers, 2, kv_heads, cached, head_dim]
+    assembled = Lease.private(torch.zeros(lm.n_layers, 2, 1, lm.kv_heads, plan.cached_tokens, lm.head_dim,
+                                          dtype=lm.model.dtype, device=lm.device))
+    for span in copy_list(plan, encoded, eng.store()):  # the cached arm's fill
+        span.write_into(assembled)
+    past = assembled.kv().clone()  # [layers, 2, kv_heads, cached, head_dim]
     ids, pos = plan.uncached()
     x = torch.tensor([ids], device=lm.device)
     p = torch.tensor([pos], device=lm.device)

@@ -290,7 +290,7 @@ class Engine:
             yield Warming(len(warm.token_ids))
             start = time.perf_counter()
             if len(warm.token_ids) >= 2:
-                warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep)
+                yield from warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep)
             ms = (time.perf_counter() - start) * 1000
             cache.warmed[layout.fingerprint] = replace(warm, ms=ms, at_run=cache.inserted_runs)
             yield Warmed(ms)

@@ -14,10 +14,8 @@ def baseline_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
 def baseline_run(ctx: DecodingContext, arm: str = "baseline") -> RunEvents[RunResult]:
     """One ordinary prefill of the whole materialised prompt at contiguous positions, then decode."""
     ids = list(ctx.plan.token_ids)
-    run, _ = yield from timed_run(ctx.lm, arm, len(ids) + ctx.sampling.max_new_tokens + 1,
-                                  lambda buf: Fill(ids, list(range(len(ids))), copies=False), ctx.sampling,
-                                  ctx.decoder)
-    return run
+    return (yield from timed_run(ctx.lm, arm, len(ids), lambda lease: Fill(ids, list(range(len(ids))), copies=False),
+                                 ctx.sampling, ctx.decoder))
 
 
 register(ArmSpec("baseline", baseline_arm, order=0, reads=Reads.NOTHING, default=True))

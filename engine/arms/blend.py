@@ -20,7 +20,7 @@ from engine.cache.assemble import (Span, buffer_ranks, copy_list_ranked, module_
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import KVBuffer, LayeredKV, QuantKV
+from engine.kv import Lease, LayeredKV, QuantKV
 from engine.limits import Limit
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
@@ -125,7 +125,7 @@ def blend_run(ctx: DecodingContext, settings: BlendSettings | None = None, *, ch
     ranges = module_ranges(plan, encoded, store)  # store lookups before TTFT
     chosen = info
 
-    def fill(buf: KVBuffer) -> Fill:
+    def fill(buf: Lease) -> Fill:
         nonlocal chosen
         t0 = time.perf_counter()
         if n < len(cached):
@@ -136,8 +136,8 @@ def blend_run(ctx: DecodingContext, settings: BlendSettings | None = None, *, ch
         chosen = replace(info, ranks=ranks, selection_ms=(time.perf_counter() - t0) * 1000)
         return _recompute_fill(lm, plan, encoded, store, buf, ranks, probe if fresh_early else None)
 
-    run, _ = yield from timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens
-                                  + ctx.sampling.max_new_tokens + 1, fill, ctx.sampling, ctx.decoder)
+    run = yield from timed_run(lm, "blend", plan.cached_tokens + plan.uncached_tokens, fill, ctx.sampling,
+                               ctx.decoder)
     return run, chosen
 
 
@@ -149,7 +149,7 @@ def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question
     # [check_layer + 1, 2, 1, kv_heads, prompt, head_dim]
     data = torch.empty(check_layer + 1, 2, 1, lm.kv_heads, len(ids), lm.head_dim, dtype=model.dtype,
                        device=lm.device)
-    cache = KVBuffer(data).cache()
+    cache = Lease.private(data).cache()
     scorer = _QuestionAttention(check_layer, _uncached_ranks(plan)) if question else None
     with torch.inference_mode():
         run_until(lm, check_layer, "the blend selection pass", "set blend to 0",
@@ -252,7 +252,7 @@ class _QuestionAttention:
         self.total = att.masked_fill(~causal, float("-inf")).softmax(-1).sum(dim=(0, 1, 2)).cpu()
 
 
-def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
+def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: Lease,
                     ranks: tuple[int, ...], fresh: "Probe | None") -> Fill:
     """Fill ``buf`` to recompute ``ranks`` in prompt order; ``fresh``'s early layers over the stored KV."""
     redo = set(ranks)
@@ -264,7 +264,7 @@ def _recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, s
         in_buffer = buffer_ranks(copies, lm.n_layers)
         for layer, kv in enumerate(fresh.fresh):
             r = in_buffer[layer]
-            buf.data[layer, :, 0, :, : r.shape[0]].copy_(kv[:, :, r.to(kv.device)])
+            buf.overwrite(layer, kv[:, :, r.to(kv.device)])
     positions = plan.positions
     return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(ranks),
                 precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions[r] for r in ranks),

@@ -174,22 +174,26 @@ class Comparison:
 
 # -- running the arms --
 
-def comparing(ctx: ArmContext, arms: Sequence[str] = ("baseline", "cached"),
-              decode: str = "together") -> Generator[Event, None, Comparison]:
+def comparing(ctx: ArmContext, arms: Sequence[str] = ("baseline", "cached"), decode: str = "together",
+              parks: bool = False) -> Generator[Event, None, Comparison]:
     """The asked-for arms of ``ctx.plan`` in registry order, their events, an ArmDone each; the Comparison.
-    ``decode="together"``: after their first tokens the arms decode as one batch."""
+    ``decode="together"``: after their first tokens the arms decode as one batch; ``parks``: a scheduler drives the
+    comparison and decodes its runs beside other requests' (engine/run/scheduler.py)."""
     lm, plan, encoded, store = ctx.lm, ctx.plan, ctx.encoded, ctx.store
     wanted = [a for a in REGISTRY if a in {str(x) for x in arms}]
     reads_modules = any(REGISTRY[a].reads == Reads.MODULES for a in wanted)
     if reads_modules:
         fetch_entries(plan, encoded, store)
     keep = tuple(used_keys(plan, encoded)) if reads_modules else ()
-    decoder = Decoder(lm, together=decode == "together")
+    decoder = Decoder(lm, together=decode == "together", parks=parks, pool=ctx.pool)
     dctx = replace(decoding(ctx, decoder), keep=keep)
     results = {}
-    for a in wanted:
-        results[a] = yield from arm_run(dctx, a)
-    yield from decoder.rest()
+    try:
+        for a in wanted:
+            results[a] = yield from arm_run(dctx, a)
+        yield from decoder.rest()
+    finally:
+        decoder.close()  # a comparison stopped early gives its runs' leases back
     results = {a: replace(r, run=decoder.finish(r.run)) for a, r in results.items()}
     together = any(r.run.decode_batch > 1 for r in results.values())
     base = results.get(Arm.BASELINE)

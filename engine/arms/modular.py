@@ -12,7 +12,7 @@ from engine.arms.repair import select_repair
 from engine.cache.assemble import (copy_list, copy_list_ranked, module_ranges, precomputed_tokens, prefilled,
                                    question_retention)
 from engine.errors import EngineError
-from engine.kv import KVBuffer
+from engine.kv import Lease
 from engine.limits import MAX_REPAIR, Limit
 from engine.model.attend import AttentionSpec
 from engine.model.positions import copied_positions, needs_positions
@@ -86,16 +86,14 @@ def cached_run(ctx: DecodingContext, settings: ModularSettings | None = None,
     # sliding windows and ALiBi need the cached keys' position ids (gapped), not their cache indices
     key_pos = copied_positions(copies, lm.n_layers) if needs_positions(lm.model) else None
 
-    def fill(buf: KVBuffer) -> Fill:
+    def fill(lease: Lease) -> Fill:
         for span in copies:
-            span.write_into(buf)
+            span.write_into(lease)
         return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens,
                     precomputed_tokens=precomputed_tokens(copies), prefill=prefill, decode=AttentionSpec(ape=scale),
                     retain=retain, key_positions=key_pos)
 
-    run, _ = yield from timed_run(lm, arm, plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1, fill,
-                                  ctx.sampling, ctx.decoder)
-    return run
+    return (yield from timed_run(lm, arm, plan.cached_tokens + len(ids), fill, ctx.sampling, ctx.decoder))
 
 
 def repaired_run(ctx: DecodingContext, k: int = 4, first: bool | None = None,
@@ -114,16 +112,14 @@ def recomputed_run(ctx: DecodingContext, redo: set[int], positions: tuple[int, .
     copies = copy_list_ranked(plan, ctx.encoded, ctx.store, redo)
     ids, pos, ranks = prefilled(plan, redo)
 
-    def fill(buf: KVBuffer) -> Fill:
+    def fill(lease: Lease) -> Fill:
         for span in copies:
-            span.write_into(buf)
+            span.write_into(lease)
         return Fill(ids, pos, [s.entry for s in copies], reused_tokens=plan.cached_tokens - len(redo),
                     precomputed_tokens=precomputed_tokens(copies), recomputed_positions=tuple(positions),
                     prefill=AttentionSpec(ranks=rank_mask(lm, copies, ranks)))
 
-    run, _ = yield from timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens + ctx.sampling.max_new_tokens
-                                  + 1, fill, ctx.sampling, ctx.decoder)
-    return run
+    return (yield from timed_run(lm, arm, plan.cached_tokens + plan.uncached_tokens, fill, ctx.sampling, ctx.decoder))
 
 
 register(ArmSpec("cached", cached_arm, order=20, reads=Reads.MODULES, top_level_stem="", settings=ModularSettings,

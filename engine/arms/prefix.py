@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Generator, Sequence
 
 import torch
 
@@ -11,12 +11,13 @@ from engine.arms.registry import Arm, ArmResult, ArmSpec, DecodingContext, Reads
 from engine.cache.assemble import token_place
 from engine.cache.prefix import Held, PrefixCache
 from engine.errors import EngineError
-from engine.kv import KVBuffer
-from engine.model.attend import PLAIN
+from engine.kv import KVPool, Lease
 from engine.model.load import LoadedModel
+from engine.run import forward
+from engine.run.decode import Room, take_lease
+from engine.run.pools import pool_of
 from engine.run.timing import Fill, timed_run
 from engine.run.types import RunResult
-from engine.run.workspace import workspace
 
 
 @dataclass(frozen=True)
@@ -75,38 +76,42 @@ def prefix_run(ctx: DecodingContext, insert: bool = True) -> RunEvents[tuple[Run
     held = prefix.held(plan.layout.fingerprint)
     match = prefix.match(ids, limit=len(ids) - 1)
     k = match.reused
-    run, buf = yield from timed_run(ctx.lm, "prefix", len(ids) + sampling.max_new_tokens + 1,
-                                    lambda buf: match_fill(ids, match, buf), sampling, ctx.decoder)
-    # before another run reuses the buffer
-    stored = prefix.insert(ids, buf.data[:, :, 0], list(ctx.keep), run=True) if insert else 0
+    stored = [0]
+
+    def store(lease: Lease, first: RunResult) -> None:  # the prompt's KV, once its first token is out
+        stored[0] = prefix.insert(ids, lease.data[:, :, 0], list(ctx.keep), run=True) if insert else 0
+
+    run = yield from timed_run(ctx.lm, "prefix", len(ids), lambda lease: match_fill(ids, match, lease), sampling,
+                               ctx.decoder, after=store)
     reuse = PrefixReuse(reused_tokens=k, repeat=match.whole, stopped_at=token_place(plan, k),
-                        held=held, stored_tokens=stored, prefilled_tokens=run.prefill_tokens)
+                        held=held, stored_tokens=stored[0], prefilled_tokens=run.prefill_tokens)
     return run, reuse
 
 
-def match_fill(ids: list[int], match, buf: KVBuffer) -> Fill:
-    """``buf`` holding the tree's KV of ``match`` (the first tokens of ``ids``), the rest of ``ids`` to prefill after
+def match_fill(ids: list[int], match, lease: Lease) -> Fill:
+    """``lease`` holding the tree's KV of ``match`` (the first tokens of ``ids``), the rest of ``ids`` to prefill after
     it at contiguous positions, as the baseline numbers them."""
     for entry, a, b in match.pieces:
-        entry.write_into(buf, a, b)
+        entry.write_into(lease, a, b)
     k = match.reused
     return Fill(ids[k:], list(range(k, len(ids))), [e for e, *_ in match.pieces], reused_tokens=k)
 
 
 def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...] | list[int],
-                keep: Sequence[str] = ()) -> int:
-    """Prefill and store ``token_ids``; the tokens stored."""
+                keep: Sequence[str] = (), pool: KVPool | None = None) -> Generator[Room, None, int]:
+    """Prefill and store ``token_ids`` (in a lease of ``pool``, default the model's); the tokens stored."""
     ids = list(token_ids)
     match = prefix.match(ids, limit=len(ids) - 1)
-    buf = workspace(lm).buffer(len(ids) + 1)
-    for entry, a, b in match.pieces:
-        entry.write_into(buf, a, b)
-    k = match.reused
-    with torch.inference_mode():
-        lm.model(input_ids=torch.tensor([ids[k:]], device=lm.device),
-                 position_ids=torch.tensor([list(range(k, len(ids)))], device=lm.device),
-                 past_key_values=buf.cache(), use_cache=True, logits_to_keep=1, attn_spec=PLAIN)
-    return prefix.insert(ids, buf.data[:, :, 0], list(keep))
+    lease = yield from take_lease(pool or pool_of(lm), len(ids) + 1)
+    try:
+        for entry, a, b in match.pieces:
+            entry.write_into(lease, a, b)
+        k = match.reused
+        with torch.inference_mode():
+            forward.prefill(lm, lease, ids[k:], list(range(k, len(ids))), graphable=False)
+        return prefix.insert(ids, lease.data[:, :, 0], list(keep))
+    finally:
+        lease.release()
 
 
 register(ArmSpec("prefix", prefix_arm, order=10, reads=Reads.PREFIX_CACHE, detail=PrefixReuse, default=True))

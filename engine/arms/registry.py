@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from engine.cache.encode import EncodedSchema
     from engine.cache.prefix import PrefixCache
     from engine.cache.store import ModuleStore
+    from engine.kv.pool import KVPool
     from engine.model.load import LoadedModel
     from engine.schema.plan import PromptPlan
 
@@ -208,6 +209,7 @@ class ArmContext:
     prefix: "PrefixCache | None" = None
     keep: tuple[str, ...] = ()  # store keys the prefix cache must not evict
     settings: Mapping[str, ArmSettings] = field(default_factory=dict)  # arm name -> its settings
+    pool: "KVPool | None" = None  # where runs lease their KV (None: the model's pool, engine/run/pools.py)
 
     def settings_of(self, arm: str) -> ArmSettings | None:
         """The settings the run gave ``arm``, else its defaults."""

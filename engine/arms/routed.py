@@ -8,6 +8,7 @@ whose pull reaches the threshold stay, and the run prefills and decodes over the
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -21,7 +22,7 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import KVBuffer, LayeredKV
+from engine.kv import Lease, LayeredKV
 from engine.limits import Limit
 from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
@@ -30,7 +31,9 @@ from engine.run.joint import keep_run, module_ranks, recall, recompute_fill, run
 from engine.run.layers import run_until
 from engine.run.timing import Fill, timed_run
 from engine.run.types import Routing, RunResult
-from engine.run.workspace import workspace
+from engine.run.decode import take_lease
+from engine.run.events import finish
+from engine.run.pools import pool_of
 from engine.schema.plan import PromptPlan
 
 # Each default's split and figures: docs/arms.md (routed) and bench/results/.
@@ -204,7 +207,7 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
     whole = tree_match(prefix, plan) if s.tree == "on" and s.joint == "on" and keep is None else None
     ends = clause_ends(lm.tokenizer) if s.focus == "clause" else frozenset()  # before TTFT: once per tokenizer
 
-    def choose_and_fill(buf: KVBuffer) -> tuple[Fill, _Choice]:
+    def choose_and_fill(buf: Lease) -> tuple[Fill, _Choice]:
         t0 = time.perf_counter()
         for span in ranges:
             span.write_into(buf)
@@ -224,20 +227,26 @@ def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, 
         return _stored_fill(lm, plan, ranges, buf, choice, s.focus != "off", ape, s.min_pull, ends)
 
     chosen: list[_Choice] = []
-    run, buf = yield from timed_run(lm, "routed", plan.cached_tokens + len(ids) + ctx.sampling.max_new_tokens + 1,
-                                    _recording(choose_and_fill, chosen), ctx.sampling, ctx.decoder)
+    info = partial(_info, s=s, layers=layers if keep is None else (), modules=modules)
+    stored = partial(_keep_for_repeat, ctx, key, chosen, ranges, info) if key is not None else None
+    run = yield from timed_run(lm, "routed", plan.cached_tokens + len(ids), _recording(choose_and_fill, chosen),
+                               ctx.sampling, ctx.decoder, after=stored)
+    return run, info(chosen[-1], recomputed=run.recomputed_tokens)  # after its decode: the focus's moves
+
+
+def _keep_for_repeat(ctx: DecodingContext, key: int, chosen: list[_Choice], ranges: list[Span], info,
+                     lease: Lease, first: RunResult) -> None:
+    """After TTFT, as the prefix arm's insert: the run's KV and choice kept for an identical request (joint.py)."""
     choice = chosen[-1]
-    info = _info(choice, s, layers if keep is None else (), run.recomputed_tokens, modules)
-    if key is not None and choice.slots is not None:  # after TTFT, as the prefix arm's insert
-        keep_run(prefix, key, plan, buf, choice.slots, [r.entry for r in ranges], info,
-                 list(ctx.keep) + used_keys(plan, encoded), positions=choice.positions, logits=run.first_logits,
-                 focus=choice.focus)
-    return run, info
+    if choice.slots is not None:
+        keep_run(ctx.prefix, key, ctx.plan, lease, choice.slots, [r.entry for r in ranges],
+                 info(choice, recomputed=first.recomputed_tokens), list(ctx.keep) + used_keys(ctx.plan, ctx.encoded),
+                 positions=choice.positions, logits=first.first_logits, focus=choice.focus)
 
 
-def _recording(fill: Callable[[KVBuffer], tuple[Fill, _Choice]], chosen: list[_Choice]) -> Callable[[KVBuffer], Fill]:
+def _recording(fill: Callable[[Lease], tuple[Fill, _Choice]], chosen: list[_Choice]) -> Callable[[Lease], Fill]:
     """``fill`` as timed_run takes it; what it chose goes to ``chosen``."""
-    def recorded(buf: KVBuffer) -> Fill:
+    def recorded(buf: Lease) -> Fill:
         work, choice = fill(buf)
         chosen.append(choice)
         return work
@@ -268,7 +277,7 @@ def tree_match(prefix: PrefixCache | None, plan: PromptPlan):
     return match if end and match.reused >= end else None
 
 
-def _tree_fill(plan: PromptPlan, match, buf: KVBuffer, ranges: list[Span], choice: _Choice) -> tuple[Fill, _Choice]:
+def _tree_fill(plan: PromptPlan, match, buf: Lease, ranges: list[Span], choice: _Choice) -> tuple[Fill, _Choice]:
     """``buf`` emptied, then holding the tree's KV of the prompt's first tokens; the rest prefilled after it at
     contiguous positions, as the prefix arm and the baseline number them. The modules' tokens this request encoded
     count as computed, though the tree's KV is read."""
@@ -284,7 +293,7 @@ def _ms(t0: float) -> float:
 
 
 # the fill's parts and the settings it reads
-def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: KVBuffer, choice: _Choice, focus: bool,
+def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: Lease, choice: _Choice, focus: bool,
                  ape: tuple[float, float] | None, min_pull: float, ends: frozenset[int]) -> tuple[Fill, _Choice]:
     """``buf`` (emptied) holding the kept modules as stored, the new tokens to prefill; with ``focus``, decode
     steps read the module the answer names."""
@@ -314,15 +323,14 @@ def _repeat(ctx: DecodingContext, stored, pieces: list, whole: bool,
     was = stored.focus  # a fresh one: the focus moves as the answer is written again
     focus = None if was is None else was.fresh()
 
-    def fill(buf: KVBuffer) -> Fill:
+    def fill(buf: Lease) -> Fill:
         for entry, a, b in pieces:
             entry.write_into(buf, a, b)
         return Fill([token], [position], [e for e, *_ in pieces], reused_tokens=n,
                     precomputed_tokens=max(0, known - (not whole)), logits=stored.logits if whole else None,
                     decode=AttentionSpec(focus=focus))
 
-    run, _ = yield from timed_run(ctx.lm, "routed", n + ctx.sampling.max_new_tokens + 2, fill, ctx.sampling,
-                                  ctx.decoder)
+    run = yield from timed_run(ctx.lm, "routed", n + 1, fill, ctx.sampling, ctx.decoder)
     return run, replace(stored.routing, path="repeat", recomputed=0, scout_ms=0.0,
                         moves=_moves(focus, stored.routing.kept), repeat_tokens=n)
 
@@ -338,14 +346,17 @@ def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                layers: tuple[int, ...]) -> Scouted:
     """The scout of ``plan`` alone, untimed (bench/routing.py)."""
     ranges = module_ranges(plan, encoded, store)
-    buf = workspace(lm).buffer(plan.cached_tokens + plan.uncached_tokens + 1)
-    for span in ranges:
-        span.write_into(buf)
-    ids, pos = plan.uncached()
-    return scout(lm, buf, ranges, ids, pos, tuple(sorted({x % lm.n_layers for x in layers})))
+    lease = finish(take_lease(pool_of(lm), plan.cached_tokens + plan.uncached_tokens + 1))
+    try:
+        for span in ranges:
+            span.write_into(lease)
+        ids, pos = plan.uncached()
+        return scout(lm, lease, ranges, ids, pos, tuple(sorted({x % lm.n_layers for x in layers})))
+    finally:
+        lease.release()
 
 
-def scout(lm: LoadedModel, buf: KVBuffer, ranges: list[Span], ids: list[int], pos: list[int],
+def scout(lm: LoadedModel, buf: Lease, ranges: list[Span], ids: list[int], pos: list[int],
           layers: tuple[int, ...]) -> Scouted:
     """Prefill ``ids`` over ``buf`` (holding ``ranges``) through layer ``max(layers)``, taking each module's pull."""
     modules = tuple(dict.fromkeys(r.module for r in ranges if r.module is not None))

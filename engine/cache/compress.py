@@ -7,7 +7,7 @@ import math
 import torch
 
 from engine.cache.settings import METHODS, Compression  # noqa: F401  (re-exported)
-from engine.kv import KVBuffer, LayeredKV, ModuleKV
+from engine.kv import Lease, LayeredKV, ModuleKV
 from engine.model.attend import QueryCapture, attention_weights
 
 RETENTION_NOTE = ("pyramid, uniform and recent drop module tokens when a module is stored, before any question "
@@ -51,7 +51,7 @@ class QuestionRetention:
         self.candidates = candidates  # [cached tokens] bool
         self.capture = QueryCapture(comp.question_window)  # the prefill's scorer: its newest queries, for apply
 
-    def apply(self, buf: KVBuffer) -> None:
+    def apply(self, buf: Lease) -> None:
         """Thin each layer and KV head to the non-module and the top-scored module tokens."""
         n_cached = self.candidates.shape[0]
         m = int(self.candidates.sum())

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.kv.buffer import KVBuffer
+    from engine.kv.pool import Lease
 
 
 class StoredKV(abc.ABC):
@@ -48,7 +48,7 @@ class StoredKV(abc.ABC):
         """This entry on ``device`` (and in ``dtype`` where it can)."""
 
     @abc.abstractmethod
-    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+    def write_into(self, buf: "Lease", a: int, b: int) -> None:
         """Append to ``buf`` the K/V each layer holds of tokens ``[a, b)``."""
 
     @abc.abstractmethod
@@ -102,7 +102,7 @@ class ModuleKV(StoredKV):
                             self.token_ids[t])
         return ModuleKV(self.kv[:, :, :, idx].contiguous(), self.positions[idx].clone(), self.token_ids[idx].clone())
 
-    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+    def write_into(self, buf: "Lease", a: int, b: int) -> None:
         buf.write(self.kv[:, :, :, a:b])
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -161,7 +161,7 @@ class LayeredKV(StoredKV):
         return LayeredKV([t.to(device=device, dtype=dtype) for t in self.layers], self.kept, self.positions,
                          self.token_ids)
 
-    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+    def write_into(self, buf: "Lease", a: int, b: int) -> None:
         for i, (t, kept) in enumerate(zip(self.layers, self.kept)):
             lo = int(torch.searchsorted(kept, a))
             hi = int(torch.searchsorted(kept, b))

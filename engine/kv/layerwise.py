@@ -1,8 +1,8 @@
 """Layer-by-layer assembly: stored KV copied into a run's buffer one layer ahead of the forward (LMCache's
 layer-wise mode).
 
-A :class:`KVBuffer` with a :class:`LayerCopies` defers every copy from host memory. An eager forward's first
-layer (``BufferedCache``'s layer ``update``) launches them all, layer-major: on CUDA, on a side stream, with an
+A :class:`~engine.kv.pool.Lease` with a :class:`LayerCopies` defers every copy from host memory. An eager forward's
+first layer (``LeaseCache``'s layer ``update``) launches them all, layer-major: on CUDA, on a side stream, with an
 event recorded after each layer's copies; each layer's ``update`` then makes the forward's stream wait on that
 layer's event only, so layer i+1's copy runs while layer i computes. A CUDA graph's replay cannot wait inside
 itself, so before one the copies launch whole (one DMA transfer per stored range, engine/kv/dma.py) and the
@@ -11,7 +11,7 @@ replay waits for all: on an H200 that beat the overlapped eager forward at 1K an
 synchronously at launch, so the buffer (and every logit) is bit-identical to copying at fill time.
 
 Copies from GPU memory are not deferred (device-to-device, a small share of a forward): they run at once on
-the forward's stream. Anything that reads the buffer's data directly (``KVBuffer.data``) first
+the forward's stream. Anything that reads the lease's data directly (``Lease.data``) first
 :meth:`settle`\\ s: the forward's stream waits for every copy.
 """
 

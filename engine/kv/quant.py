@@ -10,7 +10,7 @@ import torch
 from engine.kv.entries import ModuleKV, StoredKV, short_positions
 
 if TYPE_CHECKING:
-    from engine.kv.buffer import KVBuffer
+    from engine.kv.pool import Lease
 
 QUANT_BITS = {"int8": 8, "int4": 4}
 QUANT_GROUP = {"int8": (128, 64), "int4": (64, 32)}  # (key tokens, value channels): docs/module-memory.md
@@ -91,7 +91,7 @@ class QuantKV(StoredKV):
         self._dequantize_into(out[:, 0], out[:, 1], a, b)
         return out
 
-    def write_into(self, buf: "KVBuffer", a: int, b: int) -> None:
+    def write_into(self, buf: "Lease", a: int, b: int) -> None:
         """Dequantize tokens ``[a, b)`` straight into ``buf``."""
         views = buf.reserve(b - a)
         if views is None:

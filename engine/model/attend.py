@@ -125,17 +125,23 @@ class Focus:
         """``attention_mask`` without the unfocused modules."""
         if self.focus is None or q != 1:
             return attention_mask
-        if self._mask is None or self._mask.device != torch.device(device):
-            self._mask = ((self.owners < 0) | (self.owners == self.focus)).to(device)
-        visible = torch.ones(kv, dtype=torch.bool, device=device)
-        n = min(kv, self._mask.shape[0])
-        visible[:n] = self._mask[:n]
-        visible = visible[None, None, None, :]
+        visible = self.visible(kv, device)[None, None, None, :]
         if attention_mask is None:
             return visible
         if attention_mask.dtype == torch.bool:
             return attention_mask & visible
         return attention_mask.masked_fill(~visible, float("-inf"))
+
+    def visible(self, kv: int, device) -> torch.Tensor:
+        """[kv] bool: the keys a decode step reads (every one while nothing is focused)."""
+        visible = torch.ones(kv, dtype=torch.bool, device=device)
+        if self.focus is None:
+            return visible
+        if self._mask is None or self._mask.device != torch.device(device):
+            self._mask = ((self.owners < 0) | (self.owners == self.focus)).to(device)
+        n = min(kv, self._mask.shape[0])
+        visible[:n] = self._mask[:n]
+        return visible
 
 
 class AttentionScorer:

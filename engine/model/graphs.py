@@ -4,22 +4,18 @@ Why: on a GPU a forward of a few tokens over a cache is bound by launching kerne
 work (research notes: 27–29 ms for 32 tokens over a 4K cache at Llama-2-7B's shape, while reading all the
 weights once takes 5.2 ms). A CUDA graph records one forward's kernels once and replays them.
 
-How: a graph must read and write the same memory on every replay, so it runs over the run's workspace tensor
-(``KVBuffer.base``, the same memory run after run) at its full size, with static inputs: token ids, position
-ids, the first slot to write and the index of the last real token. Inside the graph each layer writes its new
-keys and values at ``start + i`` (``index_copy_``), and a boolean mask lets token i attend to slots
-``<= start + i`` — the causal mask the eager path uses, over slots beyond the run masked out. Token counts
+How: a graph reads and writes the same memory on every replay: the KV pool's tensor (``Lease.base``), with static
+inputs — token ids, position ids, the lease's first pool slot ``lo``, the first slot written, the last real token.
+Each layer writes at ``start + i`` (``index_copy_``) and reads the lease's window of slots from ``lo`` (one graph per
+window size, not per lease); the mask lets token i see slots ``lo .. start + i`` only. Token counts
 are padded to a bucket (1 for a decode step; 2, 4, … 256 for a question): padding tokens come after the real
 ones, so no real token attends to them, and their keys land in slots the next step overwrites. Prompts longer
 than the largest bucket (a baseline's full prefill) run eagerly: compute-bound, nothing to save there.
 
-When it applies (:func:`forward` returns None otherwise, and the caller runs the eager forward, unchanged):
-the model computes on CUDA, graphs are on for it (:func:`set_mode`; on by default on CUDA, never on the CPU),
-its attention is the engine's registered one with no engine context changing it (no rank mask, APE, focus,
-scorer, tracked positions), the cache is a level :class:`engine.kv.BufferedCache`, and the padded tokens fit
-in the workspace. Host copies still waiting launch whole before the replay, which waits for them
-(engine/kv/layerwise.py says why). A capture that fails
-turns graphs off for that model, with the reason (:func:`status`), and the eager path runs.
+When it applies (:func:`forward` returns None otherwise: the eager forward runs): on CUDA with graphs on
+(:func:`set_mode`), the engine's attention with nothing changing it, a level lease, the padded tokens fitting it.
+Host copies still waiting launch whole before the replay (engine/kv/layerwise.py). A capture that fails turns graphs
+off for that model, with the reason (:func:`status`).
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import weakref
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from engine.kv.buffer import BufferedCache
+from engine.kv.pool import LeaseCache
 from engine.model.attend import AttentionSpec
 
 MODES = ("auto", "on", "off")  # auto: on where the model computes on CUDA
@@ -66,7 +62,7 @@ def forward(lm, cache, ids, positions, spec: AttentionSpec) -> torch.Tensor | No
     if _device(model).type != "cuda":
         return None
     s = _state(model)
-    if s.mode == "off" or s.failed or not _plain(lm, spec) or not isinstance(cache, BufferedCache):
+    if s.mode == "off" or s.failed or not _plain(lm, spec) or not isinstance(cache, LeaseCache):
         return None
     return s.run(cache, list(ids), list(positions))
 
@@ -107,15 +103,16 @@ def _bucket(n: int) -> int | None:
 
 
 class _StaticLayer(CacheLayerMixin):
-    """Layer ``index`` of the workspace at its full size; new keys go to slots ``where`` (a static tensor)."""
+    """Layer ``index`` of the pool: new keys go to pool slots ``where``; attention reads slots ``window`` (static
+    tensors both, set before each replay)."""
 
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, base: torch.Tensor, index: int, where: torch.Tensor):
+    def __init__(self, base: torch.Tensor, index: int, where: torch.Tensor, window: torch.Tensor):
         super().__init__()
-        self.keys, self.values = base[index, 0], base[index, 1]  # [1, kv_heads, size, head_dim]
-        self.where = where
+        self.pool_keys, self.pool_values = base[index, 0], base[index, 1]  # [1, kv_heads, slots, head_dim]
+        self.where, self.window = where, window
         self.dtype, self.device = base.dtype, base.device
         self.is_initialized = True
 
@@ -123,55 +120,62 @@ class _StaticLayer(CacheLayerMixin):
         return None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.keys.index_copy_(2, self.where, key_states)
-        self.values.index_copy_(2, self.where, value_states)
-        return self.keys, self.values
+        self.pool_keys.index_copy_(2, self.where, key_states)
+        self.pool_values.index_copy_(2, self.where, value_states)
+        return self.pool_keys.index_select(2, self.window), self.pool_values.index_select(2, self.window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.keys.shape[2], 0
+        return self.window.shape[0], 0
 
     def get_seq_length(self) -> int:
         return 0  # never read: positions and the 4-D mask are given
 
     def get_max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.window.shape[0]
 
 
 class _StaticCache(Cache):
-    def __init__(self, base: torch.Tensor, where: torch.Tensor):
-        super().__init__(layers=[_StaticLayer(base, i, where) for i in range(base.shape[0])])
+    def __init__(self, base: torch.Tensor, where: torch.Tensor, window: torch.Tensor):
+        super().__init__(layers=[_StaticLayer(base, i, where, window) for i in range(base.shape[0])])
 
 
 class _Graph:
-    """One captured forward of ``bucket`` tokens over workspace tensor ``base``."""
+    """One captured forward of ``bucket`` tokens over pool tensor ``base``, reading a window of ``size`` slots."""
 
-    def __init__(self, model, base: torch.Tensor, bucket: int):
+    def __init__(self, model, base: torch.Tensor, bucket: int, size: int):
         dev = base.device
         self.model, self.bucket = weakref.ref(model), bucket  # weak: the registry's key is the model
         self.ids = torch.zeros(1, bucket, dtype=torch.long, device=dev)
         self.pos = torch.zeros(1, bucket, dtype=torch.long, device=dev)
-        self.start = torch.zeros(1, dtype=torch.long, device=dev)
+        self.start = torch.zeros(1, dtype=torch.long, device=dev)  # the first pool slot written
+        self.lo = torch.zeros(1, dtype=torch.long, device=dev)  # the lease's first pool slot
         self.last = torch.zeros(1, dtype=torch.long, device=dev)  # index of the last real token
         self.steps = torch.arange(bucket, device=dev)
-        self.slots = torch.arange(base.shape[4], device=dev)
+        self.span = torch.arange(size, device=dev)
+        self.window = torch.zeros(size, dtype=torch.long, device=dev)
         self.base = base
         self.graph = None
         self.out: torch.Tensor | None = None
 
-    def feed(self, ids: list[int], positions: list[int], start: int) -> None:
-        """Set the static inputs: ``ids`` at ``positions`` (padded with the last), written from slot ``start``."""
+    def feed(self, ids: list[int], positions: list[int], start: int, lo: int) -> None:
+        """Set the static inputs: ``ids`` at ``positions`` (padded with the last), written from pool slot ``start``
+        of a lease whose first slot is ``lo``."""
         pad = self.bucket - len(ids)
         host = torch.tensor([ids + [ids[-1]] * pad, positions + [positions[-1]] * pad], dtype=torch.long)
         self.ids.copy_(host[0:1])
         self.pos.copy_(host[1:2])
         self.start.fill_(start)
+        self.lo.fill_(lo)
         self.last.fill_(len(ids) - 1)
+        # the window past the pool's end repeats its last slot (masked out)
+        self.window.copy_(torch.clamp(self.span + lo, max=self.base.shape[4] - 1))
 
     def _forward(self) -> torch.Tensor:
-        where = self.start + self.steps  # [bucket] slots written
-        mask = (self.slots[None, :] <= where[:, None])[None, None]  # [1, 1, bucket, size]: causal by slot
+        where = self.start + self.steps  # [bucket] pool slots written
+        mask = ((self.span[None, :] + self.lo) <= where[:, None])[None, None]  # [1, 1, bucket, size]: causal by slot
         out = self.model()(input_ids=self.ids, position_ids=self.pos, attention_mask=mask,
-                         past_key_values=_StaticCache(self.base, where), use_cache=True, logits_to_keep=self.last)
+                           past_key_values=_StaticCache(self.base, where, self.window), use_cache=True,
+                           logits_to_keep=self.last)
         return out.logits[:, -1]  # [1, vocab]
 
     def capture(self) -> None:
@@ -195,31 +199,31 @@ class _Graph:
 
 
 class _Graphs:
-    """A model's graphs, by (workspace tensor, bucket); all dropped when the workspace is reallocated."""
+    """A model's graphs, by (bucket, window size), over one pool tensor; all dropped when the pool is made anew."""
 
     def __init__(self, model):
         self.model = weakref.ref(model)
         self.mode = "auto"
         self.failed = ""
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph] = {}
         self.base_key: tuple | None = None
 
-    def run(self, cache: BufferedCache, ids: list[int], positions: list[int]) -> torch.Tensor | None:
-        buf = cache.buffer
-        start = cache.layers[0].length
-        bucket = _bucket(len(ids))
-        if bucket is None or not ids or any(layer.length != start for layer in cache.layers) \
-                or start + bucket > buf.base.shape[4]:
+    def run(self, cache: LeaseCache, ids: list[int], positions: list[int]) -> torch.Tensor | None:
+        lease = cache.lease
+        base, bucket = lease.base, _bucket(len(ids))
+        if bucket is None or not ids or not lease.level or lease.length + bucket > lease.capacity:
             return None
-        buf.settle()
-        key = (buf.base.data_ptr(), tuple(buf.base.shape), buf.base.dtype)
+        lease.settle()
+        key = (base.data_ptr(), tuple(base.shape), base.dtype)
         if key != self.base_key:
-            self.graphs.clear()  # they wrote the old workspace's memory
+            self.graphs.clear()  # they wrote the old pool's memory
             self.base_key = key
-        g = self.graphs.get(bucket)
+        size = 1 << max(8, (lease.capacity - 1).bit_length())  # windows in powers of two: few graphs
+        start = lease.start + lease.length
+        g = self.graphs.get((bucket, size))
         if g is None:
-            g = _Graph(self.model(), buf.base, bucket)
-            g.feed(ids, positions, start)
+            g = _Graph(self.model(), base, bucket, size)
+            g.feed(ids, positions, start, lease.start)
             try:
                 g.capture()
             except Exception as err:  # any capture failure: eager from now on, and say why
@@ -227,12 +231,10 @@ class _Graphs:
                 self.graphs.clear()
                 torch.cuda.synchronize()
                 return None
-            self.graphs[bucket] = g
+            self.graphs[(bucket, size)] = g
         else:
-            g.feed(ids, positions, start)
-        logits = g.replay()
-        cache.advance(len(ids))
-        return logits
+            g.feed(ids, positions, start, lease.start)
+        return g.replay()  # its caller counts the slots written (engine/run/forward.py)
 
 
 def gpu_paths(device: str, model: torch.nn.Module | None = None) -> dict[str, str]:

@@ -42,12 +42,14 @@ class StepDecoder:
                                   _linear(ops, down))
         self._probe = torch.zeros(1, dtype=torch.float32)
 
-    def __call__(self, ids: list[int], positions: list[int], kv: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] of one token per row, its K and V written into ``kv`` at ``lengths[row]``."""
+    def __call__(self, ids: list[int], positions: list[int], kv: torch.Tensor, starts: torch.Tensor,
+                 lengths: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [rows, vocab] of one token per row, its K and V written into the pool ``kv`` at slot
+        ``starts[row] + lengths[row]`` (``visible``: [rows, keys] bool, the keys each row reads)."""
         pos = torch.tensor(positions, dtype=torch.long)[:, None]
         cos, sin = self.rotary(self._probe, pos)  # [rows, 1, head_dim]
         return self.native.step(torch.tensor(ids, dtype=torch.long), cos[:, 0].contiguous(), sin[:, 0].contiguous(),
-                                kv, lengths)
+                                kv, starts, lengths, visible)
 
 
 def layer_products(layer) -> tuple[list[dict], dict, dict, dict]:

@@ -1,52 +1,54 @@
-"""Decoding after the first token, at explicit position ids: one loop, a generator of Token events, for a run
-alone (in place, in its own buffer) and for a comparison's batchable runs together (one :class:`BatchedKV`, their
-KV copied in: the arms took turns in one workspace buffer)."""
+"""Decoding after the first token, a step at a time (:func:`step_all`: runs that can share a forward in one batch,
+the others one by one). A comparison's :class:`Decoder` decodes each run at once or its arms together; under a
+scheduler (engine/run/scheduler.py) it parks them (:class:`Park`) beside every other request's. :class:`Room`: a
+lease did not fit the pool yet."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Generator, Iterator
 
 import torch
 
-from engine.kv import BatchedKV, KVBuffer
-from engine.model import graphs
-from engine.model import step as cpp
-from engine.model.attend import PLAIN, AttentionSpec
+from engine.kv.pool import KVPool, Lease, PoolFull
+from engine.model.attend import AttentionSpec
 from engine.model.load import LoadedModel
-from engine.model.positions import needs_positions
-from engine.run.events import Token
+from engine.run import forward
+from engine.run.events import Directive, Token
 from engine.run.sampling import sample
 from engine.run.stream import TextStream
 from engine.run.types import RunResult, Sampling
-from engine.run.workspace import workspace
 
 
-@dataclass
+@dataclass(eq=False)
 class Started:
-    """A run after its first token: where its KV is, what it has generated, what its decode steps attend to."""
+    """A run after its first token: its lease, what it has generated, what its decode steps attend to."""
 
     arm: str
-    buf: KVBuffer | None  # its buffer (None once its KV moved out to ``kv``)
-    cache: object  # the Cache over ``buf`` its decode steps read and append to
+    lease: Lease
     tokens: list[int]
     next_pos: int
     sampling: Sampling
     gen: torch.Generator | None
     spec: AttentionSpec
     text: TextStream
-    kv: torch.Tensor | None = None  # [layers, 2, kv_heads, length, head_dim]: its KV, moved out of the workspace
+    done: bool = False
     spent: float = 0.0  # seconds of the steps it generated in
     steps: int = 0
-    batch: int = 1  # runs in the batch it decoded in
+    rows: int = 0  # rows of the steps it generated in, summed
     said: str = field(default="", repr=False)  # its text as the last Token gave it
     run: RunResult | None = field(default=None, repr=False)  # its first-token figures, once timed
 
     @property
     def decode_ms_per_token(self) -> float | None:
         return self.spent * 1000 / self.steps if self.steps else None
+
+    @property
+    def batch(self) -> int:
+        """Rows per step, on average."""
+        return max(1, round(self.rows / self.steps)) if self.steps else 1
 
     def result(self, tokenizer, run: RunResult) -> RunResult:
         """``run`` with the tokens generated so far."""
@@ -62,33 +64,74 @@ class Started:
         return Token(self.arm, self.tokens[-1], text[same:], text)
 
 
-class Decoder:
-    """Where a comparison's runs decode: at once, or (``together``, when it can batch) all in one batch once every
-    arm has its first token (:meth:`rest`)."""
+@dataclass(eq=False)
+class Park(Directive):
+    """Step ``runs`` with every other request's until each ends; :attr:`tokens`: their events since."""
 
-    def __init__(self, lm: LoadedModel, together: bool = False):
-        self.lm, self.together = lm, together
+    runs: list[Started]
+    tokens: list[Token] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return all(r.done for r in self.runs)
+
+    def alone(self) -> None:
+        raise RuntimeError("a Park comes only from a decoder a scheduler made (Decoder(parks=True)); drive the run "
+                           "with that scheduler")
+
+
+@dataclass(frozen=True)
+class Room(Directive):
+    """A lease of ``tokens`` slots did not fit ``pool`` now."""
+
+    pool: KVPool
+    tokens: int
+
+    def alone(self) -> None:
+        used = self.pool.stats()
+        raise PoolFull(f"the KV pool holds {used['tokens']:,} tokens, {used['used_tokens']:,} of them leased by this "
+                       f"run's own arms, and has no room for {self.tokens:,} more; raise --kv-budget-mb or run the "
+                       "arms apart (--decode apart)")
+
+
+class Decoder:
+    """Where a comparison's runs lease their KV and decode: at once, or ``together`` once every arm has its first
+    token; with ``parks``, by the scheduler driving it. It releases a kept run's lease when the run ends."""
+
+    def __init__(self, lm: LoadedModel, together: bool = False, parks: bool = False, pool: KVPool | None = None):
+        from engine.run.pools import pool_of
+
+        self.lm, self.together, self.parks = lm, together, parks
+        self.pool = pool or pool_of(lm)  # where its runs lease their KV
         self.waiting: list[Started] = []
         self.kept: list[Started] = []  # every run kept for rest()
 
     def take(self, run: Started) -> Iterator[Token]:
-        """Decode ``run`` now, or keep it for :meth:`rest`."""
-        if self.together and batchable(self.lm, run):
+        """Decode ``run`` now, or keep it for :meth:`rest` (plain attention only: a focus is read after decoding)."""
+        if self.together and run.spec.plain and batchable(self.lm, run):
             self.waiting.append(run)
             self.kept.append(run)
             return
-        yield from decode(self.lm, [run])
-
-    def before_start(self) -> None:
-        """A run is about to take the workspace: the waiting runs still in it move their KV out."""
-        for run in self.waiting:
-            if run.buf is not None:
-                run.kv, run.buf, run.cache = run.buf.data[:, :, 0, :, : run.buf.length].clone(), None, None
+        yield from self._decode([run])
 
     def rest(self) -> Iterator[Token]:
-        """Decode every waiting run, together."""
+        """Decode every waiting run, together; release their leases."""
         waiting, self.waiting = self.waiting, []
-        yield from decode(self.lm, waiting)
+        try:
+            yield from self._decode(waiting)
+        finally:
+            for run in waiting:
+                run.lease.release()
+
+    def owns(self, run: Started) -> bool:
+        """Whether ``run``'s lease waits here for :meth:`rest`."""
+        return any(r is run for r in self.kept)
+
+    def close(self) -> None:
+        """Release the leases of runs still waiting (the comparison stopped early)."""
+        for run in self.waiting:
+            run.lease.release()
+        self.waiting = []
 
     def finish(self, run: RunResult) -> RunResult:
         """``run`` (a timed run's result) with every token its decode gave, known by its first logits."""
@@ -97,53 +140,56 @@ class Decoder:
                 return s.result(self.lm.tokenizer, s.run)
         return run
 
+    def _decode(self, runs: list[Started]) -> Iterator[Token]:
+        live = [r for r in runs if not _mark_ended(self.lm, r)]
+        if not live:
+            return
+        if not self.parks:
+            while not all(r.done for r in live):
+                yield from step_all(self.lm, live)
+            return
+        park = Park(live)
+        while True:
+            yield park  # the scheduler steps it with everything else, then resumes the request
+            tokens, park.tokens = park.tokens, []
+            yield from tokens
+            if park.done:
+                return
+
+
+def take_lease(pool: KVPool, tokens: int) -> Generator[Room, None, Lease]:
+    """A lease of ``tokens`` slots, waiting (:class:`Room`) while the pool has no room."""
+    while (lease := pool.lease(tokens)) is None:
+        yield Room(pool, tokens)
+    return lease
+
+
+def step_all(lm: LoadedModel, runs: list[Started]) -> list[Token]:
+    """One decode step of every run not done (batchable ones in one forward); each new token's Token."""
+    live = [r for r in runs if not r.done]
+    rows = [forward.Row(r.lease, r.tokens[-1], r.next_pos, r.spec) for r in live]
+    together = [i for i, row in enumerate(rows) if forward.batchable(lm, row)]
+    groups = ([together] if together else []) + [[i] for i in range(len(rows)) if i not in set(together)]
+    with torch.inference_mode():
+        for group in groups:
+            s = time.perf_counter()
+            logits = forward.step(lm, [rows[i] for i in group])
+            for row, i in enumerate(group):
+                r = live[i]
+                r.tokens.append(sample(logits[row], r.sampling, r.gen, r.arm, len(r.tokens)))
+                r.next_pos += 1
+            sync(lm.device)
+            spent = time.perf_counter() - s
+            for i in group:
+                r = live[i]
+                r.spent, r.steps, r.rows = r.spent + spent, r.steps + 1, r.rows + len(group)
+                _mark_ended(lm, r)
+    return [r.token() for r in live]
+
 
 def batchable(lm: LoadedModel, run: Started) -> bool:
-    """Plain attention, every layer at one length, no key positions (sliding windows, ALiBi), tokens to go."""
-    level = run.buf is None or all(n == run.buf.lengths[0] for n in run.buf.lengths)
-    return (run.spec.plain and lm.attention == "pml" and not needs_positions(lm.model) and level
-            and not ended(lm, run.tokens, run.sampling))
-
-
-def decode(lm: LoadedModel, runs: list[Started]) -> Iterator[Token]:
-    """Decode ``runs`` to their ends: several in one batch, one in its own buffer; each new token as a Token."""
-    if len(runs) > 1:
-        kv = BatchedKV([r.buf.data[:, :, 0, :, : r.buf.length] if r.kv is None else r.kv for r in runs],
-                       room=max(r.sampling.max_new_tokens for r in runs) + 1)
-        for r in runs:
-            r.batch = len(runs)
-        yield from _loop(lm, runs, kv.cache(), PLAIN, kv)
-    elif runs:
-        run = runs[0]
-        if run.kv is not None:  # moved out while others ran: back into the workspace
-            run.buf = workspace(lm).buffer(run.kv.shape[3] + run.sampling.max_new_tokens + 1)
-            run.buf.write(run.kv)
-            run.cache, run.kv = run.buf.cache(), None
-        yield from _loop(lm, runs, run.cache, run.spec, None)
-
-
-def decode_step(lm: LoadedModel, cache, ids: list[int], positions: list[int], spec: AttentionSpec = PLAIN,
-                rows_mask: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
-    """Logits [rows, vocab] of one step: the C++ decoder when ``spec`` is plain, else the model (``rows_mask()``:
-    batched rows' keys; their BatchedKV is advanced by the loop)."""
-    fast = cpp.decoder(lm.model, lm.weights) if spec.plain else None
-    view = cache.step_view() if fast is not None and hasattr(cache, "step_view") else None
-    if view is not None:
-        logits = fast(ids, positions, *view)
-        if rows_mask is None:
-            cache.advance()
-        return logits
-    graphed = graphs.forward(lm, cache, ids, positions, spec) if rows_mask is None and len(ids) == 1 else None
-    if graphed is not None:  # a CUDA graph's replay (engine/model/graphs.py)
-        return graphed
-    if rows_mask is not None:
-        spec = dataclasses.replace(spec, keys=rows_mask())
-    input_ids = torch.tensor([[i] for i in ids], device=lm.device)
-    if spec.focus is not None:
-        spec.focus.saw(input_ids)  # the focus follows the fed token
-    out = lm.model(input_ids=input_ids, position_ids=torch.tensor([[p] for p in positions], device=lm.device),
-                   past_key_values=cache, use_cache=True, logits_to_keep=1, attn_spec=spec)
-    return out.logits[:, -1]
+    """Whether ``run`` can share decode steps with others (engine/run/forward.py) and has tokens to go."""
+    return forward.batchable(lm, forward.Row(run.lease, 0, 0, run.spec)) and not ended(lm, run.tokens, run.sampling)
 
 
 def ended(lm: LoadedModel, tokens: list[int], sampling: Sampling) -> bool:
@@ -164,30 +210,9 @@ def sync(device: str) -> None:
 
 # -- internal helpers --
 
-def _loop(lm: LoadedModel, runs: list[Started], cache, spec: AttentionSpec, kv: BatchedKV | None) -> Iterator[Token]:
-    """Step every run in one forward until each is done (finished rows ride along)."""
-    live = [not ended(lm, r.tokens, r.sampling) for r in runs]
-    with torch.inference_mode():
-        while any(live):
-            s = time.perf_counter()
-            logits = decode_step(lm, cache, [r.tokens[-1] for r in runs], [r.next_pos for r in runs], spec,
-                                 rows_mask=None if kv is None else kv.key_mask)
-            if kv is not None:
-                kv.advance()
-            grew = [r for r, on in zip(runs, live) if on]
-            for row, r in enumerate(runs):
-                if live[row]:
-                    r.tokens.append(sample(logits[row], r.sampling, r.gen, r.arm, len(r.tokens)))
-                    r.next_pos += 1
-            sync(lm.device)
-            spent = time.perf_counter() - s
-            for row, r in enumerate(runs):
-                if live[row]:
-                    r.spent += spent
-                    r.steps += 1
-                    live[row] = not ended(lm, r.tokens, r.sampling)
-            for r in grew:
-                yield r.token()
+def _mark_ended(lm: LoadedModel, run: Started) -> bool:
+    run.done = run.done or ended(lm, run.tokens, run.sampling)
+    return run.done
 
 
 def _common_prefix(a: str, b: str) -> str:

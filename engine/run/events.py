@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generator, TypeVar, Union
 
-__all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "ArmDone", "Done", "Event", "finish"]
+__all__ = ["UnitEncoded", "Warming", "Warmed", "FirstToken", "Token", "ArmDone", "Done", "Event", "Directive", "finish"]
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,21 @@ Event = Union[UnitEncoded, Warming, Warmed, FirstToken, Token, ArmDone, Done]
 T = TypeVar("T")
 
 
+class Directive:
+    """What a run's generator says to the scheduler driving it (engine/run/decode.py: Park, Room), never an event
+    for its consumers."""
+
+    def alone(self) -> None:
+        """Answer it with no scheduler driving the run (:func:`finish`): only what the run itself holds runs."""
+        raise NotImplementedError
+
+
 def finish(events: Generator[object, None, T]) -> T:
-    """Pull every event of ``events`` and return what it returns."""
+    """Pull every event of ``events`` (no scheduler: each directive answered alone) and return what it returns."""
     while True:
         try:
-            next(events)
+            event = next(events)
         except StopIteration as done:
             return done.value
+        if isinstance(event, Directive):
+            event.alone()

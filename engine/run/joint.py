@@ -12,7 +12,7 @@ from engine.cache.assemble import (buffer_ranks, module_ranges, precomputed_toke
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
-from engine.kv import KVBuffer, LayeredKV
+from engine.kv import Lease, LayeredKV
 from engine.model.attend import AttentionSpec, Focus
 from engine.model.load import LoadedModel
 from engine.run.attention import rank_mask
@@ -74,7 +74,7 @@ def select_tokens(plan: PromptPlan, by_key: torch.Tensor | None, kept: tuple[str
     return tuple(sorted(picked | chosen))
 
 
-def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: KVBuffer,
+def recompute_fill(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore, buf: Lease,
                    redo: set[int], drop: set[int]) -> tuple[Fill, list[int]]:
     """Fill ``buf`` (emptied) to prefill ranks ``redo`` with the uncached tokens in prompt order, ranks ``drop``
     left out; and each buffer slot's rank."""
@@ -112,7 +112,7 @@ def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list
 
 
 # what a repeat reads back, all known only after TTFT
-def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: KVBuffer, slots: list[int], entries,
+def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: Lease, slots: list[int], entries,
              routing: Routing, keep: list[str], positions=None, logits: torch.Tensor | None = None,
              focus: Focus | None = None) -> int:
     """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``, with its first

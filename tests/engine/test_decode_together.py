@@ -1,14 +1,13 @@
-"""Arms decoded together (engine/run/decode.py, engine/kv/batched.py): each row of a batched
-step computes what its run computes alone, and a comparison decoded together gives every arm the tokens it
-gets decoding apart."""
+"""Arms decoded together (engine/run/decode.py, engine/run/forward.py): each row of a batched step over leases of
+one pool computes what its run computes alone, and a comparison decoded together gives every arm the tokens it gets
+decoding apart."""
 
 from __future__ import annotations
 
 import torch
 
 from engine.arms.registry import Sampling
-from engine.kv import BatchedKV
-from engine.model.attend import AttentionSpec
+from engine.kv import KVPool
 from tests.arm_runs import streamed
 
 SCHEMA = """<schema name="s">
@@ -26,31 +25,37 @@ def _forward(model, ids, pos, cache, spec=None):
 
 
 def test_a_batched_step_computes_each_row_as_alone(tiny_lm):
-    """Three caches of different lengths (and gapped positions): one batched step's logits per row, against the
-    same step over that row's cache alone (a DynamicCache: transformers' own path, no engine mask)."""
+    """Three leases of one pool of different lengths (and gapped positions), garbage between them: one batched eager
+    step's logits per row, against the same step over that row's cache alone (a DynamicCache: transformers' own
+    path, no engine mask)."""
     from transformers.cache_utils import DynamicCache
+
+    from engine.run.forward import Row, step
 
     model = tiny_lm.model
     torch.manual_seed(3)
+    pool = KVPool(tiny_lm.n_layers, tiny_lm.kv_heads, tiny_lm.head_dim, torch.float32, "cpu", 8 << 20)
     lengths, firsts = [5, 11, 8], [0, 7, 30]
-    kvs, alone = [], []
+    leases, alone = [], []
     for n, first in zip(lengths, firsts):
         ids = torch.randint(5, 500, (1, n))
         pos = torch.arange(first, first + n)[None]
         cache = DynamicCache()
         _forward(model, ids, pos, cache)
-        kvs.append(torch.stack([torch.stack([l.keys[0], l.values[0]]) for l in cache.layers]))
+        pool.lease(2).raw.normal_()  # a neighbour's slots, never read
+        lease = pool.lease(n + 4)
+        lease.write(torch.stack([torch.stack([l.keys[0], l.values[0]]) for l in cache.layers]))
+        leases.append(lease)
         alone.append((cache, first + n))
-    batch = BatchedKV(kvs, room=4)
-    cache = batch.cache()
-    for step in range(3):
-        nxt = torch.randint(5, 500, (3, 1))
-        pos = torch.tensor([[p + step] for _, p in alone])
-        got = _forward(model, nxt, pos, cache, AttentionSpec(keys=batch.key_mask()))
-        batch.advance()
+    for s in range(3):
+        nxt = torch.randint(5, 500, (3,))
+        rows = [Row(lease, int(nxt[i]), p + s) for i, (lease, (_, p)) in enumerate(zip(leases, alone))]
+        with torch.inference_mode():
+            got = step(tiny_lm, rows).float()
         for row, (c, p) in enumerate(alone):
-            want = _forward(model, nxt[row:row + 1], torch.tensor([[p + step]]), c)
-            assert torch.allclose(got[row], want[0], atol=1e-5, rtol=1e-4), (step, row)
+            want = _forward(model, nxt[row:row + 1][None], torch.tensor([[p + s]]), c)
+            assert torch.allclose(got[row], want[0], atol=1e-5, rtol=1e-4), (s, row)
+    assert [x.length for x in leases] == [n + 3 for n in lengths]
 
 
 def test_a_comparison_decoded_together_gives_each_arm_its_own_tokens(tiny_engine):
@@ -80,22 +85,19 @@ def test_streamed_tokens_arrive_for_every_arm_and_end_with_its_text(tiny_engine)
 
 
 
-def test_a_lone_arm_decodes_in_place_in_its_own_buffer(tiny_engine, monkeypatch):
-    """A one-arm run (the API's) waits for no batch: one buffer for its whole run, its KV never copied out, and
-    the same tokens as decoding apart."""
-    from engine.kv.buffer import KVWorkspace
-    from engine.run import decode
+def test_a_lone_arm_decodes_in_place_in_its_own_lease(tiny_engine, monkeypatch):
+    """A one-arm run (the API's) decodes in its one lease of the pool, never copied, the same tokens as decoding
+    apart; the lease goes back to the pool when the run ends."""
+    from engine.kv import KVPool
+    from engine.run.pools import pool_of
 
     apart = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
                                 config=tiny_engine.config.with_(arms=("cached",), decode="apart"))
-    made, real = [], KVWorkspace.buffer
-    monkeypatch.setattr(KVWorkspace, "buffer", lambda self, n: made.append(n) or real(self, n))
-    monkeypatch.setattr(decode, "BatchedKV", None)  # a batch would fail
-    waited, batchable = [], decode.batchable
-    monkeypatch.setattr(decode, "batchable", lambda lm, run: waited.append(batchable(lm, run)) or waited[-1])
+    made, real = [], KVPool.lease
+    monkeypatch.setattr(KVPool, "lease", lambda self, n: made.append(n) or real(self, n))
     alone = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
                                 config=tiny_engine.config.with_(arms=("cached",), decode="together"))
-    assert waited == [True]  # it waited for the others, and there were none
     assert len(made) == 1 and alone.arm("cached").run.decode_batch == 1 and alone.decode == "apart"
     assert alone.arm("cached").run.token_ids == apart.arm("cached").run.token_ids
     assert len(alone.arm("cached").run.token_ids) == 8
+    assert pool_of(tiny_engine.lm).held == {}

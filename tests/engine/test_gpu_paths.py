@@ -10,9 +10,9 @@ import torch
 from tests.arm_runs import run_baseline
 from tests.arm_runs import run_cached
 from engine.arms.registry import Sampling
-from engine.run.workspace import workspace
+from engine.run.pools import pool_of
 from engine.cache.store import ModuleStore
-from engine.kv import KVBuffer, KVWorkspace, ModuleKV
+from engine.kv import KVPool, Lease, ModuleKV
 from engine.kv import pinned as pinning
 from engine.kv.layerwise import LayerCopies
 from engine.model import graphs
@@ -34,14 +34,16 @@ def cached_runs(eng, mode: str, layerwise: bool, n: int = 8):
     lay = eng.layout(SCHEMA)
     plan = eng.plan(lay, PROMPT, max_new_tokens=n)
     enc = eng.encode(lay, eng.config.with_(mode=mode)).encoded
-    space = workspace(eng.lm)
-    before = space.layerwise
+    space = pool_of(eng.lm)
+    before, made, lease = space.layerwise, [], space.lease
     space.layerwise = layerwise
+    space.lease = lambda tokens: made.append(lease(tokens)) or made[-1]  # the run's lease, seen as it is made
     try:
         run = run_cached(eng.lm, plan, enc, eng.store(), Sampling(n))
-        copies = space._last.copies
+        copies = made[-1].copies
     finally:
         space.layerwise = before
+        del space.lease
     return run, copies
 
 
@@ -58,28 +60,28 @@ def test_layerwise_assembly_gives_bit_identical_logits_and_tokens(tiny_engine, m
 
 
 def test_layerwise_is_off_by_default_on_the_cpu(tiny_lm):
-    assert workspace(tiny_lm).layerwise is False
-    assert KVWorkspace(2, 2, 4, torch.float32, "cpu").layerwise is False
+    assert pool_of(tiny_lm).layerwise is False
+    assert KVPool(2, 2, 4, torch.float32, "cpu", 1 << 20).layerwise is False
 
 
 def test_deferred_writes_fill_the_buffer_as_direct_writes_do():
     torch.manual_seed(0)
     a = torch.randn(3, 2, 2, 5, 4)  # [layers, 2, kv_heads, n, head_dim]
     b = torch.randn(2, 2, 3, 4)  # one layer's [2, kv_heads, n, head_dim]
-    direct = KVBuffer(torch.zeros(3, 2, 1, 2, 16, 4))
-    deferred = KVBuffer(torch.zeros(3, 2, 1, 2, 16, 4), layerwise=True)
+    direct = Lease(torch.zeros(3, 2, 1, 2, 16, 4))
+    deferred = Lease(torch.zeros(3, 2, 1, 2, 16, 4), layerwise=True)
     for buf in (direct, deferred):
         buf.write(a)
         buf.write_layer(1, b)
     assert deferred.copies.waiting and not deferred.raw.any()  # nothing copied before the forward asks
-    assert deferred.lengths == direct.lengths == [5, 8, 5]
+    assert deferred.lengths == direct.lengths == (5, 8, 5)
     deferred.ready(0)  # the first layer's update launches every copy (synchronously on the CPU)
     assert not deferred.copies.waiting
     assert torch.equal(deferred.data, direct.data)
 
 
 def test_reading_the_data_settles_the_copies():
-    buf = KVBuffer(torch.zeros(2, 2, 1, 1, 8, 2), layerwise=True)
+    buf = Lease(torch.zeros(2, 2, 1, 1, 8, 2), layerwise=True)
     buf.write(torch.ones(2, 2, 1, 3, 2))
     assert float(buf.data.sum()) == 2 * 2 * 3 * 2
     assert repr(LayerCopies(2, "cpu")).startswith("LayerCopies(layers=2")
@@ -136,7 +138,7 @@ def test_pinned_bytes_follow_puts_and_evictions(monkeypatch):
 def test_graphs_never_apply_on_the_cpu(tiny_lm):
     graphs.set_mode(tiny_lm.model, "on")
     try:
-        buf = KVWorkspace(tiny_lm.n_layers, tiny_lm.kv_heads, tiny_lm.head_dim, torch.float32, "cpu").buffer(16)
+        buf = KVPool(tiny_lm.n_layers, tiny_lm.kv_heads, tiny_lm.head_dim, torch.float32, "cpu", 1 << 20).lease(16)
         assert graphs.forward(tiny_lm, buf.cache(), [1, 2], [0, 1], PLAIN) is None
         assert graphs.status(tiny_lm.model).startswith("off: CUDA only")
     finally:
@@ -147,28 +149,31 @@ def test_graphs_never_apply_on_the_cpu(tiny_lm):
 
 @pytest.mark.parametrize("n_new", [1, 3, 5])
 def test_the_captured_forward_equals_the_eager_one(tiny_lm, n_new):
-    """What a graph records (static cache over the whole workspace, slot mask, padded bucket, the last real token's
-    logits) run uncaptured on the CPU, against the eager forward over the run's buffer."""
+    """What a graph records (static cache over the pool, the lease's window read from its first slot, slot mask,
+    padded bucket, the last real token's logits) run uncaptured on the CPU, against the eager forward over the
+    lease; the lease is not the pool's first, and its neighbour's slots hold garbage the graph must not read."""
     model, dims = tiny_lm.model, (tiny_lm.n_layers, tiny_lm.kv_heads, tiny_lm.head_dim, torch.float32, "cpu")
     prefix, new = list(range(100, 112)), list(range(300, 300 + n_new))
     pos = list(range(20, 20 + n_new))  # gapped after the prefix, as a cached run's question is
-    space = KVWorkspace(*dims)
-    buf = space.buffer(32)
+    token_bytes = 2 * tiny_lm.n_layers * tiny_lm.kv_heads * tiny_lm.head_dim * 4
+    pool = KVPool(*dims, budget_bytes=64 * token_bytes)
+    pool.lease(5).raw.normal_()
+    lease = pool.lease(32)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([prefix]), position_ids=torch.arange(12)[None], past_key_values=buf.cache(),
+        model(input_ids=torch.tensor([prefix]), position_ids=torch.arange(12)[None], past_key_values=lease.cache(),
               use_cache=True)
-        base = space.data.clone()  # the workspace after the prefix: what the graph starts from
-        buf.lengths = [12] * tiny_lm.n_layers
-        eager = model(input_ids=torch.tensor([new]), position_ids=torch.tensor([pos]), past_key_values=buf.cache(),
+        lease.advance(12)
+        base = pool.data.clone()  # the pool after the prefix: what the graph starts from
+        eager = model(input_ids=torch.tensor([new]), position_ids=torch.tensor([pos]), past_key_values=lease.cache(),
                       use_cache=True, logits_to_keep=1).logits[0, -1]
-        g = graphs._Graph(model, base, graphs._bucket(n_new))
-        g.feed(new, pos, 12)
+        g = graphs._Graph(model, base, graphs._bucket(n_new), 64)
+        g.feed(new, pos, lease.start + 12, lease.start)
         static = g._forward()[0]
     assert g.bucket >= n_new
     assert torch.allclose(static, eager, atol=1e-5), float((static - eager).abs().max())
     assert int(static.argmax()) == int(eager.argmax())
-    written = slice(12, 12 + n_new)
-    assert torch.allclose(base[..., written, :], space.data[..., written, :], atol=1e-5)
+    written = slice(lease.start + 12, lease.start + 12 + n_new)
+    assert torch.allclose(base[..., written, :], pool.data[..., written, :], atol=1e-5)
 
 
 def test_a_baseline_and_cached_run_are_unchanged_by_the_graph_hook_on_the_cpu(tiny_engine):
@@ -186,7 +191,7 @@ def test_every_arm_is_bit_identical_with_layerwise_copies(tiny_engine):
     from engine.session import Engine
 
     cfg = tiny_engine.config.with_(arms=("baseline", "prefix", "cached", "blend", "routed"), blend=0.5)
-    space = workspace(tiny_engine.lm)
+    space = pool_of(tiny_engine.lm)
 
     def arms(layerwise: bool) -> dict:
         space.layerwise = layerwise

@@ -12,7 +12,7 @@ from conftest import ROOT, arm_ms, decoded_fully, first_token_kl, timed
 from engine.cache.compress import METHOD_NOTES, RETENTION_NOTE, question_keep
 from engine.config import CHOICES, METHODS, Compression, RunConfig, values
 from engine.errors import EngineError
-from engine.kv import KVBuffer, ModuleKV, QuantKV
+from engine.kv import Lease, ModuleKV, QuantKV
 from engine.arms.registry import Sampling
 from engine.session import Engine
 from engine.cache.store import DiskStore
@@ -75,10 +75,10 @@ def test_dequantizing_into_a_buffer_equals_dequantize_for_any_range():
         q = QuantKV.quantize(entry, precision)
         full = q.dequantize()
         for a, b in [(0, 300), (5, 6), (10, 63), (64, 128), (60, 200), (250, 300), (129, 131)]:
-            buf = KVBuffer(torch.zeros(2, 2, 1, 3, 400, 64))
+            buf = Lease.private(torch.zeros(2, 2, 1, 3, 400, 64))
             buf.write(torch.ones(2, 2, 3, 4, 64))  # something before it
             q.write_into(buf, a, b)
-            assert buf.lengths == [4 + b - a] * 2
+            assert buf.lengths == (4 + b - a,) * 2
             assert torch.equal(buf.data[:, :, 0, :, 4:4 + b - a], full[:, :, :, a:b])
             assert torch.equal(buf.data[:, :, 0, :, :4], torch.ones(2, 2, 3, 4, 64))
 
@@ -167,14 +167,14 @@ def test_question_keep_takes_the_pooled_neighbourhood_and_every_fixed_token():
 
 def test_buffer_keep_gathers_per_head_and_shortens_the_layer():
     data = torch.arange(2 * 2 * 1 * 2 * 10 * 4, dtype=torch.float32).view(2, 2, 1, 2, 10, 4)
-    buf = KVBuffer(data.clone())
-    buf.lengths = [8, 8]
+    buf = Lease.private(torch.zeros_like(data))
+    buf.write(data[:, :, 0, :, :8])
     idx = torch.tensor([[0, 3, 7], [1, 2, 6]])
     buf.keep(1, idx)
-    assert buf.lengths == [8, 3]
+    assert buf.lengths == (8, 3)
     for h in range(2):
         assert torch.equal(buf.data[1, :, 0, h, :3], data[1, :, 0, h, idx[h]])
-    assert torch.equal(buf.data[0], data[0])
+    assert torch.equal(buf.data[0, :, :, :, :8], data[0, :, :, :, :8])
     assert buf.used_bytes == (8 + 3) * 2 * 2 * 4 * 4
 
 

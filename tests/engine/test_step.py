@@ -1,6 +1,7 @@
 """The C++ decode step (engine/model/step.py, csrc/decode_step.cpp) against transformers' forward of the same model
-over the same KV buffer: logits and the keys and values it writes, alone and for rows decoded together; where it
-does not apply, the reason, and the arms' decode loops fall back to the model."""
+over the same KV: logits and the keys and values it writes, alone and for rows of one pool decoded together (each
+lease read in place, some rows' keys hidden); where it does not apply, the reason, and the decode steps fall back
+to the model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from engine.kv import BatchedKV, KVBuffer
+from engine.kv import KVPool, Lease
 from engine.model import kernels, step
 from engine.model.attend import PLAIN, AttentionSpec, RankMask
 from engine.model.weights import quantize_weights
@@ -44,16 +45,30 @@ def packed(request, tokenizer_bundle):
     return _model(family, kind, len(tokenizer_bundle[1]) // 64 * 64), kind
 
 
-def _prefilled(model, n: int, first: int, seed: int, capacity: int = 64) -> KVBuffer:
-    """A KV buffer holding ``n`` random tokens at positions ``first ..``, written by the model's own forward."""
+def _pool(model, tokens: int = 256) -> KVPool:
+    cfg = model.config
+    return KVPool(cfg.num_hidden_layers, 2, 32, torch.float32, "cpu", tokens * cfg.num_hidden_layers * 2 * 2 * 32 * 4)
+
+
+def _prefilled(model, n: int, first: int, seed: int, pool: KVPool, capacity: int = 64) -> Lease:
+    """A lease of ``pool`` holding ``n`` random tokens at positions ``first ..``, written by the model's own forward
+    (garbage before it, in its pool: a step must read no slot outside its lease)."""
     torch.manual_seed(seed)
-    data = torch.zeros(model.config.num_hidden_layers, 2, 1, 2, capacity, 32)
-    buf = KVBuffer(data)
+    pool.lease(3).raw.normal_()  # a neighbour's slots, never read
+    lease = pool.lease(capacity)
     ids = torch.randint(5, 400, (1, n))
     with torch.inference_mode():
-        cache = buf.cache()
-        model(input_ids=ids, position_ids=torch.arange(first, first + n)[None], past_key_values=cache, use_cache=True)
-    return buf
+        model(input_ids=ids, position_ids=torch.arange(first, first + n)[None], past_key_values=lease.cache(),
+              use_cache=True)
+    lease.advance(n)
+    return lease
+
+
+def _alone(lease: Lease) -> Lease:
+    """A copy of ``lease`` in a tensor of its own."""
+    other = Lease.private(torch.zeros_like(lease.data))
+    other.write(lease.kv())
+    return other
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -72,41 +87,48 @@ def test_a_step_computes_the_models_forward(packed):
     model, kind = packed
     fast = step.decoder(model, kind)
     assert fast is not None, step.why_not(model, kind)
-    a = _prefilled(model, 9, first=3, seed=1)
-    b = KVBuffer(a.data.clone())
-    b.lengths = list(a.lengths)
-    ca, cb = a.cache(), b.cache()
+    a = _prefilled(model, 9, first=3, seed=1, pool=_pool(model))
+    b = _alone(a)
     for i, tok in enumerate([17, 250, 3, 99]):
         pos = 12 + 2 * i  # gapped positions, as modules leave them
         with torch.inference_mode():
-            view = ca.step_view()
-            got = fast([tok], [pos], *view)
-            ca.advance()
-        want = _forward(model, cb, [tok], [pos])
+            got = fast([tok], [pos], a.base, torch.tensor([a.start]), torch.tensor([a.length]))
+        a.advance(1)
+        want = _forward(model, b.cache(), [tok], [pos])
+        b.advance(1)
         assert got.shape == want.shape
         assert _close(got, want), i
         assert int(got.argmax()) == int(want.argmax())
-    assert a.lengths == b.lengths == [13, 13]
-    assert _close(a.data, b.data)  # the keys (rotated) and values written
+    assert a.lengths == b.lengths == (13, 13)
+    assert _close(a.kv(), b.kv())  # the keys (rotated) and values written, in the lease's own slots
 
 
-def test_rows_decoded_together_compute_each_row_alone(packed):
-    """Three runs of different lengths, right-padded in one BatchedKV: the C++ step's rows against transformers'
-    forward of each run alone."""
+def test_rows_of_one_pool_decoded_together_compute_each_row_alone(packed):
+    """Three runs of different lengths, each in its own lease of one pool (another lease's garbage between them):
+    the C++ step's rows against transformers' forward of each run alone; a row whose keys are partly hidden (a
+    routed run's focus) against the forward with that mask."""
     model, kind = packed
     fast = step.decoder(model, kind)
-    runs = [_prefilled(model, n, first, seed) for n, first, seed in [(5, 0, 2), (11, 7, 3), (8, 30, 4)]]
-    batch = BatchedKV([r.data[:, :, 0, :, : r.length] for r in runs], room=4)
-    alone = [r.cache() for r in runs]
-    cache = batch.cache()
+    pool = _pool(model)
+    runs = [_prefilled(model, n, first, seed, pool) for n, first, seed in [(5, 0, 2), (11, 7, 3), (8, 30, 4)]]
+    alone = [_alone(r) for r in runs]
     for s in range(3):
         ids = [40 + s, 41 + s, 42 + s]
         pos = [5 + s, 18 + s, 38 + s]
+        lengths = torch.tensor([r.length for r in runs])
+        visible = torch.arange(16)[None, :] <= lengths[:, None]
+        visible[1, 2:6] = False  # row 1 reads none of its keys 2..5
         with torch.inference_mode():
-            got = fast(ids, pos, *cache.step_view())
-        batch.advance()
-        for row, c in enumerate(alone):
-            want = _forward(model, c, ids[row:row + 1], pos[row:row + 1])
+            got = fast(ids, pos, pool.data, torch.tensor([r.start for r in runs]), lengths, visible)
+        for r in runs:
+            r.advance(1)
+        for row, other in enumerate(alone):
+            mask = visible[row, : other.length + 1][None, None, None] if row == 1 else None
+            with torch.inference_mode():
+                want = model(input_ids=torch.tensor([[ids[row]]]), position_ids=torch.tensor([[pos[row]]]),
+                             past_key_values=other.cache(), use_cache=True, logits_to_keep=1,
+                             **({} if mask is None else {"attention_mask": mask})).logits[:, -1]
+            other.advance(1)
             assert _close(got[row], want[0]), (s, row)
 
 
@@ -128,12 +150,13 @@ def test_contexts_that_change_attention_send_the_step_to_the_model():
     assert PLAIN.plain
 
 
-def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch):
-    """decode_step: the same greedy tokens through the C++ step as through the model (PML_STUDIO_STEP=0)."""
-    from engine.run.decode import decode_step
+def test_the_decode_step_uses_it_and_gives_the_models_tokens(packed, monkeypatch):
+    """forward.step: the same greedy tokens through the C++ step as through the model (PML_STUDIO_STEP=0)."""
+    from engine.run.forward import Row
+    from engine.run.forward import step as one_step
 
     model, kind = packed
-    lm = type("LM", (), {"model": model, "weights": kind, "device": "cpu"})()
+    lm = type("LM", (), {"model": model, "weights": kind, "device": "cpu", "attention": "pml"})()
     calls = []
     real = step.StepDecoder.__call__
     monkeypatch.setattr(step.StepDecoder, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
@@ -141,11 +164,10 @@ def test_the_decode_loop_uses_it_and_gives_the_models_tokens(packed, monkeypatch
     for flag in ("1", "0"):
         monkeypatch.setenv("PML_STUDIO_STEP", flag)
         step._made.pop(model, None)
-        buf = _prefilled(model, 6, first=0, seed=5)
-        cache, out = buf.cache(), [7]
+        lease, out = _prefilled(model, 6, first=0, seed=5, pool=_pool(model)), [7]
         with torch.inference_mode():
             for i in range(6):
-                out.append(int(decode_step(lm, cache, [out[-1]], [6 + i]).argmax()))
+                out.append(int(one_step(lm, [Row(lease, out[-1], 6 + i)]).argmax()))
         tokens[flag] = out
     step._made.pop(model, None)
     assert len(calls) == 6  # every step of the first loop, none of the second

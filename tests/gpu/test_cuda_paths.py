@@ -40,7 +40,7 @@ def runs(lm, storage: str, layerwise: bool, graphs_on: bool):
     from tests.arm_runs import run_baseline
     from tests.arm_runs import run_cached
     from engine.arms.registry import Sampling
-    from engine.run.workspace import workspace
+    from engine.run.pools import pool_of
     from engine.model import graphs
     from engine.session import Engine
 
@@ -48,13 +48,13 @@ def runs(lm, storage: str, layerwise: bool, graphs_on: bool):
     lay = eng.layout(SCHEMA)
     plan = eng.plan(lay, PROMPT, max_new_tokens=NEW)
     enc = eng.encode(lay).encoded
-    workspace(lm).layerwise = layerwise
+    pool_of(lm).layerwise = layerwise
     graphs.set_mode(lm.model, "on" if graphs_on else "off")
     try:
         out = [(run_baseline(lm, plan, Sampling(NEW)), run_cached(lm, plan, enc, eng.store(), Sampling(NEW)))
                for _ in range(2)]  # the second pair replays the graphs the first captured
     finally:
-        workspace(lm).layerwise = True
+        pool_of(lm).layerwise = True
         graphs.set_mode(lm.model, "auto")
     assert out[0][0].token_ids == out[1][0].token_ids and out[0][1].token_ids == out[1][1].token_ids
     return out[1][0], out[1][1], eng.store()
@@ -89,11 +89,11 @@ def test_cpu_storage_for_a_cuda_model_is_page_locked(cuda_lm):
 
 
 def test_side_stream_copies_land_layer_by_layer():
-    from engine.kv import KVBuffer
+    from engine.kv import Lease
 
     src = torch.randn(4, 2, 2, 64, 8).pin_memory()  # [layers, 2, kv_heads, n, head_dim]
-    direct = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"))
-    layered = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
+    direct = Lease(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"))
+    layered = Lease(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
     direct.write(src)
     layered.write(src)
     assert layered.copies.waiting
@@ -157,11 +157,11 @@ def test_host_kv_lands_by_2d_dma_as_torch_copies_it():
 
 
 def test_copies_settled_before_a_graph_launch_whole_and_land_as_layer_by_layer():
-    from engine.kv import KVBuffer
+    from engine.kv import Lease
 
     src = torch.randn(4, 2, 2, 64, 8).pin_memory()
-    layered = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
-    whole = KVBuffer(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
+    layered = Lease(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
+    whole = Lease(torch.zeros(4, 2, 1, 2, 128, 8, device="cuda"), layerwise=True)
     for buf in (layered, whole):
         buf.write(src[:, :, :, :40])
         buf.write(src[:, :, :, 40:])

@@ -1,5 +1,5 @@
 // One decode step of a Llama-shaped model in C++ (engine/model/step.py): every layer's RMSNorm, projections,
-// rotary embedding, attention over the run's KV buffer and gated MLP, with no Python between them.
+// rotary embedding, attention over the runs' leases in the KV pool and gated MLP, with no Python between them.
 //
 // Why: through transformers' modules a step also runs thousands of small ATen ops and their Python; here it is the
 // kernel calls plus short loops (measured: docs/models.md, "The decode step").
@@ -8,8 +8,8 @@
 //   h = x + o_proj(attention(rope(q), rope(k), v))      with RMSNorm(x) feeding q, k, v
 //   x = h + down(silu(gate(n)) * up(n))                  with n = RMSNorm(h)
 //   RMSNorm(x) = w * (x * rsqrt(mean(x^2) + eps));  rope: x * cos + rotate_half(x) * sin
-// Each row is one run at its own length: its new key and value are written into the KV buffer at ``lengths[row]``
-// and its query attends to keys 0 .. lengths[row] (the batch's right padding is never read).
+// Each row is one run at its own length in its own lease: its new key and value are written at slot
+// ``starts[row] + lengths[row]`` and its query attends to its lease's keys 0 .. lengths[row] (no other slot is read).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -90,21 +90,36 @@ class Decoder {
     layers_.push_back({ln1.contiguous(), ln2.contiguous(), std::move(qkv), o, gate_up, down});
   }
 
-  // ids [rows] int64; cos, sin [rows, head_dim] float32; kv [layers, 2, rows, kv_heads, capacity, head_dim] float32
-  // (the last dimension contiguous); lengths [rows] int64, each below the capacity. Returns logits [rows, vocab].
-  torch::Tensor step(torch::Tensor ids, torch::Tensor cos, torch::Tensor sin, torch::Tensor kv, torch::Tensor lengths) {
+  // ids [rows] int64; cos, sin [rows, head_dim] float32; kv [layers, 2, 1, kv_heads, slots, head_dim] float32 (the
+  // last dimension contiguous): a KV pool, each row's lease from slot starts[row], lengths[row] of its slots written;
+  // visible (optional) [rows, >= longest + 1] bool: the keys each row may read (a routed run's focus).
+  // Each row's new key and value go to slot starts[row] + lengths[row]. Returns logits [rows, vocab].
+  torch::Tensor step(torch::Tensor ids, torch::Tensor cos, torch::Tensor sin, torch::Tensor kv, torch::Tensor starts,
+                     torch::Tensor lengths, c10::optional<torch::Tensor> visible) {
     const int64_t rows = ids.size(0), hidden = embed_.size(1), d = d_;
     TORCH_CHECK(kv.scalar_type() == torch::kFloat32 && kv.dim() == 6 && kv.size(0) == (int64_t)layers_.size() &&
-                kv.size(2) == rows && kv.size(3) == kv_heads_ && kv.size(5) == d && kv.stride(5) == 1,
-                "decoder: the KV buffer's shape");
+                kv.size(2) == 1 && kv.size(3) == kv_heads_ && kv.size(5) == d && kv.stride(5) == 1,
+                "decoder: the KV pool's shape");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == rows && cos.size(1) == d &&
-                lengths.scalar_type() == torch::kInt64 && lengths.numel() == rows, "decoder: positions' shape");
+                lengths.scalar_type() == torch::kInt64 && lengths.numel() == rows &&
+                starts.scalar_type() == torch::kInt64 && starts.numel() == rows, "decoder: positions' shape");
+    starts = starts.contiguous();
+    lengths = lengths.contiguous();
     const int64_t* len = lengths.data_ptr<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(len[r] >= 0 && len[r] < kv.size(4), "decoder: KV buffer overflow");
+    const int64_t* at = starts.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      TORCH_CHECK(len[r] >= 0 && at[r] >= 0 && at[r] + len[r] < kv.size(4), "decoder: KV pool overflow");
+    torch::Tensor vis;
+    if (visible.has_value() && visible->defined()) {
+      vis = visible->to(torch::kBool).contiguous();
+      for (int64_t r = 0; r < rows; ++r)
+        TORCH_CHECK(vis.dim() == 2 && vis.size(0) == rows && vis.size(1) > len[r], "decoder: the visible keys' shape");
+    }
+    const bool* seen = vis.defined() ? vis.data_ptr<bool>() : nullptr;
+    const int64_t seen_row = vis.defined() ? vis.size(1) : 0;
     const float *cs = cos.data_ptr<float>(), *sn = sin.data_ptr<float>();
     float* kvp = kv.data_ptr<float>();
-    const int64_t s_layer = kv.stride(0), s_kv = kv.stride(1), s_row = kv.stride(2), s_head = kv.stride(3),
-                  s_pos = kv.stride(4);
+    const int64_t s_layer = kv.stride(0), s_kv = kv.stride(1), s_head = kv.stride(3), s_pos = kv.stride(4);
     const int64_t q_width = heads_ * d, kv_width = kv_heads_ * d, group = heads_ / kv_heads_;
 
     torch::Tensor x = embed_.index_select(0, ids).contiguous();  // [rows, hidden], the residual stream
@@ -126,7 +141,7 @@ class Decoder {
         float* qr = base + r * width;
         for (int64_t h = 0; h < heads_ + kv_heads_; ++h) rope(qr + h * d, cs + r * d, sn + r * d, d);
         for (int64_t h = 0; h < kv_heads_; ++h) {
-          float* kd = layer_kv + r * s_row + h * s_head + len[r] * s_pos;
+          float* kd = layer_kv + h * s_head + (at[r] + len[r]) * s_pos;
           std::copy(qr + q_width + h * d, qr + q_width + (h + 1) * d, kd);
           std::copy(qr + q_width + kv_width + h * d, qr + q_width + kv_width + (h + 1) * d, kd + s_kv);
         }
@@ -138,18 +153,19 @@ class Decoder {
         std::vector<float> acc(d);
         for (int64_t task = begin; task < end; ++task) {
           const int64_t r = task / kv_heads_, g = task % kv_heads_, keys = len[r] + 1;
-          const float* kb = layer_kv + r * s_row + g * s_head;
+          const float* kb = layer_kv + g * s_head + at[r] * s_pos;
+          const bool* see = seen ? seen + r * seen_row : nullptr;
           const float* vb = kb + s_kv;
           for (int64_t j = 0; j < group; ++j) {
             const int64_t h = g * group + j;
             const float* q = base + r * width + h * d;
             float top = -INFINITY;
             for (int64_t t = 0; t < keys; ++t) {
-              p[t] = dot(q, kb + t * s_pos, d) * scaling_;
+              p[t] = (see && !see[t]) ? -INFINITY : dot(q, kb + t * s_pos, d) * scaling_;
               top = std::max(top, p[t]);
             }
             float sum = 0.f;
-            for (int64_t t = 0; t < keys; ++t) sum += (p[t] = std::exp(p[t] - top));
+            for (int64_t t = 0; t < keys; ++t) sum += (p[t] = (see && !see[t]) ? 0.f : std::exp(p[t] - top));
             std::fill(acc.begin(), acc.end(), 0.f);
             for (int64_t t = 0; t < keys; ++t) {
               const float pt = p[t] / sum;
@@ -209,5 +225,6 @@ void bind_decoder(pybind11::module& m) {
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<torch::Tensor, int64_t, int64_t, int64_t, double, double, torch::Tensor, Linear>())
       .def("add_layer", &Decoder::add_layer)
-      .def("step", &Decoder::step, py::call_guard<py::gil_scoped_release>());
+      .def("step", &Decoder::step, py::arg("ids"), py::arg("cos"), py::arg("sin"), py::arg("kv"), py::arg("starts"),
+           py::arg("lengths"), py::arg("visible") = py::none(), py::call_guard<py::gil_scoped_release>());
 }
