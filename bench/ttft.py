@@ -57,7 +57,6 @@ PATHS = {"pinned": "page-locked CPU storage of module KV, copied asynchronously"
 
 def set_paths(eng, paths: dict[str, str]) -> None:
     """Turn the GPU paths of ``eng`` on or off ("auto": on where the model computes on CUDA); before encoding."""
-    from engine.run.pools import pool_of
     from engine.kv.pinned import PinState
     from engine.model import graphs
 
@@ -68,17 +67,16 @@ def set_paths(eng, paths: dict[str, str]) -> None:
         store.clear()
         store.pinning = PinState.for_store(pin, store.device)
     layered = paths["layerwise"] == "on" or (paths["layerwise"] == "auto" and cuda)
-    pool_of(eng.lm).layerwise = layered
+    eng.pool.layerwise = layered
     graphs.set_mode(eng.lm.model, paths["cuda-graphs"])
 
 
 def gpu_paths(eng) -> dict:
     """What the GPU paths did in ``eng``'s runs: the store's pinning, layer-wise copies, CUDA graphs."""
-    from engine.run.pools import pool_of
     from engine.model import graphs
 
     return {"pinned_storage": eng.store().pinning.why, "pinned_bytes": eng.store().pinning.pinned_bytes,
-            "layerwise_copies": "on" if pool_of(eng.lm).layerwise else "off",
+            "layerwise_copies": "on" if eng.pool.layerwise else "off",
             "cuda_graphs": graphs.status(eng.lm.model), "graphs_captured": graphs.captured(eng.lm.model)}
 
 

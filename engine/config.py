@@ -99,6 +99,7 @@ class RunConfig:
     storage_dtype: str | None = None
     compression: Compression = field(default_factory=Compression)
     budget_bytes: int | None = None
+    kv_budget_bytes: int | None = None  # the KV pool's (engine/run/pools.py); None: a share of the free memory
     persist: bool = True
     module_dir: str | None = None
     arms: tuple[str, ...] | None = None
@@ -141,6 +142,8 @@ class RunConfig:
                               "retention 1, the 'question' method, or a float storage dtype")
         if self.budget_bytes is not None:
             check_fields(self, "budget_bytes")
+        if self.kv_budget_bytes is not None:
+            check_fields(self, "kv_budget_bytes")
         object.__setattr__(self, "arms", _arms(self.arms))
         check_fields(self, "sink")
         if not isinstance(self.warmup, bool):

@@ -1,7 +1,8 @@
 """Engine: the one object the CLI, the studio and library users hold.
 
 It loads the model once (lazily), keeps a ModuleStore and a PrefixCache per storage device (docs/arms.md), remembers
-encoded schemas and serialises runs, so that two callers never time each other's work.
+encoded schemas, and drives every run through one scheduler (engine/run/scheduler.py): runs of many callers decode
+together, and one thread computes at a time.
 
     eng = Engine()
     result = eng.compare(schema_xml, prompt_xml, Sampling(max_new_tokens=16))
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import math
 import threading
+
+import torch
 import time
 from dataclasses import dataclass, replace
 from typing import Generator
@@ -34,7 +37,10 @@ from engine.model.load import LoadedModel, kv_shape, load_config, load_model, lo
 from engine.schema.layout import Layout, TextCodec
 from engine.schema.layout import layout as make_layout
 from engine.schema.plan import PromptPlan, check_room, plan_prompt
+from engine.kv import KVPool
 from engine.run.events import Done, Event, UnitEncoded, Warmed, Warming, finish
+from engine.run.pools import make_pool
+from engine.run.scheduler import Scheduler
 from engine.schema.pml import parse_prompt, parse_schema
 
 
@@ -80,7 +86,9 @@ class Engine:
         self._prefix: dict[str, PrefixCache] = {}
         self._encoded: dict[tuple, EncodedSchema] = {}
         self._load_lock = threading.Lock()
-        self.run_lock = threading.RLock()
+        self.run_lock = threading.RLock()  # held through each of the scheduler's turns: one caller times at a time
+        self.scheduler = Scheduler(lambda: self.lm, lock=self.run_lock)
+        self._pool: KVPool | None = None
 
     @classmethod
     def from_loaded(cls, lm: LoadedModel, config: RunConfig | None = None, **settings) -> "Engine":
@@ -129,7 +137,14 @@ class Engine:
         return self._tokenizer
 
     def info(self) -> dict:
-        return self.lm.info()
+        return {**self.lm.info(), "kv_pool": self.pool.stats()}
+
+    @property
+    def pool(self) -> KVPool:
+        """Where this engine's runs lease their KV, sized by ``kv_budget_bytes`` (engine/run/pools.py)."""
+        if self._pool is None or self._pool.device != torch.device(self.lm.device):
+            self._pool = make_pool(self.lm, self.config.kv_budget_bytes)
+        return self._pool
 
     def store(self, storage: str | None = None) -> ModuleStore:
         """The module store for ``storage``."""
@@ -208,17 +223,19 @@ class Engine:
     def events(self, schema_text: str, prompt_text: str, sampling: Sampling | None = None, *,
                config: RunConfig | None = None, schema_source: str = "<schema>",
                prompt_source: str = "<prompt>") -> Generator[Event, None, Comparison]:
-        """:meth:`prepare` then :meth:`run_events`."""
-        self._config(config)
-        sampling = sampling or Sampling()
-        prepared = self.prepare(schema_text, prompt_text, sampling.max_new_tokens, schema_source=schema_source,
-                                prompt_source=prompt_source)
-        return (yield from self.run_events(prepared, sampling, config=config))
+        """:meth:`prepare` then :meth:`run_events`, through the scheduler."""
+        return self.scheduler.stream(self._prepared(schema_text, prompt_text, sampling, config, schema_source,
+                                                    prompt_source))
 
     def run_events(self, prepared: Prepared, sampling: Sampling | None = None, *,
                    config: RunConfig | None = None) -> Generator[Event, None, Comparison]:
+        """:meth:`request`'s events through the scheduler; closing the generator stops it."""
+        return self.scheduler.stream(self.request(prepared, sampling, config=config))
+
+    def request(self, prepared: Prepared, sampling: Sampling | None = None, *,
+                config: RunConfig | None = None) -> Generator[Event, None, Comparison]:
         """Encode if needed, run the configured arms on ``prepared`` and compare them, yielding each step
-        (engine/run/events.py ``Event``), last a Done; closing the generator stops the run and frees the engine."""
+        (engine/run/events.py ``Event``), last a Done: a request for :attr:`scheduler` (directives inside)."""
         cfg = self._config(config)
         sampling = sampling or Sampling()
         lay, plan, source = prepared.layout, prepared.plan, prepared.prompt_source
@@ -227,15 +244,14 @@ class Engine:
                               "again with this engine")
         check_room(plan, sampling.max_new_tokens)
         store = self.store(cfg.storage)
-        self._check_budget(plan, cfg, store, source)
-        with self.run_lock:
-            enc = yield from self._encode(lay, cfg)
-            store.check_fits(used_keys(plan, enc), f"prompt {source}")
-            enc = yield from self._fetched(plan, lay, cfg, enc)
-            prefix = (yield from self._warm(lay, cfg, keep=used_keys(plan, enc))) if _reads_prefix_cache(cfg) \
-                else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there
-            ctx = ArmContext(self.lm, plan, enc, store, sampling, prefix, settings=dict(cfg.arm_settings))
-            result = yield from comparing(ctx, cfg.arms, cfg.decode)
+        check_budget(plan, cfg, store, source, self.kv_bytes_per_token(cfg.storage_dtype), self.kv_bytes_per_token())
+        enc = yield from self._encode(lay, cfg)
+        store.check_fits(used_keys(plan, enc), f"prompt {source}")
+        enc = yield from self._fetched(plan, lay, cfg, enc)
+        prefix = (yield from self._warm(lay, cfg, keep=used_keys(plan, enc))) if _reads_prefix_cache(cfg) \
+            else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there
+        ctx = ArmContext(self.lm, plan, enc, store, sampling, prefix, settings=dict(cfg.arm_settings), pool=self.pool)
+        result = yield from comparing(ctx, cfg.arms, cfg.decode, parks=True)
         result = replace(result, encode=encode_summary(enc))
         yield Done(result)
         return result
@@ -253,21 +269,27 @@ class Engine:
         check_device(config.storage)
         return config
 
+    def _prepared(self, schema_text: str, prompt_text: str, sampling: Sampling | None, config: RunConfig | None,
+                  schema_source: str, prompt_source: str) -> Generator[Event, None, Comparison]:
+        self._config(config)
+        sampling = sampling or Sampling()
+        prepared = self.prepare(schema_text, prompt_text, sampling.max_new_tokens, schema_source=schema_source,
+                                prompt_source=prompt_source)
+        return (yield from self.request(prepared, sampling, config=config))
+
     def _encode(self, layout: Layout, cfg: RunConfig) -> Generator[UnitEncoded, None, EncodedSchema]:
         store = self.store(cfg.storage)
         key = (layout.fingerprint, *cfg.encoding_key())
-        with self.run_lock:
-            enc = self._encoded.get(key)
-            if enc is not None and all(k in store for k in enc.keys()):
-                total = count_units(layout)
-                yield UnitEncoded(total, total, "already encoded")
-                return replace(enc, units=tuple(replace(u, source="memory", ms=0.0) for u in enc.units),
-                               encode_ms=0.0)
-            enc = yield from encoding(self.lm.model, layout, store, cfg, self.lm.fingerprint)
-            self._encoded[key] = enc
-            while len(self._encoded) > ENCODED_KEPT:  # the oldest first
-                self._encoded.pop(next(iter(self._encoded)))
-            return enc
+        enc = self._encoded.get(key)
+        if enc is not None and all(k in store for k in enc.keys()):
+            total = count_units(layout)
+            yield UnitEncoded(total, total, "already encoded")
+            return replace(enc, units=tuple(replace(u, source="memory", ms=0.0) for u in enc.units), encode_ms=0.0)
+        enc = yield from encoding(self.lm.model, layout, store, cfg, self.lm.fingerprint)
+        self._encoded[key] = enc
+        while len(self._encoded) > ENCODED_KEPT:  # the oldest first
+            self._encoded.pop(next(iter(self._encoded)))
+        return enc
 
     def _fetched(self, plan: PromptPlan, layout: Layout, cfg: RunConfig,
                  enc: EncodedSchema) -> Generator[UnitEncoded, None, EncodedSchema]:
@@ -290,25 +312,25 @@ class Engine:
             yield Warming(len(warm.token_ids))
             start = time.perf_counter()
             if len(warm.token_ids) >= 2:
-                yield from warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep)
+                yield from warm_prefix(self.lm, cache, warm.token_ids[: self.codec.max_positions], keep, self.pool)
             ms = (time.perf_counter() - start) * 1000
             cache.warmed[layout.fingerprint] = replace(warm, ms=ms, at_run=cache.inserted_runs)
             yield Warmed(ms)
         return cache
 
-    def _check_budget(self, plan: PromptPlan, cfg: RunConfig, store: ModuleStore, what: str) -> None:
-        """Refuse a prompt whose module KV cannot fit the budget, from token counts."""
-        if store.budget_bytes is None:
-            return
-        per_token = self.kv_bytes_per_token(cfg.storage_dtype)
-        anon_per_token = self.kv_bytes_per_token()
-        need = 0
-        for name, tokens in plan.entry_tokens().items():
-            if name.kind == "anonymous":
-                need += tokens * anon_per_token
-            else:
-                need += int(tokens * per_token * cfg.compression.stored_fraction)
-        store.check_need(need, f"prompt {what}")
+def check_budget(plan: PromptPlan, cfg: RunConfig, store: ModuleStore, what: str, per_token: int,
+                 anonymous_per_token: int) -> None:
+    """Refuse a prompt whose module KV cannot fit the store's budget, from token counts (bytes per token stored, and
+    of anonymous text, kept in the compute dtype)."""
+    if store.budget_bytes is None:
+        return
+    need = 0
+    for name, tokens in plan.entry_tokens().items():
+        if name.kind == "anonymous":
+            need += tokens * anonymous_per_token
+        else:
+            need += int(tokens * per_token * cfg.compression.stored_fraction)
+    store.check_need(need, f"prompt {what}")
 
 
 def encode_summary(enc: EncodedSchema) -> dict:

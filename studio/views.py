@@ -268,6 +268,9 @@ def decode_row(run) -> tuple[str, str]:
     dec = run.decode_ms_per_token
     if dec is None:
         return "decode", "–"
+    if run.decode_shared > 0:  # a served studio: API requests' runs decoded in the same steps
+        return "decode (shared batch)", (f"{dec:.1f} ms/step, a batch of up to {run.decode_batch} runs, "
+                                         f"{run.decode_shared:g} of them other requests' on average")
     if run.decode_batch > 1:  # the batch shrinks as arms end
         return "decode (shared batch)", f"{dec:.1f} ms/step, a batch of up to {run.decode_batch} arms"
     return "decode", f"{dec:.1f} ms/token"

@@ -152,7 +152,7 @@ class Lease:
     # -- writing: copies before a forward --
 
     def write(self, kv: torch.Tensor) -> None:
-        """Append ``kv``: [layers, 2, kv_heads, n, head_dim]."""
+        """Append ``kv`` ([layers, 2, kv_heads, n, head_dim])."""
         self._check()
         n, start = kv.shape[3], self._lengths[0]
         if not self.level:
@@ -339,7 +339,7 @@ class LeaseCache(Cache):
 
 
 class _RowsLayer(PreallocatedLayer):
-    """Layer ``index`` of several leases, a row each, keys gathered to ``[rows, kv_heads, longest + 1, head_dim]``."""
+    """Layer ``index`` of several leases, a row each."""
 
     def __init__(self, rows: "RowsCache", index: int):
         super().__init__(rows.base, index)
@@ -367,8 +367,8 @@ class _RowsLayer(PreallocatedLayer):
 
 
 class RowsCache(Cache):
-    """transformers Cache over level leases of one pool for one decode step: each row's keys gathered to the longest
-    row's length, its last repeated past its end (masked): no slot outside a row's lease is read."""
+    """transformers Cache over level leases of one pool for one decode step; no slot outside a row's lease is read
+    (a row's last key repeats past its end, masked)."""
 
     def __init__(self, leases: list[Lease]):
         base = leases[0].base
@@ -385,6 +385,6 @@ class RowsCache(Cache):
         super().__init__(layers=[_RowsLayer(self, i) for i in range(base.shape[0])])
 
     def key_mask(self) -> torch.Tensor:
-        """[rows, 1, 1, longest + 1] bool: the keys each row attends to in this step."""
+        """[rows, 1, 1, longest + 1] bool: each row's keys."""
         span = torch.arange(self.longest + 1)
         return (span[None, :] <= self.row_lengths[:, None])[:, None, None].to(self.base.device)

@@ -37,7 +37,8 @@ class Started:
     done: bool = False
     spent: float = 0.0  # seconds of the steps it generated in
     steps: int = 0
-    rows: int = 0  # rows of the steps it generated in, summed
+    rows: int = 0  # the most rows of a step it generated in
+    shared: int = 0  # rows of other requests' runs in its steps, summed
     said: str = field(default="", repr=False)  # its text as the last Token gave it
     run: RunResult | None = field(default=None, repr=False)  # its first-token figures, once timed
 
@@ -47,14 +48,14 @@ class Started:
 
     @property
     def batch(self) -> int:
-        """Rows per step, on average."""
-        return max(1, round(self.rows / self.steps)) if self.steps else 1
+        return max(1, self.rows)
 
     def result(self, tokenizer, run: RunResult) -> RunResult:
         """``run`` with the tokens generated so far."""
         return dataclasses.replace(run, text=tokenizer.decode(self.tokens, skip_special_tokens=True),
                                    token_ids=tuple(self.tokens), decode_tokens=len(self.tokens),
-                                   decode_ms_per_token=self.decode_ms_per_token, decode_batch=self.batch)
+                                   decode_ms_per_token=self.decode_ms_per_token, decode_batch=self.batch,
+                                   decode_shared=round(self.shared / self.steps, 2) if self.steps else 0.0)
 
     def token(self) -> Token:
         """The Token event of its newest token."""
@@ -164,8 +165,10 @@ def take_lease(pool: KVPool, tokens: int) -> Generator[Room, None, Lease]:
     return lease
 
 
-def step_all(lm: LoadedModel, runs: list[Started]) -> list[Token]:
-    """One decode step of every run not done (batchable ones in one forward); each new token's Token."""
+def step_all(lm: LoadedModel, runs: list[Started], owner: dict[int, int] | None = None) -> list[Token]:
+    """One decode step of every run not done (batchable ones in one forward); each new token's Token. ``owner``:
+    each run's request (by ``id(run)``), for the rows of other requests each run shared its steps with."""
+    owner = owner or {}
     live = [r for r in runs if not r.done]
     rows = [forward.Row(r.lease, r.tokens[-1], r.next_pos, r.spec) for r in live]
     together = [i for i, row in enumerate(rows) if forward.batchable(lm, row)]
@@ -182,7 +185,8 @@ def step_all(lm: LoadedModel, runs: list[Started]) -> list[Token]:
             spent = time.perf_counter() - s
             for i in group:
                 r = live[i]
-                r.spent, r.steps, r.rows = r.spent + spent, r.steps + 1, r.rows + len(group)
+                r.spent, r.steps, r.rows = r.spent + spent, r.steps + 1, max(r.rows, len(group))
+                r.shared += sum(owner.get(id(live[j])) != owner.get(id(r)) for j in group)
                 _mark_ended(lm, r)
     return [r.token() for r in live]
 

@@ -82,11 +82,10 @@ T = TypeVar("T")
 
 
 class Directive:
-    """What a run's generator says to the scheduler driving it (engine/run/decode.py: Park, Room), never an event
-    for its consumers."""
+    """A run's word to the scheduler driving it (Park, Room: engine/run/decode.py), not an event."""
 
     def alone(self) -> None:
-        """Answer it with no scheduler driving the run (:func:`finish`): only what the run itself holds runs."""
+        """Answer it with no scheduler (:func:`finish`)."""
         raise NotImplementedError
 
 

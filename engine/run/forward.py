@@ -71,7 +71,7 @@ def batchable(lm: LoadedModel, row: Row) -> bool:
 
 
 def _plain(spec: AttentionSpec) -> bool:
-    """Plain attention now: a focus that has not narrowed yet changes nothing in this step."""
+    """Plain now: a focus not narrowed yet changes nothing."""
     return dataclasses.replace(spec, focus=None).plain and (spec.focus is None or spec.focus.focus is None)
 
 

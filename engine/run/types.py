@@ -75,7 +75,8 @@ class RunResult:
     kv_store_bytes: int = 0  # store entries the run read, as stored
     kv_buffer_bytes_after_retention: int = 0  # what decoding ran over
     retention_ms: float = 0.0  # thinning the buffer after the first token
-    decode_batch: int = 1  # runs decoded together in one batch
+    decode_batch: int = 1  # the most runs one of its decode steps computed together
+    decode_shared: float = 0.0  # other requests' runs in its steps, on average (a served studio's API)
 
     @property
     def kv_held_bytes(self) -> int:
@@ -94,7 +95,8 @@ class RunResult:
                 "kv_buffer_used_bytes": self.kv_buffer_used_bytes, "kv_store_bytes": self.kv_store_bytes,
                 "kv_held_bytes": self.kv_held_bytes,
                 "kv_buffer_bytes_after_retention": self.kv_buffer_bytes_after_retention,
-                "retention_ms": round(self.retention_ms, 3), "decode_batch": self.decode_batch}
+                "retention_ms": round(self.retention_ms, 3), "decode_batch": self.decode_batch,
+                "decode_shared": self.decode_shared}
 
     @classmethod
     def from_json(cls, arm: str, d: dict) -> "RunResult":
@@ -111,4 +113,5 @@ class RunResult:
                    recomputed_positions=tuple(d.get("recomputed_positions") or ()),
                    kv_buffer_used_bytes=d.get("kv_buffer_used_bytes", 0), kv_store_bytes=d.get("kv_store_bytes", 0),
                    kv_buffer_bytes_after_retention=d.get("kv_buffer_bytes_after_retention", 0),
-                   retention_ms=d.get("retention_ms", 0.0), decode_batch=d.get("decode_batch") or 1)
+                   retention_ms=d.get("retention_ms", 0.0), decode_batch=d.get("decode_batch") or 1,
+                   decode_shared=d.get("decode_shared") or 0.0)

@@ -89,7 +89,6 @@ def test_a_lone_arm_decodes_in_place_in_its_own_lease(tiny_engine, monkeypatch):
     """A one-arm run (the API's) decodes in its one lease of the pool, never copied, the same tokens as decoding
     apart; the lease goes back to the pool when the run ends."""
     from engine.kv import KVPool
-    from engine.run.pools import pool_of
 
     apart = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=8),
                                 config=tiny_engine.config.with_(arms=("cached",), decode="apart"))
@@ -100,4 +99,4 @@ def test_a_lone_arm_decodes_in_place_in_its_own_lease(tiny_engine, monkeypatch):
     assert len(made) == 1 and alone.arm("cached").run.decode_batch == 1 and alone.decode == "apart"
     assert alone.arm("cached").run.token_ids == apart.arm("cached").run.token_ids
     assert len(alone.arm("cached").run.token_ids) == 8
-    assert pool_of(tiny_engine.lm).held == {}
+    assert tiny_engine.pool.held == {}

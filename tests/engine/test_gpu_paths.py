@@ -191,14 +191,10 @@ def test_every_arm_is_bit_identical_with_layerwise_copies(tiny_engine):
     from engine.session import Engine
 
     cfg = tiny_engine.config.with_(arms=("baseline", "prefix", "cached", "blend", "routed"), blend=0.5)
-    space = pool_of(tiny_engine.lm)
-
     def arms(layerwise: bool) -> dict:
-        space.layerwise = layerwise
-        try:  # a fresh engine each time: the prefix arm's tree starts empty
-            c = Engine.from_loaded(tiny_engine.lm).compare(SCHEMA, PROMPT, Sampling(6), config=cfg)
-        finally:
-            space.layerwise = False
+        eng = Engine.from_loaded(tiny_engine.lm)  # a fresh engine each time: the prefix arm's tree starts empty
+        eng.pool.layerwise = layerwise
+        c = eng.compare(SCHEMA, PROMPT, Sampling(6), config=cfg)
         return {name: res.run for name, res in c.arms.items()}
 
     eager, layered = arms(False), arms(True)
