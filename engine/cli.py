@@ -70,6 +70,7 @@ def build_parser(extra: dict | None = None, arm_options: bool = True, words: Arm
     info = model_opts(_command(sub, "info", "load the model and print its name, dtype, parameters and KV bytes per "
                                "token"))
     info.add_argument("--json", action="store_true")
+    cfg.add_kv_budget_option(info)
     add_prefill_option(info)
 
     cp = _command(sub, "compile", "print the PML schema of a prompt program (FILE.py:FUNC); the file is "
@@ -155,8 +156,7 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True, words:
                         "attention, fewer with depth (question; stored modules stay whole); or when modules are "
                         "stored, before any question: fewer with depth by attention (pyramid), the same fraction in "
                         "every layer (uniform), or the most recent only (recent)")
-    r.add_argument("--budget-mb", type=NumberArg("budget_mib"), default=None,
-                   help="module memory budget in MiB (default: half the available memory); LRU eviction")
+    _memory_options(r)
     r.add_argument("--no-persist", action="store_true",
                    help="do not save encoded modules to (or load them from) the cache folder")
     r.add_argument("--arms", default=None,
@@ -172,6 +172,12 @@ def add_run_options(r: argparse.ArgumentParser, arm_options: bool = True, words:
                    help=f"isolated mode: encode each module after the prompt's first N tokens (the chat template's "
                         f"opening), whose KV is not stored with it (0 = off, at most {cfg.MAX_SINK}; "
                         f"default {sink})")
+
+
+def _memory_options(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--budget-mb", type=NumberArg("budget_mib"), default=None,
+                   help="module memory budget in MiB (default: half the available memory); LRU eviction")
+    cfg.add_kv_budget_option(r)
 
 
 def fields_default(cls, name: str):
@@ -227,7 +233,8 @@ def config_from_args(args) -> "cfg.RunConfig":
     return cfg.RunConfig.make(model=args.model, storage=args.storage, device=args.device, dtype=args.dtype,
                               mode=args.mode, storage_dtype=args.storage_dtype, weights=args.weights,
                               decode=args.decode, compression=cfg.Compression(args.retention, args.compression),
-                              budget_bytes=cfg.budget_from_mib(args.budget_mb), persist=not args.no_persist,
+                              budget_bytes=cfg.budget_from_mib(args.budget_mb), kv_budget_bytes=cfg.kv_budget_bytes(args),
+                              persist=not args.no_persist,
                               arms=_arms(args), warmup=not args.no_warmup, sink=args.sink, **_arm_settings(args))
 
 
@@ -475,7 +482,7 @@ def cmd_info(args, words=None) -> int:
     from engine.model.graphs import gpu_paths
     from engine.session import Engine
 
-    eng = Engine(model=args.model)
+    eng = Engine(model=args.model, kv_budget_bytes=cfg.kv_budget_bytes(args))
     told = Progress((), 0, ArmWords(), quiet=args.json)
     told.say(f"loading {args.model or 'the default model'} to count its parameters and KV bytes: the weights' load "
              "is what takes the time (seconds once its packed copy is saved, a minute at its first conversion)")

@@ -259,6 +259,21 @@ def dtype_why(device: str, dtype: str) -> DtypeWhy:
     return DtypeWhy.GPU_DEFAULT if device.startswith("cuda") else DtypeWhy.CPU_DEFAULT
 
 
+def add_kv_budget_option(parser) -> None:
+    """``--kv-budget-mb`` on an argparse parser (:func:`kv_budget_bytes` reads it)."""
+    from engine.limits import NumberArg
+
+    parser.add_argument("--kv-budget-mb", type=NumberArg("kv_budget_mib"), default=None, metavar="MB",
+                        help="the KV pool's budget in MiB: every run decoding at once leases its KV there, the rest "
+                             "wait (default: a quarter of the free memory, at most 4 GiB)")
+
+
+def kv_budget_bytes(args) -> int | None:
+    """``--kv-budget-mb`` in bytes (None: the default)."""
+    mib = getattr(args, "kv_budget_mb", None)
+    return None if mib is None else int(float(mib) * 2**20)
+
+
 def budget_from_mib(mib) -> int | None:
     """A budget in bytes from MiB (None or empty: the default)."""
     if mib in (None, ""):

@@ -29,6 +29,7 @@ _NAMES = {
     "engine.arms.vllm": ("VllmRun",),
     "engine.cache.prefix": ("Held",),
     "engine.run.events": ("Done", "FirstToken", "Token", "UnitEncoded", "Warming"),
+    "engine.run.scheduler": ("Request", "Stopped"),
     # an OpenAI-compatible server (the vllm arm's and the API front's one client)
     "engine.run.remote": ("Card", "End", "Limits", "Piece", "Remote", "RemoteError", "completion_body",
                           "error_fields"),

@@ -40,15 +40,19 @@ class StudioOptions:
     token: str | None = None
     no_token: bool = False
     max_new_tokens_cap: int | None = None
+    kv_budget_bytes: int | None = None  # the KV pool's (engine/run/pools.py)
     api: dict = field(default_factory=dict)  # options of the OpenAI-compatible API served on the same port
 
     @classmethod
     def from_args(cls, args) -> "StudioOptions":
+        from engine.config import kv_budget_bytes
+
         from .api.serve import upstream_options
 
         return cls(model=args.model, host=args.host, port=args.port, db=args.db, share=args.share,
                    results=args.results, dtype=args.dtype, weights=args.weights, allow_hosts=tuple(args.allow_hosts),
                    token=args.token, no_token=args.no_token, max_new_tokens_cap=args.max_new_tokens_cap,
+                   kv_budget_bytes=kv_budget_bytes(args),
                    preload=not args.upstream,  # the page's own runs load the weights when asked
                    api={"default_arm": args.default_arm, "max_queue": args.max_queue,
                         "upstream": upstream_options(args)})
@@ -83,7 +87,7 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     from .shutdown import install as on_stop
 
     try:
-        engine = Engine(model=o.model, dtype=o.dtype, weights=o.weights)
+        engine = Engine(model=o.model, dtype=o.dtype, weights=o.weights, kv_budget_bytes=o.kv_budget_bytes)
         engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(o.db)
         engine.codec  # the tokenizer, before the page can ask for a validation

@@ -31,6 +31,11 @@ def on_engine_thread_soon(fn: Callable, *args) -> None:
     _engine.submit(fn, *args)
 
 
+def drive_on_engine_thread(scheduler) -> None:
+    """Have ``scheduler`` (engine/run/scheduler.py) drive its requests on the engine thread whenever they arrive."""
+    scheduler.wake = lambda: on_engine_thread_soon(scheduler.drive)
+
+
 def in_thread(events: Callable[[], Generator], tick: float | None = None, stop: threading.Event | None = None,
               pick: Callable[[Any], bool] | None = None) -> Iterator[tuple]:
     """Iterate the generator ``events()`` on the engine thread: ``("event", e)`` for each event ``pick(e)`` keeps

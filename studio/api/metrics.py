@@ -15,7 +15,9 @@ SHARE_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 class Metrics:
     """The API's instruments, in their own registry."""
 
-    def __init__(self, store_bytes: Callable[[], float] = lambda: 0.0, waiting: Callable[[], float] = lambda: 0.0):
+    def __init__(self, store_bytes: Callable[[], float] = lambda: 0.0, waiting: Callable[[], float] = lambda: 0.0,
+                 engine: Callable[[], object] | None = None):
+        """``engine()``: the engine whose scheduler and KV pool the gauges read (vLLM's names where it has one)."""
         r = self.registry = CollectorRegistry()
         self.requests = Counter("pml_api_requests", "API requests answered", ["endpoint", "arm", "mode", "status"],
                                 registry=r)
@@ -42,6 +44,8 @@ class Metrics:
                                 registry=r)
         Gauge("pml_api_waiting", "requests waiting for the engine", registry=r).set_function(waiting)
         Gauge("pml_module_store_bytes", "bytes the module store holds in memory", registry=r).set_function(store_bytes)
+        if engine is not None:
+            self._scheduler_gauges(engine)
 
     def answered(self, endpoint: str, arm: str, mode: str, usage, pml) -> None:
         """Count one answered request (``usage``: types.Usage, ``pml``: types.PmlInfo)."""
@@ -60,6 +64,28 @@ class Metrics:
         self.encode.labels(arm).inc(pml.encode_ms / 1000)
         for reason, parts in pml.uncached_documents.items():
             self.uncached.labels(reason).inc(parts)
+
+    def _scheduler_gauges(self, engine: Callable[[], object]) -> None:
+        def load(field: str) -> Callable[[], float]:
+            return lambda: getattr(engine().scheduler.load(), field)
+
+        def pool(share: bool) -> Callable[[], float]:
+            def read() -> float:
+                e = engine()
+                if not e.loaded:
+                    return 0.0
+                stats = e.pool.stats()
+                return stats["used_tokens"] / stats["tokens"] if share else stats["budget_bytes"]
+            return read
+
+        r = self.registry
+        for name, field, doc in (("pml:num_requests_running", "running", "requests filling or decoding"),
+                                 ("pml:num_requests_waiting", "waiting", "requests waiting for the engine or for KV room"),
+                                 ("pml:num_sequences_running", "sequences", "runs decoding together"),
+                                 ("pml:decode_batch_size", "last_batch", "runs in the last decode step")):
+            Gauge(name, doc, registry=r).set_function(load(field))
+        Gauge("pml:kv_cache_usage_perc", "share of the KV pool leased (0-1)", registry=r).set_function(pool(True))
+        Gauge("pml:kv_cache_budget_bytes", "the KV pool's budget", registry=r).set_function(pool(False))
 
     def refused(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, "", "", str(status)).inc()

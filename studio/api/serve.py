@@ -33,13 +33,17 @@ class ServeOptions:
     max_queue: int = MAX_QUEUE
     max_tokens_cap: int = MAX_TOKENS_CAP
     upstream: "UpstreamOptions | None" = None  # a vLLM server: forward to it (studio/api/front.py)
+    kv_budget_bytes: int | None = None  # the KV pool's (engine/run/pools.py)
 
     @classmethod
     def from_args(cls, args) -> ServeOptions:
+        from engine import config
+
         return cls(model=args.model, host=args.host, port=args.port, db=args.db, dtype=args.dtype,
                    weights=args.weights, allow_hosts=tuple(args.allow_hosts), token=args.token,
                    no_token=args.no_token, default_arm=args.default_arm, max_queue=args.max_queue,
-                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP, upstream=upstream_options(args))
+                   max_tokens_cap=args.max_new_tokens_cap or MAX_TOKENS_CAP, upstream=upstream_options(args),
+                   kv_budget_bytes=config.kv_budget_bytes(args))
 
     def api(self) -> dict:
         """The options of :class:`~.service.ApiService`."""
@@ -80,14 +84,15 @@ def api_app(engine_of: EngineOf, runlog, upstream: "UpstreamOptions | str | None
         return create_api(service, metrics)
     from .service import ApiService
 
-    metrics = Metrics(store_bytes=lambda: engine_of().store().nbytes(), waiting=lambda: service.waiting)
+    metrics = Metrics(store_bytes=lambda: engine_of().store().nbytes(), waiting=lambda: service.waiting,
+                      engine=engine_of)
     service = ApiService(engine_of, runlog, metrics=metrics, **options)
     return create_api(service, metrics)
 
 
 def api_arguments(sp) -> None:
     """The API's options, for ``pml-studio serve`` and ``pml-studio api``."""
-    from engine.config import Limit
+    from engine.config import Limit, add_kv_budget_option
     from engine.public import NumberArg
 
     sp.add_argument("--default-arm", default=None, type=_arm, metavar="ARM",
@@ -96,6 +101,7 @@ def api_arguments(sp) -> None:
     sp.add_argument("--max-queue", type=NumberArg(Limit("max queue", 1, 4096, whole=True, example="16")),
                     default=MAX_QUEUE, help=f"API requests that may wait for the engine (with --upstream: in flight "
                     f"to it); more are answered 429 (default {MAX_QUEUE})")
+    add_kv_budget_option(sp)
     sp.add_argument("--upstream", default=None, metavar="URL",
                     help="forward the API's requests to the vLLM OpenAI server at URL (http://HOST:PORT), rendered "
                          "here to the baseline's token ids with --model's tokenizer, which must be the one it serves; "
@@ -138,7 +144,8 @@ def serve(options: ServeOptions) -> int:
         if options.no_token and not is_loopback(host):
             raise TokenError(f"--no-token serves only a loopback address, not {host}; drop --no-token")
         check_cache()  # every folder it loads from the user's own, or one line that says which is not
-        engine = Engine(model=options.model, dtype=options.dtype, weights=options.weights)
+        engine = Engine(model=options.model, dtype=options.dtype, weights=options.weights,
+                        kv_budget_bytes=options.kv_budget_bytes)
         engine.store()  # the module store's folder checked now, not at the first encode
         runlog = RunLog(options.db)
         engine.codec  # the tokenizer, before the first request

@@ -1,22 +1,22 @@
-"""The API's requests on the studio's engine thread, one at a time, a bounded queue before it: each compiled to
-PML (modes.py), prepared once (``Engine.prepare``), run (``Engine.run``) and logged (source ``api``)."""
+"""The API's requests, each compiled to PML (modes.py), prepared once (``Engine.prepare``), run as a request of the
+engine's scheduler on the studio's engine thread (engine/run/scheduler.py: requests' runs decode together) and
+logged (source ``api``); past ``--max-queue`` in flight, a 429."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from contextlib import closing
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from engine.public import REGISTRY, Done, FirstToken, Reads, Sampling, Token, UnitEncoded
 from engine.errors import ContextLengthError, EngineError
+from engine.public import REGISTRY, FirstToken, Reads, Request, Sampling, Stopped, Token, UnitEncoded
 from engine.runlog import RunLogError
 
 from ..arm_views import document
-from ..streaming import on_engine_thread_soon, stop_asked
+from ..streaming import drive_on_engine_thread, stop_asked
 from . import modes
 from .defaults import DEFAULT_ARM, MAX_QUEUE, MAX_TOKENS_CAP
 from .errors import ApiError, from_engine
@@ -142,56 +142,41 @@ class ApiService:
         return tuple(names)
 
     def submit(self, work: Work, loop: asyncio.AbstractEventLoop) -> Job:
-        """Queue ``work`` on the engine thread; 429 when :attr:`max_queue` requests wait already."""
+        """Hand ``work`` to the engine's scheduler (its runs decode beside the others'); 429 when
+        :attr:`max_queue` requests are in flight already."""
         with self._lock:
             if self.waiting >= self.max_queue:
-                raise queue_full(f"{self.waiting} requests are waiting for the engine, the most this server queues",
+                raise queue_full(f"{self.waiting} requests are in flight, the most this server takes at once",
                                  self.max_queue)
             self.waiting += 1
-        job = Job(work, loop)
-        on_engine_thread_soon(self._run, job)
+        job, engine = Job(work, loop), self.engine_of()
+        seen = _Seen(job)
+        drive_on_engine_thread(engine.scheduler)
+        engine.scheduler.submit(Request(self._serve(job, engine, seen), seen.sink, lambda out: self._end(job, out),
+                                        lambda err: self._end(job, err), stop_asked(job.stop)))
         return job
 
-    def _run(self, job: Job) -> None:
+    def _end(self, job: Job, out: "Outcome | BaseException") -> None:
         with self._lock:
             self.waiting -= 1
-        if stop_asked(job.stop)():
-            return job.put(Event("error", ApiError(499, "the client closed the request",
+        if isinstance(out, Outcome):
+            return job.put(Event("done", out))
+        if isinstance(out, Stopped):
+            return job.put(Event("error", ApiError(499, "the client closed the request; its run stopped",
                                                    code="client_closed_request")))
-        try:
-            job.put(Event("done", self._answer(job)))
-        except Exception as err:  # every failure goes to the client, none escapes the thread
-            job.put(Event("error", from_engine(err, "messages" if job.work.endpoint == "chat" else "prompt")))
+        job.put(Event("error", from_engine(out, "messages" if job.work.endpoint == "chat" else "prompt")))
 
-    def _answer(self, job: Job) -> Outcome:
-        work, engine = job.work, self.engine_of()
-        queue_ms = (time.perf_counter() - job.queued_at) * 1000
+    def _serve(self, job: Job, engine: Engine, seen: "_Seen"):
+        """The request the scheduler drives: fitted and prepared when the engine takes it up, run, its Outcome."""
+        work = job.work
         start = time.perf_counter()
+        queue_ms = (start - job.queued_at) * 1000
         fitted = self._fit(engine, work)
+        seen.shown = Visible(fitted.sampling.stop)
         cfg = engine.config.with_(arms=(work.arm,), warmup=False)  # its prefix cache: what it served
-        res, first = self._pull(job, engine.run_events(fitted.prepared, fitted.sampling, config=cfg),
-                                Visible(fitted.sampling.stop))
-        ttft_ms = ((first or time.perf_counter()) - start) * 1000
+        res = yield from engine.request(fitted.prepared, fitted.sampling, config=cfg)
+        ttft_ms = ((seen.first or time.perf_counter()) - start) * 1000
         return self._outcome(engine, work, fitted, res, ttft_ms, queue_ms)
-
-    def _pull(self, job: Job, events, shown: Visible) -> tuple[Comparison, float | None]:
-        """Iterate the run's ``events`` here, on the engine thread: each token's visible text (stop strings cut
-        here, not on the route's loop) and each unit encoded to a stream; closed between two events once the
-        client has gone. The Comparison, and when the first token came."""
-        stopped, stream, first = stop_asked(job.stop), job.work.stream, None
-        with closing(events):
-            for event in events:
-                if stopped():
-                    raise ApiError(499, "the client closed the request; its run stopped", code="client_closed_request")
-                if isinstance(event, (FirstToken, Token)):
-                    first = first or time.perf_counter()
-                    if stream:
-                        job.put(Event("token", shown(event.text)))
-                elif isinstance(event, UnitEncoded) and stream and event.unit != "already encoded":
-                    job.put(Event("progress", f"encoding {event.done}/{event.total} units: {event.unit}"))
-                elif isinstance(event, Done):
-                    return event.comparison, first
-        raise ApiError(500, "the run ended without its result", type="server_error", code="internal_error")
 
     def _fit(self, engine: Engine, work: Work) -> Fitted:
         """The request prepared, max new tokens checked against (or taken from) the room its prompt leaves;
@@ -247,6 +232,7 @@ class ApiService:
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
                       queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
+                      decode_batch=run.decode_batch, decode_shared=run.decode_shared,
                       note=compiled.note, store_note=(res.encode or {}).get("store_note") or "",
                       uncached_documents=dict(compiled.uncached))
         pml = pml.model_copy(update={"run_id": self._log(res, compiled)})
@@ -266,6 +252,24 @@ class ApiService:
 
             log.warning("an API run was not logged: %s", err)
             return None
+
+
+class _Seen:
+    """What a request's events tell its client as they come (on the engine thread): each token's visible text (stop
+    strings cut here, not on the route's loop), each unit encoded (a stream's comment), and when the first token
+    came."""
+
+    def __init__(self, job: Job):
+        self.job, self.first, self.shown = job, None, Visible(())
+
+    def sink(self, event) -> None:
+        stream = self.job.work.stream
+        if isinstance(event, (FirstToken, Token)):
+            self.first = self.first or time.perf_counter()
+            if stream:
+                self.job.put(Event("token", self.shown(event.text)))
+        elif isinstance(event, UnitEncoded) and stream and event.unit != "already encoded":
+            self.job.put(Event("progress", f"encoding {event.done}/{event.total} units: {event.unit}"))
 
 
 def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: PositionRegistry,

@@ -171,7 +171,9 @@ class PmlInfo(BaseModel):
     ttft_ms: float  # encoding included
     arm_ttft_ms: float  # as `pml-studio run` reports it
     decode_ms_per_token: float | None
-    queue_ms: float
+    queue_ms: float  # from arriving to the engine taking it up (other requests filling before it)
+    decode_batch: int = 1  # the most runs one of its decode steps computed (other requests' included)
+    decode_shared: float = 0.0  # other requests' runs in its decode steps, on average
     encode_ms: float = 0.0
     run_id: int | None = None
     note: str = ""

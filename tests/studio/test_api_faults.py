@@ -237,10 +237,10 @@ def test_a_client_that_disconnects_stops_the_decoding(served, monkeypatch):
 
     port, engine, log = served
     seen: dict = {"tokens": 0, "at_stop": None, "ended": threading.Event()}
-    run_events, stop_asked = engine.run_events, service.stop_asked
+    request, stop_asked = engine.request, service.stop_asked
 
-    def watched(*args, **kw):
-        events = run_events(*args, **kw)
+    def watched(*args, **kw):  # the request the scheduler drives, its events counted as they pass
+        events = request(*args, **kw)
         try:
             for event in events:
                 seen["tokens"] += isinstance(event, (FirstToken, Token))
@@ -262,7 +262,7 @@ def test_a_client_that_disconnects_stops_the_decoding(served, monkeypatch):
         return check
 
     monkeypatch.setattr(service, "stop_asked", asked)
-    monkeypatch.setattr(engine, "run_events", watched)
+    monkeypatch.setattr(engine, "request", watched)
     runs_before = log.count()
     stream = client_for(port).chat.completions.create(model=MODEL, messages=USER, max_tokens=1500, temperature=0,
                                                       stream=True)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engine.run import decode
+from engine.run import forward
 from engine.arms.compare import Comparison
 from engine.runlog import RunLog
 from studio import recovery
@@ -85,14 +85,14 @@ def test_a_compare_and_an_api_request_the_locked_log_refuses_are_saved_at_stop_a
 def slow_steps(monkeypatch):
     """Every decode step counted and slowed to ~0.1 s (the tiny model decodes in a blink)."""
     steps: list[float] = []
-    real = decode.decode_step
+    real = forward.step
 
     def step(*args, **kwargs):
         time.sleep(0.1)
         steps.append(time.monotonic())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(decode, "decode_step", step)
+    monkeypatch.setattr(forward, "step", step)
     return steps
 
 
