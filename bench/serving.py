@@ -76,6 +76,8 @@ class StreamedAnswer:
     prompt_tokens: int | None = None  # None: no usage sent
     cached_tokens: int = 0
     pml: dict | None = None  # the studio's "pml" extension of the response
+    completion_tokens: int | None = None  # the server's count (None: no usage sent)
+    gaps_ms: tuple[float, ...] = ()  # between consecutive content chunks
 
     def to_json(self) -> dict:
         row = {"ttft_ms": self.ttft_ms, "last_ms": self.last_ms, "chunks": self.chunks, "text": self.text}
@@ -83,17 +85,20 @@ class StreamedAnswer:
             row["decode_ms_per_token"] = self.decode_ms_per_token
         if self.prompt_tokens is not None:
             row["prompt_tokens"], row["cached_tokens"] = self.prompt_tokens, self.cached_tokens
+        if self.completion_tokens is not None:
+            row["completion_tokens"] = self.completion_tokens
         if self.pml:
             p = self.pml
             row.update(server_ttft_ms=p["ttft_ms"], arm_ttft_ms=p["arm_ttft_ms"], routed_kept=p.get("routed_kept"),
                        modules_encoded=p["modules_encoded"], routed_out_tokens=p.get("routed_out_tokens"),
-                       recomputed_tokens=p.get("recomputed_tokens"))
+                       recomputed_tokens=p.get("recomputed_tokens"), queue_ms=p.get("queue_ms"),
+                       decode_batch=p.get("decode_batch"))
         return row
 
 
 def stream(client, model: str, msgs: list[dict], new_tokens: int, extra: dict | None) -> StreamedAnswer:
     """One streamed greedy request: client-side times of the first and last content chunks, text, usage."""
-    kw = {"extra_body": extra, "stream_options": {"include_usage": True}} if extra is not None else {}
+    kw = {"extra_body": extra or None, "stream_options": {"include_usage": True}} if extra is not None else {}
     t0 = time.perf_counter()
     times, text, usage, pml = [], [], None, None
     for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=new_tokens, temperature=0,
@@ -112,7 +117,9 @@ def stream(client, model: str, msgs: list[dict], new_tokens: int, extra: dict | 
         text="".join(text),
         decode_ms_per_token=round((times[-1] - times[0]) / (len(times) - 1) * 1000, 2) if len(times) > 1 else None,
         prompt_tokens=None if usage is None else usage.prompt_tokens,
-        cached_tokens=details.cached_tokens if details else 0, pml=pml)
+        cached_tokens=details.cached_tokens if details else 0, pml=pml,
+        completion_tokens=None if usage is None else usage.completion_tokens,
+        gaps_ms=tuple(round((b - a) * 1000, 2) for a, b in zip(times, times[1:])))
 
 
 def run_config(client, model: str, docs, prompts, new_tokens: int, extra_of, label: str, shape=lambda m: m) -> list[dict]:

@@ -28,7 +28,7 @@ class PoolFull(RuntimeError):
 
 
 class KVPool:
-    """First-fit leases of one tensor's token axis, made at the first lease."""
+    """First-fit leases of one tensor's token axis; the tensor grows (doubling) as leases reach past it."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, budget_bytes: int,
                  layerwise: bool | None = None):
@@ -61,12 +61,8 @@ class KVPool:
             return None
         a, b = self._free[at]
         self._free[at:at + 1] = [(a + tokens, b)] if b > a + tokens else []
-        if self.data is None:
-            layers, two, one, heads, dim = self.shape
-            make = torch.zeros if self.device.type == "cuda" else torch.empty  # graphs read masked slots
-            self.data = make((layers, two, one, heads, self.tokens, dim), dtype=self.dtype, device=self.device)
-        lease = Lease(self.data[:, :, :, :, a:a + tokens], base=self.data, start=a, pool=self,
-                      layerwise=self.layerwise)
+        self._grow(a + tokens)
+        lease = Lease(None, start=a, pool=self, layerwise=self.layerwise, capacity=tokens)
         self.held[a] = lease
         self.peak_tokens = max(self.peak_tokens, self.used_tokens)
         return lease
@@ -75,6 +71,22 @@ class KVPool:
         """Budget, slots leased, leases."""
         return {"budget_bytes": self.budget_bytes, "tokens": self.tokens, "used_tokens": self.used_tokens,
                 "leases": len(self.held), "peak_tokens": self.peak_tokens, "token_bytes": self.token_bytes}
+
+    def _grow(self, end: int) -> None:
+        """Make the tensor hold slots up to ``end`` (the leases' KV copied over)."""
+        size = 0 if self.data is None else self.data.shape[4]
+        if end <= size:
+            return
+        for lease in self.held.values():
+            lease.settle()  # deferred copies land in the old tensor first
+        layers, two, one, heads, dim = self.shape
+        make = torch.zeros if self.device.type == "cuda" else torch.empty  # graphs read masked slots
+        grown = make((layers, two, one, heads, min(self.tokens, max(end, 2 * size, 256)), dim), dtype=self.dtype,
+                     device=self.device)
+        used = max((x.start + x.capacity for x in self.held.values()), default=0)
+        if used:
+            grown[:, :, :, :, :used].copy_(self.data[:, :, :, :, :used])
+        self.data = grown
 
     def _release(self, lease: "Lease") -> None:
         del self.held[lease.start]
@@ -92,12 +104,16 @@ class Lease:
     """A run's KV, ``[layers, 2, 1, kv_heads, capacity, head_dim]``, from slot ``start`` of its pool's tensor;
     ``layerwise``: host copies deferred to the forward (engine/kv/layerwise.py)."""
 
-    def __init__(self, data: torch.Tensor, base: torch.Tensor | None = None, start: int = 0,
-                 pool: KVPool | None = None, layerwise: bool = False):
-        self.raw, self.base, self.start, self.pool = data, data if base is None else base, start, pool
-        self._lengths = [0] * data.shape[0]
+    def __init__(self, data: torch.Tensor | None, start: int = 0, pool: KVPool | None = None, layerwise: bool = False,
+                 capacity: int | None = None):
+        """``data``: a tensor of its own, else ``pool``'s slots from ``start``."""
+        self.own, self.start, self.pool = data, start, pool
+        self._capacity = data.shape[4] if data is not None else capacity
+        layers = data.shape[0] if data is not None else pool.shape[0]
+        device = data.device if data is not None else pool.device
+        self._lengths = [0] * layers
         self.held: list[torch.Tensor] = []  # sources of DMA transfers into it
-        self.copies = LayerCopies(data.shape[0], data.device, self.held) if layerwise else None
+        self.copies = LayerCopies(layers, device, self.held) if layerwise else None
         self.live = True
         self._cache: LeaseCache | None = None
 
@@ -107,6 +123,16 @@ class Lease:
         return cls(data)
 
     # -- reading --
+
+    @property
+    def base(self) -> torch.Tensor:
+        """The tensor its slots are in (its pool's, as it is now)."""
+        return self.own if self.own is not None else self.pool.data
+
+    @property
+    def raw(self) -> torch.Tensor:
+        """Its slots, deferred copies or not."""
+        return self.own if self.own is not None else self.pool.data[:, :, :, :, self.start:self.start + self._capacity]
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -126,7 +152,7 @@ class Lease:
 
     @property
     def capacity(self) -> int:
-        return self.raw.shape[4]
+        return self._capacity
 
     @property
     def nbytes(self) -> int:
@@ -284,11 +310,27 @@ class PreallocatedLayer(CacheLayerMixin):
 
 
 class _LeaseLayer(PreallocatedLayer):
-    """Layer ``index`` of a lease: a forward's keys go at its length."""
+    """Layer ``index`` of a lease: a forward's keys go at its length (views taken anew: the pool grows)."""
 
     def __init__(self, lease: Lease, index: int):
         super().__init__(lease.raw, index)
         self.lease, self.index = lease, index
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.lease.raw[self.index, 0]
+
+    @k.setter
+    def k(self, value) -> None:
+        pass
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.lease.raw[self.index, 1]
+
+    @v.setter
+    def v(self, value) -> None:
+        pass
 
     @property
     def length(self) -> int:
@@ -316,9 +358,10 @@ class _LeaseLayer(PreallocatedLayer):
         end = start + key_states.shape[-2]
         if end > self.k.shape[2]:
             raise ValueError(f"KV lease overflow: {end} > {self.k.shape[2]}")
-        self.k[:, :, start:end].copy_(key_states)
-        self.v[:, :, start:end].copy_(value_states)
-        return self.k[:, :, :end], self.v[:, :, :end]
+        k, v = self.k, self.v
+        k[:, :, start:end].copy_(key_states)
+        v[:, :, start:end].copy_(value_states)
+        return k[:, :, :end], v[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
