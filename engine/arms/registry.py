@@ -6,7 +6,7 @@ Each arm is one file in ``engine/arms/`` registering an :class:`ArmSpec`; its lo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping, TypeVar, Union
 
 import torch
@@ -149,21 +149,31 @@ class Agreement:
 
 @dataclass(frozen=True)
 class ArmResult:
-    """One arm of a comparison."""
+    """One arm of a comparison.
+
+    ``error``: why the arm could not run (a remote server absent or failing); its run then holds no figures, and every
+    front end leaves it out of speedups, plots and averages and shows the reason. ``repeat``: the arm read back an
+    identical earlier request's result (its KV, and for routed its first logits): its TTFT times a lookup, not the
+    arm's work, so it is never a speedup headline."""
 
     arm: Arm
     run: RunResult
     agreement: Agreement | None = None
     detail: Any = None
+    error: str | None = None
+    repeat: bool = False
+
+    def __post_init__(self):
+        if self.error is None and getattr(self.detail, "error", None):  # an arm that says so in its detail only
+            object.__setattr__(self, "error", self.detail.error)
 
     @property
-    def error(self) -> str | None:
-        """Why the arm could not run (a remote arm's server failed), else None."""
-        return getattr(self.detail, "error", None)
+    def ran(self) -> bool:
+        return self.error is None
 
     def speedup_over(self, base: "ArmResult | None") -> float | None:
         """Baseline TTFT / this arm's, as ``run --json`` rounds them."""
-        if base is None or self.arm == Arm.BASELINE or self.error:
+        if base is None or self.arm == Arm.BASELINE or not self.ran or not base.ran:
             return None
         mine = round(self.run.ttft_ms, 3)
         return round(base.run.ttft_ms, 3) / mine if mine > 0 else math.inf
@@ -175,15 +185,16 @@ class ArmResult:
             out["ttft_includes_copy"] = True
         if self.detail is not None:
             out.update(self.detail.to_json())
+        out.update(ran=self.ran, error=self.error, repeat=self.repeat)
         return out
 
     def with_agreement(self, base: "ArmResult | None") -> "ArmResult":
-        if base is None or self.arm == Arm.BASELINE:
+        if base is None or self.arm == Arm.BASELINE or not self.ran:
             return self
         spec = REGISTRY.get(self.arm)
         agree = spec.agreement(base, self) if spec is not None and spec.agreement is not None \
             else Agreement.between(base.run, self.run)
-        return ArmResult(self.arm, self.run, agree, self.detail)
+        return replace(self, agreement=agree)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ class View:
     def bars(self, detail: Any) -> list[Bar]:
         return []
 
+    def reason(self, detail: Any, error: str) -> str:
+        """Why the arm could not run, in the studio's words: a CLI option is named as the control that sets it."""
+        return in_studio_words(error)
+
     def marks(self, detail: Any, plan) -> dict[str, set[int]]:
         """Token view classes of its own: {token class: positions}."""
         return {}
@@ -50,6 +54,16 @@ class View:
         title = self.title or self.arm.replace("_", " ").capitalize()
         return replace(self, title=title, color=self.color or _palette(self.arm),
                        progress=self.progress or f"{title}: running…")
+
+
+def in_studio_words(text: str) -> str:
+    """``text`` with each arm setting's CLI option (``--vllm-url``) named as its studio control (“vLLM: server
+    URL”, in its arm's settings beside the Arms)."""
+    from engine.arms.registry import settings_specs
+
+    for _, _, s in settings_specs():
+        text = text.replace(f"--{s.key.replace('_', '-')}", f"“{s.title}”")
+    return text
 
 
 VIEWS: dict[str, View] = {}

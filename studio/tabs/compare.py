@@ -23,7 +23,7 @@ from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread
-from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
+from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, not_run_html, prefix_stop,
                      stopped_html, summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
 
@@ -137,6 +137,7 @@ class CompareUpdate:
 
 
 STOPPED = "Stopped: the partial run is not in the run log."
+NOTHING_TO_STOP = "Nothing to stop: no Compare of this page is running."
 DECODING = "Every arm has its first token (TTFTs below); decoding…"
 
 # between two updates through Gradio when no page fetches the texts itself (studio/live.py says why)
@@ -220,8 +221,14 @@ def _on_engine(live, event) -> bool:
 
 def _encoding(event) -> str:
     if isinstance(event, Warming):
-        return f"Encoding modules 0/1: warming the prefix cache ({event.tokens} tokens, schema order)"
+        return warming_words(event.tokens)
     return f"Encoding modules {event.done}/{event.total}: {event.unit}"
+
+
+def warming_words(tokens: int) -> str:
+    """What the run does while the prefix cache is warmed (no module is encoded then)."""
+    return (f"Warming the prefix cache: prefilling the schema's {tokens:,} tokens in schema order, once per schema, as "
+            "a server that had served this schema would hold them (in no arm's TTFT)…")
 
 
 async def cancellable(work, *args):
@@ -279,7 +286,7 @@ def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
     first: dict[str, int] = {}
     for arm, res in comparison.arms.items():
         arm, run = arm.value, res.run
-        k = None if arm == "baseline" else first_divergence(base.token_ids, run.token_ids)
+        k = None if arm == "baseline" or not res.ran else first_divergence(base.token_ids, run.token_ids)
         if k is not None:
             first[arm] = k
             out[arm] = _chars(studio, run, k)
@@ -297,7 +304,8 @@ def stop_ui(request: gr.Request):
     """Stop the session's run and end every column in a stopped state at once (the run's own last update may never
     come: the Stop cancels it): the summary, then (column, text, figures) per arm."""
     asked = RUNS.stop(getattr(request, "session_hash", None) or "")
-    if not asked:
+    if not asked:  # said where the user looks, the page otherwise unchanged
+        gr.Info(NOTHING_TO_STOP)
         return (gr.skip(),) * (1 + 3 * len(arm_views()))
     run = asked[-1]
     cols = []
@@ -341,9 +349,10 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
             marks = divergence_offsets(studio, comparison)
             cols = []
             for view in arm_views():
-                ran = comparison.arm(view.arm) is not None
-                text = column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm), view.arm == "baseline")
-                cols += [gr.Column(visible=ran), text, metrics_html(comparison, view.arm)]
+                res = comparison.arm(view.arm)
+                text = column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm), view.arm == "baseline") \
+                    if res is None or res.ran else not_run_html()
+                cols += [gr.Column(visible=res is not None), text, metrics_html(comparison, view.arm)]
             tokens = token_view_html(comparison.plan, studio.decode_token, token_marks(comparison),
                                      prefix_stop(comparison))
             yield (summary_html(comparison) + logged_html(upd.logged), *cols, tokens, upd.result, studio.status_html())
