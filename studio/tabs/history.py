@@ -28,10 +28,10 @@ from .schema import SchemaTab
 # what each arm reused from a cache is in its own cell
 RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "prompt tokens"]
 # each column's least width, in characters: the longest word its header or cells hold
-RUN_CHARS = [5, 10, 10, 14, 10, 8]
-ARM_CHARS = 11
-CHAR_PX, PAD_PX = 8.4, 16  # Gradio's table: 14 px monospace, 8 px padding each side
-TABLE_PX = 1215  # in a 1,400 px window (tools/screenshot.py's VIEWPORT)
+RUN_CHARS = [5, 10, 10, 14, 11, 8]
+ARM_CHARS = 10  # "identical", "diverges", "Baseline"
+CHAR_PX, PAD_PX = 8.5, 16  # Gradio's table: 14 px monospace (8.43 px a character), 8 px padding each side
+TABLE_PX = 1200  # at least (assets/studio.css #history-table): a narrower window scrolls it sideways
 
 
 def headers() -> list[str]:
@@ -58,7 +58,8 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
         refresh_btn = gr.Button("Refresh", size="md", scale=1)
         export = gr.DownloadButton("Export CSV", size="md", scale=1)
     notice = gr.HTML(notice_html(studio), elem_id="history-notice")
-    table = runs_table()
+    with gr.Column(elem_id="history-table-box"):  # scrolls sideways where the window is narrower than the table
+        table = runs_table()
     with gr.Row(elem_classes=["pml-toolbar"]):
         run_id = gr.Textbox(label="Selected run", placeholder="click a row in the table", scale=1,
                             elem_id="selected-run")
@@ -111,8 +112,8 @@ def rows(studio: Studio, schema: str | None = None) -> list[list]:
 def arm_cell(arm: dict | None) -> str:
     """'812 ms · 6.1× faster · same · 348 reused' from an arm row; '–' for an arm not asked for; 'not run: why' for one
     that could not run; a repeat says so instead of a speedup."""
-    if arm and arm.get("error"):
-        return f"not run: {arm['error']}"
+    if arm and arm.get("error"):  # its first clause; the run's detail below the table has the whole reason
+        return f"not run: {arm['error'].split(': ')[0].split('; ')[0]}"
     if not arm or arm.get("ttft_ms") is None:
         return "–"
     parts = [_ms(arm["ttft_ms"])]
