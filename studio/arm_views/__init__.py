@@ -30,6 +30,11 @@ class View:
     progress: str = ""  # what the page says while the arm runs
     token_class: tuple[str, str] | None = None  # (name, legend) of its recomputed tokens in the token view
     copy_label: str = "KV copy (in TTFT)"
+    choice_words: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (setting key, ((value, words), ...))
+
+    def words_of(self, key: str, value: str) -> str:
+        """A text setting's choice in plain words (the value itself when the view has none)."""
+        return dict(dict(self.choice_words).get(key, ())).get(value, value)
 
     def chips(self, detail: Any) -> list[str]:
         """Short facts under the arm's column (and in `pml-studio run`'s text)."""
