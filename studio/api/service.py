@@ -231,7 +231,8 @@ class ApiService:
                       total_tokens=prompt_tokens + completion,
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
         reused, encoded = module_sources(res)
-        detail = res.arm(work.arm).detail
+        answered = res.arm(work.arm)
+        detail = answered.detail
         kept = getattr(detail, "kept", None)
         pml = PmlInfo(arm=work.arm, mode=compiled.mode, schema_name=res.prompt.schema, modules_reused=reused,
                       modules_encoded=encoded, routed_kept=None if kept is None else list(kept), cached_tokens=cached,
@@ -240,7 +241,8 @@ class ApiService:
                       ttft_ms=round(ttft_ms, 3), arm_ttft_ms=round(run.ttft_ms, 3),
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
                       queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
-                      note=compiled.note, store_note=(res.encode or {}).get("store_note") or "",
+                      note="; ".join(n for n in (compiled.note, arm_note(res, work.arm)) if n),
+                      repeat=answered.repeat, store_note=(res.encode or {}).get("store_note") or "",
                       uncached_documents=dict(compiled.uncached))
         pml = pml.model_copy(update={"run_id": self._log(res, compiled)})
         return Outcome(text, finish_reason(run.token_ids, stopped, tuple(engine.lm.eos_ids), sampling.max_new_tokens),
@@ -259,6 +261,23 @@ class ApiService:
 
             log.warning("an API run was not logged: %s", err)
             return None
+
+
+def arm_note(res: Comparison, arm: str) -> str:
+    """Why the answering arm reused no more than it did, where its kind of reuse explains it: the prefix arm reuses
+    only the longest start this prompt shares with a request served before; a repeat read an earlier answer back."""
+    answered = res.arm(arm)
+    if answered.repeat:
+        return ("a repeat: an earlier request compiled to the same prompt (the same documents, in any order, and the "
+                "same other text) was read back, so its TTFT is a lookup's")
+    if REGISTRY[arm].reads != Reads.PREFIX_CACHE:
+        return ""
+    reused, total = answered.run.reused_tokens, res.prompt.prompt_tokens
+    if reused >= total - 1:
+        return ""
+    return (f"the prefix arm reused {reused} of {total} prompt tokens: the longest start this prompt shares with a "
+            "request served before (the chat template's opening when nothing more matched); it reuses no document "
+            "placed after a difference, as the modular arms (cached, routed) do")
 
 
 def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: PositionRegistry,
