@@ -23,8 +23,8 @@ from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread
-from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, not_run_html, prefix_stop,
-                     stopped_html, summary_html, token_marks, token_view_html)
+from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, not_run_html, note_html,
+                     prefix_stop, stopped_html, summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
 
 
@@ -46,6 +46,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
                                 info="0 = greedy (default); applies to every arm")
         button = gr.Button("Compare", variant="primary", scale=1, elem_id="compare-btn", interactive=False)
         stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="compare-stop")
+    stopped_note = gr.HTML("", elem_id="stop-note")  # what a Stop did when no Compare was running
     arm_controls(studio, panel)
     summary = gr.HTML(summary_html(None), elem_id="compare-summary")
     columns = []
@@ -66,8 +67,10 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     stream = Step(_streamer(studio, panel), inputs, outputs)
     # no progress overlay: its animations took CPU from the decoding
     run = button.click(*stream, api_visibility="private", show_progress="hidden")
+    button.click(lambda: "", None, stopped_note, queue=False, show_progress="hidden")
     # outside the queue, which the Compare holds; cancels=[run] also drops a Compare still waiting
-    stop.click(stop_ui, None, [summary] + columns, queue=False, cancels=[run], api_visibility="private", show_progress="hidden")
+    stop.click(stop_ui, None, [summary] + columns + [stopped_note], queue=False, cancels=[run], api_visibility="private",
+               show_progress="hidden")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
     return CompareTab(max_new, temperature, run, stream)
@@ -304,15 +307,14 @@ def stop_ui(request: gr.Request):
     """Stop the session's run and end every column in a stopped state at once (the run's own last update may never
     come: the Stop cancels it): the summary, then (column, text, figures) per arm."""
     asked = RUNS.stop(getattr(request, "session_hash", None) or "")
-    if not asked:  # said where the user looks, the page otherwise unchanged
-        gr.Info(NOTHING_TO_STOP)
-        return (gr.skip(),) * (1 + 3 * len(arm_views()))
+    if not asked:  # said beside the button, the last run's figures left as they are
+        return (gr.skip(),) * (1 + 3 * len(arm_views())) + (note_html(NOTHING_TO_STOP),)
     run = asked[-1]
     cols = []
     for view in arm_views():
         cols += [gr.skip(), column_html(run.texts.get(view.arm, ""), False, stopped=True), stopped_html(run.firsts.get(view.arm),
                                                                                           view.arm)]
-    return (summary_html(None, STOPPED), *cols)
+    return (summary_html(None, STOPPED), *cols, "")
 
 
 def _streamer(studio: Studio, panel: Panel):

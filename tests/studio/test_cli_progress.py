@@ -89,3 +89,20 @@ def test_run_with_routed_says_each_phase_once_and_why_it_warms(tiny_lm, tmp_path
     assert not any("Prefix cache" in line or "encoding modules 0/1" in line for line in lines), lines
     assert [line.split(":")[1].strip() for line in lines if "prefilled " in line] == ["Baseline", "Modular cache",
                                                                                       "Routed"], lines
+
+
+def test_info_says_when_fp32_runs_are_not_exact(tokenizer_bundle, monkeypatch, capsys):
+    """A model on packed int8 weights computes in fp32 but rounds its products: `info`'s (and the Model tab's)
+    reason for the dtype says runs "exact in fp32" match the baseline only to that rounding (issue 74: it said
+    "fp32 so runs show as exact" beside a gemm-bf16 prefill)."""
+    from engine.model.load import wrap_model
+    from engine.model.weights import quantize_weights
+    from tests.engine.test_stop_and_finite import tiny_llama
+
+    model = tiny_llama(tokenizer_bundle[1])
+    quantize_weights(model, "int8")
+    lm = wrap_model(model, tokenizer_bundle[1], "tiny-int8", weights="int8")
+    monkeypatch.setattr(session, "Engine", lambda *a, **k: Engine.from_loaded(lm))
+    assert studio_main(["info", "--json"]) == 0
+    reason = json.loads(capsys.readouterr().out)["dtype_reason"]
+    assert "the linear weights are int8" in reason and "only to that rounding" in reason, reason
