@@ -23,7 +23,7 @@ from pathlib import Path
 from engine import config as cfg
 from engine.cache.settings import canonical_mode
 from engine.errors import EngineError, PMLError, Problem
-from engine.cli_text import Progress, human
+from engine.cli_text import Progress, dtype_reason, human
 from engine.files import read_text
 from engine.limits import NumberArg
 from engine.model import PREFILL_KERNELS
@@ -524,42 +524,12 @@ def cmd_compile(args) -> int:
 
 # -- The words of `info` (the studio's Model tab says the same) --
 
-DTYPE_REASONS = {
-    cfg.DtypeWhy.ASKED: "{dtype} as asked (the default on {device} is {default})",
-    cfg.DtypeWhy.CPU_DEFAULT: "the default on CPU, so that runs exact in fp32 (a scaffold, one module at the start, "
-                              "blend at 100 %) show as exact; bf16 is faster but adds its own first-token KL to "
-                              "every comparison (measured: docs/models.md); choose bf16 for speed",
-    cfg.DtypeWhy.GPU_DEFAULT: "the default on a GPU: bf16 halves the bytes each decode step reads (not measured on "
-                              "this project's machines, which have no GPU)",
-}
-
-
 def info_document(info: dict) -> dict:
     """The model's facts (``Engine.info()``) with the sentences ``info --json`` adds."""
     return {**info, "attention_path": attention_path(info), "decode_step": decode_step(info),
             "dtype_why": cfg.dtype_why(info["device"], info["dtype"]).value,
             "dtype_reason": dtype_reason(info["device"], info["dtype"], info.get("weights") or "fp32",
                                          info.get("prefill_kernel") or "")}
-
-
-INEXACT_KERNELS = ("gemm-bf16", "gemm-int8")  # prefill kernels that round fp32 activations
-
-
-def dtype_reason(device: str, dtype: str, weights: str = "fp32", kernel: str = "") -> str:
-    """Why the model computes in ``dtype``; with fp32, what else rounds the arithmetic (``weights`` not fp32, a
-    prefill ``kernel`` in bf16 or int8), since "exact in fp32" then holds only to that rounding."""
-    default = cfg.short_dtype(cfg.default_dtype(device))
-    why = cfg.dtype_why(device, dtype)
-    out = DTYPE_REASONS[why].format(dtype=cfg.short_dtype(dtype), device=device, default=default)
-    rounding = [f"the linear weights are {weights}"] if weights != "fp32" else []
-    rounding += [f"the prefill multiplies in {kernel.removeprefix('gemm-')} ({kernel})"] if kernel in INEXACT_KERNELS \
-        else []
-    if dtype == "float32" and rounding:
-        out = ("the activations and the KV cache are fp32, but " + " and ".join(rounding) + ": runs that are exact in "
-               "fp32 (a scaffold, one module at the start, blend at 100 %) match the baseline only to that rounding "
-               "here; --weights fp32 with --prefill-kernel gemm-fp32 (or $PML_STUDIO_PREFILL_KERNEL) makes them exact, "
-               "at a slower prefill")
-    return out
 
 
 def attention_path(info: dict) -> str:

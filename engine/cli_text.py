@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from engine import config as cfg
+
 
 def human(value) -> str:
     """A value of ``info`` in words: no Python reprs (None, {...}, True, an empty string)."""
@@ -21,27 +23,26 @@ def human(value) -> str:
 
 
 
+LOAD_TAKES = "usually 15-30 s on 2 cores"  # the default model's load
+
+
 class Progress:
     """`run`'s phases as lines on stderr while a person watches (a terminal): the model's load, each module
     encoded, each arm's prefill and first token (``arms`` in the order they run), then the decoding; nothing with
     ``quiet``, nothing when stderr is a file or a pipe, and never on stdout."""
 
-    LOAD_TAKES = "usually 10-20 s on 2 cores"  # the default model's weights, read back as set-up packed them
-
     def __init__(self, arms, max_new_tokens: int, words, quiet: bool = False, warms: bool = False):
-        """``words``: engine.words.ArmWords; ``warms``: the prefix cache is warmed between the encoding and the first
-        arm's prefill."""
+        """``warms``: the prefix cache is warmed before the first arm's prefill (words: engine.words.ArmWords)."""
         self.arms, self.max_new, self.words, self.seen, self.quiet = tuple(arms), max_new_tokens, words, 0, quiet
         self.warms = warms
-        self.announced: set[str] = set()  # arms whose prefill was said
+        self.announced: set[str] = set()
 
     def say(self, line: str) -> None:
         if not self.quiet and sys.stderr.isatty():
             print(f"pml-studio: {line}", file=sys.stderr, flush=True)
 
     def loading(self, model: str) -> None:
-        """Before the weights' load, the run's longest silence otherwise."""
-        self.say(f"loading model {model} ({self.LOAD_TAKES})…")
+        self.say(f"loading model {model} ({LOAD_TAKES})…")
 
     def loaded(self, model: str, seconds: float) -> None:
         self.say(f"model {model} ready in {seconds:,.1f} s")
@@ -66,7 +67,7 @@ class Progress:
                 self.first_token(event)
 
     def warming(self, tokens: int) -> str:
-        """Which asked-for arm the warm-up is for: the prefix arm, else routed's every-module path."""
+        """Which arm the warm-up is for: the prefix arm, else routed's every-module path."""
         from engine.arms.registry import REGISTRY, Reads
 
         readers = [a for a in self.arms if a in REGISTRY and REGISTRY[a].reads == Reads.PREFIX_CACHE]
@@ -77,7 +78,7 @@ class Progress:
 
     def encoding(self, done: int, total: int, label: str) -> None:
         self.say(f"encoding modules {done}/{total}: {label}")
-        if done == total and not self.warms:  # the first arm prefills next (after a warm-up, once it is done)
+        if done == total and not self.warms:  # else said after the warm-up
             self._next_prefill()
 
     def _next_prefill(self) -> None:
@@ -101,3 +102,34 @@ class Progress:
         if arm not in self.announced:
             self.announced.add(arm)
             self.say(f"{self.words.title(arm)}: prefilling…")
+
+
+# -- `info`'s reason for the dtype (the Model tab's too) --
+
+DTYPE_REASONS = {
+    cfg.DtypeWhy.ASKED: "{dtype} as asked (the default on {device} is {default})",
+    cfg.DtypeWhy.CPU_DEFAULT: "the default on CPU, so that runs exact in fp32 (a scaffold, one module at the start, "
+                              "blend at 100 %) show as exact; bf16 is faster but adds its own first-token KL to "
+                              "every comparison (measured: docs/models.md); choose bf16 for speed",
+    cfg.DtypeWhy.GPU_DEFAULT: "the default on a GPU: bf16 halves the bytes each decode step reads (not measured on "
+                              "this project's machines, which have no GPU)",
+}
+
+
+INEXACT_KERNELS = ("gemm-bf16", "gemm-int8")
+
+
+def dtype_reason(device: str, dtype: str, weights: str = "fp32", kernel: str = "") -> str:
+    """Why the model computes in ``dtype``; with fp32, what else rounds it (``weights``, a prefill ``kernel``)."""
+    default = cfg.short_dtype(cfg.default_dtype(device))
+    why = cfg.dtype_why(device, dtype)
+    out = DTYPE_REASONS[why].format(dtype=cfg.short_dtype(dtype), device=device, default=default)
+    rounding = [f"the linear weights are {weights}"] if weights != "fp32" else []
+    rounding += [f"the prefill multiplies in {kernel.removeprefix('gemm-')} ({kernel})"] if kernel in INEXACT_KERNELS \
+        else []
+    if dtype == "float32" and rounding:
+        out = ("the activations and the KV cache are fp32, but " + " and ".join(rounding) + ": runs that are exact in "
+               "fp32 (a scaffold, one module at the start, blend at 100 %) match the baseline only to that rounding "
+               "here; --weights fp32 with --prefill-kernel gemm-fp32 (or $PML_STUDIO_PREFILL_KERNEL) makes them exact, "
+               "at a slower prefill")
+    return out

@@ -82,12 +82,11 @@ ARM_COLUMNS: dict[str, type] = {
     "first_token_agree": int,
     "first_token_kl": float,
     "max_first_logit_diff": float,
-    "error": str,  # why the arm could not run (its figures are then NULL); NULL: it ran
-    "repeat": int,  # 1: an identical earlier request read back (a lookup's TTFT, not a speedup)
+    "error": str,  # why the arm could not run (its figures NULL)
+    "repeat": int,  # 1: an identical earlier request read back
 }
 ARM_FIGURES = tuple(c for c in ARM_COLUMNS if c not in ("id", "run_id", "arm"))
-# Columns a log written before them gains with the first arm row that holds one (sqlite-utils' alter), not when it
-# is opened: opening a log of today's version never rewrites it.
+# added by the first arm row that holds one (sqlite-utils' alter): opening a log never rewrites it
 LATE_ARM_COLUMNS = ("error", "repeat")
 
 
@@ -163,7 +162,7 @@ class RunLog:
                 db.conn.execute("BEGIN IMMEDIATE")
                 try:
                     run_id = int(db[TABLE].insert(row).last_pk)
-                    db[ARM_TABLE].insert_all(arm_rows(comparison, run_id), alter=True)  # LATE_ARM_COLUMNS
+                    db[ARM_TABLE].insert_all(arm_rows(comparison, run_id), alter=True)
                     db.conn.execute("COMMIT")
                 except BaseException:
                     db.conn.rollback()
@@ -313,7 +312,7 @@ def _read_only_uri(path: Path) -> str:
 
 
 def _create_or_extend(db: Database, name: str, columns: dict, late: tuple[str, ...] = (), **create) -> None:
-    """Create table ``name`` or add the columns it lacks, but the ``late`` ones (added by the write that needs them)."""
+    """Create table ``name`` or add the columns it lacks but the ``late`` ones."""
     table = db[name]
     if not table.exists():
         table.create(columns, pk="id", if_not_exists=True, **create)
@@ -393,7 +392,7 @@ def arm_rows(data: dict, run_id: int) -> list[dict]:
     out = []
     for arm, res in comp.arms.items():
         run, agree = res.run, res.agreement
-        if not res.ran:  # no figures of its own: its reason, nothing a sum or a plot could take for a time
+        if not res.ran:  # no figures
             out.append({"run_id": run_id, "arm": arm.value, "text": run.text, "error": res.error, "repeat": 0})
             continue
         row = {"run_id": run_id, "arm": arm.value, "ttft_ms": run.ttft_ms, "copy_ms": run.copy_ms,

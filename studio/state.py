@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine.cli_text import LOAD_TAKES
 from engine.config import RunConfig
 from engine.model import START_MODEL
 from engine.errors import EngineError
@@ -34,8 +35,6 @@ PENDING_MAX = 100
 MAX_NEW_TOKENS_CAP = 2048
 STOP_WAIT_S = 1.0  # a signal's stop ends within 5 s
 
-
-LOAD_TAKES = "usually 10-20 s on 2 cores"  # the default model's weights, read back as set-up packed them
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ class Comparison:
             agree = None if arm == Arm.BASELINE else Agreement.from_json(
                 {k: data.get(f"{stem}{k}") for k in Agreement.FIELDS})
             detail = spec.detail_from_json(d)
-            repeat = d.get("repeat", getattr(detail, "path", None) == "repeat")  # routed runs logged before "repeat"
+            repeat = d.get("repeat", getattr(detail, "path", None) == "repeat")  # routed, logged before
             arms[arm] = ArmResult(arm, RunResult.from_json(arm.value, d), agree, detail, error=d.get("error"),
                                   repeat=bool(repeat))
         comp = data.get("compression") or {}

@@ -149,12 +149,8 @@ class Agreement:
 
 @dataclass(frozen=True)
 class ArmResult:
-    """One arm of a comparison.
-
-    ``error``: why the arm could not run (a remote server absent or failing); its run then holds no figures, and every
-    front end leaves it out of speedups, plots and averages and shows the reason. ``repeat``: the arm read back an
-    identical earlier request's result (its KV, and for routed its first logits): its TTFT times a lookup, not the
-    arm's work, so it is never a speedup headline."""
+    """One arm of a comparison. ``error``: why it could not run (its run has no figures: every front end leaves it
+    out of them and says why); ``repeat``: it read an identical earlier request back (its TTFT is a lookup's)."""
 
     arm: Arm
     run: RunResult
@@ -164,7 +160,7 @@ class ArmResult:
     repeat: bool = False
 
     def __post_init__(self):
-        if self.error is None and getattr(self.detail, "error", None):  # an arm that says so in its detail only
+        if self.error is None and getattr(self.detail, "error", None):  # said in its detail only
             object.__setattr__(self, "error", self.detail.error)
 
     @property

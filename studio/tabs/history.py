@@ -134,7 +134,8 @@ def run_detail(studio: Studio, run_id) -> str:
         comparison = Comparison.from_json(json.loads(row["result_json"] or "{}"))
     except (ValueError, TypeError, KeyError) as err:
         return views.error_html(f"run {row['id']} has no readable result document ({err}); re-run it")
-    cells = "".join(f'<div class="pml-col {v.arm}">{views.head_html(v)}{views.column_html(res.run.text, False)}'
+    cells = "".join(f'<div class="pml-col {v.arm}">{views.head_html(v)}'
+                    f'{views.column_html(res.run.text, False) if res.ran else views.not_run_html()}'
                     f"{views.metrics_html(comparison, v.arm)}</div>"
                     for v in arm_views() if (res := comparison.arm(v.arm)) is not None)
     return f'{views.summary_html(comparison)}<div class="pml-history-arms">{cells}</div>'

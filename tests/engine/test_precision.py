@@ -65,7 +65,7 @@ def test_one_module_at_the_start_stays_exact_in_bf16(tiny_bf16):
 
 
 def test_the_engine_says_why_and_the_cli_says_it_in_words_pointing_to_the_measurement():
-    from engine.cli import dtype_reason
+    from engine.cli_text import dtype_reason
 
     assert cfg.dtype_why("cpu", "bfloat16") == cfg.DtypeWhy.ASKED and "as asked" in dtype_reason("cpu", "bfloat16")
     assert cfg.dtype_why("cuda", "bfloat16") == cfg.DtypeWhy.GPU_DEFAULT

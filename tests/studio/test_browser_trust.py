@@ -233,11 +233,11 @@ def _compares(page, check: Checks, demo, out: Path) -> None:
 
 
 def _shot(page, out: Path, name: str, arms: tuple[str, ...]) -> None:
+    """The summary and the columns of ``arms`` (five arms take two rows)."""
     top = page.locator("#compare-summary").bounding_box()
-    low = max(page.locator(f"#{a}-metrics").bounding_box()["y"] + page.locator(f"#{a}-metrics").bounding_box()["height"]
-              for a in arms)
-    page.screenshot(path=str(out / name), clip={"x": 0, "y": top["y"] - 8, "width": 1400,
-                                                  "height": min(low - top["y"] + 24, 1000)})
+    low = max(box["y"] + box["height"] for box in (page.locator(f"#{a}-metrics").bounding_box() for a in arms))
+    page.screenshot(path=str(out / name), full_page=True,
+                    clip={"x": 0, "y": top["y"] - 8, "width": 1400, "height": low - top["y"] + 24})
 
 
 def _history(page, check: Checks, demo, port: int, out: Path) -> None:
