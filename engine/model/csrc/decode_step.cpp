@@ -10,7 +10,9 @@
 //   RMSNorm(x) = w * (x * rsqrt(mean(x^2) + eps));  rope: x * cos + rotate_half(x) * sin
 // Each row is one run at its own length: its new key and value are written into the KV buffer at ``lengths[row]``
 // and its query attends to keys 0 .. lengths[row] (the batch's right padding is never read).
-#include <torch/extension.h>
+#include <torch/types.h>  // torch::Tensor and the ATen ops (not torch/extension.h: its nn, optim and data headers
+                           // took a third of the build)
+#include <torch/csrc/utils/pybind.h>  // pybind11 with torch's tensor casters
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
