@@ -72,6 +72,13 @@ SPLIT_WORDS = """(sel) => {
 }"""
 CLIPPED = """(sel) => [...document.querySelectorAll(sel)].filter(c => c.getBoundingClientRect().height && c.innerText.trim()
   && c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)"""
+LEFT = """() => {
+  window.pmlLeft = false;
+  const summary = document.querySelector('#compare-summary');
+  new MutationObserver((_, watch) => {
+    if (!summary.querySelector('.speedup')) { window.pmlLeft = true; watch.disconnect(); }
+  }).observe(summary, {subtree: true, childList: true, characterData: true});
+}"""
 X_AXIS = """() => { const a = document.querySelector('#history-plot [aria-label^="X-axis"]');
   return a && a.getAttribute('aria-label'); }"""
 
@@ -194,13 +201,16 @@ def _compare(page, check: Checks, demo, out: Path, tokens: int = 4) -> list[str]
     box.fill(str(tokens))
     box.press("Enter")
     before = demo.studio.runlog.count()
+    page.evaluate(LEFT)  # the last run's summary must go before this run's counts as come
     page.click("#compare-btn")
     seen = []
     end = time.monotonic() + 120
     while demo.studio.runlog.count() == before and time.monotonic() < end:
         seen.append(_text(page, "#compare-summary"))
         time.sleep(0.1)
-    page.wait_for_selector("#compare-summary .speedup", timeout=60_000)
+    page.wait_for_function("window.pmlLeft && document.querySelector('#compare-summary .speedup') && ![...document"
+                           ".querySelectorAll('[id$=-metrics]')].some(m => m.innerText.includes('decoding'))",
+                           timeout=60_000)
     return seen
 
 
