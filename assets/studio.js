@@ -88,3 +88,20 @@
     view.dispatch({ ...view.state.replaceSelection(event.key), scrollIntoView: true, userEvent: "input.type" });
   }, true);
 })();
+
+// Ctrl+Shift+Z redoes in the editors, as Ctrl+Y does. CodeMirror binds Ctrl+Shift+Z to redo only where the browser says
+// it runs on Linux; elsewhere (and for a small "z", as Caps Lock sends) the press was no redo. It is handed to
+// CodeMirror as the Ctrl+Y it redoes with everywhere but on a Mac, whose Cmd+Shift+Z is left alone.
+(() => {
+  const EDITORS = "#schema-editor .cm-content, #prompt-editor .cm-content";
+  document.addEventListener("keydown", (event) => {
+    if (event.key.toLowerCase() !== "z" || !event.shiftKey || !event.ctrlKey || event.metaKey || event.altKey) return;
+    const content = event.target.closest && event.target.closest(EDITORS);
+    if (!content) return;
+    event.preventDefault();
+    event.stopPropagation();
+    content.dispatchEvent(new KeyboardEvent("keydown", {
+      key: "y", code: "KeyY", keyCode: 89, ctrlKey: true, bubbles: true, cancelable: true,
+    }));
+  }, true);
+})();

@@ -383,14 +383,17 @@ def cmd_layout(args) -> int:
 
 def cmd_run(args, words: ArmWords = ArmWords(), texts: tuple[str, str] | None = None) -> int:
     from engine.arms.registry import REGISTRY, Sampling
-    from engine.session import Engine
+    from engine.session import Engine, reads_prefix_cache
 
     schema, prompt = texts or (_read(args.schema, "schema"), _read(args.prompt, "prompt"))  # before the model loads
     eng = Engine(config := config_from_args(args))
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                         seed=args.seed)
     order = tuple(str(a) for a in REGISTRY if str(a) in config.arms)  # as compare() runs them
-    told = Progress(order, sampling.max_new_tokens, words, quiet=args.quiet or args.json)
+    told = Progress(order, sampling.max_new_tokens, words, quiet=args.quiet or args.json,
+                    warms=config.warmup and reads_prefix_cache(config))
+    if not eng.loaded:
+        told.loading(config.model or "the default model")
     took = _timed(lambda: eng.lm)
     told.loaded(getattr(eng.lm, "name", None) or config.model or "the default model", took)
     if args.cuda_graphs != "auto":

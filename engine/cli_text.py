@@ -30,17 +30,26 @@ def human(value) -> str:
 
 
 
+LOAD_TAKES = "usually 15-30 s on 2 cores"  # the default model's load
+
+
 class Progress:
     """`run`'s phases as lines on stderr while a person watches (a terminal): the model's load, each module
     encoded, each arm's prefill and first token (``arms`` in the order they run), then the decoding; nothing with
     ``quiet``, nothing when stderr is a file or a pipe, and never on stdout."""
 
-    def __init__(self, arms, max_new_tokens: int, words, quiet: bool = False):  # words: engine.words.ArmWords
+    def __init__(self, arms, max_new_tokens: int, words, quiet: bool = False, warms: bool = False):
+        """``warms``: the prefix cache is warmed before the first arm's prefill (words: engine.words.ArmWords)."""
         self.arms, self.max_new, self.words, self.seen, self.quiet = tuple(arms), max_new_tokens, words, 0, quiet
+        self.warms = warms
+        self.announced: set[str] = set()
 
     def say(self, line: str) -> None:
         if not self.quiet and sys.stderr.isatty():
             print(f"pml-studio: {terminal_safe(line)}", file=sys.stderr, flush=True)
+
+    def loading(self, model: str) -> None:
+        self.say(f"loading model {model} ({LOAD_TAKES})…")
 
     def loaded(self, model: str, seconds: float) -> None:
         self.say(f"model {model} ready in {seconds:,.1f} s")
@@ -57,15 +66,30 @@ class Progress:
             if isinstance(event, UnitEncoded):
                 self.encoding(event.done, event.total, event.unit)
             elif isinstance(event, Warming):
-                self.encoding(0, 1, f"warming the prefix cache ({event.tokens} tokens, schema order)")
+                self.say(self.warming(event.tokens))
             elif isinstance(event, Warmed):
-                self.encoding(1, 1, "prefix cache warmed")
+                self.say(f"prefix cache warmed in {event.ms / 1000:,.1f} s (in no arm's TTFT)")
+                self._next_prefill()
             elif isinstance(event, FirstToken):
                 self.first_token(event)
 
+    def warming(self, tokens: int) -> str:
+        """Which arm the warm-up is for: the prefix arm, else routed's every-module path."""
+        from engine.arms.registry import REGISTRY, Reads
+
+        readers = [a for a in self.arms if a in REGISTRY and REGISTRY[a].reads == Reads.PREFIX_CACHE]
+        why = (f"for the {self.words.title(readers[0])} arm" if readers else
+               "for the routed arm, which reads it when a question keeps every module (--route-tree off skips that)")
+        return (f"warming the prefix cache {why}: prefilling the schema's {tokens:,} tokens in schema order, once "
+                "(--no-warmup leaves it out)…")
+
     def encoding(self, done: int, total: int, label: str) -> None:
         self.say(f"encoding modules {done}/{total}: {label}")
-        if done == total and not self.seen and self.arms:  # the first arm prefills next (after a warm-up, again)
+        if done == total and not self.warms:  # else said after the warm-up
+            self._next_prefill()
+
+    def _next_prefill(self) -> None:
+        if not self.seen and self.arms:
             self._prefilling(self.arms[0])
 
     def first_token(self, res) -> None:
@@ -82,4 +106,6 @@ class Progress:
         self.say(f"done: encoding, {len(self.arms)} arms' prefills and their decoding took {seconds:,.1f} s")
 
     def _prefilling(self, arm: str) -> None:
-        self.say(f"{self.words.title(arm)}: prefilling…")
+        if arm not in self.announced:
+            self.announced.add(arm)
+            self.say(f"{self.words.title(arm)}: prefilling…")

@@ -9,7 +9,8 @@ def info_document(info: dict) -> dict:
     """The model's facts (``Engine.info()``) with the sentences ``info --json`` adds."""
     return {**info, "attention_path": attention_path(info), "decode_step": decode_step(info),
             "dtype_why": cfg.dtype_why(info["device"], info["dtype"]).value,
-            "dtype_reason": dtype_reason(info["device"], info["dtype"])}
+            "dtype_reason": dtype_reason(info["device"], info["dtype"], info.get("weights") or "fp32",
+                                         info.get("prefill_kernel") or "")}
 
 
 DTYPE_REASONS = {
@@ -22,10 +23,23 @@ DTYPE_REASONS = {
 }
 
 
-def dtype_reason(device: str, dtype: str) -> str:
+INEXACT_KERNELS = ("gemm-bf16", "gemm-int8")
+
+
+def dtype_reason(device: str, dtype: str, weights: str = "fp32", kernel: str = "") -> str:
+    """Why the model computes in ``dtype``; with fp32, what else rounds it (``weights``, a prefill ``kernel``)."""
     default = cfg.short_dtype(cfg.default_dtype(device))
-    return DTYPE_REASONS[cfg.dtype_why(device, dtype)].format(dtype=cfg.short_dtype(dtype), device=device,
-                                                              default=default)
+    why = cfg.dtype_why(device, dtype)
+    out = DTYPE_REASONS[why].format(dtype=cfg.short_dtype(dtype), device=device, default=default)
+    rounding = [f"the linear weights are {weights}"] if weights != "fp32" else []
+    rounding += [f"the prefill multiplies in {kernel.removeprefix('gemm-')} ({kernel})"] if kernel in INEXACT_KERNELS \
+        else []
+    if dtype == "float32" and rounding:
+        out = ("the activations and the KV cache are fp32, but " + " and ".join(rounding) + ": runs that are exact in "
+               "fp32 (a scaffold, one module at the start, blend at 100 %) match the baseline only to that rounding "
+               "here; --weights fp32 with --prefill-kernel gemm-fp32 (or $PML_STUDIO_PREFILL_KERNEL) makes them exact, "
+               "at a slower prefill")
+    return out
 
 
 def attention_path(info: dict) -> str:

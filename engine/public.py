@@ -10,8 +10,9 @@ _NAMES = {
     "engine.model": ("START_MODEL", "START_WEIGHTS", "WEIGHTS"),
     "engine.model.graphs": ("gpu_paths",),
     "engine.model.kernels": ("ROW_TILE", "kernel_status"),
-    "engine.model.packaged": ("install_packaged", "packaged_models"),
+    "engine.model.packaged": ("install_packaged", "packaged_models", "TESTS_MODEL"),
     "engine.describe": ("info_document",),
+    "engine.cli_text": ("LOAD_TAKES",),
     # schemas and prompts
     "engine.schema.pml": ("IDENT", "Import", "NewText", "Param", "compact", "document_kind", "parse_prompt"),
     "engine.schema.layout": ("ANONYMOUS", "Layout", "TextCodec"),
@@ -26,7 +27,7 @@ _NAMES = {
     "engine.arms.blend": ("BlendInfo",),
     "engine.arms.prefix": ("PrefixReuse",),
     "engine.arms.routed": ("RoutedInfo",),
-    "engine.arms.vllm": ("VllmRun",),
+    "engine.arms.vllm": ("URL_ENV", "VllmRun", "VllmSettings"),
     "engine.cache.prefix": ("Held",),
     "engine.run.events": ("Done", "FirstToken", "Token", "UnitEncoded", "Warming"),
     "engine.run.scheduler": ("Request", "Stopped"),
@@ -40,7 +41,7 @@ _NAMES = {
     "engine.owned": ("check_trusted",),
     "engine.limits": ("NumberArg",),
 }
-_RENAMED = {"kernel_status": "status"}
+_RENAMED = {"kernel_status": "status", "TESTS_MODEL": "DEFAULT_MODEL"}
 _WHERE = {name: module for module, names in _NAMES.items() for name in names}
 __all__ = sorted(_WHERE)
 

@@ -82,8 +82,12 @@ ARM_COLUMNS: dict[str, type] = {
     "first_token_agree": int,
     "first_token_kl": float,
     "max_first_logit_diff": float,
+    "error": str,  # why the arm could not run (its figures NULL)
+    "repeat": int,  # 1: an identical earlier request read back
 }
 ARM_FIGURES = tuple(c for c in ARM_COLUMNS if c not in ("id", "run_id", "arm"))
+# added by the first arm row that holds one (sqlite-utils' alter): opening a log never rewrites it
+LATE_ARM_COLUMNS = ("error", "repeat")
 
 
 class RunLogError(EngineError):
@@ -134,7 +138,8 @@ class RunLog:
                 db.enable_wal()
                 _create_or_extend(db, TABLE, COLUMNS)
                 db[TABLE].create_index(["schema_name"], if_not_exists=True)
-                _create_or_extend(db, ARM_TABLE, ARM_COLUMNS, foreign_keys=[("run_id", TABLE, "id")])
+                _create_or_extend(db, ARM_TABLE, ARM_COLUMNS, foreign_keys=[("run_id", TABLE, "id")],
+                                  late=LATE_ARM_COLUMNS)
                 db[ARM_TABLE].create_index(["run_id"], if_not_exists=True)
                 if db.execute("PRAGMA user_version").fetchone()[0] < VERSION:
                     _migrate(db)
@@ -157,7 +162,7 @@ class RunLog:
                 db.conn.execute("BEGIN IMMEDIATE")
                 try:
                     run_id = int(db[TABLE].insert(row).last_pk)
-                    db[ARM_TABLE].insert_all(arm_rows(comparison, run_id))
+                    db[ARM_TABLE].insert_all(arm_rows(comparison, run_id), alter=True)
                     db.conn.execute("COMMIT")
                 except BaseException:
                     db.conn.rollback()
@@ -306,14 +311,14 @@ def _read_only_uri(path: Path) -> str:
     return path.resolve().as_uri() + ("?immutable=1" if immutable else "?mode=ro")
 
 
-def _create_or_extend(db: Database, name: str, columns: dict, **create) -> None:
-    """Create table ``name`` or add the columns it lacks."""
+def _create_or_extend(db: Database, name: str, columns: dict, late: tuple[str, ...] = (), **create) -> None:
+    """Create table ``name`` or add the columns it lacks but the ``late`` ones."""
     table = db[name]
     if not table.exists():
         table.create(columns, pk="id", if_not_exists=True, **create)
         return
     for col, typ in columns.items():
-        if col not in table.columns_dict:
+        if col not in table.columns_dict and col not in late:
             table.add_column(col, typ)
 
 
@@ -324,7 +329,7 @@ def _migrate(db: Database) -> None:
         done = {r[0] for r in db.execute(f"select distinct run_id from {ARM_TABLE}")}
         for run_id, doc in db.execute(f"select id, result_json from {TABLE}").fetchall():
             if run_id not in done and doc:
-                db[ARM_TABLE].insert_all(arm_rows(json.loads(doc), run_id))
+                db[ARM_TABLE].insert_all(arm_rows(json.loads(doc), run_id), alter=True)
         db.conn.execute(f"PRAGMA user_version = {VERSION}")
         db.conn.execute("COMMIT")
     except BaseException:
@@ -387,6 +392,9 @@ def arm_rows(data: dict, run_id: int) -> list[dict]:
     out = []
     for arm, res in comp.arms.items():
         run, agree = res.run, res.agreement
+        if not res.ran:  # no figures
+            out.append({"run_id": run_id, "arm": arm.value, "text": run.text, "error": res.error, "repeat": 0})
+            continue
         row = {"run_id": run_id, "arm": arm.value, "ttft_ms": run.ttft_ms, "copy_ms": run.copy_ms,
                "prefill_ms": run.prefill_ms, "prefill_tokens": run.prefill_tokens,
                "decode_ms_per_token": run.decode_ms_per_token, "new_tokens": run.decode_tokens,
@@ -395,6 +403,7 @@ def arm_rows(data: dict, run_id: int) -> list[dict]:
                "kv_held_bytes": run.kv_held_bytes, "speedup": _speedup(data, comp, arm)}
         row.update({k: (None if agree is None else _flag_or(getattr(agree, k))) for k in
                     ("same_text", "first_divergence", "first_token_agree", "first_token_kl", "max_first_logit_diff")})
+        row["repeat"] = int(res.repeat)
         out.append(row)
     return out
 

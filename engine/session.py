@@ -248,7 +248,7 @@ class Engine:
         enc = yield from self._encode(lay, cfg)
         store.check_fits(used_keys(plan, enc), f"prompt {source}")
         enc = yield from self._fetched(plan, lay, cfg, enc)
-        prefix = (yield from self._warm(lay, cfg, keep=used_keys(plan, enc))) if _reads_prefix_cache(cfg) \
+        prefix = (yield from self._warm(lay, cfg, keep=used_keys(plan, enc))) if reads_prefix_cache(cfg) \
             else self.prefix_cache(cfg.storage) if "routed" in cfg.arms else None  # it keeps its runs there
         ctx = ArmContext(self.lm, plan, enc, store, sampling, prefix, settings=dict(cfg.arm_settings), pool=self.pool)
         result = yield from comparing(ctx, cfg.arms, cfg.decode, parks=True)
@@ -353,7 +353,7 @@ def gpu_status() -> tuple[bool, str]:
     return True, f"CUDA device: {torch.cuda.get_device_name(0)}"
 
 
-def _reads_prefix_cache(cfg: RunConfig) -> bool:
+def reads_prefix_cache(cfg: RunConfig) -> bool:
     """Whether any of the run's arms reads the prefix cache: the prefix arm, or routed with its tree path on."""
     return any(REGISTRY[a].reads == Reads.PREFIX_CACHE for a in cfg.arms) or (
         "routed" in cfg.arms and cfg.settings_of("routed").tree == "on")

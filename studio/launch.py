@@ -101,7 +101,7 @@ def serve(options: StudioOptions = StudioOptions(), block: bool = True):
     demo.queue(default_concurrency_limit=1)
     calm_queue(demo)
     if o.preload:
-        on_engine_thread_soon(_preload, engine)  # the engine thread, where every run's torch work happens
+        demo.studio.preload(on_engine_thread_soon)  # the engine thread, where every run's torch work happens
     stop = on_stop(demo) if block else None
     try:
         served = launch_options(demo, token=token, host=o.host, allow_hosts=o.allow_hosts, api=o.api,
@@ -154,11 +154,3 @@ def calm_queue(demo) -> None:
         queue.sleep_when_free = QUEUE_POLL_S
     if hasattr(queue, "progress_update_sleep_when_free"):
         queue.progress_update_sleep_when_free = PROGRESS_EVERY_S
-
-
-def _preload(engine) -> None:
-    """Load the weights now; a failure is left for the first encode or compare to report."""
-    try:
-        engine.lm
-    except Exception as err:  # noqa: BLE001 (reported again by the action that needs the model)
-        print(f"pml-studio: the model did not load in the background: {err}", file=sys.stderr, flush=True)

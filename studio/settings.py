@@ -19,6 +19,9 @@ from .errors import as_gr_error
 def radio_choices(setting: str) -> list[tuple[str, str]]:
     if setting == "arms":
         return [(view_of(arm).title, arm) for arm, _ in choices("arms")]
+    arm = next((spec.name for spec, _, s in settings_specs() if s.key == setting), None)
+    if arm is not None:  # an arm's text setting: its view's plain words (the value stays the CLI's)
+        return [(view_of(arm).words_of(setting, value), value) for value, _ in choices(setting)]
     return [(words, value) for value, words in choices(setting)]
 
 

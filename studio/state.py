@@ -15,6 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine.public import LOAD_TAKES
 from engine.config import RunConfig
 from engine.public import START_MODEL, Layout
 from engine.errors import EngineError
@@ -32,6 +33,30 @@ PENDING_MAX = 100
 # one /compare call holds the studio's single run queue: 30,000 tokens held it for hours
 MAX_NEW_TOKENS_CAP = 2048
 STOP_WAIT_S = 1.0  # a signal's stop ends within 5 s
+
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """The model's state, the one source the header's chip and the Model tab both show."""
+
+    state: str  # "loaded" | "loading" | "failed" | "waiting" (loads when a run needs it)
+    name: str
+    why: str = ""  # the failure's reason
+
+    @property
+    def chip(self) -> str:
+        """The header's words: short, and never read as loading once it is loaded."""
+        return {"loaded": "loaded", "loading": "loading…", "failed": "failed to load (Model tab)",
+                "waiting": "loads on first run"}[self.state]
+
+    @property
+    def words(self) -> str:
+        """The Model tab's words."""
+        return {"loaded": "loaded",
+                "loading": f"loading now ({LOAD_TAKES}); an Encode or Compare started meanwhile waits for it",
+                "failed": f"failed to load: {self.why}; load it again below, or another model",
+                "waiting": "not loaded yet: it loads on the first Encode or Compare (or load it now below)"}[self.state]
 
 
 @dataclass(frozen=True)
@@ -56,6 +81,8 @@ class Studio:
         self.dropped = 0
         self.log_error: str | None = None  # why the last write failed
         self._saved: list = []  # recovery files holding runs that wait in self.pending
+        self.preloading = False  # a background load is asked for or under way
+        self.load_error: str | None = None  # why the last load failed
         for line in self.recover_pending() if recover else ():
             print(line, file=sys.stderr, flush=True)
 
@@ -231,12 +258,41 @@ class Studio:
 
     def replace_engine(self, engine) -> None:
         self.engine = engine
+        self.load_error = None
         self._layouts.clear()
 
+    def preload(self, schedule) -> None:
+        """Load the weights in the background: ``schedule(fn)`` runs ``fn`` on the engine thread. Until it ends the
+        status says loading; a failure is kept for the header and the Model tab (the next run reports it again)."""
+        self.preloading = True
+        engine = self.engine
+
+        def load() -> None:
+            try:
+                engine.lm
+                self.load_error = None
+            except Exception as err:  # noqa: BLE001 (said on the page and the console; the next run raises it)
+                self.load_error = str(err) or type(err).__name__
+                print(f"pml-studio: the model did not load in the background: {err}", file=sys.stderr, flush=True)
+            finally:
+                self.preloading = False
+
+        schedule(load)
+
+    def model_status(self) -> ModelStatus:
+        engine = self.engine
+        if engine.loaded:
+            return ModelStatus("loaded", engine.lm.name)
+        name = str(engine.config.model or DEFAULT_MODEL)
+        if self.preloading or getattr(engine, "loading", False):
+            return ModelStatus("loading", name)
+        if self.load_error:
+            return ModelStatus("failed", name, self.load_error)
+        return ModelStatus("waiting", name)
+
     def status_html(self) -> str:
-        name = self.engine.lm.name if self.engine.loaded else (self.engine.config.model or DEFAULT_MODEL)
-        state = ("loaded" if self.engine.loaded else "loading…" if getattr(self.engine, "loading", False)
-                 else "loads on first run")
+        model = self.model_status()
+        name, state = model.name, model.chip
         cfg = self.engine.config
         if getattr(cfg, "dtype", None):
             state += f" · {short_dtype(cfg.dtype)} · {getattr(cfg, 'weights', 'fp32')} weights"

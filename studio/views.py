@@ -223,6 +223,11 @@ def column_html(text: str, active: bool, marker: int | None = None, reference: b
     return f'<div class="pml-output{state}">{body or "&nbsp;"}{cursor}</div>{key}'
 
 
+def not_run_html() -> str:
+    """The column of an arm that could not run: no answer to read or to set against the baseline's."""
+    return '<div class="pml-output not-run">did not run (the reason is below)</div>'
+
+
 def reuse_counts(comparison: Comparison, arm: str) -> tuple[int, int]:
     run = comparison.arm(arm).run
     return run.reused_tokens, run.prefill_tokens
@@ -232,27 +237,44 @@ def metrics_html(comparison: Comparison | None, arm: str) -> str:
     res = comparison.arm(arm) if comparison is not None else None
     if res is None:
         return '<div class="pml-metrics empty">TTFT, decode speed and memory appear here after a run.</div>'
-    if res.error:  # a remote arm whose server failed: the reason, not zeros
-        return f'<div class="pml-arm-chips"><span class="badge">{html.escape(view_of(arm).subtitle)}</span></div>' \
-            + error_html(res.error)
+    view = view_of(arm)
+    if not res.ran:  # a remote arm whose server failed: the reason, never zeros
+        return (f'<div class="pml-arm-chips"><span class="badge warn">could not run: no figures</span></div>'
+                + error_html(view.reason(res.detail, res.error)))
     run = res.run
     reused, prefilled = reuse_counts(comparison, arm)
     stored = "" if run.precomputed_tokens == reused else f" · {run.precomputed_tokens:,} stored before this run"
     chips = f'<span class="badge">{reused:,} reused · {prefilled:,} prefilled{stored}</span>'
     speedup = comparison.speedup(arm)
-    if speedup is not None:
+    if res.repeat:
+        chips += REPEAT_BADGE
+    elif speedup is not None:
         chips += speed_badge(speedup)
-    view = view_of(arm)
     for text in (view.chips(res.detail) if res.detail is not None else ()):
         chips += f'<span class="badge">{html.escape(text)}</span>'
     chips += bars_html(view.bars(res.detail) if res.detail is not None else ())
     rows = first_rows(run, arm)
     rows += [decode_row(run), ("new tokens", str(run.decode_tokens))]
+    rows += agreement_rows(res.agreement)
     rows += kv_rows(run, arm)
     rows += [("process peak", f"{run.peak_rss_bytes / MB:,.0f} MB RSS"
               + (f" · {run.cuda_peak_bytes / MB:,.0f} MB GPU" if run.cuda_peak_bytes else ""))]
     cells = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<div class="pml-arm-chips">{chips}</div><table class="pml-metrics">{cells}</table>'
+
+
+REPEAT_BADGE = ('<span class="badge repeat" title="an identical earlier request: its KV was read back, so this TTFT '
+                'times a lookup, not this arm\'s work">repeat of an earlier identical request: no speedup</span>')
+
+
+def agreement_rows(agree) -> list[tuple[str, str]]:
+    """How an arm's answer compares with the baseline's (every arm but the baseline; `pml-studio run` prints the
+    same)."""
+    if agree is None:
+        return []
+    text = "same as the baseline's" if agree.same_text else f"differs from token {agree.first_divergence}"
+    first = "agrees" if agree.first_token_agree else "differs"
+    return [("answer", text), ("first token", f"{first} · KL {agree.first_token_kl:.4f}")]
 
 
 def first_rows(run, arm: str) -> list[tuple[str, str]]:
@@ -307,7 +329,7 @@ def headline(comparison: Comparison) -> Lead | None:
     ranked = []
     for res in comparison.arms.values():
         speedup = comparison.speedup(res.arm)
-        if speedup is not None:
+        if speedup is not None and not res.repeat:  # a repeat's TTFT is a lookup's
             same = res.agreement is not None and res.agreement.same_text
             ranked.append(Lead(str(res.arm), speedup, same, is_faster(speedup)))
     if not ranked:
@@ -354,7 +376,7 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
         text = html.escape(message) if message else "Press <b>Compare</b> to run the arms on the prompt."
         return f'<div class="pml-summary idle"><span class="pml-live-message">{text}</span>{live}</div>'
     lead = headline(comparison)
-    big, sub = _lead_words(lead)
+    big, sub = _lead_words(lead, [str(a) for a, res in comparison.arms.items() if res.repeat])
     facts = []
     agree = comparison.agreement(lead.arm) if lead is not None else None
     if agree is not None:
@@ -367,6 +389,8 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
     facts.append(f'<span class="badge">{p.cached_tokens} of {p.prompt_tokens} prompt tokens in modules</span>')
     facts.append(f'<span class="badge">{html.escape(comparison.store.device)} · {html.escape(comparison.mode)}</span>')
     facts += _repair_badges(comparison)
+    facts += [f'<span class="badge repeat">{html.escape(view_of(str(a)).title)}: a repeat of an earlier identical '
+              'request (read back), not in the headline</span>' for a, res in comparison.arms.items() if res.repeat]
     facts += [f'<span class="badge history">{html.escape(fact)}</span>' for res in comparison.arms.values()
               if res.detail is not None for fact in view_of(str(res.arm)).summary_facts(res.detail)]
     slower = " slower" if lead is not None and not lead.faster else ""
@@ -375,8 +399,12 @@ def summary_html(comparison: Comparison | None, message: str = "", live: str = "
             f'<div class="facts">{"".join(facts)}{_memory_badges(comparison)}</div></div>')
 
 
-def _lead_words(lead: Lead | None) -> tuple[str, str]:
-    """(the big figure, the line under it)."""
+def _lead_words(lead: Lead | None, repeats: list[str] = ()) -> tuple[str, str]:
+    """(the big figure, the line under it); ``repeats``: the arms that read back an identical earlier request."""
+    if lead is None and repeats:
+        names = ", ".join(html.escape(view_of(a).title) for a in repeats)
+        return "repeat", (f"{names}: an identical earlier request read back, so no speedup to show; change the "
+                          "prompt to time the arms")
     if lead is None:
         return "–", "faster first token (no arm to set against the baseline)"
     title = f"<b>{html.escape(view_of(lead.arm).title)}</b>"

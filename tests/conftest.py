@@ -38,6 +38,7 @@ SLOW_FIRST = ("tests/engine/test_real_model.py", "tests/bench/test_bench_speed.p
               "tests/bench/test_bench_compression.py", "tests/engine/test_programs.py",
               "tests/engine/test_prefix.py", "tests/engine/test_prefill.py", "tests/engine/test_gguf_model.py",
               "tests/studio/test_browser_newcomer.py", "tests/studio/test_browser_honest.py",
+              "tests/studio/test_browser_trust.py",
               "tests/contract/test_architecture.py",
               "tests/engine/test_default_model.py", "tests/studio/test_shutdown.py", "tests/engine/test_weights.py",
               "tests/studio/test_api_upstream.py")

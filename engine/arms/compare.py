@@ -152,7 +152,10 @@ class Comparison:
             stem = spec.json_stem
             agree = None if arm == Arm.BASELINE else Agreement.from_json(
                 {k: data.get(f"{stem}{k}") for k in Agreement.FIELDS})
-            arms[arm] = ArmResult(arm, RunResult.from_json(arm.value, d), agree, spec.detail_from_json(d))
+            detail = spec.detail_from_json(d)
+            repeat = d.get("repeat", getattr(detail, "path", None) == "repeat")  # routed, logged before
+            arms[arm] = ArmResult(arm, RunResult.from_json(arm.value, d), agree, detail, error=d.get("error"),
+                                  repeat=bool(repeat))
         comp = data.get("compression") or {}
         store = StoreSummary(device=data.get("storage", ""), dtype=data.get("storage_dtype") or "float32",
                              nbytes=data.get("store_bytes") or 0, by_module=data.get("store_bytes_by_module") or {},

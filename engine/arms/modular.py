@@ -32,13 +32,13 @@ class ModularSettings(ArmSettings):
                           how="link-token repair (EPIC's LegoLink): the first K tokens of every module that did not "
                               "see what precedes it, and after each argument, recomputed with the question")
 
-    ape_t: float = setting(1.0, "ape_t", "APE: temperature T inside the modules",
+    ape_t: float = setting(1.0, "ape_t", "Modular cache: sharpness inside the modules (T)",
                            "below 1 the answer leans harder on each document's strongest tokens; no time added "
                            "(modular and routed arms; T = S = 1 is off)",
                            limit=Limit("ape_t", 0.1, 1.0, example="0.9"), step=0.05, metavar="T",
                            how="APE at query time (arXiv 2502.05431): the attention inside the modules at "
                                "temperature T, with ape-s")
-    ape_s: float = setting(1.0, "ape_s", "APE: scale S on the modules' attention",
+    ape_s: float = setting(1.0, "ape_s", "Modular cache: weight of the modules (S)",
                            "below 1 the answer weighs the documents less against the system text and the question; "
                            "no time added (T = S = 1 is off)",
                            limit=Limit("ape_s", 0.1, 1.0, example="0.9"), step=0.05, metavar="S",

@@ -65,7 +65,7 @@ def prefix_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
     if ctx.prefix is None:
         raise EngineError("the prefix arm needs a prefix cache (Engine.compare makes one per storage device)")
     run, reuse = yield from prefix_run(ctx)
-    return ArmResult(Arm.PREFIX, run, detail=reuse)
+    return ArmResult(Arm.PREFIX, run, detail=reuse, repeat=reuse.repeat)
 
 
 def prefix_run(ctx: DecodingContext, insert: bool = True) -> RunEvents[tuple[RunResult, PrefixReuse]]:

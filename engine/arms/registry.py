@@ -6,7 +6,7 @@ Each arm is one file in ``engine/arms/`` registering an :class:`ArmSpec`; its lo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping, TypeVar, Union
 
 import torch
@@ -150,12 +150,19 @@ class Agreement:
 
 @dataclass(frozen=True)
 class ArmResult:
-    """One arm of a comparison."""
+    """One arm of a comparison. ``error``: why it could not run (its run has no figures: every front end leaves it
+    out of them and says why); ``repeat``: it read an identical earlier request back (its TTFT is a lookup's)."""
 
     arm: Arm
     run: RunResult
     agreement: Agreement | None = None
     detail: Any = None
+    error: str | None = None
+    repeat: bool = False
+
+    def __post_init__(self):
+        if self.error is None and getattr(self.detail, "error", None):  # said in its detail only
+            object.__setattr__(self, "error", self.detail.error)
 
     @property
     def routing(self) -> Routing | None:
@@ -163,9 +170,8 @@ class ArmResult:
         return self.detail if isinstance(self.detail, Routing) else None
 
     @property
-    def error(self) -> str | None:
-        """Why the arm could not run (a remote arm's server failed), else None."""
-        return getattr(self.detail, "error", None)
+    def ran(self) -> bool:
+        return self.error is None
 
     @property
     def error_kind(self) -> str | None:
@@ -174,7 +180,7 @@ class ArmResult:
 
     def speedup_over(self, base: "ArmResult | None") -> float | None:
         """Baseline TTFT / this arm's, as ``run --json`` rounds them."""
-        if base is None or self.arm == Arm.BASELINE or self.error:
+        if base is None or self.arm == Arm.BASELINE or not self.ran or not base.ran:
             return None
         mine = round(self.run.ttft_ms, 3)
         return round(base.run.ttft_ms, 3) / mine if mine > 0 else math.inf
@@ -186,15 +192,16 @@ class ArmResult:
             out["ttft_includes_copy"] = True
         if self.detail is not None:
             out.update(self.detail.to_json())
+        out.update(ran=self.ran, error=self.error, repeat=self.repeat)
         return out
 
     def with_agreement(self, base: "ArmResult | None") -> "ArmResult":
-        if base is None or self.arm == Arm.BASELINE:
+        if base is None or self.arm == Arm.BASELINE or not self.ran:
             return self
         spec = REGISTRY.get(self.arm)
         agree = spec.agreement(base, self) if spec is not None and spec.agreement is not None \
             else Agreement.between(base.run, self.run)
-        return ArmResult(self.arm, self.run, agree, self.detail)
+        return replace(self, agreement=agree)
 
 
 @dataclass(frozen=True)

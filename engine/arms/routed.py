@@ -184,7 +184,7 @@ class _Choice:
 
 def routed_arm(ctx: DecodingContext) -> RunEvents[ArmResult]:
     run, info = yield from routed_run(ctx)
-    return ArmResult(Arm("routed"), run, detail=info)
+    return ArmResult(Arm("routed"), run, detail=info, repeat=info.path == "repeat")
 
 
 def routed_run(ctx: DecodingContext, settings: RoutedSettings | None = None, *, keep: set[str] | None = None,

@@ -63,7 +63,8 @@ def chat_pml(turns: list[Turn], how: str, codec: TextCodec, registry: PositionRe
     asked = next((t.parts for t in reversed(turns) if t.role == "user"), ()) if at is None else turns[at].parts
     short = _short(asked) if mode == "transparent" else 0
     if at is None:
-        return _noted(plain_chat(turns), short)
+        context = sum(_module(p, mode) for t in turns if t.role == "system" for p in t.parts) if mode != "plain" else 0
+        return _noted(plain_chat(turns), short, system=context)
     role = turns[at].role
     docs, lead, rest = _split(turns[at].parts, mode)
     room = _Room(turns[:at], role, codec, registry)
@@ -114,16 +115,22 @@ def _short(parts: tuple[Part, ...]) -> int:
     return sum(0 < len(p.text.strip()) < MIN_MODULE_CHARS for p in parts[:-1])
 
 
-def _noted(compiled: Compiled, short: int, no_room: int = 0) -> Compiled:
-    """``compiled`` with the parts that ran as new text, and why, in its note."""
-    if not short and not no_room:
+def _noted(compiled: Compiled, short: int, no_room: int = 0, system: int = 0) -> Compiled:
+    """``compiled`` with the parts that ran as new text, and why, in its note (``system``: document-sized parts of
+    the system message, which is context, never documents)."""
+    if not short and not no_room and not system:
         return compiled
     notes = [compiled.note] if compiled.note else []
+    if system:
+        notes.append(f"{system} part{'s' if system != 1 else ''} of the system message ran as new text, not as cached "
+                     "documents: a system message is the documents' context, never a document; send the documents as "
+                     f"text parts of a user message ({MIN_MODULE_CHARS} characters or more, or marked with "
+                     "cache_control) to cache them")
     if short:
         notes.append(f"{short} text part{'s' if short != 1 else ''} under {MIN_MODULE_CHARS} characters ran as new "
                      f"text, not as cached documents: a part is kept as a module from {MIN_MODULE_CHARS} characters "
                      "(docs/api.md says why); mark a shorter one with cache_control to cache it")
-    reasons = tuple((why, n) for why, n in (("short", short), ("no_room", no_room)) if n)
+    reasons = tuple((why, n) for why, n in (("system", system), ("short", short), ("no_room", no_room)) if n)
     return replace(compiled, note="; ".join(notes), uncached=reasons)
 
 

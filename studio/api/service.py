@@ -223,7 +223,8 @@ class ApiService:
                       total_tokens=prompt_tokens + completion,
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
         reused, encoded = module_sources(res)
-        routing = res.arm(work.arm).routing
+        answered = res.arm(work.arm)
+        routing = answered.routing
         pml = PmlInfo(arm=work.arm, mode=compiled.mode, schema_name=res.prompt.schema, modules_reused=reused,
                       modules_encoded=encoded, routed_kept=None if routing is None else list(routing.kept),
                       cached_tokens=cached, routed_path=None if routing is None else routing.path,
@@ -233,7 +234,8 @@ class ApiService:
                       decode_ms_per_token=None if run.decode_ms_per_token is None else round(run.decode_ms_per_token, 3),
                       queue_ms=round(queue_ms, 3), encode_ms=round((res.encode or {}).get("ms") or 0.0, 3),
                       decode_batch=run.decode_batch, decode_shared=run.decode_shared,
-                      note=compiled.note, store_note=(res.encode or {}).get("store_note") or "",
+                      note="; ".join(n for n in (compiled.note, arm_note(res, work.arm)) if n),
+                      repeat=answered.repeat, store_note=(res.encode or {}).get("store_note") or "",
                       uncached_documents=dict(compiled.uncached))
         pml = pml.model_copy(update={"run_id": self._log(res, compiled)})
         return Outcome(text, finish_reason(run.token_ids, stopped, tuple(engine.lm.eos_ids), sampling.max_new_tokens),
@@ -270,6 +272,23 @@ class _Seen:
                 self.job.put(Event("token", self.shown(event.text)))
         elif isinstance(event, UnitEncoded) and stream and event.unit != "already encoded":
             self.job.put(Event("progress", f"encoding {event.done}/{event.total} units: {event.unit}"))
+
+
+def arm_note(res: Comparison, arm: str) -> str:
+    """Why the answering arm reused no more than it did, where its kind of reuse explains it: the prefix arm reuses
+    only the longest start this prompt shares with a request served before; a repeat read an earlier answer back."""
+    answered = res.arm(arm)
+    if answered.repeat:
+        return ("a repeat: an earlier request compiled to the same prompt (the same documents, in any order, and the "
+                "same other text) was read back, so its TTFT is a lookup's")
+    if REGISTRY[arm].reads != Reads.PREFIX_CACHE:
+        return ""
+    reused, total = answered.run.reused_tokens, res.prompt.prompt_tokens
+    if reused >= total - 1:
+        return ""
+    return (f"the prefix arm reused {reused} of {total} prompt tokens: the longest start this prompt shares with a "
+            "request served before (the chat template's opening when nothing more matched); it reuses no document "
+            "placed after a difference, as the modular arms (cached, routed) do")
 
 
 def compile_work(work: Work, how: str, codec, schemas: SchemaBook, positions: PositionRegistry,

@@ -165,6 +165,7 @@ class PmlInfo(BaseModel):
     modules_encoded: int
     routed_kept: list[str] | None = None
     routed_path: str | None = None  # stored | partial | full | repeat | tree
+    repeat: bool = False  # an earlier request compiled to the same prompt was read back: a lookup's TTFT
     recomputed_tokens: int = 0  # never counted in cached_tokens
     routed_out_tokens: int | None = None  # the routed arm's left-out modules (in cached_tokens); null for other arms
     cached_tokens: int
@@ -178,7 +179,7 @@ class PmlInfo(BaseModel):
     run_id: int | None = None
     note: str = ""
     store_note: str = ""  # why modules encoded for this answer were not saved to disk (a full disk): memory only
-    uncached_documents: dict[str, int] = {}  # reason ("short", "no_room") -> text parts that ran as new text
+    uncached_documents: dict[str, int] = {}  # reason ("system", "short", "no_room") -> parts that ran as new text
 
 
 class ChatMessage(BaseModel):

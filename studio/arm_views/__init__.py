@@ -30,6 +30,11 @@ class View:
     progress: str = ""  # what the page says while the arm runs
     token_class: tuple[str, str] | None = None  # (name, legend) of its recomputed tokens in the token view
     copy_label: str = "KV copy (in TTFT)"
+    choice_words: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (setting key, ((value, words), ...))
+
+    def words_of(self, key: str, value: str) -> str:
+        """A text setting's choice in plain words (the value itself when the view has none)."""
+        return dict(dict(self.choice_words).get(key, ())).get(value, value)
 
     def chips(self, detail: Any) -> list[str]:
         """Short facts under the arm's column (and in `pml-studio run`'s text)."""
@@ -42,6 +47,10 @@ class View:
     def bars(self, detail: Any) -> list[Bar]:
         return []
 
+    def reason(self, detail: Any, error: str) -> str:
+        """Why the arm could not run, in the studio's words: a CLI option is named as the control that sets it."""
+        return in_studio_words(error)
+
     def marks(self, detail: Any, plan) -> dict[str, set[int]]:
         """Token view classes of its own: {token class: positions}."""
         return {}
@@ -50,6 +59,16 @@ class View:
         title = self.title or self.arm.replace("_", " ").capitalize()
         return replace(self, title=title, color=self.color or _palette(self.arm),
                        progress=self.progress or f"{title}: running…")
+
+
+def in_studio_words(text: str) -> str:
+    """``text`` with each arm setting's CLI option (``--vllm-url``) named as its studio control (“vLLM: server
+    URL”, in its arm's settings beside the Arms)."""
+    from engine.public import settings_specs
+
+    for _, _, s in settings_specs():
+        text = text.replace(f"--{s.key.replace('_', '-')}", f"“{s.title}”")
+    return text
 
 
 VIEWS: dict[str, View] = {}

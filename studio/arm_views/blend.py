@@ -12,4 +12,8 @@ class BlendView(View):
 
 register(BlendView("blend", "Blend", "module KV reused, the most deviating share recomputed", "#be185d",
                    "Blend: choosing the deviating tokens, recomputing them with the rest…",
-                   token_class=("blended", "recomputed by blend (chosen by deviation / rule)")))
+                   token_class=("blended", "recomputed by blend (chosen by deviation / rule)"),
+                   choice_words=(("blend_rule", (("deviation", "most changed"), ("deviation-k", "most changed keys"),
+                                                 ("deviation-v", "most changed values"), ("link", "link tokens"),
+                                                 ("question", "what the question reads"), ("mixed", "a mix"),
+                                                 ("random", "random (a control)"))),)))

@@ -1,8 +1,10 @@
 """The vLLM arm's look: a remote server that reuses prefixes only; what it reported, or why it could not run."""
 
-from engine.public import VllmRun
+from engine.public import URL_ENV, VllmRun, VllmSettings
 
 from . import View, register
+
+URL_TITLE = next(s.title for _, s in VllmSettings.declared() if s.key == "vllm_url")
 
 
 class VllmView(View):
@@ -12,6 +14,12 @@ class VllmView(View):
         return [f"{detail.served_model} at {detail.url}: {detail.server_cached_tokens:,} of "
                 f"{detail.prompt_tokens:,} prompt tokens cached (vLLM's count, whole blocks); TTFT at the "
                 "client; agreement over vLLM's top 20 first tokens"]
+
+    def reason(self, detail: VllmRun, error: str) -> str:
+        if not detail.url:  # no server named: the field that names one
+            return (f"no vLLM server given: enter its URL in “{URL_TITLE}” (vLLM: settings, beside the Arms), or "
+                    f"start the studio with ${URL_ENV} set; make vllm-serve starts a server")
+        return super().reason(detail, error)
 
 
 register(VllmView("vllm", "vLLM", "remote · reuses prefixes only", "#15803d",

@@ -23,8 +23,8 @@ from ..live import RUNS
 from ..settings import Panel
 from ..state import Studio
 from ..streaming import in_thread
-from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, prefix_stop,
-                     stopped_html, summary_html, token_marks, token_view_html)
+from ..views import (column_html, first_token_html, head_html, logged_html, metrics_html, not_run_html, note_html,
+                     prefix_stop, stopped_html, summary_html, token_marks, token_view_html)
 from .editors import Editors, Step
 
 
@@ -46,6 +46,7 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
                                 info="0 = greedy (default); applies to every arm")
         button = gr.Button("Compare", variant="primary", scale=1, elem_id="compare-btn", interactive=False)
         stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="compare-stop")
+    stopped_note = gr.HTML("", elem_id="stop-note")  # what a Stop did when no Compare was running
     arm_controls(studio, panel)
     summary = gr.HTML(summary_html(None), elem_id="compare-summary")
     columns = []
@@ -66,8 +67,10 @@ def build(studio: Studio, editors: Editors, panel: Panel, status: gr.HTML) -> Co
     stream = Step(_streamer(studio, panel), inputs, outputs)
     # no progress overlay: its animations took CPU from the decoding
     run = button.click(*stream, api_visibility="private", show_progress="hidden")
+    button.click(lambda: "", None, stopped_note, queue=False, show_progress="hidden")
     # outside the queue, which the Compare holds; cancels=[run] also drops a Compare still waiting
-    stop.click(stop_ui, None, [summary] + columns, queue=False, cancels=[run], api_visibility="private", show_progress="hidden")
+    stop.click(stop_ui, None, [summary] + columns + [stopped_note], queue=False, cancels=[run], api_visibility="private",
+               show_progress="hidden")
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     _api(studio)
     return CompareTab(max_new, temperature, run, stream)
@@ -137,6 +140,7 @@ class CompareUpdate:
 
 
 STOPPED = "Stopped: the partial run is not in the run log."
+NOTHING_TO_STOP = "Nothing to stop: no Compare of this page is running."
 DECODING = "Every arm has its first token (TTFTs below); decoding…"
 
 # between two updates through Gradio when no page fetches the texts itself (studio/live.py says why)
@@ -220,8 +224,14 @@ def _on_engine(live, event) -> bool:
 
 def _encoding(event) -> str:
     if isinstance(event, Warming):
-        return f"Encoding modules 0/1: warming the prefix cache ({event.tokens} tokens, schema order)"
+        return warming_words(event.tokens)
     return f"Encoding modules {event.done}/{event.total}: {event.unit}"
+
+
+def warming_words(tokens: int) -> str:
+    """What the run does while the prefix cache is warmed (no module is encoded then)."""
+    return (f"Warming the prefix cache: prefilling the schema's {tokens:,} tokens in schema order, once per schema, as "
+            "a server that had served this schema would hold them (in no arm's TTFT)…")
 
 
 async def cancellable(work, *args):
@@ -279,7 +289,7 @@ def divergence_offsets(studio: Studio, comparison) -> dict[str, int | None]:
     first: dict[str, int] = {}
     for arm, res in comparison.arms.items():
         arm, run = arm.value, res.run
-        k = None if arm == "baseline" else first_divergence(base.token_ids, run.token_ids)
+        k = None if arm == "baseline" or not res.ran else first_divergence(base.token_ids, run.token_ids)
         if k is not None:
             first[arm] = k
             out[arm] = _chars(studio, run, k)
@@ -297,14 +307,14 @@ def stop_ui(request: gr.Request):
     """Stop the session's run and end every column in a stopped state at once (the run's own last update may never
     come: the Stop cancels it): the summary, then (column, text, figures) per arm."""
     asked = RUNS.stop(getattr(request, "session_hash", None) or "")
-    if not asked:
-        return (gr.skip(),) * (1 + 3 * len(arm_views()))
+    if not asked:  # said beside the button, the last run's figures left as they are
+        return (gr.skip(),) * (1 + 3 * len(arm_views())) + (note_html(NOTHING_TO_STOP),)
     run = asked[-1]
     cols = []
     for view in arm_views():
         cols += [gr.skip(), column_html(run.texts.get(view.arm, ""), False, stopped=True), stopped_html(run.firsts.get(view.arm),
                                                                                           view.arm)]
-    return (summary_html(None, STOPPED), *cols)
+    return (summary_html(None, STOPPED), *cols, "")
 
 
 def _streamer(studio: Studio, panel: Panel):
@@ -341,9 +351,10 @@ def _stream_ui(studio: Studio, panel: Panel, schema_text, prompt_text, max_new, 
             marks = divergence_offsets(studio, comparison)
             cols = []
             for view in arm_views():
-                ran = comparison.arm(view.arm) is not None
-                text = column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm), view.arm == "baseline")
-                cols += [gr.Column(visible=ran), text, metrics_html(comparison, view.arm)]
+                res = comparison.arm(view.arm)
+                text = column_html(upd.texts.get(view.arm, ""), False, marks.get(view.arm), view.arm == "baseline") \
+                    if res is None or res.ran else not_run_html()
+                cols += [gr.Column(visible=res is not None), text, metrics_html(comparison, view.arm)]
             tokens = token_view_html(comparison.plan, studio.decode_token, token_marks(comparison),
                                      prefix_stop(comparison))
             yield (summary_html(comparison) + logged_html(upd.logged), *cols, tokens, upd.result, studio.status_html())

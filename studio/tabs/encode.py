@@ -24,7 +24,10 @@ from ..views import MB, MIB, cards_html, memory_html, note_html, retention_text
 from .editors import Editors
 
 ENTRY_HEADERS = ["store entry", "tokens", "MB", "KB / token"]
-UNIT_HEADERS = ["unit", "kind", "tokens", "obtained from", "ms"]
+UNIT_HEADERS = ["unit", "kind", "tokens encoded", "obtained from", "ms", "stored as (tokens)"]
+UNITS_NOTE = ("A unit is one encoding pass. A nested module or a union member is encoded after the modules it sits in "
+              "(and a union's scaffold member), so its pass counts their tokens too; only its own tokens are stored, "
+              "as the last column and Store entries say.")
 GPU_PATHS_NOTE = ("pinned storage, layer-wise copies and CUDA graphs apply only where the model computes on CUDA "
                   "(off: CUDA only on a CPU; the Model tab says which are on)")
 SOURCE_LABELS = {"memory": "memory", "disk": "disk", "encoded": "fresh encode"}
@@ -44,6 +47,7 @@ REPAIR_NOTE = ("**Repair** brings answers closer to the baseline's where modules
                "first token: the recomputed tokens are marked in Compare's token view and their cost is inside the "
                "cached TTFT. K = 0 is the plain cached path, bit for bit.\n\n"
                "EPIC's link-token recompute (LegoLink).")
+ENCODING = "Encoding this schema… (its figures appear here when it is done)"
 ENCODE_NOTE = ("Encoding stores the KV of every module. It runs again only when the schema, model, mode or storage "
                "settings changed; modules saved on disk are loaded instead of encoded.")
 
@@ -59,6 +63,7 @@ def build(studio: Studio, editors: Editors, status: gr.HTML) -> EncodeTab:
     summary = gr.HTML(note_html(ENCODE_NOTE))
     units = gr.Dataframe(headers=UNIT_HEADERS, interactive=False, elem_id="unit-table", max_height=360,
                          label="Units: where each came from, and how long it took", wrap=True)
+    gr.Markdown(UNITS_NOTE, elem_classes=["pml-note"], elem_id="units-note")
     with gr.Accordion("Module memory: budget, persistence, store entries", open=True, elem_id="module-memory"):
         with gr.Row(equal_height=True):
             panel.widgets["budget_mib"] = gr.Number(
@@ -80,7 +85,10 @@ def build(studio: Studio, editors: Editors, status: gr.HTML) -> EncodeTab:
         view = encode(studio, schema_text, panel.values(values), report)
         return view.summary, view.entries, view.units, view.memory, studio.status_html()
 
-    button.click(on_encode, [editors.schema] + panel.inputs, [summary, entries, units, memory, status])
+    outputs = [summary, entries, units, memory]
+    # the last schema's figures leave at the click, before the model or the encoding is waited for
+    button.click(lambda: (note_html(ENCODING), [], [], note_html(ENCODING)), None, outputs, queue=False,
+                 show_progress="hidden").then(on_encode, [editors.schema] + panel.inputs, outputs + [status])
     editors.schema_ok.change(lambda ok: gr.update(interactive=ok), editors.schema_ok, button, show_progress="hidden")
     storage = panel.widgets["storage"]
     storage.input(lambda s: memory_defaults(studio, s)["budget_mib"], storage, panel.widgets["budget_mib"],
@@ -180,9 +188,23 @@ def encode(studio: Studio, schema_text: str, settings: dict | None = None,
              ("per token", f"{per_token:.4f} MB"), ("encode time", f"{res.encoded.encode_ms / 1000:.2f} s"),
              ("storage", f"{res.encoded.device} · {short_dtype(res.encoded.dtype)}"),
              ("retention", retention_text(cfg.compression.retention, cfg.compression.method))]
-    unit_rows = [[u.name, u.kind, u.tokens, SOURCE_LABELS.get(u.source, u.source), round(u.ms, 1)] for u in units]
+    stored = stored_as(res.encoded, tokens)
+    unit_rows = [[u.name, u.kind, u.tokens, SOURCE_LABELS.get(u.source, u.source), round(u.ms, 1),
+                  ", ".join(stored.get(k, k) for k in u.keys)] for u in units]
     return EncodeView(cards_html(cards, state), entries, unit_rows, memory_html(before, store.stats()), counts,
                       dict(res.bytes_by_module))
+
+
+def stored_as(encoded, tokens: dict) -> dict[str, str]:
+    """{store key: "entry (its tokens)"}: what each unit's pass left in the store."""
+    names = {key: name for name, key in {**encoded.module_keys, **encoded.scaffold_keys}.items()}
+    by_name = {str(name): n for name, n in tokens.items()}
+    out = {}
+    for key, name in names.items():
+        shown = str(name) or "(anonymous)"
+        n = by_name.get(shown)
+        out[key] = shown if n is None else f"{shown} ({n})"
+    return out
 
 
 def memory_defaults(studio: Studio, storage: str | None = None) -> dict:

@@ -27,10 +27,10 @@ from .schema import SchemaTab
 # what each arm reused from a cache is in its own cell
 RUN_HEADERS = ["id", "time (UTC)", "schema", "model", "storage · mode", "prompt tokens"]
 # each column's least width, in characters: the longest word its header or cells hold
-RUN_CHARS = [5, 10, 10, 14, 10, 8]
-ARM_CHARS = 11
-CHAR_PX, PAD_PX = 8.4, 16  # Gradio's table: 14 px monospace, 8 px padding each side
-TABLE_PX = 1215  # in a 1,400 px window (tools/screenshot.py's VIEWPORT)
+RUN_CHARS = [5, 10, 10, 14, 11, 8]
+ARM_CHARS = 10  # "identical", "diverges", "Baseline"
+CHAR_PX, PAD_PX = 8.5, 16  # Gradio's table: 14 px monospace (8.43 px a character), 8 px padding each side
+TABLE_PX = 1200  # at least (assets/studio.css #history-table): a narrower window scrolls it sideways
 
 
 def headers() -> list[str]:
@@ -57,7 +57,8 @@ def build(studio: Studio, tabs: gr.Tabs, tab: gr.Tab, editors: Editors, schema: 
         refresh_btn = gr.Button("Refresh", size="md", scale=1)
         export = gr.DownloadButton("Export CSV", size="md", scale=1)
     notice = gr.HTML(notice_html(studio), elem_id="history-notice")
-    table = runs_table()
+    with gr.Column(elem_id="history-table-box"):  # scrolls sideways where the window is narrower than the table
+        table = runs_table()
     with gr.Row(elem_classes=["pml-toolbar"]):
         run_id = gr.Textbox(label="Selected run", placeholder="click a row in the table", scale=1,
                             elem_id="selected-run")
@@ -108,11 +109,16 @@ def rows(studio: Studio, schema: str | None = None) -> list[list]:
 
 
 def arm_cell(arm: dict | None) -> str:
-    """'812 ms · 6.1× · same · 348 reused' from an arm row; '–' for an arm that did not run."""
+    """'812 ms · 6.1× faster · same · 348 reused' from an arm row; '–' for an arm not asked for; 'not run: why' for one
+    that could not run; a repeat says so instead of a speedup."""
+    if arm and arm.get("error"):  # its first clause; the run's detail below the table has the whole reason
+        return f"not run: {arm['error'].split(': ')[0].split('; ')[0]}"
     if not arm or arm.get("ttft_ms") is None:
         return "–"
     parts = [_ms(arm["ttft_ms"])]
-    if arm.get("speedup") is not None:
+    if arm.get("repeat"):
+        parts.append("repeat of an earlier identical request")
+    elif arm.get("speedup") is not None:
         parts.append(speed_words(arm["speedup"]))
     if arm.get("same_text") is not None:
         parts.append("same" if arm["same_text"] else f"diverges at {arm['first_divergence']}")
@@ -127,7 +133,8 @@ def run_detail(studio: Studio, run_id) -> str:
         comparison = Comparison.from_json(json.loads(row["result_json"] or "{}"))
     except (ValueError, TypeError, KeyError) as err:
         return views.error_html(f"run {row['id']} has no readable result document ({err}); re-run it")
-    cells = "".join(f'<div class="pml-col {v.arm}">{views.head_html(v)}{views.column_html(res.run.text, False)}'
+    cells = "".join(f'<div class="pml-col {v.arm}">{views.head_html(v)}'
+                    f'{views.column_html(res.run.text, False) if res.ran else views.not_run_html()}'
                     f"{views.metrics_html(comparison, v.arm)}</div>"
                     for v in arm_views() if (res := comparison.arm(v.arm)) is not None)
     return f'{views.summary_html(comparison)}<div class="pml-history-arms">{cells}</div>'
@@ -143,8 +150,8 @@ def plot_points_of(runs: list[dict]):
     titles = {v.arm: v.title for v in arm_views()}
     points = []
     for r in runs:
-        for arm, figures in r["arms"].items():
-            if figures.get("ttft_ms") is not None:
+        for arm, figures in r["arms"].items():  # a repeat's TTFT is a lookup's, not the arm's: left out
+            if figures.get("ttft_ms") is not None and not figures.get("error") and not figures.get("repeat"):
                 points.append([r["prompt_tokens"], round(figures["ttft_ms"]), titles.get(arm, arm), r["id"],
                                r["schema_name"]])
     return pd.DataFrame(points, columns=PLOT_COLUMNS)
@@ -155,16 +162,19 @@ def plot_update(points) -> gr.ScatterPlot:
     whole tokens and ",d" prints "423 423 424"), padded so that no point sits on an edge."""
     if points.empty:
         return gr.ScatterPlot(value=points, x_lim=None, y_lim=None)
-    return gr.ScatterPlot(value=points, x_lim=axis_limits(points["prompt tokens"]),
+    return gr.ScatterPlot(value=points, x_lim=axis_limits(points["prompt tokens"], floor=0),
                           y_lim=axis_limits(points["TTFT ms"], floor=0))
 
 
 def axis_limits(values, floor: float | None = None) -> list[float]:
-    """[low, high] around ``values``: a tenth of their span (at least MIN_SPAN / 2) on each side."""
+    """[low, high] around ``values``: a tenth of their span (at least MIN_SPAN / 2) on each side, never below
+    ``floor``; cut there, the span still MIN_SPAN."""
     lo, hi = float(values.min()), float(values.max())
     pad = max((hi - lo) / 10, MIN_SPAN / 2)
     lo, hi = math.floor(lo - pad), math.ceil(hi + pad)
-    return [lo if floor is None else max(floor, lo), hi]
+    if floor is not None and lo < floor:
+        lo, hi = floor, max(hi, floor + MIN_SPAN)
+    return [lo, hi]
 
 
 def schemas(studio: Studio) -> list[str]:
@@ -186,8 +196,15 @@ def open_run(studio: Studio, run_id) -> dict:
 
 
 def stored_settings(row: dict) -> dict:
-    return {"storage": row["storage"], "mode": row["mode"], "storage_dtype": row.get("storage_dtype") or "float32",
-            "retention": row.get("retention") or 1.0, "method": row.get("compression_method") or "pyramid"}
+    """The run's settings as the panel's widgets take them; its arms too, so that a Re-run runs the run's columns."""
+    from engine.public import REGISTRY
+
+    out = {"storage": row["storage"], "mode": row["mode"], "storage_dtype": row.get("storage_dtype") or "float32",
+           "retention": row.get("retention") or 1.0, "method": row.get("compression_method") or "pyramid"}
+    arms = [a for a in row.get("arms") or () if a in REGISTRY]  # an arm since removed cannot run again
+    if arms:
+        out["arms"] = arms
+    return out
 
 
 def export_csv(studio: Studio, schema: str | None, folder: str | Path) -> str:

@@ -46,26 +46,31 @@ def build(studio: Studio, tab: gr.Tab, schema: SchemaTab, prompt: PromptTab, sta
     load_folder_btn.click(load, folder, [table, status]).then(*schema.validate).then(*prompt.preview)
     tab.select(lambda: (model_html(studio), gr.Button(**load_button(studio))), None, [table, load_btn],
                show_progress="hidden")
-    # the header follows the background load; the timer stops when no load is under way
+    # the header and this tab follow the background load together (one status, Studio.model_status); the timer
+    # stops once the model is loaded
     watch = gr.Timer(STATUS_EVERY_S, active=not studio.engine.loaded)
-    watch.tick(partial(status_tick, studio), None, [status, watch], show_progress="hidden")
+    watch.tick(partial(status_tick, studio), None, [status, watch, table, load_btn], show_progress="hidden")
 
 
 
 def load_button(studio: Studio) -> dict:
-    if studio.engine.loaded:
-        return {"value": "Model loaded (load it again)", "variant": "secondary"}
-    return {"value": "Load model now", "variant": "primary"}
+    state = studio.model_status().state
+    if state == "loaded":
+        return {"value": "Model loaded (load it again)", "variant": "secondary", "interactive": True}
+    if state == "loading":
+        return {"value": "Loading the model…", "variant": "secondary", "interactive": False}
+    return {"value": "Load model now", "variant": "primary", "interactive": True}
 
 
 STATUS_EVERY_S = 2.0  # each look costs the page one Gradio message
 
 
 def status_tick(studio: Studio):
-    """The header's model chip, looked at until the model is loaded: "loading…" can come and go before the load (the
-    tokenizer's load holds the same lock), so a tick that stopped on it would leave the header behind the tab."""
+    """The header's model chip, this tab's facts and its load button, looked at until the model is loaded: "loading…"
+    can come and go before the load (the tokenizer's load holds the same lock), so a tick that stopped on it would
+    leave the page behind the load."""
     loaded = studio.engine.loaded  # once: the chip and the timer must agree
-    return studio.status_html(), gr.Timer(active=not loaded)
+    return studio.status_html(), gr.Timer(active=not loaded), model_html(studio), gr.Button(**load_button(studio))
 
 
 # where the packed weights came from at this load (LoadedModel.weights_from)
@@ -82,12 +87,13 @@ def model_info(studio: Studio) -> list[list]:
     engine = studio.engine
     ok, why = gpu_status()
     rows = [["model", engine.config.model or f"{DEFAULT_MODEL} (default)"],
-            ["status", "loaded" if engine.loaded else "not loaded yet (loads on first encode or compare)"]]
+            ["status", studio.model_status().words]]
     if engine.loaded:
         info = info_document(engine.info())  # in the words `pml-studio info` uses
         info.update(info_words(info))
         paths = gpu_paths(info["device"], engine.lm.model)
-        rows += [["name", info["model"]], ["device", info["device"]], ["dtype", info["dtype"]],
+        rows += [["name", info["model"]], ["device", info["device"]],
+                 ["dtype (activations, KV cache)", info["dtype"]],
                  ["weights", f"{info['weights']} ({info['weight_bytes'] / 2**20:,.0f} MiB of linear weights"
                   + WEIGHTS_FROM.get(info.get("weights_from", ""), "") + ")"],
                  ["weight kernels", info.get("weight_kernels", "")],
@@ -118,12 +124,16 @@ def prefill_words(info: dict) -> str:
 
 
 def packaged_choices() -> list[tuple[str, str]]:
-    from engine.public import packaged_models
+    """(label, key) per packaged model: its name, its role (the studio's default, the tests' small model) and
+    whether it is ready. The key ``default`` names the tests' model, never the studio's default."""
+    from engine.public import START_MODEL, TESTS_MODEL, packaged_models
 
+    roles = {START_MODEL: "the studio's default", TESTS_MODEL: "small, the tests' model"}
     out = []
     for m in packaged_models():
         state = "ready" if m["converted"] else "installed, converts on load" if m["installed"] else "not installed"
-        out.append((f"{m['key']} · {state}", m["key"]))
+        role = f" · {roles[m['key']]}" if m["key"] in roles else ""
+        out.append((f"{m['name']}{role} · {state}", m["key"]))
     return out
 
 
@@ -157,6 +167,7 @@ def load_model(studio: Studio, folder: str | None) -> list[list]:
         if not (folder and folder.strip()):
             with as_gr_error("loading the model"):
                 studio.engine.lm
+            studio.load_error = None
             return model_info(studio)
         path = Path(folder.strip()).expanduser()
         if not readable_model(path):

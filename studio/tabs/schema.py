@@ -104,7 +104,9 @@ def validate(studio: Studio, schema_text: str) -> Validation:
     except EngineError as err:
         problems, lines = problem_lines(err, schema_text or "")
         return Validation(False, "", tuple(problems), tuple(lines), (), 0, count=problem_count(err))
-    rows = tuple((r["module"] + (" (union member)" if r["union"] else ""), f"{r['start']}–{r['end']}", r["tokens"],
+    # a nested module's path may break after each "/" (a zero-width space), never inside a name, never clipped
+    rows = tuple((r["module"].replace("/", "/\u200b") + (" (union member)" if r["union"] else ""),
+                  f"{r['start']}–{r['end']}", r["tokens"],
                   r["params"], "yes" if r["cache"] else "no (cache=false)") for r in lay.rows())
     return Validation(True, lay.name, (), (), rows, lay.length, spec_of(lay))
 

@@ -74,3 +74,61 @@ def test_an_event_the_studio_does_not_have_gets_a_reason_not_a_traceback(served,
         answer = httpx.post(f"http://127.0.0.1:{port}/gradio_api/queue/join", json=body, headers=AUTH)
     assert answer.status_code == 410 and "reload the page" in answer.json()["detail"], answer.text
     assert "Exception in ASGI application" not in caplog.text and "KeyError" not in caplog.text
+
+
+# -- issue 74: why nothing was reused, and a repeat named as one ---------------------------------------------------
+
+LONG = [s * 3 for s in SNIPPETS]  # documents of 300+ characters
+
+
+def _ask(client, messages, arm: str):
+    return client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0, messages=messages,
+                                          extra_body={"pml": {"arm": arm}})
+
+
+def test_documents_in_the_system_message_are_said_to_run_as_new_text(served):
+    """Long documents sent as the system message: the request is plain (a system message is context, never a
+    document) and nothing is cached; the note says so and where to send them (it was empty)."""
+    client, port = served
+    before = _metric(port, "system")
+    got = _ask(client, [{"role": "system", "content": LONG[0]}, {"role": "user", "content": "Which ferry is first?"}],
+               "cached")
+    pml = got.model_extra["pml"]
+    assert pml["mode"] == "plain" and got.usage.prompt_tokens_details.cached_tokens == 0
+    assert "system message" in pml["note"] and "user message" in pml["note"], pml["note"]
+    assert pml["uncached_documents"] == {"system": 1} and _metric(port, "system") - before == 1
+
+
+def test_the_prefix_arm_says_why_it_reused_only_a_prefix(served):
+    """arm=prefix on documents never served in that order reuses only the chat template's opening; the note says
+    the prefix arm reuses the longest start shared with an earlier request (it was empty at 3 tokens cached)."""
+    client, _ = served
+    got = _ask(client, [{"role": "user", "content": [{"type": "text", "text": t} for t in
+                                                     (LONG[3], LONG[1], "Which ferry leaves last?")]}], "prefix")
+    pml, cached = got.model_extra["pml"], got.usage.prompt_tokens_details.cached_tokens
+    assert cached < got.usage.prompt_tokens - 1
+    assert f"the prefix arm reused {cached} of {got.usage.prompt_tokens} prompt tokens" in pml["note"], pml["note"]
+
+
+def test_documents_sent_again_in_another_order_are_a_repeat_as_the_docs_define_it(served):
+    """The same documents in another order compile to the same prompt (their positions are fixed), so the routed
+    arm reads the earlier answer back: the answer says it is a repeat, and docs/api.md defines "repeat" so (it said
+    "an identical earlier request"); another question over the same documents is no repeat."""
+    from tests.conftest import ROOT
+
+    client, _ = served
+    question = {"type": "text", "text": "Which ferry takes forty minutes?"}
+    first = _ask(client, [{"role": "user", "content": [{"type": "text", "text": t} for t in LONG[:3]] + [question]}],
+                 "routed").model_extra["pml"]
+    assert first["repeat"] is False and first["routed_path"] != "repeat"
+    again = _ask(client, [{"role": "user", "content": [{"type": "text", "text": t} for t in
+                                                       (LONG[2], LONG[0], LONG[1])] + [question]}], "routed")
+    pml = again.model_extra["pml"]
+    assert pml["routed_path"] == "repeat" and pml["repeat"] is True
+    assert "a repeat" in pml["note"] and "in any order" in pml["note"], pml["note"]
+    other = _ask(client, [{"role": "user", "content": [{"type": "text", "text": t} for t in LONG[:3]]
+                           + [{"type": "text", "text": "Which ferry leaves at nine?"}]}], "routed").model_extra["pml"]
+    assert other["repeat"] is False
+    api_md = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    row = next(line for line in api_md.splitlines() if line.startswith("| `routed_path`"))
+    assert "`repeat` (an earlier request compiled to the same prompt" in row and "in any order" in row, row

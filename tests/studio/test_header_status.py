@@ -11,12 +11,12 @@ from tests.studio_fixtures import studio  # noqa: F401 (fixture)
 
 def test_the_header_keeps_looking_until_the_model_is_loaded(studio, monkeypatch):
     monkeypatch.setattr(studio, "engine", SimpleNamespace(loaded=False, loading=True, config=studio.engine.config,
-                                                          lm=studio.engine.lm))
-    chip, timer = mdl.status_tick(studio)
+                                                          lm=studio.engine.lm, info=studio.engine.info))
+    chip, timer, *_ = mdl.status_tick(studio)
     assert "loading…" in chip and timer.active
     studio.engine.loading = False  # the tokenizer loaded; the model's load has not started yet
-    chip, timer = mdl.status_tick(studio)
+    chip, timer, *_ = mdl.status_tick(studio)
     assert "loaded" not in chip.replace("loads on", "") and timer.active  # the old timer stopped here, for good
     studio.engine.loaded = True
-    chip, timer = mdl.status_tick(studio)
+    chip, timer, *_ = mdl.status_tick(studio)
     assert "· loaded" in chip and not timer.active

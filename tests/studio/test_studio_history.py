@@ -54,7 +54,7 @@ def test_history_rows_plot_export_and_reopen(studio, travel, tmp_path):
     row = hist.open_run(studio, str(rows[0][0]))
     assert row["schema_text"] == schema and row["prompt_text"] == prompt
     assert hist.stored_settings(row) == {"storage": "cpu", "mode": "contextual", "storage_dtype": "float16",
-                                         "retention": 1.0, "method": "pyramid"}
+                                         "retention": 1.0, "method": "pyramid", "arms": ["baseline", "prefix", "cached"]}
     for bad, match in (("", "select a run"), (None, "select a run"), ("abc", "not a run id"), ("999", "no run 999")):
         with pytest.raises(gr.Error, match=match):
             hist.open_run(studio, bad)

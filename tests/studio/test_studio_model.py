@@ -41,7 +41,7 @@ def test_model_panel_does_not_load_a_model(tmp_path):
 
 def test_model_panel_with_a_loaded_model(studio, tiny_lm):
     rows = dict(mdl.model_info(studio))
-    assert rows["name"] == "tiny-llama" and rows["dtype"] == "float32"
+    assert rows["name"] == "tiny-llama" and rows["dtype (activations, KV cache)"] == "float32"
     assert int(rows["KV bytes per token"].replace(",", "")) == studio.engine.kv_bytes_per_token()
     assert rows["layers · KV heads · head dim"] == "2 · 2 · 16"
 

@@ -35,7 +35,7 @@ def test_a_failed_server_is_its_reason_in_the_column(tiny_engine, monkeypatch):
     comp = tiny_engine.compare(SCHEMA, PROMPT, Sampling(max_new_tokens=2),
                                config=tiny_engine.config.with_(arms=("baseline", "vllm")))
     cell = views.metrics_html(comp, "vllm")
-    assert "--vllm-url" in cell and "TTFT" not in cell
+    assert "vLLM: server URL" in cell and "--vllm-url" not in cell and "TTFT" not in cell  # the page's own field
     assert "TTFT" in views.metrics_html(comp, "baseline")
     lead = views.headline(comp)
     assert lead is None or lead.arm != "vllm"  # a failed arm is never set against the baseline

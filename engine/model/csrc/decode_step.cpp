@@ -10,7 +10,9 @@
 //   RMSNorm(x) = w * (x * rsqrt(mean(x^2) + eps));  rope: x * cos + rotate_half(x) * sin
 // Each row is one run at its own length in its own lease: its new key and value are written at slot
 // ``starts[row] + lengths[row]`` and its query attends to its lease's keys 0 .. lengths[row] (no other slot is read).
-#include <torch/extension.h>
+#include <torch/types.h>  // torch::Tensor and the ATen ops (not torch/extension.h: its nn, optim and data headers
+                           // took a third of the build)
+#include <torch/csrc/utils/pybind.h>  // pybind11 with torch's tensor casters
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

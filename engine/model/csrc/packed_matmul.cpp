@@ -18,7 +18,9 @@
 // int8 in groups (a GGUF's Q8_0 and Q6_K blocks): the int8 layout, with a scale per row and group of 16 or 32
 //   columns ([N/16, K/group, 16], fp16 or float32) instead of per row: each group's int32 sums are scaled into
 //   the float sums as the group ends.
-#include <torch/extension.h>
+#include <torch/types.h>  // torch::Tensor and the ATen ops (not torch/extension.h: its nn, optim and data headers
+                           // took a third of the build)
+#include <torch/csrc/utils/pybind.h>  // pybind11 with torch's tensor casters
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
