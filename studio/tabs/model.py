@@ -104,6 +104,7 @@ def model_info(studio: Studio) -> list[list]:
                  ["parameters", f"{info['parameters']:,}"],
                  ["layers · KV heads · head dim", f"{info['layers']} · {info['kv_heads']} · {info['head_dim']}"],
                  ["KV bytes per token", f"{info['kv_bytes_per_token']:,}"],
+                 ["KV pool (runs' decode KV)", kv_pool_words(info["kv_pool"])],
                  ["context", f"{info['max_positions']:,} positions"],
                  ["architecture", f"{info['architecture']} ({info['model_type']})"],
                  ["attention", info["attention_path"]],
@@ -115,6 +116,14 @@ def model_info(studio: Studio) -> list[list]:
     rows += [["GPU storage", why if ok else "unavailable: " + gpu_explanation(why)],
              ["run log", str(studio.runlog.path)]]
     return rows
+
+
+def kv_pool_words(pool: dict) -> str:
+    """The engine's KV pool in a line: its budget, the slots it holds now and the most it held."""
+    return (f"budget {pool['budget_bytes'] / 2**20:,.0f} MiB ({pool['tokens']:,} tokens; "
+            "--kv-budget-mb sets it); "
+            f"{pool['used_tokens']:,} tokens leased by {pool['leases']} run(s) now, "
+            f"{pool['peak_tokens']:,} at most so far")
 
 
 def prefill_words(info: dict) -> str:

@@ -44,6 +44,9 @@ def test_model_panel_with_a_loaded_model(studio, tiny_lm):
     assert rows["name"] == "tiny-llama" and rows["dtype (activations, KV cache)"] == "float32"
     assert int(rows["KV bytes per token"].replace(",", "")) == studio.engine.kv_bytes_per_token()
     assert rows["layers · KV heads · head dim"] == "2 · 2 · 16"
+    pool = studio.engine.pool.stats()  # the pool's budget in MiB and tokens, as the engine holds it
+    assert f"budget {pool['budget_bytes'] / 2**20:,.0f} MiB ({pool['tokens']:,} tokens" in rows["KV pool (runs' decode KV)"]
+    assert pool["tokens"] * studio.engine.kv_bytes_per_token() == pool["budget_bytes"]
 
 
 NO_MODEL = ("cannot open model '{}': no readable model folder or .gguf file there; give the path of a local "
