@@ -80,8 +80,8 @@ class KVPool:
         for lease in self.held.values():
             lease.settle()  # deferred copies land in the old tensor first
         layers, two, one, heads, dim = self.shape
-        make = torch.zeros if self.device.type == "cuda" else torch.empty  # graphs read masked slots
-        grown = make((layers, two, one, heads, min(self.tokens, max(end, 2 * size, 256)), dim), dtype=self.dtype,
+        # zeros, not empty: a graph or a padded batch reads masked slots, and 0 x NaN garbage is NaN
+        grown = torch.zeros((layers, two, one, heads, min(self.tokens, max(end, 2 * size, 256)), dim), dtype=self.dtype,
                      device=self.device)
         used = max((x.start + x.capacity for x in self.held.values()), default=0)
         if used:

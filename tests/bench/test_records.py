@@ -38,14 +38,15 @@ def _chunk(text=None, usage=None, pml=None):
 
 
 def test_a_streamed_answer_writes_the_rows_fields_in_their_order():
-    usage = SimpleNamespace(prompt_tokens=40, prompt_tokens_details=SimpleNamespace(cached_tokens=32))
+    usage = SimpleNamespace(prompt_tokens=40, completion_tokens=2,
+                            prompt_tokens_details=SimpleNamespace(cached_tokens=32))
     pml = {"ttft_ms": 5.0, "arm_ttft_ms": 4.0, "routed_kept": ["doc1"], "modules_encoded": 0,
            "routed_out_tokens": 7, "recomputed_tokens": 3}
     answer = stream(_Client([_chunk("It is"), _chunk(" Oporto."), _chunk(usage=usage, pml=pml)]), "m", [], 8, {})
     row = answer.to_json()
     assert list(row) == ["ttft_ms", "last_ms", "chunks", "text", "decode_ms_per_token", "prompt_tokens",
-                         "cached_tokens", "server_ttft_ms", "arm_ttft_ms", "routed_kept", "modules_encoded",
-                         "routed_out_tokens", "recomputed_tokens"]
+                         "cached_tokens", "completion_tokens", "server_ttft_ms", "arm_ttft_ms", "routed_kept",
+                         "modules_encoded", "routed_out_tokens", "recomputed_tokens", "queue_ms", "decode_batch"]
     assert row["text"] == "It is Oporto." and row["chunks"] == 2 and row["cached_tokens"] == 32
     assert row["routed_kept"] == ["doc1"] and row["recomputed_tokens"] == 3
     alone = StreamedAnswer(ttft_ms=1.0, last_ms=1.0, chunks=1, text="x").to_json()

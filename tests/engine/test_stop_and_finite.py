@@ -131,6 +131,7 @@ def test_run_json_writes_non_finite_numbers_as_null(monkeypatch, tmp_path, capsy
 
     class Fake:
         lm = None  # the CLI loads the model before the run, to say how long that took
+        loaded = True
 
         def __init__(self, config):
             pass

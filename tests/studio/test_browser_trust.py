@@ -313,6 +313,8 @@ def _select(page, run_id: int) -> None:
 
 
 def _encode(page, check: Checks, monkeypatch) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     from studio.tabs import encode
 
     _tab(page, "3 · Encode")
@@ -321,10 +323,10 @@ def _encode(page, check: Checks, monkeypatch) -> None:
     rows = page.locator("#unit-table [role=gridcell]:visible").all_inner_texts()
     check(any(re.search(r"/kyoto \(\d+\)", t) for t in rows) and "only its own tokens are stored"
           in _text(page, "#units-note"), "11", "the units table does not say what each unit stored")
-    slow = encode.encode
+    slow, held = encode.encode, threading.Event()
 
-    def slow_encode(*args, **kwargs):
-        time.sleep(3.0)
+    def slow_encode(*args, **kwargs):  # the new encode ends only once the page was looked at
+        held.wait(60)
         return slow(*args, **kwargs)
 
     monkeypatch.setattr(encode, "encode", slow_encode)
@@ -334,9 +336,14 @@ def _encode(page, check: Checks, monkeypatch) -> None:
     page.wait_for_selector("#schema-validation .pml-status.ok:has-text('doc_qa')", timeout=30_000)
     _tab(page, "3 · Encode")
     page.click("#encode-btn")
-    time.sleep(1.0)  # the click's first second: the last schema's figures must be gone
-    stale = [t for t in page.locator("#unit-table [role=gridcell]:visible").all_inner_texts() if "trip-plan" in t]
-    check(not stale, "11", f"the last schema's units during a new encode: {stale[:2]}")
+    try:  # while the new encode is held: the last schema's figures must leave the page
+        page.wait_for_function("![...document.querySelectorAll('#unit-table [role=gridcell]')]"
+                               ".some(c => c.innerText.includes('trip-plan'))", timeout=20_000)
+    except PlaywrightTimeout:
+        stale = [t for t in page.locator("#unit-table [role=gridcell]:visible").all_inner_texts() if "trip-plan" in t]
+        check(False, "11", f"the last schema's units during a new encode: {stale[:2]}")
+    finally:
+        held.set()
     page.wait_for_function("document.querySelector('#unit-table').innerText.includes('(anonymous)')", timeout=60_000)
 
 
