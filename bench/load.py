@@ -76,7 +76,8 @@ def main() -> None:
         plot(servers, levels, ROOT / "assets" / f"{result_name('load', bm.spec)}.png", bm.name)
     emit(result_name("load", bm.spec), {
         "benchmark": "load", "model": bm.spec, "model_name": bm.name, "new_tokens": args.new_tokens,
-        "levels": levels, "requests_per_level": len(requests), "greedy": True, "seed": args.seed,
+        "levels": levels, "requests_per_level": len(requests), "modules": args.modules, "greedy": True,
+        "seed": args.seed,
         "machine": machine(), "seconds": round(time.perf_counter() - started, 1), "servers": servers,
         "checks": checks}, write=not args.quick)
 

@@ -102,7 +102,7 @@ def lead_section(slug: str) -> list[str]:
         *[(f"fidelity-routed-{name}-{slug}", partial(routed_section, further=True))
           for name in ("single", "two", "two-heldout")],
         (f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
-        (f"serve-{slug}", serve_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
+        (f"serve-{slug}", serve_section), (f"load-{slug}", load_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
         (f"cli-decode-{slug}", partial(cli_decode, slug=slug)), (f"fidelity-ape-{slug}", ape_section),
         (f"workload-int8-{slug}", lambda w: workload_section(w, f"workload-int8-{slug}") if "routed" in w["arms"]
          else []))
@@ -215,6 +215,23 @@ def serve_section(f: dict) -> list[str]:
                         for a, v in d["candidates"].items())
         out += ["", say("serve_default", d, why=why)]
     return out + [""]
+
+
+def load_section(f: dict) -> list[str]:
+    """Serving many at once (bench/load.py): each server's throughput, TTFT and answers at each level of clients."""
+    rows = [{**level, "server": name, "clients": n} for name, srv in f["servers"].items()
+            for n, level in srv["levels"].items()]
+    first = {name: srv["warmup"]["first_request_ms"] for name, srv in f["servers"].items()}
+    return [say("load", f, table=table("load", f, rows), levels_text=", ".join(map(str, f["levels"])),
+                first=", ".join(f"{k} {v / 1000:.1f} s" for k, v in first.items()),
+                image=f"{tables.fill('load-{model}', f)}.png", checks=_load_checks(f.get("checks") or {}))]
+
+
+def _load_checks(checks: dict) -> str:
+    said = {"studio_throughput_8_over_1": "the studio's throughput at 8 clients is {:.2f}× its own at 1",
+            "studio_over_vllm_throughput_8": "{:.2f}× vLLM's at 8 clients",
+            "studio_over_vllm_ttft_p95_8": "its TTFT p95 at 8 clients {:.2f}× vLLM's"}
+    return "; ".join(said[k].format(v) for k, v in checks.items() if k in said)
 
 
 def vllm_reuse_section(f: dict) -> list[str]:

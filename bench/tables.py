@@ -223,6 +223,11 @@ TABLES: dict[str, dict] = {
         ["last token (median)", "r", "{last_token_ms[median]:.0f} ms", "—"],
         ["decode ms/token", "r", "{decode_ms_per_token[median]}"], ["found", "r", "{found}/{of}"],
         ["cached / document tokens", "r", "{cached_share_of_documents[median]:.2f}", "–"]]},
+    "load": {"columns": [
+        ["server", "l", "{server}"], ["clients", "r", "{clients}"], ["output tokens/s", "r", "{output_tokens_per_s:.1f}"],
+        ["TTFT p50 / p95 / max", "l", "{ttft_ms[p50]:.0f} / {ttft_ms[p95]:.0f} / {ttft_ms[max]:.0f} ms"],
+        ["between tokens p50 / p95 / max", "l", "{itl_ms[p50]:.0f} / {itl_ms[p95]:.0f} / {itl_ms[max]:.0f} ms", "–"],
+        ["found", "r", "{found}/{requests}"], ["as at 1 client", "r", "{same_as_one_client}/{requests}"]]},
     "vllm_reuse": {"columns": [
         ["set", "l", "{set}"], ["arm", "l", "{arm}"], ["mean TTFT", "r", "{mean_ttft_ms:.0f} ms", "—"],
         ["min / median / max", "l", MIN_MED_MAX_MS], ["found", "r", "{found}/{of}"],
@@ -298,7 +303,8 @@ BY_SCRIPT = {
     "fidelity": ["arms", "confusable", "samples", "probe"], "ttft": ["ttft", "gpu", "gpu_paths"],
     "gpu_profile": ["profile"], "decode": ["decode"], "prefill": ["prefill", "prefill_profile"],
     "browser_compare": ["browser"],
-    "first_compare": ["first_compare"], "spanning": ["spanning"], "serve": ["serve"], "vllm_reuse": ["vllm_reuse"],
+    "first_compare": ["first_compare"], "spanning": ["spanning"], "serve": ["serve"], "load": ["load"],
+    "vllm_reuse": ["vllm_reuse"],
     "precision": ["precision_ttft", "precision_needles"], "workload": ["workload"],
     "peers": ["peers", "peers_lengths", "kvpress"], "compression": ["compression", "compression_at_4k"],
     "families": ["families"],
