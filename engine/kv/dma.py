@@ -2,9 +2,8 @@
 
 Why: a run's buffer keeps each layer's keys as ``[kv_heads, capacity, head_dim]``, so a module's tokens land in
 ``2 × kv_heads`` separate rows per layer. torch's ``copy_`` into such a view allocates a contiguous temporary,
-copies into it and launches a kernel to scatter it: ~75 µs of host time per copy, 45 ms for the 608 copies of a
-4K-token prompt at Llama-2-7B's shape, all spent before the forward's first kernel is launched
-(bench/results/gpu-profile-llama-2-7b-random.json). Every such copy is rows of equal width at a fixed pitch on
+copies into it and launches a kernel to scatter it, all before the forward's first kernel is launched (measured:
+bench/results/gpu-profile-llama-2-7b-random.json). Every such copy is rows of equal width at a fixed pitch on
 both sides, which is exactly what one 2-D DMA transfer does: one runtime call, no temporary, no kernel.
 
 :func:`copy_rows` does that where it applies (page-locked host source, CUDA destination, same dtype, both

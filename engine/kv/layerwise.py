@@ -6,8 +6,7 @@ first layer (``LeaseCache``'s layer ``update``) launches them all, layer-major: 
 event recorded after each layer's copies; each layer's ``update`` then makes the forward's stream wait on that
 layer's event only, so layer i+1's copy runs while layer i computes. A CUDA graph's replay cannot wait inside
 itself, so before one the copies launch whole (one DMA transfer per stored range, engine/kv/dma.py) and the
-replay waits for all: on an H200 that beat the overlapped eager forward at 1K and 2K tokens, not at 4K
-(bench/results/gpu-profile-llama-2-7b-random.json). On the CPU there are no streams: the deferred copies run
+replay waits for all (measured: bench/results/gpu-profile-llama-2-7b-random.json). On the CPU there are no streams: the deferred copies run
 synchronously at launch, so the buffer (and every logit) is bit-identical to copying at fill time.
 
 Copies from GPU memory are not deferred (device-to-device, a small share of a forward): they run at once on

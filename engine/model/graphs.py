@@ -1,8 +1,7 @@
 """CUDA graphs for the question's prefill and each decode step: one replay instead of hundreds of launches.
 
-Why: on a GPU a forward of a few tokens over a cache is bound by launching kernels from Python, not by the
-work (research notes: 27–29 ms for 32 tokens over a 4K cache at Llama-2-7B's shape, while reading all the
-weights once takes 5.2 ms). A CUDA graph records one forward's kernels once and replays them.
+Why: on a GPU a forward of a few tokens over a cache is bound by launching kernels from Python, not by the work
+(measured: docs/module-memory.md). A CUDA graph records one forward's kernels once and replays them.
 
 How: a graph reads and writes the same memory on every replay: the KV pool's tensor (``Lease.base``), with static
 inputs — token ids, position ids, the lease's first pool slot ``lo``, the first slot written, the last real token.

@@ -1,7 +1,7 @@
 """Decoding after the first token, a step at a time (:func:`step_all`: runs that can share a forward in one batch,
 the others one by one). A comparison's :class:`Decoder` decodes each run at once or its arms together; under a
 scheduler (engine/run/scheduler.py) it parks them (:class:`Park`) beside every other request's. :class:`Room`: a
-lease did not fit the pool yet."""
+lease did not fit the pool yet; :class:`Breathe`: a prefill between two chunks."""
 
 from __future__ import annotations
 
@@ -79,6 +79,13 @@ class Park(Directive):
     def alone(self) -> None:
         raise RuntimeError("a Park comes only from a decoder a scheduler made (Decoder(parks=True)); drive the run "
                            "with that scheduler")
+
+
+class Breathe(Directive):
+    """A long prefill between two chunks: a scheduler steps the decoding runs."""
+
+    def alone(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ T = TypeVar("T")
 
 
 class Directive:
-    """A run's word to the scheduler driving it (Park, Room: engine/run/decode.py), not an event."""
+    """A run's word to the scheduler driving it (Park, Room, Breathe: engine/run/decode.py), not an event."""
 
     def alone(self) -> None:
         """Answer it with no scheduler (:func:`finish`)."""

@@ -1,8 +1,8 @@
-"""The scheduler every request goes through (an API call, a Compare, a CLI run), on the thread that runs torch:
-each request is a generator of events; each turn (1) hands on the tokens parked runs gave, (2) advances the oldest
-request still filling (encoding, leasing, prefilling) by one event, and (3) runs one decode step over every parked
-run of every request, batched where they can be: continuous batching, as vLLM v1 schedules, in one process. Requests
-fill one at a time (shared caches see one writer); a lease that does not fit waits first in line."""
+"""The scheduler every request (an API call, a Compare, a CLI run) goes through, on the thread that runs torch: each
+turn (1) hands on the tokens parked runs gave, (2) advances the oldest request still filling (encoding, leasing, a
+prefill chunk) by one event, (3) runs one decode step over every parked run of every request: vLLM v1's continuous
+batching in one process. Requests fill one at a time (shared caches see one writer); a lease that does not fit
+waits first in line."""
 
 from __future__ import annotations
 

@@ -16,13 +16,16 @@ from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
 from engine.model.positions import attach
 from engine.run import forward, memory
-from engine.run.decode import Decoder, Started, sync, take_lease
+from engine.run.decode import Breathe, Decoder, Started, sync, take_lease
 from engine.run.events import FirstToken, Token
 from engine.run.sampling import sample
 from engine.run.stream import TextStream
 from engine.run.types import RunResult, Sampling
 
-Timed = Generator["FirstToken | Token", None, RunResult]
+Timed = Generator["FirstToken | Token | Breathe", None, RunResult]
+
+# the runs decoding beside a long prefill step between its chunks (why 256: docs/architecture.md)
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def timed_run(lm: LoadedModel, arm: str, tokens: int, fill: Callable[[Lease], Fi
             t0 = time.perf_counter()
             work = fill(lease)
             sync(lm.device)
-            first, started = _first_token(lm, lease, work, sampling, arm, time.perf_counter() - t0)
+            first, started = yield from _first_token(lm, lease, work, sampling, arm, time.perf_counter() - t0)
             if after is not None:
                 after(lease, first)
             yield FirstToken(arm, started.tokens[0], started.said, first)
@@ -72,19 +75,27 @@ def timed_run(lm: LoadedModel, arm: str, tokens: int, fill: Callable[[Lease], Fi
 # -- internal helpers --
 
 def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, arm: str,
-                 copy_s: float) -> tuple[RunResult, Started]:
-    """Prefill, sample the first token, thin the lease: the first-token figures and the run ready to decode."""
+                 copy_s: float) -> Generator[Breathe, None, tuple[RunResult, Started]]:
+    """Prefill (a :class:`Breathe` between chunks), sample, thin the lease: the first-token figures (its own
+    forwards' times) and the run ready to decode."""
     device = lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     attach(lease.cache(), work.key_positions)
+    prefill_s = 0.0
+    if work.logits is None:
+        for a, b in prefill_chunks(work):
+            if a:
+                yield Breathe()  # a scheduler steps the decoding runs here
+            with torch.inference_mode():
+                t1 = time.perf_counter()
+                # a graph neither scores nor tracks positions
+                graphable = b - a == len(work.ids) and work.retain is None and work.key_positions is None
+                logits = forward.prefill(lm, lease, work.ids[a:b], work.pos[a:b], work.prefill, graphable)
+                sync(device)
+                prefill_s += time.perf_counter() - t1
+    else:
+        logits = work.logits.to(device)
     with torch.inference_mode():
-        t1 = time.perf_counter()
-        if work.logits is None:  # a graph neither scores nor tracks positions
-            graphable = work.retain is None and work.key_positions is None
-            logits = forward.prefill(lm, lease, work.ids, work.pos, work.prefill, graphable)
-        else:
-            logits = work.logits.to(device)
-        sync(device)
         t_fwd = time.perf_counter()
         token = sample(logits, sampling, gen, arm, 0)
         sync(device)
@@ -92,7 +103,7 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
     started = Started(arm, lease, [token], work.pos[-1] + 1, sampling, gen, work.decode, TextStream(lm.tokenizer))
     started.token()  # its text so far
     used, kept, retention_ms = _retain(lease, work.retain, device)
-    prefill_s, sample_s = t_fwd - t1, t2 - t_fwd
+    sample_s = t2 - t_fwd
     read = sum(e.nbytes for e in {id(e): e for e in work.entries}.values())
     run = RunResult(
         arm=arm, text=started.said, token_ids=(token,), ttft_ms=(copy_s + prefill_s + sample_s) * 1000,
@@ -105,6 +116,14 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
         recomputed_positions=work.recomputed_positions, kv_buffer_used_bytes=used,
         kv_buffer_bytes_after_retention=kept, kv_store_bytes=read, retention_ms=retention_ms)
     return run, started
+
+
+def prefill_chunks(work: Fill) -> list[tuple[int, int]]:
+    """``[a, b)`` slices of ``work.ids``, :data:`PREFILL_CHUNK` tokens each where the prefill attends plainly."""
+    n = len(work.ids)
+    if n <= PREFILL_CHUNK or not work.prefill.plain or work.retain is not None or work.key_positions is not None:
+        return [(0, n)]
+    return [(a, min(a + PREFILL_CHUNK, n)) for a in range(0, n, PREFILL_CHUNK)]
 
 
 def _retain(lease: Lease, retain: QuestionRetention | None, device: str) -> tuple[int, int, float]:
