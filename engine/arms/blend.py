@@ -20,7 +20,7 @@ from engine.cache.assemble import (Span, buffer_ranks, copy_list_ranked, module_
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import Lease, LayeredKV, QuantKV
+from engine.kv import Lease
 from engine.limits import Limit
 from engine.model.attend import PLAIN, AttentionSpec
 from engine.model.load import LoadedModel
@@ -162,23 +162,7 @@ def selection_pass(lm: LoadedModel, plan: PromptPlan, check_layer: int, question
 
 def stored_at(ranges: list[Span], layer: int) -> torch.Tensor:
     """Every cached token's stored KV at ``layer`` (dropped tokens zero): [2, kv_heads, cached, dim]."""
-    kvs = []
-    for span in ranges:
-        entry, a, b = span.entry, span.start, span.end
-        if isinstance(entry, QuantKV):
-            one = QuantKV(entry.bits, entry.key_group, entry.value_group,
-                          *(t[layer:layer + 1] for t in (entry.kq, entry.kscale, entry.kmin, entry.vq, entry.vscale,
-                                                         entry.vmin)), entry.positions, entry.token_ids)
-            kvs.append(one.dequantize(a, b)[0])
-        elif isinstance(entry, LayeredKV):
-            kept, t = entry.kept[layer], entry.layers[layer]  # t: [2, kv_heads, kept, head_dim]
-            inside = (kept >= a) & (kept < b)
-            full = torch.zeros(2, t.shape[1], b - a, t.shape[3], dtype=torch.float32, device=t.device)
-            full[:, :, (kept[inside] - a).to(t.device)] = t[:, :, inside.to(t.device)].float()
-            kvs.append(full)
-        else:
-            kvs.append(entry.kv[layer, :, :, a:b].float())
-    return torch.cat(kvs, 2)
+    return torch.cat([span.entry.layer_view(layer, span.start, span.end) for span in ranges], 2)
 
 
 def deviations(probe: Probe, plan: PromptPlan, stored: torch.Tensor) -> torch.Tensor:

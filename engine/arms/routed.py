@@ -22,7 +22,7 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import Lease, LayeredKV
+from engine.kv import Lease
 from engine.limits import Limit
 from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
@@ -303,7 +303,7 @@ def _stored_fill(lm: LoadedModel, plan: PromptPlan, ranges: list[Span], buf: Lea
     for span in read:
         span.write_into(buf)
     owners = slot_owners(read, 0, {m: i for i, m in enumerate(kept)}) if focus else None
-    focused = None if any(isinstance(r.entry, LayeredKV) for r in read) else _focus(
+    focused = None if not all(r.entry.level for r in read) else _focus(
         owners, kept, modules, choice.seen, ids, min_pull, ends)
     scale = ape_scale(lm, read, ape)
     slots = _stored_slots(plan, ranges, kept) if scale is None else None

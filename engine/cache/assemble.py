@@ -13,7 +13,7 @@ import torch
 from engine.cache.compress import QuestionRetention
 from engine.cache.encode import EncodedSchema
 from engine.cache.store import ModuleStore
-from engine.kv import LayeredKV, StoredKV
+from engine.kv import StoredKV
 from engine.schema.layout import ANONYMOUS
 from engine.schema.plan import CACHED, PromptPlan
 
@@ -132,22 +132,11 @@ def prefilled(plan: PromptPlan, redo: set[int]) -> tuple[list[int], list[int], l
 
 def buffer_ranks(copies: list[Span], n_layers: int) -> list[torch.Tensor]:
     """Per layer, the ranks of the buffer's entries in buffer order (``copies`` ranked)."""
-    every = [torch.arange(c.rank, c.rank + len(c)) for c in copies]
-    if not any(isinstance(c.entry, LayeredKV) for c in copies):
-        shared = torch.cat(every) if every else torch.zeros(0, dtype=torch.long)
-        return [shared] * n_layers
-    out = []
-    for layer in range(n_layers):
-        parts = []
-        for c, full in zip(copies, every):
-            if isinstance(c.entry, LayeredKV):
-                kept = c.entry.kept[layer]
-                kept = kept[(kept >= c.start) & (kept < c.end)]
-                parts.append(kept - c.start + c.rank)
-            else:
-                parts.append(full)
-        out.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
-    return out
+    def at(layer: int) -> torch.Tensor:
+        parts = [c.entry.kept_at(layer, c.start, c.end) + c.rank for c in copies]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+    return [at(0)] * n_layers if all(c.entry.level for c in copies) else [at(layer) for layer in range(n_layers)]
 
 
 def module_ranges(plan: PromptPlan, encoded: EncodedSchema, store: ModuleStore) -> list[Span]:
@@ -167,10 +156,7 @@ def slot_owners(ranges: list[Span], layer: int, index: dict[str, int]) -> torch.
     """Each buffer slot's module index in ``layer`` (-1: no module's)."""
     parts = []
     for span in ranges:
-        n = len(span)
-        if isinstance(span.entry, LayeredKV):
-            kept = span.entry.kept[layer]
-            n = int(((kept >= span.start) & (kept < span.end)).sum())
+        n = len(span) if span.entry.level else len(span.entry.kept_at(layer, span.start, span.end))
         parts.append(torch.full((n,), -1 if span.module is None else index[span.module], dtype=torch.long))
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
@@ -178,7 +164,7 @@ def slot_owners(ranges: list[Span], layer: int, index: dict[str, int]) -> torch.
 def module_slots(ranges: list[Span], n_layers: int) -> list[torch.Tensor]:
     """Per layer, which buffer slots hold a module's token."""
     index = {s.module: 0 for s in ranges if s.module is not None}
-    if not any(isinstance(s.entry, LayeredKV) for s in ranges):
+    if all(s.entry.level for s in ranges):
         shared = slot_owners(ranges, 0, index) >= 0
         return [shared] * n_layers
     return [slot_owners(ranges, layer, index) >= 0 for layer in range(n_layers)]

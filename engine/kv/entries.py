@@ -55,6 +55,16 @@ class StoredKV(abc.ABC):
     def tensors(self) -> dict[str, torch.Tensor]:
         """The named tensors the store saves."""
 
+    @abc.abstractmethod
+    def layer_view(self, layer: int, a: int, b: int) -> torch.Tensor:
+        """Tokens ``[a, b)`` at ``layer``, float32 ``[2, kv_heads, b - a, head_dim]``; a token it dropped is zeros."""
+
+    level = True  # every layer holds every token
+
+    def kept_at(self, layer: int, a: int, b: int) -> torch.Tensor:
+        """Offsets from ``a`` of the tokens of ``[a, b)`` that ``layer`` holds, in buffer order."""
+        return torch.arange(b - a)
+
 
 @dataclass
 class ModuleKV(StoredKV):
@@ -104,6 +114,9 @@ class ModuleKV(StoredKV):
 
     def write_into(self, buf: "Lease", a: int, b: int) -> None:
         buf.write(self.kv[:, :, :, a:b])
+
+    def layer_view(self, layer: int, a: int, b: int) -> torch.Tensor:
+        return self.kv[layer, :, :, a:b].float()
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"kv": self.kv.contiguous(), "positions": self.positions, "token_ids": self.token_ids}
@@ -169,6 +182,19 @@ class LayeredKV(StoredKV):
 
     def kept_tokens(self) -> int:
         return sum(int(k.shape[0]) for k in self.kept)
+
+    level = False
+
+    def kept_at(self, layer: int, a: int, b: int) -> torch.Tensor:
+        kept = self.kept[layer]
+        return kept[(kept >= a) & (kept < b)] - a
+
+    def layer_view(self, layer: int, a: int, b: int) -> torch.Tensor:
+        t, kept = self.layers[layer], self.kept[layer]  # t: [2, kv_heads, kept, head_dim]
+        inside = (kept >= a) & (kept < b)
+        full = torch.zeros(2, t.shape[1], b - a, t.shape[3], dtype=torch.float32, device=t.device)
+        full[:, :, (kept[inside] - a).to(t.device)] = t[:, :, inside.to(t.device)].float()
+        return full
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"positions": self.positions, "token_ids": self.token_ids}

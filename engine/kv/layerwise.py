@@ -9,9 +9,7 @@ itself, so before one the copies launch whole (one DMA transfer per stored range
 replay waits for all (measured: bench/results/gpu-profile-llama-2-7b-random.json). On the CPU there are no streams: the deferred copies run
 synchronously at launch, so the buffer (and every logit) is bit-identical to copying at fill time.
 
-Copies from GPU memory are not deferred (device-to-device, a small share of a forward): they run at once on
-the forward's stream. Anything that reads the lease's data directly (``Lease.data``) first
-:meth:`settle`\\ s: the forward's stream waits for every copy.
+Copies from GPU memory run at once on the forward's stream. A read of ``Lease.data`` first :meth:`settle`\\ s.
 """
 
 from __future__ import annotations

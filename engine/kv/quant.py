@@ -91,6 +91,11 @@ class QuantKV(StoredKV):
         self._dequantize_into(out[:, 0], out[:, 1], a, b)
         return out
 
+    def layer_view(self, layer: int, a: int, b: int) -> torch.Tensor:
+        one = QuantKV(self.bits, self.key_group, self.value_group,
+                      *(t[layer:layer + 1] for t in self._data()), self.positions, self.token_ids)
+        return one.dequantize(a, b)[0]
+
     def write_into(self, buf: "Lease", a: int, b: int) -> None:
         """Dequantize tokens ``[a, b)`` straight into ``buf``."""
         views = buf.reserve(b - a)

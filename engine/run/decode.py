@@ -1,7 +1,6 @@
-"""Decoding after the first token, a step at a time (:func:`step_all`: runs that can share a forward in one batch,
-the others one by one). A comparison's :class:`Decoder` decodes each run at once or its arms together; under a
-scheduler (engine/run/scheduler.py) it parks them (:class:`Park`) beside every other request's. :class:`Room`: a
-lease did not fit the pool yet; :class:`Breathe`: a prefill between two chunks."""
+"""Decoding after the first token (:func:`step_all`: runs that can share a forward in one batch, the others one by
+one), by a comparison's :class:`Decoder`, or parked (:class:`Park`) under the scheduler beside every other
+request's runs. :class:`Room`: a lease did not fit the pool yet; :class:`Breathe`: a prefill between chunks."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from engine.cache.assemble import (buffer_ranks, module_ranges, precomputed_toke
 from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
-from engine.kv import Lease, LayeredKV
+from engine.kv import Lease
 from engine.model.attend import AttentionSpec, Focus
 from engine.model.load import LoadedModel
 from engine.run.attention import rank_mask
@@ -118,7 +118,7 @@ def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: Lease, slots:
     """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``, with its first
     token's ``logits`` and ``focus``; tokens stored. ``positions``: each rank's position id, when the run did not use
     the plan's."""
-    if any(isinstance(e, LayeredKV) for e in entries) or not slots:
+    if not all(e.level for e in entries) or not slots:
         return 0
     order = sorted(range(len(slots)), key=slots.__getitem__)
     ranks = [slots[i] for i in order]

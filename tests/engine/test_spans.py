@@ -73,10 +73,15 @@ def test_without_its_scaffold_a_module_owns_its_tokens(walk):
 
 
 class _Entry:
-    """A stand-in store entry: only identity matters to the copy lists."""
+    """A stand-in store entry: only identity matters to the copy lists; every layer holds every token."""
+
+    level = True
 
     def __init__(self, key: str):
         self.key = key
+
+    def kept_at(self, layer: int, a: int, b: int) -> torch.Tensor:
+        return torch.arange(b - a)
 
 
 def _fakes(lay, fresh: set[str]):
