@@ -84,6 +84,10 @@ class FrontService:
         finally:
             self.waiting -= 1
 
+    def healthy(self) -> bool:
+        """Always: the front loads no weights, and each request checks the upstream itself."""
+        return True
+
     def model_ids(self) -> tuple[str, ...]:
         """The upstream's served model (first, as answers name it), and the local model's name."""
         local = self.engine_of().config.model

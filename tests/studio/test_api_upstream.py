@@ -210,6 +210,13 @@ def test_the_routing_key_is_a_hash_of_the_prefix_through_the_first_document(serv
     assert session_of(standin) == route_key(tok.encode(first, add_special_tokens=False))
 
 
+def test_health_answers_a_routers_check_without_the_token(served):
+    _, port = served
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401  # the rest keeps its guard
+
+
 def test_an_upstream_refusal_is_passed_on(served, standin):
     client, _ = served
     standin.refuse = (400, {"error": {"message": "This model's maximum context length is 4096 tokens.",
