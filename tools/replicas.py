@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replicas < 1:
         print("replicas: --replicas takes 1 or more", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops them all as Ctrl-C does
     try:
         with ExitStack() as stack:
             fleet = stack.enter_context(_fleet(args))
@@ -233,6 +234,10 @@ def _fleet(args) -> Iterator[Fleet]:
     print(f"studio workers: module store {store}; API key (the launch token): {token}", flush=True)
     with studio_fleet(args.replicas, args.policy, store, token, args.model or STUDIO_MODEL) as fleet:
         yield fleet
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _serve(fleet: Fleet) -> None:
