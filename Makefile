@@ -188,7 +188,7 @@ replicas: vllm router
 
 # The tests against a real vLLM (marker vllm): $$PML_VLLM_URL / $$PML_VLLM_MODEL when set, else one started from
 # .peers/vllm on the tests' model for the session.
-test-vllm: vllm
+test-vllm: vllm router
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/vllm $(ARGS)
 
 test-fast: setup
