@@ -74,9 +74,19 @@ class Fleet:
 @contextmanager
 def vllm_fleet(n: int, policy: str, model: str = "default", python: str = str(VLLM_PYTHON), dtype: str = "float32",
                api_key: str | None = None, deadline_s: float = START_DEADLINE_S) -> Iterator[Fleet]:
-    """``n`` vLLM replicas of ``model`` started at once (one core each where there are ``n``) and the router over
-    them; every process stopped on leaving, however it is left. ``api_key``: the key each replica requires (the
-    router passes the client's ``Authorization`` on)."""
+    """``n`` vLLM replicas (:func:`vllm_replicas`) and the router over them; every process stopped on leaving,
+    however it is left. ``api_key``: the key each replica requires (the router passes the client's
+    ``Authorization`` on)."""
+    with vllm_replicas(n, model, python, dtype, api_key, deadline_s) as workers:
+        with router(workers, policy, deadline_s) as fleet:
+            yield fleet
+
+
+@contextmanager
+def vllm_replicas(n: int, model: str = "default", python: str = str(VLLM_PYTHON), dtype: str = "float32",
+                  api_key: str | None = None, deadline_s: float = START_DEADLINE_S) -> Iterator[tuple[Worker, ...]]:
+    """``n`` vLLM replicas of ``model`` started at once (one core each where there are ``n``), yielded once each
+    answers; every one stopped on leaving."""
     with ExitStack() as stack:
         workers = []
         for cores in core_sets(n):
@@ -86,7 +96,7 @@ def vllm_fleet(n: int, policy: str, model: str = "default", python: str = str(VL
         until = time.monotonic() + deadline_s
         for w in workers:
             wait_ready(w.proc, w.url, max(1.0, until - time.monotonic()), w.log, api_key)
-        yield stack.enter_context(router(tuple(workers), policy, deadline_s))
+        yield tuple(workers)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from engine.run.types import RunResult, Sampling
 
 URL_ENV = "PML_VLLM_URL"  # the server when --vllm-url is not given
 KEY_ENV = "PML_VLLM_API_KEY"  # its API key (vLLM's --api-key), read here only: a setting would be logged with the run
-_ANSWERED: set[tuple[str, str]] = set()  # (url, model) that answered this process: a later request finds it warm
+_ANSWERED: set[tuple[str, str]] = set()  # (url, model) that answered this process
 _ANSWERED_LOCK = threading.Lock()
 
 
@@ -57,9 +57,7 @@ class VllmRun:
     first_top: dict[int, float] = field(default_factory=dict)  # first token's top TOP_LOGPROBS log-probabilities
     error: str | None = None
     error_kind: str | None = None  # unconfigured, or RemoteError's kind: unavailable, timeout, refused, broken, mismatch
-    # the first request this process had answered by that server: its time may hold the server's warm-up (vLLM's
-    # first request after its start took 22.8 s for 970 tokens, its second 0.41 s: docs/scale-out.md)
-    first_request: bool = False
+    first_request: bool = False  # the first this process had that server answer: may hold its warm-up
 
     def to_json(self) -> dict:
         return {"remote": True, "reuses": "prefixes only", "url": self.url, "served_model": self.served_model,
@@ -129,8 +127,7 @@ def connect(url: str, model: str = "", tokenizer=None, api_key: str | None = Non
 def remote_run(endpoint: Endpoint, ids: list[int], sampling: Sampling,
                tokenizer) -> RunEvents[tuple[RunResult, VllmRun]]:
     """The server's streamed answer as the run's own events (a FirstToken, then a Token each), then a RunResult
-    (times at this client: from sending the request) and what vLLM reported, whether it was the first request this
-    process had that server answer among it."""
+    (times at this client: from sending the request) and what vLLM reported."""
     tokens, stamps, text, first_top = [], [], "", {}
     server = (endpoint.url, endpoint.model)
     with _ANSWERED_LOCK:
