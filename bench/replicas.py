@@ -117,18 +117,6 @@ def front(upstream: str, model: str, tmp: Path):
         server.stop()
 
 
-def prompt_tokens(workers) -> list[float]:
-    """Each vLLM replica's prompt tokens so far (its /metrics)."""
-    import httpx
-
-    out = []
-    for w in workers:
-        text = httpx.get(f"{w.url}/metrics", timeout=30).text
-        out.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vllm:prompt_tokens_total")))
-    return out
-
-
 def warm(url: str, model: str, token: str | None = None) -> None:
     """One untimed request, so that a cold server's warm-up is not measured (docs/scale-out.md)."""
     import httpx
@@ -146,7 +134,7 @@ def vllm_configs(args, model: str, cases: list[dict], tmp: Path) -> dict:
 
     import httpx
 
-    from tools.replicas import vllm_replicas
+    from tools.replicas import prompt_tokens, vllm_replicas
 
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache: one pair of replicas for every configuration
     out = {}

@@ -169,6 +169,22 @@ def core_sets(n: int) -> list[tuple[int, ...]]:
     return [(cores[i],) for i in range(n)] if len(cores) >= n else [() for _ in range(n)]
 
 
+def prompt_tokens(workers: tuple[Worker, ...]) -> list[float]:
+    """Each vLLM replica's prompt tokens so far (``vllm:prompt_tokens_total`` of its /metrics, which needs no key;
+    -1 for one that does not answer): where a router sent the work."""
+    counts = []
+    for w in workers:
+        try:
+            with urllib.request.urlopen(f"{w.url}/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except OSError:
+            counts.append(-1.0)
+            continue
+        counts.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith("vllm:prompt_tokens_total")))
+    return counts
+
+
 def kill(worker: Worker) -> None:
     """End ``worker`` at once, as a crash would (its whole process group): for checks of what a router does then."""
     try:

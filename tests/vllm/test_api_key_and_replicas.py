@@ -19,7 +19,7 @@ import pytest
 from engine.model import SMALL_MODEL
 from tests.studio_fixtures import AUTH, TOKEN
 from tests.vllm.test_front_vllm import chat, essays, front
-from tools.replicas import ROUTER, kill, studio_fleet, vllm_fleet
+from tools.replicas import ROUTER, kill, prompt_tokens, studio_fleet, vllm_fleet
 from tools.vllm_serve import VLLM_PYTHON, ServeError
 
 pytestmark = pytest.mark.vllm
@@ -45,20 +45,6 @@ def routed(fleet, tmp_path_factory):
         yield client, port
 
 
-def prefilled(fleet) -> list[float]:
-    """Each replica's count of prompt tokens it has been sent (vLLM's /metrics, which needs no key)."""
-    counts = []
-    for w in fleet.workers:
-        try:
-            text = httpx.get(f"{w.url}/metrics", timeout=10).text
-        except httpx.HTTPError:
-            counts.append(-1.0)  # gone
-            continue
-        counts.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                          if line.startswith("vllm:prompt_tokens_total")))
-    return counts
-
-
 def test_the_upstream_key_reaches_vllm_and_a_request_without_it_is_refused(fleet, routed, tmp_path):
     replica = fleet.workers[0].url
     body = {"model": SERVED, "prompt": [1, 2, 3], "max_tokens": 1}
@@ -76,10 +62,10 @@ def test_the_upstream_key_reaches_vllm_and_a_request_without_it_is_refused(fleet
 def test_the_fronts_key_keeps_a_document_set_on_one_replica(fleet, routed):
     client, _ = routed
     docs = essays(secrets.token_hex(4))
-    before = prefilled(fleet)
+    before = prompt_tokens(fleet.workers)
     chat(client, SERVED, docs, "Which station logged reading 7?")
     again = chat(client, SERVED, docs[::-1], "Which station logged reading 9?")  # another order and question
-    after = prefilled(fleet)
+    after = prompt_tokens(fleet.workers)
     grew = [b != a for a, b in zip(before, after)]
     assert grew.count(True) == 1  # one replica prefilled both
     assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens - 128
@@ -88,9 +74,9 @@ def test_the_fronts_key_keeps_a_document_set_on_one_replica(fleet, routed):
 def test_a_replica_killed_mid_answer_the_router_moves_its_set_and_nothing_is_answered_twice(fleet, routed):
     client, _ = routed
     docs = essays(secrets.token_hex(4))
-    before = prefilled(fleet)
+    before = prompt_tokens(fleet.workers)
     chat(client, SERVED, docs, "Which station logged reading 1?", max_tokens=2)
-    owner = next(i for i, (a, b) in enumerate(zip(before, prefilled(fleet))) if b != a)
+    owner = next(i for i, (a, b) in enumerate(zip(before, prompt_tokens(fleet.workers))) if b != a)
     survivor = 1 - owner
     seen, ended = [], {}
 
@@ -108,15 +94,15 @@ def test_a_replica_killed_mid_answer_the_router_moves_its_set_and_nothing_is_ans
     until = time.monotonic() + 300
     while not seen and asking.is_alive() and time.monotonic() < until:
         time.sleep(0.01)
-    alive_before = prefilled(fleet)[survivor]
+    alive_before = prompt_tokens(fleet.workers)[survivor]
     kill(fleet.workers[owner])
     asking.join(300)
     assert "error" in ended and "finished" not in ended, ended  # what the client sees: its answer broke off
-    assert prefilled(fleet)[survivor] == alive_before  # and it was not run again elsewhere
+    assert prompt_tokens(fleet.workers)[survivor] == alive_before  # and it was not run again elsewhere
     for question in ("Which station logged reading 4?", "Which station logged reading 5?"):  # the front serves on
         answer = chat(client, SERVED, docs, question)
         assert answer.choices[0].message.content is not None
-    assert prefilled(fleet)[survivor] > alive_before and answer.usage.prompt_tokens_details.cached_tokens > 0
+    assert prompt_tokens(fleet.workers)[survivor] > alive_before and answer.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_two_studio_workers_behind_the_router_reuse_each_others_encodings(tmp_path):
