@@ -187,7 +187,8 @@ replicas: vllm router
 	$(BIN)/python tools/replicas.py $(ARGS)
 
 # The tests against a real vLLM (marker vllm): $$PML_VLLM_URL / $$PML_VLLM_MODEL when set, else one started from
-# .peers/vllm on the tests' model for the session.
+# .peers/vllm on the tests' model for the session; and two replicas behind the router (tests/vllm/test_api_key_and_replicas.py,
+# ~70 s, run first so that they are stopped before the session's server starts).
 test-vllm: vllm router
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/vllm $(ARGS)
 
