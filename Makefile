@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: setup run test test-fast test-vllm bench browser screenshot gemma3 qwen peers vllm vllm-serve llama-server clean
+.PHONY: setup run test test-fast test-vllm bench browser screenshot gemma3 qwen peers vllm vllm-serve router replicas llama-server clean
 
 setup: $(STAMP)
 
@@ -173,9 +173,23 @@ vllm: qwen
 vllm-serve: setup
 	$(BIN)/python tools/vllm_serve.py $(ARGS)
 
+# vLLM's router (vllm-project/router: Rust, a manylinux wheel, no CUDA) in its own environment, never part of `make test`
+# (docs/scale-out.md). The version is pinned: another project publishes a package of the same name. Then: make replicas.
+ROUTER_ENV := $(PEERS)/router
+router: setup
+	test -x $(ROUTER_ENV)/bin/python || $(PY) -m venv --without-pip $(ROUTER_ENV)
+	$(PIP_SOURCES) UV_INDEX_STRATEGY=unsafe-best-match $(BIN)/uv pip install -q --python $(ROUTER_ENV)/bin/python vllm-router==0.1.17
+	$(ROUTER_ENV)/bin/vllm-router --version 2>/dev/null || $(ROUTER_ENV)/bin/vllm-router --help | head -1
+
+# N vLLM replicas (one core each where the machine has them) and the router over them (ARGS="--replicas 2 --policy
+# consistent_hash"; --studio for `pml-studio api` workers on one module store instead): tools/replicas.py.
+replicas: vllm router
+	$(BIN)/python tools/replicas.py $(ARGS)
+
 # The tests against a real vLLM (marker vllm): $$PML_VLLM_URL / $$PML_VLLM_MODEL when set, else one started from
-# .peers/vllm on the tests' model for the session.
-test-vllm: vllm
+# .peers/vllm on the tests' model for the session; and two replicas behind the router (tests/vllm/test_api_key_and_replicas.py,
+# ~70 s, run first so that they are stopped before the session's server starts).
+test-vllm: vllm router
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -p no:cacheprovider -m vllm tests/vllm $(ARGS)
 
 test-fast: setup

@@ -103,6 +103,7 @@ def lead_section(slug: str) -> list[str]:
           for name in ("single", "two", "two-heldout")],
         (f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
         (f"serve-{slug}", serve_section), (f"load-{slug}", load_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
+        (f"replicas-{slug}", replicas_section),
         (f"cli-decode-{slug}", partial(cli_decode, slug=slug)), (f"fidelity-ape-{slug}", ape_section),
         (f"workload-int8-{slug}", lambda w: workload_section(w, f"workload-int8-{slug}") if "routed" in w["arms"]
          else []))
@@ -240,6 +241,17 @@ def vllm_reuse_section(f: dict) -> list[str]:
     rows = [{**r, "set": name, "arm": arm} for name, arms in f["summary"].items() for arm, r in arms.items()]
     shared = say("vllm_shared", f) if f.get("shared_machine") else ""
     return [say("vllm_reuse", f, shared=shared, table=table("vllm_reuse", f, rows))]
+
+
+def replicas_section(f: dict) -> list[str]:
+    """One document workload through one vLLM replica, two behind vllm-router (round_robin; consistent_hash with
+    the front's key) and two studio workers behind it (bench/replicas.py)."""
+    one = f["configs"]["1 replica"]["summary"]["cached_share"]
+    rows = [{**c["summary"], "name": name, "vs_one": c["summary"]["cached_share"] / one if one and "replica" in name
+             else None, "spread": " / ".join(f"{n:,}" for n in c.get("replica_prompt_tokens", [])) or None}
+            for name, c in f["configs"].items()]
+    shared = say("vllm_shared", f) if f.get("shared_machine") else ""
+    return [say("replicas", f, shared=shared, table=table("replicas", f, rows))]
 
 
 def cell_of(v: dict) -> str:

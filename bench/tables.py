@@ -232,6 +232,12 @@ TABLES: dict[str, dict] = {
         ["set", "l", "{set}"], ["arm", "l", "{arm}"], ["mean TTFT", "r", "{mean_ttft_ms:.0f} ms", "—"],
         ["min / median / max", "l", MIN_MED_MAX_MS], ["found", "r", "{found}/{of}"],
         ["prompt reused (median)", "r", "{reused_share[median]:.0%}"]]},
+    "replicas": {"columns": [
+        ["configuration", "l", "{name}"], ["prompt tokens cached", "r", "**{cached_share:.0%}**"],
+        ["recurring", "r", "{by_kind[recurring]:.0%}"], ["reordered", "r", "{by_kind[reordered]:.0%}"],
+        ["subset", "r", "{by_kind[subset]:.0%}"], ["× one replica's", "r", "{vs_one:.2f}", "–"],
+        ["TTFT p50 / p95", "r", "{ttft_ms_p50:.0f} / {ttft_ms_p95:.0f} ms"], ["found", "r", "{found}/{of}"],
+        ["prompt tokens per replica", "r", "{spread}", "–"]]},
     "ape": {"columns": [["T \\ S", "l", "T = {t:.1f}"], ["S = {each}", "r", "{cells[{each}]}"]]},
     "precision_ttft": {"columns": [
         ["prompt tokens", "r", "{prompt_tokens:,}"], ["dtype", "l", "{dtype}"],
@@ -304,7 +310,7 @@ BY_SCRIPT = {
     "gpu_profile": ["profile"], "decode": ["decode"], "prefill": ["prefill", "prefill_profile"],
     "browser_compare": ["browser"],
     "first_compare": ["first_compare"], "spanning": ["spanning"], "serve": ["serve"], "load": ["load"],
-    "vllm_reuse": ["vllm_reuse"],
+    "vllm_reuse": ["vllm_reuse"], "replicas": ["replicas"],
     "precision": ["precision_ttft", "precision_needles"], "workload": ["workload"],
     "peers": ["peers", "peers_lengths", "kvpress"], "compression": ["compression", "compression_at_4k"],
     "families": ["families"],

@@ -99,7 +99,8 @@ def measure(eng, config, url: str, docs: list[str], cases: list[tuple[str, dict]
                 a = res.agreement
                 row["arms"][arm].update(same_text=a.same_text, first_token_agree=a.first_token_agree,
                                         first_divergence=a.first_divergence,
-                                        server_cached_tokens=res.detail.server_cached_tokens)
+                                        server_cached_tokens=res.detail.server_cached_tokens,
+                                        first_request=res.detail.first_request)  # False: the warm-up was first
         if name == "reordered":
             ids = app_order_ids(eng, docs, p["order"], p["question"])
             run, detail = finish(remote_run(endpoint, ids, sampling, eng.tokenizer))

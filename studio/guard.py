@@ -26,8 +26,8 @@ MIN_DISTINCT = 8  # 16 of one character, or 'abababab…', are guessed first
 _HOST = re.compile(r"(\[[^\]]+\]|[^:/\[\]]+)(?::(\d{1,5}))?")
 _ORIGIN = re.compile(r"https?://" + _HOST.pattern + "/?")
 _TOKEN = re.compile(r"[A-Za-z0-9._~-]+")  # safe in a URL, a fragment and a header without quoting
-# Gradio's launch calls this itself, without the token
-OPEN_PATHS = ("/gradio_api/startup-events",)
+# Gradio's launch calls the first itself, without the token; a router checks the API's /health (200 or 503, no more)
+OPEN_PATHS = ("/gradio_api/startup-events", "/health")
 # Gradio's built scripts, styles and theme: the same for every studio, loaded before the page holds the token
 PUBLIC = re.compile(r"/(?:assets/|static/|svelte/|favicon\.ico$|manifest\.json$|(?:gradio_api/)?theme\.css$)")
 _MONITORING = re.compile(r"^(?:/gradio_api)?/monitoring(?:/.*)?$")

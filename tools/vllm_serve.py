@@ -40,10 +40,25 @@ class ServeError(RuntimeError):
 
 
 def start(model: str, port: int, python: str, dtype: str = "float32", deadline_s: float = START_DEADLINE_S,
-          log: Path | None = None) -> tuple[subprocess.Popen, str]:
+          log: Path | None = None, api_key: str | None = None,
+          cores: tuple[int, ...] = ()) -> tuple[subprocess.Popen, str]:
     """Start vLLM on ``model`` (a packaged model's key or a model folder) at 127.0.0.1:``port`` with ``python``
     (vLLM's environment); wait for ``/v1/models``; (process, base URL). ServeError, the process stopped, when it
-    exits or does not answer by ``deadline_s``."""
+    exits or does not answer by ``deadline_s``. ``api_key``: the key vLLM requires (``VLLM_API_KEY``: not in ``ps``);
+    ``cores``: the CPU ids its model's threads are bound to (default: every core)."""
+    proc, url = launch(model, port, python, dtype, log, api_key, cores)
+    try:
+        wait_ready(proc, url, deadline_s, proc.log, api_key)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+def launch(model: str, port: int, python: str, dtype: str = "float32", log: Path | None = None,
+           api_key: str | None = None, cores: tuple[int, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """:func:`start` without the wait (several servers start at once; :func:`wait_ready` each); the process's
+    ``log`` attribute is its log file."""
     refusal = cannot_run(python)
     if refusal:
         raise ServeError(refusal)
@@ -51,14 +66,9 @@ def start(model: str, port: int, python: str, dtype: str = "float32", deadline_s
     log = log or Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
     with open(log, "w") as out:
         proc = subprocess.Popen(command(python, folder, name, port, dtype), stdout=out, stderr=subprocess.STDOUT,
-                                env=environment(), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, deadline_s, log)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc, url
+                                env=environment(api_key, cores), start_new_session=True)
+    proc.log = log
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def command(python: str, folder: Path, name: str, port: int, dtype: str) -> list[str]:
@@ -68,10 +78,15 @@ def command(python: str, folder: Path, name: str, port: int, dtype: str) -> list
             "--enable-prefix-caching", "--enable-prompt-tokens-details"]
 
 
-def environment() -> dict:
+def environment(api_key: str | None = None, cores: tuple[int, ...] = ()) -> dict:
     # vLLM's CPU build keeps one core for itself unless told: on 2 cores its model would run on 1 thread where the
     # studio's runs on 2, so the model gets every core, as torch's threads do (set the variables to choose)
-    return {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **os.environ}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **os.environ}
+    if cores:  # replicas side by side: each model's threads on cores of its own (its HTTP threads float)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env
 
 
 def model_folder(model: str) -> tuple[Path, str]:
@@ -99,21 +114,22 @@ def cannot_run(python: str) -> str | None:
     return None
 
 
-def wait_ready(proc: subprocess.Popen, url: str, deadline_s: float, log: Path) -> None:
+def wait_ready(proc: subprocess.Popen, url: str, deadline_s: float, log: Path, api_key: str | None = None) -> None:
     until = time.monotonic() + deadline_s
     while time.monotonic() < until:
         if proc.poll() is not None:
             raise ServeError(f"vLLM exited ({proc.returncode}) before answering; its last words:\n{tail(log)}")
-        if served(url):
+        if served(url, api_key):
             return
         time.sleep(1)
     raise ServeError(f"vLLM did not answer {url}/v1/models within {deadline_s:.0f} s; its log: {log}\n{tail(log)}")
 
 
-def served(url: str) -> list[str]:
-    """The model names ``url`` serves ([] when it does not answer)."""
+def served(url: str, api_key: str | None = None) -> list[str]:
+    """The model names ``url`` serves ([] when it does not answer, or refuses ``api_key``)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/models", headers=headers), timeout=2) as r:
             return [m["id"] for m in json.load(r)["data"]]
     except (OSError, ValueError, KeyError):
         return []

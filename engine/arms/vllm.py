@@ -6,6 +6,7 @@ failed comparison (docs/scale-out.md)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ from engine.run.types import RunResult, Sampling
 
 URL_ENV = "PML_VLLM_URL"  # the server when --vllm-url is not given
 KEY_ENV = "PML_VLLM_API_KEY"  # its API key (vLLM's --api-key), read here only: a setting would be logged with the run
+_ANSWERED: set[tuple[str, str]] = set()  # (url, model) that answered this process
+_ANSWERED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,12 @@ class VllmRun:
     first_top: dict[int, float] = field(default_factory=dict)  # first token's top TOP_LOGPROBS log-probabilities
     error: str | None = None
     error_kind: str | None = None  # unconfigured, or RemoteError's kind: unavailable, timeout, refused, broken, mismatch
+    first_request: bool = False  # the first this process had that server answer: may hold its warm-up
 
     def to_json(self) -> dict:
         return {"remote": True, "reuses": "prefixes only", "url": self.url, "served_model": self.served_model,
                 "server_prompt_tokens": self.prompt_tokens, "server_cached_tokens": self.server_cached_tokens,
+                "first_request": self.first_request,
                 "finish_reason": self.finish_reason, "error": self.error, "error_kind": self.error_kind,
                 "first_top_logprobs": [[t, round(lp, 6)] for t, lp in self.first_top.items()]}
 
@@ -66,6 +71,7 @@ class VllmRun:
         return cls(url=data.get("url") or "", served_model=data.get("served_model"),
                    prompt_tokens=data.get("server_prompt_tokens"),
                    server_cached_tokens=data.get("server_cached_tokens"), finish_reason=data.get("finish_reason"),
+                   first_request=bool(data.get("first_request")),
                    first_top={int(t): lp for t, lp in data.get("first_top_logprobs") or ()}, error=data.get("error"),
                    error_kind=data.get("error_kind"))
 
@@ -123,6 +129,9 @@ def remote_run(endpoint: Endpoint, ids: list[int], sampling: Sampling,
     """The server's streamed answer as the run's own events (a FirstToken, then a Token each), then a RunResult
     (times at this client: from sending the request) and what vLLM reported."""
     tokens, stamps, text, first_top = [], [], "", {}
+    server = (endpoint.url, endpoint.model)
+    with _ANSWERED_LOCK:
+        first_request = server not in _ANSWERED
     ttft, end = None, None
     body = completion_body(endpoint.model, ids, sampling, logprobs=TOP_LOGPROBS)
     with Blocking(endpoint.url, api_key=endpoint.api_key, limits=endpoint.limits) as client:
@@ -146,9 +155,11 @@ def remote_run(endpoint: Endpoint, ids: list[int], sampling: Sampling,
                     yield Token("vllm", token, delta, text)
     if ttft is None:
         raise RemoteError(f"{endpoint.url} streamed no token (finish reason: {end.finish_reason})")
+    with _ANSWERED_LOCK:
+        _ANSWERED.add(server)
     run = _result(tokens, ttft, stamps, tokenizer, end.usage)
     return run, VllmRun(endpoint.url, endpoint.model, end.usage.prompt_tokens, end.usage.cached_tokens,
-                        end.finish_reason, first_top)
+                        end.finish_reason, first_top, first_request=first_request)
 
 
 def _result(tokens: list[int], ttft: float, stamps: list[float], tokenizer, usage: Usage | None) -> RunResult:

@@ -4,12 +4,15 @@ alone: the weights never load), and answered by the upstream's ``/v1/completions
 
 Stateless by design: documents are placed with a fresh position registry per request (transparent documents in
 canonical order, so one set renders one way in any order) and inline schemas are not remembered, so any number of
-fronts answer alike behind a load balancer; vLLM's prefix cache does the reuse.
+fronts answer alike behind a load balancer; vLLM's prefix cache does the reuse. Each request with documents carries
+a routing key (:func:`route_key`, as ``X-Session-ID``) that a router's ``consistent_hash`` policy keeps on one
+replica (docs/scale-out.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from contextlib import aclosing
@@ -50,6 +53,10 @@ class Rendered:
     def token_ids(self) -> list[int]:
         return self.plan.token_ids
 
+    @property
+    def route_key(self) -> str | None:
+        return route_key(self.plan)
+
 
 class FrontService:
     """The routes' service (as :class:`~.service.ApiService`) over an upstream instead of the local engine."""
@@ -76,6 +83,10 @@ class FrontService:
             await self.upstream.ready()
         finally:
             self.waiting -= 1
+
+    def healthy(self) -> bool:
+        """Always: the front loads no weights, and each request checks the upstream itself."""
+        return True
 
     def model_ids(self) -> tuple[str, ...]:
         """The upstream's served model (first, as answers name it), and the local model's name."""
@@ -133,7 +144,7 @@ class FrontService:
         first = last = end = None
         parts: list[str] = []  # the visible text, joined once
         body = completion_body(served.model, rendered.token_ids, rendered.sampling)
-        async with aclosing(self.upstream.complete(body)) as events:
+        async with aclosing(self.upstream.complete(body, session=rendered.route_key)) as events:
             async for event in events:
                 if isinstance(event, End):
                     end = event
@@ -169,6 +180,23 @@ def render(engine, work: Work, schemas: SchemaBook, max_model_len: int | None, c
     sampling = Sampling(max_new_tokens=min(asked, room), temperature=work.temperature, top_p=work.top_p,
                         seed=work.seed, stop=work.stop)
     return Rendered(compiled, plan, sampling)
+
+
+def route_key(plan: PromptPlan) -> str | None:
+    """A hash of the token ids through the prompt's first document (its system text, any text before the documents,
+    then the first of them in canonical order); None without documents. Every request that can reuse another's
+    prefix beyond the system text has the same first document, so a router hashing this key keeps them on one
+    replica: the same set in any order, and subsets that lead with the same document. No text leaves in it."""
+    end = first = None
+    for placed in plan.placed():  # a module's arguments are new text inside it: its end is its last cached piece
+        if placed.module is None:
+            continue
+        if first not in (None, placed.module):
+            break
+        first, end = placed.module, placed.ranks.stop
+    if end is None:
+        return None
+    return hashlib.sha256(",".join(map(str, plan.token_ids[:end])).encode()).hexdigest()[:32]
 
 
 def _outcome(rendered: Rendered, text: str, stopped: bool, end: End, start: float, sent: float,

@@ -1,7 +1,7 @@
-"""The OpenAI-compatible routes (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/metrics``) as one
-FastAPI app. A POST's body is parsed once (by :class:`ApiRoute`) and validated here (types: 422; values: 400 / 404),
-becomes a :class:`~.service.Work` and waits for its job on the engine thread; a stream answers once its first
-token, error or encoding comment is there.
+"""The OpenAI-compatible routes (``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/metrics``, and
+``/health`` for a router's checks) as one FastAPI app. A POST's body is parsed once (by :class:`ApiRoute`) and
+validated here (types: 422; values: 400 / 404), becomes a :class:`~.service.Work` and waits for its job on the engine
+thread; a stream answers once its first token, error or encoding comment is there.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .service import ApiService, Job, Outcome, Work, random_seed
 from .types import (ChatChoice, ChatChunk, ChatCompletion, ChatMessage, ChatRequest, ChunkChoice, Completion,
                     CompletionChoice, CompletionRequest, Delta, ModelCard, ModelList, unsupported)
 
-API_PATHS = ("/v1/", "/metrics")  # what ApiRoute hands to the API app
+API_PATHS = ("/v1/", "/metrics", "/health")  # what ApiRoute hands to the API app
 MAX_BODY_BYTES = 4 << 20  # larger is a 413, before it is read whole
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's
 MAX_STOP = 4  # stop strings per request, as OpenAI
@@ -76,6 +76,13 @@ def create_api(service: ApiService, metrics: Metrics | None = None) -> FastAPI:
         model = _model(service, req.model)
         work = _work(service, req, "completion", prompt=_prompt(req.prompt))
         return await _respond(service, metrics, request, work, model, req.stream_options)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """200 once requests can be answered (the model loaded; a front: always), else 503: a router sends none
+        to a worker before (vLLM's ``/health``; open without the token, it says nothing else)."""
+        ready = service.healthy()
+        return JSONResponse({"status": "ok" if ready else "loading"}, 200 if ready else 503)
 
     @app.get("/metrics")
     async def scrape() -> Response:

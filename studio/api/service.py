@@ -128,6 +128,10 @@ class ApiService:
     async def ready(self) -> None:
         """Nothing to wait for: the engine is here (a front waits for its upstream)."""
 
+    def healthy(self) -> bool:
+        """The model is loaded (``/health``)."""
+        return self.engine_of().loaded
+
     def card(self) -> dict:
         """The ``pml`` object of the model's card."""
         return {"weights": self.engine_of().config.weights, "default_arm": self.default_arm, "arms": list(REGISTRY),

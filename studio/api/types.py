@@ -79,6 +79,11 @@ class _Sampling(_Request):
     frequency_penalty: Number | None = None
     user: StrictStr | None = None
     pml: PmlOptions | None = None
+    # vLLM's and SGLang's own; vllm-router writes them into every request it forwards, at their defaults
+    no_stop_trim: StrictBool | None = None
+    ignore_eos: StrictBool | None = None
+    skip_special_tokens: StrictBool | None = None
+    return_hidden_states: StrictBool | None = None
 
 
 class ChatRequest(_Sampling):
@@ -104,6 +109,11 @@ class ChatRequest(_Sampling):
     prompt_cache_retention: StrictStr | None = None
     safety_identifier: StrictStr | None = None
     verbosity: StrictStr | None = None
+    continue_final_message: StrictBool | None = None
+    # how a reasoning model's thinking is shown: no model here thinks apart, so any value reads the same
+    separate_reasoning: StrictBool | None = None
+    stream_reasoning: StrictBool | None = None
+    include_reasoning: StrictBool | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -121,6 +131,11 @@ def unsupported(req: _Sampling) -> tuple[str, str] | None:
         ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
         ("presence_penalty", req.presence_penalty not in (None, 0), "presence_penalty is not supported (use 0)"),
         ("frequency_penalty", req.frequency_penalty not in (None, 0), "frequency_penalty is not supported (use 0)"),
+        ("no_stop_trim", bool(req.no_stop_trim), "no_stop_trim is not supported (the stop string is cut)"),
+        ("ignore_eos", bool(req.ignore_eos), "ignore_eos is not supported (an answer ends at the end token)"),
+        ("skip_special_tokens", req.skip_special_tokens is False,
+         "skip_special_tokens=false is not supported (special tokens are left out of the text)"),
+        ("return_hidden_states", bool(req.return_hidden_states), "return_hidden_states is not supported"),
     ]
     if isinstance(req, ChatRequest):
         fmt = (req.response_format or {}).get("type", "text")
@@ -133,6 +148,8 @@ def unsupported(req: _Sampling) -> tuple[str, str] | None:
             ("audio", req.audio is not None or (req.modalities or ["text"]) != ["text"], "only text output is supported"),
             ("prediction", req.prediction is not None, "predicted outputs are not supported"),
             ("web_search_options", req.web_search_options is not None, "web search is not supported"),
+            ("continue_final_message", bool(req.continue_final_message),
+             "continue_final_message is not supported (the answer starts a new assistant turn)"),
         ]
     else:
         checks += [

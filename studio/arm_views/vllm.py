@@ -11,9 +11,13 @@ class VllmView(View):
     def chips(self, detail: VllmRun) -> list[str]:
         if detail.error:
             return [f"not run: {detail.error}"]
-        return [f"{detail.served_model} at {detail.url}: {detail.server_cached_tokens:,} of "
-                f"{detail.prompt_tokens:,} prompt tokens cached (vLLM's count, whole blocks); TTFT at the "
-                "client; agreement over vLLM's top 20 first tokens"]
+        chips = [f"{detail.served_model} at {detail.url}: {detail.server_cached_tokens:,} of "
+                 f"{detail.prompt_tokens:,} prompt tokens cached (vLLM's count, whole blocks); TTFT at the "
+                 "client; agreement over vLLM's top 20 first tokens"]
+        if detail.first_request:
+            chips.append("cold: this studio's first request to that server; its time may hold the server's warm-up "
+                         "(run it again for a warm figure)")
+        return chips
 
     def reason(self, detail: VllmRun, error: str) -> str:
         if not detail.url:  # no server named: the field that names one

@@ -157,6 +157,19 @@ def test_the_arm_sends_the_baselines_token_ids_and_agrees_with_it(tiny_engine, t
     assert back.arm("vllm").detail.server_cached_tokens == 16 and back.to_json()["vllm"] == doc["vllm"]
 
 
+def test_the_first_request_a_server_answers_this_process_is_marked_cold(tiny_engine, stand_in):
+    """A cold server's warm-up must not read as its prefill: the first run on a server says so, in its JSON and
+    its column's words; the next does not."""
+    from studio.arm_views import view_of
+
+    first, second = (compare_with(tiny_engine, stand_in.url, arms=("vllm",), new=2).arm("vllm") for _ in range(2))
+    assert first.detail.first_request and not second.detail.first_request
+    doc = first.detail.to_json()
+    assert doc["first_request"] is True and type(first.detail).from_json(doc).first_request
+    assert any(c.startswith("cold:") for c in view_of("vllm").chips(first.detail))
+    assert not any(c.startswith("cold:") for c in view_of("vllm").chips(second.detail))
+
+
 def test_the_streamed_text_comes_as_the_runs_events(tiny_engine, stand_in):
     from engine.run.events import FirstToken, Token
 

@@ -108,6 +108,28 @@ def test_completions_plain_and_streamed(served, oracle):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == made.choices[0].text
 
 
+# What vllm-router writes into each request it forwards (read from its forwarded bodies, version 0.1.17)
+ROUTER_CHAT = {"logprobs": False, "no_stop_trim": False, "ignore_eos": False, "continue_final_message": False,
+               "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,
+               "return_hidden_states": False, "include_reasoning": True}
+ROUTER_COMPLETION = {"echo": False, "no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True,
+                     "return_hidden_states": False}
+
+
+def test_a_routers_request_is_answered_and_what_it_cannot_honour_refused(served):
+    """Behind vllm-router (docs/scale-out.md) every request carries vLLM's and SGLang's own fields at their
+    defaults: answered as without them; a value the engine cannot honour is a 400 naming it."""
+    _, port, _ = served
+    url, messages = f"http://127.0.0.1:{port}/v1", [{"role": "user", "content": "Name a river."}]
+    chat_body = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0, **ROUTER_CHAT}
+    assert httpx.post(f"{url}/chat/completions", json=chat_body, headers=AUTH, timeout=60).status_code == 200
+    body = {"model": MODEL, "prompt": "A river", "max_tokens": 2, "temperature": 0, **ROUTER_COMPLETION}
+    assert httpx.post(f"{url}/completions", json=body, headers=AUTH, timeout=60).status_code == 200
+    for field, value in (("ignore_eos", True), ("skip_special_tokens", False), ("continue_final_message", True)):
+        refused = httpx.post(f"{url}/chat/completions", json={**chat_body, field: value}, headers=AUTH, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+
+
 def test_explicit_pml_by_name_equals_the_engine_run(served, oracle):
     """``pml.schema`` names a sample schema; the answer is the engine's on that schema and prompt."""
     from studio.files import load_sample

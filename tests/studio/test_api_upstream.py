@@ -176,6 +176,47 @@ def test_two_fronts_render_one_document_set_alike(engine, standin, served):
 # Refusals and faults
 # ----------------------------------------------------------------------------------------------
 
+def route_key(ids: list[int]) -> str:
+    """The routing key of a prompt whose shared prefix is ``ids`` (the front's rule, computed here from the ids)."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:32]
+
+
+def session_of(standin) -> str | None:
+    return {k.lower(): v for k, v in standin.headers[-1].items()}.get("x-session-id")
+
+
+def test_the_routing_key_is_a_hash_of_the_prefix_through_the_first_document(served, standin, engine):
+    """X-Session-ID: the same for one document set in any order and any question, a hash (no text), the ids through
+    the first document in canonical order; another first document, another key; no documents, no key."""
+    client, _ = served
+    tok = engine.tokenizer
+    ask(client, parts(*ESSAYS, "Who wrote note 1?"))
+    key = session_of(standin)
+    ask(client, parts(ESSAYS[2], ESSAYS[1], ESSAYS[0], "Which essay names maps?"), stream=True)
+    assert session_of(standin) == key and len(key) == 32 and int(key, 16) >= 0
+    first = canonical(ESSAYS)[0]
+    head = tok.encode(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n", add_special_tokens=False)
+    prefix = head + tok.encode(first, add_special_tokens=False)
+    assert standin.sent[-1]["prompt"][:len(prefix)] == prefix and key == route_key(prefix)
+
+    others = [d for d in ESSAYS if d != first]  # a subset without the first document: another first, another key
+    ask(client, parts(*others, "Who wrote note 2?"))
+    second = canonical(others)[0]
+    assert session_of(standin) == route_key(head + tok.encode(second, add_special_tokens=False)) != key
+
+    ask(client, "What is a river?")  # no documents: no key (the router then balances as it likes)
+    assert session_of(standin) is None
+    client.completions.create(model=SERVED, prompt=" # # ".join([*ESSAYS, "Who wrote note 4?"]), max_tokens=2)
+    assert session_of(standin) == route_key(tok.encode(first, add_special_tokens=False))
+
+
+def test_health_answers_a_routers_check_without_the_token(served):
+    _, port = served
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401  # the rest keeps its guard
+
+
 def test_an_upstream_refusal_is_passed_on(served, standin):
     client, _ = served
     standin.refuse = (400, {"error": {"message": "This model's maximum context length is 4096 tokens.",

@@ -35,14 +35,15 @@ def local_model(vllm_server) -> str:
 
 
 @contextmanager
-def front(upstream: str, model: str, tmp_path):
-    """``pml-studio api --upstream`` as a user starts it, on a free port; yields (openai client, port, process);
-    terminated in every exit path."""
+def front(upstream: str, model: str, tmp_path, key: str | None = None):
+    """``pml-studio api --upstream`` as a user starts it, on a free port (``key``: the upstream's API key, as
+    $PML_UPSTREAM_API_KEY); yields (openai client, port, process); terminated in every exit path."""
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PML_UPSTREAM_API_KEY"}
     proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "api", "--upstream", upstream, "--model", model,
                              "--port", str(port), "--db", str(tmp_path / f"front-{port}.db")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PML_STUDIO_TOKEN": TOKEN})
+                            env={**env, "PML_STUDIO_TOKEN": TOKEN, **({"PML_UPSTREAM_API_KEY": key} if key else {})})
     try:
         end = time.monotonic() + START_S
         while not _answers(port):
@@ -236,7 +237,8 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 
 
 def _answers(port: int) -> bool:
+    """The front listens (its upstream may refuse it: each request then says why)."""
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=AUTH, timeout=5).status_code == 200
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False

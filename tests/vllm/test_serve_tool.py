@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,21 @@ def test_stop_ends_the_whole_process_group(tmp_path):
     else:
         pytest.fail("the engine process vLLM started outlived stop()")
     assert proc.poll() is not None
+
+
+def test_the_replicas_tool_says_what_is_missing_and_never_retries_past_its_breaker(tmp_path):
+    """tools/replicas.py without vLLM: a router not set up or a policy it lacks is one line naming the fix; a request
+    to a dead replica is tried more times than the breaker needs to open, so the last try reaches a live one."""
+    from tools.replicas import BREAKER, RETRIES, ReplicaError, core_sets, router, router_command
+
+    with pytest.raises(ReplicaError, match="make router"):
+        with router((), "round_robin", program=tmp_path / "vllm-router"):
+            pass
+    with pytest.raises(ReplicaError, match="no router policy 'fastest'"):
+        with router((), "fastest", program=Path(sys.executable)):
+            pass
+    cmd = router_command(Path("vllm-router"), ["http://a", "http://b"], "consistent_hash", 9)
+    assert cmd[cmd.index("--retry-max-retries") + 1] == str(RETRIES) and RETRIES > BREAKER
+    assert cmd[cmd.index("--cb-failure-threshold") + 1] == str(BREAKER)
+    cores = core_sets(2)
+    assert len(cores) == 2 and (cores == [(), ()] or len({c for cs in cores for c in cs}) == 2)
