@@ -47,11 +47,11 @@ def step(lm: LoadedModel, rows: list[Row]) -> torch.Tensor:
         if row.spec.focus is not None:
             row.spec.focus.saw(torch.tensor([[row.token]]))  # the focus follows the fed token
     ids, positions = [r.token for r in rows], [r.position for r in rows]
-    fast = cpp.decoder(lm.model, lm.weights) if all(_plain(r.spec) for r in rows) else None
+    fast = cpp.decoder(lm.model, lm.weights) if all(_focus_only(r.spec) for r in rows) else None
     if fast is not None and all(r.lease.level for r in rows):
         leases = [r.lease for r in rows]
         logits = fast(ids, positions, leases[0].base, torch.tensor([x.start for x in leases]),
-                      torch.tensor([x.length for x in leases]))
+                      torch.tensor([x.length for x in leases]), _visible(rows))
     elif len(rows) == 1:
         logits = _one(lm, rows[0])
     else:
@@ -70,9 +70,22 @@ def batchable(lm: LoadedModel, row: Row) -> bool:
             and spec.ranks is None and spec.ape is None and spec.scorer is None and spec.keys is None)
 
 
-def _plain(spec: AttentionSpec) -> bool:
-    """Plain now: a focus not narrowed yet changes nothing."""
-    return dataclasses.replace(spec, focus=None).plain and (spec.focus is None or spec.focus.focus is None)
+def _focus_only(spec: AttentionSpec) -> bool:
+    """Nothing but a focus changes its attention (the C++ step reads each row's visible keys)."""
+    return dataclasses.replace(spec, focus=None).plain
+
+
+def _visible(rows: list[Row]) -> torch.Tensor | None:
+    """[rows, longest + 1] bool: the keys each row reads, where a focus narrowed one; else None (every key)."""
+    focused = [r.spec.focus is not None and r.spec.focus.focus is not None for r in rows]
+    if not any(focused):
+        return None
+    keys = max(r.lease.length for r in rows) + 1
+    out = torch.ones(len(rows), keys, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        if focused[i]:
+            out[i] = row.spec.focus.visible(keys, "cpu")
+    return out
 
 
 def _one(lm: LoadedModel, row: Row) -> torch.Tensor:

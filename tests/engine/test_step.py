@@ -184,3 +184,40 @@ def test_the_decoder_does_not_keep_its_model_alive():
     del model
     gc.collect()
     assert gone() is None
+
+
+def test_a_focused_row_decodes_through_the_step_with_its_keys_masked(packed, monkeypatch):
+    """forward.step over two rows, one of them a routed run focused on one module: the C++ step runs (its visible
+    keys) and each row's logits are the model's own forward with the focus's mask, row by row."""
+    from engine.model.attend import Focus
+    from engine.run.forward import Row
+    from engine.run.forward import step as one_step
+
+    model, kind = packed
+    lm = type("LM", (), {"model": model, "weights": kind, "device": "cpu", "attention": "pml"})()
+    pool = _pool(model)
+    plain, focused = _prefilled(model, 9, first=0, seed=3, pool=pool), _prefilled(model, 12, first=0, seed=4, pool=pool)
+    owners = torch.tensor([-1, 0, 0, 0, 1, 1, 1, 1, 0, 0, -1, -1])  # two modules' slots, the rest no module's
+    focus = Focus(owners, {7: 1})
+    focus.saw(torch.tensor([[7]]))  # the answer named module 1: module 0's keys are hidden
+    assert focus.focus == 1
+    want = []
+    for lease, spec in ((plain, PLAIN), (focused, AttentionSpec(focus=focus))):
+        alone = _alone(lease)
+        mask = spec.focus.visible(alone.length + 1, "cpu")[None, None, None] if spec.focus else None
+        with torch.inference_mode():
+            want.append(model(input_ids=torch.tensor([[7]]), position_ids=torch.tensor([[alone.length]]),
+                              past_key_values=alone.cache(), use_cache=True, logits_to_keep=1,
+                              attn_spec=AttentionSpec(keys=mask) if mask is not None else PLAIN).logits[0, -1])
+    calls = []
+    real = step.StepDecoder.__call__
+    monkeypatch.setattr(step.StepDecoder, "__call__", lambda self, *a: calls.append(a[-1]) or real(self, *a))
+    step._made.pop(model, None)
+    focus_then = Focus(owners, {7: 1})
+    focus_then.focus = 1
+    with torch.inference_mode():
+        got = one_step(lm, [Row(plain, 7, 9), Row(focused, 7, 12, AttentionSpec(focus=focus_then))])
+    step._made.pop(model, None)
+    assert len(calls) == 1 and calls[0] is not None and not calls[0][1, 1:4].any()  # C++, module 0's keys hidden
+    assert _close(got[0], want[0]) and _close(got[1], want[1])
+    assert not _close(want[1], _forward(model, _alone(focused).cache(), [7], [12])[0])  # the mask changes the answer
