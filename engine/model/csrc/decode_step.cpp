@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -55,6 +56,69 @@ float dot(const float* a, const float* b, int64_t d) {
   float t = _mm512_reduce_add_ps(s);
   for (; i < d; ++i) t += a[i] * b[i];
   return t;
+}
+
+// e^x for x <= 0 (a score less the largest of its row), 16 at a time: Cephes' expf polynomial after x = n ln2 + r;
+// below -87.3 (a masked key's -inf too) it is 0
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  return _mm512_maskz_mov_ps(~tiny, _mm512_scalef_ps(y, n));
+}
+
+// p[t] = e^(p[t] - top) for t < n; their sum
+float exp_shifted(float* p, int64_t n, float top) {
+  const __m512 t = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, p + i), t));
+    _mm512_mask_storeu_ps(p + i, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// out[0 .. 16 DV) = scale * sum over t < keys of p[t] * v[t] (v[t] at vb + t * stride), the sums in registers
+template <int DV>
+void weighted_sum(const float* p, int64_t keys, const float* vb, int64_t stride, float scale, float* out) {
+  __m512 a[DV], b[DV];  // two keys at a time: two chains of sums
+  for (int i = 0; i < DV; ++i) a[i] = b[i] = _mm512_setzero_ps();
+  int64_t t = 0;
+  for (; t + 2 <= keys; t += 2) {
+    const __m512 w0 = _mm512_set1_ps(p[t]), w1 = _mm512_set1_ps(p[t + 1]);
+    const float *v0 = vb + t * stride, *v1 = v0 + stride;
+    for (int i = 0; i < DV; ++i) {
+      a[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * i), a[i]);
+      b[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * i), b[i]);
+    }
+  }
+  if (t < keys)
+    for (int i = 0; i < DV; ++i)
+      a[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_loadu_ps(vb + t * stride + 16 * i), a[i]);
+  for (int i = 0; i < DV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(_mm512_add_ps(a[i], b[i]),
+                                                                             _mm512_set1_ps(scale)));
+}
+
+// the same for any d
+void weighted_sum_any(const float* p, int64_t keys, const float* vb, int64_t stride, float scale, float* out,
+                      int64_t d) {
+  std::fill(out, out + d, 0.f);
+  for (int64_t t = 0; t < keys; ++t)
+    for (int64_t i = 0; i < d; ++i) out[i] += p[t] * vb[t * stride + i];
+  for (int64_t i = 0; i < d; ++i) out[i] *= scale;
 }
 
 // y = RMSNorm(x) row by row, x and y [rows, n]
@@ -151,34 +215,30 @@ class Decoder {
       // attention: one (row, KV head) per task, its group of query heads over keys 0 .. len[row]
       float* ap = att.data_ptr<float>();
       at::parallel_for(0, rows * kv_heads_, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> p(longest);
-        std::vector<float> acc(d);
+        std::vector<float> scores(group * longest);
+        std::vector<float> top(group);
         for (int64_t task = begin; task < end; ++task) {
           const int64_t r = task / kv_heads_, g = task % kv_heads_, keys = len[r] + 1;
           const float* kb = layer_kv + g * s_head + at[r] * s_pos;
           const bool* see = seen ? seen + r * seen_row : nullptr;
           const float* vb = kb + s_kv;
+          const float* q0 = base + r * width + g * group * d;
+          std::fill(top.begin(), top.end(), -INFINITY);
+          for (int64_t t = 0; t < keys; ++t) {  // each key read once for the group's heads
+            const float* k = kb + t * s_pos;
+            for (int64_t j = 0; j < group; ++j) {
+              const float s = (see && !see[t]) ? -INFINITY : dot(q0 + j * d, k, d) * scaling_;
+              scores[j * keys + t] = s;
+              top[j] = std::max(top[j], s);
+            }
+          }
           for (int64_t j = 0; j < group; ++j) {
-            const int64_t h = g * group + j;
-            const float* q = base + r * width + h * d;
-            float top = -INFINITY;
-            for (int64_t t = 0; t < keys; ++t) {
-              p[t] = (see && !see[t]) ? -INFINITY : dot(q, kb + t * s_pos, d) * scaling_;
-              top = std::max(top, p[t]);
-            }
-            float sum = 0.f;
-            for (int64_t t = 0; t < keys; ++t) sum += (p[t] = (see && !see[t]) ? 0.f : std::exp(p[t] - top));
-            std::fill(acc.begin(), acc.end(), 0.f);
-            for (int64_t t = 0; t < keys; ++t) {
-              const float pt = p[t] / sum;
-              const float* v = vb + t * s_pos;
-              int64_t i = 0;
-              for (; i + 16 <= d; i += 16)
-                _mm512_storeu_ps(&acc[i], _mm512_fmadd_ps(_mm512_set1_ps(pt), _mm512_loadu_ps(v + i),
-                                                          _mm512_loadu_ps(&acc[i])));
-              for (; i < d; ++i) acc[i] += pt * v[i];
-            }
-            std::copy(acc.begin(), acc.end(), ap + r * q_width + h * d);
+            float* p = scores.data() + j * keys;
+            const float scale = 1.f / exp_shifted(p, keys, top[j]);
+            float* out = ap + r * q_width + (g * group + j) * d;
+            if (d == 64) weighted_sum<4>(p, keys, vb, s_pos, scale, out);
+            else if (d == 128) weighted_sum<8>(p, keys, vb, s_pos, scale, out);
+            else weighted_sum_any(p, keys, vb, s_pos, scale, out, d);
           }
         }
       });
