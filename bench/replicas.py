@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
-from bench.common import emit, essay_chunks, machine, result_name, table  # noqa: E402
+from bench.common import bench_model, emit, essay_chunks, machine, model_help, result_name, table  # noqa: E402
 from bench.needles import judge, make_workload  # noqa: E402
 from bench.serving import Server, free_port, messages, stream  # noqa: E402
 
@@ -181,7 +181,7 @@ def studio_config(args, model: str, cases: list[dict], tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="a packaged model's key (engine/model/packaged.py)")
+    ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--sets", type=int, default=4, help="document sets")
     ap.add_argument("--modules", type=int, default=5, help="documents a set (5 or more: bench/needles.make_workload)")
     ap.add_argument("--per-set", type=int, default=4, help="prompts of each kind a set")
@@ -194,8 +194,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="SmolLM2, 3 sets of 3 prompts, nothing written")
     args = ap.parse_args()
     if args.quick:
-        args.model, args.sets, args.modules, args.per_set, args.module_tokens, args.new_tokens = \
-            "default", 3, 5, 1, 80, 4
+        args.sets, args.modules, args.per_set, args.module_tokens, args.new_tokens = 3, 5, 1, 80, 4
+    args.model = bench_model(args.model, args.quick).spec
     import tempfile
 
     from engine.session import Engine

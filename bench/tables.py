@@ -227,7 +227,7 @@ TABLES: dict[str, dict] = {
         ["server", "l", "{server}"], ["clients", "r", "{clients}"], ["output tokens/s", "r", "{output_tokens_per_s:.1f}"],
         ["TTFT p50 / p95 / max", "l", "{ttft_ms[p50]:.0f} / {ttft_ms[p95]:.0f} / {ttft_ms[max]:.0f} ms"],
         ["between tokens p50 / p95 / max", "l", "{itl_ms[p50]:.0f} / {itl_ms[p95]:.0f} / {itl_ms[max]:.0f} ms", "–"],
-        ["found", "r", "{found}/{requests}"], ["as at 1 client", "r", "{same_as_one_client}/{requests}"]]},
+        ["found", "r", "{found}/{questions}"], ["as alone", "r", "{same_as_alone}/{requests}"]]},
     "vllm_reuse": {"columns": [
         ["set", "l", "{set}"], ["arm", "l", "{arm}"], ["mean TTFT", "r", "{mean_ttft_ms:.0f} ms", "—"],
         ["min / median / max", "l", MIN_MED_MAX_MS], ["found", "r", "{found}/{of}"],
