@@ -24,7 +24,7 @@ def headline() -> str:
     out = [HEAD_START, "", say("head", m=ref["machine"], gpu="a GPU" if ref["machine"].get("cuda") else "no GPU")]
     out += _ttft_bullets(ttft, lead_ttft) + _gpu_bullet() + _facts_bullets(fid, exp)
     out += _spanning_bullet(load(f"spanning-shares-{LEAD}")) + _workload_bullet(work)
-    out += _vllm_bullet(load(f"vllm-reuse-{LEAD}"))
+    out += _vllm_bullet(load(f"vllm-reuse-{LEAD}")) + _load_bullet(load(f"load-{LEAD}"))
     out += prefill_headline(load("prefill")) + _memory_bullet(comps)
     out += ["", say("head_plot", model=(fid or {}).get("model", LEAD), plot=HEADLINE_PLOT), HEAD_END]
     return "\n".join(out)
@@ -193,6 +193,21 @@ def _vllm_bullet(f: dict | None) -> list[str]:
                                                          for a in ("vllm", "prefix", "cached")})
                       for name, arms in f["summary"].items())
     return [say("head_vllm", f, cells=cells, a=f["vllm_agreement"])]
+
+
+def _load_bullet(d: dict | None) -> list[str]:
+    servers = (d or {}).get("servers", {})
+    names = {"studio": "studio (default arm)", "vllm": "vllm", "llama": "llama.cpp llama-server"}
+    if any(name not in servers or not {"1", "8"} <= set(servers[name]["levels"]) for name in names.values()):
+        return []
+    at = {k: servers[name]["levels"] for k, name in names.items()}
+    studio = at["studio"].values()
+    return [say("head_load", d, model=_short(d["model"]), studio1=at["studio"]["1"]["output_tokens_per_s"],
+                studio8=at["studio"]["8"]["output_tokens_per_s"], sttft=at["studio"]["8"]["ttft_ms"]["p95"],
+                vllm1=at["vllm"]["1"]["output_tokens_per_s"], vllm8=at["vllm"]["8"]["output_tokens_per_s"],
+                vttft=at["vllm"]["8"]["ttft_ms"]["p95"], llama1=at["llama"]["1"]["output_tokens_per_s"],
+                llama8=at["llama"]["8"]["output_tokens_per_s"], same=sum(v["same_as_alone"] for v in studio),
+                of=sum(v["requests"] for v in studio))]
 
 
 def _memory_bullet(comps: list[dict]) -> list[str]:

@@ -229,7 +229,7 @@ def load_section(f: dict) -> list[str]:
 
 
 def _load_checks(checks: dict) -> str:
-    said = {"studio_throughput_8_over_1": "the studio's throughput at 8 clients is {:.2f}× its own at 1",
+    said = {"studio_throughput_8_over_1": "The studio's throughput at 8 clients is {:.2f}× its own at 1",
             "studio_over_vllm_throughput_8": "{:.2f}× vLLM's at 8 clients",
             "studio_over_vllm_ttft_p95_8": "its TTFT p95 at 8 clients {:.2f}× vLLM's"}
     return "; ".join(said[k].format(v) for k, v in checks.items() if k in said)
