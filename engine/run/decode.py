@@ -81,7 +81,9 @@ class Park(Directive):
 
 
 class Breathe(Directive):
-    """A long prefill between two chunks: a scheduler steps the decoding runs."""
+    """Before a long prefill's next chunk: a scheduler steps the decoding runs, ``busy`` if any."""
+
+    busy = False
 
     def alone(self) -> None:
         pass

@@ -15,7 +15,7 @@ from typing import Callable, Generator, Iterator
 
 from engine.kv.pool import PoolFull
 from engine.model.load import LoadedModel
-from engine.run.decode import Park, Room, step_all
+from engine.run.decode import Breathe, Park, Room, step_all
 from engine.run.events import Directive, Token
 
 _ids = itertools.count(1)
@@ -201,6 +201,9 @@ class Scheduler:
                 return
             if isinstance(event, Room):
                 request.room = event
+                return
+            if isinstance(event, Breathe):
+                event.busy = any(not s.done for r in self.requests if r.park is not None for s in r.park.runs)
                 return
             if not isinstance(event, Directive):
                 request.sink(event)

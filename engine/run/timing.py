@@ -83,9 +83,13 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
     attach(lease.cache(), work.key_positions)
     prefill_s = 0.0
     if work.logits is None:
-        for a, b in prefill_chunks(work):
-            if a:
-                yield Breathe()  # a scheduler steps the decoding runs here
+        a, n = 0, len(work.ids)
+        while a < n:
+            b = n
+            if chunkable(work):
+                ask = Breathe()
+                yield ask  # a scheduler steps the decoding runs here; alone, one forward is faster
+                b = min(a + PREFILL_CHUNK, n) if ask.busy else n
             with torch.inference_mode():
                 t1 = time.perf_counter()
                 # a graph neither scores nor tracks positions
@@ -93,6 +97,7 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
                 logits = forward.prefill(lm, lease, work.ids[a:b], work.pos[a:b], work.prefill, graphable)
                 sync(device)
                 prefill_s += time.perf_counter() - t1
+            a = b
     else:
         logits = work.logits.to(device)
     with torch.inference_mode():
@@ -118,12 +123,10 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
     return run, started
 
 
-def prefill_chunks(work: Fill) -> list[tuple[int, int]]:
-    """``[a, b)`` slices of ``work.ids``, :data:`PREFILL_CHUNK` tokens each where the prefill attends plainly."""
-    n = len(work.ids)
-    if n <= PREFILL_CHUNK or not work.prefill.plain or work.retain is not None or work.key_positions is not None:
-        return [(0, n)]
-    return [(a, min(a + PREFILL_CHUNK, n)) for a in range(0, n, PREFILL_CHUNK)]
+def chunkable(work: Fill) -> bool:
+    """Whether ``work``'s prefill may go :data:`PREFILL_CHUNK` tokens at a time (it attends plainly)."""
+    return (len(work.ids) > PREFILL_CHUNK and work.prefill.plain and work.retain is None
+            and work.key_positions is None)
 
 
 def _retain(lease: Lease, retain: QuestionRetention | None, device: str) -> tuple[int, int, float]:

@@ -168,18 +168,23 @@ def test_on_the_real_model_runs_served_together_give_their_tokens_alone(weights)
 
 def test_a_long_prefill_lets_the_decoding_runs_step_between_its_chunks(tiny_lm, monkeypatch):
     """A baseline prefill of 3 documents in chunks of 4 tokens: the running request takes a step between chunks (it
-    streams while the other prefills), and the chunked prefill gives the tokens of one whole forward."""
-    from engine.run import timing
+    streams while the other prefills), and the chunked prefill gives the tokens of one whole forward; alone (nothing
+    decoding beside it) the prompt is one forward, which is faster."""
+    from engine.run import forward, timing
 
     engine = Engine.from_loaded(tiny_lm)
     long_case, running = (2, ("baseline",), 6), (0, ("baseline",), 60)
     whole = alone(engine, long_case)
     monkeypatch.setattr(timing, "PREFILL_CHUNK", 4)
-    assert alone(engine, long_case) == whole  # chunked alone: the same greedy tokens as one forward
+    prefills, prefill = [], forward.prefill
+    monkeypatch.setattr(forward, "prefill", lambda lm, lease, ids, *a: prefills.append(len(ids)) or
+                        prefill(lm, lease, ids, *a))
+    assert alone(engine, long_case) == whole and len(prefills) == 1  # alone: one forward, not chunks
     prompt_tokens = len(engine.prepare(SCHEMA, PROMPTS[2], 6).plan.token_ids)
     chunks = -(-prompt_tokens // 4)
     assert chunks >= 5
     log: list[tuple[int, object]] = []
+    prefills.clear()
     clients = served_together(engine, [running, long_case], join_after=2, log=log)
     assert [c.error for c in clients] == [None, None]
     assert clients[1].tokens() == whole
@@ -187,3 +192,4 @@ def test_a_long_prefill_lets_the_decoding_runs_step_between_its_chunks(tiny_lm, 
     first = next(i for i, (c, e) in enumerate(log) if c == 1 and isinstance(e, FirstToken))
     between = sum(1 for c, e in log[joined:first] if c == 0 and isinstance(e, Token))
     assert between >= chunks - 1  # a step between every two chunks
+    assert len(prefills) == 1 + chunks and sum(prefills[1:]) == prompt_tokens  # its own prompt whole, alone then
