@@ -11,7 +11,7 @@ from engine.arms.registry import Arm, ArmResult, ArmSpec, DecodingContext, Reads
 from engine.cache.assemble import token_place
 from engine.cache.prefix import Held, PrefixCache
 from engine.errors import EngineError
-from engine.kv import KVPool, Lease
+from engine.kv import KVPool, Lease, lease_tokens
 from engine.model.load import LoadedModel
 from engine.run import forward
 from engine.run.decode import Room, take_lease
@@ -102,13 +102,11 @@ def warm_prefix(lm: LoadedModel, prefix: PrefixCache, token_ids: tuple[int, ...]
     """Prefill and store ``token_ids`` (in a lease of ``pool``, default the model's); the tokens stored."""
     ids = list(token_ids)
     match = prefix.match(ids, limit=len(ids) - 1)
-    lease = yield from take_lease(pool or pool_of(lm), len(ids) + 1)
+    lease = yield from take_lease(pool or pool_of(lm), lease_tokens(len(ids), 0))
     try:
-        for entry, a, b in match.pieces:
-            entry.write_into(lease, a, b)
-        k = match.reused
+        work = match_fill(ids, match, lease)
         with torch.inference_mode():
-            forward.prefill(lm, lease, ids[k:], list(range(k, len(ids))), graphable=False)
+            forward.prefill(lm, lease, work.ids, work.pos, graphable=False)
         return prefix.insert(ids, lease.data[:, :, 0], list(keep))
     finally:
         lease.release()

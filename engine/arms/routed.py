@@ -22,7 +22,7 @@ from engine.cache.encode import EncodedSchema
 from engine.cache.prefix import PrefixCache
 from engine.cache.store import ModuleStore
 from engine.errors import EngineError
-from engine.kv import Lease
+from engine.kv import Lease, lease_tokens
 from engine.limits import Limit
 from engine.model.attend import AttentionSpec, Focus, attention_weights
 from engine.model.load import LoadedModel
@@ -346,7 +346,7 @@ def scout_plan(lm: LoadedModel, plan: PromptPlan, encoded: EncodedSchema, store:
                layers: tuple[int, ...]) -> Scouted:
     """The scout of ``plan`` alone, untimed (bench/routing.py)."""
     ranges = module_ranges(plan, encoded, store)
-    lease = finish(take_lease(pool_of(lm), plan.cached_tokens + plan.uncached_tokens + 1))
+    lease = finish(take_lease(pool_of(lm), lease_tokens(plan.cached_tokens + plan.uncached_tokens, 0)))
     try:
         for span in ranges:
             span.write_into(lease)

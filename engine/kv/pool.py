@@ -356,8 +356,7 @@ class _LeaseLayer(PreallocatedLayer):
         self.lease.ready(self.index)  # this layer's stored KV is in place before attention reads it
         start = self.length
         end = start + key_states.shape[-2]
-        if end > self.k.shape[2]:
-            raise ValueError(f"KV lease overflow: {end} > {self.k.shape[2]}")
+        self.lease._room(end, self.index)
         k, v = self.k, self.v
         k[:, :, start:end].copy_(key_states)
         v[:, :, start:end].copy_(value_states)
