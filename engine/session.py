@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import threading
-
-import torch
 import time
 from dataclasses import dataclass, replace
 from typing import Generator
+
+import torch
 
 from engine.arms.compare import Comparison, comparing
 from engine.arms.prefix import warm_prefix
@@ -32,12 +32,11 @@ from engine.cache.store import DiskStore, ModuleStore, default_budget
 from engine.config import RunConfig
 from engine.devices import check_device
 from engine.errors import EngineError, MissingEntry, StorageError
-from engine.kv import stored_bytes_per_token
+from engine.kv import KVPool, stored_bytes_per_token
 from engine.model.load import LoadedModel, kv_shape, load_config, load_model, load_tokenizer
 from engine.schema.layout import Layout, TextCodec
 from engine.schema.layout import layout as make_layout
 from engine.schema.plan import PromptPlan, check_room, plan_prompt
-from engine.kv import KVPool
 from engine.run.events import Done, Event, UnitEncoded, Warmed, Warming, finish
 from engine.run.pools import make_pool
 from engine.run.scheduler import Scheduler

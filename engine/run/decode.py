@@ -81,7 +81,7 @@ class Park(Directive):
 
 
 class Breathe(Directive):
-    """Before a long prefill's next chunk: a scheduler steps the decoding runs, ``busy`` if any."""
+    """Before a long prefill's next chunk: the decoding runs step, ``busy`` if any."""
 
     busy = False
 

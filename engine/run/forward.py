@@ -51,7 +51,7 @@ def step(lm: LoadedModel, rows: list[Row]) -> torch.Tensor:
     if fast is not None and all(r.lease.level for r in rows):
         leases = [r.lease for r in rows]
         logits = fast(ids, positions, leases[0].base, torch.tensor([x.start for x in leases]),
-                      torch.tensor([x.length for x in leases]), _visible(rows))
+                      torch.tensor([x.length for x in leases]), _visible(rows, "cpu"))
     elif len(rows) == 1:
         logits = _one(lm, rows[0])
     else:
@@ -75,16 +75,16 @@ def _focus_only(spec: AttentionSpec) -> bool:
     return dataclasses.replace(spec, focus=None).plain
 
 
-def _visible(rows: list[Row]) -> torch.Tensor | None:
+def _visible(rows: list[Row], device) -> torch.Tensor | None:
     """[rows, longest + 1] bool: the keys each row reads, where a focus narrowed one; else None (every key)."""
     focused = [r.spec.focus is not None and r.spec.focus.focus is not None for r in rows]
     if not any(focused):
         return None
     keys = max(r.lease.length for r in rows) + 1
-    out = torch.ones(len(rows), keys, dtype=torch.bool)
+    out = torch.ones(len(rows), keys, dtype=torch.bool, device=device)
     for i, row in enumerate(rows):
         if focused[i]:
-            out[i] = row.spec.focus.visible(keys, "cpu")
+            out[i] = row.spec.focus.visible(keys, device)
     return out
 
 
@@ -103,10 +103,9 @@ def _batched(lm: LoadedModel, rows: list[Row]) -> torch.Tensor:
     """One eager forward over several leases (:class:`RowsCache`), each focused row's keys masked."""
     cache = RowsCache([r.lease for r in rows])
     keys = cache.key_mask()  # [rows, 1, 1, keys]
-    for i, row in enumerate(rows):
-        focus = row.spec.focus
-        if focus is not None and focus.focus is not None:
-            keys[i, 0, 0] &= focus.visible(keys.shape[-1], keys.device)
+    visible = _visible(rows, keys.device)
+    if visible is not None:
+        keys[:, 0, 0] &= visible
     out = lm.model(input_ids=torch.tensor([[r.token] for r in rows], device=lm.device),
                    position_ids=torch.tensor([[r.position] for r in rows], device=lm.device), past_key_values=cache,
                    use_cache=True, logits_to_keep=1, attn_spec=AttentionSpec(keys=keys))

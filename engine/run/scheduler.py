@@ -119,7 +119,7 @@ class Scheduler:
         parked = [r for r in self.requests if r.park is not None]
         waiting = inbox + sum(1 for r in self.requests if r is not filling and r.park is None)
         return Load(waiting=waiting, running=len(parked) + (filling is not None),
-                    sequences=sum(sum(not s.done for s in r.park.runs) for r in parked),
+                    sequences=len(self._parked_runs_not_done()),
                     last_batch=self.last_batch, steps=self.steps)
 
     # -- internal helpers --
@@ -203,7 +203,7 @@ class Scheduler:
                 request.room = event
                 return
             if isinstance(event, Breathe):
-                event.busy = any(not s.done for r in self.requests if r.park is not None for s in r.park.runs)
+                event.busy = bool(self._parked_runs_not_done())
                 return
             if not isinstance(event, Directive):
                 request.sink(event)
@@ -212,10 +212,10 @@ class Scheduler:
 
     def _step(self) -> bool:
         """One decode step of every parked run; whether there was one."""
-        parked = [r for r in self.requests if r.park is not None and not r.park.done]
-        runs = [s for r in parked for s in r.park.runs if not s.done]
+        runs = self._parked_runs_not_done()
         if not runs:
             return False
+        parked = [r for r in self.requests if r.park is not None and not r.park.done]
         owner = {id(s): r for r in parked for s in r.park.runs}
         try:
             tokens = step_all(self.lm(), runs, {k: r.id for k, r in owner.items()})
@@ -230,6 +230,9 @@ class Scheduler:
         if self.on_step is not None:
             self.on_step(len(runs))
         return True
+
+    def _parked_runs_not_done(self) -> list:
+        return [s for r in self.requests if r.park is not None for s in r.park.runs if not s.done]
 
     def _starved(self, request: Request) -> None:
         """Nothing running will free room for ``request``."""

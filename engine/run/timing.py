@@ -83,10 +83,10 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
     attach(lease.cache(), work.key_positions)
     prefill_s = 0.0
     if work.logits is None:
-        a, n = 0, len(work.ids)
+        a, n, chunked = 0, len(work.ids), chunkable(work)
         while a < n:
             b = n
-            if chunkable(work):
+            if chunked:
                 ask = Breathe()
                 yield ask  # a scheduler steps the decoding runs here; alone, one forward is faster
                 b = min(a + PREFILL_CHUNK, n) if ask.busy else n
