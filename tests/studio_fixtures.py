@@ -101,18 +101,22 @@ def doc(data: dict) -> Comparison:
 
 
 @contextmanager
-def studio_page(sync_api, port: int, **context):
+def studio_page(sync_api, port: int, wait_s: float = 120, init_script: str | None = None, **context):
     """A chromium page on the studio at ``port``, opened at the URL the console prints (the token in the fragment),
-    once the schema editor has validated; ``context``: Playwright's browser-context options besides the viewport."""
+    once the schema editor has validated (within ``wait_s``); ``init_script`` runs before the page's own;
+    ``context``: Playwright's browser-context options besides the viewport."""
     from studio.guard import page_url
     from tools.screenshot import CHROMIUM, CHROMIUM_ARGS, VIEWPORT
 
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_context(viewport=VIEWPORT, **context).new_page()
+            ctx = browser.new_context(viewport=VIEWPORT, **context)
+            if init_script is not None:
+                ctx.add_init_script(init_script)
+            page = ctx.new_page()
             page.goto(page_url("127.0.0.1", port, TOKEN))
-            page.wait_for_selector("#schema-validation .pml-status.ok", timeout=120_000)
+            page.wait_for_selector("#schema-validation .pml-status.ok", timeout=wait_s * 1000)
             yield page
         finally:
             browser.close()

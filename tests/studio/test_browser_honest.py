@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,31 +23,17 @@ import pytest
 from engine.arms import prefix as prefix_arm
 from engine.runlog import RunLog
 from studio import live
-from tests.studio_fixtures import TOKEN, served_studio
+from tests.studio_fixtures import served_studio, studio_page
 from tools.screenshot import CHROMIUM
 
 pytestmark = pytest.mark.browser
 PREFIX_DELAY_S = 0.4  # the tiny model's whole prefill takes milliseconds
 
 
-@contextmanager
 def _page(sync_api, port: int):
-    """tests/studio_fixtures.studio_page's page, waited for by polling for up to 4 minutes: on this shared 2-core
-    machine the first validation has taken over its 2 minutes while other suites ran."""
-    from studio.guard import page_url
-    from tools.screenshot import CHROMIUM_ARGS, VIEWPORT
-
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context(viewport=VIEWPORT).new_page()
-            page.goto(page_url("127.0.0.1", port, TOKEN))
-            deadline = time.monotonic() + 240
-            while not page.locator("#schema-validation .pml-status.ok").count() and time.monotonic() < deadline:
-                time.sleep(1.0)
-            yield page
-        finally:
-            browser.close()
+    """tests/studio_fixtures.studio_page's page, waited for up to 4 minutes: on this shared 2-core machine the first
+    validation has taken over its 2 minutes while other suites ran."""
+    return studio_page(sync_api, port, wait_s=240)
 
 
 def _compare(page, tokens: int) -> None:

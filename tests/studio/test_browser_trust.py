@@ -30,7 +30,6 @@ import os
 import re
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -40,7 +39,7 @@ from engine import session
 from engine.runlog import RunLog
 from engine.session import Engine
 from studio.streaming import on_engine_thread_soon
-from tests.studio_fixtures import AUTH, TOKEN, served_studio
+from tests.studio_fixtures import AUTH, served_studio, studio_page
 from tools.screenshot import CHROMIUM
 
 pytestmark = pytest.mark.browser
@@ -95,26 +94,11 @@ class Checks:
         return ok
 
 
-@contextmanager
 def _page(sync_api, port: int, platform: str):
     """The studio's page as tests/studio/test_browser_honest.py opens it, in a browser that says it runs on
     ``platform`` (navigator.platform, which CodeMirror reads for its key bindings)."""
-    from studio.guard import page_url
-    from tools.screenshot import CHROMIUM_ARGS, VIEWPORT
-
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport=VIEWPORT)
-            context.add_init_script(f"Object.defineProperty(Navigator.prototype, 'platform', {{get: () => '{platform}'}})")
-            page = context.new_page()
-            page.goto(page_url("127.0.0.1", port, TOKEN))
-            deadline = time.monotonic() + 240
-            while not page.locator("#schema-validation .pml-status.ok").count() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            yield page
-        finally:
-            browser.close()
+    return studio_page(sync_api, port, wait_s=240, init_script=(
+        f"Object.defineProperty(Navigator.prototype, 'platform', {{get: () => '{platform}'}})"))
 
 
 def _wait(condition, seconds: float, every: float = 0.2) -> bool:
