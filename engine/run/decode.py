@@ -174,8 +174,8 @@ def take_lease(pool: KVPool, tokens: int) -> Generator[Room, None, Lease]:
 
 
 def step_all(lm: LoadedModel, runs: list[Started], owner: dict[int, int] | None = None) -> list[Token]:
-    """One decode step of every run not done (batchable ones in one forward); each new token's Token. ``owner``:
-    each run's request (by ``id(run)``), for the rows of other requests each run shared its steps with."""
+    """One decode step of every run not done (batchable ones in one forward); their Tokens. ``owner``: each run's
+    request by ``id(run)`` (whose rows it shared)."""
     owner = owner or {}
     live = [r for r in runs if not r.done]
     rows = [forward.Row(r.lease, r.tokens[-1], r.next_pos, r.spec) for r in live]

@@ -1,8 +1,7 @@
-"""The scheduler every request (an API call, a Compare, a CLI run) goes through, on the thread that runs torch: each
-turn (1) hands on the tokens parked runs gave, (2) advances the oldest request still filling (encoding, leasing, a
-prefill chunk) by one event, (3) runs one decode step over every parked run of every request: vLLM v1's continuous
-batching in one process. Requests fill one at a time (shared caches see one writer); a lease that does not fit
-waits first in line."""
+"""The scheduler every request (an API call, a Compare, a CLI run) goes through, on the torch thread. Each turn
+hands on the tokens parked runs gave, fills waiting requests one at a time (shared caches see one writer) for up to
+``FILL_BUDGET_S``, then steps every parked run once: vLLM v1's continuous batching in one process. A lease that does
+not fit waits first in line."""
 
 from __future__ import annotations
 
@@ -19,6 +18,9 @@ from engine.run.decode import Breathe, Park, Room, step_all
 from engine.run.events import Directive, Token
 
 _ids = itertools.count(1)
+# fill work per turn before the batch steps: a batch fills in a few turns, and a stream waits at most this
+# plus one event between tokens (vLLM's token budget per step, in time)
+FILL_BUDGET_S = 0.1
 
 
 class Stopped(Exception):
@@ -53,8 +55,7 @@ class Load:
 
 
 class Scheduler:
-    """Drives requests on ``lm``; ``wake()``: work arrived and nobody drives (call :meth:`drive` on the torch
-    thread)."""
+    """Drives requests on ``lm``; ``wake()``: work arrived, call :meth:`drive` on the torch thread."""
 
     def __init__(self, lm: Callable[[], LoadedModel], wake: Callable[[], None] | None = None,
                  lock: threading.RLock | None = None):
@@ -66,8 +67,6 @@ class Scheduler:
         self._driver: threading.Thread | None = None
         self.last_batch = self.steps = 0
         self.on_step: Callable[[int], None] | None = None  # each decode step's rows
-
-    # -- public API --
 
     def submit(self, request: Request) -> None:
         """Queue ``request`` (any thread); it starts at the next turn."""
@@ -88,7 +87,7 @@ class Scheduler:
             self._release()
 
     def stream(self, events: Generator) -> Generator:
-        """``events``'s own events, driven here beside all else (or by the thread that drives); its return value."""
+        """``events``'s events, driven here (or by the thread that drives) beside all else; its return value."""
         out: deque = deque()
         box: dict = {}
         ready = threading.Event()
@@ -121,8 +120,6 @@ class Scheduler:
         return Load(waiting=waiting, running=len(parked) + (filling is not None),
                     sequences=len(self._parked_runs_not_done()),
                     last_batch=self.last_batch, steps=self.steps)
-
-    # -- internal helpers --
 
     def _follow(self, request: Request, out: deque, ready: threading.Event) -> Iterator:
         while True:
@@ -167,15 +164,22 @@ class Scheduler:
         for r in [r for r in self.requests if r.park is not None and r.park.tokens and not r.park.done]:
             r.park = None
             self._advance(r)
-        filling = self._next_to_fill()
-        if filling is not None:
-            filling.park = None
-            self._advance(filling)
+        filling = self._fill()
         self._close_stopped()
         stepped = self._step()
         if filling is not None and filling.room is not None and not stepped and self._next_to_fill() is filling:
             self._starved(filling)
         return bool(self.requests)
+
+    def _fill(self) -> Request | None:
+        """Advance waiting requests for up to ``FILL_BUDGET_S``; the last one."""
+        deadline, filling = time.perf_counter() + FILL_BUDGET_S, None
+        while (nxt := self._next_to_fill()) is not None:
+            filling, filling.park = nxt, None
+            self._advance(filling)
+            if filling.room is not None or time.perf_counter() >= deadline:
+                break
+        return filling
 
     def _close_stopped(self) -> None:
         for r in [r for r in self.requests if r.stopped()]:

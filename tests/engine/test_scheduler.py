@@ -166,12 +166,34 @@ def test_on_the_real_model_runs_served_together_give_their_tokens_alone(weights)
     assert max(served_together.rows) >= 4
 
 
-def test_a_long_prefill_lets_the_decoding_runs_step_between_its_chunks(tiny_lm, monkeypatch):
-    """A baseline prefill of 3 documents in chunks of 4 tokens: the running request takes a step between chunks (it
-    streams while the other prefills), and the chunked prefill gives the tokens of one whole forward; alone (nothing
-    decoding beside it) the prompt is one forward, which is faster."""
-    from engine.run import forward, timing
+@pytest.mark.parametrize("budget", [0.0, 60.0])
+def test_requests_fill_for_the_budget_before_the_batch_steps(tiny_lm, monkeypatch, budget):
+    """Three requests sent together: with no fill budget the first decode step has the first request's run alone
+    (one fill event per step); with a budget longer than all three fills, they all fill before it and the first step
+    is all three. Their tokens are their own either way."""
+    from engine.run import scheduler
 
+    monkeypatch.setattr(scheduler, "FILL_BUDGET_S", budget)
+    cases = [(0, ("baseline",), 6), (1, ("baseline",), 6), (3, ("baseline",), 6)]
+    want = [alone(Engine.from_loaded(tiny_lm), c) for c in cases]
+    engine = Engine.from_loaded(tiny_lm)
+    rows: list[int] = []
+    engine.scheduler.on_step = rows.append
+    clients = [Client(engine, c) for c in cases]
+    for c in clients:
+        engine.scheduler.submit(c.request)
+    engine.scheduler.drive()
+    assert [c.error for c in clients] == [None] * 3 and [c.tokens() for c in clients] == want
+    assert rows[0] == (3 if budget else 1)
+
+
+def test_a_long_prefill_lets_the_decoding_runs_step_between_its_chunks(tiny_lm, monkeypatch):
+    """A baseline prefill of 3 documents in chunks of 4 tokens, no fill budget: the running request takes a step
+    between chunks (it streams while the other prefills), and the chunked prefill gives the tokens of one whole
+    forward; alone (nothing decoding beside it) the prompt is one forward, which is faster."""
+    from engine.run import forward, scheduler, timing
+
+    monkeypatch.setattr(scheduler, "FILL_BUDGET_S", 0.0)  # a step after every chunk (the tiny model's take µs)
     engine = Engine.from_loaded(tiny_lm)
     long_case, running = (2, ("baseline",), 6), (0, ("baseline",), 60)
     whole = alone(engine, long_case)
