@@ -81,9 +81,7 @@ class Park(Directive):
 
 
 class Breathe(Directive):
-    """Before a long prefill's next chunk: the decoding runs step, ``busy`` if any."""
-
-    busy = False
+    """Before a long prefill's next chunk: the decoding runs step."""
 
     def alone(self) -> None:
         pass

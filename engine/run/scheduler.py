@@ -18,8 +18,8 @@ from engine.run.decode import Breathe, Park, Room, step_all
 from engine.run.events import Directive, Token
 
 _ids = itertools.count(1)
-# fill work per turn before the batch steps: a batch fills in a few turns, and a stream waits at most this
-# plus one event between tokens (vLLM's token budget per step, in time)
+# fill work per turn before the batch steps (vLLM's token budget per step, in time): a batch fills in a few
+# turns, and a stream waits at most this plus one event between tokens
 FILL_BUDGET_S = 0.1
 
 
@@ -207,7 +207,6 @@ class Scheduler:
                 request.room = event
                 return
             if isinstance(event, Breathe):
-                event.busy = bool(self._parked_runs_not_done())
                 return
             if not isinstance(event, Directive):
                 request.sink(event)

@@ -24,7 +24,8 @@ from engine.run.types import RunResult, Sampling
 
 Timed = Generator["FirstToken | Token | Breathe", None, RunResult]
 
-# the runs decoding beside a long prefill step between its chunks (why 256: docs/architecture.md)
+# decoding runs step between a long prefill's chunks (docs/architecture.md); where they end depends on the prompt
+# alone: chunked and whole forwards round differently
 PREFILL_CHUNK = 256
 
 
@@ -76,20 +77,17 @@ def timed_run(lm: LoadedModel, arm: str, tokens: int, fill: Callable[[Lease], Fi
 
 def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, arm: str,
                  copy_s: float) -> Generator[Breathe, None, tuple[RunResult, Started]]:
-    """Prefill (a :class:`Breathe` between chunks), sample, thin the lease: the first-token figures (its own
-    forwards' times) and the run ready to decode."""
+    """Prefill (a :class:`Breathe` between chunks), sample, thin the lease: the first-token figures (of its own
+    forwards) and the run."""
     device = lm.device
     gen = torch.Generator(device="cpu").manual_seed(sampling.seed) if sampling.temperature > 0 else None
     attach(lease.cache(), work.key_positions)
     prefill_s = 0.0
     if work.logits is None:
-        a, n, chunked = 0, len(work.ids), chunkable(work)
-        while a < n:
-            b = n
-            if chunked:
-                ask = Breathe()
-                yield ask  # a scheduler steps the decoding runs here; alone, one forward is faster
-                b = min(a + PREFILL_CHUNK, n) if ask.busy else n
+        a = 0
+        for b in chunk_ends(len(work.ids)) if chunkable(work) else [len(work.ids)]:
+            if a:
+                yield Breathe()
             with torch.inference_mode():
                 t1 = time.perf_counter()
                 # a graph neither scores nor tracks positions
@@ -124,9 +122,14 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
 
 
 def chunkable(work: Fill) -> bool:
-    """Whether ``work``'s prefill may go :data:`PREFILL_CHUNK` tokens at a time (it attends plainly)."""
-    return (len(work.ids) > PREFILL_CHUNK and work.prefill.plain and work.retain is None
-            and work.key_positions is None)
+    """Whether ``work``'s prefill may go in chunks (it attends plainly)."""
+    return work.prefill.plain and work.retain is None and work.key_positions is None
+
+
+def chunk_ends(n: int) -> list[int]:
+    """Where an ``n``-token prefill's forwards end: ``n / PREFILL_CHUNK`` (rounded) near-equal chunks."""
+    k = max(1, round(n / PREFILL_CHUNK))
+    return [n * (i + 1) // k for i in range(k)]
 
 
 def _retain(lease: Lease, retain: QuestionRetention | None, device: str) -> tuple[int, int, float]:
