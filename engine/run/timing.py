@@ -84,8 +84,7 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
     attach(lease.cache(), work.key_positions)
     prefill_s = 0.0
     if work.logits is None:
-        a = 0
-        for b in chunk_ends(len(work.ids)) if chunkable(work) else [len(work.ids)]:
+        for a, b in prefill_chunks(work):
             if a:
                 yield Breathe()
             with torch.inference_mode():
@@ -95,7 +94,6 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
                 logits = forward.prefill(lm, lease, work.ids[a:b], work.pos[a:b], work.prefill, graphable)
                 sync(device)
                 prefill_s += time.perf_counter() - t1
-            a = b
     else:
         logits = work.logits.to(device)
     with torch.inference_mode():
@@ -121,15 +119,13 @@ def _first_token(lm: LoadedModel, lease: Lease, work: Fill, sampling: Sampling, 
     return run, started
 
 
-def chunkable(work: Fill) -> bool:
-    """Whether ``work``'s prefill may go in chunks (it attends plainly)."""
-    return work.prefill.plain and work.retain is None and work.key_positions is None
-
-
-def chunk_ends(n: int) -> list[int]:
-    """Where an ``n``-token prefill's forwards end: ``n / PREFILL_CHUNK`` (rounded) near-equal chunks."""
-    k = max(1, round(n / PREFILL_CHUNK))
-    return [n * (i + 1) // k for i in range(k)]
+def prefill_chunks(work: Fill) -> list[tuple[int, int]]:
+    """``[a, b)`` slices of ``work.ids``: ``n / PREFILL_CHUNK`` (rounded) near-equal ones where the prefill attends
+    plainly, else one."""
+    n = len(work.ids)
+    plain = work.prefill.plain and work.retain is None and work.key_positions is None
+    k = max(1, round(n / PREFILL_CHUNK)) if plain else 1
+    return [(n * i // k, n * (i + 1) // k) for i in range(k)]
 
 
 def _retain(lease: Lease, retain: QuestionRetention | None, device: str) -> tuple[int, int, float]:
