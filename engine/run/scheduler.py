@@ -18,8 +18,8 @@ from engine.run.decode import Breathe, Park, Room, step_all
 from engine.run.events import Directive, Token
 
 _ids = itertools.count(1)
-# fill work per turn before the batch steps (vLLM's token budget per step, in time): a batch fills in a few
-# turns, and a stream waits at most this plus one event between tokens
+# fill work per turn before the batch steps (vLLM's token budget, in time): a batch fills in a few turns, and
+# a stream waits at most this plus one event between tokens
 FILL_BUDGET_S = 0.1
 
 
@@ -126,7 +126,7 @@ class Scheduler:
             ready.clear()
             if self._claim():
                 try:
-                    while not out and not request.over and self._turn():
+                    while not out and not request.over and self._turn(lambda: bool(out)):
                         pass
                 finally:
                     self._release()
@@ -151,12 +151,12 @@ class Scheduler:
         if left and self.wake is not None:
             self.wake()
 
-    def _turn(self) -> bool:
+    def _turn(self, shown: Callable[[], bool] = lambda: False) -> bool:
         """One turn; False once nothing is left to do."""
         with self.turn_lock:
-            return self._turn_locked()
+            return self._turn_locked(shown)
 
-    def _turn_locked(self) -> bool:
+    def _turn_locked(self, shown: Callable[[], bool]) -> bool:
         with self._lock:
             self.requests += self._inbox
             self._inbox.clear()
@@ -164,20 +164,20 @@ class Scheduler:
         for r in [r for r in self.requests if r.park is not None and r.park.tokens and not r.park.done]:
             r.park = None
             self._advance(r)
-        filling = self._fill()
+        filling = self._fill(shown)
         self._close_stopped()
         stepped = self._step()
         if filling is not None and filling.room is not None and not stepped and self._next_to_fill() is filling:
             self._starved(filling)
         return bool(self.requests)
 
-    def _fill(self) -> Request | None:
-        """Advance waiting requests for up to ``FILL_BUDGET_S``; the last one."""
+    def _fill(self, shown: Callable[[], bool]) -> Request | None:
+        """Fill for ``FILL_BUDGET_S`` or until ``shown()`` (the driver's request has events); the last filled."""
         deadline, filling = time.perf_counter() + FILL_BUDGET_S, None
         while (nxt := self._next_to_fill()) is not None:
             filling, filling.park = nxt, None
             self._advance(filling)
-            if filling.room is not None or time.perf_counter() >= deadline:
+            if filling.room is not None or time.perf_counter() >= deadline or shown():
                 break
         return filling
 
