@@ -69,7 +69,9 @@ def compare_and_screenshot(url: str, out: str | Path, sample: str = SAMPLE, max_
             page.wait_for_selector("#compare-summary .speedup", timeout=120_000)
             page.wait_for_selector("#cached-text .pml-output:not(.active)", timeout=10_000)
             shown = {"builder_modules": builder_modules, "encode": encode_cards, "summary": page.inner_text("#compare-summary"),
-                     "baseline": page.inner_text("#baseline-text"), "cached": page.inner_text("#cached-text"),
+                     # the answer alone, not the divergence key drawn below it when the arms differ
+                     "baseline": page.inner_text("#baseline-text .pml-output"),
+                     "cached": page.inner_text("#cached-text .pml-output"),
                      "prefix_visible": page.locator("#prefix-text").is_visible(),
                      "texts": {el.get_attribute("id").removesuffix("-text"): el.inner_text()
                                for el in page.locator(".pml-col [id$='-text']").all() if el.is_visible()}}
