@@ -11,7 +11,7 @@ from engine.model import kernels
 from engine.model.weights import pack_linear
 
 needs_kernels = pytest.mark.skipif(kernels.ops() is None, reason=kernels.status())
-TOKENS = [1, 2, 3, 4, 5, 7, 9]  # the kernels take 4 (int8) or 2 (int4) tokens per pass: every remainder
+TOKENS = [1, 2, 3, 4, 5, 7, 9]  # the kernels take up to 4 tokens per pass: every remainder
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -71,6 +71,30 @@ def test_int4_kernel_is_the_float_product_of_its_groups(rows, cols, m, levels, d
     got = kernels.ops().int4_matmul(x, nibbles, sz, fifth, None)
     assert got.shape == (m, rows)
     assert rel(got.double(), x.double() @ w.T) < 3e-4  # activations in 15 bits
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["int8", "int8-groups", "int4", "int5"])
+def test_each_tokens_product_is_the_same_bits_in_any_batch(kind):
+    """A token's row of a product over 9 tokens is its product alone, bit for bit: the scheduler's batched decode
+    answers as each run alone (tests/engine/test_scheduler.py) only because no kernel's sums depend on the batch."""
+    torch.manual_seed(9)
+    rows, cols = 192, 256
+    if kind.startswith("int8"):
+        q = torch.randint(-127, 128, (rows, cols), dtype=torch.int8)
+        scale = torch.rand(rows) * 0.01 if kind == "int8" else kernels.pack_group_scales(
+            torch.rand(rows, cols // 32) * 0.01, torch.float16)
+        product = lambda x: kernels.ops().int8_matmul(x, kernels.pack_int8(q), scale, None)  # noqa: E731
+    else:
+        q = torch.randint(0, 16 if kind == "int4" else 32, (rows, cols))
+        packed = kernels.pack_int4(q, torch.rand(rows, cols // 32) * 0.02, torch.randn(rows, cols // 32) * 0.1)
+        product = lambda x: kernels.ops().int4_matmul(x, *packed, None)  # noqa: E731
+    x = torch.randn(9, cols)
+    together = product(x)
+    for m in (1, 2, 3, 4, 5, 9):
+        assert torch.equal(product(x[:m]), together[:m])
+    for i in range(9):
+        assert torch.equal(product(x[i:i + 1])[0], together[i])
 
 
 @needs_kernels

@@ -33,7 +33,7 @@ namespace {
 constexpr int64_t ROWS = 16;  // output rows per block (one register of int32 sums)
 constexpr int BLOCKS = 4;     // blocks per tile: 64 rows, 4 independent sums per token
 constexpr int TOKENS8 = 4;    // tokens per pass over a tile's weights: int8 (4 x 4 sums in registers)
-constexpr int TOKENS4 = 2;    // ... int4 (two sums per block and token: 4 x 2 x 2)
+constexpr int TOKENS4 = 4;    // ... int4 (two sums per block and token: 2 blocks x 4 x 2, or 4 x 2 x 2)
 constexpr int64_t INT8_FLUSH = 128;  // column pairs summed in int32 before adding to the float sums
 constexpr int64_t GROUP_QUADS = 8;   // column quads per int4 group (32 columns)
 
@@ -90,23 +90,25 @@ void tile_int8(const int8_t* w, int64_t k2, const int32_t* x, int64_t xstride, c
     }
 }
 
-template <int TM, bool HIGH, typename S>
+// NB of the tile's blocks (the others' pointers are the caller's offsets): 2 blocks leave registers for 4 tokens' sums,
+// so each unpacked weight serves twice the tokens. Every sum is added in the same order for any TM and NB.
+template <int TM, bool HIGH, int NB, typename S>
 void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const S* sz, const int32_t* xl,
                const int32_t* xh, int64_t xstride, const float* xsum, int64_t groups, const float* sx, float* y,
                int64_t ystride) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m512i sixteen = _mm512_set1_epi8(16);
-  __m512 f[BLOCKS][TM], z[BLOCKS][TM];
-  for (int b = 0; b < BLOCKS; ++b)
+  __m512 f[NB][TM], z[NB][TM];
+  for (int b = 0; b < NB; ++b)
     for (int m = 0; m < TM; ++m) f[b][m] = z[b][m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i lo[BLOCKS][TM], hi[BLOCKS][TM];
-    for (int b = 0; b < BLOCKS; ++b)
+    __m512i lo[NB][TM], hi[NB][TM];
+    for (int b = 0; b < NB; ++b)
       for (int m = 0; m < TM; ++m) lo[b][m] = hi[b][m] = _mm512_setzero_si512();
     const int64_t p0 = g * GROUP_QUADS;
     for (int64_t p = p0; p < p0 + GROUP_QUADS; ++p) {
-      __m512i wv[BLOCKS];
-      for (int b = 0; b < BLOCKS; ++b) {
+      __m512i wv[NB];
+      for (int b = 0; b < NB; ++b) {
         const __m256i v = _mm256_loadu_si256((const __m256i*)(w + (b * k4 + p) * 32));
         const __m256i a = _mm256_and_si256(v, low), c = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         wv[b] = _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
@@ -114,13 +116,13 @@ void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const S* sz, co
       }
       for (int m = 0; m < TM; ++m) {
         const __m512i l = _mm512_set1_epi32(xl[m * xstride + p]), h = _mm512_set1_epi32(xh[m * xstride + p]);
-        for (int b = 0; b < BLOCKS; ++b) {
+        for (int b = 0; b < NB; ++b) {
           lo[b][m] = _mm512_dpbusd_epi32(lo[b][m], wv[b], l);
           hi[b][m] = _mm512_dpbusd_epi32(hi[b][m], wv[b], h);
         }
       }
     }
-    for (int b = 0; b < BLOCKS; ++b) {
+    for (int b = 0; b < NB; ++b) {
       const S* s = sz + ((b * groups + g) * 2) * ROWS;
       const __m512 scale = load16(s), zero = load16(s + ROWS);
       for (int m = 0; m < TM; ++m) {
@@ -130,7 +132,7 @@ void tile_int4(const uint8_t* w, const uint64_t* hb, int64_t k4, const S* sz, co
       }
     }
   }
-  for (int b = 0; b < BLOCKS; ++b)
+  for (int b = 0; b < NB; ++b)
     for (int m = 0; m < TM; ++m)
       _mm512_storeu_ps(y + m * ystride + b * ROWS, _mm512_fmadd_ps(f[b][m], _mm512_set1_ps(sx[m]), z[b][m]));
 }
@@ -267,10 +269,23 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
       const int32_t *l = xl + m * k4, *h = xh + m * k4;
       const float *xsm = xs + m * groups, *sm = sp + m;
       float* ym = yp + m * N + r;
-      if (five && tm == 1) tile_int4<1, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-      else if (five) tile_int4<2, true>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-      else if (tm == 1) tile_int4<1, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-      else tile_int4<2, false>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+      if (tm <= 2) {
+        if (five && tm == 1) tile_int4<1, true, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+        else if (five) tile_int4<2, true, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+        else if (tm == 1) tile_int4<1, false, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+        else tile_int4<2, false, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
+        return;
+      }
+      for (int half = 0; half < BLOCKS; half += 2) {  // blocks 0-1, then 2-3
+        const uint8_t* wh = wt + half * k4 * 32;
+        const uint64_t* hh = five ? ht + half * k4 : nullptr;
+        const auto* sh = st + half * groups * 2 * ROWS;
+        float* yh = ym + half * ROWS;
+        if (five && tm == 3) tile_int4<3, true, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
+        else if (five) tile_int4<4, true, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
+        else if (tm == 3) tile_int4<3, false, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
+        else tile_int4<4, false, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
+      }
     });
   };
   if (scale_zero.scalar_type() == torch::kFloat16) tiles((const uint16_t*)scale_zero.data_ptr<at::Half>());
