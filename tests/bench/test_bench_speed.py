@@ -110,3 +110,20 @@ def test_memory_quick():
     assert data["loaded"]["kv_bytes_per_token"] == 46_080
     assert data["samples"] and all(s["measured_bytes"] == s["predicted_bytes"] for s in data["samples"])
     assert data["all_match"] is True
+
+
+def test_batch_invariance_quick():
+    """Each product kind's rows against the same rows of a 256-row batch: the engine's kernels (where built) differ
+    in none, as tests/engine/test_kernels.py checks directly; every count within the rows checked."""
+    out, data, _ = run_bench("batch_invariance.py")
+    products = data["products"]
+    assert set(products) == {"torch fp32", "torch bf16", "engine int8", "engine int4 (5-bit)"}
+    for name, r in products.items():
+        if not r["runs"]:
+            assert name.startswith("engine") and r["why"] in out
+            continue
+        assert r["rows_checked"] == sum(data["rows"]) * len(data["shapes"])
+        assert r["rows_differing"] == sum(r["differing_by_rows"].values()) <= r["rows_checked"]
+        assert (r["rows_differing"] == 0) == (r["largest_difference"] == 0)
+        if name.startswith("engine"):
+            assert r["rows_differing"] == 0
