@@ -169,7 +169,7 @@ def _editors(page, check: Checks) -> None:
     page.keyboard.press("End")
     page.keyboard.type(" Thanks.")
     page.locator(".pml-union label").filter(has_text="domestic").first.click()  # the first click after typing
-    kept = _wait(lambda: "<domestic/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor"), 8)
+    kept = _wait(lambda: "<domestic/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor"), 20)  # a loaded CI machine
     prompt = page.evaluate(EDITOR_TEXT, "#prompt-editor")
     checked = page.locator(".pml-union input[type=radio]:checked").evaluate_all("els => els.map(e => e.value)")
     check(kept and "Thanks." in prompt and "trip-plan/domestic" in checked, "7",
