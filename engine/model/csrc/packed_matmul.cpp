@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace {
 
@@ -269,23 +270,24 @@ torch::Tensor int4_matmul(torch::Tensor x, torch::Tensor w, torch::Tensor scale_
       const int32_t *l = xl + m * k4, *h = xh + m * k4;
       const float *xsm = xs + m * groups, *sm = sp + m;
       float* ym = yp + m * N + r;
-      if (tm <= 2) {
-        if (five && tm == 1) tile_int4<1, true, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-        else if (five) tile_int4<2, true, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-        else if (tm == 1) tile_int4<1, false, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-        else tile_int4<2, false, BLOCKS>(wt, ht, k4, st, l, h, k4, xsm, groups, sm, ym, N);
-        return;
-      }
-      for (int half = 0; half < BLOCKS; half += 2) {  // blocks 0-1, then 2-3
-        const uint8_t* wh = wt + half * k4 * 32;
-        const uint64_t* hh = five ? ht + half * k4 : nullptr;
-        const auto* sh = st + half * groups * 2 * ROWS;
-        float* yh = ym + half * ROWS;
-        if (five && tm == 3) tile_int4<3, true, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
-        else if (five) tile_int4<4, true, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
-        else if (tm == 3) tile_int4<3, false, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
-        else tile_int4<4, false, 2>(wh, hh, k4, sh, l, h, k4, xsm, groups, sm, yh, N);
-      }
+      // blocks b0 .. b0 + NB - 1 of the tile, for its TM tokens
+      auto run = [&](auto tokens, auto blocks, int b0) {
+        constexpr int TM = decltype(tokens)::value, NB = decltype(blocks)::value;
+        const uint8_t* wb = wt + b0 * k4 * 32;
+        const uint64_t* bits = five ? ht + b0 * k4 : nullptr;
+        const auto* sb = st + b0 * groups * 2 * ROWS;
+        float* yb = ym + b0 * ROWS;
+        if (five) tile_int4<TM, true, NB>(wb, bits, k4, sb, l, h, k4, xsm, groups, sm, yb, N);
+        else tile_int4<TM, false, NB>(wb, bits, k4, sb, l, h, k4, xsm, groups, sm, yb, N);
+      };
+      using std::integral_constant;
+      if (tm == 1) run(integral_constant<int, 1>{}, integral_constant<int, BLOCKS>{}, 0);
+      else if (tm == 2) run(integral_constant<int, 2>{}, integral_constant<int, BLOCKS>{}, 0);
+      else
+        for (int b0 = 0; b0 < BLOCKS; b0 += 2) {  // two blocks at a time: registers for 3 or 4 tokens' sums
+          if (tm == 3) run(integral_constant<int, 3>{}, integral_constant<int, 2>{}, b0);
+          else run(integral_constant<int, 4>{}, integral_constant<int, 2>{}, b0);
+        }
     });
   };
   if (scale_zero.scalar_type() == torch::kFloat16) tiles((const uint16_t*)scale_zero.data_ptr<at::Half>());
