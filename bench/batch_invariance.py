@@ -12,13 +12,18 @@ batches decode steps for that reason, and fills one request at a time. JSON last
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a script has only bench/ on its path
 
 from bench.common import bench_model, emit, machine, model_help, result_name, table
+
+from engine.model import kernels
 
 ROWS = (1, 2, 3, 4, 5, 8, 16, 33, 64, 128, 255)
 BATCH = 256
@@ -26,15 +31,13 @@ BATCH = 256
 
 def shapes(folder: Path) -> list[tuple[int, int]]:
     """The model's products (in, out): q and o; gate and up stacked; down."""
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    config = AutoConfig.from_pretrained(folder)
+    hidden, inner = config.hidden_size, config.intermediate_size
     return [(hidden, hidden), (hidden, 2 * inner), (inner, hidden)]
 
 
-def kinds(torch, F) -> dict:
+def kinds() -> dict:
     """name: (make(in, out) -> product of x), or a str saying why the kind cannot run here."""
-    from engine.model import kernels
-
     def dense(dtype):
         def make(k, n):
             w = torch.randn(n, k).to(dtype)
@@ -64,13 +67,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="SmolLM2 unless --model, its first shape, no file written")
     args = ap.parse_args()
     bm = bench_model(args.model, args.quick)
-    import torch
-    import torch.nn.functional as F
-
     torch.manual_seed(0)
     products = shapes(bm.folder)[:1 if args.quick else None]
     results = {}
-    for name, make in kinds(torch, F).items():
+    for name, make in kinds().items():
         if isinstance(make, str):
             results[name] = {"runs": False, "why": make}
             continue
