@@ -136,6 +136,22 @@ def test_fp32_through_either_library_matches_the_reference(pair, monkeypatch, li
         prefill.use(lm.model, "auto")
 
 
+def test_bf16_multiplies_a_copy_laid_out_once_where_onednn_runs_bf16(pair):
+    """oneDNN's blocked layout is made at load, not at every call; the product is F.linear's on the same bf16
+    weight (summation order aside: one bf16 rounding step)."""
+    lm, _ = pair
+    prefill.use(lm.model, "gemm-bf16")
+    try:
+        layers = prefill._layers(lm.model)
+        assert all(m.prefill.blocked == prefill.onednn_bf16(torch.device("cpu")) for m in layers)
+        for m in layers:
+            x = torch.randn(33, m.in_features, generator=torch.Generator().manual_seed(4))
+            want = torch.nn.functional.linear(x.to(torch.bfloat16), m.dense().to(torch.bfloat16)).float()
+            assert _off(m.prefill(x, None), want) < 2 ** -7
+    finally:
+        prefill.use(lm.model, "auto")
+
+
 def test_the_fp32_library_is_measured_per_shape(monkeypatch):
     monkeypatch.setattr(prefill, "_detected", {})
     monkeypatch.setattr(prefill, "_time_gemm", lambda dtype, rows, shape, calls=3, linear=None:
