@@ -1,9 +1,10 @@
-"""Whether a row's product depends on the rows computed with it (batch invariance), for each kind of matrix product
-the engine runs: torch's ``F.linear`` in fp32 and in bf16 (the prefill's products) and the engine's int8 and int4
-kernels (the C++ decode step's). Each kind multiplies the first M rows of one 256-row input, at the model's layer
-shapes (random weights), and each row is compared bit for bit with the same row of the whole 256-row product. Requests filled
-in one shared forward get the answers they get alone only where a kind shows no row that differs: the scheduler
-batches decode steps for that reason, and fills one request at a time. JSON last.
+"""Whether a row's product depends on the rows computed with it (batch invariance), for each kind of matrix product the
+engine runs: torch's ``F.linear`` in fp32 and in bf16, oneDNN's bf16 over a weight laid out once (the prefill's
+``gemm-bf16``), and the engine's int8 and int4 kernels (the C++ decode step's). Each kind multiplies the first M rows
+of one 256-row input, at the model's layer shapes (random weights), and each row is compared bit for bit with the
+same row of the whole 256-row product. Requests filled in one shared forward get the answers they get alone only
+where a kind shows no row that differs: the scheduler batches decode steps for that reason, and fills one request at
+a time. JSON last.
 
     python bench/batch_invariance.py            # the default model's shapes: bench/results/batch-invariance-MODEL.json
     python bench/batch_invariance.py --quick    # SmolLM2's first shape, no file written
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: a 
 
 from bench.common import bench_model, emit, machine, model_help, result_name, table
 
-from engine.model import kernels
+from engine.model import kernels, prefill
 
 ROWS = (1, 2, 3, 4, 5, 8, 16, 33, 64, 128, 255)
 BATCH = 256
@@ -54,7 +55,13 @@ def kinds() -> dict:
                                    torch.randn(n, k // 32) * 0.1)
         return lambda x: kernels.ops().int4_matmul(x, *packed, None)
 
+    def blocked(k, n):  # the prefill's gemm-bf16: oneDNN over a weight laid out once
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(torch.bfloat16))
+        return lambda x: prefill._onednn_linear(x.to(torch.bfloat16).contiguous(), w).float()
+
     out = {"torch fp32": dense(torch.float32), "torch bf16": dense(torch.bfloat16)}
+    out["oneDNN bf16, laid out once"] = blocked if prefill.onednn_bf16(torch.device("cpu")) else \
+        "oneDNN does not run bf16 on this CPU"
     fused = kernels.ops() is not None
     out["engine int8"] = int8 if fused else kernels.status()
     out["engine int4 (5-bit)"] = int4 if fused else kernels.status()
