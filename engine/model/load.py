@@ -175,7 +175,8 @@ def load_model(spec: str | None = None, device: str = "cpu", dtype: str = "float
     kernels = kernel_use(model)
     choice = prefill.use(model, prefill.asked())
     # module KV depends on the weights and on the kernels that multiply them (their roundings differ)
-    precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}+{choice.kernel}"
+    precision = dtype if weights == "fp32" else f"{dtype}+{weights}+{kernels}+{choice.kernel}" + \
+        (f"+{choice.layout}" if choice.layout else "")
     lm = wrap_model(model, tok, name, device=device, dtype=dtype, fingerprint=_fingerprint(name, where, precision),
                     weights=weights, weight_bytes=weight_bytes, weight_kernels=kernels, prefill_choice=choice,
                     max_positions=_max_positions(config, tok), codec_fingerprint=_fingerprint(name, where),

@@ -94,7 +94,10 @@ def use(model: torch.nn.Module, kernel: str = "auto") -> PrefillChoice:
         m.prefill = gemm(m)
     if kernel == "gemm-fp32":
         why += _fp32_why([m.prefill for m in layers])
-    return PrefillChoice(kernel, why, sum(m.prefill.nbytes for m in layers))
+    layout = "onednn-blocked" if any(getattr(m.prefill, "blocked", False) for m in layers) else ""
+    if layout:
+        why += "; its copy laid out once in oneDNN's blocked layout"
+    return PrefillChoice(kernel, why, sum(m.prefill.nbytes for m in layers), layout)
 
 
 def _fp32_why(gemms: list["Fp32Gemm"]) -> str:
@@ -202,9 +205,8 @@ def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 class Bf16Gemm(Gemm):
-    """bf16 by oneDNN. A copy of its own is kept in oneDNN's blocked layout, which ``F.linear`` would otherwise
-    rebuild from the plain weight on every call (a 33-token prefill 20 % faster: docs/models.md); a bf16 layer's
-    own weight is used as it is, not copied."""
+    """bf16 by oneDNN, from a copy in its blocked layout: ``F.linear`` would rebuild that layout from the plain
+    weight at every call (docs/models.md). A bf16 layer's own weight is used as it is, not copied."""
 
     def lay_out(self, layer):
         own = getattr(layer, "weight_bf16", None)
@@ -220,10 +222,10 @@ class Bf16Gemm(Gemm):
 
 
 def onednn_bf16(device: torch.device) -> bool:
-    """Whether oneDNN multiplies bf16 on ``device`` from a weight laid out once (a CPU with bf16 support)."""
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-            "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether torch's oneDNN multiplies bf16 on ``device`` from a weight laid out once."""
+    ops = torch.ops.mkldnn
+    return (device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported())
 
 
 class Int8Gemm(Gemm):

@@ -140,10 +140,12 @@ def test_bf16_multiplies_a_copy_laid_out_once_where_onednn_runs_bf16(pair):
     """oneDNN's blocked layout is made at load, not at every call; the product is F.linear's on the same bf16
     weight (summation order aside: one bf16 rounding step)."""
     lm, _ = pair
-    prefill.use(lm.model, "gemm-bf16")
+    choice = prefill.use(lm.model, "gemm-bf16")
     try:
         layers = prefill._layers(lm.model)
-        assert all(m.prefill.blocked == prefill.onednn_bf16(torch.device("cpu")) for m in layers)
+        blocked = prefill.onednn_bf16(torch.device("cpu"))
+        assert all(m.prefill.blocked == blocked for m in layers)
+        assert choice.layout == ("onednn-blocked" if blocked else "")  # module KV is keyed by it
         for m in layers:
             x = torch.randn(33, m.in_features, generator=torch.Generator().manual_seed(4))
             want = torch.nn.functional.linear(x.to(torch.bfloat16), m.dense().to(torch.bfloat16)).float()
