@@ -57,7 +57,7 @@ def kinds() -> dict:
 
     def blocked(k, n):  # the prefill's gemm-bf16: oneDNN over a weight laid out once
         w = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(torch.bfloat16))
-        return lambda x: prefill._onednn_linear(x.to(torch.bfloat16).contiguous(), w).float()
+        return lambda x: prefill.onednn_linear(x.to(torch.bfloat16).contiguous(), w).float()
 
     out = {"torch fp32": dense(torch.float32), "torch bf16": dense(torch.bfloat16)}
     out["oneDNN bf16, laid out once"] = blocked if prefill.onednn_bf16(torch.device("cpu")) else \

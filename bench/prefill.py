@@ -209,9 +209,9 @@ def _group(op: str) -> str:
 
 
 def _onednn_gemm(x, w):
-    from engine.model.prefill import _onednn_linear
+    from engine.model.prefill import onednn_linear
 
-    return lambda: _onednn_linear(x, w, None)
+    return lambda: onednn_linear(x, w, None)
 
 
 def _int8_gemm(x, w):

@@ -94,9 +94,9 @@ def use(model: torch.nn.Module, kernel: str = "auto") -> PrefillChoice:
         m.prefill = gemm(m)
     if kernel == "gemm-fp32":
         why += _fp32_why([m.prefill for m in layers])
-    layout = "onednn-blocked" if any(getattr(m.prefill, "blocked", False) for m in layers) else ""
+    layout = ",".join(sorted({m.prefill.layout for m in layers} - {""}))
     if layout:
-        why += "; its copy laid out once in oneDNN's blocked layout"
+        why += f"; its copy laid out once ({layout})"
     return PrefillChoice(kernel, why, sum(m.prefill.nbytes for m in layers), layout)
 
 
@@ -119,6 +119,7 @@ class Gemm:
     """A packed layer's weight laid out for one GEMM kernel; called as ``gemm(x2, bias)``."""
 
     start = GEMM_FROM
+    layout = ""  # where the copy is not the plain matrix: its name (its rounding can differ)
 
     def __init__(self, layer: PackedLinear):
         self.weight = self.lay_out(layer)
@@ -143,7 +144,7 @@ class Fp32Gemm(Gemm):
     def __call__(self, x2, bias):
         bias = None if bias is None else bias.float()
         if self.onednn:
-            return _onednn_linear(x2.float().contiguous(), self.weight, bias)
+            return onednn_linear(x2.float().contiguous(), self.weight, bias)
         return F.linear(x2.float(), self.weight, bias)
 
 
@@ -164,7 +165,7 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
 
 
 def _measure_fp32(shape: tuple[int, int]) -> float:
-    ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_gemm(torch.float32, n, shape, 2, _onednn_linear)
+    ratios = [_time_gemm(torch.float32, n, shape, 2) / _time_gemm(torch.float32, n, shape, 2, onednn_linear)
               for n in FP32_ROWS]
     return sum(ratios) / len(ratios)
 
@@ -199,7 +200,7 @@ def _remembered(shape: tuple[int, int], measure) -> float:
     return float(known[key])
 
 
-def _onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` by oneDNN (torch's compiler's op)."""
     return torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")
 
@@ -211,12 +212,14 @@ class Bf16Gemm(Gemm):
     def lay_out(self, layer):
         own = getattr(layer, "weight_bf16", None)
         w = own if own is not None else layer.dense().to(torch.bfloat16)
-        self.blocked = own is None and onednn_bf16(w.device)
-        return torch.ops.mkldnn._reorder_linear_weight(w) if self.blocked else w
+        if own is not None or not onednn_bf16(w.device):
+            return w
+        self.layout = "onednn-blocked"
+        return torch.ops.mkldnn._reorder_linear_weight(w)
 
     def __call__(self, x2, bias):
         x2 = x2.to(torch.bfloat16)
-        y = _onednn_linear(x2.contiguous(), self.weight) if self.blocked else F.linear(x2, self.weight)
+        y = onednn_linear(x2.contiguous(), self.weight) if self.layout else F.linear(x2, self.weight)
         y = y.float()
         return y if bias is None else y.add_(bias.float())
 

@@ -143,9 +143,9 @@ def test_bf16_multiplies_a_copy_laid_out_once_where_onednn_runs_bf16(pair):
     choice = prefill.use(lm.model, "gemm-bf16")
     try:
         layers = prefill._layers(lm.model)
-        blocked = prefill.onednn_bf16(torch.device("cpu"))
-        assert all(m.prefill.blocked == blocked for m in layers)
-        assert choice.layout == ("onednn-blocked" if blocked else "")  # module KV is keyed by it
+        layout = "onednn-blocked" if prefill.onednn_bf16(torch.device("cpu")) else ""
+        assert {m.prefill.layout for m in layers} == {layout}
+        assert choice.layout == layout  # module KV is keyed by it
         for m in layers:
             x = torch.randn(33, m.in_features, generator=torch.Generator().manual_seed(4))
             want = torch.nn.functional.linear(x.to(torch.bfloat16), m.dense().to(torch.bfloat16)).float()
@@ -157,7 +157,7 @@ def test_bf16_multiplies_a_copy_laid_out_once_where_onednn_runs_bf16(pair):
 def test_the_fp32_library_is_measured_per_shape(monkeypatch):
     monkeypatch.setattr(prefill, "_detected", {})
     monkeypatch.setattr(prefill, "_time_gemm", lambda dtype, rows, shape, calls=3, linear=None:
-                        1.0 if linear is prefill._onednn_linear else 2.0 if shape[0] > 100 else 1.0)
+                        1.0 if linear is prefill.onednn_linear else 2.0 if shape[0] > 100 else 1.0)
     assert prefill.fp32_library((512, 64))[0] == "onednn" and prefill.fp32_library((64, 64))[0] == "mkl"
     assert prefill.fp32_library((512, 64))[1] == 2.0
 
