@@ -31,7 +31,7 @@ class PrefillChoice:
     kernel: str = "dense"
     why: str = "the linear layers are the model's own dense matrices (no packed weights)"
     nbytes: int = 0
-    layout: str = ""  # the copy's layout where it is not the plain matrix (its rounding can differ: module KV keys it)
+    layout: str = ""  # the copy's, where not the plain matrix (module KV is keyed by it)
 
 
 def default_model() -> str:

@@ -119,7 +119,7 @@ class Gemm:
     """A packed layer's weight laid out for one GEMM kernel; called as ``gemm(x2, bias)``."""
 
     start = GEMM_FROM
-    layout = ""  # where the copy is not the plain matrix: its name (its rounding can differ)
+    layout = ""
 
     def __init__(self, layer: PackedLinear):
         self.weight = self.lay_out(layer)
@@ -206,8 +206,7 @@ def onednn_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class Bf16Gemm(Gemm):
-    """bf16 by oneDNN, from a copy in its blocked layout: ``F.linear`` would rebuild that layout from the plain
-    weight at every call (docs/models.md). A bf16 layer's own weight is used as it is, not copied."""
+    """bf16 by oneDNN from a copy in its blocked layout, which ``F.linear`` rebuilds at every call (docs/models.md)."""
 
     def lay_out(self, layer):
         own = getattr(layer, "weight_bf16", None)
@@ -225,7 +224,6 @@ class Bf16Gemm(Gemm):
 
 
 def onednn_bf16(device: torch.device) -> bool:
-    """Whether torch's oneDNN multiplies bf16 on ``device`` from a weight laid out once."""
     ops = torch.ops.mkldnn
     return (device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported())

@@ -18,9 +18,8 @@ from engine.run.decode import Breathe, Park, Room, step_all
 from engine.run.events import Directive, Token
 
 _ids = itertools.count(1)
-# fill work per turn before the batch steps (vLLM's token budget, in time): a stream waits at most this plus one
-# event between tokens. 100 ms stepped the batch between every two fills of a wave of arrivals, and those steps were
-# the wave's TTFT tail; 400 ms fills two or three questions a turn (docs/api.md)
+# fill work per turn before the batch steps (vLLM's token budget, in time): two or three questions' fills; a stream
+# waits at most this plus one event between tokens (docs/api.md)
 FILL_BUDGET_S = 0.4
 
 
