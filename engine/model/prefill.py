@@ -156,7 +156,7 @@ def fp32_library(shape: tuple[int, int]) -> tuple[str, float]:
     5 %, so noise does not flip it."""
     key = f"fp32 {shape}"
     if key not in _detected:
-        if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        if not onednn_linear_runs():
             _detected[key] = ("mkl", 1.0)
         else:
             ratio = _remembered(shape, _measure_fp32)
@@ -210,8 +210,10 @@ class Bf16Gemm(Gemm):
 
     def lay_out(self, layer):
         own = getattr(layer, "weight_bf16", None)
-        w = own if own is not None else layer.dense().to(torch.bfloat16)
-        if own is not None or not onednn_bf16(w.device):
+        if own is not None:
+            return own
+        w = layer.dense().to(torch.bfloat16)
+        if not onednn_bf16(w.device):
             return w
         self.layout = "onednn-blocked"
         return torch.ops.mkldnn._reorder_linear_weight(w)
@@ -223,10 +225,14 @@ class Bf16Gemm(Gemm):
         return y if bias is None else y.add_(bias.float())
 
 
+def onednn_linear_runs() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def onednn_bf16(device: torch.device) -> bool:
     ops = torch.ops.mkldnn
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported())
+    return (device.type == "cpu" and onednn_linear_runs() and hasattr(ops, "_reorder_linear_weight")
+            and ops._is_mkldnn_bf16_supported())
 
 
 class Int8Gemm(Gemm):
