@@ -143,6 +143,7 @@ def _model_tab(page, check: Checks, go: threading.Event, out: Path) -> None:
 def _editors(page, check: Checks) -> None:
     """Redo in the schema editor; the first builder click after typing in the prompt editor."""
     _tab(page, "1 · Schema")
+    sample = page.evaluate(EDITOR_TEXT, "#schema-editor")
     page.click("#schema-editor .cm-content")
     page.keyboard.press("Control+End")
     page.keyboard.type("\n<!-- a note -->")
@@ -158,8 +159,15 @@ def _editors(page, check: Checks) -> None:
     page.keyboard.press("Control+y")
     time.sleep(0.4)
     check(page.evaluate(EDITOR_TEXT, "#schema-editor") == typed, "8", "Ctrl+Y did not redo")
-    page.keyboard.press("Control+z")  # the sample as it was
-    time.sleep(0.6)
+    # the sample as it was: on a loaded machine the typing came slower than CodeMirror's 500 ms undo grouping, so it
+    # may take several undo steps (one left "<!-- a", a schema the Compare button then refused)
+    for _ in range(len("\n<!-- a note -->")):
+        if page.evaluate(EDITOR_TEXT, "#schema-editor") == sample:
+            break
+        page.keyboard.press("Control+z")
+        time.sleep(0.2)
+    check(page.evaluate(EDITOR_TEXT, "#schema-editor") == sample, "8", "undo did not bring the sample back")
+    page.wait_for_selector("#schema-validation .pml-status.ok", timeout=30_000)
 
     _tab(page, "2 · Prompt")
     page.wait_for_selector(".pml-union", timeout=30_000)
@@ -179,8 +187,11 @@ def _editors(page, check: Checks) -> None:
     _wait(lambda: "<kyoto/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor"), 8)
 
 
-def _compare(page, check: Checks, demo, out: Path, tokens: int = 4) -> list[str]:
-    """A Compare; the summary's texts seen while it ran."""
+def _compare(page, check: Checks, demo, out: Path, tokens: int = 4,
+             warming: threading.Event | None = None) -> list[str]:
+    """A Compare; the summary's texts seen while it ran (``warming`` is set once the warm-up's was seen)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     box = page.locator("#max-new-tokens input[type=number]")
     box.fill(str(tokens))
     box.press("Enter")
@@ -191,20 +202,26 @@ def _compare(page, check: Checks, demo, out: Path, tokens: int = 4) -> list[str]
     end = time.monotonic() + 120
     while demo.studio.runlog.count() == before and time.monotonic() < end:
         seen.append(_text(page, "#compare-summary"))
+        if warming is not None and "Warming the prefix cache" in seen[-1]:
+            warming.set()
         time.sleep(0.1)
-    page.wait_for_function("window.pmlLeft && document.querySelector('#compare-summary .speedup') && ![...document"
-                           ".querySelectorAll('[id$=-metrics]')].some(m => m.innerText.includes('decoding'))",
-                           timeout=60_000)
+    try:
+        page.wait_for_function("window.pmlLeft && document.querySelector('#compare-summary .speedup') && ![...document"
+                               ".querySelectorAll('[id$=-metrics]')].some(m => m.innerText.includes('decoding'))",
+                               timeout=60_000)
+    except PlaywrightTimeout:  # what the page shows instead names the cause
+        raise AssertionError(f"the Compare did not end in the page: {_text(page, '#compare-summary')[:300]!r}; "
+                             f"schema: {_text(page, '#schema-validation')[:200]!r}") from None
     return seen
 
 
-def _compares(page, check: Checks, demo, out: Path) -> None:
+def _compares(page, check: Checks, demo, out: Path, warming: threading.Event) -> None:
     _tab(page, "4 · Compare")
     page.click("#compare-stop")  # nothing runs yet
     check(_wait(lambda: "Nothing to stop" in _text(page, "#stop-note"), 5), "14", "Stop while idle said nothing")
     for arm in ("Routed", "vLLM"):
         page.locator("#arms label").filter(has_text=arm).click()
-    seen = _compare(page, check, demo, out)
+    seen = _compare(page, check, demo, out, warming=warming)
     check(any("Warming the prefix cache" in s for s in seen) and not any("Encoding modules 0/1" in s for s in seen),
           "14", f"the warm-up's status line: {[s for s in seen if 'arm' in s.lower() or 'ncod' in s][:3]}")
     vllm_text, vllm_figures = _text(page, "#vllm-text"), _text(page, "#vllm-metrics")
@@ -391,10 +408,10 @@ def test_every_status_a_newcomer_reads_can_be_trusted(tiny_lm, tmp_path, monkeyp
         go.wait(120)
         return tiny_lm
 
-    warm = session.warm_prefix
+    warm, warming = session.warm_prefix, threading.Event()
 
-    def slow_warm(*args, **kwargs):  # the tiny model's warm-up takes milliseconds: long enough to be seen
-        time.sleep(1.5)
+    def slow_warm(*args, **kwargs):  # the tiny model's warm-up takes milliseconds: it ends once the page showed it
+        warming.wait(30)
         return warm(*args, **kwargs)
 
     monkeypatch.setattr(session, "load_model", held_load)
@@ -410,7 +427,7 @@ def test_every_status_a_newcomer_reads_can_be_trusted(tiny_lm, tmp_path, monkeyp
             try:
                 _model_tab(page, check, go, out)
                 _editors(page, check)
-                _compares(page, check, demo, out)
+                _compares(page, check, demo, out, warming)
                 _history(page, check, demo, port, out)
                 _encode(page, check, monkeypatch)
                 _layout(page, check)
