@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
@@ -47,6 +48,25 @@ SLOW_FIRST = ("tests/engine/test_real_model.py", "tests/bench/test_bench_speed.p
 def pytest_collection_modifyitems(session, config, items):
     rank = {path: i for i, path in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
+# The browser files run as one unit on one worker: two chromiums and their studios at once on two cores slowed a
+# page's events past CodeMirror's undo grouping and a walk's waits, and bought no time (2 min 17 s one after another,
+# 2 min 0 s on four workers).
+BROWSER_FILE = re.compile(r"tests/studio/test_browser\w*\.py$")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler
+    from xdist.scheduler import LoadFileScheduling
+
+    class BrowserTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/studio/test_browser*.py" if BROWSER_FILE.search(scope) else scope
+
+    return BrowserTogether(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):
