@@ -34,11 +34,11 @@ class StoredRun:
     token's logits (a repeat whose whole KV is still held prefills nothing) and its routing (a repeat reports the
     same choice)."""
 
-    sequence: tuple[int, ...]  # MARK | hash, then each visible token's code, in prompt order
+    sequence: tuple[int, ...]  # MARK | hash, then each visible token's code, in its run's order
     last: tuple[int, int]  # (token id, position) of the prompt's last token
     routing: Routing  # the run's RoutedInfo (engine/arms/routed.py)
     logits: torch.Tensor | None = None  # [vocab] after the prompt's last token, on the CPU
-    focus: Focus | None = None  # the run's decode-time focus, its owners in stored order (a repeat decodes as it did)
+    focus: Focus | None = None  # the run's decode-time focus, its owners in stored order
 
 
 def module_ranks(plan: PromptPlan, modules: set[str]) -> dict[str, list[int]]:
@@ -115,12 +115,13 @@ def recall(prefix: PrefixCache | None, key: int | None) -> tuple[StoredRun, list
 def keep_run(prefix: PrefixCache, key: int, plan: PromptPlan, buf: Lease, slots: list[int], entries,
              routing: Routing, keep: list[str], positions=None, logits: torch.Tensor | None = None,
              focus: Focus | None = None) -> int:
-    """Store the run's prompt KV (``slots``: each buffer slot's rank) in prompt order under ``key``, with its first
-    token's ``logits`` and ``focus``; tokens stored. ``positions``: each rank's position id, when the run did not use
-    the plan's."""
+    """Store the run's prompt KV (``slots``: each buffer slot's rank) under ``key`` in its order (a repeat sums as it
+    did), the prompt's last token last, with ``logits`` and ``focus``; tokens stored. ``positions``: each rank's
+    position id, when the run did not use the plan's."""
     if not all(e.level for e in entries) or not slots:
         return 0
-    order = sorted(range(len(slots)), key=slots.__getitem__)
+    last = max(range(len(slots)), key=slots.__getitem__)
+    order = [i for i in range(len(slots)) if i != last] + [last]
     ranks = [slots[i] for i in order]
     ids, positions = plan.token_ids, plan.positions if positions is None else positions
     kv = buf.data[:, :, 0, :, : len(slots)][:, :, :, torch.tensor(order, device=buf.data.device)]

@@ -524,6 +524,35 @@ def test_an_identical_request_reads_its_stored_run_back_and_is_never_slower_than
     assert old.run.token_ids == a.run.token_ids
 
 
+def test_a_repeat_decodes_over_its_kv_in_the_first_runs_order_so_every_step_has_the_same_logits(flat, monkeypatch):
+    """A partial recompute's buffer holds the copies first and the recomputed tokens after them; the repeat reads the
+    run back in that order, not the prompt's, so each decode step sums attention as the first run did: bit-equal
+    logits, where prompt order flipped a near-tie of the default model (bench/load.py, 8 clients)."""
+    from engine.arms import routed
+    from engine.run import decode, joint
+    from engine.run.sampling import sample
+
+    monkeypatch.setattr(routed, "MIN_PULL", 1.01)  # every module kept: a partial recompute
+    steps: list[torch.Tensor] = []
+
+    def recorded(logits, *args, **kwargs):
+        steps.append(logits.clone())
+        return sample(logits, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "sample", recorded)
+    eng = Engine.from_loaded(flat.lm)
+    cfg = eng.config.with_(arms=("routed",), warmup=False, route_share=0.4)
+    first = eng.compare(FLAT, FLAT_PROMPT, Sampling(8), config=cfg).arm("routed")
+    ran, steps[:] = list(steps), []
+    again = eng.compare(FLAT, FLAT_PROMPT, Sampling(8), config=cfg).arm("routed")
+    assert first.detail.path == "partial" and first.run.recomputed_tokens < flat.plan.cached_tokens
+    assert again.detail.path == "repeat" and len(steps) == len(ran) == 7
+    assert all(torch.equal(a, b) for a, b in zip(ran, steps))
+    stored = next(iter(eng.prefix_cache()._notes.values()))
+    where = [(code >> joint._POSITION_SHIFT) - 1 for code in stored.sequence[1:]]
+    assert where != sorted(where)  # the copies before the recomputed tokens: not the prompt's order
+
+
 def test_a_clause_focus_on_a_partial_recompute_masks_by_module_and_a_repeat_decodes_as_the_first_run(flat,
                                                                                                      monkeypatch):
     """Two of three modules kept and partly recomputed, with the clause focus (every token a trigger: a random
