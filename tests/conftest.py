@@ -56,6 +56,7 @@ def pytest_collection_modifyitems(session, config, items):
 BROWSER_FILE = re.compile(r"tests/studio/test_browser\w*\.py$")
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) knows no such hook
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None  # xdist's own scheduler
