@@ -58,9 +58,10 @@ BROWSER_FILE = re.compile(r"tests/studio/test_browser\w*\.py$")
 
 @pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) knows no such hook
 def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadfile":
-        return None  # xdist's own scheduler
     from xdist.scheduler import LoadFileScheduling
+
+    if config.getvalue("dist") != "loadfile" or not hasattr(LoadFileScheduling, "_split_scope"):
+        return None  # xdist's own scheduler (a later xdist may name its scope otherwise)
 
     class BrowserTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
