@@ -177,9 +177,13 @@ def _editors(page, check: Checks) -> None:
     page.keyboard.press("End")
     page.keyboard.type(" Thanks.")
     page.locator(".pml-union label").filter(has_text="domestic").first.click()  # the first click after typing
-    kept = _wait(lambda: "<domestic/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor"), 20)  # a loaded CI machine
+    # the editor and the builder both: on a loaded machine the builder's redraw for the blur (the old pick) can land
+    # after the click, and the redraw for the click after that
+    picked = ".pml-union input[type=radio]:checked"
+    kept = _wait(lambda: "<domestic/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor") and "trip-plan/domestic" in
+                 page.locator(picked).evaluate_all("els => els.map(e => e.value)"), 20)
     prompt = page.evaluate(EDITOR_TEXT, "#prompt-editor")
-    checked = page.locator(".pml-union input[type=radio]:checked").evaluate_all("els => els.map(e => e.value)")
+    checked = page.locator(picked).evaluate_all("els => els.map(e => e.value)")
     check(kept and "Thanks." in prompt and "trip-plan/domestic" in checked, "7",
           f"the click after typing: {prompt!r}, checked {checked}")
     page.locator(".pml-union label").filter(has_text="overseas").first.click()  # back to the sample's pick
