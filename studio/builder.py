@@ -102,12 +102,13 @@ class BuilderSpec:
 
 @dataclass(frozen=True)
 class BuilderState:
-    """What the builder shows; ``nonce`` forces a redraw."""
+    """What the builder shows; ``nonce`` forces a redraw; ``picked_over``: the editor's text a pick was applied to."""
 
     spec: BuilderSpec
     values: dict = field(default_factory=dict)
     text: str = ""
     nonce: int = 0
+    picked_over: str | None = None
 
     def __hash__(self) -> int:  # Gradio hashes state values to see whether they changed
         return hash((self.spec, tuple(sorted(self.values.items())), self.text, self.nonce))
@@ -267,8 +268,10 @@ def selection_from_prompt(spec: BuilderSpec, prompt_text: str) -> tuple[dict, st
 
 def next_state(spec: BuilderSpec | None, prompt_text: str, prev: BuilderState | None) -> BuilderState | None:
     """The builder's next state for ``prompt_text``; None to leave it (an unreadable prompt under the same spec:
-    the user is typing)."""
+    the user is typing; or the text a later pick was applied to, whose editor read-back came after the pick)."""
     if spec is None:
+        return None
+    if prev is not None and prev.spec == spec and prev.picked_over is not None and prompt_text == prev.picked_over:
         return None
     found = selection_from_prompt(spec, prompt_text)
     if found is None:

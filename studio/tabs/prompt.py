@@ -151,8 +151,8 @@ def builder_updates(studio: Studio, spec, keys: list[str], trigger: str | None, 
                            gr.update(value=values.get(key) or "", info=info))
         else:
             updates.append(values.get(key, NONE if key in spec.unions else False))
-    new_state = BuilderState(spec, values, text, (state.nonce if state is not None else 0) + 1) if picked \
-        else gr.skip()
+    new_state = BuilderState(spec, values, text, (state.nonce if state is not None else 0) + 1,
+                             picked_over=prompt_text or "") if picked else gr.skip()
     return [prompt, new_state] + updates
 
 

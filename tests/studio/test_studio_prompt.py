@@ -104,6 +104,28 @@ def test_unreadable_prompt_leaves_the_builder_alone(travel):
     assert b.next_state(other, "<prompt", first) == b.BuilderState(other, {}, "", 2)  # a new schema: empty
 
 
+def test_the_editors_read_back_that_a_pick_already_moved_past_leaves_the_pick(studio, travel):
+    """A click in the builder blurs the prompt editor: its read-back carries the text from before the click. On a
+    loaded machine it ran after the click's update, and its older pick won the builder (tests/studio/
+    test_browser_trust.py, item 7); the text the pick was applied to is no news. Any other text is read."""
+    from studio.tabs.prompt import builder_updates
+
+    _, prompt, spec = travel
+    before = b.next_state(spec, prompt, None)
+    keys = list(before.values)
+    union = next(k for k in keys if "#union" in k and before.values[k])
+    other = next(n.key for n in spec.unions[union].children if n.key != before.values[union])
+    shown = [other if k == union else before.values[k] for k in keys]
+    out = builder_updates(studio, spec, keys, union, prompt, before, *shown, before.text)
+    picked = out[1]
+    assert picked.values[union] == other and picked.picked_over == prompt and out[0] != prompt
+    assert b.next_state(spec, prompt, picked) is None  # the late read-back: the pick stays
+    again = b.next_state(spec, out[0], picked)
+    assert again is not None and again.values[union] == other  # the editor's text after the pick is read
+    edited = prompt.replace("?", "?!", 1)
+    assert b.next_state(spec, edited, picked).values[union] == before.values[union]  # a hand edit is read too
+
+
 def test_builder_state_is_hashable_as_gradio_tracks_it(studio, travel):
     from gradio.utils import deep_hash
 
