@@ -271,7 +271,7 @@ def next_state(spec: BuilderSpec | None, prompt_text: str, prev: BuilderState | 
     the user is typing; or the text a later pick was applied to, whose editor read-back came after the pick)."""
     if spec is None:
         return None
-    if prev is not None and prev.spec == spec and prev.picked_over is not None and prompt_text == prev.picked_over:
+    if prev is not None and prev.spec == spec and prompt_text == prev.picked_over:
         return None
     found = selection_from_prompt(spec, prompt_text)
     if found is None:

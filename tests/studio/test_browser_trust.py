@@ -177,13 +177,14 @@ def _editors(page, check: Checks) -> None:
     page.keyboard.press("End")
     page.keyboard.type(" Thanks.")
     page.locator(".pml-union label").filter(has_text="domestic").first.click()  # the first click after typing
-    # the editor and the builder both: on a loaded machine the builder's redraw for the blur (the old pick) can land
-    # after the click, and the redraw for the click after that
-    picked = ".pml-union input[type=radio]:checked"
-    kept = _wait(lambda: "<domestic/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor") and "trip-plan/domestic" in
-                 page.locator(picked).evaluate_all("els => els.map(e => e.value)"), 20)
-    prompt = page.evaluate(EDITOR_TEXT, "#prompt-editor")
-    checked = page.locator(picked).evaluate_all("els => els.map(e => e.value)")
+    # the editor and the builder both, once the page settles (a late read-back of the old pick once won the builder:
+    # studio/builder.py next_state)
+    def radios() -> list[str]:
+        return page.locator(".pml-union input[type=radio]:checked").evaluate_all("els => els.map(e => e.value)")
+
+    kept = _wait(lambda: "<domestic/>" in page.evaluate(EDITOR_TEXT, "#prompt-editor")
+                 and "trip-plan/domestic" in radios(), 20)
+    prompt, checked = page.evaluate(EDITOR_TEXT, "#prompt-editor"), radios()
     check(kept and "Thanks." in prompt and "trip-plan/domestic" in checked, "7",
           f"the click after typing: {prompt!r}, checked {checked}")
     page.locator(".pml-union label").filter(has_text="overseas").first.click()  # back to the sample's pick
