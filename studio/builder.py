@@ -110,6 +110,10 @@ class BuilderState:
     nonce: int = 0
     picked_over: str | None = None
 
+    def older(self, spec: BuilderSpec, prompt_text: str) -> bool:
+        """Whether ``prompt_text`` is the editor's text this state's pick was applied to: a read-back older than it."""
+        return self.spec == spec and prompt_text == self.picked_over
+
     def __hash__(self) -> int:  # Gradio hashes state values to see whether they changed
         return hash((self.spec, tuple(sorted(self.values.items())), self.text, self.nonce))
 
@@ -271,7 +275,7 @@ def next_state(spec: BuilderSpec | None, prompt_text: str, prev: BuilderState | 
     the user is typing; or the text a later pick was applied to, whose editor read-back came after the pick)."""
     if spec is None:
         return None
-    if prev is not None and prev.spec == spec and prompt_text == prev.picked_over:
+    if prev is not None and prev.older(spec, prompt_text):
         return None
     found = selection_from_prompt(spec, prompt_text)
     if found is None:

@@ -130,7 +130,10 @@ def builder_updates(studio: Studio, spec, keys: list[str], trigger: str | None, 
     so that a redraw for that blur shows the pick; typing in a box leaves the state (a redraw would fight the typing)."""
     shown, free = dict(zip(keys, vals[:-1])), vals[-1]
     params = spec.params()
-    found = selection_from_prompt(spec, prompt_text or "")
+    # the editor's text from before the last pick (an event sent before the pick's update reached the editor): the
+    # pick's selection, or this event would write the old pick back into the editor
+    stale = state is not None and state.older(spec, prompt_text)
+    found = (state.values, state.text) if stale else selection_from_prompt(spec, prompt_text or "")
     if found is None:  # the editor's text cannot be read: the widgets are the selection
         base, text = shown, free
     else:

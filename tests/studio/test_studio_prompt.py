@@ -124,6 +124,9 @@ def test_the_editors_read_back_that_a_pick_already_moved_past_leaves_the_pick(st
     assert again is not None and again.values[union] == other  # the editor's text after the pick is read
     edited = prompt.replace("?", "?!", 1)
     assert b.next_state(spec, edited, picked).values[union] == before.values[union]  # a hand edit is read too
+    # the new-text box's change sent with the text from before the pick (its redraw came first) keeps the pick
+    late = builder_updates(studio, spec, keys, None, prompt, picked, *shown, before.text + " More.")
+    assert f"<{other.split('/')[-1]}" in late[0] and "More." in late[0]
 
 
 def test_builder_state_is_hashable_as_gradio_tracks_it(studio, travel):
