@@ -233,6 +233,12 @@ def summary(rows: list[dict], wall: float, reference: list[str] | None) -> dict:
             "questions": sum(r["found"] is not None for r in rows),
             "same_as_alone": None if reference is None else sum(r["text"] == t for r, t in zip(rows, reference)),
             "queue_ms": percentiles([r["queue_ms"] for r in rows]) if all("queue_ms" in r for r in rows) else None,
+            # what each request prefilled (its prompt less the server's cached tokens) and, from the studio, its own
+            # time from taking the request up to its first token: a loaded level's serial work per request
+            "prefilled_tokens": percentiles([r["prompt_tokens"] - r["cached_tokens"] for r in rows])
+            if all("prompt_tokens" in r for r in rows) else None,
+            "engine_ttft_ms": percentiles([r["server_ttft_ms"] for r in rows])
+            if all(r.get("server_ttft_ms") is not None for r in rows) else None,
             "decode_batch_max": max((r.get("decode_batch") or 0 for r in rows), default=0) or None}
 
 
