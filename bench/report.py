@@ -102,7 +102,7 @@ def lead_section(slug: str) -> list[str]:
         *[(f"fidelity-routed-{name}-{slug}", partial(routed_section, further=True))
           for name in ("single", "two", "two-heldout")],
         (f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
-        (f"serve-{slug}", serve_section), (f"load-{slug}", load_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
+        (f"serve-{slug}", serve_section), (f"load-{slug}", load_section), (f"load-parts-{slug}", load_parts_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
         (f"replicas-{slug}", replicas_section),
         (f"cli-decode-{slug}", partial(cli_decode, slug=slug)), (f"fidelity-ape-{slug}", ape_section),
         (f"workload-int8-{slug}", lambda w: workload_section(w, f"workload-int8-{slug}") if "routed" in w["arms"]
@@ -226,6 +226,19 @@ def load_section(f: dict) -> list[str]:
     return [say("load", f, table=table("load", f, rows), levels_text=", ".join(map(str, f["levels"])),
                 first=", ".join(f"{k} {v / 1000:.1f} s" for k, v in first.items()),
                 image=f"{tables.fill('load-{model}', f)}.png", checks=_load_checks(f.get("checks") or {}))]
+
+
+def load_parts_section(f: dict) -> list[str]:
+    """What a loaded level's parts cost (bench/load_parts.py): a decode step by rows, fills fused, the bound."""
+    steps, fills, b = f["decode_step_ms"], f["fused_fills"], f.get("bound")
+    bound = "" if not b else (
+        f"With fills one at a time a request costs its fill ({b['fill_ms']:.0f} ms, {b['from']}) and its share of "
+        f"the 8-row steps ({b['tokens']:g} output tokens), so the throughput at 8 clients is at most "
+        f"**{b['throughput_8_over_1_at_most']:.2f}×** the one at 1 client.")
+    return [say("load_parts", f, steps=" / ".join(f"{s['median']:.1f}" for s in steps.values()),
+                rows=", ".join(steps), fill=fills["fill_ms"]["median"], products=fills["products_ms"]["median"],
+                saved=" / ".join(f"{v['saved_of_fills']:.0%}" for v in fills["fused"].values()),
+                ks=", ".join(fills["fused"]), bound=bound)]
 
 
 def _load_checks(checks: dict) -> str:

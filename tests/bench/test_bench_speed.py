@@ -128,3 +128,24 @@ def test_batch_invariance_quick():
         assert (r["rows_differing"] == 0) == (r["largest_difference"] == 0)
         if name.startswith("engine"):
             assert r["rows_differing"] == 0
+
+
+@real_model
+def test_load_parts_quick():
+    """Every row count's decode step and every fused fill timed; the bound recomputed from the JSON's own steps."""
+    out, data, _ = run_bench("load_parts.py", "--fill-ms", "100", "--tokens", "10")
+    steps = data["decode_step_ms"]
+    assert list(steps) == ["1", "2", "4", "8", "16"]
+    assert all(0 < s["min"] <= s["median"] <= s["max"] for s in steps.values())
+    fills = data["fused_fills"]
+    assert list(fills["fused"]) == ["2", "4", "8"]
+    for k, f in fills["fused"].items():
+        assert 0 < f["products_ms"]["min"] <= f["products_ms"]["median"] <= f["products_ms"]["max"]
+        assert f["apart_ms"] == pytest.approx(int(k) * fills["products_ms"]["median"], abs=0.1)
+        saved = (f["apart_ms"] - f["products_ms"]["median"]) / (int(k) * fills["fill_ms"]["median"])
+        assert f["saved_of_fills"] == pytest.approx(saved, abs=2e-3)
+    s1, s8 = steps["1"]["median"], steps["8"]["median"]
+    bound = data["bound"]
+    assert bound["from"] == "arguments"
+    assert bound["throughput_8_over_1_at_most"] == pytest.approx((100 + 10 * s1) / (100 + 10 * s8 / 8), abs=0.01)
+    assert "8 clients over 1" in out
