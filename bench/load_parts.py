@@ -41,8 +41,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help=model_help())
     ap.add_argument("--context", type=int, default=400, help="tokens each decoding row already holds")
-    ap.add_argument("--fill-tokens", type=int, default=0,
-                    help="tokens a fill prefills (default: bench/load.py's median at one client, else 128; 32 with --quick)")
+    ap.add_argument("--fill-tokens", type=int, default=0, help="tokens a fill prefills (default: bench/load.py's "
+                    "median at one client, else 128; 32 with --quick)")
     ap.add_argument("--fill-ms", type=float, default=0.0, help="a fill's time (default: bench/load.py's)")
     ap.add_argument("--tokens", type=float, default=0.0, help="output tokens a request (default: bench/load.py's)")
     ap.add_argument("--reps", type=int, default=10)
@@ -63,8 +63,9 @@ def main() -> None:
     tokens = args.tokens or (loaded or {}).get("tokens")
     bound = None
     if fill_ms and tokens:
-        bound = {"fill_ms": fill_ms, "tokens": tokens, "from": "arguments" if args.fill_ms and args.tokens
-                 else (loaded or {}).get("source"),
+        given = "arguments" if args.fill_ms or args.tokens else None
+        source = given if args.fill_ms and args.tokens else " and ".join(filter(None, [loaded["source"], given]))
+        bound = {"fill_ms": fill_ms, "tokens": tokens, "from": source,
                  "throughput_8_over_1_at_most": round((fill_ms + tokens * s1) / (fill_ms + tokens * s8 / 8), 2)}
     print(table(["rows", "decode step ms (min / median / max)", "ms a row"],
                 [[n, f"{s['min']:.1f} / {s['median']:.1f} / {s['max']:.1f}", f"{s['median'] / int(n):.1f}"]

@@ -102,8 +102,8 @@ def lead_section(slug: str) -> list[str]:
         *[(f"fidelity-routed-{name}-{slug}", partial(routed_section, further=True))
           for name in ("single", "two", "two-heldout")],
         (f"spanning-{slug}", spanning_section), (f"spanning-shares-{slug}", partial(spanning_section, title=SHARES)),
-        (f"serve-{slug}", serve_section), (f"load-{slug}", load_section), (f"load-parts-{slug}", load_parts_section), (f"vllm-reuse-{slug}", vllm_reuse_section),
-        (f"replicas-{slug}", replicas_section),
+        (f"serve-{slug}", serve_section), (f"load-{slug}", load_section), (f"load-parts-{slug}", load_parts_section),
+        (f"vllm-reuse-{slug}", vllm_reuse_section), (f"replicas-{slug}", replicas_section),
         (f"cli-decode-{slug}", partial(cli_decode, slug=slug)), (f"fidelity-ape-{slug}", ape_section),
         (f"workload-int8-{slug}", lambda w: workload_section(w, f"workload-int8-{slug}") if "routed" in w["arms"]
          else []))
