@@ -5,10 +5,11 @@
 * a fill's forward (``prefill``) of M tokens (``--fill-tokens``), and what filling k requests in one forward could
   save of k such fills: every layer's products on k·M rows against k times on M (attention stays each request's);
 
-and the bound they put on a loaded level while fills run one at a time: each request costs its fill (F ms) plus its
-share of the batched steps (T tokens, s_b ms a step of b rows), so the throughput at 8 clients over the one at 1 is
-at most (F + T·s_1) / (F + T·s_8 / 8). F and T: ``--fill-ms`` and ``--tokens``, else bench/load.py's result at one
-client (its mean ``engine_ttft_ms`` and output tokens per request), named in the JSON. JSON last.
+and the bound they put on a loaded level while fills run one at a time: each request costs its fill (F_c ms at c
+clients) plus its share of the batched steps (T_c tokens, s_b ms a step of b rows), so the throughput at 8 clients
+over the one at 1 is at most (F_1 + T_1·s_1) / (F_8 + T_8·s_8 / 8), and (F_1 + T_1·s_1) / (F_8 + T_8·s_1 / 8) were
+8 rows to cost what one does. F and T: bench/load.py's result (each level's mean ``engine_ttft_ms`` and output tokens
+per request), named in the JSON, or ``--fill-ms`` and ``--tokens`` for both levels. JSON last.
 
     python bench/load_parts.py            # ~3 min on 2 cores; bench/results/load-parts-MODEL.json
     python bench/load_parts.py --quick    # SmolLM2, fewer repetitions, no file written
@@ -43,14 +44,18 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=400, help="tokens each decoding row already holds")
     ap.add_argument("--fill-tokens", type=int, default=0, help="tokens a fill prefills (default: bench/load.py's "
                     "median at one client, else 128; 32 with --quick)")
-    ap.add_argument("--fill-ms", type=float, default=0.0, help="a fill's time (default: bench/load.py's)")
-    ap.add_argument("--tokens", type=float, default=0.0, help="output tokens a request (default: bench/load.py's)")
+    ap.add_argument("--fill-ms", type=float, default=0.0, help="a fill's time, at 1 and 8 clients (default: "
+                    "bench/load.py's, each level's)")
+    ap.add_argument("--tokens", type=float, default=0.0, help="output tokens a request, at 1 and 8 clients (default: "
+                    "bench/load.py's, each level's)")
+    ap.add_argument("--load-result", type=Path, default=None,
+                    help="bench/load.py's result to read (default: bench/results/load-MODEL.json)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="SmolLM2 unless --model, 3 repetitions, no file written")
     args = ap.parse_args()
     bm = bench_model(args.model, args.quick)
     reps = 3 if args.quick else args.reps
-    loaded = load_level(bm.spec)
+    loaded = load_level(args.load_result or RESULTS / f"{result_name('load', bm.spec)}.json")
     fill_tokens = args.fill_tokens or (loaded or {}).get("prefilled_tokens") or (32 if args.quick else 128)
     engine = Engine(model=bm.spec, persist=False)
     lm, pool = engine.lm, engine.pool
@@ -59,14 +64,18 @@ def main() -> None:
         steps = decode_steps(lm, pool, args.context, reps)
         fills = fused_fills(lm, pool, args.context, int(fill_tokens), reps)
     s1, s8 = steps["1"]["median"], steps["8"]["median"]
-    fill_ms = args.fill_ms or (loaded or {}).get("fill_ms")
-    tokens = args.tokens or (loaded or {}).get("tokens")
+    if bool(args.fill_ms) != bool(args.tokens):
+        raise SystemExit("--fill-ms and --tokens: give both (one fill and one request's tokens at every level) or "
+                         "neither (bench/load.py's, at one client and at 8)")
+    at = {n: {"fill_ms": args.fill_ms, "tokens": args.tokens} for n in ("1", "8")} if args.fill_ms else loaded
     bound = None
-    if fill_ms and tokens:
-        given = "arguments" if args.fill_ms or args.tokens else None
-        source = given if args.fill_ms and args.tokens else " and ".join(filter(None, [loaded["source"], given]))
-        bound = {"fill_ms": fill_ms, "tokens": tokens, "from": source,
-                 "throughput_8_over_1_at_most": round((fill_ms + tokens * s1) / (fill_ms + tokens * s8 / 8), 2)}
+    if at:
+        one, eight = at["1"], at["8"]
+        top = one["fill_ms"] + one["tokens"] * s1
+        bound = {"one_client": one, "eight_clients": eight, "from": "arguments" if args.fill_ms else loaded["source"],
+                 "throughput_8_over_1_at_most": round(top / (eight["fill_ms"] + eight["tokens"] * s8 / 8), 2),
+                 # the same, were a step of 8 rows to cost what one row's does: what no decode kernel passes
+                 "at_most_if_8_rows_cost_1": round(top / (eight["fill_ms"] + eight["tokens"] * s1 / 8), 2)}
     print(table(["rows", "decode step ms (min / median / max)", "ms a row"],
                 [[n, f"{s['min']:.1f} / {s['median']:.1f} / {s['max']:.1f}", f"{s['median'] / int(n):.1f}"]
                  for n, s in steps.items()]))
@@ -77,26 +86,29 @@ def main() -> None:
                  for k, f in fills["fused"].items()]))
     if bound:
         print(f"8 clients over 1, fills one at a time: at most {bound['throughput_8_over_1_at_most']:.2f}x "
-              f"(F {fill_ms:.0f} ms, T {tokens:.1f} tokens, s_1 {s1:.1f} ms, s_8 {s8:.1f} ms)")
+              f"(fills {one['fill_ms']:.0f} / {eight['fill_ms']:.0f} ms and {one['tokens']:g} / {eight['tokens']:g} "
+              f"tokens a request at 1 / 8 clients, s_1 {s1:.1f} ms, s_8 {s8:.1f} ms); "
+              f"{bound['at_most_if_8_rows_cost_1']:.2f}x were 8 rows to cost what one does")
     emit(result_name("load-parts", bm.spec), {
         "benchmark": "load_parts", "model": bm.spec, "model_name": bm.name, "machine": machine(),
         "weights": engine.config.weights, "context": args.context, "fill_tokens": int(fill_tokens), "reps": reps,
         "decode_step_ms": steps, "fused_fills": fills, "bound": bound}, write=not args.quick)
 
 
-def load_level(model: str) -> dict | None:
-    """bench/load.py's one-client figures for ``model`` (a fill's time and tokens, output tokens a request), or None."""
-    path = RESULTS / f"{result_name('load', model)}.json"
+def load_level(path: Path) -> dict | None:
+    """bench/load.py's figures in ``path``: each request's fill (mean ``engine_ttft_ms``) and output tokens at one
+    client and at 8, the median request's prefilled tokens at one; None without them."""
     if not path.is_file():
         return None
     d = json.loads(path.read_text())
-    one = (d.get("servers", {}).get("studio (default arm)") or {}).get("levels", {}).get("1")
-    if not one or not one.get("engine_ttft_ms") or not one.get("prefilled_tokens"):
+    levels = (d.get("servers", {}).get("studio (default arm)") or {}).get("levels", {})
+    if any(not levels.get(n, {}).get("engine_ttft_ms") for n in ("1", "8")) or not levels["1"].get("prefilled_tokens"):
         return None
     # a throughput adds up every request's fill: their mean; the median request's tokens are a typical fill forward
-    return {"fill_ms": one["engine_ttft_ms"]["mean"], "prefilled_tokens": round(one["prefilled_tokens"]["p50"]),
-            "tokens": round(one["output_tokens"] / one["requests"], 1),
-            "source": f"{path.name} ({d['machine'].get('date')}), one client"}
+    out = {n: {"fill_ms": levels[n]["engine_ttft_ms"]["mean"],
+               "tokens": round(levels[n]["output_tokens"] / levels[n]["requests"], 1)} for n in ("1", "8")}
+    return {**out, "prefilled_tokens": round(levels["1"]["prefilled_tokens"]["p50"]),
+            "source": f"{path.name} ({d['machine'].get('date')})"}
 
 
 def timed(fn, reps: int, setup=lambda: None) -> dict:

@@ -232,9 +232,11 @@ def load_parts_section(f: dict) -> list[str]:
     """What a loaded level's parts cost (bench/load_parts.py): a decode step by rows, fills fused, the bound."""
     steps, fills, b = f["decode_step_ms"], f["fused_fills"], f.get("bound")
     bound = "" if not b else (
-        f"With fills one at a time a request costs its fill ({b['fill_ms']:.0f} ms, {b['from']}) and its share of "
-        f"the 8-row steps ({b['tokens']:g} output tokens), so the throughput at 8 clients is at most "
-        f"**{b['throughput_8_over_1_at_most']:.2f}×** the one at 1 client.")
+        f"With fills one at a time a request costs its fill and its share of the 8-row steps; with {b['from']}'s fills "
+        f"({b['one_client']['fill_ms']:.0f} ms a request at one client, {b['eight_clients']['fill_ms']:.0f} ms at 8) "
+        f"and output tokens ({b['one_client']['tokens']:g} and {b['eight_clients']['tokens']:g}), the throughput at 8 "
+        f"clients is at most **{b['throughput_8_over_1_at_most']:.2f}×** the one at 1 client, and at most "
+        f"{b['at_most_if_8_rows_cost_1']:.2f}× were a step of 8 rows to cost what one row's does.")
     return [say("load_parts", f, steps=" / ".join(f"{s['median']:.1f}" for s in steps.values()),
                 rows=", ".join(steps), fill=fills["fill_ms"]["median"], products=fills["products_ms"]["median"],
                 saved=" / ".join(f"{v['saved_of_fills']:.0%}" for v in fills["fused"].values()),

@@ -4,6 +4,8 @@ internal consistency, no timing thresholds.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchchecks import check_fits, check_floor, check_ttft_row, real_model, run_bench, shape_kv_bytes, timed_ms
@@ -148,4 +150,22 @@ def test_load_parts_quick():
     bound = data["bound"]
     assert bound["from"] == "arguments"
     assert bound["throughput_8_over_1_at_most"] == pytest.approx((100 + 10 * s1) / (100 + 10 * s8 / 8), abs=0.01)
+    assert bound["at_most_if_8_rows_cost_1"] == pytest.approx((100 + 10 * s1) / (100 + 10 * s1 / 8), abs=0.01)
     assert "8 clients over 1" in out
+
+
+@real_model
+def test_load_parts_bounds_a_level_with_its_own_fills(tmp_path):
+    """The bound reads each level's fills and tokens from bench/load.py's file: (F1 + T1 s1) / (F8 + T8 s8 / 8)."""
+    def level(fill_ms, tokens, requests=4):
+        return {"engine_ttft_ms": {"mean": fill_ms}, "output_tokens": tokens * requests, "requests": requests,
+                "prefilled_tokens": {"p50": 20}}
+    result = tmp_path / "load-x.json"
+    result.write_text(json.dumps({"machine": {"date": "2026-01-02"}, "servers": {"studio (default arm)": {
+        "levels": {"1": level(300.0, 25), "8": level(200.0, 20)}}}}))
+    _, data, _ = run_bench("load_parts.py", "--load-result", str(result))
+    steps, bound = data["decode_step_ms"], data["bound"]
+    s1, s8 = steps["1"]["median"], steps["8"]["median"]
+    assert data["fill_tokens"] == 20 and bound["from"] == "load-x.json (2026-01-02)"
+    assert bound["throughput_8_over_1_at_most"] == pytest.approx((300 + 25 * s1) / (200 + 20 * s8 / 8), abs=0.01)
+    assert bound["at_most_if_8_rows_cost_1"] == pytest.approx((300 + 25 * s1) / (200 + 20 * s1 / 8), abs=0.01)
