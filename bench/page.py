@@ -46,7 +46,10 @@ def machine_line(d: dict) -> str:
     m = d["machine"]
     gpu = (m.get("gpu") or "a CUDA GPU") if m.get("cuda") else "no GPU"
     load = f", load average {m['loadavg_1min']:g} when it ended" if m.get("loadavg_1min") is not None else ""
-    return f"{m['date']}, {m['threads']} CPU threads ({m['cpu']}), {gpu}, torch {m['torch']}{load}"
+    cpu = m.get("cpu_model") or m["cpu"]
+    if m.get("cpu_model"):
+        cpu += f" with {', '.join(m['cpu_features'])}" if m.get("cpu_features") else ", none of AVX2, AVX-512 and AMX"
+    return f"{m['date']}, {m['threads']} CPU threads ({cpu}), {gpu}, torch {m['torch']}{load}"
 
 
 def span(xs: list[float]) -> tuple[float, float]:

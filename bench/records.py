@@ -9,6 +9,9 @@ import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+# the features a CPU figure turns on here: the engine's kernels (AVX-512 VNNI), the prefill's bf16 units, and AMX
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -22,21 +25,32 @@ class Machine:
     cuda: bool
     loadavg_1min: float
     gpu: str | None = None  # its name, when ``cuda``
+    cpu_model: str = ""  # /proc/cpuinfo's model name: the same VM kind lands on different CPUs
+    cpu_features: tuple[str, ...] = ()  # those of :data:`CPU_FEATURES` it has
 
     @classmethod
     def here(cls) -> "Machine":
         import torch
 
+        from engine.model.kernels import cpu_info
+
         cuda = torch.cuda.is_available()
+        flags = set(cpu_info("flags").split())
         return cls(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), python=platform.python_version(),
                    torch=torch.__version__, threads=torch.get_num_threads(),
                    cpu=platform.processor() or platform.machine(), cuda=cuda,
-                   loadavg_1min=round(os.getloadavg()[0], 2), gpu=torch.cuda.get_device_name(0) if cuda else None)
+                   loadavg_1min=round(os.getloadavg()[0], 2), gpu=torch.cuda.get_device_name(0) if cuda else None,
+                   cpu_model=cpu_info("model name"), cpu_features=tuple(f for f in CPU_FEATURES if f in flags))
 
     def to_json(self) -> dict:
         out = {"date": self.date, "python": self.python, "torch": self.torch, "threads": self.threads, "cpu": self.cpu,
                "cuda": self.cuda, "loadavg_1min": self.loadavg_1min}
-        return {**out, "gpu": self.gpu} if self.cuda else out
+        if self.cuda:
+            out["gpu"] = self.gpu
+        if self.cpu_model:  # added after the fields above, which older result files hold alone
+            out["cpu_model"] = self.cpu_model
+            out["cpu_features"] = list(self.cpu_features)
+        return out
 
 
 @dataclass(frozen=True)

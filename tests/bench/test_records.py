@@ -3,9 +3,11 @@ order the result files have always held."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from bench.common import machine, spread
+from bench.page import machine_line
 from bench.records import Machine, Spread
 from bench.serving import StreamedAnswer, stream
 
@@ -22,6 +24,25 @@ def test_a_machine_names_its_gpu_only_with_cuda():
     assert list(here)[:7] == ["date", "python", "torch", "threads", "cpu", "cuda", "loadavg_1min"]
     gpu = Machine("2026-12-06", "3.12", "2.13", 16, "x86_64", True, 0.5, "NVIDIA H100")
     assert gpu.to_json()["gpu"] == "NVIDIA H100" and "gpu" not in Machine(**{**gpu.__dict__, "cuda": False}).to_json()
+
+
+def test_a_machine_names_its_cpu_model_and_features_after_the_older_fields():
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    here = machine()
+    assert here.get("cpu_model", "") == model
+    if model:
+        assert list(here)[-2:] == ["cpu_model", "cpu_features"]
+        assert set(here["cpu_features"]) == {f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+                                             if f in flags}
+    old = Machine("2026-12-06", "3.12", "2.13", 2, "x86_64", False, 0.5).to_json()
+    assert "cpu_model" not in old and "(x86_64)" in machine_line({"machine": old})  # a file written before them
+    named = Machine("2026-12-07", "3.11", "2.13", 2, "x86_64", False, 0.5, None, "AMD EPYC",
+                    ("avx2", "avx512_bf16")).to_json()
+    assert "2 CPU threads (AMD EPYC with avx2, avx512_bf16)" in machine_line({"machine": named})
+    bare = Machine("2026-12-07", "3.11", "2.13", 2, "x86_64", False, 0.5, None, "Some CPU").to_json()
+    assert "(Some CPU, none of AVX2, AVX-512 and AMX)" in machine_line({"machine": bare})
 
 
 class _Client:
