@@ -32,10 +32,10 @@ class Machine:
     def here(cls) -> "Machine":
         import torch
 
-        from engine.model.kernels import cpu_info
+        from engine.model.kernels import _cpu_flags, cpu_info
 
         cuda = torch.cuda.is_available()
-        flags = set(cpu_info("flags").split())
+        flags = _cpu_flags()
         return cls(date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), python=platform.python_version(),
                    torch=torch.__version__, threads=torch.get_num_threads(),
                    cpu=platform.processor() or platform.machine(), cuda=cuda,
