@@ -11,7 +11,7 @@ over the one at 1 is at most (F_1 + T_1·s_1) / (F_8 + T_8·s_8 / 8), and (F_1 +
 8 rows to cost what one does. F and T: bench/load.py's result (each level's mean ``engine_ttft_ms`` and output tokens
 per request), named in the JSON, or ``--fill-ms`` and ``--tokens`` for both levels. JSON last.
 
-    python bench/load_parts.py            # ~3 min on 2 cores; bench/results/load-parts-MODEL.json
+    python bench/load_parts.py            # ~1.5 min on 2 cores; bench/results/load-parts-MODEL.json
     python bench/load_parts.py --quick    # SmolLM2, fewer repetitions, no file written
 """
 
@@ -53,6 +53,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="SmolLM2 unless --model, 3 repetitions, no file written")
     args = ap.parse_args()
+    if bool(args.fill_ms) != bool(args.tokens):
+        raise SystemExit("--fill-ms and --tokens: give both (one fill and one request's tokens at every level) or "
+                         "neither (bench/load.py's, at one client and at 8)")
     bm = bench_model(args.model, args.quick)
     reps = 3 if args.quick else args.reps
     loaded = load_level(args.load_result or RESULTS / f"{result_name('load', bm.spec)}.json")
@@ -64,9 +67,6 @@ def main() -> None:
         steps = decode_steps(lm, pool, args.context, reps)
         fills = fused_fills(lm, pool, args.context, int(fill_tokens), reps)
     s1, s8 = steps["1"]["median"], steps["8"]["median"]
-    if bool(args.fill_ms) != bool(args.tokens):
-        raise SystemExit("--fill-ms and --tokens: give both (one fill and one request's tokens at every level) or "
-                         "neither (bench/load.py's, at one client and at 8)")
     at = {n: {"fill_ms": args.fill_ms, "tokens": args.tokens} for n in ("1", "8")} if args.fill_ms else loaded
     bound = None
     if at:
